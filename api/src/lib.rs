@@ -1,0 +1,7 @@
+//! What two Sandhub programs must agree on, stated once: protobuf services,
+//! JSON bodies, error code words and well-known names. Data only, no I/O.
+
+pub mod error;
+pub mod legacy;
+pub mod proto;
+pub mod sandboxd;

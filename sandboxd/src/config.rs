@@ -1,0 +1,96 @@
+//! Command-line flags. Names and defaults follow upstream sandboxd; every flag
+//! can also come from a `SANDBOXD_*` environment variable.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Parser;
+use sandhub_api::sandboxd as wire;
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sandboxd", version, about = "The daemon inside every sandbox")]
+pub struct Config {
+    /// Address the TCP listeners bind to.
+    #[arg(long, env = "SANDBOXD_LISTEN_HOST", default_value = "0.0.0.0")]
+    pub listen_host: String,
+
+    /// Port of the REST files API, health, metadata and metrics.
+    #[arg(long, env = "SANDBOXD_REST_PORT", default_value_t = wire::DEFAULT_REST_PORT)]
+    pub rest_port: u16,
+
+    /// Port of the gRPC process and watcher services.
+    #[arg(long, env = "SANDBOXD_GRPC_PORT", default_value_t = wire::DEFAULT_GRPC_PORT)]
+    pub grpc_port: u16,
+
+    /// Port of the legacy python-runtime API (`POST /execute`, ...); 0 turns it off.
+    #[arg(long, env = "SANDBOXD_LEGACY_PORT", default_value_t = wire::DEFAULT_LEGACY_PORT)]
+    pub legacy_port: u16,
+
+    /// Directory every file path and working directory is confined to (created if missing).
+    #[arg(long, env = "SANDBOXD_ROOT_DIR", default_value = "/workspace")]
+    pub root_dir: PathBuf,
+
+    /// Environment variables with this prefix are published by `/v1/metadata`
+    /// (secret-looking names never are).
+    #[arg(long, env = "SANDBOXD_METADATA_ENV_PREFIX", default_value = wire::DEFAULT_METADATA_ENV_PREFIX)]
+    pub metadata_env_prefix: String,
+
+    /// After SIGTERM, how long running processes may finish before their groups are killed.
+    #[arg(long, env = "SANDBOXD_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// An HTTP connection that sends no request for this long is closed.
+    #[arg(long, env = "SANDBOXD_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub http_idle_timeout: Duration,
+
+    /// Largest chunk of process output sent in one gRPC message, in bytes.
+    #[arg(long, env = "SANDBOXD_STREAM_CHUNK_SIZE", default_value_t = wire::DEFAULT_STREAM_CHUNK_SIZE,
+          value_parser = parse_chunk_size)]
+    pub stream_chunk_size: usize,
+
+    /// Most concurrent WatchDir streams; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SANDBOXD_MAX_WATCHES", default_value_t = wire::DEFAULT_MAX_WATCHES)]
+    pub max_watches: usize,
+
+    /// Largest accepted upload body in bytes; 0 means no limit.
+    #[arg(long, env = "SANDBOXD_MAX_UPLOAD_BYTES", default_value_t = 0)]
+    pub max_upload_bytes: u64,
+
+    /// File holding the bearer token clients must send (surrounding whitespace ignored).
+    #[arg(long, env = "SANDBOXD_AUTH_TOKEN_FILE", conflicts_with = "auth_token_sha256")]
+    pub auth_token_file: Option<PathBuf>,
+
+    /// Hex SHA-256 of the bearer token clients must send; the token itself never
+    /// has to reach this process's arguments or environment.
+    #[arg(long, env = "SANDBOXD_AUTH_TOKEN_SHA256")]
+    pub auth_token_sha256: Option<String>,
+
+    /// Serve REST and gRPC on `rest.sock` and `grpc.sock` in this directory
+    /// instead of TCP ports (the hub's local backend uses this).
+    #[arg(long, env = "SANDBOXD_UNIX_SOCKET")]
+    pub unix_socket: Option<PathBuf>,
+
+    /// Default deadline of a legacy `POST /execute` without `timeout_seconds`.
+    #[arg(long, env = "SANDBOX_EXEC_TIMEOUT_SECONDS", default_value = "300",
+          value_parser = parse_seconds)]
+    pub legacy_exec_timeout: Duration,
+
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "SANDBOXD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+fn parse_chunk_size(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    if !(1..=4 << 20).contains(&n) {
+        return Err(format!("{s}: must be between 1 and 4194304 bytes"));
+    }
+    Ok(n)
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("{s}: must be a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs, idempotently.
+#
+#  - Debian packages (only those missing; `apt-get update` only when something
+#    must be installed; needs root or sudo then).
+#  - A Python virtualenv at ${SANDHUB_CACHE:-$HOME/.cache/sandhub}/venv with the
+#    pins of tests/requirements.txt. A stamp file keyed on the hash of that file
+#    (and the interpreter version) makes a second run a fast no-op.
+#
+# Prints the venv's python path on the last line of stdout as `SANDHUB_PYTHON=...`.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+req_file="$repo_root/tests/requirements.txt"
+cache_dir="${SANDHUB_CACHE:-$HOME/.cache/sandhub}"
+venv_dir="$cache_dir/venv"
+stamp_file="$venv_dir/.sandhub-deps-stamp"
+
+log() { echo "[test-deps] $*" >&2; }
+
+# ---------------------------------------------------------------- Debian packages
+# python3 + venv (ensurepip) for the virtualenv; a C toolchain for Rust's linker
+# and build scripts; ca-certificates for pip over https.
+apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates)
+
+missing=()
+if command -v dpkg-query >/dev/null 2>&1; then
+    for p in "${apt_packages[@]}"; do
+        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+            missing+=("$p")
+        fi
+    done
+else
+    log "dpkg-query not found: not a Debian system, skipping apt packages"
+fi
+
+if ((${#missing[@]})); then
+    sudo=()
+    if [[ $(id -u) -ne 0 ]]; then
+        if command -v sudo >/dev/null 2>&1; then
+            sudo=(sudo)
+        else
+            log "missing Debian packages (${missing[*]}) and not root; install them and re-run"
+            exit 1
+        fi
+    fi
+    log "installing Debian packages: ${missing[*]}"
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+else
+    log "Debian packages present: ${apt_packages[*]}"
+fi
+
+# ---------------------------------------------------------------- Rust toolchain
+if ! command -v cargo >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    log "cargo not found on PATH (nor in \$HOME/.cargo/bin): install a stable Rust toolchain (rustup)"
+    exit 1
+fi
+for comp in rustfmt clippy; do
+    if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        if command -v rustup >/dev/null 2>&1; then
+            log "installing rustup component $comp"
+            rustup component add "$comp" >&2
+        else
+            log "cargo ${comp/rustfmt/fmt} not available and no rustup to add it"
+            exit 1
+        fi
+    fi
+done
+
+# ---------------------------------------------------------------- Python venv
+# The SDK needs Python >= 3.11.
+python_bin="${SANDHUB_PYTHON_BOOTSTRAP:-python3}"
+if ! "$python_bin" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    log "$python_bin is older than 3.11; the k8s-agent-sandbox SDK needs >= 3.11"
+    exit 1
+fi
+
+want_stamp="$( (sha256sum "$req_file" | cut -d' ' -f1; "$python_bin" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
+
+if [[ -x "$venv_dir/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$want_stamp" ]] \
+    && "$venv_dir/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    log "venv up to date: $venv_dir (stamp $want_stamp)"
+else
+    if [[ ! -x "$venv_dir/bin/python" ]] || ! "$venv_dir/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        log "creating virtualenv $venv_dir with $("$python_bin" --version 2>&1)"
+        rm -rf "$venv_dir"
+        mkdir -p "$cache_dir"
+        "$python_bin" -m venv "$venv_dir"
+    fi
+    log "installing Python packages from ${req_file#"$repo_root"/} into $venv_dir"
+    "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
+    "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req_file" >&2
+    "$venv_dir/bin/python" -c 'import pytest, requests, grpc, k8s_agent_sandbox' >&2
+    echo "$want_stamp" >"$stamp_file"
+    log "venv ready: $venv_dir"
+fi
+
+echo "SANDHUB_PYTHON=$venv_dir/bin/python"
