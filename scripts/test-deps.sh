@@ -85,14 +85,15 @@ if [[ -x "$venv_dir/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" ==
     && "$venv_dir/bin/python" -c 'import sys' >/dev/null 2>&1; then
     log "venv up to date: $venv_dir (stamp $want_stamp)"
 else
-    if [[ ! -x "$venv_dir/bin/python" ]] || ! "$venv_dir/bin/python" -c 'import sys' >/dev/null 2>&1; then
-        log "creating virtualenv $venv_dir with $("$python_bin" --version 2>&1)"
+    want_version="$("$python_bin" -c 'import sys; print(sys.version)')"
+    have_version="$("$venv_dir/bin/python" -c 'import sys; print(sys.version)' 2>/dev/null || true)"
+    if [[ "$have_version" != "$want_version" ]]; then
+        log "creating virtualenv $venv_dir with $("$python_bin" --version 2>&1) ($(command -v "$python_bin"))"
         rm -rf "$venv_dir"
         mkdir -p "$cache_dir"
         "$python_bin" -m venv "$venv_dir"
     fi
     log "installing Python packages from ${req_file#"$repo_root"/} into $venv_dir"
-    "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
     "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req_file" >&2
     "$venv_dir/bin/python" -c 'import pytest, requests, grpc, k8s_agent_sandbox' >&2
     echo "$want_stamp" >"$stamp_file"

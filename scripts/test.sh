@@ -15,8 +15,10 @@ cd "$repo_root"
 
 step="start"
 started=$SECONDS
+log_dir="$(mktemp -d)"
 on_exit() {
     local rc=$?
+    rm -rf "$log_dir"
     if ((rc != 0)); then
         echo "test.sh: FAILED at step '$step' (exit $rc) after $((SECONDS - started))s" >&2
     fi
@@ -49,7 +51,15 @@ fi
 run_step fmt cargo fmt --all -- --check
 run_step build cargo build --workspace --all-targets
 run_step clippy cargo clippy --workspace --all-targets -- -D warnings
-run_step cargo-test cargo test --workspace
+step="cargo-test"
+echo
+echo "==> [cargo-test] cargo test --workspace"
+cargo test --workspace 2>&1 | tee "$log_dir/cargo-test.log"
+# "test result: ok. 12 passed; 0 failed; 1 ignored; ..." once per test binary.
+read -r cargo_passed cargo_failed cargo_ignored < <(
+    sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed; \([0-9]*\) ignored.*/\1 \2 \3/p' \
+        "$log_dir/cargo-test.log" | awk '{p+=$1; f+=$2; i+=$3} END {print p+0, f+0, i+0}'
+)
 
 # ---------------------------------------------------------------- Python
 target_dir="${CARGO_TARGET_DIR:-target}"
@@ -65,7 +75,8 @@ echo
 echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN $venv_python -m pytest tests/python -v"
 set +e
 # shellcheck disable=SC2086 # PYTEST_ARGS is split on purpose
-PYTHONDONTWRITEBYTECODE=1 "$venv_python" -m pytest tests/python -v -rs -p no:cacheprovider ${PYTEST_ARGS:-}
+PYTHONDONTWRITEBYTECODE=1 "$venv_python" -m pytest tests/python -v -rs -p no:cacheprovider \
+    --junitxml="$log_dir/pytest.xml" ${PYTEST_ARGS:-}
 pytest_rc=$?
 set -e
 case "$pytest_rc" in
@@ -77,6 +88,21 @@ case "$pytest_rc" in
     *) exit "$pytest_rc" ;;
 esac
 
+# pytest's totals from its JUnit report: "passed failed skipped".
+read -r py_passed py_failed py_skipped < <("$venv_python" - "$log_dir/pytest.xml" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+tests = sum(int(s.get("tests", 0)) for s in suites)
+failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+skipped = sum(int(s.get("skipped", 0)) for s in suites)
+print(tests - failed - skipped, failed, skipped)
+PY
+)
+
 step="done"
 echo
-echo "test.sh: all checks passed (fmt, build, clippy, cargo test, pytest) in $((SECONDS - started))s"
+echo "test.sh: all checks passed (fmt, build, clippy, cargo test: $cargo_passed passed, pytest: $py_passed passed) in $((SECONDS - started))s"
+echo "summary: $((cargo_passed + py_passed)) passed, $((cargo_failed + py_failed)) failed, $((cargo_ignored + py_skipped)) skipped"

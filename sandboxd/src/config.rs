@@ -56,7 +56,11 @@ pub struct Config {
     pub max_upload_bytes: u64,
 
     /// File holding the bearer token clients must send (surrounding whitespace ignored).
-    #[arg(long, env = "SANDBOXD_AUTH_TOKEN_FILE", conflicts_with = "auth_token_sha256")]
+    #[arg(
+        long,
+        env = "SANDBOXD_AUTH_TOKEN_FILE",
+        conflicts_with = "auth_token_sha256"
+    )]
     pub auth_token_file: Option<PathBuf>,
 
     /// Hex SHA-256 of the bearer token clients must send; the token itself never

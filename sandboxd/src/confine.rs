@@ -213,7 +213,8 @@ impl Root {
     /// the root (or nowhere) is left out rather than described.
     pub fn list(&self, rel: &RelPath) -> Result<Vec<(String, rfs::Stat)>> {
         let dir = self.open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
-        let mut reader = rfs::Dir::read_from(&dir).map_err(|e| Error::io(e.into(), &rel.display()))?;
+        let mut reader =
+            rfs::Dir::read_from(&dir).map_err(|e| Error::io(e.into(), &rel.display()))?;
         let mut out = Vec::new();
         while let Some(entry) = reader.read() {
             let entry = entry.map_err(|e| Error::io(e.into(), &rel.display()))?;
@@ -245,8 +246,12 @@ impl Root {
     /// kernel so that a symlink can never point a process outside.
     pub fn resolve_dir_host_path(&self, rel: &RelPath) -> Result<PathBuf> {
         let fd = self.open_dir(rel)?;
-        let link = rfs::readlinkat(rfs::CWD, format!("/proc/self/fd/{}", fd_num(&fd)), Vec::new())
-            .map_err(|e| Error::io(e.into(), &rel.display()))?;
+        let link = rfs::readlinkat(
+            rfs::CWD,
+            format!("/proc/self/fd/{}", fd_num(&fd)),
+            Vec::new(),
+        )
+        .map_err(|e| Error::io(e.into(), &rel.display()))?;
         Ok(PathBuf::from(OsStr::from_bytes(link.as_bytes())))
     }
 
@@ -300,10 +305,7 @@ fn empty_dir(dir: &OwnedFd) -> rustix::io::Result<()> {
         if name == b"." || name == b".." {
             continue;
         }
-        names.push((
-            name.to_vec(),
-            entry.file_type() == rfs::FileType::Directory,
-        ));
+        names.push((name.to_vec(), entry.file_type() == rfs::FileType::Directory));
     }
     for (name, is_dir) in names {
         let name = OsStr::from_bytes(&name);

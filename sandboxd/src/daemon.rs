@@ -27,9 +27,8 @@ pub struct Daemon {
 impl Daemon {
     /// Builds the daemon from its flags: opens the root and loads the token.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
-        let root = Root::open(&config.root_dir).map_err(|e| {
-            anyhow::anyhow!("opening root dir {}: {e}", config.root_dir.display())
-        })?;
+        let root = Root::open(&config.root_dir)
+            .map_err(|e| anyhow::anyhow!("opening root dir {}: {e}", config.root_dir.display()))?;
         let auth = match (&config.auth_token_file, &config.auth_token_sha256) {
             (Some(file), _) => Some(Auth::from_file(file).map_err(anyhow::Error::msg)?),
             (None, Some(hex)) => Some(Auth::from_sha256_hex(hex).map_err(anyhow::Error::msg)?),

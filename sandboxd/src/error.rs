@@ -87,9 +87,9 @@ impl Error {
                 "{path}: directory not empty; pass recursive=true to delete it"
             )),
             libc::EEXIST => Error::Conflict(format!("{path}: already exists")),
-            libc::ENOSPC | libc::EDQUOT => {
-                Error::NoSpace(format!("{path}: no space left on device; nothing was changed"))
-            }
+            libc::ENOSPC | libc::EDQUOT => Error::NoSpace(format!(
+                "{path}: no space left on device; nothing was changed"
+            )),
             libc::ENAMETOOLONG => Error::InvalidArgument(format!("{path}: name too long")),
             libc::EMFILE | libc::ENFILE => {
                 Error::ResourceExhausted(format!("{path}: too many open files"))

@@ -1,5 +1,204 @@
-//! REST (stub).
+//! Assembles the HTTP surfaces: the REST router (files, health, metadata,
+//! metrics) and the gRPC router, with auth and request metrics around both.
+
 use std::sync::Arc;
-use axum::Router;
-use crate::daemon::Daemon;
-pub fn router(d: Arc<Daemon>) -> Router { crate::files::routes().with_state(d) }
+
+use axum::{
+    extract::{Request, State},
+    http::{header, HeaderValue, StatusCode},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::get,
+    Json, Router,
+};
+use sandhub_api::{
+    proto::watcher::v1::file_watcher_service_server::FileWatcherServiceServer,
+    proto::{self, process::v1::process_service_server::ProcessServiceServer},
+    sandboxd::{is_secret_name, Health, Metadata},
+};
+
+use crate::{
+    daemon::Daemon,
+    error::Error,
+    files,
+    metrics::{RequestLabels, RpcLabels},
+    process::ProcessService,
+    watcher::WatcherService,
+};
+
+/// Paths that answer without a token, so that probes need no secret.
+/// (`/` is the legacy runtime's liveness endpoint.)
+const OPEN_PATHS: &[&str] = &["/v1/health", "/"];
+
+pub fn router(daemon: Arc<Daemon>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/metadata", get(metadata))
+        .route("/metrics", get(metrics))
+        .merge(files::routes())
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            daemon.clone(),
+            require_token,
+        ))
+        .layer(middleware::from_fn_with_state(
+            daemon.clone(),
+            count_http_requests,
+        ))
+        .with_state(daemon)
+}
+
+/// The gRPC services, as an axum router so that both surfaces share one
+/// connection handler (and its idle timeout and graceful shutdown).
+pub fn grpc_router(daemon: Arc<Daemon>) -> Router {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the embedded descriptor set is valid");
+    let process = ProcessServiceServer::new(ProcessService {
+        daemon: daemon.clone(),
+    })
+    .max_decoding_message_size(64 << 20)
+    .max_encoding_message_size(usize::MAX);
+    let watcher = FileWatcherServiceServer::new(WatcherService {
+        daemon: daemon.clone(),
+    });
+    tonic::service::Routes::new(process)
+        .add_service(watcher)
+        .add_service(reflection)
+        .into_axum_router()
+        .layer(middleware::from_fn_with_state(
+            daemon.clone(),
+            require_grpc_token,
+        ))
+        .layer(middleware::from_fn_with_state(daemon, count_grpc_requests))
+}
+
+pub(crate) async fn require_token(
+    State(daemon): State<Arc<Daemon>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(auth) = &daemon.auth {
+        if !OPEN_PATHS.contains(&request.uri().path()) {
+            let presented = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes);
+            if let Err(e) = auth.check_header(presented) {
+                return e.into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+/// gRPC clients expect a gRPC status, not an HTTP 401 body. Reflection stays
+/// open: it describes the public schema and nothing else.
+async fn require_grpc_token(
+    State(daemon): State<Arc<Daemon>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(auth) = &daemon.auth {
+        let path = request.uri().path();
+        if !path.starts_with("/grpc.reflection.") {
+            let presented = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes);
+            if let Err(e) = auth.check_header(presented) {
+                return tonic::Status::from(e).into_http();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+pub(crate) async fn count_http_requests(
+    State(daemon): State<Arc<Daemon>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let method = request.method().to_string();
+    let response = next.run(request).await;
+    daemon
+        .metrics
+        .http_requests
+        .get_or_create(&RequestLabels {
+            method,
+            code: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+async fn count_grpc_requests(
+    State(daemon): State<Arc<Daemon>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let method = request.uri().path().to_string();
+    let response = next.run(request).await;
+    // A failed call answers trailers-only, with the status in the headers;
+    // a call that got as far as streaming reports OK here.
+    let code = response
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map(|c| format!("{:?}", tonic::Code::from(c)))
+        .unwrap_or_else(|| "Ok".to_string());
+    daemon
+        .metrics
+        .grpc_requests
+        .get_or_create(&RpcLabels { method, code })
+        .inc();
+    response
+}
+
+async fn health(State(daemon): State<Arc<Daemon>>) -> Response {
+    if daemon.is_draining() {
+        return Error::Unavailable("sandboxd is shutting down".into()).into_response();
+    }
+    Json(Health {
+        status: "ok".into(),
+        uptime_seconds: daemon.started.elapsed().as_secs_f64(),
+    })
+    .into_response()
+}
+
+async fn metadata(State(daemon): State<Arc<Daemon>>) -> Json<Metadata> {
+    let prefix = &daemon.config.metadata_env_prefix;
+    let env = std::env::vars()
+        .filter(|(name, _)| name.starts_with(prefix.as_str()) && !is_secret_name(name))
+        .collect();
+    Json(Metadata { env })
+}
+
+async fn metrics(State(daemon): State<Arc<Daemon>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        daemon.metrics.render(),
+    )
+        .into_response()
+}
+
+pub(crate) async fn not_found(request: Request) -> Error {
+    Error::NotFound(format!("no route for {}", request.uri().path()))
+}
+
+pub(crate) async fn method_not_allowed(request: Request) -> Response {
+    let mut response = Error::InvalidArgument(format!(
+        "method {} is not allowed on {}",
+        request.method(),
+        request.uri().path()
+    ))
+    .into_response();
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
+}

@@ -1,4 +1,215 @@
-//! Listeners (stub).
-use std::sync::Arc;
-use crate::daemon::Daemon;
-pub async fn run(_d: Arc<Daemon>) -> anyhow::Result<()> { Ok(()) }
+//! Listeners and lifecycle: binds every port (or Unix socket), serves until
+//! SIGTERM, then drains: health turns 503, running work gets
+//! `--shutdown-timeout` to finish, the remaining process groups are killed.
+
+use std::{future::Future, net::SocketAddr, path::Path, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use axum::Router;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::{conn::auto, graceful::GracefulShutdown},
+    service::TowerToHyperService,
+};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+
+use crate::{daemon::Daemon, legacy, rest};
+
+/// How long open connections get to finish after the listeners close.
+const CONNECTION_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs sandboxd until SIGTERM or SIGINT, then shuts down cleanly.
+pub async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    let servers = serve(daemon.clone(), stop.clone()).await?;
+    wait_for_signal().await?;
+    drain(&daemon).await;
+    stop.cancel();
+    for server in servers {
+        let _ = server.await;
+    }
+    tracing::info!("sandboxd stopped");
+    Ok(())
+}
+
+/// Binds every listener and starts serving; returns the serving tasks.
+/// Binding happens before this returns, so a caller may connect at once.
+pub async fn serve(
+    daemon: Arc<Daemon>,
+    stop: CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let config = &daemon.config;
+    let rest_app = rest::router(daemon.clone());
+    let grpc_app = rest::grpc_router(daemon.clone());
+    let idle = config.http_idle_timeout;
+    let mut tasks = Vec::new();
+    match &config.unix_socket {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating socket dir {}", dir.display()))?;
+            let rest_l = bind_unix(&dir.join(sandhub_api::sandboxd::REST_SOCKET))?;
+            let grpc_l = bind_unix(&dir.join(sandhub_api::sandboxd::GRPC_SOCKET))?;
+            tracing::info!(dir = %dir.display(), "serving REST and gRPC on unix sockets");
+            tasks.push(spawn_unix(rest_l, rest_app, idle, stop.clone()));
+            tasks.push(spawn_unix(grpc_l, grpc_app, idle, stop.clone()));
+        }
+        None => {
+            let rest_l = bind_tcp(&config.listen_host, config.rest_port).await?;
+            let grpc_l = bind_tcp(&config.listen_host, config.grpc_port).await?;
+            tracing::info!(addr = %rest_l.local_addr()?, "serving REST");
+            tracing::info!(addr = %grpc_l.local_addr()?, "serving gRPC");
+            tasks.push(spawn_tcp(rest_l, rest_app, idle, stop.clone()));
+            tasks.push(spawn_tcp(grpc_l, grpc_app, idle, stop.clone()));
+        }
+    }
+    if config.legacy_port != 0 {
+        let legacy_l = bind_tcp(&config.listen_host, config.legacy_port).await?;
+        tracing::info!(addr = %legacy_l.local_addr()?, "serving legacy runtime API");
+        tasks.push(spawn_tcp(
+            legacy_l,
+            legacy::router(daemon.clone()),
+            idle,
+            stop.clone(),
+        ));
+    }
+    Ok(tasks)
+}
+
+/// Health answers 503 from here on; running processes get the shutdown
+/// timeout to finish before their process groups are killed.
+pub async fn drain(daemon: &Daemon) {
+    daemon.start_draining();
+    let timeout = daemon.config.shutdown_timeout;
+    tracing::info!(
+        running = daemon.processes.active(),
+        ?timeout,
+        "draining before shutdown"
+    );
+    if !daemon.processes.wait_idle(timeout).await {
+        tracing::warn!(
+            running = daemon.processes.active(),
+            "shutdown timeout reached; killing remaining process groups"
+        );
+        daemon.processes.kill_all();
+    }
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}
+
+async fn bind_tcp(host: &str, port: u16) -> anyhow::Result<TcpListener> {
+    let addr: SocketAddr = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => SocketAddr::new(ip, port),
+        Err(_) => tokio::net::lookup_host((host, port))
+            .await?
+            .next()
+            .with_context(|| format!("{host} resolves to no address"))?,
+    };
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))
+}
+
+fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
+    // A socket left by a previous run would make bind fail with EADDRINUSE.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing stale {}", path.display())),
+    }
+    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+}
+
+fn spawn_tcp(
+    listener: TcpListener,
+    app: Router,
+    idle: Duration,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let listener = Arc::new(listener);
+    tokio::spawn(accept_loop(
+        move || {
+            let l = listener.clone();
+            async move {
+                let (s, _) = l.accept().await?;
+                let _ = s.set_nodelay(true);
+                Ok(s)
+            }
+        },
+        app,
+        idle,
+        stop,
+    ))
+}
+
+fn spawn_unix(
+    listener: UnixListener,
+    app: Router,
+    idle: Duration,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let listener = Arc::new(listener);
+    tokio::spawn(accept_loop(
+        move || {
+            let l = listener.clone();
+            async move { Ok(l.accept().await?.0) }
+        },
+        app,
+        idle,
+        stop,
+    ))
+}
+
+/// Serves HTTP/1.1 and h2c (gRPC) on every accepted connection until `stop`,
+/// then gives open connections a short grace period.
+async fn accept_loop<A, F, IO>(mut accept: A, app: Router, idle: Duration, stop: CancellationToken)
+where
+    A: FnMut() -> F,
+    F: Future<Output = std::io::Result<IO>>,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // Also bounds how long a kept-alive connection may sit idle.
+        .header_read_timeout(idle);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .max_concurrent_streams(1024);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let io = tokio::select! {
+            _ = stop.cancelled() => break,
+            res = accept() => match res {
+                Ok(io) => io,
+                Err(e) => {
+                    // EMFILE and friends: back off rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    let _ = tokio::time::timeout(CONNECTION_GRACE, graceful.shutdown()).await;
+}

@@ -1,0 +1,150 @@
+//! The running processes of one daemon: what shutdown waits for and kills,
+//! and how `WriteStdin` / `SendSignal` / `ResizeTTY` find a started process.
+
+use std::{
+    collections::HashMap,
+    ops::Deref,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    time::{Duration, Instant},
+};
+
+use rustix::process::Signal;
+use tokio::sync::watch;
+
+use super::{signal_group, Control};
+use crate::daemon::Daemon;
+
+/// Every running process by pid (which is also its process group id).
+pub struct ProcessTable {
+    procs: Mutex<HashMap<i32, Entry>>,
+    next_seq: AtomicU64,
+    /// Live registrations. A count rather than the map's length, because a
+    /// pid can be reused while an older registration of it still drains its
+    /// output; shutdown must wait for both.
+    running: watch::Sender<usize>,
+}
+
+struct Entry {
+    /// Tells a registration apart from a later one that reused its pid, so
+    /// the older one leaving never removes the newer.
+    seq: u64,
+    /// `None` for processes run to completion (`Execute`, `run`): they
+    /// count as running but cannot be addressed by pid.
+    control: Option<Arc<Control>>,
+}
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        ProcessTable {
+            procs: Mutex::default(),
+            next_seq: AtomicU64::new(0),
+            running: watch::channel(0).0,
+        }
+    }
+}
+
+impl ProcessTable {
+    /// Processes running now (started through any API).
+    pub fn active(&self) -> usize {
+        *self.running.borrow()
+    }
+
+    /// Waits until no process runs, or `timeout` passes; true if idle.
+    pub async fn wait_idle(&self, timeout: Duration) -> bool {
+        let mut rx = self.running.subscribe();
+        // The sender lives as long as `self`, so `wait_for` cannot fail.
+        tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok()
+    }
+
+    /// SIGKILLs the process group of every running process.
+    pub fn kill_all(&self) {
+        for &pgid in self.lock().keys() {
+            if let Err(e) = signal_group(pgid, Signal::KILL) {
+                tracing::warn!(pgid, error = %e, "killing process group");
+            }
+        }
+    }
+
+    /// The controls of a process started through `Start`, while it runs.
+    pub(crate) fn lookup(&self, pid: i32) -> Option<Arc<Control>> {
+        self.lock().get(&pid).and_then(|e| e.control.clone())
+    }
+
+    fn insert(&self, pid: i32, control: Option<Arc<Control>>) -> u64 {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(pid, Entry { seq, control });
+        self.running.send_modify(|n| *n += 1);
+        seq
+    }
+
+    fn remove(&self, pid: i32, seq: u64) {
+        {
+            let mut procs = self.lock();
+            if procs.get(&pid).is_some_and(|e| e.seq == seq) {
+                procs.remove(&pid);
+            }
+        }
+        self.running.send_modify(|n| *n -= 1);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<i32, Entry>> {
+        // The map stays consistent even if a holder panicked: every critical
+        // section is a single insert, remove or read.
+        self.procs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A process's place in the table and in the metrics, held from spawn until
+/// its output is drained and it has been reaped. Generic over how the daemon
+/// is held so that both borrowed (`run`) and owned (`Start`'s task) callers
+/// can use it.
+pub(crate) struct Registration<D: Deref<Target = Daemon>> {
+    daemon: D,
+    pid: i32,
+    seq: u64,
+    started: Instant,
+    exited: bool,
+}
+
+impl<D: Deref<Target = Daemon>> Registration<D> {
+    pub(crate) fn new(
+        daemon: D,
+        pid: i32,
+        started: Instant,
+        control: Option<Arc<Control>>,
+    ) -> Self {
+        daemon.metrics.exec_total.inc();
+        daemon.metrics.active_processes.inc();
+        let seq = daemon.processes.insert(pid, control);
+        Registration {
+            daemon,
+            pid,
+            seq,
+            started,
+            exited: false,
+        }
+    }
+
+    /// Records the run time once the process has been reaped.
+    pub(crate) fn exited(&mut self) {
+        if !std::mem::replace(&mut self.exited, true) {
+            self.daemon
+                .metrics
+                .exec_seconds
+                .observe(self.started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+impl<D: Deref<Target = Daemon>> Drop for Registration<D> {
+    fn drop(&mut self) {
+        self.exited();
+        self.daemon.metrics.active_processes.dec();
+        self.daemon.processes.remove(self.pid, self.seq);
+    }
+}

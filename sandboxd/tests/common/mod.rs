@@ -1,0 +1,101 @@
+//! Starts the real sandboxd binary on loopback for integration tests.
+#![allow(dead_code)]
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+pub struct Daemon {
+    pub child: Child,
+    pub root: tempfile::TempDir,
+    pub rest_port: u16,
+    pub grpc_port: u16,
+    pub legacy_port: u16,
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sandboxd"))
+}
+
+impl Daemon {
+    /// Starts sandboxd with a fresh temp root and the given extra flags.
+    pub fn start(extra: &[&str]) -> Daemon {
+        let root = tempfile::tempdir().unwrap();
+        Self::start_in(root, extra)
+    }
+
+    pub fn start_in(root: tempfile::TempDir, extra: &[&str]) -> Daemon {
+        let (rest_port, grpc_port, legacy_port) = (free_port(), free_port(), free_port());
+        let child = Command::new(binary())
+            .args(["--listen-host", "127.0.0.1"])
+            .args(["--rest-port", &rest_port.to_string()])
+            .args(["--grpc-port", &grpc_port.to_string()])
+            .args(["--legacy-port", &legacy_port.to_string()])
+            .arg("--root-dir")
+            .arg(root.path())
+            .args(extra)
+            .env("RUST_LOG", "sandboxd=debug")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawning sandboxd");
+        let d = Daemon {
+            child,
+            root,
+            rest_port,
+            grpc_port,
+            legacy_port,
+        };
+        d.wait_listening(rest_port);
+        d.wait_listening(grpc_port);
+        d
+    }
+
+    fn wait_listening(&self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "sandboxd did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn rest(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.rest_port, path)
+    }
+
+    pub fn legacy(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.legacy_port, path)
+    }
+
+    pub fn grpc_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
+    pub fn root_path(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
