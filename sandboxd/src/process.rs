@@ -1,34 +1,65 @@
 //! `process.v1.ProcessService`: spawning, streaming, stdin, signals, PTYs.
-//! (Stub; being written.)
+//!
+//! Every child leads its own process group (a PTY child its own session,
+//! which makes it a group leader too), so one `kill(-pgid)` reaches all it
+//! started: signals, shutdown, and callers that go away all use that.
+//!
+//! Exit codes: the process's own code; for a process killed by a signal,
+//! 128 + the signal number, the convention of shells, so a client can tell
+//! "killed by SIGTERM" (143) from a normal exit without a second field; a
+//! wait that fails for any other reason reports -1, as upstream does.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+mod pty;
+mod table;
+
+use std::{
+    collections::HashMap,
+    io,
+    os::unix::process::ExitStatusExt,
+    path::{Path, PathBuf},
+    pin::pin,
+    process::{ExitStatus, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
+use rustix::process::{Pid, Signal};
 use sandhub_api::proto::process::v1 as pb;
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
+    process::{Child, ChildStdin, Command},
+    sync::{mpsc, Mutex},
+};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::{daemon::Daemon, error::Result};
+pub use self::table::ProcessTable;
+use self::table::Registration;
+use crate::{
+    confine::{RelPath, Root},
+    daemon::Daemon,
+    error::{Error, Result},
+};
 
-/// Every process started through `Start`, by pid.
-#[derive(Default)]
-pub struct ProcessTable {
-    _procs: std::sync::Mutex<HashMap<i32, ()>>,
-}
+/// How long `Execute` and `run` keep reading output after the process
+/// exited, when a descendant that outlived it still holds the pipes open
+/// (a daemonised server, `cmd &`). Upstream's `executeWaitDelay`.
+const EXECUTE_WAIT_DELAY: Duration = Duration::from_secs(10);
 
-impl ProcessTable {
-    /// Processes running now (started through any API).
-    pub fn active(&self) -> usize {
-        0
-    }
+/// After a PTY child exits, how long the terminal may stay silent before
+/// its output counts as ended. Only matters when a descendant still holds
+/// the terminal; otherwise the master reports EIO right after the tail.
+const PTY_LINGER: Duration = Duration::from_millis(100);
 
-    /// Waits until no process runs, or `timeout` passes; true if idle.
-    pub async fn wait_idle(&self, _timeout: Duration) -> bool {
-        true
-    }
+/// `Start` events queued for a client before the process's output pipes are
+/// left unread, which makes the process block in `write`: a slow client slows
+/// the process instead of growing the daemon's memory.
+const START_QUEUE: usize = 8;
 
-    /// SIGKILLs the process group of every running process.
-    pub fn kill_all(&self) {}
-}
+/// The exit code `run` reports when its timeout killed the process (that of
+/// coreutils `timeout`).
+const TIMED_OUT_EXIT_CODE: i32 = 124;
 
 /// The result of a process run to completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,13 +83,530 @@ pub struct Spec {
     pub timeout: Option<Duration>,
 }
 
-/// Runs a process to completion, collecting its output.
-pub async fn run(_daemon: &Daemon, _spec: Spec) -> Result<Completed> {
-    Err(crate::error::Error::Internal("not implemented".into()))
+/// Runs a process to completion, collecting its output. If the returned
+/// future is dropped first, the process group is killed.
+pub async fn run(daemon: &Daemon, spec: Spec) -> Result<Completed> {
+    let launch = Launch {
+        argv: &spec.argv,
+        env: &spec.env,
+        cwd: spec.cwd.as_deref(),
+    };
+    collect(daemon, launch, spec.stdin, spec.timeout).await
+}
+
+/// The handles `WriteStdin`, `SendSignal` and `ResizeTTY` need on a process
+/// started by `Start`.
+pub(crate) struct Control {
+    pgid: i32,
+    input: Input,
+}
+
+enum Input {
+    /// `None` once the client sent EOF.
+    Pipe(Mutex<Option<ChildStdin>>),
+    Pty(Arc<pty::Master>),
+}
+
+/// The parts of a request that say what to run.
+#[derive(Clone, Copy)]
+struct Launch<'a> {
+    argv: &'a [String],
+    env: &'a HashMap<String, String>,
+    cwd: Option<&'a str>,
+}
+
+impl<'a> From<&'a pb::ProcessConfig> for Launch<'a> {
+    fn from(c: &'a pb::ProcessConfig) -> Self {
+        Launch {
+            argv: &c.command,
+            env: &c.env_vars,
+            cwd: c.cwd.as_deref(),
+        }
+    }
+}
+
+impl Launch<'_> {
+    fn program(&self) -> &str {
+        self.argv.first().map_or("", String::as_str)
+    }
+
+    /// A command with argv, environment and working directory set; the
+    /// caller chooses stdio and grouping.
+    fn command(&self, root: &Root) -> Result<Command> {
+        let Some((program, args)) = self.argv.split_first() else {
+            return Err(Error::InvalidArgument("command is required".into()));
+        };
+        if program.is_empty() {
+            return Err(Error::InvalidArgument("command[0] is empty".into()));
+        }
+        let mut cmd = Command::new(program);
+        cmd.args(args).current_dir(resolve_cwd(root, self.cwd)?);
+        // The child inherits the daemon's environment by default; only the
+        // overrides are handed over, so a spawn without any copies nothing.
+        if !self.env.is_empty() {
+            cmd.envs(self.env);
+        }
+        Ok(cmd)
+    }
+}
+
+/// The host directory a process runs in. Absolute paths under the root's
+/// host path are accepted as they are (clients echo back what `pwd`
+/// printed); any other absolute path is taken relative to the root.
+fn resolve_cwd(root: &Root, cwd: Option<&str>) -> Result<PathBuf> {
+    let raw = match cwd {
+        None | Some("") => return Ok(root.host_path().to_path_buf()),
+        Some(raw) => raw,
+    };
+    let inside = Path::new(raw)
+        .strip_prefix(root.host_path())
+        .ok()
+        .and_then(Path::to_str)
+        .unwrap_or(raw);
+    let rel = RelPath::parse(inside)?;
+    if rel.is_root() {
+        return Ok(root.host_path().to_path_buf());
+    }
+    root.resolve_dir_host_path(&rel).map_err(|e| match e {
+        Error::NotFound(_) => Error::NotFound(format!("cwd {raw}: no such directory")),
+        Error::PermissionDenied(_) => {
+            Error::PermissionDenied(format!("cwd {raw}: escapes the root or is not accessible"))
+        }
+        other => other,
+    })
+}
+
+fn spawn(cmd: &mut Command, launch: &Launch<'_>) -> Result<(Child, i32)> {
+    let program = launch.program();
+    let child = cmd.spawn().map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => Error::NotFound(format!("{program}: executable not found")),
+        io::ErrorKind::PermissionDenied => {
+            Error::PermissionDenied(format!("{program}: permission denied"))
+        }
+        // A NUL byte in an argument or environment variable.
+        io::ErrorKind::InvalidInput => Error::InvalidArgument(format!("{program}: {e}")),
+        _ => Error::io(e, program),
+    })?;
+    // A child that has not been waited for always has its id.
+    let pid = child.id().expect("unreaped child has a pid") as i32;
+    tracing::debug!(pid, program, "process started");
+    Ok((child, pid))
+}
+
+/// Signals a whole process group. A group that is already gone is not an
+/// error: the process is exiting, which is what the caller wanted.
+fn signal_group(pgid: i32, sig: Signal) -> io::Result<()> {
+    // kill(-1) would signal every process the daemon may signal; a child's
+    // pid is never 0 or 1, but a bug here must not be able to do that.
+    if pgid <= 1 {
+        return Ok(());
+    }
+    let Some(pid) = Pid::from_raw(pgid) else {
+        return Ok(());
+    };
+    match rustix::process::kill_process_group(pid, sig) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn exit_code(status: &io::Result<ExitStatus>) -> i32 {
+    match status {
+        Ok(s) => s
+            .code()
+            .or_else(|| s.signal().map(|sig| 128 + sig))
+            .unwrap_or(-1),
+        Err(_) => -1,
+    }
+}
+
+/// SIGKILLs a process group when dropped armed: the caller of `Execute` or
+/// `run` went away (deadline, cancel) and nobody will read the output.
+struct KillOnDrop {
+    pgid: i32,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::debug!(pgid = self.pgid, "caller gone; killing process group");
+            let _ = signal_group(self.pgid, Signal::KILL);
+        }
+    }
+}
+
+/// Spawns, feeds stdin, collects stdout and stderr, and reaps.
+async fn collect(
+    daemon: &Daemon,
+    launch: Launch<'_>,
+    stdin: Option<Bytes>,
+    timeout: Option<Duration>,
+) -> Result<Completed> {
+    let mut cmd = launch.command(&daemon.root)?;
+    cmd.process_group(0)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let started = Instant::now();
+    let (mut child, pid) = spawn(&mut cmd, &launch)?;
+    let mut reg = Registration::new(daemon, pid, started, None);
+    let mut killer = KillOnDrop {
+        pgid: pid,
+        armed: true,
+    };
+    let input = child.stdin.take();
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let mut timed_out = false;
+    let status = {
+        let mut io = pin!(async {
+            tokio::join!(
+                feed(input, stdin),
+                read_all(stdout, &mut out),
+                read_all(stderr, &mut err)
+            )
+        });
+        let mut deadline = pin!(async {
+            match timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        });
+        let mut io_done = false;
+        let status = loop {
+            tokio::select! {
+                s = child.wait() => break s,
+                _ = &mut io, if !io_done => io_done = true,
+                _ = &mut deadline, if !timed_out => {
+                    timed_out = true;
+                    let _ = signal_group(pid, Signal::KILL);
+                }
+            }
+        };
+        reg.exited();
+        if !io_done {
+            let mut linger = pin!(tokio::time::sleep(EXECUTE_WAIT_DELAY));
+            loop {
+                tokio::select! {
+                    _ = &mut io => break,
+                    _ = &mut linger => {
+                        tracing::debug!(pid, "output still open after exit; returning what was read");
+                        break;
+                    }
+                    _ = &mut deadline, if !timed_out => {
+                        timed_out = true;
+                        let _ = signal_group(pid, Signal::KILL);
+                    }
+                }
+            }
+        }
+        status
+    };
+    killer.armed = false;
+    let exit_code = if timed_out {
+        TIMED_OUT_EXIT_CODE
+    } else {
+        exit_code(&status)
+    };
+    tracing::debug!(pid, exit_code, timed_out, "process finished");
+    Ok(Completed {
+        exit_code,
+        stdout: out,
+        stderr: err,
+        timed_out,
+    })
+}
+
+async fn feed(pipe: Option<ChildStdin>, data: Option<Bytes>) {
+    if let (Some(mut pipe), Some(data)) = (pipe, data) {
+        // A process that exits without reading all of its input is not an
+        // error of ours; EPIPE just ends the feeding.
+        let _ = pipe.write_all(&data).await;
+    }
+}
+
+async fn read_all(mut r: impl AsyncRead + Unpin, buf: &mut Vec<u8>) {
+    // A read error ends the output; what was read so far is kept.
+    let _ = r.read_to_end(buf).await;
+}
+
+type Event = std::result::Result<pb::StartResponse, Status>;
+
+fn event(e: pb::start_response::Event) -> Event {
+    Ok(pb::StartResponse { event: Some(e) })
+}
+
+/// Copies one pipe into `Start` events, at most `chunk` bytes each, until
+/// EOF or the client is gone.
+async fn pump(mut r: impl AsyncRead + Unpin, tx: &mpsc::Sender<Event>, stderr: bool, chunk: usize) {
+    let mut buf = vec![0; chunk];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let data = Bytes::copy_from_slice(&buf[..n]);
+        let ev = if stderr {
+            pb::start_response::Event::Stderr(data)
+        } else {
+            pb::start_response::Event::Stdout(data)
+        };
+        if tx.send(event(ev)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Copies terminal output into `Start` events while reaping the child.
+/// Output ends at EIO, or, once the child has exited, when a descendant
+/// holding the terminal stays silent for `PTY_LINGER`.
+async fn pump_pty(
+    master: &pty::Master,
+    child: &mut Child,
+    tx: &mpsc::Sender<Event>,
+    chunk: usize,
+) -> io::Result<ExitStatus> {
+    let mut buf = vec![0; chunk];
+    let mut status = None;
+    loop {
+        let read = match status {
+            None => tokio::select! {
+                s = child.wait() => {
+                    status = Some(s);
+                    continue;
+                }
+                r = master.read(&mut buf) => r,
+            },
+            Some(_) => match tokio::time::timeout(PTY_LINGER, master.read(&mut buf)).await {
+                Ok(r) => r,
+                Err(_) => break,
+            },
+        };
+        let n = match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let data = Bytes::copy_from_slice(&buf[..n]);
+        if tx
+            .send(event(pb::start_response::Event::Stdout(data)))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    match status {
+        Some(s) => s,
+        None => child.wait().await,
+    }
+}
+
+enum Output {
+    Pipes(tokio::process::ChildStdout, tokio::process::ChildStderr),
+    Pty(Arc<pty::Master>),
+}
+
+/// Runs a started process to its end: output, reaping, leaving the table,
+/// and the exit event last. If the client goes away, the group is killed.
+async fn drive(
+    mut reg: Registration<Arc<Daemon>>,
+    mut child: Child,
+    output: Output,
+    tx: mpsc::Sender<Event>,
+    chunk: usize,
+) {
+    let pid = child.id().unwrap_or_default() as i32;
+    let status = {
+        let mut work = pin!(async {
+            match output {
+                Output::Pipes(stdout, stderr) => {
+                    let (_, _, status) = tokio::join!(
+                        pump(stdout, &tx, false, chunk),
+                        pump(stderr, &tx, true, chunk),
+                        child.wait()
+                    );
+                    status
+                }
+                Output::Pty(master) => pump_pty(&master, &mut child, &tx, chunk).await,
+            }
+        });
+        tokio::select! {
+            s = &mut work => s,
+            _ = tx.closed() => {
+                // As upstream (the stream's context kills the command), a
+                // Start process does not outlive its stream.
+                tracing::debug!(pid, "stream closed; killing process group");
+                let _ = signal_group(pid, Signal::KILL);
+                work.await
+            }
+        }
+    };
+    reg.exited();
+    let exit_code = exit_code(&status);
+    tracing::debug!(pid, exit_code, "process finished");
+    // Gone from the table before the client can see the exit: after it,
+    // the pid is unknown.
+    drop(reg);
+    let _ = tx
+        .send(event(pb::start_response::Event::Exit(pb::ExitEvent {
+            exit_code,
+        })))
+        .await;
 }
 
 pub struct ProcessService {
     pub daemon: Arc<Daemon>,
+}
+
+impl ProcessService {
+    fn control(&self, pid: i32) -> Result<Arc<Control>> {
+        self.daemon
+            .processes
+            .lookup(pid)
+            .ok_or_else(|| Error::NotFound(format!("process {pid} not found")))
+    }
+
+    fn start_process(&self, req: pb::StartRequest) -> Result<ReceiverStream<Event>> {
+        let config = req.config.unwrap_or_default();
+        let launch = Launch::from(&config);
+        let mut cmd = launch.command(&self.daemon.root)?;
+        cmd.stdin(Stdio::piped());
+        let started = Instant::now();
+        let (child, pid, input, output) = match req.pty {
+            None => {
+                cmd.process_group(0)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                let (mut child, pid) = spawn(&mut cmd, &launch)?;
+                let input = Input::Pipe(Mutex::new(child.stdin.take()));
+                let stdout = child.stdout.take().expect("stdout is piped");
+                let stderr = child.stderr.take().expect("stderr is piped");
+                (child, pid, input, Output::Pipes(stdout, stderr))
+            }
+            Some(size) => {
+                let (master, slave) = pty::open(size.cols, size.rows)
+                    .map_err(|e| Error::Internal(format!("allocating a terminal: {e}")))?;
+                let copy = |fd: &std::os::fd::OwnedFd| {
+                    fd.try_clone()
+                        .map_err(|e| Error::Internal(format!("duplicating the terminal: {e}")))
+                };
+                cmd.stdin(Stdio::from(copy(&slave)?))
+                    .stdout(Stdio::from(copy(&slave)?))
+                    .stderr(Stdio::from(slave));
+                // SAFETY: only async-signal-safe calls (setsid, ioctl) run
+                // between fork and exec. Stdio is already on 0/1/2 then.
+                // No process_group here: setsid makes the child a group
+                // leader, and setpgid on a session leader fails.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        if libc::setsid() < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+                let (child, pid) = spawn(&mut cmd, &launch)?;
+                let master = Arc::new(master);
+                (child, pid, Input::Pty(master.clone()), Output::Pty(master))
+            }
+        };
+        // The command holds our copies of the terminal's slave end; they
+        // must be closed for EIO to mark the end of output.
+        drop(cmd);
+        let control = Arc::new(Control { pgid: pid, input });
+        let reg = Registration::new(self.daemon.clone(), pid, started, Some(control));
+        let (tx, rx) = mpsc::channel(START_QUEUE);
+        // A fresh channel has room, so `init` is always the first event.
+        let _ = tx.try_send(event(pb::start_response::Event::Init(pb::InitEvent {
+            process_id: pid,
+        })));
+        tokio::spawn(drive(
+            reg,
+            child,
+            output,
+            tx,
+            self.daemon.config.stream_chunk_size,
+        ));
+        Ok(ReceiverStream::new(rx))
+    }
+
+    async fn write_stdin(&self, req: pb::WriteStdinRequest) -> Result<()> {
+        use pb::write_stdin_request::Payload;
+        let pid = req.process_id;
+        let control = self.control(pid)?;
+        let closed = || Error::FailedPrecondition(format!("stdin of process {pid} is closed"));
+        match (&control.input, req.payload) {
+            (Input::Pipe(stdin), Some(Payload::Eof(()))) => {
+                // Dropping the pipe closes it; a second EOF is a no-op, as
+                // upstream (the process may have closed it first anyway).
+                stdin.lock().await.take();
+                Ok(())
+            }
+            (Input::Pipe(stdin), data) => {
+                let data = match data {
+                    Some(Payload::Input(d)) => d,
+                    _ => Bytes::new(),
+                };
+                let mut stdin = stdin.lock().await;
+                let pipe = stdin.as_mut().ok_or_else(closed)?;
+                pipe.write_all(&data).await.map_err(|e| match e.kind() {
+                    io::ErrorKind::BrokenPipe => Error::FailedPrecondition(format!(
+                        "process {pid} no longer reads its stdin"
+                    )),
+                    _ => Error::Internal(format!("writing stdin of process {pid}: {e}")),
+                })
+            }
+            (Input::Pty(master), payload) => {
+                let written = match payload {
+                    Some(Payload::Eof(())) => master.send_eof().await,
+                    Some(Payload::Input(d)) => master.write_all(&d).await,
+                    None => Ok(()),
+                };
+                written
+                    .map_err(|e| Error::Internal(format!("writing to the terminal of {pid}: {e}")))
+            }
+        }
+    }
+
+    fn send_signal(&self, req: pb::SendSignalRequest) -> Result<()> {
+        let control = self.control(req.process_id)?;
+        let sig = match pb::Signal::try_from(req.signal) {
+            Ok(pb::Signal::Sigint) => Signal::INT,
+            Ok(pb::Signal::Sigterm) => Signal::TERM,
+            Ok(pb::Signal::Sigkill) => Signal::KILL,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "unsupported or unspecified signal: {}",
+                    req.signal
+                )))
+            }
+        };
+        signal_group(control.pgid, sig)
+            .map_err(|e| Error::Internal(format!("signalling process {}: {e}", req.process_id)))
+    }
+
+    fn resize_tty(&self, req: pb::ResizeTtyRequest) -> Result<()> {
+        let pid = req.process_id;
+        let Input::Pty(master) = &self.control(pid)?.input else {
+            return Err(Error::FailedPrecondition(format!(
+                "process {pid} has no terminal"
+            )));
+        };
+        master
+            .resize(req.cols, req.rows)
+            .map_err(|e| Error::FailedPrecondition(format!("resizing the terminal of {pid}: {e}")))
+    }
 }
 
 #[tonic::async_trait]
@@ -68,36 +616,46 @@ impl pb::process_service_server::ProcessService for ProcessService {
 
     async fn start(
         &self,
-        _request: Request<pb::StartRequest>,
+        request: Request<pb::StartRequest>,
     ) -> Result<Response<Self::StartStream>, Status> {
-        Err(Status::unimplemented("Start"))
+        let stream = self.start_process(request.into_inner())?;
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn execute(
         &self,
-        _request: Request<pb::ExecuteRequest>,
+        request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<pb::ExecuteResponse>, Status> {
-        Err(Status::unimplemented("Execute"))
+        let config = request.into_inner().config.unwrap_or_default();
+        let done = collect(&self.daemon, Launch::from(&config), None, None).await?;
+        Ok(Response::new(pb::ExecuteResponse {
+            exit_code: done.exit_code,
+            stdout: done.stdout.into(),
+            stderr: done.stderr.into(),
+        }))
     }
 
     async fn write_stdin(
         &self,
-        _request: Request<pb::WriteStdinRequest>,
+        request: Request<pb::WriteStdinRequest>,
     ) -> Result<Response<pb::WriteStdinResponse>, Status> {
-        Err(Status::unimplemented("WriteStdin"))
+        ProcessService::write_stdin(self, request.into_inner()).await?;
+        Ok(Response::new(pb::WriteStdinResponse {}))
     }
 
     async fn send_signal(
         &self,
-        _request: Request<pb::SendSignalRequest>,
+        request: Request<pb::SendSignalRequest>,
     ) -> Result<Response<pb::SendSignalResponse>, Status> {
-        Err(Status::unimplemented("SendSignal"))
+        ProcessService::send_signal(self, request.into_inner())?;
+        Ok(Response::new(pb::SendSignalResponse {}))
     }
 
     async fn resize_tty(
         &self,
-        _request: Request<pb::ResizeTtyRequest>,
+        request: Request<pb::ResizeTtyRequest>,
     ) -> Result<Response<pb::ResizeTtyResponse>, Status> {
-        Err(Status::unimplemented("ResizeTTY"))
+        ProcessService::resize_tty(self, request.into_inner())?;
+        Ok(Response::new(pb::ResizeTtyResponse {}))
     }
 }

@@ -40,8 +40,11 @@ pub(crate) fn open(cols: u32, rows: u32) -> io::Result<(Master, OwnedFd)> {
         rustix::termios::tcsetwinsize(&master, winsize(cols, rows))?;
     }
     rustix::io::ioctl_fionbio(&master, true)?;
+    // SAFETY: the `OwnedFd` moves into the `AsyncFd` and is closed only
+    // when it drops, so the registered fd stays open and the same.
+    let fd = unsafe { AsyncFd::register(master)? };
     let master = Master {
-        fd: AsyncFd::new(master)?,
+        fd,
         writing: Mutex::new(()),
     };
     Ok((master, slave))

@@ -56,9 +56,8 @@ impl ProcessTable {
     pub async fn wait_idle(&self, timeout: Duration) -> bool {
         let mut rx = self.running.subscribe();
         // The sender lives as long as `self`, so `wait_for` cannot fail.
-        tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0))
-            .await
-            .is_ok()
+        let idle = tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0)).await;
+        idle.is_ok()
     }
 
     /// SIGKILLs the process group of every running process.

@@ -65,7 +65,10 @@ impl Daemon {
     fn wait_listening(&self, port: u16) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "sandboxd did not listen on {port}");
+            assert!(
+                Instant::now() < deadline,
+                "sandboxd did not listen on {port}"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
