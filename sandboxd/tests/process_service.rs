@@ -468,7 +468,7 @@ async fn write_after_eof_is_failed_precondition() {
     // Holds its stdout open after stdin closes, so it is still running.
     let (mut s, pid) = start(
         &f.svc,
-        config(&["sh", "-c", "cat; echo closed; read -r x"]),
+        config(&["sh", "-c", "cat; echo closed; sleep 100"]),
         None,
     )
     .await;
@@ -714,27 +714,36 @@ async fn dropped_execute_kills_the_process_group() {
     let f = fixture();
     let (a, b) = (unique_sleep(1), unique_sleep(2));
     let script = format!("sleep {a} & sleep {b}; wait");
-    let call = f.svc.execute(Request::new(pb::ExecuteRequest {
+    // Dropping the call is what the server does when the client's
+    // deadline passes or it cancels.
+    let mut call = Box::pin(f.svc.execute(Request::new(pb::ExecuteRequest {
         config: Some(config(&["sh", "-c", &script])),
-    }));
-    let started = Instant::now();
-    assert!(tokio::time::timeout(Duration::from_millis(500), call)
-        .await
-        .is_err());
-    assert!(started.elapsed() < Duration::from_secs(5));
+    })));
+    tokio::select! {
+        r = &mut call => panic!("execute finished early: {r:?}"),
+        _ = eventually("both sleeps run", || running(&["sleep", &a]) && running(&["sleep", &b])) => {}
+    }
+    assert_eq!(f.daemon.processes.active(), 1);
+    drop(call);
     eventually("both sleeps are killed", || {
         !running(&["sleep", &a]) && !running(&["sleep", &b])
     })
     .await;
-    eventually("no process is counted", || f.daemon.processes.active() == 0).await;
+    assert_eq!(f.daemon.processes.active(), 0);
 }
 
 #[tokio::test]
 async fn closed_start_stream_kills_the_process_group() {
     let f = fixture();
     let arg = unique_sleep(3);
-    let (s, _) = start(&f.svc, config(&["sleep", &arg]), None).await;
-    assert!(running(&["sleep", &arg]));
+    let (s, _) = start(
+        &f.svc,
+        config(&["sh", "-c", &format!("sleep {arg}; true")]),
+        None,
+    )
+    .await;
+    // exec publishes the new command line a moment after spawn returns.
+    eventually("the sleep runs", || running(&["sleep", &arg])).await;
     drop(s);
     eventually("the sleep is killed", || !running(&["sleep", &arg])).await;
     eventually("it leaves the table", || f.daemon.processes.active() == 0).await;

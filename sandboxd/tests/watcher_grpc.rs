@@ -540,7 +540,7 @@ async fn a_refused_request_holds_no_slot() {
     for _ in 0..3 {
         assert!(fx.watch("nope", false).await.is_err());
     }
-    fx.watch("", false).await.unwrap();
+    let _watch = fx.watch("", false).await.unwrap();
 }
 
 // ---- the concurrency cap ----

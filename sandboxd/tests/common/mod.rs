@@ -46,7 +46,10 @@ impl Daemon {
             .arg("--root-dir")
             .arg(root.path())
             .args(extra)
-            .env("RUST_LOG", "sandboxd=debug")
+            .env(
+                "RUST_LOG",
+                std::env::var("SANDBOXD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .expect("spawning sandboxd");
