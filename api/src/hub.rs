@@ -1,0 +1,272 @@
+//! JSON bodies of the hub's REST API (`/v1/...`). The hub serves them, the
+//! client crate sends them, and the OpenAPI document describes them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Sandbox ids are DNS-1123 labels, so one id can name a SandboxClaim, a Pod
+/// and a hostname.
+pub const MAX_ID_LEN: usize = 63;
+pub const DEFAULT_TEMPLATE: &str = "default";
+
+/// True for a DNS-1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, 1..=63 chars.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_ID_LEN
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum SandboxState {
+    Pending,
+    Ready,
+    Suspended,
+    Finished,
+    Expired,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Pending => "Pending",
+            SandboxState::Ready => "Ready",
+            SandboxState::Suspended => "Suspended",
+            SandboxState::Finished => "Finished",
+            SandboxState::Expired => "Expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "Pending" => SandboxState::Pending,
+            "Ready" => SandboxState::Ready,
+            "Suspended" => SandboxState::Suspended,
+            "Finished" => SandboxState::Finished,
+            "Expired" => SandboxState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// Whether a sandbox came from a warm pool (a state change) or was started
+/// for this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Launch {
+    Warm,
+    Cold,
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreateSandbox {
+    /// Template name; a pool of the same name is claimed from first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Claim from this pool (its template applies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Environment for every process in the sandbox. Forces a cold start.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Absolute deadline, counted from creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_after_seconds: Option<u64>,
+    /// Deleted after this long with no API calls and no running process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Sandbox {
+    pub id: String,
+    pub template: String,
+    pub state: SandboxState,
+    pub labels: BTreeMap<String, String>,
+    pub launch: Launch,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The snapshot this sandbox was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// A command: a shell string (run with `/bin/sh -c`) or an argv array.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Command {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+impl Command {
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+            Command::Argv(v) => v.clone(),
+        }
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExecRequest {
+    pub command: Command,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory inside the workspace; empty means the workspace.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cwd: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    /// Bytes written to the process's stdin, then closed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stdin: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExecResult {
+    pub exit_code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub timed_out: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Network {
+    /// Only a loopback interface.
+    #[default]
+    None,
+    /// The host's network namespace.
+    Host,
+}
+
+/// `PUT /v1/templates/{name}`: what a sandbox is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Template {
+    /// Host directory used as the read-only root filesystem instead of the
+    /// host's allowlisted `/usr`, `/bin`, `/lib*`, `/sbin` and stripped `/etc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_fs: Option<String>,
+    /// Host directory whose contents seed `/workspace` (the overlay's lower layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// CPU limit in cores (e.g. 0.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// Most processes (and threads) at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    #[serde(default)]
+    pub network: Network,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NamedTemplate {
+    pub name: String,
+    #[serde(flatten)]
+    pub template: Template,
+}
+
+/// `PUT /v1/pools/{name}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PoolSpec {
+    pub template: String,
+    pub replicas: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Pool {
+    pub name: String,
+    pub template: String,
+    pub replicas: u32,
+    /// Warm sandboxes ready to be claimed.
+    pub ready: u32,
+    /// Warm sandboxes ready or starting.
+    pub total: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Snapshot {
+    pub id: String,
+    pub sandbox_id: String,
+    pub created_at: String,
+}
+
+/// `POST /v1/sandboxes/{id}/fork`: a new sandbox from a snapshot of this
+/// one (a fresh snapshot when none is named).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForkRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_labels() {
+        assert!(is_dns_label("sb-1a2b"));
+        assert!(is_dns_label("a"));
+        assert!(!is_dns_label(""));
+        assert!(!is_dns_label("-a"));
+        assert!(!is_dns_label("a-"));
+        assert!(!is_dns_label("A"));
+        assert!(!is_dns_label("a_b"));
+        assert!(!is_dns_label(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn command_accepts_string_or_argv() {
+        let s: ExecRequest = serde_json::from_str(r#"{"command":"echo hi"}"#).unwrap();
+        assert_eq!(s.command.argv(), ["/bin/sh", "-c", "echo hi"]);
+        let a: ExecRequest = serde_json::from_str(r#"{"command":["ls","-l"]}"#).unwrap();
+        assert_eq!(a.command.argv(), ["ls", "-l"]);
+    }
+}
