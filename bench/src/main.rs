@@ -1,1 +1,56 @@
-fn main() {}
+//! sandhub-bench: benchmarks that print Sandhub's numbers next to a baseline
+//! measured in the same run, on the same machine, so a ratio means something
+//! even on a noisy laptop or CI box.
+//!
+//! Table of contents (one module per suite, shared helpers below them):
+//! - [`sandboxd`]: the daemon inside every sandbox: exec round trip vs a
+//!   plain fork+exec, file upload/download vs `cp`, idle RSS.
+//! - [`stats`]: percentiles and medians.
+//! - [`report`]: the result table, its JSON form, and progress lines.
+//! - [`machine`]: what the numbers were measured on.
+
+mod machine;
+mod report;
+mod sandboxd;
+mod stats;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sandhub-bench",
+    version,
+    about = "Side-by-side benchmarks of Sandhub against baselines measured in the same run"
+)]
+struct Cli {
+    /// Print machine-readable JSON on stdout instead of the table.
+    #[arg(long, env = "SANDHUB_BENCH_JSON", global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    suite: Suite,
+}
+
+#[derive(Debug, Subcommand)]
+enum Suite {
+    /// sandboxd: exec round trip, file transfer throughput, memory.
+    Sandboxd(sandboxd::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // One thread for the client: its overhead then stays off the cores
+    // sandboxd and the kernel need, and the baselines are single-threaded too.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = match cli.suite {
+        Suite::Sandboxd(args) => runtime.block_on(sandboxd::run(args))?,
+    };
+    if cli.json {
+        report.print_json()?;
+    } else {
+        report.print_table();
+    }
+    Ok(())
+}

@@ -84,7 +84,7 @@ impl pb::file_watcher_service_server::FileWatcherService for WatcherService {
         let span = info_span!("watch", path = %shown, recursive);
         span.in_scope(|| debug!(watches = tree.watch_count(), "watch started"));
         let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
-        tokio::spawn(pump(tree, events, batch, tx).instrument(span));
+        tokio::spawn(pump(self.daemon.clone(), tree, events, batch, tx).instrument(span));
         Ok(Response::new(Box::pin(WatchStream {
             inner: ReceiverStream::new(rx),
             _lease: lease,
@@ -147,6 +147,7 @@ enum Wake {
 
 /// Reads inotify until the client leaves or the watched directory goes.
 async fn pump(
+    daemon: Arc<Daemon>,
     mut tree: Tree,
     mut events: EventStream<Vec<u8>>,
     mut batch: Batch,
@@ -176,7 +177,7 @@ async fn pump(
                 }
             }
             Wake::Event(Some(Ok(ev))) => {
-                if tree.handle(ev, &mut batch) == Step::End {
+                if tree.handle(&daemon.root, ev, &mut batch) == Step::End {
                     flush(&mut batch, &tx).await;
                     debug!("watched directory gone; stream closed");
                     return;

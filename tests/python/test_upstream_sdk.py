@@ -162,8 +162,14 @@ def test_sdk_sandboxd_mode_with_stub_k8s_lookup_run_cwd_escape_is_refused(sandbo
         sandboxd_mode_sdk.commands.run("pwd", cwd="../..")
 
 
-def test_sdk_sandboxd_mode_with_stub_k8s_lookup_run_cwd_absolute_outside_root_is_refused(sandboxd_mode_sdk):
-    with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
+def test_sdk_sandboxd_mode_with_stub_k8s_lookup_run_cwd_absolute_is_root_relative(sandboxd_mode_sdk, sandboxd):
+    # Upstream joins the cwd onto the root (filepath.Join(root, cwd)), so an
+    # absolute cwd names a directory under the root, never the host's.
+    (sandboxd.root / "abs").mkdir()
+    result = sandboxd_mode_sdk.commands.run("pwd", cwd="/abs")
+    assert (result.exit_code, result.stdout) == (0, _realpath(sandboxd.root / "abs") + "\n")
+    # root/etc does not exist: an error (upstream: INTERNAL from chdir), not the host's /etc.
+    with pytest.raises(RuntimeError, match="sandboxd process service failed"):
         sandboxd_mode_sdk.commands.run("pwd", cwd="/etc")
 
 

@@ -6,17 +6,26 @@
 //! every subdirectory beneath that directory's fd with `RESOLVE_NO_SYMLINKS`.
 //! A watch is then placed on `/proc/self/fd/<fd>`, which names the inode the
 //! fd already holds, so a symlink swapped in between the open and the watch
-//! cannot point the watch anywhere else.
+//! cannot point the watch anywhere else. Once placed, a watch pins its inode
+//! by itself and follows it through renames, so no path is trusted again.
+//!
+//! The fds are held only while watches are being added, never for the
+//! stream's life: an open fd pins the directory's dentry, and the kernel
+//! then defers IN_DELETE_SELF until that fd closes, so a removed directory
+//! would never end its stream.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     ffi::{OsStr, OsString},
     io,
     os::fd::OwnedFd,
 };
 
 use inotify::{Event, EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
-use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags};
+use rustix::{
+    fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags},
+    io::Errno,
+};
 use sandhub_api::proto::watcher::v1::EventType;
 use tracing::{debug, warn};
 
@@ -48,6 +57,17 @@ pub(crate) enum Step {
     End,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// The initial scan: what is there already is no news.
+    Quiet,
+    /// A directory that appeared after the stream started: everything in
+    /// it arrived before its watch did, so each entry is reported as CREATE.
+    Announce,
+    /// After lost events: add whatever watches are missing, report nothing.
+    Rescan,
+}
+
 /// A subtree cut loose by IN_MOVED_FROM, waiting to learn where it went.
 struct Moving {
     /// The moved directory's path below the top.
@@ -58,8 +78,6 @@ struct Moving {
 
 pub(crate) struct Tree {
     watches: Watches,
-    /// Held for the stream's life: subdirectories are opened beneath it.
-    top_fd: OwnedFd,
     top_path: RelPath,
     top: WatchDescriptor,
     recursive: bool,
@@ -102,7 +120,6 @@ impl Tree {
             .map_err(|e| watch_error(e, &shown))?;
         let mut tree = Tree {
             watches,
-            top_fd,
             top_path: rel,
             top: top.clone(),
             recursive,
@@ -111,7 +128,7 @@ impl Tree {
             limit_reported: false,
         };
         if recursive {
-            tree.walk(String::new(), false, out);
+            tree.walk(&top_fd, String::new(), Walk::Quiet, out);
         }
         Ok((tree, inotify))
     }
@@ -121,7 +138,7 @@ impl Tree {
     }
 
     /// Translates one inotify event into zero or more `watcher.v1` events.
-    pub(crate) fn handle(&mut self, ev: Event<OsString>, out: &mut Batch) -> Step {
+    pub(crate) fn handle(&mut self, root: &Root, ev: Event<OsString>, out: &mut Batch) -> Step {
         let mask = ev.mask;
         if mask.contains(EventMask::Q_OVERFLOW) {
             warn!(path = %self.top_path.display(), "inotify queue overflowed");
@@ -129,6 +146,10 @@ impl Tree {
                 self.top_path.display(),
                 "event queue overflowed: some events were lost".into(),
             ));
+            if self.recursive {
+                // A lost IN_CREATE is a directory that would stay unwatched.
+                let _ = Walk::Rescan;
+            }
             return Step::Continue;
         }
         if ev.wd == self.top && ev.name.is_none() {
@@ -141,8 +162,9 @@ impl Tree {
             return Step::Continue;
         };
         let Some(name) = ev.name else {
-            // A subdirectory's own events: its parent's watch reports the
-            // same change by name (ATTRIB, DELETE) or it is settled above.
+            // A subdirectory's own events. Its parent's watch reports the
+            // same change by name (ATTRIB, DELETE, MOVED_FROM); only the end
+            // of the watch matters here.
             if mask.contains(EventMask::IGNORED) {
                 self.dirs.remove(&ev.wd);
             }
@@ -157,14 +179,14 @@ impl Tree {
             out.push(event(EventType::Create, path, is_dir));
             if is_dir && walkable {
                 // Entries made before the new watch exists would be missed.
-                self.walk(sub, true, out);
+                self.rewalk(root, sub, Walk::Announce, out);
             }
         } else if mask.contains(EventMask::MOVED_TO) {
             out.push(event(EventType::Create, path, is_dir));
             if is_dir && walkable {
                 match self.moving.remove(&ev.cookie) {
                     Some(moving) => self.reattach(moving, &sub),
-                    None => self.walk(sub, true, out),
+                    None => self.rewalk(root, sub, Walk::Announce, out),
                 }
             }
         } else if mask.contains(EventMask::MODIFY) {
@@ -201,26 +223,28 @@ impl Tree {
         Step::End
     }
 
-    /// Watches `sub` and every directory beneath it. With `announce`, also
-    /// reports a CREATE for each entry found, since these appeared before
-    /// their directory was watched.
-    fn walk(&mut self, sub: String, announce: bool, out: &mut Batch) {
+    /// Walks `sub` after the stream started.
+    fn rewalk(&mut self, root: &Root, sub: String, how: Walk, out: &mut Batch) {
+        // Reopened by path: if the top was renamed meanwhile, this fails or
+        // finds a stranger, and either way the queued IN_MOVE_SELF ends the
+        // stream right after.
+        match root.open_dir(&self.top_path) {
+            Ok(top_fd) => self.walk(&top_fd, sub, how, out),
+            Err(e) => debug!(error = %e, "watched directory gone; not walking"),
+        }
+    }
+
+    /// Watches `sub` and every directory beneath it.
+    fn walk(&mut self, top_fd: &OwnedFd, sub: String, how: Walk, out: &mut Batch) {
+        // A bind mount can make a directory its own descendant.
+        let mut visited = HashSet::from([self.top.clone()]);
         let mut stack = vec![sub];
         while let Some(sub) = stack.pop() {
-            let fd = match self.open_sub(&sub) {
+            let fd = match open_sub(top_fd, &sub) {
                 Ok(fd) => fd,
                 // Already gone again, or replaced by a symlink: its own
                 // events (REMOVE, CREATE) tell the story.
-                Err(e)
-                    if matches!(
-                        e,
-                        rustix::io::Errno::NOENT
-                            | rustix::io::Errno::NOTDIR
-                            | rustix::io::Errno::LOOP
-                    ) =>
-                {
-                    continue
-                }
+                Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => continue,
                 Err(e) => {
                     self.report(&sub, e.into(), out);
                     continue;
@@ -228,10 +252,15 @@ impl Tree {
             };
             if !sub.is_empty() {
                 match self.watches.add(proc_path(&fd), MASK) {
-                    // The same inode, already watched (a directory seen by
-                    // both the initial scan and its IN_CREATE): its entries
-                    // were already reported or watched.
-                    Ok(wd) if self.dirs.contains_key(&wd) => continue,
+                    Ok(wd) if !visited.insert(wd.clone()) => continue,
+                    Ok(wd) if self.dirs.contains_key(&wd) => {
+                        // Watched before this walk (say, by the initial scan
+                        // and now by its IN_CREATE): whatever appeared in it
+                        // since has been reported by its own watch.
+                        if how == Walk::Announce {
+                            continue;
+                        }
+                    }
                     Ok(wd) => {
                         self.dirs.insert(wd, sub.clone());
                     }
@@ -250,7 +279,7 @@ impl Tree {
             };
             for (name, is_dir) in entries {
                 let child = join(&sub, &name.to_string_lossy());
-                if announce {
+                if how == Walk::Announce {
                     out.push(event(EventType::Create, self.show(&child), is_dir));
                 }
                 if is_dir && name.to_str().is_some() {
@@ -258,19 +287,6 @@ impl Tree {
                 }
             }
         }
-    }
-
-    /// Opens a directory below the top without following any symlink, so
-    /// the walk can neither leave the top nor visit a directory twice.
-    fn open_sub(&self, sub: &str) -> rustix::io::Result<OwnedFd> {
-        let path = if sub.is_empty() { "." } else { sub };
-        rfs::openat2(
-            &self.top_fd,
-            path,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
-        )
     }
 
     fn detach(&mut self, sub: String, cookie: u32) {
@@ -366,6 +382,19 @@ fn join(dir: &str, name: &str) -> String {
     } else {
         format!("{dir}/{name}")
     }
+}
+
+/// Opens a directory below the top without following any symlink, so the
+/// walk can neither leave the top nor visit a directory twice.
+fn open_sub(top_fd: &OwnedFd, sub: &str) -> rustix::io::Result<OwnedFd> {
+    let path = if sub.is_empty() { "." } else { sub };
+    rfs::openat2(
+        top_fd,
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+    )
 }
 
 fn proc_path(fd: &OwnedFd) -> String {
