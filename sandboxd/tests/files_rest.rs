@@ -680,6 +680,7 @@ async fn metadata_publishes_prefixed_env_but_never_secrets() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = child.kill();
+    let _ = child.wait();
     let body = body.expect("metadata answered");
     assert!(!body.contains("hunter2"), "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();

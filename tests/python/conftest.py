@@ -169,6 +169,7 @@ def _start(binary: Path, base: Path, extra_env: dict[str, str]) -> Sandboxd:
         ]
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
+        env.setdefault("NO_COLOR", "1")
         env.update(extra_env)
         with open(log_path, "ab") as log:
             log.write(f"\n=== attempt {attempt}: {' '.join(argv)}\n".encode())

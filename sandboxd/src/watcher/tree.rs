@@ -148,7 +148,7 @@ impl Tree {
             ));
             if self.recursive {
                 // A lost IN_CREATE is a directory that would stay unwatched.
-                let _ = Walk::Rescan;
+                self.rewalk(root, String::new(), Walk::Rescan, out);
             }
             return Step::Continue;
         }

@@ -1,0 +1,5 @@
+//! `sandhub`: the hub service and its CLI.
+
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}
