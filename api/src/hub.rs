@@ -270,3 +270,51 @@ mod tests {
         assert_eq!(a.command.argv(), ["ls", "-l"]);
     }
 }
+
+/// One line of the NDJSON stream `POST /v1/sandboxes/{id}/processes`
+/// answers with. Output bytes are base64 (standard alphabet, padded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum ProcessEventWire {
+    Started { pid: i32 },
+    Stdout { data: String },
+    Stderr { data: String },
+    Exited { exit_code: i32 },
+}
+
+/// `POST /v1/sandboxes/{id}/processes/{pid}/signal`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SignalRequest {
+    /// `SIGINT`, `SIGTERM` or `SIGKILL`.
+    pub signal: String,
+}
+
+/// `POST /v1/sandboxes/{id}/processes/{pid}/resize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ResizeRequest {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TemplateList {
+    pub templates: Vec<NamedTemplate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PoolList {
+    pub pools: Vec<Pool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SnapshotList {
+    pub snapshots: Vec<Snapshot>,
+}

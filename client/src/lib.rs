@@ -1,0 +1,107 @@
+//! The one Sandhub client.
+//!
+//! [`Sandboxes`] is the whole model (sandboxes, processes, files, watches,
+//! lifecycle, templates, pools) as one async trait. The hub implements it
+//! in-process, [`http::HubClient`] implements it against a hub URL, and MCP,
+//! Gym, the CLI and the Python bindings are written against the trait, so
+//! they behave the same whichever side of the network they run on.
+//! [`sandboxd::SandboxdClient`] talks to one sandboxd directly (REST + gRPC),
+//! which is how the hub's local backend reaches its sandboxes.
+
+pub mod error;
+pub mod types;
+
+pub use error::{Error, Result};
+pub use types::*;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sandhub_api::{
+    hub::{
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, NamedTemplate, Pool, PoolSpec,
+        Sandbox, Snapshot, Template,
+    },
+    sandboxd::{DirectoryListing, FileEntry},
+};
+
+#[async_trait]
+pub trait Sandboxes: Send + Sync {
+    // Sandboxes.
+    async fn create(&self, request: CreateSandbox) -> Result<Sandbox>;
+    async fn get(&self, id: &str) -> Result<Sandbox>;
+    /// Sandboxes whose labels include every pair in `labels`.
+    async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Sandbox>>;
+    async fn delete(&self, id: &str) -> Result<()>;
+
+    // Processes.
+    /// Runs a command to completion.
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult>;
+    /// Starts a command and streams its output; the first event is
+    /// `Started` with the pid that the calls below take.
+    async fn start(&self, id: &str, request: StartProcess) -> Result<ProcessEvents>;
+    async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()>;
+    async fn signal(&self, id: &str, pid: i32, signal: Signal) -> Result<()>;
+    async fn resize(&self, id: &str, pid: i32, size: PtySize) -> Result<()>;
+
+    // Files (paths are relative to the workspace).
+    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream>;
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<()>;
+    async fn list_files(&self, id: &str, path: &str) -> Result<DirectoryListing>;
+    /// `None` when nothing exists at `path`.
+    async fn stat(&self, id: &str, path: &str) -> Result<Option<FileEntry>>;
+    async fn delete_file(&self, id: &str, path: &str, recursive: bool) -> Result<()>;
+    async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<WatchEvents>;
+
+    // Lifecycle.
+    async fn suspend(&self, id: &str) -> Result<Sandbox>;
+    async fn resume(&self, id: &str) -> Result<Sandbox>;
+    async fn snapshot(&self, id: &str) -> Result<Snapshot>;
+    /// Drops every change to the workspace and kills every process.
+    async fn reset(&self, id: &str) -> Result<Sandbox>;
+    async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox>;
+
+    // Templates and pools.
+    async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate>;
+    async fn get_template(&self, name: &str) -> Result<NamedTemplate>;
+    async fn list_templates(&self) -> Result<Vec<NamedTemplate>>;
+    async fn delete_template(&self, name: &str) -> Result<()>;
+    async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool>;
+    async fn get_pool(&self, name: &str) -> Result<Pool>;
+    async fn list_pools(&self) -> Result<Vec<Pool>>;
+    async fn delete_pool(&self, name: &str) -> Result<()>;
+}
+
+/// Reads a whole file into memory (for small files; prefer the stream).
+pub async fn read_to_vec<S: Sandboxes + ?Sized>(
+    sandboxes: &S,
+    id: &str,
+    path: &str,
+) -> Result<Vec<u8>> {
+    use futures::TryStreamExt;
+    let stream = sandboxes.read_file(id, path).await?;
+    let chunks: Vec<Bytes> = stream.try_collect().await?;
+    Ok(chunks.concat())
+}
+
+/// Writes bytes held in memory.
+pub async fn write_bytes<S: Sandboxes + ?Sized>(
+    sandboxes: &S,
+    id: &str,
+    path: &str,
+    data: impl Into<Bytes>,
+    options: WriteOptions,
+) -> Result<()> {
+    let data: Bytes = data.into();
+    let stream = futures::stream::once(async move { Ok(data) });
+    sandboxes
+        .write_file(id, path, Box::pin(stream), options)
+        .await
+}
