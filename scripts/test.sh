@@ -62,6 +62,7 @@ read -r cargo_passed cargo_failed cargo_ignored < <(
 )
 
 # ---------------------------------------------------------------- Python
+step="locate-sandboxd"
 target_dir="${CARGO_TARGET_DIR:-target}"
 [[ "$target_dir" = /* ]] || target_dir="$repo_root/$target_dir"
 export SANDBOXD_BIN="${SANDBOXD_BIN:-$target_dir/debug/sandboxd}"
@@ -75,7 +76,7 @@ echo
 echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN $venv_python -m pytest tests/python -v"
 set +e
 # shellcheck disable=SC2086 # PYTEST_ARGS is split on purpose
-PYTHONDONTWRITEBYTECODE=1 "$venv_python" -m pytest tests/python -v -rs -p no:cacheprovider \
+PYTHONDONTWRITEBYTECODE=1 "$venv_python" -m pytest tests/python -v -rs \
     --junitxml="$log_dir/pytest.xml" ${PYTEST_ARGS:-}
 pytest_rc=$?
 set -e

@@ -52,7 +52,7 @@ pub struct DirectoryListing {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Health {
     pub status: String,
-    pub uptime_seconds: f64,
+    pub uptime_seconds: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 use std::{
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, RwLock,
     },
     time::Instant,
 };
@@ -12,9 +12,17 @@ use tokio::sync::Semaphore;
 
 use crate::{auth::Auth, config::Config, confine::Root, metrics::Metrics, process::ProcessTable};
 
+/// Runs in every child between fork and exec (async-signal-safe code only).
+/// The hub's local backend uses it to confine workloads (seccomp,
+/// `no_new_privs`) without confining sandboxd itself.
+pub type ChildSetup = fn() -> std::io::Result<()>;
+
 pub struct Daemon {
     pub config: Config,
-    pub root: Root,
+    /// Swapped when the workspace under the root is replaced (a reset
+    /// mounts a fresh overlay on the same path).
+    root: RwLock<Arc<Root>>,
+    pub child_setup: Option<ChildSetup>,
     pub auth: Option<Auth>,
     pub metrics: Metrics,
     pub processes: ProcessTable,
@@ -27,6 +35,13 @@ pub struct Daemon {
 impl Daemon {
     /// Builds the daemon from its flags: opens the root and loads the token.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        Self::with_child_setup(config, None)
+    }
+
+    pub fn with_child_setup(
+        config: Config,
+        child_setup: Option<ChildSetup>,
+    ) -> anyhow::Result<Arc<Self>> {
         let root = Root::open(&config.root_dir)
             .map_err(|e| anyhow::anyhow!("opening root dir {}: {e}", config.root_dir.display()))?;
         let auth = match (&config.auth_token_file, &config.auth_token_sha256) {
@@ -36,7 +51,8 @@ impl Daemon {
         };
         Ok(Arc::new(Daemon {
             watches: Arc::new(Semaphore::new(config.max_watches)),
-            root,
+            root: RwLock::new(Arc::new(root)),
+            child_setup,
             auth,
             metrics: Metrics::default(),
             processes: ProcessTable::default(),
@@ -44,6 +60,18 @@ impl Daemon {
             draining: AtomicBool::new(false),
             config,
         }))
+    }
+
+    /// The root every path resolves against.
+    pub fn root(&self) -> Arc<Root> {
+        self.root.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reopens the root directory, after something mounted over it.
+    pub fn reload_root(&self) -> std::io::Result<()> {
+        let fresh = Arc::new(Root::open(&self.config.root_dir)?);
+        *self.root.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(())
     }
 
     /// Health answers 503 from now on; work already running may finish.

@@ -145,7 +145,7 @@ pub fn parse_bool(name: &str, value: &str) -> Result<bool> {
 async fn get(daemon: &Daemon, request: Request, with_body: bool) -> Result<Response> {
     let rel = request_path(request.uri().path(), PREFIX)?;
     let query = Query::parse(request.uri().query())?;
-    let root = &daemon.root;
+    let root = &daemon.root();
     let st = root.stat(&rel)?;
     let kind = kind_of(&st);
     if let Some(expected) = query.kind {
@@ -399,9 +399,9 @@ async fn put(daemon: &Daemon, request: Request) -> Result<Response> {
     };
     let mode = query.mode.unwrap_or(DEFAULT_MODE);
     if query.append {
-        append_file(&daemon.root, &rel, mode, data, limit).await?;
+        append_file(&daemon.root(), &rel, mode, data, limit).await?;
     } else {
-        write_atomic(&daemon.root, &rel, mode, data, limit).await?;
+        write_atomic(&daemon.root(), &rel, mode, data, limit).await?;
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -545,7 +545,7 @@ async fn copy_into(fd: OwnedFd, mut data: BodyStream, limit: u64, rel: &RelPath)
 async fn delete(daemon: &Daemon, request: Request) -> Result<Response> {
     let rel = request_path(request.uri().path(), PREFIX)?;
     let query = Query::parse(request.uri().query())?;
-    daemon.root.remove(&rel, query.recursive)?;
+    daemon.root().remove(&rel, query.recursive)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -170,7 +170,7 @@ async fn upload_inner(daemon: &Daemon, request: Request) -> Result<String> {
                 r.map_err(|e| Error::InvalidArgument(format!("bad multipart body: {e}")))
             }));
         files::write_atomic(
-            &daemon.root,
+            &daemon.root(),
             &rel,
             0o644,
             data,
@@ -188,7 +188,7 @@ fn legacy_path(uri: &Uri, prefix: &str) -> Result<RelPath> {
 async fn download(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
     let result = async {
         let rel = legacy_path(&uri, "/download")?;
-        let file = daemon.root.open_read(&rel)?;
+        let file = daemon.root().open_read(&rel)?;
         let st = rustix::fs::fstat(&file).map_err(|e| Error::io(e.into(), &rel.display()))?;
         if kind_of(&st) != Kind::File {
             return Err(Error::NotFound("File not found".into()));
@@ -219,11 +219,11 @@ async fn download(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
 async fn list(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
     let result = async {
         let rel = legacy_path(&uri, "/list")?;
-        if kind_of(&daemon.root.stat(&rel)?) != Kind::Directory {
+        if kind_of(&daemon.root().stat(&rel)?) != Kind::Directory {
             return Err(Error::NotFound("Path is not a directory".into()));
         }
         let entries: Vec<ListEntry> = daemon
-            .root
+            .root()
             .list(&rel)?
             .into_iter()
             .filter_map(|(name, st)| {
@@ -271,7 +271,7 @@ async fn exists(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
     let decoded = percent_encoding::percent_decode_str(&raw)
         .decode_utf8_lossy()
         .into_owned();
-    let result = legacy_path(&uri, "/exists").and_then(|rel| match daemon.root.stat(&rel) {
+    let result = legacy_path(&uri, "/exists").and_then(|rel| match daemon.root().stat(&rel) {
         Ok(_) => Ok(true),
         Err(Error::NotFound(_)) => Ok(false),
         Err(e) => Err(e),

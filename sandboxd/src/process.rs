@@ -15,7 +15,7 @@ mod table;
 use std::{
     collections::HashMap,
     io,
-    os::unix::process::ExitStatusExt,
+    os::{fd::OwnedFd, unix::process::ExitStatusExt},
     path::{Path, PathBuf},
     pin::pin,
     process::{ExitStatus, Stdio},
@@ -132,7 +132,7 @@ impl Launch<'_> {
 
     /// A command with argv, environment and working directory set; the
     /// caller chooses stdio and grouping.
-    fn command(&self, root: &Root) -> Result<Command> {
+    fn command(&self, daemon: &Daemon) -> Result<Prepared> {
         let Some((program, args)) = self.argv.split_first() else {
             return Err(Error::InvalidArgument("command is required".into()));
         };
@@ -140,22 +140,54 @@ impl Launch<'_> {
             return Err(Error::InvalidArgument("command[0] is empty".into()));
         }
         let mut cmd = Command::new(program);
-        cmd.args(args).current_dir(resolve_cwd(root, self.cwd)?);
+        let (cwd, cwd_fd) = resolve_cwd(&daemon.root(), self.cwd)?;
+        cmd.args(args).current_dir(cwd);
+        if let Some(setup) = daemon.child_setup {
+            // SAFETY: ChildSetup is documented to be async-signal-safe.
+            unsafe {
+                cmd.pre_exec(setup);
+            }
+        }
         // The child inherits the daemon's environment by default; only the
         // overrides are handed over, so a spawn without any copies nothing.
         if !self.env.is_empty() {
             cmd.envs(self.env);
         }
-        Ok(cmd)
+        Ok(Prepared { cmd, _cwd: cwd_fd })
     }
 }
 
-/// The host directory a process runs in. Absolute paths under the root's
-/// host path are accepted as they are (clients echo back what `pwd`
-/// printed); any other absolute path is taken relative to the root.
-fn resolve_cwd(root: &Root, cwd: Option<&str>) -> Result<PathBuf> {
+/// A command plus the directory fd its working directory names, which
+/// must stay open until the spawn.
+struct Prepared {
+    cmd: Command,
+    _cwd: Option<OwnedFd>,
+}
+
+impl std::ops::Deref for Prepared {
+    type Target = Command;
+    fn deref(&self) -> &Command {
+        &self.cmd
+    }
+}
+
+impl std::ops::DerefMut for Prepared {
+    fn deref_mut(&mut self) -> &mut Command {
+        &mut self.cmd
+    }
+}
+
+/// The directory a process runs in. Absolute paths under the root's host
+/// path are accepted as they are (clients echo back what `pwd` printed);
+/// any other absolute path is taken relative to the root.
+///
+/// A subdirectory is opened beneath the root and handed to the child as
+/// `/proc/<our pid>/fd/<n>`: the child's chdir follows that magic link to
+/// the very inode we checked, so a symlink swapped in between the check and
+/// the spawn cannot send it anywhere else. The fd must outlive the spawn.
+fn resolve_cwd(root: &Root, cwd: Option<&str>) -> Result<(PathBuf, Option<OwnedFd>)> {
     let raw = match cwd {
-        None | Some("") => return Ok(root.host_path().to_path_buf()),
+        None | Some("") => return Ok((root.host_path().to_path_buf(), None)),
         Some(raw) => raw,
     };
     let inside = Path::new(raw)
@@ -165,15 +197,21 @@ fn resolve_cwd(root: &Root, cwd: Option<&str>) -> Result<PathBuf> {
         .unwrap_or(raw);
     let rel = RelPath::parse(inside)?;
     if rel.is_root() {
-        return Ok(root.host_path().to_path_buf());
+        return Ok((root.host_path().to_path_buf(), None));
     }
-    root.resolve_dir_host_path(&rel).map_err(|e| match e {
+    let fd = root.open_dir(&rel).map_err(|e| match e {
         Error::NotFound(_) => Error::NotFound(format!("cwd {raw}: no such directory")),
         Error::PermissionDenied(_) => {
             Error::PermissionDenied(format!("cwd {raw}: escapes the root or is not accessible"))
         }
         other => other,
-    })
+    })?;
+    let path = PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ));
+    Ok((path, Some(fd)))
 }
 
 fn spawn(cmd: &mut Command, launch: &Launch<'_>) -> Result<(Child, i32)> {
@@ -243,7 +281,7 @@ async fn collect(
     stdin: Option<Bytes>,
     timeout: Option<Duration>,
 ) -> Result<Completed> {
-    let mut cmd = launch.command(&daemon.root)?;
+    let mut cmd = launch.command(daemon)?;
     cmd.process_group(0)
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -477,7 +515,7 @@ impl ProcessService {
     fn start_process(&self, req: pb::StartRequest) -> Result<ReceiverStream<Event>> {
         let config = req.config.unwrap_or_default();
         let launch = Launch::from(&config);
-        let mut cmd = launch.command(&self.daemon.root)?;
+        let mut cmd = launch.command(&self.daemon)?;
         cmd.stdin(Stdio::piped());
         let started = Instant::now();
         let (child, pid, input, output) = match req.pty {

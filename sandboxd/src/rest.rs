@@ -31,7 +31,14 @@ use crate::{
 const OPEN_PATHS: &[&str] = &["/v1/health", "/"];
 
 pub fn router(daemon: Arc<Daemon>) -> Router {
+    router_with(daemon, Router::new())
+}
+
+/// The REST router plus `extra` routes (the hub's local backend adds its
+/// workspace controls), all behind the same auth and metrics.
+pub fn router_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> Router {
     Router::new()
+        .merge(extra)
         .route("/v1/health", get(health))
         .route("/v1/metadata", get(metadata))
         .route("/metrics", get(metrics))
@@ -164,7 +171,7 @@ async fn health(State(daemon): State<Arc<Daemon>>) -> Response {
     }
     Json(Health {
         status: "ok".into(),
-        uptime_seconds: daemon.started.elapsed().as_secs_f64(),
+        uptime_seconds: daemon.started.elapsed().as_secs(),
     })
     .into_response()
 }

@@ -21,8 +21,13 @@ const CONNECTION_GRACE: Duration = Duration::from_secs(2);
 
 /// Runs sandboxd until SIGTERM or SIGINT, then shuts down cleanly.
 pub async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
+    run_with(daemon, Router::new()).await
+}
+
+/// [`run`] with extra REST routes.
+pub async fn run_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
-    let servers = serve(daemon.clone(), stop.clone()).await?;
+    let servers = serve(daemon.clone(), stop.clone(), extra).await?;
     wait_for_signal().await?;
     drain(&daemon).await;
     stop.cancel();
@@ -38,9 +43,10 @@ pub async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
 pub async fn serve(
     daemon: Arc<Daemon>,
     stop: CancellationToken,
+    extra: Router<Arc<Daemon>>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let config = &daemon.config;
-    let rest_app = rest::router(daemon.clone());
+    let rest_app = rest::router_with(daemon.clone(), extra);
     let grpc_app = rest::grpc_router(daemon.clone());
     let idle = config.http_idle_timeout;
     let mut tasks = Vec::new();

@@ -72,7 +72,7 @@ impl pb::file_watcher_service_server::FileWatcherService for WatcherService {
         let daemon = self.daemon.clone();
         let (tree, inotify, batch) = tokio::task::spawn_blocking(move || {
             let mut batch = Batch::default();
-            let (tree, inotify) = Tree::open(&daemon.root, rel, recursive, &mut batch)?;
+            let (tree, inotify) = Tree::open(&daemon.root(), rel, recursive, &mut batch)?;
             Ok::<_, Error>((tree, inotify, batch))
         })
         .await
@@ -177,7 +177,7 @@ async fn pump(
                 }
             }
             Wake::Event(Some(Ok(ev))) => {
-                if tree.handle(&daemon.root, ev, &mut batch) == Step::End {
+                if tree.handle(&daemon.root(), ev, &mut batch) == Step::End {
                     flush(&mut batch, &tx).await;
                     debug!("watched directory gone; stream closed");
                     return;
