@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// `{"code": "...", "message": "..."}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub code: Code,
     pub message: String,
@@ -15,6 +16,7 @@ pub struct ErrorBody {
 /// Upstream code words. Serialized as the SCREAMING_SNAKE_CASE names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Code {
     InvalidArgument,
     Unauthenticated,

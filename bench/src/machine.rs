@@ -13,6 +13,9 @@ pub struct Machine {
     /// Filesystem of the benchmark's work dir: `cp` on ext4 copies in the
     /// kernel (copy_file_range), on btrfs/xfs it may just share extents.
     pub work_dir_fs: String,
+    /// 1/5/15-minute load averages when the run started: other work on
+    /// the machine widens the spread of every number, baselines included.
+    pub load_average: String,
 }
 
 impl Machine {
@@ -22,12 +25,21 @@ impl Machine {
             kernel: read_trimmed("/proc/sys/kernel/osrelease"),
             cpu_model: cpu_model(),
             work_dir_fs: filesystem(work_dir),
+            load_average: load_average(),
         }
     }
 }
 
 fn read_trimmed(path: &str) -> String {
     std::fs::read_to_string(path).map_or_else(|_| "unknown".into(), |s| s.trim().to_string())
+}
+
+fn load_average() -> String {
+    let text = read_trimmed("/proc/loadavg");
+    text.split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn cpu_model() -> String {

@@ -1,4 +1,4 @@
-//! The result of a suite: a table of measurement / baseline / sandhub /
+//! The result of a suite: a table of measurement / baseline / measured /
 //! ratio / target / verdict rows, printed as Markdown (so it can be pasted
 //! into docs/benchmarks.md as is) or as JSON.
 
@@ -11,6 +11,8 @@ use crate::machine::Machine;
 /// Everything one suite measured.
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// The suite's name, which is also the component it measures and the
+    /// heading of the measured column.
     pub suite: &'static str,
     pub machine: Machine,
     pub rows: Vec<Row>,
@@ -30,8 +32,9 @@ pub struct Detail {
 pub struct Row {
     pub measurement: String,
     pub baseline: Option<Value>,
-    pub sandhub: Value,
-    /// `sandhub / baseline`, whatever the unit: above 1 means slower for a
+    /// The component under test's number.
+    pub measured: Value,
+    /// `measured / baseline`, whatever the unit: above 1 means slower for a
     /// latency and faster for a throughput.
     pub ratio: Option<f64>,
     pub target: Option<Target>,
@@ -52,7 +55,6 @@ pub enum Unit {
     Microseconds,
     MegabytesPerSecond,
     Mebibytes,
-    Count,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -62,7 +64,7 @@ pub enum Target {
     RatioAtMost(f64),
     /// The ratio must reach at least this (throughputs).
     RatioAtLeast(f64),
-    /// The sandhub value itself must not exceed this.
+    /// The measured value itself must not exceed this.
     AtMost(Value),
 }
 
@@ -73,24 +75,24 @@ impl Value {
 }
 
 impl Row {
-    /// A measurement next to its baseline; the ratio is sandhub / baseline.
+    /// A measurement next to its baseline; the ratio is measured / baseline.
     pub fn compare(
         measurement: impl Into<String>,
         baseline: Value,
-        sandhub: Value,
+        measured: Value,
         target: Option<Target>,
     ) -> Self {
-        debug_assert_eq!(baseline.unit, sandhub.unit);
-        let ratio = sandhub.amount / baseline.amount;
+        debug_assert_eq!(baseline.unit, measured.unit);
+        let ratio = measured.amount / baseline.amount;
         let pass = target.map(|t| match t {
             Target::RatioAtMost(max) => ratio <= max,
             Target::RatioAtLeast(min) => ratio >= min,
-            Target::AtMost(max) => sandhub.amount <= max.amount,
+            Target::AtMost(max) => measured.amount <= max.amount,
         });
         Row {
             measurement: measurement.into(),
             baseline: Some(baseline),
-            sandhub,
+            measured,
             ratio: Some(ratio),
             target,
             pass,
@@ -98,14 +100,14 @@ impl Row {
     }
 
     /// A measurement with no baseline, against an absolute target or none.
-    pub fn absolute(measurement: impl Into<String>, sandhub: Value, max: Option<Value>) -> Self {
+    pub fn absolute(measurement: impl Into<String>, measured: Value, max: Option<Value>) -> Self {
         Row {
             measurement: measurement.into(),
             baseline: None,
-            sandhub,
+            measured,
             ratio: None,
             target: max.map(Target::AtMost),
-            pass: max.map(|m| sandhub.amount <= m.amount),
+            pass: max.map(|m| measured.amount <= m.amount),
         }
     }
 }
@@ -119,7 +121,6 @@ impl fmt::Display for Value {
             Unit::Microseconds => write!(f, "{:.0} µs", self.amount),
             Unit::MegabytesPerSecond => write!(f, "{:.0} MB/s", self.amount),
             Unit::Mebibytes => write!(f, "{:.2} MiB", self.amount),
-            Unit::Count => write!(f, "{:.0}", self.amount),
         }
     }
 }
@@ -154,13 +155,13 @@ impl Report {
     fn table(&self) -> String {
         let m = &self.machine;
         let mut out = format!(
-            "sandhub-bench {}: {} CPUs ({}), Linux {}, work dir on {}\n\n",
-            self.suite, m.nproc, m.cpu_model, m.kernel, m.work_dir_fs
+            "sandhub-bench {}: {} CPUs ({}), Linux {}, work dir on {}, load average {}\n\n",
+            self.suite, m.nproc, m.cpu_model, m.kernel, m.work_dir_fs, m.load_average
         );
         let header = [
             "measurement",
             "baseline",
-            "sandhub",
+            self.suite,
             "ratio",
             "target",
             "result",
@@ -173,7 +174,7 @@ impl Report {
             lines.push(vec![
                 r.measurement.clone(),
                 r.baseline.map_or_else(dash, |b| b.to_string()),
-                r.sandhub.to_string(),
+                r.measured.to_string(),
                 r.ratio.map_or_else(dash, |x| format!("{x:.2}×")),
                 r.target.map_or_else(dash, |t| t.to_string()),
                 match r.pass {

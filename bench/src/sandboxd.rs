@@ -24,7 +24,7 @@ use clap::ValueEnum;
 use self::daemon::Daemon;
 use crate::{
     machine::Machine,
-    report::{Report, Row, Target, Unit, Value},
+    report::{Report, Row, Unit, Value},
 };
 
 /// Targets from the design: what "good enough" means for each number.

@@ -9,6 +9,9 @@
 //! which is how the hub's local backend reaches its sandboxes.
 
 pub mod error;
+pub mod http;
+mod paths;
+pub mod sandboxd;
 pub mod types;
 
 pub use error::{Error, Result};

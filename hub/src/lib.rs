@@ -1,4 +1,9 @@
 //! The Sandhub hub: one model of sandboxes behind REST, MCP and Gym, on the
 //! embedded local backend or on Kubernetes.
 
+pub mod backend;
 pub mod local;
+pub mod rest;
+pub mod serve;
+pub mod service;
+pub mod store;

@@ -25,6 +25,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ExecResult {
     pub baseline: Summary,
     pub sandboxd: Summary,
+    /// `Execute` rejected before any process starts: what the RPC alone
+    /// costs, so the rest of the gap can be pinned on spawning and reaping.
+    pub rpc_only: Summary,
     /// Set when the phase deadline cut the run short.
     pub stopped_early: bool,
 }
@@ -51,7 +54,9 @@ pub async fn run(
     }
 
     let n = iterations as usize;
-    let (mut remote_t, mut local_t) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut remote_t = Vec::with_capacity(n);
+    let mut local_t = Vec::with_capacity(n);
+    let mut rpc_t = Vec::with_capacity(n);
     let mut progress = Progress::new("exec", iterations.into());
     let mut stopped_early = false;
     for done in 1..=n {
@@ -62,6 +67,7 @@ pub async fn run(
         }
         remote_t.push(remote(&mut client).await?);
         local_t.push(local()?);
+        rpc_t.push(rpc_only(&mut client).await?);
         progress.update(done as u64);
     }
     ensure!(
@@ -71,6 +77,7 @@ pub async fn run(
     Ok(ExecResult {
         baseline: summarize(&mut local_t),
         sandboxd: summarize(&mut remote_t),
+        rpc_only: summarize(&mut rpc_t),
         stopped_early,
     })
 }
@@ -93,6 +100,25 @@ async fn remote(client: &mut ProcessServiceClient<Channel>) -> anyhow::Result<Du
     let code = response.into_inner().exit_code;
     ensure!(code == 0, "`true` exited with {code} through sandboxd");
     Ok(elapsed)
+}
+
+/// An `Execute` with an empty command, which sandboxd rejects with
+/// INVALID_ARGUMENT before spawning anything.
+async fn rpc_only(client: &mut ProcessServiceClient<Channel>) -> anyhow::Result<Duration> {
+    let request = ExecuteRequest {
+        config: Some(ProcessConfig::default()),
+    };
+    let started = Instant::now();
+    let result = tokio::time::timeout(CALL_TIMEOUT, client.execute(request))
+        .await
+        .context("Execute timed out")?;
+    let elapsed = started.elapsed();
+    match result {
+        Err(status) if status.code() == tonic::Code::InvalidArgument => Ok(elapsed),
+        other => {
+            anyhow::bail!("Execute of an empty command: expected INVALID_ARGUMENT, got {other:?}")
+        }
+    }
 }
 
 /// The baseline: spawn `true` (PATH lookup included, as sandboxd does) and
@@ -129,12 +155,19 @@ impl ExecResult {
         report
             .rows
             .push(Row::compare("exec `true`, p99", us(b.p99), us(s.p99), None));
+        let r = &self.rpc_only;
+        report.rows.push(Row::absolute(
+            "gRPC Execute, no process (rejected), p50",
+            us(r.p50),
+            None,
+        ));
         report.detail(
             "exec samples",
             format!(
                 "{} per side{}; baseline = Command::new(\"true\").status() in the \
-                 bench process, sandhub = gRPC Execute over one kept-alive connection; \
-                 max {:.0} µs baseline, {:.0} µs sandhub",
+                 bench process, sandboxd = gRPC Execute over one kept-alive connection; \
+                 max {:.0} µs baseline, {:.0} µs sandboxd; rejected Execute \
+                 (INVALID_ARGUMENT, nothing spawned) p50 {:.0} µs, mean {:.0} µs",
                 s.n,
                 if self.stopped_early {
                     " (stopped early at the phase deadline)"
@@ -143,6 +176,8 @@ impl ExecResult {
                 },
                 b.max.as_secs_f64() * 1e6,
                 s.max.as_secs_f64() * 1e6,
+                r.p50.as_secs_f64() * 1e6,
+                r.mean.as_secs_f64() * 1e6,
             ),
         );
     }

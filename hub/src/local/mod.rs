@@ -1,3 +1,70 @@
 //! The local backend's sandbox runtime: each sandbox is the `sandboxd`
 //! library running in fresh namespaces and a cgroup on this machine.
-//! (Being written.)
+//!
+//! # API
+//!
+//! ```text
+//! Runtime::new(exe, state_root, allow_no_cgroup_limits) -> Runtime
+//!   checks the host (probe), prepares <state_root>/host-etc and the cgroup parent
+//! runtime.launch(&SandboxSpec) -> Launched      blocks until sandboxd answers
+//! runtime.is_alive(&Launched) -> bool           shim pid + start time still match
+//! runtime.stop(id, &Launched)                   kill all, remove cgroup, keep files
+//! runtime.remove(&SandboxSpec, Option<&Launched>)   stop + delete the state dir
+//! runtime.processes(id), cgroup_dirs(id), prepare_layer(dir)
+//!
+//! probe() -> HostSupport                        per-feature report
+//! prepare_host_etc(state_root)                  (Runtime::new calls it)
+//! snapshot(upper, dest)                         copy an upper layer (fork = new
+//!                                               sandbox with [snapshot, ...seed])
+//!
+//! Inside the sandbox (for sandboxd):
+//! child_setup()      pre_exec hook of every workload: oom_score_adj 0,
+//!                    no_new_privs, seccomp (install_seccomp)
+//! reset_workspace(&WorkspaceLayout::discover()?)   drop the upper layer
+//!
+//! init::main(args)   `sandhub __sandbox-init ...`, dispatched by main.rs
+//!                    before any runtime thread exists
+//! ```
+//!
+//! # How a sandbox is built
+//!
+//! `launch` re-executes the `sandhub` binary as `__sandbox-init` (see
+//! [`init`] for the stages and `channel.rs` for the handshake). The sandbox
+//! gets new user, mount, PID, UTS, IPC and cgroup namespaces (and network,
+//! unless `network_host`); its ids 0..65536 map to host ids from
+//! [`HOST_ID_BASE`] ([`idmap`]); its root filesystem is described in
+//! `mounts.rs`, its workspace in [`workspace`]; its cgroup lives at
+//! `<mount>/sandhub/<id>` ([`cgroup`]). sandboxd serves on
+//! `<state_dir>/sock/{rest,grpc}.sock`.
+//!
+//! Per-sandbox state dir (host side):
+//!
+//! ```text
+//! <state_dir>/rootfs/          mount point of the sandbox's root (empty on the host)
+//! <state_dir>/overlay/upper/   the workspace's writes     (owned by the sandbox's root)
+//! <state_dir>/overlay/work/    overlayfs scratch
+//! <state_dir>/sock/            rest.sock, grpc.sock
+//! <state_dir>/sandbox.log      stderr of the sandbox's init and sandboxd
+//! ```
+
+mod cgroup;
+mod channel;
+mod error;
+mod hostetc;
+pub mod idmap;
+pub mod init;
+mod launch;
+mod mounts;
+mod probe;
+mod procfs;
+mod seccomp;
+mod sys;
+pub mod workspace;
+
+pub use error::RuntimeError;
+pub use hostetc::prepare_host_etc;
+pub use idmap::{IdMap, HOST_ID_BASE};
+pub use launch::{Launched, Runtime, SandboxSpec};
+pub use probe::{probe, probe_at, Check, HostSupport};
+pub use seccomp::{child_setup, install_seccomp};
+pub use workspace::{reset_workspace, snapshot, WorkspaceLayout};

@@ -1,0 +1,531 @@
+//! Per-sandbox cgroups: `<mount>/sandhub/<sandbox-id>` on cgroup v2, or the
+//! same path under each of the v1 `memory`, `pids` and `cpu` hierarchies.
+//!
+//! v2 is preferred when its hierarchy offers all three controllers; hybrid
+//! hosts whose v2 mount has none (controllers bound to v1) use v1.
+
+use std::{
+    fmt::Write as _,
+    io,
+    os::fd::OwnedFd,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+
+use super::error::annotate;
+
+const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+const PARENT: &str = "sandhub";
+/// The CFS period quotas are expressed against (the kernel default).
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// Resource limits of one sandbox; `None` is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Limits {
+    pub cpu: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+impl Limits {
+    pub fn any(&self) -> bool {
+        self.cpu.is_some() || self.memory_mb.is_some() || self.pids.is_some()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Backend {
+    /// `base` = `<cgroup2 mount>/sandhub` (or under the delegated cgroup).
+    V2 { base: PathBuf },
+    /// `<mount of each controller>/sandhub`.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: PathBuf,
+    },
+}
+
+/// What [`detect`] found, per cgroup version, for the probe's report.
+#[derive(Debug, Clone)]
+pub(crate) struct Findings {
+    pub v1: Result<(), String>,
+    pub v2: Result<(), String>,
+}
+
+struct Mount {
+    point: PathBuf,
+    fstype: String,
+    super_opts: String,
+}
+
+fn mounts() -> io::Result<Vec<Mount>> {
+    let raw = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mut out = Vec::new();
+    for line in raw.lines() {
+        // id parent major:minor root mountpoint opts [optional...] - fstype source superopts
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let Some(point) = left.split(' ').nth(4) else {
+            continue;
+        };
+        let mut r = right.split(' ');
+        let (Some(fstype), Some(_source), Some(super_opts)) = (r.next(), r.next(), r.next()) else {
+            continue;
+        };
+        out.push(Mount {
+            point: PathBuf::from(unescape_mountinfo(point)),
+            fstype: fstype.to_string(),
+            super_opts: super_opts.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Finds a usable hierarchy and prepares its `sandhub` parent (creating it,
+/// enabling v2 controllers for its children). Returns the backend, or why
+/// neither version works.
+pub(crate) fn detect() -> (Option<Backend>, Findings) {
+    let mounts = match mounts() {
+        Ok(m) => m,
+        Err(e) => {
+            let msg = format!("reading /proc/self/mountinfo: {e}");
+            return (
+                None,
+                Findings {
+                    v1: Err(msg.clone()),
+                    v2: Err(msg),
+                },
+            );
+        }
+    };
+    let v2 = detect_v2(&mounts);
+    if let Ok(backend) = &v2 {
+        let findings = Findings {
+            v1: detect_v1(&mounts, false).map(|_| ()),
+            v2: Ok(()),
+        };
+        return (Some(backend.clone()), findings);
+    }
+    let v1 = detect_v1(&mounts, true);
+    let findings = Findings {
+        v1: v1.as_ref().map(|_| ()).map_err(Clone::clone),
+        v2: v2.map(|_| ()),
+    };
+    (v1.ok(), findings)
+}
+
+fn detect_v2(mounts: &[Mount]) -> Result<Backend, String> {
+    let Some(mount) = mounts.iter().find(|m| m.fstype == "cgroup2") else {
+        return Err("no cgroup2 filesystem is mounted".into());
+    };
+    let (uid, _) = super::sys::effective_ids();
+    // As root the whole hierarchy is ours; otherwise only a cgroup
+    // delegated to us (our own, e.g. a systemd user service with
+    // Delegate=yes) can hold the sandboxes.
+    let parent = if uid == 0 {
+        mount.point.clone()
+    } else {
+        let own = own_v2_cgroup().map_err(|e| format!("reading /proc/self/cgroup: {e}"))?;
+        mount.point.join(own.trim_start_matches('/'))
+    };
+    let available = std::fs::read_to_string(parent.join("cgroup.controllers"))
+        .map_err(|e| format!("reading {}/cgroup.controllers: {e}", parent.display()))?;
+    let available: Vec<&str> = available.split_whitespace().collect();
+    let missing: Vec<&str> = CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| !available.contains(c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "cgroup v2 at {} offers controllers [{}], missing {} (they are bound to v1 \
+             hierarchies or not delegated)",
+            parent.display(),
+            available.join(" "),
+            missing.join(", ")
+        ));
+    }
+    let enable = "+memory +pids +cpu";
+    let base = parent.join(PARENT);
+    let setup = || -> io::Result<()> {
+        write(&parent.join("cgroup.subtree_control"), enable)?;
+        mkdir_ok(&base)?;
+        write(&base.join("cgroup.subtree_control"), enable)
+    };
+    setup().map_err(|e| {
+        let hint = if uid == 0 {
+            "the cgroup may hold processes itself (a container's root cgroup); \
+             run the hub from a host cgroup or pass --allow-no-cgroup-limits"
+        } else {
+            "the cgroup is not delegated to this user, or this process sits in it \
+             (cgroup v2 allows controllers only for cgroups without processes); \
+             run as root, start the hub in a delegated cgroup \
+             (systemd-run --user -p Delegate=yes), or pass --allow-no-cgroup-limits"
+        };
+        format!(
+            "cgroup v2 memory/pids/cpu controllers cannot be delegated at {}: {e}; {hint}",
+            base.display()
+        )
+    })?;
+    Ok(Backend::V2 { base })
+}
+
+fn own_v2_cgroup() -> io::Result<String> {
+    let raw = std::fs::read_to_string("/proc/self/cgroup")?;
+    raw.lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no cgroup v2 entry"))
+}
+
+fn detect_v1(mounts: &[Mount], create: bool) -> Result<Backend, String> {
+    let find = |controller: &str| {
+        mounts
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == controller))
+            .map(|m| m.point.join(PARENT))
+    };
+    let (memory, pids, cpu) = (find("memory"), find("pids"), find("cpu"));
+    let missing: Vec<&str> = CONTROLLERS
+        .iter()
+        .zip([&memory, &pids, &cpu])
+        .filter(|(_, p)| p.is_none())
+        .map(|(c, _)| *c)
+        .collect();
+    let (Some(memory), Some(pids), Some(cpu)) = (memory, pids, cpu) else {
+        return Err(format!(
+            "cgroup v1 has no {} controller mounted",
+            missing.join(", ")
+        ));
+    };
+    if create {
+        for dir in [&memory, &pids, &cpu] {
+            mkdir_ok(dir).map_err(|e| {
+                format!(
+                    "cgroup v1: cannot create {}: {e} (creating cgroups needs root)",
+                    dir.display()
+                )
+            })?;
+        }
+    }
+    Ok(Backend::V1 { memory, pids, cpu })
+}
+
+impl Backend {
+    /// The cgroup of sandbox `id` (existing or not).
+    pub fn sandbox(&self, id: &str) -> SandboxCgroup {
+        match self {
+            Backend::V2 { base } => SandboxCgroup::V2(base.join(id)),
+            Backend::V1 { memory, pids, cpu } => SandboxCgroup::V1 {
+                memory: memory.join(id),
+                pids: pids.join(id),
+                cpu: cpu.join(id),
+            },
+        }
+    }
+
+    /// Creates (or reuses an empty) cgroup for `id` and applies `limits`,
+    /// writing "unlimited" for the ones not given so a reused cgroup keeps
+    /// nothing from an earlier run.
+    pub fn create(&self, id: &str, limits: &Limits) -> Result<SandboxCgroup, CreateError> {
+        let cg = self.sandbox(id);
+        for dir in cg.dirs() {
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if !procs_in(&dir)?.is_empty() {
+                        return Err(CreateError::Busy(dir));
+                    }
+                }
+                Err(e) => {
+                    return Err(annotate(format!("creating cgroup {}", dir.display()), e).into())
+                }
+            }
+        }
+        cg.apply(limits)?;
+        Ok(cg)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum CreateError {
+    /// The cgroup exists and still has processes: the sandbox is running.
+    Busy(PathBuf),
+    Io(io::Error),
+}
+
+impl From<io::Error> for CreateError {
+    fn from(e: io::Error) -> Self {
+        CreateError::Io(e)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum SandboxCgroup {
+    V2(PathBuf),
+    /// One directory per controller; two or all may coincide when
+    /// controllers are co-mounted.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: PathBuf,
+    },
+}
+
+impl SandboxCgroup {
+    /// Every distinct directory, memory's first.
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        match self {
+            SandboxCgroup::V2(dir) => vec![dir.clone()],
+            SandboxCgroup::V1 { memory, pids, cpu } => {
+                let mut dirs: Vec<PathBuf> = Vec::with_capacity(3);
+                for d in [memory, pids, cpu] {
+                    if !dirs.contains(d) {
+                        dirs.push(d.clone());
+                    }
+                }
+                dirs
+            }
+        }
+    }
+
+    fn file(&self, controller_file: &str) -> PathBuf {
+        match self {
+            SandboxCgroup::V2(dir) => dir.join(controller_file),
+            SandboxCgroup::V1 { memory, pids, cpu } => {
+                let dir = match controller_file.split('.').next() {
+                    Some("pids") => pids,
+                    Some("cpu") => cpu,
+                    _ => memory,
+                };
+                dir.join(controller_file)
+            }
+        }
+    }
+
+    fn apply(&self, limits: &Limits) -> io::Result<()> {
+        let mem = limits.memory_mb.map(|mb| mb.saturating_mul(1 << 20));
+        let pids = limits
+            .pids
+            .map_or_else(|| "max".to_string(), |p| p.to_string());
+        let quota = limits
+            .cpu
+            .map(|c| ((c * CPU_PERIOD_US as f64).round() as u64).max(1000));
+        if let SandboxCgroup::V2(d) = self {
+            write(
+                &d.join("memory.max"),
+                &mem.map_or("max".into(), |m| m.to_string()),
+            )?;
+            // Swap would let a hog outlive its memory limit.
+            let swap = d.join("memory.swap.max");
+            if swap.exists() {
+                write(&swap, if mem.is_some() { "0" } else { "max" })?;
+            }
+            write(&d.join("pids.max"), &pids)?;
+            let cpu = match quota {
+                Some(q) => format!("{q} {CPU_PERIOD_US}"),
+                None => format!("max {CPU_PERIOD_US}"),
+            };
+            write(&d.join("cpu.max"), &cpu)?;
+        } else {
+            let limit = mem.map_or("-1".into(), |m| m.to_string());
+            let memsw = Some(self.file("memory.memsw.limit_in_bytes")).filter(|p| p.exists());
+            // memsw must stay >= limit_in_bytes: order the writes so each
+            // one is valid whether the limit grows or shrinks.
+            if let Some(memsw) = &memsw {
+                if mem.is_none() {
+                    write(memsw, "-1")?;
+                }
+            }
+            write(&self.file("memory.limit_in_bytes"), &limit)?;
+            if let (Some(memsw), Some(_)) = (&memsw, mem) {
+                // Best effort: swap accounting may be off (swapaccount=0).
+                let _ = write(memsw, &limit);
+            }
+            write(&self.file("pids.max"), &pids)?;
+            write(&self.file("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write(
+                &self.file("cpu.cfs_quota_us"),
+                &quota.map_or("-1".into(), |q| q.to_string()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Moves process `pid` (all its threads) into the cgroup.
+    pub fn add(&self, pid: i32) -> io::Result<()> {
+        for dir in self.dirs() {
+            write(&dir.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Host pids of every process in the cgroup.
+    pub fn procs(&self) -> io::Result<Vec<i32>> {
+        let mut all = Vec::new();
+        for dir in self.dirs() {
+            for pid in procs_in(&dir)? {
+                if !all.contains(&pid) {
+                    all.push(pid);
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Current value of a controller file, e.g. `pids.max` (for tests and
+    /// diagnostics).
+    pub fn read(&self, file: &str) -> io::Result<String> {
+        std::fs::read_to_string(self.file(file)).map(|s| s.trim().to_string())
+    }
+
+    /// SIGKILLs every process in the cgroup until it is empty, then removes
+    /// it. Safe against pid reuse: each pid is pinned with a pidfd and only
+    /// signalled if it is still listed in the cgroup after pinning.
+    pub fn kill_and_remove(&self, timeout: Duration) -> io::Result<bool> {
+        let deadline = Instant::now() + timeout;
+        if let SandboxCgroup::V2(dir) = self {
+            let kill = dir.join("cgroup.kill");
+            if kill.exists() {
+                let _ = write(&kill, "1");
+            }
+        }
+        loop {
+            let listed = self.procs()?;
+            if listed.is_empty() && self.try_rmdir()? {
+                return Ok(true);
+            }
+            let pinned: Vec<(i32, OwnedFd)> = listed
+                .iter()
+                .filter_map(|&pid| {
+                    let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
+                    Some((pid, fd))
+                })
+                .collect();
+            let still = self.procs()?;
+            for (pid, fd) in &pinned {
+                if still.contains(pid) {
+                    let _ = pidfd_send_signal(fd, Signal::KILL);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Removes every directory; false while one is still busy.
+    fn try_rmdir(&self) -> io::Result<bool> {
+        for dir in self.dirs() {
+            match std::fs::remove_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(false),
+                Err(e) => return Err(annotate(format!("removing {}", dir.display()), e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// True when any cgroup dir of this sandbox exists.
+    pub fn exists(&self) -> bool {
+        self.dirs().iter().any(|d| d.exists())
+    }
+}
+
+fn procs_in(dir: &Path) -> io::Result<Vec<i32>> {
+    match std::fs::read_to_string(dir.join("cgroup.procs")) {
+        Ok(raw) => Ok(raw.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    std::fs::write(path, value)
+        .map_err(|e| annotate(format!("writing {value:?} to {}", path.display()), e))
+}
+
+fn mkdir_ok(dir: &Path) -> io::Result<()> {
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// One line per version for the probe and for error messages.
+pub(crate) fn describe(findings: &Findings) -> String {
+    let mut s = String::new();
+    match &findings.v2 {
+        Ok(()) => s.push_str("cgroup v2: usable"),
+        Err(e) => {
+            let _ = write!(s, "{e}");
+        }
+    }
+    s.push_str("; ");
+    match &findings.v1 {
+        Ok(()) => s.push_str("cgroup v1: usable"),
+        Err(e) => {
+            let _ = write!(s, "{e}");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert_eq!(unescape_mountinfo("/end\\"), "/end\\");
+    }
+
+    #[test]
+    fn v1_dirs_cover_each_controller_once() {
+        let b = Backend::V1 {
+            memory: "/sys/fs/cgroup/memory/sandhub".into(),
+            pids: "/sys/fs/cgroup/pids/sandhub".into(),
+            cpu: "/sys/fs/cgroup/cpu,cpuacct/sandhub".into(),
+        };
+        let cg = b.sandbox("s1");
+        assert_eq!(cg.dirs().len(), 3);
+        assert_eq!(
+            cg.file("cpu.cfs_quota_us"),
+            PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/sandhub/s1/cpu.cfs_quota_us")
+        );
+        assert_eq!(
+            cg.file("memory.limit_in_bytes"),
+            PathBuf::from("/sys/fs/cgroup/memory/sandhub/s1/memory.limit_in_bytes")
+        );
+        let co = Backend::V1 {
+            memory: "/cg/all/sandhub".into(),
+            pids: "/cg/all/sandhub".into(),
+            cpu: "/cg/cpu/sandhub".into(),
+        };
+        assert_eq!(co.sandbox("s1").dirs().len(), 2);
+    }
+}

@@ -1,0 +1,203 @@
+//! The hub and a starting sandbox talk over one `SOCK_SEQPACKET` socket
+//! pair handed to stage 1 as its stdin: message boundaries come for free,
+//! either side sees EOF when the other dies, and no extra fd has to be
+//! made inheritable in the (multi-threaded) hub.
+//!
+//! ```text
+//! hub                                   sandbox
+//!  | -- Config(json) ------------------> stage 1 (already in the cgroup)
+//!  | <------------------------ ShimPid -- shim, after unshare()
+//!  |  (writes uid_map/gid_map)
+//!  | -- Mapped ------------------------> shim becomes root, forks PID 1
+//!  | <--------------------------- Ready -- sandboxd, once its sockets accept
+//!  | <-------------------- Error(text) -- any stage, instead of the above
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    io,
+    os::fd::{AsFd, OwnedFd},
+    path::PathBuf,
+    time::Duration,
+};
+
+use rustix::net::{self, RecvFlags, SendFlags};
+use serde::{Deserialize, Serialize};
+
+use super::idmap::IdMap;
+
+/// Everything the inside needs to know, sent as the first message (never
+/// on the command line, where every host user could read `env`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct InitConfig {
+    pub id: String,
+    /// Host path of the sandbox's state dir (see `launch::StateDirs`).
+    pub state_dir: PathBuf,
+    /// Host paths, topmost first.
+    pub lower_layers: Vec<PathBuf>,
+    pub root_fs: Option<PathBuf>,
+    /// The sanitized copy of the host's `/etc` (unused with `root_fs`).
+    pub host_etc: PathBuf,
+    pub env: BTreeMap<String, String>,
+    pub network_host: bool,
+    pub idmap: IdMap,
+    /// `tracing` filter for the code running inside.
+    pub log_filter: String,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Msg {
+    Config(Vec<u8>),
+    ShimPid(i32),
+    Mapped,
+    Ready,
+    Error(String),
+}
+
+const CONFIG: u8 = b'C';
+const SHIM_PID: u8 = b'P';
+const MAPPED: u8 = b'M';
+const READY: u8 = b'R';
+const ERROR: u8 = b'E';
+
+/// Longest message accepted; the config is the only large one.
+const MAX_MESSAGE: usize = 4 << 20;
+
+pub(crate) struct Channel(pub OwnedFd);
+
+impl Channel {
+    /// A connected pair: (hub end, sandbox end). Both close on exec; the
+    /// sandbox end reaches stage 1 as its stdin, which the spawn dup2()s.
+    pub fn pair() -> io::Result<(Channel, OwnedFd)> {
+        let (a, b) = net::socketpair(
+            net::AddressFamily::UNIX,
+            net::SocketType::SEQPACKET,
+            net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        // Configs with large environments must fit into one datagram.
+        let _ = net::sockopt::set_socket_send_buffer_size(&a, MAX_MESSAGE);
+        let _ = net::sockopt::set_socket_recv_buffer_size(&b, MAX_MESSAGE);
+        Ok((Channel(a), b))
+    }
+
+    pub fn send(&self, msg: &Msg) -> io::Result<()> {
+        let mut buf = Vec::with_capacity(16);
+        match msg {
+            Msg::Config(json) => {
+                buf.push(CONFIG);
+                buf.extend_from_slice(json);
+            }
+            Msg::ShimPid(pid) => {
+                buf.push(SHIM_PID);
+                buf.extend_from_slice(&pid.to_le_bytes());
+            }
+            Msg::Mapped => buf.push(MAPPED),
+            Msg::Ready => buf.push(READY),
+            Msg::Error(text) => {
+                buf.push(ERROR);
+                buf.extend_from_slice(text.as_bytes());
+            }
+        }
+        if buf.len() > MAX_MESSAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "sandbox config is {} bytes, more than {MAX_MESSAGE}",
+                    buf.len()
+                ),
+            ));
+        }
+        // MSG_NOSIGNAL: a peer that died must give EPIPE, not kill us.
+        let n = net::send(&self.0, &buf, SendFlags::NOSIGNAL)?;
+        if n != buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "short send on sync socket",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The next message; `None` once the peer closed its end. A `timeout`
+    /// bounds the wait (`ErrorKind::TimedOut` when it passes).
+    pub fn recv(&self, timeout: Option<Duration>) -> io::Result<Option<Msg>> {
+        let timeout = timeout.map(|t| t.max(Duration::from_millis(1)));
+        net::sockopt::set_socket_timeout(&self.0, net::sockopt::Timeout::Recv, timeout)?;
+        // Peek at the length first so one allocation fits the message.
+        let mut probe = [0u8; 1];
+        let (_, len) = loop {
+            match net::recv(&self.0, &mut probe, RecvFlags::PEEK | RecvFlags::TRUNC) {
+                Ok(r) => break r,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "timed out waiting on the sandbox",
+                    ))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if len == 0 {
+            return Ok(None);
+        }
+        if len > MAX_MESSAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "oversized sync message",
+            ));
+        }
+        let mut buf = vec![0u8; len];
+        let (got, _) = loop {
+            match net::recv(&self.0, &mut buf[..], RecvFlags::empty()) {
+                Ok(r) => break r,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        decode(&buf[..got]).map(Some)
+    }
+
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+fn decode(buf: &[u8]) -> io::Result<Msg> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed sync message");
+    let (&tag, body) = buf.split_first().ok_or_else(bad)?;
+    Ok(match tag {
+        CONFIG => Msg::Config(body.to_vec()),
+        SHIM_PID => Msg::ShimPid(i32::from_le_bytes(body.try_into().map_err(|_| bad())?)),
+        MAPPED => Msg::Mapped,
+        READY => Msg::Ready,
+        ERROR => Msg::Error(String::from_utf8_lossy(body).into_owned()),
+        _ => return Err(bad()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_message_and_reports_eof() {
+        let (hub, other) = Channel::pair().unwrap();
+        let other = Channel(other);
+        for msg in [
+            Msg::Config(b"{\"a\":1}".to_vec()),
+            Msg::ShimPid(4242),
+            Msg::Mapped,
+            Msg::Ready,
+            Msg::Error("mounting /proc: EPERM".into()),
+        ] {
+            hub.send(&msg).unwrap();
+            assert_eq!(other.recv(Some(Duration::from_secs(1))).unwrap(), Some(msg));
+        }
+        let err = other.recv(Some(Duration::from_millis(5))).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        drop(hub);
+        assert_eq!(other.recv(Some(Duration::from_secs(1))).unwrap(), None);
+    }
+}

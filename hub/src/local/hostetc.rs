@@ -1,0 +1,292 @@
+//! The sandbox's `/etc` when a template brings no root filesystem: a copy
+//! of the host's `/etc` without its secrets, prepared once per hub state
+//! dir and bind-mounted read-only into every sandbox.
+//!
+//! Two filters apply. A denylist drops what is secret even when readable
+//! (ssh host keys, `ssl/private`, ...) or misleading inside (`hostname`,
+//! `machine-id`), and anything not readable by every user is dropped too,
+//! which catches secrets the list does not know (`shadow`, `sudoers`,
+//! VPN and Wi-Fi credentials, keytabs are all mode 0600/0640/0440).
+//!
+//! Copies are content-addressed (`<state>/host-etc/<fingerprint>`): a hub
+//! restart on an unchanged host reuses the copy, a changed host gets a new
+//! one, and a copy is never rewritten under a running sandbox's bind mount.
+
+use std::{
+    io,
+    os::unix::fs::{MetadataExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use super::{error::annotate, idmap::IdMap};
+
+/// Paths (relative to `/etc`) never copied. A trailing `*` matches a prefix.
+const DENY: &[&str] = &[
+    "shadow",
+    "gshadow",
+    "sudoers",
+    "sudoers.d",
+    "ssh/ssh_host_*",
+    "ssl/private",
+    "security/opasswd",
+    "krb5.keytab",
+    "ipsec.secrets",
+    "ipsec.d/private",
+    "ppp/chap-secrets",
+    "ppp/pap-secrets",
+    "NetworkManager/system-connections",
+    "wpa_supplicant",
+    "openvpn",
+    "wireguard",
+    "letsencrypt",
+    "docker/key.json",
+    "libvirt/secrets",
+    "machine-id",
+    "hostname",
+];
+
+/// Copied with the symlink resolved: the usual targets live under `/run`,
+/// which sandboxes do not see.
+const DEREFERENCE: &[&str] = &["resolv.conf"];
+
+/// Builds (or finds) the sanitized copy of `/etc` under `state_root` and
+/// returns its path.
+pub fn prepare_host_etc(state_root: &Path) -> io::Result<PathBuf> {
+    prepare_from(Path::new("/etc"), state_root)
+}
+
+pub(crate) fn prepare_from(etc: &Path, state_root: &Path) -> io::Result<PathBuf> {
+    let parent = state_root.join("host-etc");
+    std::fs::create_dir_all(&parent)
+        .map_err(|e| annotate(format!("creating {}", parent.display()), e))?;
+    let mut plan = Vec::new();
+    walk(etc, Path::new(""), &mut plan)
+        .map_err(|e| annotate(format!("reading {}", etc.display()), e))?;
+    let final_dir = parent.join(format!("{:016x}", fingerprint(&plan)));
+    if final_dir.is_dir() {
+        return Ok(final_dir);
+    }
+    let tmp = parent.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let built = copy(etc, &tmp, &plan).and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
+    if let Err(e) = built {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(annotate(
+            format!("copying {} to {}", etc.display(), tmp.display()),
+            e,
+        ));
+    }
+    match std::fs::rename(&tmp, &final_dir) {
+        Ok(()) => Ok(final_dir),
+        // Another hub process won the race with an identical copy.
+        Err(_) if final_dir.is_dir() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(final_dir)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(annotate(
+                format!("renaming into {}", final_dir.display()),
+                e,
+            ))
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Kind {
+    Dir,
+    File,
+    Symlink(PathBuf),
+}
+
+#[derive(Debug)]
+struct Entry {
+    rel: PathBuf,
+    kind: Kind,
+    meta: std::fs::Metadata,
+}
+
+fn denied(rel: &Path) -> bool {
+    let Some(rel) = rel.to_str() else {
+        return true;
+    };
+    // Backups (`passwd-`, `shadow-`, ...) written by shadow-utils.
+    if rel.ends_with('-') {
+        return true;
+    }
+    DENY.iter().any(|pat| match pat.strip_suffix('*') {
+        Some(prefix) => rel.starts_with(prefix),
+        None => rel == *pat,
+    })
+}
+
+fn walk(root: &Path, rel: &Path, plan: &mut Vec<Entry>) -> io::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(root.join(rel))?.collect::<Result<_, _>>()?;
+    // Sorted so the fingerprint does not depend on directory order.
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let rel = rel.join(entry.file_name());
+        if denied(&rel) {
+            continue;
+        }
+        let path = root.join(&rel);
+        let mut meta = std::fs::symlink_metadata(&path)?;
+        let mut kind = if meta.file_type().is_symlink() {
+            Kind::Symlink(std::fs::read_link(&path)?)
+        } else if meta.is_dir() {
+            Kind::Dir
+        } else if meta.is_file() {
+            Kind::File
+        } else {
+            continue; // sockets, fifos, device nodes
+        };
+        if matches!(kind, Kind::Symlink(_)) && DEREFERENCE.iter().any(|d| rel == Path::new(d)) {
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_file() => {
+                    meta = m;
+                    kind = Kind::File;
+                }
+                _ => continue,
+            }
+        }
+        let world = meta.mode() & 0o007;
+        match kind {
+            Kind::Dir if world & 0o5 != 0o5 => continue,
+            Kind::File if world & 0o4 == 0 => continue,
+            _ => {}
+        }
+        let is_dir = matches!(kind, Kind::Dir);
+        plan.push(Entry {
+            rel: rel.clone(),
+            kind,
+            meta,
+        });
+        if is_dir {
+            walk(root, &rel, plan)?;
+        }
+    }
+    Ok(())
+}
+
+/// FNV-1a over everything that defines the copy's content; stable across
+/// Rust versions, unlike `DefaultHasher`.
+fn fingerprint(plan: &[Entry]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for e in plan {
+        eat(e.rel.as_os_str().as_encoded_bytes());
+        eat(&[0]);
+        match &e.kind {
+            Kind::Dir => eat(b"d"),
+            Kind::File => eat(b"f"),
+            Kind::Symlink(t) => {
+                eat(b"l");
+                eat(t.as_os_str().as_encoded_bytes());
+            }
+        }
+        for n in [
+            u64::from(e.meta.mode()),
+            u64::from(e.meta.uid()),
+            u64::from(e.meta.gid()),
+            e.meta.size(),
+            e.meta.mtime() as u64,
+            e.meta.mtime_nsec() as u64,
+        ] {
+            eat(&n.to_le_bytes());
+        }
+    }
+    h
+}
+
+fn copy(src_root: &Path, dst_root: &Path, plan: &[Entry]) -> io::Result<()> {
+    std::fs::create_dir(dst_root)?;
+    std::fs::set_permissions(dst_root, std::fs::Permissions::from_mode(0o755))?;
+    let is_root = super::sys::effective_ids().0 == 0;
+    for e in plan {
+        let dst = dst_root.join(&e.rel);
+        match &e.kind {
+            Kind::Dir => std::fs::create_dir(&dst)?,
+            Kind::File => {
+                std::fs::copy(src_root.join(&e.rel), &dst)?;
+            }
+            Kind::Symlink(target) => std::os::unix::fs::symlink(target, &dst)?,
+        }
+        if !matches!(e.kind, Kind::Symlink(_)) {
+            std::fs::set_permissions(
+                &dst,
+                std::fs::Permissions::from_mode(e.meta.mode() & 0o7777),
+            )?;
+        }
+        if is_root {
+            std::os::unix::fs::lchown(&dst, Some(e.meta.uid()), Some(e.meta.gid()))?;
+            if !matches!(e.kind, Kind::Symlink(_)) && e.meta.mode() & 0o6000 != 0 {
+                std::fs::set_permissions(
+                    &dst,
+                    std::fs::Permissions::from_mode(e.meta.mode() & 0o7777),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn denylist_and_unreadable_files_are_dropped() {
+        let src = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let e = src.path();
+        fs::write(e.join("passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
+        fs::write(e.join("passwd-"), "backup").unwrap();
+        fs::write(e.join("shadow"), "root:$6$secret").unwrap();
+        fs::set_permissions(e.join("shadow"), fs::Permissions::from_mode(0o640)).unwrap();
+        fs::write(e.join("private.conf"), "secret").unwrap();
+        fs::set_permissions(e.join("private.conf"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::create_dir_all(e.join("ssh")).unwrap();
+        fs::write(e.join("ssh/ssh_host_ed25519_key.pub"), "pub").unwrap();
+        fs::write(e.join("ssh/ssh_config"), "Host *").unwrap();
+        fs::create_dir_all(e.join("ssl/private")).unwrap();
+        fs::write(e.join("ssl/private/key.pem"), "k").unwrap();
+        std::os::unix::fs::symlink("../proc/self/mounts", e.join("mtab")).unwrap();
+        fs::write(e.join("real-resolv"), "nameserver 1.1.1.1\n").unwrap();
+        std::os::unix::fs::symlink(e.join("real-resolv"), e.join("resolv.conf")).unwrap();
+
+        let out = prepare_from(e, state.path()).unwrap();
+        assert!(out.join("passwd").is_file());
+        assert!(out.join("ssh/ssh_config").is_file());
+        for gone in [
+            "passwd-",
+            "shadow",
+            "private.conf",
+            "ssh/ssh_host_ed25519_key.pub",
+            "ssl/private",
+        ] {
+            assert!(!out.join(gone).exists(), "{gone} was copied");
+        }
+        assert_eq!(
+            fs::read_link(out.join("mtab")).unwrap(),
+            PathBuf::from("../proc/self/mounts")
+        );
+        let resolv = fs::symlink_metadata(out.join("resolv.conf")).unwrap();
+        assert!(resolv.is_file(), "resolv.conf is dereferenced");
+        // Unchanged source: the same copy is reused.
+        assert_eq!(prepare_from(e, state.path()).unwrap(), out);
+        fs::write(e.join("hosts"), "127.0.0.1 localhost\n").unwrap();
+        assert_ne!(prepare_from(e, state.path()).unwrap(), out);
+    }
+}

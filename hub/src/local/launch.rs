@@ -1,0 +1,597 @@
+//! The hub's side of a sandbox's life: launch, liveness, stop, removal.
+
+use std::{
+    collections::BTreeMap,
+    fs::OpenOptions,
+    io,
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    cgroup::{self, Backend, CreateError, Limits, SandboxCgroup},
+    channel::{Channel, InitConfig, Msg},
+    error::{IoContext, RuntimeError},
+    hostetc,
+    idmap::IdMap,
+    init, probe, procfs,
+};
+
+/// How long a sandbox may take to answer before launch gives up.
+const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long processes may take to die after SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What to run. `state_dir` is the sandbox's own directory (created by
+/// [`Runtime::launch`]; kept by [`Runtime::stop`], deleted by
+/// [`Runtime::remove`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// Also the hostname and the cgroup name.
+    pub id: String,
+    pub state_dir: PathBuf,
+    /// Seed layers of `/workspace`, topmost first; may be empty. Files
+    /// should be owned by the sandbox id range ([`Runtime::prepare_layer`]),
+    /// or root inside sees them as `nobody` and cannot change them.
+    pub lower_layers: Vec<PathBuf>,
+    /// A template's root filesystem, read-only; `None`: the host's
+    /// `/usr`, `/bin`, `/sbin`, `/lib*` and a sanitized `/etc`.
+    pub root_fs: Option<PathBuf>,
+    /// Added to sandboxd's (and so every process's) environment.
+    pub env: BTreeMap<String, String>,
+    /// CPUs (e.g. 0.5); memory in MiB; most tasks (processes and threads,
+    /// sandboxd's own included).
+    pub cpu: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub pids: Option<u64>,
+    /// Share the host's network namespace instead of a private one with
+    /// only `lo`.
+    pub network_host: bool,
+}
+
+impl SandboxSpec {
+    /// A spec with no seed, the host's root filesystem, no limits and no
+    /// network.
+    pub fn new(id: impl Into<String>, state_dir: impl Into<PathBuf>) -> Self {
+        SandboxSpec {
+            id: id.into(),
+            state_dir: state_dir.into(),
+            lower_layers: Vec::new(),
+            root_fs: None,
+            env: BTreeMap::new(),
+            cpu: None,
+            memory_mb: None,
+            pids: None,
+            network_host: false,
+        }
+    }
+
+    /// The sandbox's upper layer on the host: what [`super::snapshot`] copies.
+    pub fn upper_dir(&self) -> PathBuf {
+        StateDirs::new(&self.state_dir).upper
+    }
+
+    /// Where sandboxd's `rest.sock` and `grpc.sock` appear on the host.
+    pub fn socket_dir(&self) -> PathBuf {
+        StateDirs::new(&self.state_dir).sock
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            cpu: self.cpu,
+            memory_mb: self.memory_mb,
+            pids: self.pids,
+        }
+    }
+}
+
+/// A running sandbox, as the hub stores it. `shim_pid` + `start_time`
+/// name the sandbox's outermost process for good (pids get reused, the
+/// pair does not), so a restarted hub can tell a live sandbox from a
+/// stranger that inherited the pid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launched {
+    pub shim_pid: i32,
+    /// Field 22 of `/proc/<shim_pid>/stat`.
+    pub start_time: u64,
+    pub socket_dir: PathBuf,
+}
+
+/// The per-sandbox directory, on the host.
+struct StateDirs {
+    root: PathBuf,
+    /// Mount point of the sandbox's root tmpfs (empty on the host).
+    rootfs: PathBuf,
+    /// `/.sandhub/overlay` inside.
+    overlay: PathBuf,
+    upper: PathBuf,
+    work: PathBuf,
+    /// `/.sandhub/sock` inside.
+    sock: PathBuf,
+    log: PathBuf,
+}
+
+impl StateDirs {
+    fn new(root: &Path) -> Self {
+        let overlay = root.join("overlay");
+        StateDirs {
+            root: root.to_path_buf(),
+            rootfs: root.join("rootfs"),
+            upper: overlay.join("upper"),
+            work: overlay.join("work"),
+            overlay,
+            sock: root.join("sock"),
+            log: root.join("sandbox.log"),
+        }
+    }
+
+    /// Creates what is missing and hands the writable parts to the
+    /// sandbox's root (its processes write them from inside).
+    fn prepare(&self, idmap: &IdMap) -> io::Result<()> {
+        let mut b = std::fs::DirBuilder::new();
+        b.recursive(true).mode(0o700);
+        b.create(&self.root)?;
+        b.mode(0o755);
+        b.create(&self.rootfs)?;
+        b.create(&self.overlay)?;
+        b.create(&self.upper)?;
+        b.mode(0o700);
+        b.create(&self.work)?;
+        b.create(&self.sock)?;
+        if matches!(idmap, IdMap::Range { .. }) {
+            let (uid, gid) = idmap.host_root();
+            for dir in [&self.overlay, &self.upper, &self.work, &self.sock] {
+                std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Starts and stops sandboxes on this machine. Cheap to share (`&self`
+/// everywhere); `launch` blocks for the few milliseconds a start takes.
+#[derive(Debug)]
+pub struct Runtime {
+    exe: PathBuf,
+    state_root: PathBuf,
+    allow_no_cgroup_limits: bool,
+    cgroups: Option<Backend>,
+    idmap: IdMap,
+    host_etc: PathBuf,
+    log_filter: String,
+}
+
+impl Runtime {
+    /// Checks the host (failing with the missing feature's name), prepares
+    /// the cgroup parent and the sanitized `/etc` under `state_root`.
+    ///
+    /// `exe` is the `sandhub` binary to re-execute as `__sandbox-init`
+    /// (`/proc/self/exe` in the hub). Without a usable cgroup hierarchy
+    /// this fails unless `allow_no_cgroup_limits`.
+    ///
+    /// The sandboxes' own log level comes from `SANDHUB_SANDBOX_LOG`
+    /// (a `tracing` filter, default `warn`); logs go to
+    /// `<state_dir>/sandbox.log`.
+    pub fn new(
+        exe: impl Into<PathBuf>,
+        state_root: impl Into<PathBuf>,
+        allow_no_cgroup_limits: bool,
+    ) -> Result<Self, RuntimeError> {
+        let exe = exe.into();
+        let state_root = state_root.into();
+        std::fs::metadata(&exe).ctx(|| format!("sandbox executable {}", exe.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&state_root)
+            .ctx(|| format!("creating state dir {}", state_root.display()))?;
+        let support = probe::probe_at(&state_root);
+        if let Some((feature, detail)) = support.blocker() {
+            return Err(RuntimeError::MissingFeature { feature, detail });
+        }
+        let (cgroups, findings) = cgroup::detect();
+        if cgroups.is_none() {
+            let what = cgroup::describe(&findings);
+            if !allow_no_cgroup_limits {
+                return Err(RuntimeError::NoCgroupLimits(format!(
+                    "no cgroup hierarchy can enforce the memory, pids and cpu limits: {what}; \
+                     run as root on a host with these controllers, or pass \
+                     --allow-no-cgroup-limits to run sandboxes without limits"
+                )));
+            }
+            tracing::warn!(%what, "running sandboxes without cgroup limits");
+        }
+        let host_etc = hostetc::prepare_host_etc(&state_root)
+            .ctx(|| "preparing the sandboxes' /etc".to_string())?;
+        let log_filter = std::env::var("SANDHUB_SANDBOX_LOG").unwrap_or_else(|_| "warn".into());
+        Ok(Runtime {
+            exe,
+            state_root,
+            allow_no_cgroup_limits,
+            cgroups,
+            idmap: IdMap::for_current_user(),
+            host_etc,
+            log_filter,
+        })
+    }
+
+    pub fn state_root(&self) -> &Path {
+        &self.state_root
+    }
+
+    /// The id mapping every sandbox gets.
+    pub fn idmap(&self) -> IdMap {
+        self.idmap
+    }
+
+    /// Makes a directory usable as a lower layer: chowns host ids
+    /// `0..65536` into the sandbox range (idempotent; nothing rootless).
+    pub fn prepare_layer(&self, dir: &Path) -> Result<(), RuntimeError> {
+        self.idmap
+            .shift_tree(dir)
+            .ctx(|| format!("preparing layer {}", dir.display()))
+    }
+
+    /// Starts a sandbox and returns once its sandboxd accepts connections
+    /// on both sockets. On error nothing of the attempt keeps running.
+    pub fn launch(&self, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
+        let started = Instant::now();
+        validate_id(&spec.id)?;
+        let dirs = StateDirs::new(&spec.state_dir);
+        dirs.prepare(&self.idmap)
+            .ctx(|| format!("preparing {}", dirs.root.display()))?;
+        let cgroup = match &self.cgroups {
+            Some(backend) => Some(backend.create(&spec.id, &spec.limits()).map_err(
+                |e| match e {
+                    CreateError::Busy(cgroup) => RuntimeError::AlreadyRunning {
+                        id: spec.id.clone(),
+                        cgroup,
+                    },
+                    CreateError::Io(e) => RuntimeError::io(format!("cgroup of {}", spec.id), e),
+                },
+            )?),
+            None => {
+                if spec.limits().any() {
+                    debug_assert!(self.allow_no_cgroup_limits);
+                    tracing::warn!(id = %spec.id, "limits requested but no cgroups: ignored");
+                }
+                None
+            }
+        };
+        let mut attempt = Attempt {
+            child: None,
+            shim: None,
+            cgroup,
+            done: false,
+        };
+        let launched = self.start(spec, &dirs, &mut attempt)?;
+        attempt.done = true;
+        tracing::debug!(id = %spec.id, shim = launched.shim_pid, elapsed = ?started.elapsed(), "sandbox ready");
+        Ok(launched)
+    }
+
+    fn start(
+        &self,
+        spec: &SandboxSpec,
+        dirs: &StateDirs,
+        attempt: &mut Attempt,
+    ) -> Result<Launched, RuntimeError> {
+        let deadline = Instant::now() + LAUNCH_TIMEOUT;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&dirs.log)
+            .ctx(|| format!("opening {}", dirs.log.display()))?;
+        let log_err = log.try_clone().ctx(|| "dup of the log fd".to_string())?;
+        let (chan, inside) = Channel::pair().ctx(|| "creating the sync socket".to_string())?;
+        let child = Command::new(&self.exe)
+            .arg(init::SUBCOMMAND)
+            .env_clear()
+            .stdin(Stdio::from(inside))
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .spawn()
+            .ctx(|| format!("spawning {} {}", self.exe.display(), init::SUBCOMMAND))?;
+        let stage1 = child.id() as i32;
+        let child = attempt.child.insert(child);
+        if let Some(cg) = &attempt.cgroup {
+            cg.add(stage1)
+                .ctx(|| format!("moving the sandbox into its cgroup {:?}", cg.dirs()))?;
+        }
+        let config = InitConfig {
+            id: spec.id.clone(),
+            state_dir: dirs.root.clone(),
+            lower_layers: spec.lower_layers.clone(),
+            root_fs: spec.root_fs.clone(),
+            host_etc: self.host_etc.clone(),
+            env: spec.env.clone(),
+            network_host: spec.network_host,
+            idmap: self.idmap,
+            log_filter: self.log_filter.clone(),
+        };
+        let json = serde_json::to_vec(&config)
+            .map_err(io::Error::other)
+            .ctx(|| "encoding the sandbox config".to_string())?;
+        chan.send(&Msg::Config(json))
+            .ctx(|| "sending the sandbox config".to_string())?;
+
+        let shim = match self.expect(spec, dirs, &chan, deadline)? {
+            Msg::ShimPid(pid) => pid,
+            other => return Err(self.protocol(spec, dirs, other)),
+        };
+        // Stage 1 exits right after forking the shim; reap it.
+        let _ = child.wait();
+        let start_time = procfs::stat(shim)
+            .ctx(|| format!("reading /proc/{shim}/stat of the new sandbox"))?
+            .start_time;
+        attempt.shim = Some((shim, start_time));
+        self.idmap
+            .write(shim)
+            .ctx(|| format!("writing the id maps of sandbox {}", spec.id))?;
+        chan.send(&Msg::Mapped)
+            .ctx(|| "signalling the sandbox".to_string())?;
+        match self.expect(spec, dirs, &chan, deadline)? {
+            Msg::Ready => {}
+            other => return Err(self.protocol(spec, dirs, other)),
+        }
+        Ok(Launched {
+            shim_pid: shim,
+            start_time,
+            socket_dir: dirs.sock.clone(),
+        })
+    }
+
+    /// The next message from the sandbox; an `Error` message, EOF and the
+    /// deadline become errors.
+    fn expect(
+        &self,
+        spec: &SandboxSpec,
+        dirs: &StateDirs,
+        chan: &Channel,
+        deadline: Instant,
+    ) -> Result<Msg, RuntimeError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match chan.recv(Some(left)) {
+            Ok(Some(Msg::Error(message))) => Err(RuntimeError::Start {
+                id: spec.id.clone(),
+                message,
+                log: dirs.log.clone(),
+            }),
+            Ok(Some(msg)) => Ok(msg),
+            Ok(None) => Err(RuntimeError::Start {
+                id: spec.id.clone(),
+                message: format!(
+                    "the sandbox exited before it was ready{}",
+                    last_log_line(&dirs.log)
+                        .map(|l| format!(": {l}"))
+                        .unwrap_or_default()
+                ),
+                log: dirs.log.clone(),
+            }),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(RuntimeError::StartTimeout {
+                id: spec.id.clone(),
+                timeout: LAUNCH_TIMEOUT,
+                log: dirs.log.clone(),
+            }),
+            Err(e) => Err(RuntimeError::io("reading from the sandbox", e)),
+        }
+    }
+
+    fn protocol(&self, spec: &SandboxSpec, dirs: &StateDirs, got: Msg) -> RuntimeError {
+        RuntimeError::Start {
+            id: spec.id.clone(),
+            message: format!(
+                "unexpected message {got:?} (is {} the same sandhub build?)",
+                self.exe.display()
+            ),
+            log: dirs.log.clone(),
+        }
+    }
+
+    /// Whether the sandbox's shim is still the same running process.
+    pub fn is_alive(&self, l: &Launched) -> bool {
+        procfs::stat(l.shim_pid).is_ok_and(|s| s.start_time == l.start_time && s.is_running())
+    }
+
+    /// Host pids of every process of sandbox `id` (its cgroup's members;
+    /// empty without cgroups). A sandbox with more than its three own
+    /// processes (shim, PID 1, sandboxd) is running something.
+    pub fn processes(&self, id: &str) -> Result<Vec<i32>, RuntimeError> {
+        validate_id(id)?;
+        match &self.cgroups {
+            Some(b) => b
+                .sandbox(id)
+                .procs()
+                .ctx(|| format!("listing processes of {id}")),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The cgroup directories of sandbox `id` (whether they exist or not).
+    pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
+        self.cgroups
+            .as_ref()
+            .map(|b| b.sandbox(id).dirs())
+            .unwrap_or_default()
+    }
+
+    /// Kills every process of the sandbox and removes its cgroup; its
+    /// files stay (suspend). Idempotent: stopping a dead sandbox only
+    /// cleans up.
+    pub fn stop(&self, id: &str, l: &Launched) -> Result<(), RuntimeError> {
+        validate_id(id)?;
+        // The shim first: its death takes PID 1 (parent-death signal) and
+        // with it the whole PID namespace.
+        let shim_gone = kill_verified(l.shim_pid, l.start_time);
+        match &self.cgroups {
+            Some(backend) => {
+                let cg = backend.sandbox(id);
+                self.sweep(id, &cg)?;
+            }
+            None => {
+                let deadline = Instant::now() + STOP_TIMEOUT;
+                while !shim_gone && self.is_alive(l) {
+                    if Instant::now() > deadline {
+                        return Err(RuntimeError::StopTimeout {
+                            id: id.to_string(),
+                            timeout: STOP_TIMEOUT,
+                            cgroup: PathBuf::new(),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        for sock in [
+            sandhub_api::sandboxd::REST_SOCKET,
+            sandhub_api::sandboxd::GRPC_SOCKET,
+        ] {
+            let _ = std::fs::remove_file(l.socket_dir.join(sock));
+        }
+        Ok(())
+    }
+
+    fn sweep(&self, id: &str, cg: &SandboxCgroup) -> Result<(), RuntimeError> {
+        let clean = cg
+            .kill_and_remove(STOP_TIMEOUT)
+            .ctx(|| format!("stopping sandbox {id}"))?;
+        if !clean {
+            return Err(RuntimeError::StopTimeout {
+                id: id.to_string(),
+                timeout: STOP_TIMEOUT,
+                cgroup: cg.dirs().first().cloned().unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Stops the sandbox (if `launched` is known; otherwise whatever its
+    /// cgroup holds) and deletes its state dir.
+    pub fn remove(
+        &self,
+        spec: &SandboxSpec,
+        launched: Option<&Launched>,
+    ) -> Result<(), RuntimeError> {
+        validate_id(&spec.id)?;
+        match launched {
+            Some(l) => self.stop(&spec.id, l)?,
+            None => {
+                if let Some(b) = &self.cgroups {
+                    self.sweep(&spec.id, &b.sandbox(&spec.id))?;
+                }
+            }
+        }
+        match std::fs::remove_dir_all(&spec.state_dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(RuntimeError::io(
+                format!("removing {}", spec.state_dir.display()),
+                e,
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// SIGKILLs `pid` if it still is the process that started at `start_time`.
+/// The pidfd pins the process between the check and the signal. Returns
+/// true when the process is known to be gone already.
+fn kill_verified(pid: i32, start_time: u64) -> bool {
+    let Some(p) = Pid::from_raw(pid) else {
+        return true;
+    };
+    let Ok(fd) = pidfd_open(p, PidfdFlags::empty()) else {
+        return true;
+    };
+    match procfs::stat(pid) {
+        Ok(st) if st.start_time == start_time && st.is_running() => {
+            let _ = pidfd_send_signal(&fd, Signal::KILL);
+            false
+        }
+        _ => true,
+    }
+}
+
+/// Cleans up a launch that did not finish.
+struct Attempt {
+    child: Option<Child>,
+    shim: Option<(i32, u64)>,
+    cgroup: Option<SandboxCgroup>,
+    done: bool,
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Some((pid, start)) = self.shim {
+            kill_verified(pid, start);
+        }
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(cg) = &self.cgroup {
+            if let Err(e) = cg.kill_and_remove(STOP_TIMEOUT) {
+                tracing::warn!(error = %e, "cleaning up the cgroup of a failed launch");
+            }
+        }
+    }
+}
+
+fn last_log_line(log: &Path) -> Option<String> {
+    let raw = std::fs::read(log).ok()?;
+    let tail = &raw[raw.len().saturating_sub(4096)..];
+    String::from_utf8_lossy(tail)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+}
+
+/// Ids become hostnames, cgroup and directory names: keep them to a safe
+/// alphabet and the 64-byte hostname limit.
+pub(crate) fn validate_id(id: &str) -> Result<(), RuntimeError> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && !id.starts_with(['.', '-'])
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::InvalidId(id.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_validated() {
+        for good in ["a", "sbx-1", "A_b.c", &"x".repeat(63)] {
+            assert!(validate_id(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".", "..", "-x", "a/b", "a b", "é", &"x".repeat(64)] {
+            assert!(validate_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn launched_round_trips_through_json() {
+        let l = Launched {
+            shim_pid: 42,
+            start_time: 123456,
+            socket_dir: "/var/lib/sandhub/s/sock".into(),
+        };
+        let json = serde_json::to_string(&l).unwrap();
+        assert_eq!(serde_json::from_str::<Launched>(&json).unwrap(), l);
+    }
+}

@@ -1,0 +1,76 @@
+//! Every hub error leaves as JSON `{code, message}` with the status its
+//! code word implies.
+
+use axum::{
+    extract::rejection::JsonRejection,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    Json,
+};
+use sandhub_api::error::Code;
+use sandhub_client::Error;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub error: Error,
+    /// When the code word alone does not say it (413 for an oversized body).
+    pub status: Option<StatusCode>,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        ApiError {
+            error,
+            status: None,
+        }
+    }
+}
+
+impl ApiError {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Error::new(code, message).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status.unwrap_or_else(|| {
+            StatusCode::from_u16(self.error.code.http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        });
+        if status.is_server_error() {
+            tracing::warn!(code = %self.error.code, message = %self.error.message, "request failed");
+        }
+        (status, Json(self.error.body())).into_response()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        match r {
+            JsonRejection::BytesRejection(b) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError {
+                    error: Error::new(
+                        Code::ResourceExhausted,
+                        format!("request body is too large: {}", b.body_text()),
+                    ),
+                    status: Some(StatusCode::PAYLOAD_TOO_LARGE),
+                }
+            }
+            other => ApiError::new(Code::InvalidArgument, other.body_text()),
+        }
+    }
+}
+
+/// `axum::Json` whose rejections are JSON `{code, message}` too.
+#[derive(Debug, Clone, Copy, Default, axum::extract::FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct ApiJson<T>(pub T);
+
+impl<T: serde::Serialize> IntoResponse for ApiJson<T> {
+    fn into_response(self) -> Response {
+        Json(self.0).into_response()
+    }
+}

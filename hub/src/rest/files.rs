@@ -1,0 +1,144 @@
+//! Files in a sandbox's workspace. Requests are forwarded to the sandbox's
+//! sandboxd as they are (method, path, query, range and conditional
+//! headers, streamed body), so every sandboxd semantic holds here too:
+//! listings, `Range`, `If-Modified-Since`, `mode`, `append`, `type`,
+//! `recursive`, multipart uploads, atomic writes, confinement.
+
+use axum::{
+    body::Body,
+    extract::{Path, Request},
+    http::{header, HeaderMap, HeaderName},
+    response::Response,
+    routing::get,
+};
+use sandhub_api::{error::ErrorBody, sandboxd::DirectoryListing};
+use serde::Deserialize;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+use super::{Api, ApiResult, AppState};
+
+/// Request headers sandboxd acts on; everything else (notably the hub's
+/// own `Authorization`) stays here.
+const FORWARDED_REQUEST: &[HeaderName] = &[
+    header::RANGE,
+    header::IF_MODIFIED_SINCE,
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+];
+
+/// The file routes need a catch-all segment (`{*path}`), which OpenAPI
+/// cannot spell, so they are routed by hand and documented from the same
+/// handlers' annotations.
+#[derive(OpenApi)]
+#[openapi(paths(get_file, head_file, put_file, delete_file))]
+struct FilesDoc;
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    let methods = || {
+        get(get_file)
+            .head(head_file)
+            .put(put_file)
+            .delete(delete_file)
+    };
+    OpenApiRouter::with_openapi(FilesDoc::openapi())
+        .route("/v1/sandboxes/{id}/files", methods())
+        .route("/v1/sandboxes/{id}/files/", methods())
+        .route("/v1/sandboxes/{id}/files/{*path}", methods())
+}
+
+#[derive(Debug, Deserialize)]
+struct FilePath {
+    id: String,
+}
+
+async fn forward(
+    api: &crate::service::TenantHub,
+    id: &str,
+    request: Request,
+) -> ApiResult<Response> {
+    let client = api.sandboxd(id, "file access")?;
+    let mut target = format!("/v1/files/{}", raw_rest(request.uri().path(), id));
+    if let Some(q) = request.uri().query() {
+        target.push('?');
+        target.push_str(q);
+    }
+    let mut headers = HeaderMap::new();
+    for name in FORWARDED_REQUEST {
+        if let Some(v) = request.headers().get(name) {
+            headers.insert(name.clone(), v.clone());
+        }
+    }
+    let method = request.method().clone();
+    let response = client
+        .forward(method, &target, headers, request.into_body())
+        .await?;
+    Ok(response.map(Body::new))
+}
+
+/// The still-encoded part of the request path after `/files/`, so that
+/// `a%2Fb` reaches sandboxd exactly as the client sent it.
+fn raw_rest<'a>(full: &'a str, id: &str) -> &'a str {
+    let prefix_len = "/v1/sandboxes/".len() + id.len() + "/files".len();
+    full.get(prefix_len..).unwrap_or("").trim_start_matches('/')
+}
+
+/// Read a file (raw bytes; `Range` and `If-Modified-Since` honoured) or list a directory.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path), ("path" = String, Path, description = "Path in the workspace"),
+           ("type" = Option<String>, Query, description = "`file` or `directory`: 409 if the path is the other kind")),
+    responses(
+        (status = 200, description = "File bytes (application/octet-stream) or a listing", body = DirectoryListing),
+        (status = 206, description = "Partial content"),
+        (status = 304, description = "Not modified"),
+        (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    ))]
+async fn get_file(
+    Api(api): Api,
+    Path(FilePath { id }): Path<FilePath>,
+    request: Request,
+) -> ApiResult<Response> {
+    forward(&api, &id, request).await
+}
+
+/// Headers of a file or directory, no body.
+#[utoipa::path(head, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path), ("path" = String, Path)),
+    responses((status = 200), (status = 404), (status = 403)))]
+async fn head_file(
+    Api(api): Api,
+    Path(FilePath { id }): Path<FilePath>,
+    request: Request,
+) -> ApiResult<Response> {
+    forward(&api, &id, request).await
+}
+
+/// Write a file atomically (raw or multipart `file` part), creating parents;
+/// `append=true` appends instead; `mode` (e.g. 0644) applies to new files.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path), ("path" = String, Path),
+           ("mode" = Option<String>, Query, description = "^0[0-7]{3}$"),
+           ("append" = Option<bool>, Query)),
+    request_body(content = String, content_type = "application/octet-stream"),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 413, body = ErrorBody), (status = 507, body = ErrorBody)))]
+async fn put_file(
+    Api(api): Api,
+    Path(FilePath { id }): Path<FilePath>,
+    request: Request,
+) -> ApiResult<Response> {
+    forward(&api, &id, request).await
+}
+
+/// Delete a file, or a directory with `recursive=true`.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path), ("path" = String, Path), ("recursive" = Option<bool>, Query)),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 403, body = ErrorBody)))]
+async fn delete_file(
+    Api(api): Api,
+    Path(FilePath { id }): Path<FilePath>,
+    request: Request,
+) -> ApiResult<Response> {
+    forward(&api, &id, request).await
+}

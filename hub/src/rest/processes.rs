@@ -1,0 +1,395 @@
+//! Running commands: one-shot exec, started processes streamed as NDJSON
+//! (with stdin, signals and resize), an interactive PTY over WebSocket, and
+//! directory watches as Server-Sent Events.
+
+use std::{convert::Infallible, time::Duration};
+
+use axum::{
+    body::{Body, Bytes},
+    extract::{
+        ws::{Message, WebSocket, WebSocketUpgrade},
+        Path, Query,
+    },
+    http::{header, StatusCode},
+    response::{
+        sse::{Event, KeepAlive, Sse},
+        IntoResponse, Response,
+    },
+};
+use base64::Engine;
+use futures::{Stream, StreamExt};
+use sandhub_api::{
+    error::{Code, ErrorBody},
+    hub::{ExecRequest, ExecResult, ProcessEventWire, ResizeRequest, SignalRequest},
+};
+use sandhub_client::{ProcessEvent, PtySize, Sandboxes, Signal, StartProcess, StdinInput};
+use serde::Deserialize;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::{Api, ApiError, ApiJson, ApiResult, AppState};
+
+/// Stdin chunks and exec stdin are capped like other JSON bodies.
+const MAX_STDIN_CHUNK: usize = super::MAX_JSON_BODY;
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(exec))
+        .routes(routes!(start_process))
+        .routes(routes!(write_stdin))
+        .routes(routes!(send_signal))
+        .routes(routes!(resize))
+        .routes(routes!(watch))
+        .routes(routes!(pty))
+}
+
+/// Run a command to completion.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "processes", request_body = ExecRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, body = ExecResult),
+        (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
+        (status = 413, body = ErrorBody),
+    ))]
+async fn exec(
+    Api(api): Api,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> ApiResult<ApiJson<ExecResult>> {
+    if let Some(t) = req.timeout_seconds {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(ApiError::new(
+                Code::InvalidArgument,
+                "timeout_seconds must be a positive number",
+            ));
+        }
+    }
+    if req.command.argv().first().is_none_or(|p| p.is_empty()) {
+        return Err(ApiError::new(Code::InvalidArgument, "command is empty"));
+    }
+    Ok(ApiJson(api.exec(&id, req).await?))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct StartBody {
+    /// argv, or a shell string run with `/bin/sh -c`.
+    command: sandhub_api::hub::Command,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: String,
+    /// Allocate a terminal of this size.
+    #[serde(default)]
+    pty: Option<ResizeRequest>,
+}
+
+fn wire(event: ProcessEvent) -> ProcessEventWire {
+    let b64 = |d: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(d);
+    match event {
+        ProcessEvent::Started { pid } => ProcessEventWire::Started { pid },
+        ProcessEvent::Stdout { data } => ProcessEventWire::Stdout { data: b64(data) },
+        ProcessEvent::Stderr { data } => ProcessEventWire::Stderr { data: b64(data) },
+        ProcessEvent::Exited { exit_code } => ProcessEventWire::Exited { exit_code },
+    }
+}
+
+/// Start a process and stream its events as NDJSON: `started` (with the
+/// pid the calls below take), base64 `stdout`/`stderr` chunks, `exited`.
+/// Closing the response kills the process.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes", tag = "processes", request_body = StartBody,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, content_type = "application/x-ndjson", body = ProcessEventWire,
+         description = "One event per line"),
+        (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ))]
+async fn start_process(
+    Api(api): Api,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<StartBody>,
+) -> ApiResult<Response> {
+    let request = StartProcess {
+        command: body.command.argv(),
+        env: body.env,
+        cwd: body.cwd,
+        pty: body.pty.map(|p| PtySize {
+            cols: p.cols,
+            rows: p.rows,
+        }),
+    };
+    let events = api.start(&id, request).await?;
+    let lines = events.map(|ev| {
+        let line = match ev {
+            Ok(ev) => serde_json::to_vec(&wire(ev)),
+            // A broken stream ends with an error line the client can read.
+            Err(e) => serde_json::to_vec(&e.body()),
+        };
+        let mut line = line.unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, Infallible>(Bytes::from(line))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct StdinQuery {
+    /// Close stdin after this write (on a terminal: send EOF).
+    #[serde(default)]
+    eof: bool,
+}
+
+/// Write to a started process's stdin (raw body).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes",
+    params(("id" = String, Path), ("pid" = i32, Path), StdinQuery),
+    request_body(content = String, content_type = "application/octet-stream"),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+async fn write_stdin(
+    Api(api): Api,
+    Path((id, pid)): Path<(String, i32)>,
+    Query(q): Query<StdinQuery>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    if body.len() > MAX_STDIN_CHUNK {
+        return Err(ApiError::new(
+            Code::InvalidArgument,
+            "stdin chunk too large",
+        ));
+    }
+    if !body.is_empty() {
+        api.write_stdin(&id, pid, StdinInput::Data(body)).await?;
+    }
+    if q.eof {
+        api.write_stdin(&id, pid, StdinInput::Eof).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn parse_signal(s: &str) -> ApiResult<Signal> {
+    match s.to_ascii_uppercase().trim_start_matches("SIG") {
+        "INT" => Ok(Signal::Sigint),
+        "TERM" => Ok(Signal::Sigterm),
+        "KILL" => Ok(Signal::Sigkill),
+        _ => Err(ApiError::new(
+            Code::InvalidArgument,
+            format!("signal must be SIGINT, SIGTERM or SIGKILL, not {s}"),
+        )),
+    }
+}
+
+/// Signal a started process's whole process group.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes",
+    params(("id" = String, Path), ("pid" = i32, Path)), request_body = SignalRequest,
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn send_signal(
+    Api(api): Api,
+    Path((id, pid)): Path<(String, i32)>,
+    ApiJson(req): ApiJson<SignalRequest>,
+) -> ApiResult<StatusCode> {
+    api.signal(&id, pid, parse_signal(&req.signal)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Resize a started process's terminal.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/resize", tag = "processes",
+    params(("id" = String, Path), ("pid" = i32, Path)), request_body = ResizeRequest,
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+async fn resize(
+    Api(api): Api,
+    Path((id, pid)): Path<(String, i32)>,
+    ApiJson(req): ApiJson<ResizeRequest>,
+) -> ApiResult<StatusCode> {
+    api.resize(
+        &id,
+        pid,
+        PtySize {
+            cols: req.cols,
+            rows: req.rows,
+        },
+    )
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct WatchQuery {
+    /// Directory inside the workspace (default: the workspace).
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+}
+
+/// Watch a directory: Server-Sent Events whose data is a JSON array of
+/// change events, about every 250 ms while changes happen.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/watch", tag = "files",
+    params(("id" = String, Path), WatchQuery),
+    responses((status = 200, content_type = "text/event-stream", body = String),
+              (status = 404, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn watch(
+    Api(api): Api,
+    Path(id): Path<String>,
+    Query(q): Query<WatchQuery>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let events = api.watch(&id, &q.path, q.recursive).await?;
+    let stream = events.map(|batch| {
+        Ok(match batch {
+            Ok(batch) => Event::default()
+                .json_data(&batch)
+                .unwrap_or_else(|_| Event::default().data("[]")),
+            Err(e) => Event::default()
+                .event("error")
+                .json_data(e.body())
+                .unwrap_or_else(|_| Event::default().event("error")),
+        })
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct PtyQuery {
+    /// Program to run (default `/bin/sh`); argv is split on spaces.
+    #[serde(default)]
+    command: Option<String>,
+    #[serde(default = "default_cols")]
+    cols: u16,
+    #[serde(default = "default_rows")]
+    rows: u16,
+}
+
+fn default_cols() -> u16 {
+    80
+}
+
+fn default_rows() -> u16 {
+    24
+}
+
+/// An interactive terminal over WebSocket. Binary frames carry terminal
+/// bytes both ways; a text frame `{"cols":C,"rows":R}` resizes; the server
+/// ends with a text frame `{"exit_code":N}` and closes.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "processes",
+    params(("id" = String, Path), PtyQuery),
+    responses((status = 101, description = "WebSocket upgrade"), (status = 404, body = ErrorBody)))]
+async fn pty(
+    Api(api): Api,
+    Path(id): Path<String>,
+    Query(q): Query<PtyQuery>,
+    ws: WebSocketUpgrade,
+) -> ApiResult<Response> {
+    let command: Vec<String> = q
+        .command
+        .as_deref()
+        .unwrap_or("/bin/sh")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let mut env = std::collections::BTreeMap::new();
+    env.insert("TERM".to_string(), "xterm-256color".to_string());
+    let events = api
+        .start(
+            &id,
+            StartProcess {
+                command,
+                env,
+                cwd: String::new(),
+                pty: Some(PtySize {
+                    cols: q.cols,
+                    rows: q.rows,
+                }),
+            },
+        )
+        .await?;
+    Ok(ws.on_upgrade(move |socket| run_pty(socket, api, id, events)))
+}
+
+async fn run_pty(
+    socket: WebSocket,
+    api: crate::service::TenantHub,
+    id: String,
+    mut events: sandhub_client::ProcessEvents,
+) {
+    let (mut tx, mut rx) = socket.split();
+    use futures::SinkExt;
+    let pid = match events.next().await {
+        Some(Ok(ProcessEvent::Started { pid })) => pid,
+        _ => return,
+    };
+    let input = {
+        let api = api.clone();
+        let id = id.clone();
+        async move {
+            while let Some(Ok(msg)) = rx.next().await {
+                let done = match msg {
+                    Message::Binary(b) => api
+                        .write_stdin(&id, pid, StdinInput::Data(b))
+                        .await
+                        .is_err(),
+                    Message::Text(t) => {
+                        if let Ok(size) = serde_json::from_str::<ResizeRequest>(&t) {
+                            let _ = api
+                                .resize(
+                                    &id,
+                                    pid,
+                                    PtySize {
+                                        cols: size.cols,
+                                        rows: size.rows,
+                                    },
+                                )
+                                .await;
+                        }
+                        false
+                    }
+                    Message::Close(_) => true,
+                    _ => false,
+                };
+                if done {
+                    break;
+                }
+            }
+            // The client went away: the terminal's process goes too.
+            let _ = api.signal(&id, pid, Signal::Sigkill).await;
+        }
+    };
+    let output = async move {
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(ProcessEvent::Stdout { data }) | Ok(ProcessEvent::Stderr { data }) => {
+                    if tx.send(Message::Binary(data.into())).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(ProcessEvent::Exited { exit_code }) => {
+                    let _ = tx
+                        .send(Message::Text(
+                            serde_json::json!({ "exit_code": exit_code })
+                                .to_string()
+                                .into(),
+                        ))
+                        .await;
+                    let _ = tx.close().await;
+                    return;
+                }
+                Ok(ProcessEvent::Started { .. }) => {}
+                Err(e) => {
+                    let _ = tx
+                        .send(Message::Text(
+                            serde_json::to_string(&e.body()).unwrap_or_default().into(),
+                        ))
+                        .await;
+                    return;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = input => {}
+        _ = output => {}
+    }
+}

@@ -1,0 +1,170 @@
+//! Sandboxes: create, list, get, delete, and their lifecycle.
+
+use std::collections::BTreeMap;
+
+use axum::{
+    extract::{Path, Query},
+    http::StatusCode,
+};
+use sandhub_api::{
+    error::{Code, ErrorBody},
+    hub::{CreateSandbox, ForkRequest, Sandbox, SandboxList, Snapshot, SnapshotList},
+};
+use sandhub_client::Sandboxes;
+use serde::Deserialize;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::{Api, ApiError, ApiJson, ApiResult, AppState};
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_sandbox, list_sandboxes))
+        .routes(routes!(get_sandbox, delete_sandbox))
+        .routes(routes!(suspend))
+        .routes(routes!(resume))
+        .routes(routes!(take_snapshot, list_snapshots))
+        .routes(routes!(reset))
+        .routes(routes!(fork))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    /// Comma-separated `key=value` pairs; a sandbox must carry all of them.
+    labels: Option<String>,
+}
+
+fn parse_selector(s: &str) -> ApiResult<BTreeMap<String, String>> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| {
+                    ApiError::new(
+                        Code::InvalidArgument,
+                        format!("label selector `{pair}` must be key=value"),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Create a sandbox: claimed warm from a pool when one is ready, else started cold.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandbox,
+    responses(
+        (status = 201, body = Sandbox),
+        (status = 400, body = ErrorBody, description = "Bad JSON, labels or lifetimes"),
+        (status = 404, body = ErrorBody, description = "Unknown template or pool"),
+        (status = 413, body = ErrorBody),
+    ))]
+async fn create_sandbox(
+    Api(api): Api,
+    ApiJson(req): ApiJson<CreateSandbox>,
+) -> ApiResult<(StatusCode, ApiJson<Sandbox>)> {
+    Ok((StatusCode::CREATED, ApiJson(api.create(req).await?)))
+}
+
+/// List the caller's sandboxes, optionally filtered by labels.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListQuery),
+    responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody)))]
+async fn list_sandboxes(
+    Api(api): Api,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<ApiJson<SandboxList>> {
+    let selector = parse_selector(q.labels.as_deref().unwrap_or(""))?;
+    Ok(ApiJson(SandboxList {
+        sandboxes: api.list(&selector).await?,
+    }))
+}
+
+/// One sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody)))]
+async fn get_sandbox(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandbox>> {
+    Ok(ApiJson(api.get(&id).await?))
+}
+
+/// Delete a sandbox: its processes and files are gone.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+async fn delete_sandbox(Api(api): Api, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    api.delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Stop every process, keep the files.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/suspend", tag = "lifecycle",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+async fn suspend(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandbox>> {
+    Ok(ApiJson(api.suspend(&id).await?))
+}
+
+/// Start a suspended sandbox again on the same files.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "lifecycle",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+async fn resume(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandbox>> {
+    Ok(ApiJson(api.resume(&id).await?))
+}
+
+/// Keep a copy of the workspace's current state.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "lifecycle",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 201, body = Snapshot), (status = 404, body = ErrorBody)))]
+async fn take_snapshot(
+    Api(api): Api,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, ApiJson<Snapshot>)> {
+    Ok((StatusCode::CREATED, ApiJson(api.snapshot(&id).await?)))
+}
+
+/// Snapshots taken of a sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/snapshots", tag = "lifecycle",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = SnapshotList), (status = 404, body = ErrorBody)))]
+async fn list_snapshots(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<SnapshotList>> {
+    api.get(&id).await?;
+    let snapshots = api
+        .hub()
+        .store
+        .list_snapshots(api.tenant(), &id)?
+        .into_iter()
+        .map(|s| Snapshot {
+            id: s.id,
+            sandbox_id: s.sandbox_id,
+            created_at: crate::service::rfc3339(s.created_at),
+        })
+        .collect();
+    Ok(ApiJson(SnapshotList { snapshots }))
+}
+
+/// Kill every process and restore the workspace to its seed state (milliseconds).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/reset", tag = "lifecycle",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+async fn reset(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandbox>> {
+    Ok(ApiJson(api.reset(&id).await?))
+}
+
+/// Start a new sandbox from a snapshot of this one (a fresh one unless named).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "lifecycle",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body(content = Option<ForkRequest>, content_type = "application/json"),
+    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn fork(
+    Api(api): Api,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, ApiJson<Sandbox>)> {
+    // The body is optional: an empty one forks a fresh snapshot.
+    let req: ForkRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        ForkRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::new(Code::InvalidArgument, format!("bad fork request: {e}")))?
+    };
+    Ok((StatusCode::CREATED, ApiJson(api.fork(&id, req).await?)))
+}

@@ -1,0 +1,103 @@
+//! `sandhub serve`: the hub service on the embedded local backend.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::{
+    backend::Backend,
+    rest::{self, ApiKeys, AppState},
+    service::Hub,
+    store::Store,
+};
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on. Anything but loopback requires --api-keys-file.
+    #[arg(long, env = "SANDHUB_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+
+    /// Where the state database, sandbox layers and sockets live
+    /// (default: $XDG_DATA_HOME/sandhub, else ~/.local/share/sandhub).
+    #[arg(long, env = "SANDHUB_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// `<key> <tenant>` per line; requests then need `Authorization: Bearer <key>`.
+    #[arg(long, env = "SANDHUB_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// Run sandboxes without cpu/memory/pids limits where no cgroup can be
+    /// delegated (rootless without systemd delegation).
+    #[arg(long, env = "SANDHUB_ALLOW_NO_CGROUP_LIMITS")]
+    pub allow_no_cgroup_limits: bool,
+
+    /// How often deadlines, idle timeouts and dead sandboxes are checked.
+    #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub reap_interval: Duration,
+}
+
+pub fn default_state_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("sandhub");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".local/share/sandhub")
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let keys = match &args.api_keys_file {
+        Some(path) => Some(Arc::new(ApiKeys::load(path)?)),
+        None if !args.listen.ip().is_loopback() => anyhow::bail!(
+            "refusing to listen on {} without --api-keys-file: anyone who can reach it could run commands",
+            args.listen
+        ),
+        None => None,
+    };
+    let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating state dir {}", state_dir.display()))?;
+    let store = Store::open(&state_dir.join("sandhub.db"))
+        .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
+    let backend: Arc<dyn Backend> = Arc::new(
+        crate::backend::local::LocalBackend::new(&state_dir, args.allow_no_cgroup_limits)
+            .context("starting the local backend")?,
+    );
+    let hub = Hub::new(store, backend);
+    hub.recover()
+        .await
+        .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;
+    hub.spawn_background(args.reap_interval);
+    let app = rest::app(
+        AppState {
+            hub,
+            metrics: Arc::default(),
+        },
+        keys,
+    );
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, state_dir = %state_dir.display(), "sandhub serving");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    // Sandboxes are separate process trees: they keep running, and the
+    // next `sandhub serve` re-attaches to them.
+    tracing::info!("sandhub stopped; sandboxes keep running");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,581 @@
+//! The hub's state, in one SQLite file.
+//!
+//! Every change is one transaction, committed before the API answers, so a
+//! `kill -9` of the hub at any moment loses nothing that was acknowledged.
+//! WAL with `synchronous=NORMAL` survives a process crash (only power loss
+//! could roll back the last commits), and keeps a warm claim to a single
+//! indexed UPDATE of well under a millisecond.
+
+use std::{collections::BTreeMap, path::Path, sync::Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use sandhub_api::{
+    error::Code,
+    hub::{Launch, SandboxState, Template},
+};
+use sandhub_client::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// One sandbox as stored. Times are Unix milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxRow {
+    pub id: String,
+    pub tenant: String,
+    pub template: String,
+    pub state: SandboxState,
+    pub labels: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+    pub launch: Launch,
+    pub created_at: i64,
+    pub shutdown_at: Option<i64>,
+    pub idle_timeout_seconds: Option<u64>,
+    pub last_activity: i64,
+    /// The warm pool this sandbox belongs to until it is claimed.
+    pub pool: Option<String>,
+    pub claimed: bool,
+    pub forked_from: Option<String>,
+    /// Backend-specific handle (pids, socket dir, pod name), as JSON.
+    pub runtime: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolRow {
+    pub tenant: String,
+    pub name: String,
+    pub template: String,
+    pub replicas: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub tenant: String,
+    pub sandbox_id: String,
+    pub created_at: i64,
+}
+
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    template TEXT NOT NULL,
+    state TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    env TEXT NOT NULL,
+    launch TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    shutdown_at INTEGER,
+    idle_timeout_seconds INTEGER,
+    last_activity INTEGER NOT NULL,
+    pool TEXT,
+    claimed INTEGER NOT NULL,
+    forked_from TEXT,
+    runtime TEXT
+);
+CREATE INDEX IF NOT EXISTS sandboxes_warm ON sandboxes (tenant, pool, claimed, state, created_at);
+CREATE TABLE IF NOT EXISTS templates (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
+CREATE TABLE IF NOT EXISTS pools (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    template TEXT NOT NULL,
+    replicas INTEGER NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+"#;
+
+const SANDBOX_COLUMNS: &str = "id, tenant, template, state, labels, env, launch, created_at, \
+    shutdown_at, idle_timeout_seconds, last_activity, pool, claimed, forked_from, runtime";
+
+fn db_err(e: rusqlite::Error) -> Error {
+    Error::internal(format!("state store: {e}"))
+}
+
+fn json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("plain data serializes")
+}
+
+fn launch_str(l: Launch) -> &'static str {
+    match l {
+        Launch::Warm => "warm",
+        Launch::Cold => "cold",
+    }
+}
+
+fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
+    let text = |i: usize| r.get::<_, String>(i);
+    let state = text(3)?;
+    let labels: String = text(4)?;
+    let env: String = text(5)?;
+    let runtime: Option<String> = r.get(14)?;
+    Ok(SandboxRow {
+        id: text(0)?,
+        tenant: text(1)?,
+        template: text(2)?,
+        state: SandboxState::parse(&state).unwrap_or(SandboxState::Finished),
+        labels: serde_json::from_str(&labels).unwrap_or_default(),
+        env: serde_json::from_str(&env).unwrap_or_default(),
+        launch: if text(6)? == "warm" {
+            Launch::Warm
+        } else {
+            Launch::Cold
+        },
+        created_at: r.get(7)?,
+        shutdown_at: r.get(8)?,
+        idle_timeout_seconds: r.get::<_, Option<i64>>(9)?.map(|v| v as u64),
+        last_activity: r.get(10)?,
+        pool: r.get(11)?,
+        claimed: r.get::<_, i64>(12)? != 0,
+        forked_from: r.get(13)?,
+        runtime: runtime.and_then(|s| serde_json::from_str(&s).ok()),
+    })
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self> {
+        let conn = Connection::open(path).map_err(db_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(db_err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(db_err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(db_err)?;
+        conn.execute_batch(SCHEMA).map_err(db_err)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&conn).map_err(db_err)
+    }
+
+    pub fn insert_sandbox(&self, s: &SandboxRow) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                &format!(
+                    "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                ),
+                params![
+                    s.id,
+                    s.tenant,
+                    s.template,
+                    s.state.as_str(),
+                    json(&s.labels),
+                    json(&s.env),
+                    launch_str(s.launch),
+                    s.created_at,
+                    s.shutdown_at,
+                    s.idle_timeout_seconds.map(|v| v as i64),
+                    s.last_activity,
+                    s.pool,
+                    s.claimed as i64,
+                    s.forked_from,
+                    s.runtime.as_ref().map(json),
+                ],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn set_state(&self, id: &str, state: SandboxState) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET state = ?2 WHERE id = ?1",
+                params![id, state.as_str()],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn set_runtime(
+        &self,
+        id: &str,
+        state: SandboxState,
+        runtime: Option<&serde_json::Value>,
+    ) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET state = ?2, runtime = ?3 WHERE id = ?1",
+                params![id, state.as_str(), runtime.map(json)],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn touch(&self, id: &str, now: i64) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET last_activity = ?2 WHERE id = ?1 AND last_activity < ?2",
+                params![id, now],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// A sandbox of `tenant`; another tenant's sandbox is simply not found.
+    pub fn get_sandbox(&self, tenant: &str, id: &str) -> Result<Option<SandboxRow>> {
+        self.with(|c| {
+            c.query_row(
+                &format!(
+                    "SELECT {SANDBOX_COLUMNS} FROM sandboxes \
+                     WHERE id = ?1 AND tenant = ?2 AND claimed = 1"
+                ),
+                params![id, tenant],
+                sandbox_from_row,
+            )
+            .optional()
+        })
+    }
+
+    pub fn get_any(&self, id: &str) -> Result<Option<SandboxRow>> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"),
+                params![id],
+                sandbox_from_row,
+            )
+            .optional()
+        })
+    }
+
+    /// A tenant's claimed sandboxes, oldest first.
+    pub fn list_sandboxes(&self, tenant: &str) -> Result<Vec<SandboxRow>> {
+        self.query(
+            &format!(
+                "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE tenant = ?1 AND claimed = 1 \
+                 ORDER BY created_at, id"
+            ),
+            params![tenant],
+        )
+    }
+
+    /// Every sandbox, claimed or warm: for restarts and the reaper.
+    pub fn all_sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        self.query(
+            &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes ORDER BY created_at, id"),
+            [],
+        )
+    }
+
+    /// Warm members of a pool, claimed or not excluded.
+    pub fn pool_members(&self, tenant: &str, pool: &str) -> Result<Vec<SandboxRow>> {
+        self.query(
+            &format!(
+                "SELECT {SANDBOX_COLUMNS} FROM sandboxes \
+                 WHERE tenant = ?1 AND pool = ?2 AND claimed = 0 ORDER BY created_at, id"
+            ),
+            params![tenant, pool],
+        )
+    }
+
+    fn query(&self, sql: &str, p: impl rusqlite::Params) -> Result<Vec<SandboxRow>> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(sql)?;
+            let rows = stmt.query_map(p, sandbox_from_row)?;
+            rows.collect()
+        })
+    }
+
+    /// Hands the oldest ready warm member of a pool to its new owner in one
+    /// statement: two concurrent claims can never get the same sandbox.
+    pub fn claim_warm(&self, claim: &Claim<'_>) -> Result<Option<SandboxRow>> {
+        self.with(|c| {
+            c.query_row(
+                &format!(
+                    "UPDATE sandboxes SET claimed = 1, labels = ?3, shutdown_at = ?4, \
+                     idle_timeout_seconds = ?5, last_activity = ?6, created_at = ?6 \
+                     WHERE id = (SELECT id FROM sandboxes WHERE tenant = ?1 AND pool = ?2 \
+                                 AND claimed = 0 AND state = 'Ready' \
+                                 ORDER BY created_at, id LIMIT 1) \
+                     RETURNING {SANDBOX_COLUMNS}"
+                ),
+                params![
+                    claim.tenant,
+                    claim.pool,
+                    json(claim.labels),
+                    claim.shutdown_at,
+                    claim.idle_timeout_seconds.map(|v| v as i64),
+                    claim.now,
+                ],
+                sandbox_from_row,
+            )
+            .optional()
+        })
+    }
+
+    pub fn delete_sandbox(&self, id: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])
+                .map(|_| ())
+        })
+    }
+
+    pub fn put_template(&self, tenant: &str, name: &str, t: &Template) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO templates (tenant, name, spec) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (tenant, name) DO UPDATE SET spec = excluded.spec",
+                params![tenant, name, json(t)],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn get_template(&self, tenant: &str, name: &str) -> Result<Option<Template>> {
+        let spec: Option<String> = self.with(|c| {
+            c.query_row(
+                "SELECT spec FROM templates WHERE tenant = ?1 AND name = ?2",
+                params![tenant, name],
+                |r| r.get(0),
+            )
+            .optional()
+        })?;
+        spec.map(|s| {
+            serde_json::from_str(&s)
+                .map_err(|e| Error::internal(format!("stored template {name}: {e}")))
+        })
+        .transpose()
+    }
+
+    pub fn list_templates(&self, tenant: &str) -> Result<Vec<(String, Template)>> {
+        let rows: Vec<(String, String)> = self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT name, spec FROM templates WHERE tenant = ?1 ORDER BY name",
+            )?;
+            let rows = stmt.query_map(params![tenant], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect()
+        })?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(n, s)| serde_json::from_str(&s).ok().map(|t| (n, t)))
+            .collect())
+    }
+
+    pub fn delete_template(&self, tenant: &str, name: &str) -> Result<bool> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM templates WHERE tenant = ?1 AND name = ?2",
+                params![tenant, name],
+            )
+            .map(|n| n > 0)
+        })
+    }
+
+    pub fn put_pool(&self, p: &PoolRow) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO pools (tenant, name, template, replicas) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (tenant, name) DO UPDATE SET template = excluded.template, \
+                 replicas = excluded.replicas",
+                params![p.tenant, p.name, p.template, p.replicas],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn get_pool(&self, tenant: &str, name: &str) -> Result<Option<PoolRow>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT tenant, name, template, replicas FROM pools WHERE tenant = ?1 AND name = ?2",
+                params![tenant, name],
+                pool_from_row,
+            )
+            .optional()
+        })
+    }
+
+    pub fn list_pools(&self, tenant: Option<&str>) -> Result<Vec<PoolRow>> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT tenant, name, template, replicas FROM pools \
+                 WHERE ?1 IS NULL OR tenant = ?1 ORDER BY tenant, name",
+            )?;
+            let rows = stmt.query_map(params![tenant], pool_from_row)?;
+            rows.collect()
+        })
+    }
+
+    pub fn delete_pool(&self, tenant: &str, name: &str) -> Result<bool> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM pools WHERE tenant = ?1 AND name = ?2",
+                params![tenant, name],
+            )
+            .map(|n| n > 0)
+        })
+    }
+
+    pub fn insert_snapshot(&self, s: &SnapshotRow) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO snapshots (id, tenant, sandbox_id, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![s.id, s.tenant, s.sandbox_id, s.created_at],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn get_snapshot(&self, tenant: &str, id: &str) -> Result<Option<SnapshotRow>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT id, tenant, sandbox_id, created_at FROM snapshots \
+                 WHERE id = ?1 AND tenant = ?2",
+                params![id, tenant],
+                snapshot_from_row,
+            )
+            .optional()
+        })
+    }
+
+    pub fn list_snapshots(&self, tenant: &str, sandbox_id: &str) -> Result<Vec<SnapshotRow>> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT id, tenant, sandbox_id, created_at FROM snapshots \
+                 WHERE tenant = ?1 AND sandbox_id = ?2 ORDER BY created_at, id",
+            )?;
+            let rows = stmt.query_map(params![tenant, sandbox_id], snapshot_from_row)?;
+            rows.collect()
+        })
+    }
+}
+
+/// What a warm claim writes onto the sandbox it takes.
+pub struct Claim<'a> {
+    pub tenant: &'a str,
+    pub pool: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub shutdown_at: Option<i64>,
+    pub idle_timeout_seconds: Option<u64>,
+    pub now: i64,
+}
+
+fn pool_from_row(r: &Row<'_>) -> rusqlite::Result<PoolRow> {
+    Ok(PoolRow {
+        tenant: r.get(0)?,
+        name: r.get(1)?,
+        template: r.get(2)?,
+        replicas: r.get::<_, i64>(3)? as u32,
+    })
+}
+
+fn snapshot_from_row(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
+    Ok(SnapshotRow {
+        id: r.get(0)?,
+        tenant: r.get(1)?,
+        sandbox_id: r.get(2)?,
+        created_at: r.get(3)?,
+    })
+}
+
+/// Maps "nothing there" to the NOT_FOUND every API answers with.
+pub fn found<T>(v: Option<T>, what: &str, name: &str) -> Result<T> {
+    v.ok_or_else(|| Error::new(Code::NotFound, format!("{what} {name} not found")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, tenant: &str, pool: Option<&str>, claimed: bool) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            tenant: tenant.into(),
+            template: "default".into(),
+            state: SandboxState::Ready,
+            labels: BTreeMap::new(),
+            env: BTreeMap::new(),
+            launch: if pool.is_some() {
+                Launch::Warm
+            } else {
+                Launch::Cold
+            },
+            created_at: 1,
+            shutdown_at: None,
+            idle_timeout_seconds: None,
+            last_activity: 1,
+            pool: pool.map(Into::into),
+            claimed,
+            forked_from: None,
+            runtime: Some(serde_json::json!({"pid": 1})),
+        }
+    }
+
+    #[test]
+    fn tenants_never_see_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("db")).unwrap();
+        s.insert_sandbox(&row("a", "t1", None, true)).unwrap();
+        assert!(s.get_sandbox("t1", "a").unwrap().is_some());
+        assert!(s.get_sandbox("t2", "a").unwrap().is_none());
+        assert_eq!(s.list_sandboxes("t2").unwrap().len(), 0);
+        assert_eq!(
+            s.list_sandboxes("t1").unwrap()[0].runtime,
+            Some(serde_json::json!({"pid": 1}))
+        );
+    }
+
+    #[test]
+    fn a_warm_sandbox_is_claimed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("db")).unwrap();
+        s.insert_sandbox(&row("w1", "t", Some("p"), false)).unwrap();
+        let labels = BTreeMap::from([("k".to_string(), "v".to_string())]);
+        let claim = Claim {
+            tenant: "t",
+            pool: "p",
+            labels: &labels,
+            shutdown_at: Some(99),
+            idle_timeout_seconds: Some(5),
+            now: 10,
+        };
+        let got = s.claim_warm(&claim).unwrap().unwrap();
+        assert_eq!(got.id, "w1");
+        assert!(got.claimed);
+        assert_eq!(got.labels, labels);
+        assert_eq!(got.shutdown_at, Some(99));
+        assert!(s.claim_warm(&claim).unwrap().is_none());
+        assert!(s.pool_members("t", "p").unwrap().is_empty());
+    }
+
+    #[test]
+    fn survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        {
+            let s = Store::open(&path).unwrap();
+            s.insert_sandbox(&row("a", "t", None, true)).unwrap();
+            s.put_template(
+                "t",
+                "py",
+                &Template {
+                    memory_mb: Some(64),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert!(s.get_sandbox("t", "a").unwrap().is_some());
+        assert_eq!(
+            s.get_template("t", "py").unwrap().unwrap().memory_mb,
+            Some(64)
+        );
+    }
+}
