@@ -1,56 +1,241 @@
-//! The embedded local backend (being connected to `crate::local`).
+//! The embedded local backend: sandboxes are namespaced process trees on
+//! this machine, run by [`crate::local::Runtime`], reached over the Unix
+//! sockets of their sandboxd.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use async_trait::async_trait;
+use http::Method;
+use sandhub_api::{error::Code, hub::Network};
 use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
 use super::{Backend, LaunchRequest};
-use crate::store::SandboxRow;
+use crate::{
+    local::{self, Launched, Runtime, RuntimeError, SandboxSpec},
+    store::SandboxRow,
+};
+
+/// The sandboxd route (served only inside local sandboxes) that resets the
+/// workspace overlay from within the sandbox's own namespaces.
+pub const RESET_ROUTE: &str = "/v1/_sandhub/reset";
 
 pub struct LocalBackend {
-    _state_dir: PathBuf,
+    runtime: Arc<Runtime>,
+    sandboxes: PathBuf,
+    snapshots: PathBuf,
+    seeds: PathBuf,
+}
+
+fn runtime_error(e: RuntimeError) -> Error {
+    let code = match &e {
+        RuntimeError::InvalidId(_) => Code::InvalidArgument,
+        RuntimeError::MissingFeature { .. } | RuntimeError::NoCgroupLimits(_) => {
+            Code::FailedPrecondition
+        }
+        _ => Code::Unavailable,
+    };
+    Error::new(code, e.to_string())
+}
+
+fn join_error(e: tokio::task::JoinError) -> Error {
+    Error::internal(format!("runtime task failed: {e}"))
 }
 
 impl LocalBackend {
-    pub fn new(state_dir: &Path, _allow_no_cgroup_limits: bool) -> anyhow::Result<Self> {
-        Ok(LocalBackend {
-            _state_dir: state_dir.to_path_buf(),
+    pub fn new(state_dir: &Path, allow_no_cgroup_limits: bool) -> anyhow::Result<Self> {
+        // Re-executing /proc/self/exe (not the path we were started from)
+        // means a sandbox always runs this very build of sandboxd.
+        let runtime = Runtime::new(
+            "/proc/self/exe",
+            state_dir.join("runtime"),
+            allow_no_cgroup_limits,
+        )?;
+        let backend = LocalBackend {
+            runtime: Arc::new(runtime),
+            sandboxes: state_dir.join("sandboxes"),
+            snapshots: state_dir.join("snapshots"),
+            seeds: state_dir.join("seeds"),
+        };
+        for dir in [&backend.sandboxes, &backend.snapshots, &backend.seeds] {
+            std::fs::create_dir_all(dir)?;
+        }
+        Ok(backend)
+    }
+
+    fn launched(row: &SandboxRow) -> Result<Launched> {
+        let value = row
+            .runtime
+            .clone()
+            .ok_or_else(|| Error::unavailable(format!("sandbox {} is not running", row.id)))?;
+        serde_json::from_value(value)
+            .map_err(|e| Error::internal(format!("stored runtime of {}: {e}", row.id)))
+    }
+
+    fn spec_dir(&self, id: &str) -> PathBuf {
+        self.sandboxes.join(id)
+    }
+
+    /// A private, id-shifted copy of a template's seed directory, made once:
+    /// the template's own directory is never chowned or written.
+    fn seed_layer(&self, tenant: &str, template: &str, seed: &Path) -> Result<PathBuf> {
+        let key = format!(
+            "{:016x}",
+            fnv1a(format!("{tenant}\0{template}\0{}", seed.display()).as_bytes())
+        );
+        let layer = self.seeds.join(&key);
+        if layer.is_dir() {
+            return Ok(layer);
+        }
+        let staging = self.seeds.join(format!("{key}.tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg("--reflink=auto")
+            .arg(seed)
+            .arg(&staging)
+            .status()
+            .map_err(|e| Error::internal(format!("copying seed {}: {e}", seed.display())))?;
+        if !status.success() {
+            return Err(Error::internal(format!(
+                "copying seed {} failed",
+                seed.display()
+            )));
+        }
+        self.runtime
+            .prepare_layer(&staging)
+            .map_err(runtime_error)?;
+        std::fs::rename(&staging, &layer)
+            .or_else(|e| if layer.is_dir() { Ok(()) } else { Err(e) })
+            .map_err(|e| Error::internal(format!("installing seed layer: {e}")))?;
+        Ok(layer)
+    }
+
+    fn spec(&self, request: &LaunchRequest<'_>) -> Result<SandboxSpec> {
+        let (row, t) = (request.row, request.template);
+        let mut lower_layers = Vec::new();
+        if let Some(snapshot) = &request.snapshot_layer {
+            lower_layers.push(snapshot.clone());
+        }
+        if let Some(seed) = &t.seed_dir {
+            lower_layers.push(self.seed_layer(&row.tenant, &row.template, Path::new(seed))?);
+        }
+        let mut env: BTreeMap<String, String> = t.env.clone();
+        env.extend(row.env.clone());
+        Ok(SandboxSpec {
+            id: row.id.clone(),
+            state_dir: self.spec_dir(&row.id),
+            lower_layers,
+            root_fs: t.root_fs.as_ref().map(PathBuf::from),
+            env,
+            cpu: t.cpu,
+            memory_mb: t.memory_mb,
+            pids: t.pids,
+            network_host: t.network == Network::Host,
         })
     }
 }
 
-fn todo() -> Error {
-    Error::unavailable("the local runtime is not connected yet")
+/// FNV-1a, 64-bit: a stable short name for a seed layer.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 #[async_trait]
 impl Backend for LocalBackend {
-    async fn launch(&self, _request: LaunchRequest<'_>) -> Result<serde_json::Value> {
-        Err(todo())
+    async fn launch(&self, request: LaunchRequest<'_>) -> Result<serde_json::Value> {
+        let spec = self.spec(&request)?;
+        let runtime = self.runtime.clone();
+        let launched = tokio::task::spawn_blocking(move || runtime.launch(&spec))
+            .await
+            .map_err(join_error)?
+            .map_err(runtime_error)?;
+        serde_json::to_value(&launched).map_err(|e| Error::internal(e.to_string()))
     }
-    fn connect(&self, _row: &SandboxRow) -> Result<SandboxdClient> {
-        Err(todo())
+
+    fn connect(&self, row: &SandboxRow) -> Result<SandboxdClient> {
+        Ok(SandboxdClient::unix(&Self::launched(row)?.socket_dir))
     }
-    async fn stop(&self, _row: &SandboxRow) -> Result<()> {
-        Err(todo())
+
+    async fn stop(&self, row: &SandboxRow) -> Result<()> {
+        let Ok(launched) = Self::launched(row) else {
+            return Ok(());
+        };
+        let (runtime, id) = (self.runtime.clone(), row.id.clone());
+        tokio::task::spawn_blocking(move || runtime.stop(&id, &launched))
+            .await
+            .map_err(join_error)?
+            .map_err(runtime_error)
     }
-    async fn destroy(&self, _row: &SandboxRow) -> Result<()> {
-        Ok(())
+
+    async fn destroy(&self, row: &SandboxRow) -> Result<()> {
+        let launched = Self::launched(row).ok();
+        let spec = SandboxSpec::new(row.id.clone(), self.spec_dir(&row.id));
+        let runtime = self.runtime.clone();
+        tokio::task::spawn_blocking(move || runtime.remove(&spec, launched.as_ref()))
+            .await
+            .map_err(join_error)?
+            .map_err(runtime_error)
     }
-    async fn reset(&self, _row: &SandboxRow) -> Result<()> {
-        Err(todo())
+
+    async fn reset(&self, row: &SandboxRow) -> Result<()> {
+        let client = self.connect(row)?;
+        let response = client
+            .forward(
+                Method::POST,
+                RESET_ROUTE,
+                http::HeaderMap::new(),
+                http_body_util::Empty::<bytes::Bytes>::new(),
+            )
+            .await?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            use http_body_util::BodyExt;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            Err(
+                match serde_json::from_slice::<sandhub_api::error::ErrorBody>(&body) {
+                    Ok(b) => b.into(),
+                    Err(_) => Error::internal(format!("reset answered {status}")),
+                },
+            )
+        }
     }
-    async fn snapshot(&self, _row: &SandboxRow, _id: &str) -> Result<PathBuf> {
-        Err(todo())
+
+    async fn snapshot(&self, row: &SandboxRow, snapshot_id: &str) -> Result<PathBuf> {
+        let upper = SandboxSpec::new(row.id.clone(), self.spec_dir(&row.id)).upper_dir();
+        let dest = self.snapshots.join(snapshot_id);
+        let d = dest.clone();
+        tokio::task::spawn_blocking(move || local::snapshot(&upper, &d))
+            .await
+            .map_err(join_error)?
+            .map_err(|e| Error::internal(format!("snapshot of {}: {e}", row.id)))?;
+        Ok(dest)
     }
-    fn snapshot_layer(&self, _id: &str) -> Option<PathBuf> {
-        None
+
+    fn snapshot_layer(&self, snapshot_id: &str) -> Option<PathBuf> {
+        let dir = self.snapshots.join(snapshot_id);
+        dir.is_dir().then_some(dir)
     }
-    fn is_alive(&self, _row: &SandboxRow) -> bool {
-        false
+
+    fn is_alive(&self, row: &SandboxRow) -> bool {
+        Self::launched(row).is_ok_and(|l| self.runtime.is_alive(&l))
     }
-    fn busy(&self, _row: &SandboxRow) -> bool {
-        false
+
+    fn busy(&self, row: &SandboxRow) -> bool {
+        // The shim, PID 1 and sandboxd are the sandbox itself; anything
+        // more is a workload.
+        self.runtime.processes(&row.id).is_ok_and(|p| p.len() > 3)
     }
 }

@@ -16,13 +16,14 @@ use axum::{
         IntoResponse, Response,
     },
 };
-use base64::Engine;
 use futures::{Stream, StreamExt};
 use sandhub_api::{
     error::{Code, ErrorBody},
     hub::{ExecRequest, ExecResult, ProcessEventWire, ResizeRequest, SignalRequest},
 };
-use sandhub_client::{ProcessEvent, PtySize, Sandboxes, Signal, StartProcess, StdinInput};
+use sandhub_client::{
+    http::encode_process_event, ProcessEvent, PtySize, Sandboxes, Signal, StartProcess, StdinInput,
+};
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -85,16 +86,6 @@ struct StartBody {
     pty: Option<ResizeRequest>,
 }
 
-fn wire(event: ProcessEvent) -> ProcessEventWire {
-    let b64 = |d: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(d);
-    match event {
-        ProcessEvent::Started { pid } => ProcessEventWire::Started { pid },
-        ProcessEvent::Stdout { data } => ProcessEventWire::Stdout { data: b64(data) },
-        ProcessEvent::Stderr { data } => ProcessEventWire::Stderr { data: b64(data) },
-        ProcessEvent::Exited { exit_code } => ProcessEventWire::Exited { exit_code },
-    }
-}
-
 /// Start a process and stream its events as NDJSON: `started` (with the
 /// pid the calls below take), base64 `stdout`/`stderr` chunks, `exited`.
 /// Closing the response kills the process.
@@ -123,7 +114,7 @@ async fn start_process(
     let events = api.start(&id, request).await?;
     let lines = events.map(|ev| {
         let line = match ev {
-            Ok(ev) => serde_json::to_vec(&wire(ev)),
+            Ok(ev) => serde_json::to_vec(&encode_process_event(&ev)),
             // A broken stream ends with an error line the client can read.
             Err(e) => serde_json::to_vec(&e.body()),
         };
