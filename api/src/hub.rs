@@ -197,12 +197,48 @@ pub struct Template {
     pub network: Network,
 }
 
+/// A template and its name. Its OpenAPI schema is written by hand below:
+/// the derived one would be `allOf: [Template, {name}]`, and Template's
+/// `additionalProperties: false` (from `deny_unknown_fields`) rejects `name`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NamedTemplate {
     pub name: String,
     #[serde(flatten)]
     pub template: Template,
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for NamedTemplate {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::{
+            schema::{Object, Schema, Type},
+            RefOr,
+        };
+        // Template's own object with `name` added: one object, so its
+        // `additionalProperties: false` still holds for everything else.
+        let mut object = match <Template as utoipa::PartialSchema>::schema() {
+            RefOr::T(Schema::Object(o)) => o,
+            _ => Object::new(),
+        };
+        object
+            .properties
+            .insert("name".into(), Object::with_type(Type::String).into());
+        object.required.insert(0, "name".into());
+        object.description = Some("A template and its name.".into());
+        RefOr::T(Schema::Object(object))
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for NamedTemplate {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        <Template as utoipa::ToSchema>::schemas(schemas);
+    }
 }
 
 /// `PUT /v1/pools/{name}`.

@@ -2,6 +2,7 @@
 //! JSON bodies, error code words and well-known names. Data only, no I/O.
 
 pub mod error;
+pub mod gym;
 pub mod hub;
 pub mod legacy;
 pub mod proto;

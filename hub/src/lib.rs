@@ -2,6 +2,8 @@
 //! embedded local backend or on Kubernetes.
 
 pub mod backend;
+pub mod cli;
+pub mod gym;
 pub mod local;
 pub mod rest;
 pub mod serve;

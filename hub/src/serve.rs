@@ -72,6 +72,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         AppState {
             hub,
             metrics: Arc::default(),
+            gym: Arc::default(),
         },
         keys,
     );

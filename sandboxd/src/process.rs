@@ -466,11 +466,29 @@ async fn drive(
         let mut work = pin!(async {
             match output {
                 Output::Pipes(stdout, stderr) => {
-                    let (_, _, status) = tokio::join!(
-                        pump(stdout, &tx, false, chunk),
-                        pump(stderr, &tx, true, chunk),
-                        child.wait()
-                    );
+                    let mut pumps = pin!(async {
+                        tokio::join!(
+                            pump(stdout, &tx, false, chunk),
+                            pump(stderr, &tx, true, chunk)
+                        )
+                    });
+                    let mut pumped = false;
+                    let status = loop {
+                        tokio::select! {
+                            s = child.wait() => break s,
+                            _ = &mut pumps, if !pumped => pumped = true,
+                        }
+                    };
+                    // A background descendant (`server &`) may hold the pipes
+                    // for hours; like Execute, the exit is reported after at
+                    // most EXECUTE_WAIT_DELAY of lingering output.
+                    if !pumped
+                        && tokio::time::timeout(EXECUTE_WAIT_DELAY, &mut pumps)
+                            .await
+                            .is_err()
+                    {
+                        tracing::debug!(pid, "output still open after exit; reporting the exit");
+                    }
                     status
                 }
                 Output::Pty(master) => pump_pty(&master, &mut child, &tx, chunk).await,

@@ -2,7 +2,7 @@
 //! code word implies.
 
 use axum::{
-    extract::rejection::JsonRejection,
+    extract::rejection::{JsonRejection, PathRejection, QueryRejection},
     http::StatusCode,
     response::{IntoResponse, Response},
     Json,
@@ -74,3 +74,31 @@ impl<T: serde::Serialize> IntoResponse for ApiJson<T> {
         Json(self.0).into_response()
     }
 }
+
+impl From<PathRejection> for ApiError {
+    fn from(r: PathRejection) -> Self {
+        let code = if r.status().is_server_error() {
+            Code::Internal
+        } else {
+            Code::InvalidArgument
+        };
+        ApiError::new(code, r.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        ApiError::new(Code::InvalidArgument, r.body_text())
+    }
+}
+
+/// `axum::extract::Path` whose rejections (a pid that is not a number)
+/// are JSON `{code, message}` too.
+#[derive(Debug, Clone, axum::extract::FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
+
+/// `axum::extract::Query` whose rejections are JSON `{code, message}` too.
+#[derive(Debug, Clone, axum::extract::FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct ApiQuery<T>(pub T);

@@ -6,7 +6,7 @@
 
 use axum::{
     body::Body,
-    extract::{Path, Request},
+    extract::Request,
     http::{header, HeaderMap, HeaderName},
     response::Response,
     routing::get,
@@ -16,7 +16,7 @@ use serde::Deserialize;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use super::{Api, ApiResult, AppState};
+use super::{error::ApiPath, Api, ApiResult, AppState};
 
 /// Request headers sandboxd acts on; everything else (notably the hub's
 /// own `Authorization`) stays here.
@@ -88,14 +88,18 @@ fn raw_rest<'a>(full: &'a str, id: &str) -> &'a str {
     params(("id" = String, Path), ("path" = String, Path, description = "Path in the workspace"),
            ("type" = Option<String>, Query, description = "`file` or `directory`: 409 if the path is the other kind")),
     responses(
-        (status = 200, description = "File bytes (application/octet-stream) or a listing", body = DirectoryListing),
-        (status = 206, description = "Partial content"),
+        (status = 200, description = "A file's bytes, or a directory's listing",
+         content((String = "application/octet-stream"), (DirectoryListing = "application/json"))),
+        (status = 206, description = "Partial content", body = String, content_type = "application/octet-stream"),
         (status = 304, description = "Not modified"),
+        (status = 400, body = ErrorBody, description = "Bad query (`type`)"),
         (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
+        (status = 416, body = ErrorBody, description = "Range not satisfiable"),
     ))]
 async fn get_file(
     Api(api): Api,
-    Path(FilePath { id }): Path<FilePath>,
+    ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
     forward(&api, &id, request).await
@@ -104,10 +108,11 @@ async fn get_file(
 /// Headers of a file or directory, no body.
 #[utoipa::path(head, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path)),
-    responses((status = 200), (status = 404), (status = 403)))]
+    responses((status = 200), (status = 400), (status = 403), (status = 404), (status = 409),
+              (status = 412, description = "The sandbox is not Ready")))]
 async fn head_file(
     Api(api): Api,
-    Path(FilePath { id }): Path<FilePath>,
+    ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
     forward(&api, &id, request).await
@@ -121,10 +126,12 @@ async fn head_file(
            ("append" = Option<bool>, Query)),
     request_body(content = String, content_type = "application/octet-stream"),
     responses((status = 204), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
               (status = 413, body = ErrorBody), (status = 507, body = ErrorBody)))]
 async fn put_file(
     Api(api): Api,
-    Path(FilePath { id }): Path<FilePath>,
+    ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
     forward(&api, &id, request).await
@@ -133,11 +140,12 @@ async fn put_file(
 /// Delete a file, or a directory with `recursive=true`.
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path), ("recursive" = Option<bool>, Query)),
-    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-              (status = 403, body = ErrorBody)))]
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 412, body = ErrorBody, description = "The sandbox is not Ready")))]
 async fn delete_file(
     Api(api): Api,
-    Path(FilePath { id }): Path<FilePath>,
+    ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
     forward(&api, &id, request).await

@@ -33,6 +33,7 @@ pub const MAX_JSON_BODY: usize = 1 << 20;
 pub struct AppState {
     pub hub: Arc<Hub>,
     pub metrics: Arc<service::Metrics>,
+    pub gym: Arc<crate::gym::Gym>,
 }
 
 /// The hub as the request's tenant sees it.
@@ -65,6 +66,7 @@ impl FromRequestParts<AppState> for Api {
         (name = "lifecycle", description = "Suspend, resume, snapshot, reset, fork"),
         (name = "templates", description = "What a sandbox is"),
         (name = "pools", description = "Warm sandboxes, claimed in milliseconds"),
+        (name = "gym", description = "Gym-style environments for RL trainers"),
         (name = "service", description = "Health, readiness, metrics")
     )
 )]
@@ -87,14 +89,69 @@ impl utoipa::Modify for BearerAuth {
 
 /// Every route, and the OpenAPI document built from their annotations.
 pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(sandboxes::routes())
         .merge(processes::routes())
         .merge(files::routes())
         .merge(templates::routes())
         .merge(pools::routes())
         .merge(service::routes())
-        .split_for_parts()
+        .merge(crate::gym::routes())
+        .split_for_parts();
+    complete_responses(&mut openapi);
+    (router, openapi)
+}
+
+/// What the route annotations leave implicit: every response gets a
+/// description (OpenAPI requires one), and every operation behind the
+/// bearer key documents its 401.
+fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{
+        path::Operation,
+        response::{Response, ResponseBuilder},
+        ContentBuilder, Ref, RefOr,
+    };
+    let unauthenticated: RefOr<Response> = ResponseBuilder::new()
+        .description("No valid API key (only when the hub has an API keys file)")
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build()
+        .into();
+    for item in openapi.paths.paths.values_mut() {
+        let ops: [&mut Option<Operation>; 5] = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.head,
+        ];
+        for op in ops.into_iter().flatten() {
+            // `security(())` marks the open routes; the rest inherit `bearer`.
+            if op.security.is_none() {
+                op.responses
+                    .responses
+                    .entry("401".to_string())
+                    .or_insert_with(|| unauthenticated.clone());
+            }
+            for (status, response) in op.responses.responses.iter_mut() {
+                if let RefOr::T(r) = response {
+                    if r.description.is_empty() {
+                        r.description = status
+                            .parse::<u16>()
+                            .ok()
+                            .and_then(|s| axum::http::StatusCode::from_u16(s).ok())
+                            .and_then(|s| s.canonical_reason())
+                            .unwrap_or("Response")
+                            .to_string();
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The whole HTTP app: routes, OpenAPI, auth, limits and metrics.

@@ -1,6 +1,6 @@
 //! Warm pools.
 
-use axum::{extract::Path, http::StatusCode};
+use axum::http::StatusCode;
 use sandhub_api::{
     error::ErrorBody,
     hub::{Pool, PoolList, PoolSpec},
@@ -8,7 +8,7 @@ use sandhub_api::{
 use sandhub_client::Sandboxes;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{Api, ApiJson, ApiResult, AppState};
+use super::{error::ApiPath, Api, ApiJson, ApiResult, AppState};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -31,7 +31,7 @@ async fn list_pools(Api(api): Api) -> ApiResult<ApiJson<PoolList>> {
     responses((status = 200, body = Pool), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn put_pool(
     Api(api): Api,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(spec): ApiJson<PoolSpec>,
 ) -> ApiResult<ApiJson<Pool>> {
     Ok(ApiJson(api.put_pool(&name, spec).await?))
@@ -41,7 +41,7 @@ async fn put_pool(
 #[utoipa::path(get, path = "/v1/pools/{name}", tag = "pools",
     params(("name" = String, Path, description = "Pool name")),
     responses((status = 200, body = Pool), (status = 404, body = ErrorBody)))]
-async fn get_pool(Api(api): Api, Path(name): Path<String>) -> ApiResult<ApiJson<Pool>> {
+async fn get_pool(Api(api): Api, ApiPath(name): ApiPath<String>) -> ApiResult<ApiJson<Pool>> {
     Ok(ApiJson(api.get_pool(&name).await?))
 }
 
@@ -49,7 +49,7 @@ async fn get_pool(Api(api): Api, Path(name): Path<String>) -> ApiResult<ApiJson<
 #[utoipa::path(delete, path = "/v1/pools/{name}", tag = "pools",
     params(("name" = String, Path, description = "Pool name")),
     responses((status = 204), (status = 404, body = ErrorBody)))]
-async fn delete_pool(Api(api): Api, Path(name): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_pool(Api(api): Api, ApiPath(name): ApiPath<String>) -> ApiResult<StatusCode> {
     api.delete_pool(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -6,10 +6,7 @@ use std::{convert::Infallible, time::Duration};
 
 use axum::{
     body::{Body, Bytes},
-    extract::{
-        ws::{Message, WebSocket, WebSocketUpgrade},
-        Path, Query,
-    },
+    extract::ws::{rejection::WebSocketUpgradeRejection, Message, WebSocket, WebSocketUpgrade},
     http::{header, StatusCode},
     response::{
         sse::{Event, KeepAlive, Sse},
@@ -27,7 +24,10 @@ use sandhub_client::{
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{Api, ApiError, ApiJson, ApiResult, AppState};
+use super::{
+    error::{ApiPath, ApiQuery},
+    Api, ApiError, ApiJson, ApiResult, AppState,
+};
 
 /// Stdin chunks and exec stdin are capped like other JSON bodies.
 const MAX_STDIN_CHUNK: usize = super::MAX_JSON_BODY;
@@ -55,7 +55,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     ))]
 async fn exec(
     Api(api): Api,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> ApiResult<ApiJson<ExecResult>> {
     if let Some(t) = req.timeout_seconds {
@@ -96,10 +96,12 @@ struct StartBody {
          description = "One event per line"),
         (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
+        (status = 413, body = ErrorBody),
     ))]
 async fn start_process(
     Api(api): Api,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<StartBody>,
 ) -> ApiResult<Response> {
     let request = StartProcess {
@@ -130,6 +132,8 @@ async fn start_process(
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+// Stated: `ApiQuery` hides the `Query` utoipa would infer it from.
+#[into_params(parameter_in = Query)]
 struct StdinQuery {
     /// Close stdin after this write (on a terminal: send EOF).
     #[serde(default)]
@@ -140,11 +144,12 @@ struct StdinQuery {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes",
     params(("id" = String, Path), ("pid" = i32, Path), StdinQuery),
     request_body(content = String, content_type = "application/octet-stream"),
-    responses((status = 204), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 412, body = ErrorBody), (status = 413, body = ErrorBody)))]
 async fn write_stdin(
     Api(api): Api,
-    Path((id, pid)): Path<(String, i32)>,
-    Query(q): Query<StdinQuery>,
+    ApiPath((id, pid)): ApiPath<(String, i32)>,
+    ApiQuery(q): ApiQuery<StdinQuery>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     if body.len() > MAX_STDIN_CHUNK {
@@ -177,10 +182,11 @@ fn parse_signal(s: &str) -> ApiResult<Signal> {
 /// Signal a started process's whole process group.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes",
     params(("id" = String, Path), ("pid" = i32, Path)), request_body = SignalRequest,
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 412, body = ErrorBody), (status = 413, body = ErrorBody)))]
 async fn send_signal(
     Api(api): Api,
-    Path((id, pid)): Path<(String, i32)>,
+    ApiPath((id, pid)): ApiPath<(String, i32)>,
     ApiJson(req): ApiJson<SignalRequest>,
 ) -> ApiResult<StatusCode> {
     api.signal(&id, pid, parse_signal(&req.signal)?).await?;
@@ -190,10 +196,11 @@ async fn send_signal(
 /// Resize a started process's terminal.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/resize", tag = "processes",
     params(("id" = String, Path), ("pid" = i32, Path)), request_body = ResizeRequest,
-    responses((status = 204), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 412, body = ErrorBody), (status = 413, body = ErrorBody)))]
 async fn resize(
     Api(api): Api,
-    Path((id, pid)): Path<(String, i32)>,
+    ApiPath((id, pid)): ApiPath<(String, i32)>,
     ApiJson(req): ApiJson<ResizeRequest>,
 ) -> ApiResult<StatusCode> {
     api.resize(
@@ -209,6 +216,8 @@ async fn resize(
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+// Stated: `ApiQuery` hides the `Query` utoipa would infer it from.
+#[into_params(parameter_in = Query)]
 struct WatchQuery {
     /// Directory inside the workspace (default: the workspace).
     #[serde(default)]
@@ -222,11 +231,12 @@ struct WatchQuery {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/watch", tag = "files",
     params(("id" = String, Path), WatchQuery),
     responses((status = 200, content_type = "text/event-stream", body = String),
-              (status = 404, body = ErrorBody), (status = 403, body = ErrorBody)))]
+              (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
 async fn watch(
     Api(api): Api,
-    Path(id): Path<String>,
-    Query(q): Query<WatchQuery>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<WatchQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let events = api.watch(&id, &q.path, q.recursive).await?;
     let stream = events.map(|batch| {
@@ -244,6 +254,8 @@ async fn watch(
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+// Stated: `ApiQuery` hides the `Query` utoipa would infer it from.
+#[into_params(parameter_in = Query)]
 struct PtyQuery {
     /// Program to run (default `/bin/sh`); argv is split on spaces.
     #[serde(default)]
@@ -267,13 +279,21 @@ fn default_rows() -> u16 {
 /// ends with a text frame `{"exit_code":N}` and closes.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "processes",
     params(("id" = String, Path), PtyQuery),
-    responses((status = 101, description = "WebSocket upgrade"), (status = 404, body = ErrorBody)))]
+    responses((status = 101, description = "WebSocket upgrade"),
+              (status = 400, body = ErrorBody, description = "Not a WebSocket upgrade request"),
+              (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
 async fn pty(
     Api(api): Api,
-    Path(id): Path<String>,
-    Query(q): Query<PtyQuery>,
-    ws: WebSocketUpgrade,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<PtyQuery>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
+    // Checked before anything starts in the sandbox, and answered as JSON.
+    let ws = ws.map_err(|r| {
+        let mut e = ApiError::new(Code::InvalidArgument, r.body_text());
+        e.status = Some(r.status());
+        e
+    })?;
     let command: Vec<String> = q
         .command
         .as_deref()

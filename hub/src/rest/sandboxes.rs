@@ -2,10 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::{
-    extract::{Path, Query},
-    http::StatusCode,
-};
+use axum::http::StatusCode;
 use sandhub_api::{
     error::{Code, ErrorBody},
     hub::{CreateSandbox, ForkRequest, Sandbox, SandboxList, Snapshot, SnapshotList},
@@ -14,7 +11,10 @@ use sandhub_client::Sandboxes;
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{Api, ApiError, ApiJson, ApiResult, AppState};
+use super::{
+    error::{ApiPath, ApiQuery},
+    Api, ApiError, ApiJson, ApiResult, AppState,
+};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -28,6 +28,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+// Stated: `ApiQuery` hides the `Query` utoipa would infer it from.
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Comma-separated `key=value` pairs; a sandbox must carry all of them.
     labels: Option<String>,
@@ -69,7 +71,7 @@ async fn create_sandbox(
     responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody)))]
 async fn list_sandboxes(
     Api(api): Api,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<ApiJson<SandboxList>> {
     let selector = parse_selector(q.labels.as_deref().unwrap_or(""))?;
     Ok(ApiJson(SandboxList {
@@ -81,7 +83,7 @@ async fn list_sandboxes(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody)))]
-async fn get_sandbox(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandbox>> {
+async fn get_sandbox(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson<Sandbox>> {
     Ok(ApiJson(api.get(&id).await?))
 }
 
@@ -89,7 +91,7 @@ async fn get_sandbox(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 204), (status = 404, body = ErrorBody)))]
-async fn delete_sandbox(Api(api): Api, Path(id): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_sandbox(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<StatusCode> {
     api.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -98,7 +100,7 @@ async fn delete_sandbox(Api(api): Api, Path(id): Path<String>) -> ApiResult<Stat
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/suspend", tag = "lifecycle",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
-async fn suspend(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandbox>> {
+async fn suspend(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson<Sandbox>> {
     Ok(ApiJson(api.suspend(&id).await?))
 }
 
@@ -106,7 +108,7 @@ async fn suspend(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<San
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "lifecycle",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
-async fn resume(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandbox>> {
+async fn resume(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson<Sandbox>> {
     Ok(ApiJson(api.resume(&id).await?))
 }
 
@@ -116,7 +118,7 @@ async fn resume(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sand
     responses((status = 201, body = Snapshot), (status = 404, body = ErrorBody)))]
 async fn take_snapshot(
     Api(api): Api,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<(StatusCode, ApiJson<Snapshot>)> {
     Ok((StatusCode::CREATED, ApiJson(api.snapshot(&id).await?)))
 }
@@ -125,7 +127,10 @@ async fn take_snapshot(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/snapshots", tag = "lifecycle",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = SnapshotList), (status = 404, body = ErrorBody)))]
-async fn list_snapshots(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<SnapshotList>> {
+async fn list_snapshots(
+    Api(api): Api,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<ApiJson<SnapshotList>> {
     api.get(&id).await?;
     let snapshots = api
         .hub()
@@ -145,7 +150,7 @@ async fn list_snapshots(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJ
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/reset", tag = "lifecycle",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
-async fn reset(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandbox>> {
+async fn reset(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson<Sandbox>> {
     Ok(ApiJson(api.reset(&id).await?))
 }
 
@@ -156,7 +161,7 @@ async fn reset(Api(api): Api, Path(id): Path<String>) -> ApiResult<ApiJson<Sandb
     responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn fork(
     Api(api): Api,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, ApiJson<Sandbox>)> {
     // The body is optional: an empty one forks a fresh snapshot.

@@ -1,6 +1,6 @@
 //! Templates: what a sandbox is.
 
-use axum::{extract::Path, http::StatusCode};
+use axum::http::StatusCode;
 use sandhub_api::{
     error::ErrorBody,
     hub::{NamedTemplate, Template, TemplateList},
@@ -8,7 +8,7 @@ use sandhub_api::{
 use sandhub_client::Sandboxes;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{Api, ApiJson, ApiResult, AppState};
+use super::{error::ApiPath, Api, ApiJson, ApiResult, AppState};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -31,7 +31,7 @@ async fn list_templates(Api(api): Api) -> ApiResult<ApiJson<TemplateList>> {
     responses((status = 200, body = NamedTemplate), (status = 400, body = ErrorBody)))]
 async fn put_template(
     Api(api): Api,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(t): ApiJson<Template>,
 ) -> ApiResult<ApiJson<NamedTemplate>> {
     Ok(ApiJson(api.put_template(&name, t).await?))
@@ -43,7 +43,7 @@ async fn put_template(
     responses((status = 200, body = NamedTemplate), (status = 404, body = ErrorBody)))]
 async fn get_template(
     Api(api): Api,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<ApiJson<NamedTemplate>> {
     Ok(ApiJson(api.get_template(&name).await?))
 }
@@ -52,7 +52,7 @@ async fn get_template(
 #[utoipa::path(delete, path = "/v1/templates/{name}", tag = "templates",
     params(("name" = String, Path, description = "Template name")),
     responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn delete_template(Api(api): Api, Path(name): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_template(Api(api): Api, ApiPath(name): ApiPath<String>) -> ApiResult<StatusCode> {
     api.delete_template(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

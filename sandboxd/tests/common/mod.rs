@@ -25,6 +25,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Waits until `port` accepts, or the daemon exits, or 10 s pass.
+fn listening(child: &mut Child, port: u16) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sandboxd"))
 }
@@ -37,43 +49,38 @@ impl Daemon {
     }
 
     pub fn start_in(root: tempfile::TempDir, extra: &[&str]) -> Daemon {
-        let (rest_port, grpc_port, legacy_port) = (free_port(), free_port(), free_port());
-        let child = Command::new(binary())
-            .args(["--listen-host", "127.0.0.1"])
-            .args(["--rest-port", &rest_port.to_string()])
-            .args(["--grpc-port", &grpc_port.to_string()])
-            .args(["--legacy-port", &legacy_port.to_string()])
-            .arg("--root-dir")
-            .arg(root.path())
-            .args(extra)
-            .env(
-                "RUST_LOG",
-                std::env::var("SANDBOXD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawning sandboxd");
-        let d = Daemon {
-            child,
-            root,
-            rest_port,
-            grpc_port,
-            legacy_port,
-        };
-        d.wait_listening(rest_port);
-        d.wait_listening(grpc_port);
-        d
-    }
-
-    fn wait_listening(&self, port: u16) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "sandboxd did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
+        // A port found free can be taken by a parallel test before the
+        // daemon binds it; such a start fails fast and is retried.
+        for _ in 0..5 {
+            let (rest_port, grpc_port, legacy_port) = (free_port(), free_port(), free_port());
+            let mut child = Command::new(binary())
+                .args(["--listen-host", "127.0.0.1"])
+                .args(["--rest-port", &rest_port.to_string()])
+                .args(["--grpc-port", &grpc_port.to_string()])
+                .args(["--legacy-port", &legacy_port.to_string()])
+                .arg("--root-dir")
+                .arg(root.path())
+                .args(extra)
+                .env(
+                    "RUST_LOG",
+                    std::env::var("SANDBOXD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+                )
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawning sandboxd");
+            if listening(&mut child, rest_port) && listening(&mut child, grpc_port) {
+                return Daemon {
+                    child,
+                    root,
+                    rest_port,
+                    grpc_port,
+                    legacy_port,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
         }
+        panic!("sandboxd did not start listening after 5 attempts");
     }
 
     pub fn rest(&self, path: &str) -> String {

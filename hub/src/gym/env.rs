@@ -1,0 +1,317 @@
+//! One environment: a sandbox, a task, and the episode bookkeeping.
+
+use std::{collections::BTreeMap, time::Instant};
+
+use sandhub_api::{
+    error::Code,
+    gym::{
+        CreateEnv, Info, ResetResult, StepResult, DEFAULT_ACTION_MAX_LENGTH,
+        DEFAULT_OBSERVATION_MAX_BYTES, DEFAULT_STEP_TIMEOUT_SECONDS,
+    },
+    hub::{Command, CreateSandbox, ExecRequest},
+};
+use sandhub_client::{write_bytes, Error, Result, Sandboxes, WriteOptions};
+
+use super::matcher::{compile, Compiled, StepOutput};
+use crate::service::TenantHub;
+
+pub struct Env {
+    pub tenant: String,
+    spec: CreateEnv,
+    reward: Vec<Compiled>,
+    termination: Vec<Compiled>,
+    sandbox: Option<String>,
+    /// The sandbox failed mid-episode: the next reset starts a new one.
+    broken: bool,
+    step: u32,
+    episode: u32,
+    seed: Option<u64>,
+    done: bool,
+}
+
+/// Cuts to at most `max` bytes on a character boundary.
+fn cap(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// Errors that mean the sandbox itself is gone or broken, as opposed to a
+/// command that failed inside a healthy one.
+fn sandbox_failed(e: &Error) -> bool {
+    matches!(
+        e.code,
+        Code::Unavailable | Code::Internal | Code::NotFound | Code::FailedPrecondition
+    )
+}
+
+impl Env {
+    pub fn new(tenant: String, spec: CreateEnv) -> Result<Self> {
+        if let Some(t) = spec.step_timeout_seconds {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(Error::invalid("step_timeout_seconds must be positive"));
+            }
+        }
+        if spec.observation_max_bytes == Some(0) {
+            return Err(Error::invalid("observation_max_bytes must be at least 1"));
+        }
+        let reward = spec
+            .reward
+            .iter()
+            .cloned()
+            .map(compile)
+            .collect::<Result<_>>()?;
+        let termination = spec
+            .termination
+            .iter()
+            .cloned()
+            .map(compile)
+            .collect::<Result<_>>()?;
+        Ok(Env {
+            tenant,
+            spec,
+            reward,
+            termination,
+            sandbox: None,
+            broken: false,
+            step: 0,
+            episode: 0,
+            seed: None,
+            done: false,
+        })
+    }
+
+    pub fn observation_max(&self) -> usize {
+        self.spec
+            .observation_max_bytes
+            .unwrap_or(DEFAULT_OBSERVATION_MAX_BYTES)
+    }
+
+    fn env_vars(&self) -> BTreeMap<String, String> {
+        let mut env = self
+            .spec
+            .task
+            .as_ref()
+            .map(|t| t.env.clone())
+            .unwrap_or_default();
+        if let Some(seed) = self.seed {
+            env.insert("SANDHUB_SEED".into(), seed.to_string());
+        }
+        env
+    }
+
+    fn info(&self, sandbox: &str) -> Info {
+        Info {
+            step: self.step,
+            episode: self.episode,
+            sandbox_id: sandbox.to_string(),
+            ..Info::default()
+        }
+    }
+
+    /// A sandbox for a new episode: the old one reset (milliseconds), or a
+    /// new one when asked for, or when the old one failed.
+    async fn episode_sandbox(&mut self, api: &TenantHub) -> Result<String> {
+        if let Some(id) = self.sandbox.clone() {
+            if !self.spec.fresh_sandbox && !self.broken {
+                match api.reset(&id).await {
+                    Ok(_) => return Ok(id),
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, error = %e, "reset failed; starting a new sandbox")
+                    }
+                }
+            }
+            let _ = api.delete(&id).await;
+            self.sandbox = None;
+        }
+        let created = api
+            .create(CreateSandbox {
+                template: self.spec.template.clone(),
+                pool: self.spec.pool.clone(),
+                ..CreateSandbox::default()
+            })
+            .await?;
+        self.sandbox = Some(created.id.clone());
+        self.broken = false;
+        Ok(created.id)
+    }
+
+    /// Acquires the first sandbox, so that a bad template fails env creation.
+    pub async fn prepare(&mut self, api: &TenantHub) -> Result<()> {
+        self.episode_sandbox(api).await.map(|_| ())
+    }
+
+    pub async fn reset(&mut self, api: &TenantHub, seed: Option<u64>) -> Result<ResetResult> {
+        self.seed = seed;
+        let started = Instant::now();
+        let id = self.episode_sandbox(api).await?;
+        self.step = 0;
+        self.episode += 1;
+        self.done = false;
+        let task = self.spec.task.clone().unwrap_or_default();
+        for (path, content) in &task.files {
+            write_bytes(
+                api,
+                &id,
+                path,
+                content.clone().into_bytes(),
+                WriteOptions::default(),
+            )
+            .await
+            .map_err(|e| Error::new(e.code, format!("writing task file {path}: {}", e.message)))?;
+        }
+        let mut output = String::new();
+        for command in &task.setup {
+            let result = api
+                .exec(
+                    &id,
+                    self.exec_request(command.clone(), DEFAULT_STEP_TIMEOUT_SECONDS * 5.0),
+                )
+                .await?;
+            output.push_str(&result.stdout);
+            output.push_str(&result.stderr);
+            if result.exit_code != 0 || result.timed_out {
+                return Err(Error::new(
+                    Code::FailedPrecondition,
+                    format!(
+                        "task setup command {command:?} exited {}{}: {}",
+                        result.exit_code,
+                        if result.timed_out { " (timed out)" } else { "" },
+                        cap(result.stderr, 2048)
+                    ),
+                ));
+            }
+        }
+        let observation = cap(task.prompt.unwrap_or(output), self.observation_max());
+        let mut info = self.info(&id);
+        info.elapsed_ms = started.elapsed().as_millis() as u64;
+        Ok(ResetResult { observation, info })
+    }
+
+    fn exec_request(&self, command: String, timeout: f64) -> ExecRequest {
+        ExecRequest {
+            command: Command::Shell(command),
+            env: self.env_vars(),
+            cwd: String::new(),
+            timeout_seconds: Some(timeout),
+            stdin: String::new(),
+        }
+    }
+
+    pub async fn step(&mut self, api: &TenantHub, action: String) -> Result<StepResult> {
+        let Some(id) = self.sandbox.clone().filter(|_| self.episode > 0) else {
+            return Err(Error::new(
+                Code::FailedPrecondition,
+                "call reset before step",
+            ));
+        };
+        if self.done {
+            return Err(Error::new(
+                Code::FailedPrecondition,
+                "the episode has ended (terminated or truncated); call reset",
+            ));
+        }
+        if action.len() > DEFAULT_ACTION_MAX_LENGTH {
+            return Err(Error::invalid(format!(
+                "action is longer than {DEFAULT_ACTION_MAX_LENGTH} bytes"
+            )));
+        }
+        let started = Instant::now();
+        let timeout = self
+            .spec
+            .step_timeout_seconds
+            .unwrap_or(DEFAULT_STEP_TIMEOUT_SECONDS);
+        let result = match api.exec(&id, self.exec_request(action, timeout)).await {
+            Ok(r) => r,
+            Err(e) if sandbox_failed(&e) => return Ok(self.failed(&id, e, started)),
+            Err(e) => return Err(e),
+        };
+        self.step += 1;
+        let env = self.env_vars();
+        let out = StepOutput {
+            exit_code: Some(result.exit_code),
+            stdout: &result.stdout,
+            stderr: &result.stderr,
+        };
+        let mut terminated = false;
+        for m in &self.termination {
+            match m.holds(api, &id, &env, &out).await {
+                Ok(true) => {
+                    terminated = true;
+                    break;
+                }
+                Ok(false) => {}
+                Err(e) if sandbox_failed(&e) => return Ok(self.failed(&id, e, started)),
+                Err(e) => return Err(e),
+            }
+        }
+        let truncated = !terminated
+            && self
+                .spec
+                .max_episode_steps
+                .is_some_and(|max| self.step >= max);
+        let ending = terminated || truncated;
+        let mut terms = Vec::with_capacity(self.reward.len());
+        for m in &self.reward {
+            let term = if m.only_at_end() && !ending {
+                0.0
+            } else {
+                match m.holds(api, &id, &env, &out).await {
+                    Ok(true) => m.weight(),
+                    Ok(false) => 0.0,
+                    Err(e) if sandbox_failed(&e) => return Ok(self.failed(&id, e, started)),
+                    Err(e) => return Err(e),
+                }
+            };
+            terms.push(term);
+        }
+        self.done = ending;
+        let observation = cap(
+            format!("{}{}", result.stdout, result.stderr),
+            self.observation_max(),
+        );
+        let mut info = self.info(&id);
+        info.exit_code = Some(result.exit_code);
+        info.stdout = cap(result.stdout, self.observation_max());
+        info.stderr = cap(result.stderr, self.observation_max());
+        info.elapsed_ms = started.elapsed().as_millis() as u64;
+        info.reward_terms = terms.clone();
+        Ok(StepResult {
+            observation,
+            reward: terms.iter().sum(),
+            terminated,
+            truncated,
+            info,
+        })
+    }
+
+    /// The sandbox failed under the episode: report it, end the episode,
+    /// and make the next reset start from a fresh sandbox.
+    fn failed(&mut self, id: &str, e: Error, started: Instant) -> StepResult {
+        tracing::warn!(sandbox = %id, error = %e, "sandbox failed mid-episode");
+        self.broken = true;
+        self.done = true;
+        let mut info = self.info(id);
+        info.env_error = Some(e.to_string());
+        info.elapsed_ms = started.elapsed().as_millis() as u64;
+        StepResult {
+            observation: String::new(),
+            reward: 0.0,
+            terminated: false,
+            truncated: true,
+            info,
+        }
+    }
+
+    /// Frees the sandbox.
+    pub async fn close(&mut self, api: &TenantHub) {
+        if let Some(id) = self.sandbox.take() {
+            let _ = api.delete(&id).await;
+        }
+    }
+}
