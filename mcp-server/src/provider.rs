@@ -1,0 +1,33 @@
+//! Where a tool call's [`Sandboxes`] come from.
+//!
+//! The tool set never decides whose sandboxes it acts on: inside the hub
+//! that is the tenant the request authenticated as (known only from the
+//! HTTP request), for the stdio binary it is one fixed client. A provider
+//! answers that question per call.
+
+use std::sync::Arc;
+
+use sandhub_client::Sandboxes;
+
+/// Yields the [`Sandboxes`] a tool call acts on.
+///
+/// `parts` is the HTTP request that carried the call (its extensions hold
+/// whatever the hub's middleware put there, e.g. the tenant); `None` on
+/// stdio. An error is shown to the model as a failed tool call, so its
+/// message should say what the user must fix (e.g. a missing API key).
+pub trait SandboxesProvider: Send + Sync + 'static {
+    fn sandboxes(
+        &self,
+        parts: Option<&http::request::Parts>,
+    ) -> Result<Arc<dyn Sandboxes>, sandhub_client::Error>;
+}
+
+/// One fixed client for every call (stdio against a hub URL, tests).
+impl SandboxesProvider for Arc<dyn Sandboxes> {
+    fn sandboxes(
+        &self,
+        _parts: Option<&http::request::Parts>,
+    ) -> Result<Arc<dyn Sandboxes>, sandhub_client::Error> {
+        Ok(self.clone())
+    }
+}
