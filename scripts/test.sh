@@ -66,6 +66,8 @@ step="locate-sandboxd"
 target_dir="${CARGO_TARGET_DIR:-target}"
 [[ "$target_dir" = /* ]] || target_dir="$repo_root/$target_dir"
 export SANDBOXD_BIN="${SANDBOXD_BIN:-$target_dir/debug/sandboxd}"
+export SANDHUB_BIN="${SANDHUB_BIN:-$target_dir/debug/sandhub}"
+export SANDHUB_MCP_BIN="${SANDHUB_MCP_BIN:-$target_dir/debug/sandhub-mcp}"
 if [[ ! -x "$SANDBOXD_BIN" ]]; then
     echo "test.sh: sandboxd binary not found at $SANDBOXD_BIN after the build" >&2
     exit 1
@@ -73,10 +75,11 @@ fi
 
 step="pytest"
 echo
-echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN $venv_python -m pytest tests/python -v"
+python_suites=(tests/python mcp-server/tests/python)
+echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN SANDHUB_BIN=$SANDHUB_BIN $venv_python -m pytest ${python_suites[*]} -v"
 set +e
 # shellcheck disable=SC2086 # PYTEST_ARGS is split on purpose
-PYTHONDONTWRITEBYTECODE=1 "$venv_python" -m pytest tests/python -v -rs \
+PYTHONDONTWRITEBYTECODE=1 "$venv_python" -m pytest "${python_suites[@]}" -v -rs \
     --junitxml="$log_dir/pytest.xml" ${PYTEST_ARGS:-}
 pytest_rc=$?
 set -e

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod cli;
 pub mod gym;
 pub mod local;
+pub mod mcp;
 pub mod rest;
 pub mod serve;
 pub mod service;

@@ -54,21 +54,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
-    std::fs::create_dir_all(&state_dir)
-        .with_context(|| format!("creating state dir {}", state_dir.display()))?;
-    let store = Store::open(&state_dir.join("sandhub.db"))
-        .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
-    let backend: Arc<dyn Backend> = Arc::new(
-        crate::backend::local::LocalBackend::new(&state_dir, args.allow_no_cgroup_limits)
-            .context("starting the local backend")?,
-    );
-    let hub = Hub::new(store, backend);
-    hub.recover()
-        .await
-        .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;
+    let hub = embedded_hub(args.state_dir.clone(), args.allow_no_cgroup_limits).await?;
     hub.spawn_background(args.reap_interval);
-    let app = rest::app(
+    let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
+    let (app, mcp_stop) = rest::app(
         AppState {
             hub,
             metrics: Arc::default(),
@@ -81,12 +70,38 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr()?, state_dir = %state_dir.display(), "sandhub serving");
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Open MCP event streams would hold the shutdown forever.
+            mcp_stop.cancel();
+        })
         .await?;
     // Sandboxes are separate process trees: they keep running, and the
     // next `sandhub serve` re-attaches to them.
     tracing::info!("sandhub stopped; sandboxes keep running");
     Ok(())
+}
+
+/// The hub on the local backend, re-attached to the sandboxes it had.
+/// Background work (pools, reaping) is the caller's to start.
+pub async fn embedded_hub(
+    state_dir: Option<PathBuf>,
+    allow_no_cgroup_limits: bool,
+) -> anyhow::Result<Arc<Hub>> {
+    let state_dir = state_dir.unwrap_or_else(default_state_dir);
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating state dir {}", state_dir.display()))?;
+    let store = Store::open(&state_dir.join("sandhub.db"))
+        .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
+    let backend: Arc<dyn Backend> = Arc::new(
+        crate::backend::local::LocalBackend::new(&state_dir, allow_no_cgroup_limits)
+            .context("starting the local backend")?,
+    );
+    let hub = Hub::new(store, backend);
+    hub.recover()
+        .await
+        .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;
+    Ok(hub)
 }
 
 async fn shutdown_signal() {

@@ -103,24 +103,31 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 }
 
 /// What the route annotations leave implicit: every response gets a
-/// description (OpenAPI requires one), and every operation behind the
-/// bearer key documents its 401.
+/// description (OpenAPI requires one), every operation behind the bearer
+/// key documents its 401, and every operation with a body its 400 (bad or
+/// unknown JSON) and 413 (over [`MAX_JSON_BODY`]), which the extractors and
+/// the body limit answer for every route alike.
 fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::{
         path::Operation,
         response::{Response, ResponseBuilder},
         ContentBuilder, Ref, RefOr,
     };
-    let unauthenticated: RefOr<Response> = ResponseBuilder::new()
-        .description("No valid API key (only when the hub has an API keys file)")
-        .content(
-            "application/json",
-            ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("ErrorBody")))
-                .build(),
-        )
-        .build()
-        .into();
+    let error = |description: &str| -> RefOr<Response> {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build()
+            .into()
+    };
+    let unauthenticated = error("No valid API key (only when the hub has an API keys file)");
+    let bad_body = error("The body is not the JSON this operation takes");
+    let too_large = error("The body is larger than the hub accepts");
     for item in openapi.paths.paths.values_mut() {
         let ops: [&mut Option<Operation>; 5] = [
             &mut item.get,
@@ -136,6 +143,15 @@ fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
                     .responses
                     .entry("401".to_string())
                     .or_insert_with(|| unauthenticated.clone());
+            }
+            if op.request_body.is_some() {
+                let responses = &mut op.responses.responses;
+                responses
+                    .entry("400".to_string())
+                    .or_insert_with(|| bad_body.clone());
+                responses
+                    .entry("413".to_string())
+                    .or_insert_with(|| too_large.clone());
             }
             for (status, response) in op.responses.responses.iter_mut() {
                 if let RefOr::T(r) = response {
@@ -154,11 +170,17 @@ fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-/// The whole HTTP app: routes, OpenAPI, auth, limits and metrics.
-pub fn app(state: AppState, keys: Option<Arc<ApiKeys>>) -> Router {
+/// The whole HTTP app: routes, OpenAPI, MCP at `/mcp`, auth, limits and
+/// metrics; plus the token that ends MCP's open streams at shutdown.
+pub fn app(
+    state: AppState,
+    keys: Option<Arc<ApiKeys>>,
+) -> (Router, tokio_util::sync::CancellationToken) {
     let (router, openapi) = routes();
     let openapi = Arc::new(openapi);
-    router
+    let (mcp, mcp_stop) = crate::mcp::http_service(state.hub.clone(), keys.is_some());
+    let app = router
+        .nest_service("/mcp", mcp)
         .route(
             "/openapi.json",
             axum::routing::get(move || {
@@ -174,5 +196,6 @@ pub fn app(state: AppState, keys: Option<Arc<ApiKeys>>) -> Router {
             state.metrics.clone(),
             service::count_requests,
         ))
-        .with_state(state)
+        .with_state(state);
+    (app, mcp_stop)
 }

@@ -1,0 +1,80 @@
+//! MCP on the hub: the `sandhub-mcp` tool set mounted at `/mcp` (per
+//! tenant), and `sandhub mcp` on stdio, against a hub URL or an embedded one.
+
+use std::{path::PathBuf, sync::Arc};
+
+use clap::Args;
+use sandhub_client::{http::HubClient, Error, Sandboxes};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    rest::{Tenant, OPEN_TENANT},
+    service::Hub,
+};
+
+/// Each MCP call acts as the tenant its HTTP request authenticated as.
+pub struct TenantSandboxes(pub Arc<Hub>);
+
+impl sandhub_mcp::SandboxesProvider for TenantSandboxes {
+    fn sandboxes(&self, parts: Option<&http::request::Parts>) -> Result<Arc<dyn Sandboxes>, Error> {
+        let tenant = parts
+            .and_then(|p| p.extensions.get::<Tenant>())
+            .map_or_else(|| OPEN_TENANT.to_string(), |t| t.0.clone());
+        Ok(Arc::new(self.0.tenant(tenant)))
+    }
+}
+
+/// The streamable HTTP service for `/mcp`, and the token that ends its
+/// open streams at shutdown.
+pub fn http_service(
+    hub: Arc<Hub>,
+    authenticated: bool,
+) -> (sandhub_mcp::McpService<TenantSandboxes>, CancellationToken) {
+    let mut config = sandhub_mcp::StreamableHttpServerConfig::default();
+    // rmcp accepts only loopback Host headers by default (DNS rebinding);
+    // with API keys every request is authenticated anyway.
+    if authenticated {
+        config = config.disable_allowed_hosts();
+    }
+    let stop = config.cancellation_token.clone();
+    let service = sandhub_mcp::streamable_http_service_with(
+        TenantSandboxes(hub),
+        sandhub_mcp::McpOptions::default(),
+        config,
+    );
+    (service, stop)
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct McpArgs {
+    /// Hub to act on; without one, an embedded local hub runs in-process.
+    #[arg(long, env = "SANDHUB_URL")]
+    pub hub: Option<String>,
+
+    /// API key for the hub.
+    #[arg(long, env = "SANDHUB_API_KEY")]
+    pub api_key: Option<String>,
+
+    /// State dir of the embedded hub (as `sandhub serve --state-dir`).
+    #[arg(long, env = "SANDHUB_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Embedded hub: run sandboxes without cgroup limits where none can be had.
+    #[arg(long, env = "SANDHUB_ALLOW_NO_CGROUP_LIMITS")]
+    pub allow_no_cgroup_limits: bool,
+}
+
+/// `sandhub mcp`: MCP on stdio, so a desktop client needs one command.
+pub async fn run(args: McpArgs) -> anyhow::Result<()> {
+    match args.hub {
+        Some(url) => {
+            let client: Arc<dyn Sandboxes> = Arc::new(HubClient::new(url, args.api_key)?);
+            sandhub_mcp::serve_stdio(client).await
+        }
+        None => {
+            let hub =
+                crate::serve::embedded_hub(args.state_dir, args.allow_no_cgroup_limits).await?;
+            sandhub_mcp::serve_stdio(TenantSandboxes(hub)).await
+        }
+    }
+}
