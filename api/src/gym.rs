@@ -101,7 +101,8 @@ pub enum Matcher {
         #[serde(default = "one")]
         weight: f64,
     },
-    /// The action's output matches a regular expression.
+    /// The action's output matches a regular expression (multi-line:
+    /// `^` and `$` match at line boundaries).
     Regex {
         pattern: String,
         #[serde(default)]

@@ -43,7 +43,10 @@ pub fn compile(m: Matcher) -> Result<Compiled> {
             weight,
         } => {
             weight_of(weight)?;
+            // Output is lines: `^` and `$` match at line boundaries, so
+            // `^3$` matches "3\n" as a Python `re.M` search would.
             let re = regex::RegexBuilder::new(&pattern)
+                .multi_line(true)
                 .size_limit(1 << 20)
                 .build()
                 .map_err(|e| Error::invalid(format!("regex {pattern:?}: {e}")))?;
