@@ -1,7 +1,10 @@
 //! `sandhub`: the hub service and its CLI.
 
 use clap::{Parser, Subcommand};
-use sandhub::serve::{self, ServeArgs};
+use sandhub::{
+    cli,
+    serve::{self, ServeArgs},
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,6 +25,38 @@ struct Cli {
 enum Command {
     /// Run the hub (REST API) on the embedded local backend.
     Serve(ServeArgs),
+    /// MCP on stdio: against --hub, or an embedded local hub without one.
+    Mcp(sandhub::mcp::McpArgs),
+    /// Create a sandbox and print its id.
+    Create(cli::sandbox::CreateArgs),
+    /// List sandboxes.
+    Ls(cli::sandbox::ListArgs),
+    /// Delete sandboxes.
+    Rm(cli::sandbox::RemoveArgs),
+    /// Run a command in a sandbox; exits with the command's exit code.
+    ///
+    /// Output is streamed as it is produced, stdin and SIGINT/SIGTERM are
+    /// forwarded, and --timeout exits 124. CMD is argv, never a shell line:
+    /// use `sh -c '...'` for pipes, globs or `&&`.
+    Exec(cli::exec::ExecArgs),
+    /// An interactive terminal in a sandbox.
+    Shell(cli::shell::ShellArgs),
+    /// Copy files between here and a sandbox (`ID:path` on one side).
+    Cp(cli::cp::CpArgs),
+    /// Warm pools: set, ls, get, rm.
+    Pool(cli::pool::PoolArgs),
+    /// Templates: set, ls, get, rm.
+    Template(cli::template::TemplateArgs),
+    /// Stop a sandbox's processes, keeping its files.
+    Suspend(cli::sandbox::IdArgs),
+    /// Start a suspended sandbox again on the same files.
+    Resume(cli::sandbox::IdArgs),
+    /// Drop every change to a sandbox's workspace and kill its processes.
+    Reset(cli::sandbox::IdArgs),
+    /// Keep a copy of a sandbox's workspace; prints the snapshot id.
+    Snapshot(cli::sandbox::IdArgs),
+    /// A new sandbox from a snapshot of this one; prints its id.
+    Fork(cli::sandbox::ForkArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,6 +76,20 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve::run(args).await,
+            Command::Mcp(args) => sandhub::mcp::run(args).await,
+            Command::Create(args) => cli::exit(cli::sandbox::create(args).await),
+            Command::Ls(args) => cli::exit(cli::sandbox::list(args).await),
+            Command::Rm(args) => cli::exit(cli::sandbox::remove(args).await),
+            Command::Exec(args) => cli::exit(cli::exec::run(args).await),
+            Command::Shell(args) => cli::exit(cli::shell::run(args).await),
+            Command::Cp(args) => cli::exit(cli::cp::run(args).await),
+            Command::Pool(args) => cli::exit(cli::pool::run(args).await),
+            Command::Template(args) => cli::exit(cli::template::run(args).await),
+            Command::Suspend(args) => cli::exit(cli::sandbox::suspend(args).await),
+            Command::Resume(args) => cli::exit(cli::sandbox::resume(args).await),
+            Command::Reset(args) => cli::exit(cli::sandbox::reset(args).await),
+            Command::Snapshot(args) => cli::exit(cli::sandbox::snapshot(args).await),
+            Command::Fork(args) => cli::exit(cli::sandbox::fork(args).await),
         }
     })
 }

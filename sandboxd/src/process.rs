@@ -141,7 +141,26 @@ impl Launch<'_> {
         }
         let mut cmd = Command::new(program);
         let (cwd, cwd_fd) = resolve_cwd(&daemon.root(), self.cwd)?;
-        cmd.args(args).current_dir(cwd);
+        cmd.args(args);
+        match &cwd_fd {
+            None => {
+                cmd.current_dir(cwd);
+            }
+            Some(fd) => {
+                let raw = std::os::fd::AsRawFd::as_raw_fd(fd);
+                // SAFETY: fchdir is async-signal-safe; the fd stays open in
+                // the parent (held by `Prepared`) until the spawn returns.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::fchdir(raw) == 0 {
+                            Ok(())
+                        } else {
+                            Err(io::Error::last_os_error())
+                        }
+                    });
+                }
+            }
+        }
         if let Some(setup) = daemon.child_setup {
             // SAFETY: ChildSetup is documented to be async-signal-safe.
             unsafe {
@@ -181,10 +200,10 @@ impl std::ops::DerefMut for Prepared {
 /// path are accepted as they are (clients echo back what `pwd` printed);
 /// any other absolute path is taken relative to the root.
 ///
-/// A subdirectory is opened beneath the root and handed to the child as
-/// `/proc/<our pid>/fd/<n>`: the child's chdir follows that magic link to
-/// the very inode we checked, so a symlink swapped in between the check and
-/// the spawn cannot send it anywhere else. The fd must outlive the spawn.
+/// A subdirectory is opened beneath the root and the child `fchdir`s to
+/// that fd: it lands on the very inode that was checked, so a symlink
+/// swapped in between the check and the spawn cannot send it elsewhere.
+/// The fd must outlive the spawn; the path returned then only names it.
 fn resolve_cwd(root: &Root, cwd: Option<&str>) -> Result<(PathBuf, Option<OwnedFd>)> {
     let raw = match cwd {
         None | Some("") => return Ok((root.host_path().to_path_buf(), None)),
@@ -206,12 +225,7 @@ fn resolve_cwd(root: &Root, cwd: Option<&str>) -> Result<(PathBuf, Option<OwnedF
         }
         other => other,
     })?;
-    let path = PathBuf::from(format!(
-        "/proc/{}/fd/{}",
-        std::process::id(),
-        std::os::fd::AsRawFd::as_raw_fd(&fd)
-    ));
-    Ok((path, Some(fd)))
+    Ok((root.host_path().join(rel.as_str()), Some(fd)))
 }
 
 fn spawn(cmd: &mut Command, launch: &Launch<'_>) -> Result<(Child, i32)> {
