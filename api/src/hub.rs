@@ -10,6 +10,12 @@ use serde::{Deserialize, Serialize};
 pub const MAX_ID_LEN: usize = 63;
 pub const DEFAULT_TEMPLATE: &str = "default";
 
+/// Template limits beyond which no kernel can enforce the value (`pids.max`
+/// stops at the kernel's PID_MAX_LIMIT; 16 TiB of memory, 1024 cores).
+pub const MAX_PIDS: u64 = 4_194_304;
+pub const MAX_MEMORY_MB: u64 = 1 << 24;
+pub const MAX_CPU: f64 = 1024.0;
+
 /// True for a DNS-1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, 1..=63 chars.
 pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
@@ -185,13 +191,17 @@ pub struct Template {
     pub seed_dir: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
-    /// CPU limit in cores (e.g. 0.5).
+    /// CPU limit in cores (e.g. 0.5), at most [`MAX_CPU`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0, maximum = 1024))]
     pub cpu: Option<f64>,
+    /// Memory limit in MiB, 1 to [`MAX_MEMORY_MB`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 16777216))]
     pub memory_mb: Option<u64>,
-    /// Most processes (and threads) at once.
+    /// Most processes (and threads) at once, 1 to [`MAX_PIDS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4194304))]
     pub pids: Option<u64>,
     #[serde(default)]
     pub network: Network,

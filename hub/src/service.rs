@@ -14,7 +14,8 @@ use sandhub_api::{
     error::Code,
     hub::{
         is_dns_label, CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, NamedTemplate,
-        Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE,
+        Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE, MAX_CPU,
+        MAX_MEMORY_MB, MAX_PIDS,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -42,6 +43,11 @@ pub struct Hub {
     /// Ids being launched for pools right now, so a refill pass never
     /// double-counts a member that is still starting.
     launching: Mutex<HashMap<(String, String), u32>>,
+    /// One lock per sandbox id, held across a lifecycle change (suspend,
+    /// resume, reset, delete, the reaper's verdicts), so the reaper never
+    /// judges a row that a suspend/resume is replacing: stopping the stale
+    /// process tree would sweep the new one's cgroup.
+    lifecycle: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 pub fn now_ms() -> i64 {
@@ -118,6 +124,19 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<()> {
     Ok(())
 }
 
+/// Environment for a sandbox's init: a key that is empty or holds `=` or
+/// NUL, or a value with NUL, cannot be set, and would only fail the start.
+fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return Err(invalid(format!(
+                "env {k:?}: names must be non-empty without `=` or NUL, values without NUL"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn check_lifetime(name: &str, v: Option<u64>) -> Result<()> {
     match v {
         Some(0) => Err(invalid(format!("{name} must be at least 1"))),
@@ -130,13 +149,22 @@ fn check_lifetime(name: &str, v: Option<u64>) -> Result<()> {
 
 fn check_template(t: &Template) -> Result<()> {
     if let Some(cpu) = t.cpu {
-        if !(cpu.is_finite() && cpu > 0.0 && cpu <= 1024.0) {
-            return Err(invalid("cpu must be a positive number of cores"));
+        if !(cpu.is_finite() && cpu > 0.0 && cpu <= MAX_CPU) {
+            return Err(invalid(format!(
+                "cpu must be a positive number of cores, at most {MAX_CPU}"
+            )));
         }
     }
-    if t.memory_mb == Some(0) || t.pids == Some(0) {
-        return Err(invalid("memory_mb and pids must be at least 1"));
+    // The kernel refuses larger limits: they would fail every start.
+    if t.memory_mb
+        .is_some_and(|m| !(1..=MAX_MEMORY_MB).contains(&m))
+    {
+        return Err(invalid(format!("memory_mb must be 1 to {MAX_MEMORY_MB}")));
     }
+    if t.pids.is_some_and(|p| !(1..=MAX_PIDS).contains(&p)) {
+        return Err(invalid(format!("pids must be 1 to {MAX_PIDS}")));
+    }
+    check_env(&t.env)?;
     for (what, dir) in [("root_fs", &t.root_fs), ("seed_dir", &t.seed_dir)] {
         if let Some(dir) = dir {
             let p = std::path::Path::new(dir);
@@ -158,7 +186,28 @@ impl Hub {
             clients: Mutex::new(HashMap::new()),
             pools_changed: Notify::new(),
             launching: Mutex::new(HashMap::new()),
+            lifecycle: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The lifecycle lock of a sandbox that exists (unknown ids get none,
+    /// so made-up ids leave nothing behind).
+    async fn lock_existing(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<tokio::sync::OwnedMutexGuard<()>> {
+        found(self.store.get_sandbox(tenant, id)?, "sandbox", id)?;
+        Ok(self.lifecycle(id).lock_owned().await)
+    }
+
+    fn lifecycle(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.lifecycle
+            .lock()
+            .unwrap()
+            .entry(id.to_string())
+            .or_default()
+            .clone()
     }
 
     /// The view one API key has.
@@ -249,9 +298,9 @@ impl Hub {
                     "sandbox {id} is {}; {op} needs it Ready{}",
                     row.state.as_str(),
                     if row.state == SandboxState::Suspended {
-                        " (POST /v1/sandboxes/{id}/resume first)"
+                        format!(" (POST /v1/sandboxes/{id}/resume first)")
                     } else {
-                        ""
+                        String::new()
                     }
                 ),
             ));
@@ -292,6 +341,14 @@ impl Hub {
             if !row.claimed {
                 continue;
             }
+            // A sandbox in the middle of a change is judged on a later pass,
+            // and on its row as it is now, not as the listing read it.
+            let Ok(_guard) = self.lifecycle(&row.id).try_lock_owned() else {
+                continue;
+            };
+            let Some(row) = self.store.get_any(&row.id)? else {
+                continue;
+            };
             let expired = row.shutdown_at.is_some_and(|t| t <= now);
             let idle = row.state == SandboxState::Ready
                 && row
@@ -300,8 +357,13 @@ impl Hub {
                 && !self.backend.busy(&row);
             if expired || idle {
                 tracing::info!(id = %row.id, expired, idle, "sandbox reached its end of life");
-                if let Err(e) = self.remove(&row).await {
-                    tracing::warn!(id = %row.id, error = %e, "removing an expired sandbox");
+                match self.remove(&row).await {
+                    Ok(()) => {
+                        self.lifecycle.lock().unwrap().remove(&row.id);
+                    }
+                    Err(e) => {
+                        tracing::warn!(id = %row.id, error = %e, "removing an expired sandbox")
+                    }
                 }
                 continue;
             }
@@ -453,6 +515,7 @@ impl TenantHub {
 impl Sandboxes for TenantHub {
     async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
         check_labels(&req.labels)?;
+        check_env(&req.env)?;
         check_lifetime("shutdown_after_seconds", req.shutdown_after_seconds)?;
         check_lifetime("idle_timeout_seconds", req.idle_timeout_seconds)?;
         let hub = &self.hub;
@@ -530,8 +593,11 @@ impl Sandboxes for TenantHub {
     }
 
     async fn delete(&self, id: &str) -> Result<()> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        self.hub.remove(&row).await
+        self.hub.remove(&row).await?;
+        self.hub.lifecycle.lock().unwrap().remove(id);
+        Ok(())
     }
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
@@ -596,6 +662,7 @@ impl Sandboxes for TenantHub {
     }
 
     async fn suspend(&self, id: &str) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let (mut row, _) = self.hub.running(&self.tenant, id, "suspend")?;
         self.hub.forget_client(id);
         self.hub.backend.stop(&row).await?;
@@ -607,6 +674,7 @@ impl Sandboxes for TenantHub {
     }
 
     async fn resume(&self, id: &str) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let mut row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
         if row.state != SandboxState::Suspended {
             return Err(Error::new(
@@ -637,6 +705,7 @@ impl Sandboxes for TenantHub {
     }
 
     async fn reset(&self, id: &str) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let (row, _) = self.hub.running(&self.tenant, id, "reset")?;
         self.hub.backend.reset(&row).await?;
         Ok(to_api(&row))

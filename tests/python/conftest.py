@@ -336,3 +336,34 @@ def sdk(request: pytest.FixtureRequest):
     """The SDK Sandbox handle in each connection mode (the mode is the test id)."""
     fixture = "sandboxd_mode_sdk" if request.param == "sandboxd_in_cluster_pod_ip" else "legacy_mode_sdk"
     return request.getfixturevalue(fixture)
+
+
+# --------------------------------------------------------------------------- the hub
+
+
+def sandhub_binary() -> Path:
+    """SANDHUB_BIN, else $CARGO_TARGET_DIR/debug/sandhub, else target/debug/sandhub."""
+    explicit = os.environ.get("SANDHUB_BIN")
+    if explicit:
+        return Path(explicit)
+    target_dir = os.environ.get("CARGO_TARGET_DIR")
+    if target_dir:
+        candidate = Path(target_dir)
+        if not candidate.is_absolute():
+            candidate = REPO_ROOT / candidate
+        return candidate / "debug" / "sandhub"
+    return REPO_ROOT / "target" / "debug" / "sandhub"
+
+
+@pytest.fixture(scope="session")
+def sandhub_bin() -> Path:
+    binary = sandhub_binary()
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        msg = (
+            f"sandhub binary not found at {binary} (set SANDHUB_BIN or build it with "
+            "`cargo build -p sandhub --bin sandhub`)"
+        )
+        if in_ci():
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return binary

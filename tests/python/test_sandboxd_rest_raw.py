@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 
-from conftest import Sandboxd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for annotations: two suites each have a conftest
+    from conftest import Sandboxd
 
 
 def _error(body: bytes) -> dict:

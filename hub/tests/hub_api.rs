@@ -1,0 +1,1601 @@
+//! The hub end to end: every test starts the real `sandhub serve` on a free
+//! loopback port with its own state dir, and drives it through
+//! `sandhub_client::http::HubClient` (the `Sandboxes` trait), or raw HTTP
+//! where the wire itself is under test. Sandboxes are real namespaced process
+//! trees (the local backend), so CI runs these as root.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::TcpListener,
+    pin::Pin,
+    time::Duration,
+};
+
+use base64::Engine;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use sandhub_api::{
+    error::Code,
+    hub::{
+        Command, CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, PoolSpec, Sandbox,
+        SandboxState, Template,
+    },
+};
+use sandhub_client::{
+    http::HubClient, read_to_vec, write_bytes, ProcessEvent, Sandboxes, Signal, StartProcess,
+    WatchKind, WriteOptions,
+};
+use serde_json::{json, Value};
+
+use common::{eventually, HubOptions, TestHub, ALICE_KEY, BOB_KEY, WAIT};
+
+// ------------------------------------------------------------------ helpers
+
+fn exec_request(command: Command) -> ExecRequest {
+    ExecRequest {
+        command,
+        env: BTreeMap::new(),
+        cwd: String::new(),
+        timeout_seconds: Some(120.0),
+        stdin: String::new(),
+    }
+}
+
+/// Runs a shell script in the sandbox.
+async fn sh(c: &HubClient, id: &str, script: &str) -> ExecResult {
+    c.exec(id, exec_request(Command::Shell(script.into())))
+        .await
+        .unwrap_or_else(|e| panic!("exec {script:?} in {id}: {e}"))
+}
+
+/// Runs a shell script that must succeed; returns its stdout.
+async fn sh_ok(c: &HubClient, id: &str, script: &str) -> String {
+    let r = sh(c, id, script).await;
+    assert_eq!(r.exit_code, 0, "{script:?} failed: {r:?}");
+    r.stdout
+}
+
+async fn create(c: &HubClient, request: CreateSandbox) -> Sandbox {
+    let sb = c.create(request).await.expect("creating a sandbox");
+    assert_eq!(sb.state, SandboxState::Ready, "{sb:?}");
+    sb
+}
+
+async fn create_from(c: &HubClient, template: &str) -> Sandbox {
+    create(
+        c,
+        CreateSandbox {
+            template: Some(template.into()),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+async fn put_template(c: &HubClient, name: &str, template: Template) {
+    c.put_template(name, template)
+        .await
+        .unwrap_or_else(|e| panic!("PUT template {name}: {e}"));
+}
+
+/// An API error body: `{"code": ..., "message": ...}` with a non-empty message.
+async fn error_body(response: reqwest::Response, status: u16, code: &str) -> Value {
+    let got = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    assert_eq!(got, status, "status of {text}");
+    let body: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {text}"));
+    assert_eq!(body["code"], code, "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "error without a message: {body}"
+    );
+    body
+}
+
+fn err_code<T: std::fmt::Debug>(r: sandhub_client::Result<T>) -> Code {
+    r.expect_err("expected an error").code
+}
+
+/// The NDJSON lines of a `POST /v1/sandboxes/{id}/processes` answer.
+struct Ndjson {
+    body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    buf: Vec<u8>,
+}
+
+impl Ndjson {
+    fn new(response: reqwest::Response) -> Self {
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.headers()["content-type"].to_str().unwrap(),
+            "application/x-ndjson"
+        );
+        Ndjson {
+            body: Box::pin(response.bytes_stream()),
+            buf: Vec::new(),
+        }
+    }
+
+    async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                let line = &line[..line.len() - 1];
+                if line.is_empty() {
+                    continue;
+                }
+                return Some(serde_json::from_slice(line).expect("an NDJSON line"));
+            }
+            match tokio::time::timeout(WAIT, self.body.next())
+                .await
+                .expect("the process stream stalled")
+            {
+                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                Some(Err(e)) => panic!("reading the process stream: {e}"),
+                None => return None,
+            }
+        }
+    }
+
+    /// Everything up to and including `exited`: (stdout, exit code).
+    async fn finish(&mut self) -> (String, i64) {
+        let mut out = Vec::new();
+        while let Some(ev) = self.next().await {
+            match ev["type"].as_str() {
+                Some("stdout") => out.extend(b64(&ev["data"])),
+                Some("exited") => {
+                    return (
+                        String::from_utf8(out).unwrap(),
+                        ev["exit_code"].as_i64().unwrap(),
+                    )
+                }
+                _ => {}
+            }
+        }
+        panic!("the process stream ended without `exited`");
+    }
+}
+
+fn b64(v: &Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().expect("base64 data"))
+        .expect("valid base64")
+}
+
+/// Starts a process through the REST route; returns its stream and pid.
+async fn start_raw(hub: &TestHub, id: &str, command: Value) -> (Ndjson, i64) {
+    let response = hub
+        .http()
+        .post(format!("{}/v1/sandboxes/{id}/processes", hub.url()))
+        .json(&json!({ "command": command }))
+        .send()
+        .await
+        .unwrap();
+    let mut events = Ndjson::new(response);
+    let started = events.next().await.expect("a started event");
+    assert_eq!(started["type"], "started", "{started}");
+    let pid = started["pid"].as_i64().expect("a pid");
+    (events, pid)
+}
+
+/// Host processes whose command line is exactly `argv`.
+fn host_pids_with_cmdline(argv: &[&str]) -> Vec<i32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            (std::fs::read(e.path().join("cmdline")).ok()? == want).then_some(pid)
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------ isolation
+
+#[tokio::test]
+async fn isolation_own_pid1_no_host_files_no_other_sandboxes() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let a = create_from(&c, "default").await;
+    let b = create_from(&c, "default").await;
+
+    // Its own PID namespace: PID 1 is the sandbox's init, and only a handful
+    // of processes exist (the host has many more).
+    let init = sh_ok(&c, &a.id, "tr '\\0' ' ' < /proc/1/cmdline").await;
+    assert!(init.contains("__sandbox-init"), "PID 1 is {init:?}");
+    let count: usize = sh_ok(&c, &a.id, "ls /proc | grep -c '^[0-9][0-9]*$'")
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    let host_count = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|s| s.parse::<u32>().is_ok())
+        })
+        .count();
+    assert!(count <= 8, "{count} processes visible in the sandbox");
+    assert!(host_count > count, "host {host_count}, sandbox {count}");
+    assert_eq!(
+        sh_ok(&c, &a.id, "cat /proc/sys/kernel/hostname")
+            .await
+            .trim(),
+        a.id
+    );
+
+    // Host secrets: no shadow files, nothing of /root or /home.
+    for secret in ["/etc/shadow", "/etc/gshadow"] {
+        let r = sh(&c, &a.id, &format!("cat {secret}")).await;
+        assert_ne!(r.exit_code, 0, "{secret} readable: {r:?}");
+    }
+    let homes = sh(&c, &a.id, "ls -A /root /home 2>/dev/null").await;
+    assert!(
+        homes
+            .stdout
+            .lines()
+            .all(|l| l.is_empty() || l.ends_with(':')),
+        "/root or /home has content: {homes:?}"
+    );
+
+    // A file the test writes on the host, and the hub's own state: invisible.
+    let marker = hub.dir.path().join("host-marker.txt");
+    std::fs::write(&marker, "host only\n").unwrap();
+    for path in [marker.as_path(), hub.state_dir.as_path()] {
+        let r = sh(&c, &a.id, &format!("ls -d '{}'", path.display())).await;
+        assert_ne!(r.exit_code, 0, "{} visible: {r:?}", path.display());
+    }
+    let find_marker = sh(
+        &c,
+        &a.id,
+        "find / \\( -path /proc -o -path /sys -o -path /usr -o -path /dev \\) -prune \
+         -o -name 'host-marker.txt' -print 2>/dev/null",
+    )
+    .await;
+    assert_eq!(find_marker.stdout, "", "{find_marker:?}");
+
+    // Another sandbox's workspace: present on the host, invisible from `a`.
+    write_bytes(
+        &c,
+        &b.id,
+        "b-secret.txt",
+        "b only\n",
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+    let upper = hub
+        .state_dir
+        .join("sandboxes")
+        .join(&b.id)
+        .join("overlay/upper/b-secret.txt");
+    assert!(upper.exists(), "b's file is not at {}", upper.display());
+    let find_b = sh(
+        &c,
+        &a.id,
+        "ls /workspace; find / \\( -path /proc -o -path /sys -o -path /usr -o -path /dev \\) \
+         -prune -o -name 'b-secret.txt' -print 2>/dev/null",
+    )
+    .await;
+    assert!(!find_b.stdout.contains("b-secret"), "{find_b:?}");
+    assert_eq!(
+        err_code(read_to_vec(&c, &a.id, "b-secret.txt").await),
+        Code::NotFound
+    );
+
+    // The host's /usr is there but read-only; /workspace is writable.
+    let touch = sh(&c, &a.id, "touch /usr/sandhub-test-x").await;
+    assert_ne!(touch.exit_code, 0, "{touch:?}");
+    assert!(touch.stderr.contains("Read-only"), "{touch:?}");
+    assert!(!std::path::Path::new("/usr/sandhub-test-x").exists());
+    assert_eq!(
+        sh_ok(
+            &c,
+            &a.id,
+            "echo hi > /workspace/w.txt && cat /workspace/w.txt"
+        )
+        .await,
+        "hi\n"
+    );
+    assert_eq!(read_to_vec(&c, &a.id, "w.txt").await.unwrap(), b"hi\n");
+}
+
+#[tokio::test]
+async fn isolation_network_none_has_only_loopback() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    // `network: none` is the default.
+    let sb = create_from(&c, "default").await;
+
+    let dev = sh_ok(&c, &sb.id, "cat /proc/net/dev").await;
+    let interfaces: Vec<&str> = dev
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name.trim()))
+        .collect();
+    assert_eq!(interfaces, ["lo"], "{dev}");
+
+    // A listener on the host's loopback is out of reach.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connect = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
+    let has_bash = sh(&c, &sb.id, "command -v bash").await.exit_code == 0;
+    let r = if has_bash {
+        c.exec(
+            &sb.id,
+            exec_request(Command::Argv(vec![
+                "bash".into(),
+                "-c".into(),
+                connect.clone(),
+            ])),
+        )
+        .await
+        .unwrap()
+    } else {
+        sh(
+            &c,
+            &sb.id,
+            &format!("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5); print(\"connected\")'"),
+        )
+        .await
+    };
+    assert_ne!(r.exit_code, 0, "{r:?}");
+    assert!(!r.stdout.contains("connected"), "{r:?}");
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the host listener got a connection from a network: none sandbox"
+    );
+
+    // The same check from a `network: host` sandbox connects: the probe works.
+    if has_bash {
+        put_template(
+            &c,
+            "hostnet",
+            Template {
+                network: sandhub_api::hub::Network::Host,
+                ..Default::default()
+            },
+        )
+        .await;
+        let open = create_from(&c, "hostnet").await;
+        let r = c
+            .exec(
+                &open.id,
+                exec_request(Command::Argv(vec!["bash".into(), "-c".into(), connect])),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.exit_code, 0, "network: host could not connect: {r:?}");
+        assert_eq!(r.stdout, "connected\n");
+    }
+}
+
+#[tokio::test]
+async fn isolation_memory_hog_is_killed_and_sandbox_stays_usable() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    put_template(
+        &c,
+        "small-memory",
+        Template {
+            memory_mb: Some(64),
+            ..Default::default()
+        },
+    )
+    .await;
+    let sb = create_from(&c, "small-memory").await;
+    let hog = sh(
+        &c,
+        &sb.id,
+        "if command -v python3 >/dev/null; then python3 -c 'x = bytearray(300 << 20); print(len(x))'; \
+         else head -c 300M /dev/zero | tail; fi; echo rc=$?",
+    )
+    .await;
+    assert!(
+        hog.stdout.contains("rc=137"),
+        "the hog was not OOM-killed: {hog:?}"
+    );
+    assert!(!hog.stdout.contains(&(300u64 << 20).to_string()), "{hog:?}");
+    assert_eq!(sh_ok(&c, &sb.id, "echo ok").await, "ok\n");
+    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Ready);
+}
+
+#[tokio::test]
+async fn isolation_fork_bomb_is_stopped_by_the_pids_limit() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    put_template(
+        &c,
+        "few-pids",
+        Template {
+            pids: Some(32),
+            ..Default::default()
+        },
+    )
+    .await;
+    let sb = create_from(&c, "few-pids").await;
+    let bomb = sh(
+        &c,
+        &sb.id,
+        "for i in $(seq 100); do sleep 30 & echo $i; done",
+    )
+    .await;
+    let started = bomb.stdout.lines().count();
+    assert_ne!(
+        bomb.exit_code, 0,
+        "100 processes started under pids: 32: {bomb:?}"
+    );
+    assert!(
+        (1..100).contains(&started),
+        "expected a partial start, got {started}: {bomb:?}"
+    );
+    // The sandbox still answers once a pid is free.
+    let (c, id) = (&c, sb.id.as_str());
+    eventually(
+        "the sandbox to answer after the fork bomb",
+        WAIT,
+        move || async move {
+            let r = c
+                .exec(id, exec_request(Command::Shell("echo ok".into())))
+                .await
+                .ok()?;
+            (r.stdout == "ok\n").then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn isolation_sandbox_processes_are_unprivileged_on_the_host() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = create_from(&c, "default").await;
+    // Root inside its user namespace...
+    assert_eq!(sh_ok(&c, &sb.id, "id -u").await.trim(), "0");
+    // ...a plain uid on the host.
+    let argv = ["sleep", "61.4242"];
+    let mut events = c
+        .start(
+            &sb.id,
+            StartProcess {
+                command: argv.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let pid = match events.next().await {
+        Some(Ok(ProcessEvent::Started { pid })) => pid,
+        other => panic!("expected started, got {other:?}"),
+    };
+    let host = eventually("the sleep to show on the host", WAIT, move || async move {
+        let pids = host_pids_with_cmdline(&argv);
+        (!pids.is_empty()).then_some(pids)
+    })
+    .await;
+    for p in host {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+        let uids: Vec<u32> = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .unwrap()
+            .split_whitespace()
+            .map(|u| u.parse().unwrap())
+            .collect();
+        assert_eq!(uids.len(), 4);
+        assert!(
+            uids.iter().all(|u| *u != 0),
+            "host pid {p} runs as {uids:?}"
+        );
+    }
+    c.signal(&sb.id, pid, Signal::Sigkill).await.unwrap();
+}
+
+// ------------------------------------------------------------------ tenancy
+
+#[tokio::test]
+async fn tenancy_other_tenant_gets_404_and_no_key_gets_401() {
+    let hub = TestHub::start(HubOptions { api_keys: true }).await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let bob = hub.client(Some(BOB_KEY));
+    let http = hub.http();
+    let url = hub.url();
+
+    let sb = create_from(&alice, "default").await;
+    write_bytes(
+        &alice,
+        &sb.id,
+        "mine.txt",
+        "alice\n",
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+
+    // Bob cannot tell alice's sandbox from one that does not exist.
+    assert_eq!(err_code(bob.get(&sb.id).await), Code::NotFound);
+    assert_eq!(
+        err_code(
+            bob.exec(&sb.id, exec_request(Command::Shell("true".into())))
+                .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        err_code(read_to_vec(&bob, &sb.id, "mine.txt").await),
+        Code::NotFound
+    );
+    assert_eq!(err_code(bob.delete(&sb.id).await), Code::NotFound);
+    assert!(bob
+        .list(&BTreeMap::new())
+        .await
+        .unwrap()
+        .iter()
+        .all(|s| s.id != sb.id));
+    let as_bob = |method: reqwest::Method, path: String| {
+        http.request(method, format!("{url}{path}"))
+            .bearer_auth(BOB_KEY)
+    };
+    for (method, path) in [
+        (reqwest::Method::GET, format!("/v1/sandboxes/{}", sb.id)),
+        (
+            reqwest::Method::GET,
+            format!("/v1/sandboxes/{}/files/mine.txt", sb.id),
+        ),
+        (reqwest::Method::DELETE, format!("/v1/sandboxes/{}", sb.id)),
+    ] {
+        let r = as_bob(method, path).send().await.unwrap();
+        error_body(r, 404, "NOT_FOUND").await;
+    }
+    let r = as_bob(
+        reqwest::Method::POST,
+        format!("/v1/sandboxes/{}/exec", sb.id),
+    )
+    .json(&json!({"command": "echo pwned"}))
+    .send()
+    .await
+    .unwrap();
+    error_body(r, 404, "NOT_FOUND").await;
+    // Templates are per tenant too.
+    put_template(&alice, "alice-only", Template::default()).await;
+    assert_eq!(
+        err_code(bob.get_template("alice-only").await),
+        Code::NotFound
+    );
+
+    // Alice still has it, untouched.
+    assert_eq!(alice.get(&sb.id).await.unwrap().state, SandboxState::Ready);
+    assert_eq!(
+        read_to_vec(&alice, &sb.id, "mine.txt").await.unwrap(),
+        b"alice\n"
+    );
+    assert!(alice
+        .list(&BTreeMap::new())
+        .await
+        .unwrap()
+        .iter()
+        .any(|s| s.id == sb.id));
+
+    // No key, a wrong key, or the wrong scheme: 401.
+    let list = format!("{url}/v1/sandboxes");
+    for request in [
+        http.get(&list),
+        http.get(&list).bearer_auth("not-a-key-0123456789abcdef"),
+        http.get(&list).basic_auth("alice", Some(ALICE_KEY)),
+    ] {
+        error_body(request.send().await.unwrap(), 401, "UNAUTHENTICATED").await;
+    }
+    assert_eq!(
+        err_code(hub.client(None).list(&BTreeMap::new()).await),
+        Code::Unauthenticated
+    );
+    // Probes and the API description stay open.
+    let health = http.get(format!("{url}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.text().await.unwrap(), "ok");
+    let doc = http
+        .get(format!("{url}/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(doc.status(), 200);
+}
+
+// ------------------------------------------------------------------ warm pools
+
+#[tokio::test]
+async fn warm_claims_report_warm_and_the_pool_refills() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    put_template(&c, "warm", Template::default()).await;
+    let pool = c
+        .put_pool(
+            "warm",
+            PoolSpec {
+                template: "warm".into(),
+                replicas: 2,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(pool.replicas, 2);
+    let pools = &c;
+    let ready = move || async move {
+        let p = pools.get_pool("warm").await.ok()?;
+        (p.ready == 2 && p.total == 2).then_some(())
+    };
+    eventually("the pool to fill", WAIT, ready).await;
+
+    // A template with a pool of its name is claimed warm...
+    let first = create_from(&c, "warm").await;
+    assert_eq!(first.launch, Launch::Warm, "{first:?}");
+    assert_eq!(first.pool.as_deref(), Some("warm"));
+    assert_eq!(sh_ok(&c, &first.id, "echo warm").await, "warm\n");
+    eventually("the pool to refill", WAIT, ready).await;
+
+    // ...and so is an explicit pool.
+    let second = create(
+        &c,
+        CreateSandbox {
+            pool: Some("warm".into()),
+            labels: BTreeMap::from([("claim".to_string(), "second".to_string())]),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(second.launch, Launch::Warm, "{second:?}");
+    assert_eq!(second.labels["claim"], "second");
+    assert_ne!(second.id, first.id);
+    eventually("the pool to refill again", WAIT, ready).await;
+
+    // Extra environment needs a process tree of its own: cold.
+    let cold = create(
+        &c,
+        CreateSandbox {
+            template: Some("warm".into()),
+            env: BTreeMap::from([("SANDHUB_TEST".to_string(), "cold".to_string())]),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(cold.launch, Launch::Cold, "{cold:?}");
+    assert_eq!(sh_ok(&c, &cold.id, "echo $SANDHUB_TEST").await, "cold\n");
+
+    // Claimed sandboxes are listed; warm members are not.
+    let listed: Vec<String> = c
+        .list(&BTreeMap::new())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+}
+
+// ------------------------------------------------------------------ workspace lifecycle
+
+#[tokio::test]
+async fn reset_restores_the_seed_and_kills_processes() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let seed = hub.dir.path().join("seed");
+    std::fs::create_dir_all(&seed).unwrap();
+    std::fs::write(seed.join("seed.txt"), "original seed\n").unwrap();
+    put_template(
+        &c,
+        "seeded",
+        Template {
+            seed_dir: Some(seed.display().to_string()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let sb = create_from(&c, "seeded").await;
+    assert_eq!(
+        read_to_vec(&c, &sb.id, "seed.txt").await.unwrap(),
+        b"original seed\n"
+    );
+
+    sh_ok(
+        &c,
+        &sb.id,
+        "echo new > new.txt && echo changed > seed.txt && \
+         (sleep 300.25 >/dev/null 2>&1 &)",
+    )
+    .await;
+    // `slee[p]` keeps grep from counting itself.
+    let running = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'slee[p] 300.25'";
+    assert_eq!(sh(&c, &sb.id, running).await.stdout.trim(), "1");
+    assert_eq!(
+        read_to_vec(&c, &sb.id, "seed.txt").await.unwrap(),
+        b"changed\n"
+    );
+
+    let after = c.reset(&sb.id).await.expect("reset");
+    assert_eq!(after.state, SandboxState::Ready);
+
+    assert_eq!(
+        err_code(read_to_vec(&c, &sb.id, "new.txt").await),
+        Code::NotFound
+    );
+    assert_eq!(
+        read_to_vec(&c, &sb.id, "seed.txt").await.unwrap(),
+        b"original seed\n"
+    );
+    assert_eq!(sh(&c, &sb.id, running).await.stdout.trim(), "0");
+    assert_eq!(sh_ok(&c, &sb.id, "ls").await, "seed.txt\n");
+    // The template's own directory was never written.
+    assert_eq!(
+        std::fs::read_to_string(seed.join("seed.txt")).unwrap(),
+        "original seed\n"
+    );
+}
+
+#[tokio::test]
+async fn suspend_and_resume_keep_files() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = create_from(&c, "default").await;
+    write_bytes(
+        &c,
+        &sb.id,
+        "dir/keep.txt",
+        "kept\n",
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+
+    let suspended = c.suspend(&sb.id).await.unwrap();
+    assert_eq!(suspended.state, SandboxState::Suspended);
+    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Suspended);
+    assert_eq!(
+        err_code(
+            c.exec(&sb.id, exec_request(Command::Shell("true".into())))
+                .await
+        ),
+        Code::FailedPrecondition
+    );
+    let raw = hub
+        .http()
+        .post(format!("{}/v1/sandboxes/{}/exec", hub.url(), sb.id))
+        .json(&json!({"command": "true"}))
+        .send()
+        .await
+        .unwrap();
+    error_body(raw, 412, "FAILED_PRECONDITION").await;
+
+    let resumed = c.resume(&sb.id).await.unwrap();
+    assert_eq!(resumed.state, SandboxState::Ready);
+    assert_eq!(
+        read_to_vec(&c, &sb.id, "dir/keep.txt").await.unwrap(),
+        b"kept\n"
+    );
+    assert_eq!(sh_ok(&c, &sb.id, "cat dir/keep.txt").await, "kept\n");
+    // Resuming what runs is a precondition failure, not a second start.
+    assert_eq!(err_code(c.resume(&sb.id).await), Code::FailedPrecondition);
+}
+
+/// Regression: the reaper judged sandboxes on rows listed at the start of
+/// a pass. A pass kept long by expiring sandboxes saw a sandbox that had
+/// been suspended and resumed meanwhile as dead (its old process tree was
+/// gone), swept its cgroup (killing the new tree) and marked it Finished.
+#[tokio::test]
+async fn suspend_resume_racing_the_reaper_keeps_the_sandbox() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let mut expiring = Vec::new();
+    for _ in 0..12 {
+        let sb = create(
+            &c,
+            CreateSandbox {
+                shutdown_after_seconds: Some(3),
+                ..Default::default()
+            },
+        )
+        .await;
+        expiring.push(sb.id);
+    }
+    let sb = create_from(&c, "default").await;
+    for cycle in 0..40 {
+        c.suspend(&sb.id).await.unwrap();
+        c.resume(&sb.id)
+            .await
+            .unwrap_or_else(|e| panic!("resume in cycle {cycle}: {e}"));
+        let r = c
+            .exec(&sb.id, exec_request(Command::Shell("echo ok".into())))
+            .await
+            .unwrap_or_else(|e| panic!("exec in cycle {cycle}: {e}"));
+        assert_eq!(r.stdout, "ok\n", "cycle {cycle}: {r:?}");
+    }
+    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Ready);
+    let (c, expiring) = (&c, &expiring);
+    eventually(
+        "the expiring sandboxes to be gone",
+        WAIT,
+        move || async move {
+            let listed = c.list(&BTreeMap::new()).await.ok()?;
+            listed
+                .iter()
+                .all(|s| !expiring.contains(&s.id))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn snapshot_and_fork_diverge() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let original = create_from(&c, "default").await;
+    write_bytes(
+        &c,
+        &original.id,
+        "before.txt",
+        "before\n",
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+    let snap = c.snapshot(&original.id).await.unwrap();
+    assert_eq!(snap.sandbox_id, original.id);
+    write_bytes(
+        &c,
+        &original.id,
+        "after.txt",
+        "after\n",
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+
+    let listed: Value = hub
+        .http()
+        .get(format!(
+            "{}/v1/sandboxes/{}/snapshots",
+            hub.url(),
+            original.id
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["snapshots"][0]["id"], snap.id.as_str(), "{listed}");
+
+    let fork = c
+        .fork(
+            &original.id,
+            ForkRequest {
+                snapshot: Some(snap.id.clone()),
+                labels: BTreeMap::new(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_ne!(fork.id, original.id);
+    assert_eq!(fork.forked_from.as_deref(), Some(snap.id.as_str()));
+    assert_eq!(fork.state, SandboxState::Ready);
+    assert_eq!(
+        read_to_vec(&c, &fork.id, "before.txt").await.unwrap(),
+        b"before\n"
+    );
+    assert_eq!(
+        err_code(read_to_vec(&c, &fork.id, "after.txt").await),
+        Code::NotFound
+    );
+
+    // Writes diverge both ways.
+    sh_ok(
+        &c,
+        &fork.id,
+        "echo fork > fork-only.txt && echo forked > before.txt",
+    )
+    .await;
+    assert_eq!(
+        err_code(read_to_vec(&c, &original.id, "fork-only.txt").await),
+        Code::NotFound
+    );
+    assert_eq!(
+        read_to_vec(&c, &original.id, "before.txt").await.unwrap(),
+        b"before\n"
+    );
+    assert_eq!(sh_ok(&c, &fork.id, "cat before.txt").await, "forked\n");
+
+    // A fork without a named snapshot takes a fresh one.
+    let fresh = c.fork(&original.id, ForkRequest::default()).await.unwrap();
+    assert_eq!(
+        read_to_vec(&c, &fresh.id, "after.txt").await.unwrap(),
+        b"after\n"
+    );
+}
+
+// ------------------------------------------------------------------ restarts
+
+#[tokio::test]
+async fn restart_after_kill9_keeps_sandboxes_and_marks_dead_ones_finished() {
+    let mut hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let survivor = create_from(&c, "default").await;
+    let victim = create_from(&c, "default").await;
+    write_bytes(
+        &c,
+        &survivor.id,
+        "data.txt",
+        "survives\n",
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+
+    hub.kill9();
+    // The sandboxes run on without their hub.
+    let survivor_mounts = format!("/sandboxes/{}/", survivor.id);
+    let victim_mounts = format!("/sandboxes/{}/", victim.id);
+    assert!(!common::host_pids_with_mount(&survivor_mounts).is_empty());
+    assert!(!common::host_pids_with_mount(&victim_mounts).is_empty());
+    // One of them dies while the hub is away.
+    common::kill_host_pids_with_mount(&victim_mounts);
+    assert!(common::host_pids_with_mount(&victim_mounts).is_empty());
+
+    hub.restart().await;
+    let c = hub.client(None);
+    let back = c.get(&survivor.id).await.unwrap();
+    assert_eq!(back.state, SandboxState::Ready, "{back:?}");
+    assert_eq!(back.created_at, survivor.created_at);
+    assert_eq!(
+        read_to_vec(&c, &survivor.id, "data.txt").await.unwrap(),
+        b"survives\n"
+    );
+    assert_eq!(
+        sh_ok(&c, &survivor.id, "cat data.txt && echo ok").await,
+        "survives\nok\n"
+    );
+
+    let dead = c.get(&victim.id).await.unwrap();
+    assert_eq!(dead.state, SandboxState::Finished, "{dead:?}");
+    assert_eq!(
+        err_code(
+            c.exec(&victim.id, exec_request(Command::Shell("true".into())))
+                .await
+        ),
+        Code::FailedPrecondition
+    );
+    let ids: Vec<String> = c
+        .list(&BTreeMap::new())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert!(
+        ids.contains(&survivor.id) && ids.contains(&victim.id),
+        "{ids:?}"
+    );
+    // A Finished sandbox can still be deleted.
+    c.delete(&victim.id).await.unwrap();
+    assert_eq!(err_code(c.get(&victim.id).await), Code::NotFound);
+}
+
+// ------------------------------------------------------------------ lifetimes
+
+#[tokio::test]
+async fn shutdown_after_seconds_deletes_the_sandbox() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = create(
+        &c,
+        CreateSandbox {
+            shutdown_after_seconds: Some(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(sb.shutdown_at.is_some(), "{sb:?}");
+    let (c, id) = (&c, sb.id.as_str());
+    eventually(
+        "the deadline to delete the sandbox",
+        WAIT,
+        move || async move { (c.get(id).await.err()?.code == Code::NotFound).then_some(()) },
+    )
+    .await;
+    let mounts = format!("/sandboxes/{id}/");
+    let mounts = mounts.as_str();
+    eventually("its processes to be gone", WAIT, move || async move {
+        common::host_pids_with_mount(mounts)
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn idle_timeout_spares_running_processes() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = create(
+        &c,
+        CreateSandbox {
+            idle_timeout_seconds: Some(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(sb.idle_timeout_seconds, Some(2));
+    let mut events = c
+        .start(
+            &sb.id,
+            StartProcess {
+                command: vec!["sleep".into(), "30".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let pid = match events.next().await {
+        Some(Ok(ProcessEvent::Started { pid })) => pid,
+        other => panic!("expected started, got {other:?}"),
+    };
+    // Three idle timeouts pass with the sleep running (`get` is not activity).
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let s = c.get(&sb.id).await.expect("reaped while a process runs");
+        assert_eq!(s.state, SandboxState::Ready);
+    }
+    c.signal(&sb.id, pid, Signal::Sigkill).await.unwrap();
+    let exit = loop {
+        match tokio::time::timeout(WAIT, events.next()).await.unwrap() {
+            Some(Ok(ProcessEvent::Exited { exit_code })) => break exit_code,
+            Some(Ok(_)) => {}
+            other => panic!("expected exited, got {other:?}"),
+        }
+    };
+    assert_ne!(exit, 0);
+    drop(events);
+    let (c, id) = (&c, sb.id.as_str());
+    eventually("the idle sandbox to be reaped", WAIT, move || async move {
+        (c.get(id).await.err()?.code == Code::NotFound).then_some(())
+    })
+    .await;
+}
+
+// ------------------------------------------------------------------ bad input
+
+#[tokio::test]
+async fn bad_input_gets_clear_errors() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let http = hub.http();
+    let url = hub.url();
+    let sb = create_from(&c, "default").await;
+
+    // Unknown template, unknown pool.
+    let r = http
+        .post(format!("{url}/v1/sandboxes"))
+        .json(&json!({"template": "no-such-template"}))
+        .send()
+        .await
+        .unwrap();
+    let body = error_body(r, 404, "NOT_FOUND").await;
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-template"),
+        "{body}"
+    );
+    assert_eq!(
+        err_code(
+            c.create(CreateSandbox {
+                pool: Some("no-such-pool".into()),
+                ..Default::default()
+            })
+            .await
+        ),
+        Code::NotFound
+    );
+
+    // Bad JSON, unknown fields, wrong types, a missing content type.
+    let post = |path: &str, body: &'static str| {
+        http.post(format!("{url}{path}"))
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    for (path, body) in [
+        ("/v1/sandboxes".to_string(), "{bad json"),
+        ("/v1/sandboxes".to_string(), r#"{"tempalte": "default"}"#),
+        ("/v1/sandboxes".to_string(), r#"{"labels": "not-a-map"}"#),
+        ("/v1/sandboxes".to_string(), r#"{"env": {"": "x"}}"#),
+        ("/v1/sandboxes".to_string(), r#"{"env": {"A=B": "x"}}"#),
+        (
+            "/v1/sandboxes".to_string(),
+            r#"{"shutdown_after_seconds": 0}"#,
+        ),
+        (
+            format!("/v1/sandboxes/{}/exec", sb.id),
+            r#"{"command": "true", "bogus": 1}"#,
+        ),
+        (
+            format!("/v1/sandboxes/{}/exec", sb.id),
+            r#"{"command": "true", "timeout_seconds": -1}"#,
+        ),
+        (
+            format!("/v1/sandboxes/{}/exec", sb.id),
+            r#"{"command": []}"#,
+        ),
+        (format!("/v1/sandboxes/{}/exec", sb.id), r#"{}"#),
+    ] {
+        let r = post(&path, body).send().await.unwrap();
+        let err = error_body(r, 400, "INVALID_ARGUMENT").await;
+        if body.contains("tempalte") || body.contains("bogus") {
+            let message = err["message"].as_str().unwrap();
+            assert!(message.contains("unknown field"), "{err}");
+        }
+    }
+    let r = http
+        .post(format!("{url}/v1/sandboxes"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 400, "INVALID_ARGUMENT").await;
+
+    // An exec body over 1 MiB: 413 before it is read.
+    let big = json!({"command": "true", "stdin": "x".repeat(2 << 20)});
+    let r = http
+        .post(format!("{url}/v1/sandboxes/{}/exec", sb.id))
+        .json(&big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    // The unread rest of the body makes the connection unusable; the hub
+    // says so, and the requests below (on the same client) do not trip on it.
+    assert_eq!(r.headers()["connection"], "close");
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["code"].is_string() && body["message"].is_string(),
+        "{body}"
+    );
+
+    // Unknown ids, on every kind of route.
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/sandboxes/sb-doesnotexist"),
+        (reqwest::Method::DELETE, "/v1/sandboxes/sb-doesnotexist"),
+        (
+            reqwest::Method::POST,
+            "/v1/sandboxes/sb-doesnotexist/suspend",
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/sandboxes/sb-doesnotexist/snapshots",
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/sandboxes/sb-doesnotexist/files/x",
+        ),
+        (reqwest::Method::GET, "/v1/templates/no-such-template"),
+        (reqwest::Method::GET, "/v1/pools/no-such-pool"),
+        (reqwest::Method::GET, "/v1/no-such-route"),
+    ] {
+        let r = http
+            .request(method, format!("{url}{path}"))
+            .send()
+            .await
+            .unwrap();
+        error_body(r, 404, "NOT_FOUND").await;
+    }
+    let r = http
+        .post(format!("{url}/v1/sandboxes/sb-doesnotexist/exec"))
+        .json(&json!({"command": "true"}))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 404, "NOT_FOUND").await;
+    // A pid that is not a number is a bad argument, answered as JSON too.
+    let r = http
+        .post(format!(
+            "{url}/v1/sandboxes/{}/processes/not-a-pid/signal",
+            sb.id
+        ))
+        .json(&json!({"signal": "SIGTERM"}))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 400, "INVALID_ARGUMENT").await;
+    let r = http
+        .patch(format!("{url}/v1/sandboxes/{}", sb.id))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+
+    // Names must be DNS-1123 labels.
+    let r = http
+        .put(format!("{url}/v1/pools/Bad_Name"))
+        .json(&json!({"template": "default", "replicas": 1}))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 400, "INVALID_ARGUMENT").await;
+    let r = http
+        .put(format!("{url}/v1/templates/Bad_Name"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 400, "INVALID_ARGUMENT").await;
+    // Template values no kernel would take fail at PUT, not at every start.
+    for template in [
+        json!({"seed_dir": "relative/dir"}),
+        json!({"pids": 638154599100155904u64}),
+        json!({"memory_mb": 0}),
+        json!({"cpu": -1.0}),
+        json!({"env": {"": "x"}}),
+        json!({"tempalte": {}}),
+    ] {
+        let r = http
+            .put(format!("{url}/v1/templates/bad-values"))
+            .json(&template)
+            .send()
+            .await
+            .unwrap();
+        error_body(r, 400, "INVALID_ARGUMENT").await;
+    }
+    assert_eq!(err_code(c.get_template("bad-values").await), Code::NotFound);
+
+    // Path traversal out of the workspace: 403, and nothing lands outside.
+    let escape = hub.dir.path().join("escaped.txt");
+    let r = http
+        .get(format!(
+            "{url}/v1/sandboxes/{}/files/..%2F..%2Fetc%2Fpasswd",
+            sb.id
+        ))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 403, "PERMISSION_DENIED").await;
+    let r = http
+        .put(format!(
+            "{url}/v1/sandboxes/{}/files/..%2F..%2F..%2F..%2F..%2F..%2F..%2F..%2F{}",
+            sb.id,
+            escape
+                .display()
+                .to_string()
+                .trim_start_matches('/')
+                .replace('/', "%2F")
+        ))
+        .body("escaped")
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 403, "PERMISSION_DENIED").await;
+    assert!(!escape.exists());
+    // The literal `../..` on the wire (an HTTP client would normalize it).
+    let raw = raw_http(
+        hub.port,
+        &format!(
+            "GET /v1/sandboxes/{}/files/../../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            sb.id
+        ),
+    );
+    assert!(raw.starts_with("HTTP/1.1 403"), "{raw}");
+    assert!(raw.contains("PERMISSION_DENIED"), "{raw}");
+    assert!(!raw.contains("root:"), "{raw}");
+}
+
+/// One HTTP/1.1 exchange with the bytes exactly as given.
+fn raw_http(port: u16, request: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn listening_beyond_loopback_without_keys_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(common::EXE)
+        .args(["serve", "--listen", "0.0.0.0:0", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .env_remove("SANDHUB_API_KEYS_FILE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sandhub serve listened on 0.0.0.0 without an API keys file");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("refusing to listen on 0.0.0.0"), "{stderr}");
+    assert!(stderr.contains("--api-keys-file"), "{stderr}");
+}
+
+// ------------------------------------------------------------------ streaming
+
+#[tokio::test]
+async fn processes_stream_ndjson_take_stdin_and_signals() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let http = hub.http();
+    let sb = create_from(&c, "default").await;
+
+    // Events in order: started, two stdout chunks, exited.
+    let (mut events, _) = start_raw(&hub, &sb.id, json!("echo a; sleep 0.2; echo b")).await;
+    let mut rest = Vec::new();
+    while let Some(ev) = events.next().await {
+        rest.push(ev);
+    }
+    let kinds: Vec<&str> = rest.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["stdout", "stdout", "exited"], "{rest:?}");
+    assert_eq!(b64(&rest[0]["data"]), b"a\n");
+    assert_eq!(b64(&rest[1]["data"]), b"b\n");
+    assert_eq!(rest[2]["exit_code"], 0);
+
+    // stdin, then EOF, through the REST routes.
+    let (mut cat, pid) = start_raw(&hub, &sb.id, json!(["cat"])).await;
+    let stdin = format!("{}/v1/sandboxes/{}/processes/{pid}/stdin", hub.url(), sb.id);
+    let r = http
+        .post(&stdin)
+        .header("content-type", "application/octet-stream")
+        .body("hello\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let r = http.post(format!("{stdin}?eof=true")).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(cat.finish().await, ("hello\n".to_string(), 0));
+
+    // SIGTERM: the process group ends with 128 + 15.
+    let (mut sleeper, pid) = start_raw(&hub, &sb.id, json!(["sleep", "30"])).await;
+    let r = http
+        .post(format!(
+            "{}/v1/sandboxes/{}/processes/{pid}/signal",
+            hub.url(),
+            sb.id
+        ))
+        .json(&json!({"signal": "SIGTERM"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(sleeper.finish().await.1, 143);
+
+    // An unknown signal is a bad argument.
+    let (_events, pid) = start_raw(&hub, &sb.id, json!(["sleep", "30"])).await;
+    let r = http
+        .post(format!(
+            "{}/v1/sandboxes/{}/processes/{pid}/signal",
+            hub.url(),
+            sb.id
+        ))
+        .json(&json!({"signal": "SIGSEGV"}))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 400, "INVALID_ARGUMENT").await;
+}
+
+#[tokio::test]
+async fn watch_streams_changes_as_sse() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = create_from(&c, "default").await;
+
+    let raw = hub
+        .http()
+        .get(format!("{}/v1/sandboxes/{}/watch", hub.url(), sb.id))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 200);
+    assert!(raw.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    drop(raw);
+
+    let mut watch = c.watch(&sb.id, "", false).await.unwrap();
+    // The watch is established once the hub answered; give the watcher a
+    // moment to be armed inside the sandbox before the write.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    write_bytes(&c, &sb.id, "watched.txt", "x", WriteOptions::default())
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &sandhub_client::WatchEvent| {
+        e.kind == WatchKind::Create && e.path == "/watched.txt"
+    }) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let batch = tokio::time::timeout(left, watch.next())
+            .await
+            .unwrap_or_else(|_| panic!("no CREATE for /watched.txt; saw {seen:?}"))
+            .expect("the watch ended")
+            .expect("a watch batch");
+        seen.extend(batch);
+    }
+    let created = seen.iter().find(|e| e.path == "/watched.txt").unwrap();
+    assert!(!created.is_dir, "{created:?}");
+}
+
+#[tokio::test]
+async fn pty_over_websocket_runs_a_command() {
+    use tokio_tungstenite::tungstenite::Message;
+
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = create_from(&c, "default").await;
+
+    let url = format!(
+        "ws://127.0.0.1:{}/v1/sandboxes/{}/pty?command=echo%20hi&cols=100&rows=30",
+        hub.port, sb.id
+    );
+    let (mut ws, response) = tokio_tungstenite::connect_async(url.as_str())
+        .await
+        .expect("WebSocket upgrade");
+    assert_eq!(response.status(), 101);
+    let mut output = Vec::new();
+    let exit = loop {
+        let msg = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("the terminal stalled")
+            .expect("the socket closed before the exit code")
+            .unwrap();
+        match msg {
+            Message::Binary(b) => output.extend_from_slice(&b),
+            Message::Text(t) => break serde_json::from_str::<Value>(t.as_str()).unwrap(),
+            Message::Close(_) => panic!("closed before the exit code"),
+            _ => {}
+        }
+    };
+    assert_eq!(exit, json!({"exit_code": 0}));
+    let output = String::from_utf8_lossy(&output);
+    assert!(output.contains("hi"), "{output:?}");
+
+    // Without an upgrade the route answers with a JSON error.
+    let plain = hub
+        .http()
+        .get(format!("{}/v1/sandboxes/{}/pty", hub.url(), sb.id))
+        .send()
+        .await
+        .unwrap();
+    assert!(plain.status().is_client_error());
+    let body: Value = plain.json().await.unwrap();
+    assert_eq!(body["code"], "INVALID_ARGUMENT");
+}
+
+// ------------------------------------------------------------------ OpenAPI
+
+#[tokio::test]
+async fn openapi_document_describes_every_route() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let doc: Value = hub
+        .http()
+        .get(format!("{}/openapi.json", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let version = doc["openapi"].as_str().unwrap();
+    assert!(version.starts_with("3.1."), "openapi: {version}");
+    let routes: &[(&str, &[&str])] = &[
+        ("/healthz", &["get"]),
+        ("/readyz", &["get"]),
+        ("/metrics", &["get"]),
+        ("/v1/sandboxes", &["get", "post"]),
+        ("/v1/sandboxes/{id}", &["get", "delete"]),
+        ("/v1/sandboxes/{id}/exec", &["post"]),
+        ("/v1/sandboxes/{id}/processes", &["post"]),
+        ("/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
+        ("/v1/sandboxes/{id}/processes/{pid}/signal", &["post"]),
+        ("/v1/sandboxes/{id}/processes/{pid}/resize", &["post"]),
+        ("/v1/sandboxes/{id}/pty", &["get"]),
+        ("/v1/sandboxes/{id}/watch", &["get"]),
+        (
+            "/v1/sandboxes/{id}/files/{path}",
+            &["get", "head", "put", "delete"],
+        ),
+        ("/v1/sandboxes/{id}/suspend", &["post"]),
+        ("/v1/sandboxes/{id}/resume", &["post"]),
+        ("/v1/sandboxes/{id}/snapshots", &["get", "post"]),
+        ("/v1/sandboxes/{id}/reset", &["post"]),
+        ("/v1/sandboxes/{id}/fork", &["post"]),
+        ("/v1/templates", &["get"]),
+        ("/v1/templates/{name}", &["get", "put", "delete"]),
+        ("/v1/pools", &["get"]),
+        ("/v1/pools/{name}", &["get", "put", "delete"]),
+    ];
+    for (path, methods) in routes {
+        let item = &doc["paths"][path];
+        assert!(item.is_object(), "{path} is not in the OpenAPI document");
+        for m in *methods {
+            let op = &item[m];
+            assert!(op.is_object(), "{m} {path} is not in the OpenAPI document");
+            // Path parameters are in the path; everything else is not.
+            for param in op["parameters"].as_array().into_iter().flatten() {
+                let name = param["name"].as_str().unwrap();
+                let in_path = path.contains(&format!("{{{name}}}"));
+                assert_eq!(
+                    param["in"] == "path",
+                    in_path,
+                    "{m} {path}: parameter {param}"
+                );
+            }
+            // What every route can answer: 401 behind the key, 400 and 413
+            // for a body.
+            let responses = &op["responses"];
+            if op["security"].is_null() {
+                assert!(responses["401"].is_object(), "{m} {path} lacks 401");
+            }
+            if op["requestBody"].is_object() {
+                assert!(responses["400"].is_object(), "{m} {path} lacks 400");
+                assert!(responses["413"].is_object(), "{m} {path} lacks 413");
+            }
+            // OpenAPI requires a description on every response.
+            for (status, response) in op["responses"].as_object().unwrap() {
+                assert!(
+                    response["description"]
+                        .as_str()
+                        .is_some_and(|d| !d.is_empty()),
+                    "{m} {path} {status} has no description"
+                );
+            }
+        }
+    }
+    for schema in [
+        "ErrorBody",
+        "Sandbox",
+        "CreateSandbox",
+        "ExecRequest",
+        "ExecResult",
+        "Template",
+        "NamedTemplate",
+        "Pool",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "schema {schema} missing"
+        );
+    }
+    // A named template is one object: `name` plus the template's fields.
+    let named = &doc["components"]["schemas"]["NamedTemplate"];
+    assert!(named["properties"]["name"].is_object(), "{named}");
+    assert!(named["properties"]["seed_dir"].is_object(), "{named}");
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}
