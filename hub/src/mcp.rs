@@ -62,6 +62,10 @@ pub struct McpArgs {
     /// Embedded hub: run sandboxes without cgroup limits where none can be had.
     #[arg(long, env = "SANDHUB_ALLOW_NO_CGROUP_LIMITS")]
     pub allow_no_cgroup_limits: bool,
+
+    /// Embedded hub: host directories templates may name (comma-separated).
+    #[arg(long, env = "SANDHUB_TEMPLATE_DIRS", value_delimiter = ',')]
+    pub template_dirs: Vec<PathBuf>,
 }
 
 /// `sandhub mcp`: MCP on stdio, so a desktop client needs one command.
@@ -72,8 +76,14 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
             sandhub_mcp::serve_stdio(client).await
         }
         None => {
-            let hub =
-                crate::serve::embedded_hub(args.state_dir, args.allow_no_cgroup_limits).await?;
+            let hub = crate::serve::embedded_hub(
+                args.state_dir,
+                args.allow_no_cgroup_limits,
+                &args.template_dirs,
+            )
+            .await?;
+            // Deadlines and pools still need minding while this process runs.
+            hub.spawn_background(std::time::Duration::from_secs(1));
             sandhub_mcp::serve_stdio(TenantSandboxes(hub)).await
         }
     }

@@ -32,6 +32,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHUB_ALLOW_NO_CGROUP_LIMITS")]
     pub allow_no_cgroup_limits: bool,
 
+    /// Host directories templates may use as `root_fs` or `seed_dir`
+    /// (comma-separated); none by default, so a tenant can never name `/`.
+    #[arg(long, env = "SANDHUB_TEMPLATE_DIRS", value_delimiter = ',')]
+    pub template_dirs: Vec<PathBuf>,
+
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
     #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub reap_interval: Duration,
@@ -54,7 +59,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let hub = embedded_hub(args.state_dir.clone(), args.allow_no_cgroup_limits).await?;
+    let hub = embedded_hub(
+        args.state_dir.clone(),
+        args.allow_no_cgroup_limits,
+        &args.template_dirs,
+    )
+    .await?;
     hub.spawn_background(args.reap_interval);
     let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
     let (app, mcp_stop) = rest::app(
@@ -87,7 +97,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 pub async fn embedded_hub(
     state_dir: Option<PathBuf>,
     allow_no_cgroup_limits: bool,
+    template_dirs: &[PathBuf],
 ) -> anyhow::Result<Arc<Hub>> {
+    let template_dirs = template_dirs
+        .iter()
+        .map(|d| {
+            d.canonicalize()
+                .with_context(|| format!("--template-dirs {}", d.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let state_dir = state_dir.unwrap_or_else(default_state_dir);
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state dir {}", state_dir.display()))?;
@@ -97,7 +115,7 @@ pub async fn embedded_hub(
         crate::backend::local::LocalBackend::new(&state_dir, allow_no_cgroup_limits)
             .context("starting the local backend")?,
     );
-    let hub = Hub::new(store, backend);
+    let hub = Hub::with_template_dirs(store, backend, template_dirs);
     hub.recover()
         .await
         .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;

@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -36,6 +36,7 @@ const MAX_LABELS: usize = 64;
 
 pub struct Hub {
     pub store: Store,
+    template_dirs: Vec<PathBuf>,
     backend: Arc<dyn Backend>,
     clients: Mutex<HashMap<String, SandboxdClient>>,
     /// Wakes the pool refiller after a claim or a pool change.
@@ -147,7 +148,7 @@ fn check_lifetime(name: &str, v: Option<u64>) -> Result<()> {
     }
 }
 
-fn check_template(t: &Template) -> Result<()> {
+fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<()> {
     if let Some(cpu) = t.cpu {
         if !(cpu.is_finite() && cpu > 0.0 && cpu <= MAX_CPU) {
             return Err(invalid(format!(
@@ -173,16 +174,59 @@ fn check_template(t: &Template) -> Result<()> {
                     "{what} must be an absolute path to an existing directory on the hub's host: {dir}"
                 )));
             }
+            check_template_dir(what, p, template_dirs)?;
         }
     }
     Ok(())
 }
 
+/// A template may only name host directories the operator allowed: any
+/// other (`/`, `/root`) would hand a tenant the host's files.
+fn check_template_dir(what: &str, dir: &Path, allowed: &[PathBuf]) -> Result<()> {
+    let real = dir
+        .canonicalize()
+        .map_err(|e| invalid(format!("{what} {}: {e}", dir.display())))?;
+    if allowed.iter().any(|a| real.starts_with(a)) {
+        return Ok(());
+    }
+    Err(Error::new(
+        Code::PermissionDenied,
+        if allowed.is_empty() {
+            format!(
+                "{what} {} is not allowed: this hub was started without --template-dirs, \
+                 so templates cannot name host directories",
+                dir.display()
+            )
+        } else {
+            format!(
+                "{what} {} is not under any of the hub's --template-dirs ({})",
+                dir.display(),
+                allowed
+                    .iter()
+                    .map(|a| a.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        },
+    ))
+}
+
 impl Hub {
     pub fn new(store: Store, backend: Arc<dyn Backend>) -> Arc<Self> {
+        Self::with_template_dirs(store, backend, Vec::new())
+    }
+
+    /// `template_dirs`: the host directories templates may name as
+    /// `root_fs` or `seed_dir` (canonical paths).
+    pub fn with_template_dirs(
+        store: Store,
+        backend: Arc<dyn Backend>,
+        template_dirs: Vec<PathBuf>,
+    ) -> Arc<Self> {
         Arc::new(Hub {
             store,
             backend,
+            template_dirs,
             clients: Mutex::new(HashMap::new()),
             pools_changed: Notify::new(),
             launching: Mutex::new(HashMap::new()),
@@ -759,7 +803,7 @@ impl Sandboxes for TenantHub {
 
     async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
         check_name("template", name)?;
-        check_template(&template)?;
+        check_template(&template, &self.hub.template_dirs)?;
         self.hub.store.put_template(&self.tenant, name, &template)?;
         Ok(NamedTemplate {
             name: name.to_string(),

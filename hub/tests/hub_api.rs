@@ -1599,3 +1599,45 @@ async fn openapi_document_describes_every_route() {
         "bearer"
     );
 }
+
+#[tokio::test]
+async fn templates_cannot_name_host_directories_outside_template_dirs() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let http = hub.http();
+    for (field, dir) in [
+        ("seed_dir", "/"),
+        ("root_fs", "/"),
+        ("seed_dir", "/root"),
+        ("root_fs", "/etc"),
+    ] {
+        let r = http
+            .put(format!("{}/v1/templates/escape", hub.url()))
+            .json(&json!({ field: dir }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{field}={dir}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["code"], "PERMISSION_DENIED", "{body}");
+    }
+    // A symlink inside the allowed directory that points out is refused too.
+    let link = hub.dir.path().join("sneaky");
+    std::os::unix::fs::symlink("/etc", &link).unwrap();
+    let r = http
+        .put(format!("{}/v1/templates/escape", hub.url()))
+        .json(&json!({ "seed_dir": link.display().to_string() }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // Inside the allowed directory is fine.
+    let seed = hub.dir.path().join("seed-ok");
+    std::fs::create_dir(&seed).unwrap();
+    let r = http
+        .put(format!("{}/v1/templates/fine", hub.url()))
+        .json(&json!({ "seed_dir": seed.display().to_string() }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

@@ -131,7 +131,9 @@ impl TestHub {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--reap-interval")
-            .arg("300ms");
+            .arg("300ms")
+            .arg("--template-dirs")
+            .arg(self.dir.path());
         if self.options.api_keys {
             cmd.arg("--api-keys-file")
                 .arg(self.dir.path().join("api-keys"));
