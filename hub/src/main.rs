@@ -69,7 +69,7 @@ fn main() -> anyhow::Result<()> {
         sandhub::local::init::main(std::env::args_os().skip(2).collect());
     }
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    sandboxd::logging::init(&cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -92,17 +92,4 @@ fn main() -> anyhow::Result<()> {
             Command::Fork(args) => cli::exit(cli::sandbox::fork(args).await),
         }
     })
-}
-
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }

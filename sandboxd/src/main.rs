@@ -5,7 +5,7 @@ use sandboxd::{server, Config, Daemon};
 
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
-    init_logging(&config.log_format);
+    sandboxd::logging::init(&config.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -13,17 +13,4 @@ fn main() -> anyhow::Result<()> {
         let daemon = Daemon::new(config)?;
         server::run(daemon).await
     })
-}
-
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }
