@@ -8,6 +8,7 @@
 //! writeback; and the side that goes first alternates between rounds.
 
 use std::{
+    future::Future,
     io::{Read, Write},
     path::Path,
     time::{Duration, Instant},
@@ -66,30 +67,31 @@ pub async fn run(http: &reqwest::Client, plan: &Plan<'_>) -> anyhow::Result<File
             break;
         }
         eprintln!("files: round {}/{}", round + 1, plan.repeats);
+        // Whoever goes first alternates, so neither side always meets the
+        // state the other one left behind.
         let cp_first = round % 2 == 0;
         // Upload: source -> sandbox root. Sandboxd's copy then becomes the
         // source of the download, for both sides.
         let up_cp = plan.outside.join("cp-upload.bin");
-        for cp_turn in [cp_first, !cp_first] {
-            if cp_turn {
-                let t = timed(&up_cp, plan, cp(&source, &up_cp, plan)).await?;
-                result.upload_cp.push(mbps(plan.size, t));
-            } else {
-                let t = timed(&remote, plan, upload(http, &url, &source, plan)).await?;
-                result.upload_rest.push(mbps(plan.size, t));
-            }
-        }
+        let (cp_t, rest_t) = in_order(
+            cp_first,
+            timed(&up_cp, plan, cp(&source, &up_cp, plan)),
+            timed(&remote, plan, upload(http, &url, &source, plan)),
+        )
+        .await?;
+        result.upload_cp.push(mbps(plan.size, cp_t));
+        result.upload_rest.push(mbps(plan.size, rest_t));
+
         let down_cp = plan.outside.join("cp-download.bin");
         let down_rest = plan.outside.join("rest-download.bin");
-        for cp_turn in [cp_first, !cp_first] {
-            if cp_turn {
-                let t = timed(&down_cp, plan, cp(&remote, &down_cp, plan)).await?;
-                result.download_cp.push(mbps(plan.size, t));
-            } else {
-                let t = timed(&down_rest, plan, download(http, &url, &down_rest, plan)).await?;
-                result.download_rest.push(mbps(plan.size, t));
-            }
-        }
+        let (cp_t, rest_t) = in_order(
+            cp_first,
+            timed(&down_cp, plan, cp(&remote, &down_cp, plan)),
+            timed(&down_rest, plan, download(http, &url, &down_rest, plan)),
+        )
+        .await?;
+        result.download_cp.push(mbps(plan.size, cp_t));
+        result.download_rest.push(mbps(plan.size, rest_t));
     }
     ensure!(
         !result.upload_cp.is_empty() && !result.download_rest.is_empty(),
@@ -98,16 +100,31 @@ pub async fn run(http: &reqwest::Client, plan: &Plan<'_>) -> anyhow::Result<File
     Ok(result)
 }
 
+/// Runs two lazy futures one after the other, `a` first if `a_first`.
+async fn in_order<A, B>(a_first: bool, a: A, b: B) -> anyhow::Result<(Duration, Duration)>
+where
+    A: Future<Output = anyhow::Result<Duration>>,
+    B: Future<Output = anyhow::Result<Duration>>,
+{
+    if a_first {
+        let a = a.await?;
+        Ok((a, b.await?))
+    } else {
+        let b = b.await?;
+        Ok((a.await?, b))
+    }
+}
+
 /// Prepares `dst` (removed, dirty pages flushed), runs the transfer, and
 /// checks that `dst` ends up with every byte. The returned time covers the
 /// transfer only.
 async fn timed(
     dst: &Path,
     plan: &Plan<'_>,
-    transfer: impl std::future::Future<Output = anyhow::Result<Duration>>,
+    transfer: impl Future<Output = anyhow::Result<Duration>>,
 ) -> anyhow::Result<Duration> {
-    // The future has not started yet: futures are lazy, so preparing here
-    // still happens before the transfer.
+    // `transfer` is lazy: nothing of it has run yet, so this preparation
+    // really happens first.
     match std::fs::remove_file(dst) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -161,14 +178,13 @@ async fn upload(
     // them inline keeps the client on one thread instead of hopping through
     // tokio's blocking pool for every chunk, which would bill the client's
     // overhead to sandboxd.
+    // `read_to_end` into reserved capacity fills the buffer without zeroing
+    // it first: a memset per chunk would be client overhead too.
     let chunks = std::iter::from_fn(move || {
-        let mut buf = vec![0u8; CHUNK];
-        match file.read(&mut buf) {
+        let mut buf = Vec::with_capacity(CHUNK);
+        match (&mut file).take(CHUNK as u64).read_to_end(&mut buf) {
             Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some(Ok::<_, std::io::Error>(buf))
-            }
+            Ok(_) => Some(Ok::<_, std::io::Error>(buf)),
             Err(e) => Some(Err(e)),
         }
     });
