@@ -15,13 +15,9 @@ use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
 use super::{Backend, LaunchRequest};
 use crate::{
-    local::{self, Launched, Runtime, RuntimeError, SandboxSpec},
+    local::{self, Launched, Runtime, RuntimeError, SandboxSpec, RESET_ROUTE},
     store::SandboxRow,
 };
-
-/// The sandboxd route (served only inside local sandboxes) that resets the
-/// workspace overlay from within the sandbox's own namespaces.
-pub const RESET_ROUTE: &str = "/v1/_sandhub/reset";
 
 pub struct LocalBackend {
     runtime: Arc<Runtime>,

@@ -393,12 +393,6 @@ impl SandboxCgroup {
         Ok(all)
     }
 
-    /// Current value of a controller file, e.g. `pids.max` (for tests and
-    /// diagnostics).
-    pub fn read(&self, file: &str) -> io::Result<String> {
-        std::fs::read_to_string(self.file(file)).map(|s| s.trim().to_string())
-    }
-
     /// SIGKILLs every process in the cgroup until it is empty, then removes
     /// it. Safe against pid reuse: each pid is pinned with a pidfd and only
     /// signalled if it is still listed in the cgroup after pinning.
@@ -446,11 +440,6 @@ impl SandboxCgroup {
             }
         }
         Ok(true)
-    }
-
-    /// True when any cgroup dir of this sandbox exists.
-    pub fn exists(&self) -> bool {
-        self.dirs().iter().any(|d| d.exists())
     }
 }
 

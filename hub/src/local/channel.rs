@@ -4,22 +4,24 @@
 //! made inheritable in the (multi-threaded) hub.
 //!
 //! ```text
-//! hub                                   sandbox
-//!  | -- Config(json) ------------------> stage 1 (already in the cgroup)
-//!  | <------------------------ ShimPid -- shim, after unshare()
+//! hub                                      sandbox
+//!  | -- Config(json) ---------------------> stage 1
+//!  |  (moves stage 1 into the cgroup,       unshares user, mount, UTS, IPC,
+//!  |   in parallel with the right side)     net; opens host paths
+//!  | <-------------------------- Unshared -- stage 1
 //!  |  (writes uid_map/gid_map)
-//!  | -- Mapped ------------------------> shim becomes root, forks PID 1
-//!  | <--------------------------- Ready -- sandboxd, once its sockets accept
-//!  | <-------------------- Error(text) -- any stage, instead of the above
+//!  | -- Mapped ---------------------------> stage 1 becomes root, forks the shim, exits
+//!  | <--------------------------- ShimPid -- shim, after unsharing PID + cgroup
+//!  | <----------------------------- Ready -- sandboxd, once its sockets accept
+//!  | <---------------------- Error(text) -- any stage, instead of the above
 //! ```
+//!
+//! The cgroup move overlaps stage 1's exec and unshare because on cgroup
+//! v1 the first migration after a quiet period waits for an RCU grace
+//! period (5-15 ms here); `Mapped` is sent only once the move is done, so
+//! the shim and everything it forks start inside the cgroup.
 
-use std::{
-    collections::BTreeMap,
-    io,
-    os::fd::{AsFd, OwnedFd},
-    path::PathBuf,
-    time::Duration,
-};
+use std::{collections::BTreeMap, io, os::fd::OwnedFd, path::PathBuf, time::Duration};
 
 use rustix::net::{self, RecvFlags, SendFlags};
 use serde::{Deserialize, Serialize};
@@ -48,6 +50,7 @@ pub(crate) struct InitConfig {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Msg {
     Config(Vec<u8>),
+    Unshared,
     ShimPid(i32),
     Mapped,
     Ready,
@@ -55,6 +58,7 @@ pub(crate) enum Msg {
 }
 
 const CONFIG: u8 = b'C';
+const UNSHARED: u8 = b'U';
 const SHIM_PID: u8 = b'P';
 const MAPPED: u8 = b'M';
 const READY: u8 = b'R';
@@ -92,6 +96,7 @@ impl Channel {
                 buf.push(SHIM_PID);
                 buf.extend_from_slice(&pid.to_le_bytes());
             }
+            Msg::Unshared => buf.push(UNSHARED),
             Msg::Mapped => buf.push(MAPPED),
             Msg::Ready => buf.push(READY),
             Msg::Error(text) => {
@@ -158,10 +163,6 @@ impl Channel {
         };
         decode(&buf[..got]).map(Some)
     }
-
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.0.as_fd()
-    }
 }
 
 fn decode(buf: &[u8]) -> io::Result<Msg> {
@@ -170,6 +171,7 @@ fn decode(buf: &[u8]) -> io::Result<Msg> {
     Ok(match tag {
         CONFIG => Msg::Config(body.to_vec()),
         SHIM_PID => Msg::ShimPid(i32::from_le_bytes(body.try_into().map_err(|_| bad())?)),
+        UNSHARED => Msg::Unshared,
         MAPPED => Msg::Mapped,
         READY => Msg::Ready,
         ERROR => Msg::Error(String::from_utf8_lossy(body).into_owned()),
@@ -187,6 +189,7 @@ mod tests {
         let other = Channel(other);
         for msg in [
             Msg::Config(b"{\"a\":1}".to_vec()),
+            Msg::Unshared,
             Msg::ShimPid(4242),
             Msg::Mapped,
             Msg::Ready,

@@ -5,26 +5,29 @@
 //!
 //! 1. **stage 1** reads the config, lowers its `oom_score_adj` to -900
 //!    (only possible before leaving the initial user namespace; PID 1 and
-//!    sandboxd inherit it, workloads reset it in `child_setup`), forks the
-//!    shim and exits, so the shim is nobody's child in the hub;
-//! 2. **the shim** leaves the hub's session, unshares the user, mount, PID,
-//!    UTS, IPC, cgroup (and network) namespaces, opens the host paths it
-//!    needs, reports its pid; once the hub wrote its id maps it becomes
-//!    root inside, forks PID 1 and waits for it. Its host pid plus start
-//!    time identify the sandbox across hub restarts;
+//!    sandboxd inherit it, workloads reset it in `child_setup`), unshares
+//!    the user, mount, UTS, IPC (and network) namespaces and opens the
+//!    host paths it needs. Once the hub wrote its id maps (and moved it
+//!    into its cgroup) it becomes root inside, forks the shim and exits,
+//!    so the hub never has a long-lived child to reap;
+//! 2. **the shim** leaves the hub's session, unshares the PID and cgroup
+//!    namespaces, reports its pid, forks PID 1 and waits for it. Its host
+//!    pid plus start time identify the sandbox across hub restarts;
 //! 3. **PID 1** builds the root filesystem, sets the hostname, brings `lo`
 //!    up, forks sandboxd (always PID 2) and then only reaps: orphans of the
 //!    sandbox land on it, and tokio in sandboxd reaps only its own
 //!    children. It forwards SIGTERM to sandboxd and exits with it;
-//! 4. **sandboxd** serves REST and gRPC on the socket dir and tells the hub
-//!    it is ready once both sockets accept connections.
+//! 4. **sandboxd** serves REST and gRPC on the socket dir (plus the reset
+//!    route, see `routes.rs`), starts every workload through
+//!    `child_setup` (seccomp, `no_new_privs`), and tells the hub it is ready
+//!    once both sockets accept connections.
 //!
 //! Stage 1, the shim and PID 1 stay single-threaded: `unshare
 //! (CLONE_NEWUSER)` demands it, and they fork.
 
 use std::{
     ffi::OsString,
-    os::fd::{AsFd, FromRawFd, OwnedFd},
+    os::fd::{FromRawFd, OwnedFd},
     path::Path,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -33,8 +36,9 @@ use std::{
 use super::{
     channel::{Channel, InitConfig, Msg},
     mounts::{self, HostFds},
+    routes, seccomp,
     sys::{self, Forked},
-    workspace::{self, WorkspaceLayout, SANDBOXD_PID, SOCKET_DIR, WORKSPACE},
+    workspace::{self, SANDBOXD_PID, SOCKET_DIR, WORKSPACE},
 };
 
 /// The hidden subcommand `main.rs` dispatches here.
@@ -43,35 +47,18 @@ pub const SUBCOMMAND: &str = "__sandbox-init";
 /// OOM score of the sandbox's own machinery (shim, PID 1, sandboxd).
 const MACHINERY_OOM_SCORE_ADJ: &str = "-900";
 
-/// Entry point of `sandhub __sandbox-init [ARGS]`; `args` excludes the
-/// subcommand. Must be called before any thread (tokio) exists.
-///
-/// - no arguments: start a sandbox (stage 1; the hub is on stdin);
-/// - `reset <shim-pid>`: reset that sandbox's workspace from outside by
-///   entering its namespaces (tests and debugging; the hub's route goes
-///   through sandboxd instead). Prints `reset_us=<microseconds>`.
+/// Entry point of `sandhub __sandbox-init`; `args` (after the subcommand)
+/// must be empty: the hub sends everything over stdin. Must be called
+/// before any thread (tokio) exists.
 pub fn main(args: Vec<OsString>) -> ! {
-    let args: Vec<String> = args
-        .into_iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    match args.first().map(String::as_str) {
-        None => stage1(),
-        Some("reset") => {
-            let code = match args.get(1).and_then(|p| p.parse().ok()) {
-                Some(pid) => reset_from_outside(pid),
-                None => {
-                    eprintln!("usage: sandhub {SUBCOMMAND} reset <shim-pid>");
-                    2
-                }
-            };
-            sys::exit_now(code)
-        }
-        Some(other) => {
-            eprintln!("sandhub {SUBCOMMAND}: unknown mode {other:?}");
-            sys::exit_now(2)
-        }
+    if let Some(extra) = args.first() {
+        eprintln!(
+            "sandhub {SUBCOMMAND}: unexpected argument {extra:?} (this subcommand is \
+             internal: the hub starts sandboxes with it)"
+        );
+        sys::exit_now(2)
     }
+    stage1()
 }
 
 /// Reports `msg` to the hub (best effort) and the log, then exits.
@@ -95,29 +82,18 @@ fn stage1() -> ! {
         Err(e) => fail(&chan, format!("reading the config: {e}")),
     };
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", MACHINERY_OOM_SCORE_ADJ) {
-        // Rootless: lowering needs CAP_SYS_RESOURCE; run unprotected.
-        eprintln!("sandbox init: cannot lower oom_score_adj: {e}");
+        // Lowering needs CAP_SYS_RESOURCE (rootless, or a container that
+        // dropped it): run unprotected rather than not at all.
+        eprintln!(
+            "sandbox init: cannot lower oom_score_adj to {MACHINERY_OOM_SCORE_ADJ} \
+             (needs CAP_SYS_RESOURCE): {e}; the OOM killer may pick sandboxd"
+        );
     }
-    match sys::fork() {
-        Ok(Forked::Parent(_)) => sys::exit_now(0),
-        Ok(Forked::Child) => shim(chan, cfg),
-        Err(e) => fail(&chan, format!("fork: {e}")),
-    }
-}
-
-fn shim(chan: Channel, cfg: InitConfig) -> ! {
-    if let Err(e) = sys::setsid() {
-        fail(&chan, format!("setsid: {e}"));
-    }
-    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
-        let _ = sys::ignore_signal(sig);
-    }
-    let mut flags = libc::CLONE_NEWUSER
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWCGROUP;
+    // PID and cgroup namespaces come later, in the shim: the first child
+    // after CLONE_NEWPID is the namespace's init, and the cgroup namespace
+    // must be rooted at the sandbox's cgroup, which we may not be in yet.
+    let mut flags =
+        libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
     if !cfg.network_host {
         flags |= libc::CLONE_NEWNET;
     }
@@ -132,13 +108,15 @@ fn shim(chan: Channel, cfg: InitConfig) -> ! {
         };
         fail(&chan, format!("unshare namespaces: {e}{hint}"));
     }
+    // Still the hub's host ids here, so host paths resolve as for the hub.
     let host = match HostFds::open(&cfg) {
         Ok(h) => h,
         Err(e) => fail(&chan, e.to_string()),
     };
-    if let Err(e) = chan.send(&Msg::ShimPid(sys::getpid())) {
-        fail(&chan, format!("reporting the shim pid: {e}"));
+    if let Err(e) = chan.send(&Msg::Unshared) {
+        fail(&chan, format!("reporting the new namespaces: {e}"));
     }
+    // Mapped: the id maps are written and we are in the sandbox's cgroup.
     match chan.recv(None) {
         Ok(Some(Msg::Mapped)) => {}
         Ok(Some(other)) => fail(&chan, format!("expected Mapped, got {other:?}")),
@@ -146,6 +124,30 @@ fn shim(chan: Channel, cfg: InitConfig) -> ! {
     }
     if let Err(e) = sys::become_root(cfg.idmap.allows_setgroups()) {
         fail(&chan, format!("becoming root in the user namespace: {e}"));
+    }
+    // The shim is forked and stage 1 exits, so the hub (which reaps stage 1
+    // at once) never has a long-lived child to reap.
+    match sys::fork() {
+        Ok(Forked::Parent(_)) => sys::exit_now(0),
+        Ok(Forked::Child) => shim(chan, cfg, host),
+        Err(e) => fail(&chan, format!("forking the shim: {e}")),
+    }
+}
+
+fn shim(chan: Channel, cfg: InitConfig, host: HostFds) -> ! {
+    // Names for `ps`/`top` on the host (argv stays `sandhub __sandbox-init`).
+    let _ = rustix::thread::set_name(c"sandhub-shim");
+    if let Err(e) = sys::setsid() {
+        fail(&chan, format!("setsid: {e}"));
+    }
+    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
+        let _ = sys::ignore_signal(sig);
+    }
+    if let Err(e) = sys::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWCGROUP) {
+        fail(&chan, format!("unshare PID and cgroup namespaces: {e}"));
+    }
+    if let Err(e) = chan.send(&Msg::ShimPid(sys::getpid())) {
+        fail(&chan, format!("reporting the shim pid: {e}"));
     }
     let pid1 = match sys::fork() {
         Ok(Forked::Child) => pid1(chan, cfg, host),
@@ -156,15 +158,15 @@ fn shim(chan: Channel, cfg: InitConfig) -> ! {
     let _ = sys::null_over(0);
     std::mem::forget(chan); // fd 0 now is /dev/null
     let _ = sys::forward_signals_to(pid1, &[libc::SIGTERM]);
-    loop {
-        match sys::waitpid(pid1, 0) {
-            Ok((_, status)) => sys::exit_now(sys::exit_code(status)),
-            Err(_) => sys::exit_now(1),
-        }
+    // waitpid retries EINTR (forwarded SIGTERMs) itself.
+    match sys::waitpid(pid1, 0) {
+        Ok((_, status)) => sys::exit_now(sys::exit_code(status)),
+        Err(_) => sys::exit_now(1),
     }
 }
 
 fn pid1(chan: Channel, cfg: InitConfig, host: HostFds) -> ! {
+    let _ = rustix::thread::set_name(c"sandhub-init");
     // If the shim dies (stop, kill -9), the whole sandbox goes with it:
     // killing a PID namespace's init kills every process in it.
     if let Err(e) = sys::set_parent_death_signal(libc::SIGKILL) {
@@ -217,8 +219,15 @@ fn base_env(cfg: &InitConfig) -> Vec<(String, String)> {
 }
 
 fn sandboxd_main(chan: Channel, cfg: InitConfig) -> ! {
-    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
-        let _ = sys::default_signal(sig);
+    let _ = rustix::thread::set_name(c"sandboxd");
+    // Ignored dispositions survive exec: undo the shim's and any the hub
+    // was started with (nohup, a shell ignoring SIGQUIT), or workloads
+    // could not be interrupted. SIGPIPE stays ignored, as in any Rust
+    // program (std restores it for the children it spawns).
+    for sig in 1..32 {
+        if ![libc::SIGKILL, libc::SIGSTOP, libc::SIGPIPE].contains(&sig) {
+            let _ = sys::default_signal(sig);
+        }
     }
     // Parsed before the template's env is applied, so `SANDBOXD_*`
     // variables in it cannot reconfigure the daemon.
@@ -256,9 +265,11 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig) -> ! {
     };
     let chan = Arc::new(Mutex::new(Some(chan)));
     let result = rt.block_on(async {
-        let daemon = sandboxd::Daemon::new(config)?;
+        // Workloads get the seccomp filter, no_new_privs and a normal OOM
+        // score; sandboxd itself keeps its mount rights for resets.
+        let daemon = sandboxd::Daemon::with_child_setup(config, Some(seccomp::child_setup))?;
         tokio::spawn(announce_ready(chan.clone()));
-        sandboxd::server::run(daemon).await
+        sandboxd::server::run_with(daemon, routes::extra_routes()).await
     });
     match result {
         Ok(()) => sys::exit_now(0),
@@ -302,51 +313,4 @@ async fn announce_ready(chan: Arc<Mutex<Option<Channel>>>) {
     let _ =
         tokio::task::spawn_blocking(|| workspace::purge_trash(Path::new(workspace::OVERLAY_DIR)))
             .await;
-}
-
-/// `__sandbox-init reset <shim-pid>`: joins the sandbox's user, mount and
-/// PID namespaces (through its PID 1) and resets its workspace in a child
-/// that is a member of the PID namespace, so it can see and kill the
-/// sandbox's processes.
-fn reset_from_outside(shim: i32) -> i32 {
-    let run = || -> std::io::Result<i32> {
-        let init = *super::procfs::children(shim)?
-            .first()
-            .ok_or_else(|| std::io::Error::other(format!("shim {shim} has no PID 1")))?;
-        let ns = |name: &str| std::fs::File::open(format!("/proc/{init}/ns/{name}"));
-        let (user, mnt, pid) = (ns("user")?, ns("mnt")?, ns("pid")?);
-        sys::setns(user.as_fd(), libc::CLONE_NEWUSER)?;
-        sys::setns(mnt.as_fd(), libc::CLONE_NEWNS)?;
-        sys::setns(pid.as_fd(), libc::CLONE_NEWPID)?;
-        sys::become_root(false)?;
-        match sys::fork()? {
-            Forked::Child => {
-                let started = Instant::now();
-                let code = match WorkspaceLayout::discover()
-                    .and_then(|l| workspace::swap_layers(&l).map(|trash| (l, trash)))
-                {
-                    Ok((_, trash)) => {
-                        println!("reset_us={}", started.elapsed().as_micros());
-                        let _ = std::fs::remove_dir_all(trash);
-                        0
-                    }
-                    Err(e) => {
-                        eprintln!("reset: {e}");
-                        1
-                    }
-                };
-                use std::io::Write;
-                let _ = std::io::stdout().flush();
-                sys::exit_now(code)
-            }
-            Forked::Parent(child) => Ok(sys::exit_code(sys::waitpid(child, 0)?.1)),
-        }
-    };
-    match run() {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("reset: {e}");
-            1
-        }
-    }
 }

@@ -4,7 +4,10 @@ use std::{
     collections::BTreeMap,
     fs::OpenOptions,
     io,
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    os::unix::{
+        fs::{DirBuilderExt, OpenOptionsExt},
+        process::CommandExt,
+    },
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -291,6 +294,8 @@ impl Runtime {
         let log_err = log.try_clone().ctx(|| "dup of the log fd".to_string())?;
         let (chan, inside) = Channel::pair().ctx(|| "creating the sync socket".to_string())?;
         let child = Command::new(&self.exe)
+            // argv[0] is visible inside (/proc/1/cmdline): no host path.
+            .arg0("sandhub")
             .arg(init::SUBCOMMAND)
             .env_clear()
             .stdin(Stdio::from(inside))
@@ -300,15 +305,13 @@ impl Runtime {
             .ctx(|| format!("spawning {} {}", self.exe.display(), init::SUBCOMMAND))?;
         let stage1 = child.id() as i32;
         let child = attempt.child.insert(child);
-        if let Some(cg) = &attempt.cgroup {
-            cg.add(stage1)
-                .ctx(|| format!("moving the sandbox into its cgroup {:?}", cg.dirs()))?;
-        }
+        // The inside resolves these from the hub's cwd; make that moot.
+        let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         let config = InitConfig {
             id: spec.id.clone(),
-            state_dir: dirs.root.clone(),
-            lower_layers: spec.lower_layers.clone(),
-            root_fs: spec.root_fs.clone(),
+            state_dir: abs(&dirs.root),
+            lower_layers: spec.lower_layers.iter().map(|p| abs(p)).collect(),
+            root_fs: spec.root_fs.as_deref().map(abs),
             host_etc: self.host_etc.clone(),
             env: spec.env.clone(),
             network_host: spec.network_host,
@@ -320,7 +323,20 @@ impl Runtime {
             .ctx(|| "encoding the sandbox config".to_string())?;
         chan.send(&Msg::Config(json))
             .ctx(|| "sending the sandbox config".to_string())?;
-
+        // Stage 1 unshares meanwhile; it forks nothing before `Mapped`.
+        if let Some(cg) = &attempt.cgroup {
+            cg.add(stage1)
+                .ctx(|| format!("moving the sandbox into its cgroup {:?}", cg.dirs()))?;
+        }
+        match self.expect(spec, dirs, &chan, deadline)? {
+            Msg::Unshared => {}
+            other => return Err(self.protocol(spec, dirs, other)),
+        }
+        self.idmap
+            .write(stage1)
+            .ctx(|| format!("writing the id maps of sandbox {}", spec.id))?;
+        chan.send(&Msg::Mapped)
+            .ctx(|| "signalling the sandbox".to_string())?;
         let shim = match self.expect(spec, dirs, &chan, deadline)? {
             Msg::ShimPid(pid) => pid,
             other => return Err(self.protocol(spec, dirs, other)),
@@ -331,11 +347,6 @@ impl Runtime {
             .ctx(|| format!("reading /proc/{shim}/stat of the new sandbox"))?
             .start_time;
         attempt.shim = Some((shim, start_time));
-        self.idmap
-            .write(shim)
-            .ctx(|| format!("writing the id maps of sandbox {}", spec.id))?;
-        chan.send(&Msg::Mapped)
-            .ctx(|| "signalling the sandbox".to_string())?;
         match self.expect(spec, dirs, &chan, deadline)? {
             Msg::Ready => {}
             other => return Err(self.protocol(spec, dirs, other)),

@@ -21,8 +21,10 @@
 //! child_setup()      pre_exec hook of every workload: oom_score_adj 0,
 //!                    no_new_privs, seccomp (install_seccomp)
 //! reset_workspace(&WorkspaceLayout::discover()?)   drop the upper layer
+//! (both are wired into the sandboxd every sandbox runs; RESET_ROUTE,
+//! `POST /v1/_sandhub/reset`, is how the hub asks for a reset)
 //!
-//! init::main(args)   `sandhub __sandbox-init ...`, dispatched by main.rs
+//! init::main(args)   `sandhub __sandbox-init`, dispatched by main.rs
 //!                    before any runtime thread exists
 //! ```
 //!
@@ -34,7 +36,7 @@
 //! unless `network_host`); its ids 0..65536 map to host ids from
 //! [`HOST_ID_BASE`] ([`idmap`]); its root filesystem is described in
 //! `mounts.rs`, its workspace in [`workspace`]; its cgroup lives at
-//! `<mount>/sandhub/<id>` ([`cgroup`]). sandboxd serves on
+//! `<mount>/sandhub/<id>` (`cgroup.rs`). sandboxd serves on
 //! `<state_dir>/sock/{rest,grpc}.sock`.
 //!
 //! Per-sandbox state dir (host side):
@@ -46,6 +48,25 @@
 //! <state_dir>/sock/            rest.sock, grpc.sock
 //! <state_dir>/sandbox.log      stderr of the sandbox's init and sandboxd
 //! ```
+//!
+//! # What keeps a workload in
+//!
+//! - Root inside is host uid [`HOST_ID_BASE`]: no capability outside the
+//!   sandbox's user namespace, no access to host files it does not own.
+//! - Host directories are bound read-only; the root tmpfs is read-only.
+//!   A read-only bind made inside a user namespace could be remounted
+//!   writable by root there, so workloads must not mount: the seccomp
+//!   filter (`seccomp.rs`) denies every mount syscall, new user namespaces,
+//!   `setns` and other host-level calls, under `no_new_privs`. sandboxd
+//!   itself is not filtered (it remounts the workspace on reset) and
+//!   starts nothing unfiltered.
+//! - Only the sandbox's own processes, hostname, IPC objects and (unless
+//!   `network_host`) network exist inside; the cgroup caps memory, pids
+//!   and CPU.
+//! - Visible but harmless: host paths in `/proc/self/mountinfo` (the
+//!   sources of the binds), the layer dirs under `/.sandhub`, and
+//!   sandboxd's own sockets (a workload can ask its own sandboxd for what
+//!   it could do anyway).
 
 mod cgroup;
 mod channel;
@@ -57,6 +78,7 @@ mod launch;
 mod mounts;
 mod probe;
 mod procfs;
+mod routes;
 mod seccomp;
 mod sys;
 pub mod workspace;
@@ -66,5 +88,6 @@ pub use hostetc::prepare_host_etc;
 pub use idmap::{IdMap, HOST_ID_BASE};
 pub use launch::{Launched, Runtime, SandboxSpec};
 pub use probe::{probe, probe_at, Check, HostSupport};
+pub use routes::RESET_ROUTE;
 pub use seccomp::{child_setup, install_seccomp};
 pub use workspace::{reset_workspace, snapshot, WorkspaceLayout};

@@ -60,15 +60,6 @@ pub(crate) fn all_pids() -> io::Result<Vec<i32>> {
     Ok(pids)
 }
 
-/// The children of `pid`'s main thread (`/proc/<pid>/task/<pid>/children`).
-pub(crate) fn children(pid: i32) -> io::Result<Vec<i32>> {
-    let raw = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
-    Ok(raw
-        .split_ascii_whitespace()
-        .filter_map(|s| s.parse().ok())
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,15 +153,6 @@ pub(crate) fn unshare(flags: i32) -> io::Result<()> {
     Ok(())
 }
 
-/// `setns(2)` into the namespace `fd` refers to.
-pub(crate) fn setns(fd: BorrowedFd<'_>, nstype: i32) -> io::Result<()> {
-    // SAFETY: the fd is valid for the call's duration (borrowed).
-    if unsafe { libc::setns(fd.as_raw_fd(), nstype) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Becomes uid/gid 0 of the current user namespace, for the whole process
 /// (glibc's setres*id broadcast to all threads; there is only one).
 pub(crate) fn become_root(drop_groups: bool) -> io::Result<()> {

@@ -163,20 +163,26 @@ static TRASH_SEQ: AtomicU64 = AtomicU64::new(0);
 /// them afterwards: they still point into the detached overlay.
 pub fn reset_workspace(layout: &WorkspaceLayout) -> io::Result<()> {
     let trash = swap_layers(layout)?;
-    std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("workspace-trash".into())
         .spawn(move || {
             if let Err(e) = std::fs::remove_dir_all(&trash) {
-                tracing::warn!(trash = %trash.display(), error = %e, "deleting dropped upper layer");
+                tracing::warn!(trash = %trash.display(), error = %e, "deleting a dropped upper layer");
             }
-        })
-        .map_err(|e| annotate("spawning the trash deleter", e))?;
+        });
+    if let Err(e) = spawned {
+        // Out of pids, say: the reset itself is done; the next start of
+        // the sandbox purges what is left (see `purge_trash`).
+        tracing::warn!(error = %e, "cannot delete the dropped upper layer now");
+    }
     Ok(())
 }
 
 /// Steps 1 to 4 of [`reset_workspace`]; returns the trash directory.
-pub(crate) fn swap_layers(layout: &WorkspaceLayout) -> io::Result<PathBuf> {
+fn swap_layers(layout: &WorkspaceLayout) -> io::Result<PathBuf> {
     kill_workload()?;
+    let meta = std::fs::metadata(&layout.upper)
+        .map_err(|e| annotate(format!("stat {}", layout.upper.display()), e))?;
     rustix::mount::unmount(&layout.mount_point, rustix::mount::UnmountFlags::DETACH).map_err(
         |e| {
             annotate(
@@ -185,41 +191,51 @@ pub(crate) fn swap_layers(layout: &WorkspaceLayout) -> io::Result<PathBuf> {
             )
         },
     )?;
-    let meta = std::fs::metadata(&layout.upper)
-        .map_err(|e| annotate(format!("stat {}", layout.upper.display()), e))?;
     let trash = layout.overlay_parent().join(format!(
         "trash-{}-{}",
         std::process::id(),
         TRASH_SEQ.fetch_add(1, Ordering::Relaxed)
     ));
-    let step = |what: &str, r: io::Result<()>| r.map_err(|e| annotate(what, e));
-    step("creating trash dir", std::fs::create_dir(&trash))?;
-    step(
-        "moving upper aside",
-        std::fs::rename(&layout.upper, trash.join("upper")),
-    )?;
-    step(
-        "moving work aside",
-        std::fs::rename(&layout.work, trash.join("work")),
-    )?;
-    let mut b = std::fs::DirBuilder::new();
-    b.mode(0o755);
-    step("creating upper", b.create(&layout.upper))?;
-    b.mode(0o700);
-    step("creating work", b.create(&layout.work))?;
-    // The upper root's owner and mode are /workspace's: keep them.
-    step(
-        "restoring upper owner",
-        std::os::unix::fs::chown(&layout.upper, Some(meta.uid()), Some(meta.gid())),
-    )?;
-    step(
-        "restoring upper mode",
-        std::fs::set_permissions(
-            &layout.upper,
-            std::fs::Permissions::from_mode(meta.mode() & 0o7777),
-        ),
-    )?;
-    mount_workspace(layout)?;
+    let fresh_layers = || -> io::Result<()> {
+        let step = |what: &str, r: io::Result<()>| r.map_err(|e| annotate(what, e));
+        step("creating trash dir", std::fs::create_dir(&trash))?;
+        step(
+            "moving upper aside",
+            std::fs::rename(&layout.upper, trash.join("upper")),
+        )?;
+        step(
+            "moving work aside",
+            std::fs::rename(&layout.work, trash.join("work")),
+        )?;
+        let mut b = std::fs::DirBuilder::new();
+        b.mode(0o755);
+        step("creating upper", b.create(&layout.upper))?;
+        b.mode(0o700);
+        step("creating work", b.create(&layout.work))?;
+        // The upper root's owner and mode are /workspace's: keep them.
+        step(
+            "restoring upper owner",
+            std::os::unix::fs::chown(&layout.upper, Some(meta.uid()), Some(meta.gid())),
+        )?;
+        step(
+            "restoring upper mode",
+            std::fs::set_permissions(
+                &layout.upper,
+                std::fs::Permissions::from_mode(meta.mode() & 0o7777),
+            ),
+        )
+    };
+    if let Err(e) = fresh_layers().and_then(|()| mount_workspace(layout)) {
+        // Never leave the sandbox without a workspace: put back whatever
+        // was moved and mount again (the old state, or an empty one).
+        for (dir, name) in [(&layout.upper, "upper"), (&layout.work, "work")] {
+            if !dir.exists() {
+                let _ = std::fs::rename(trash.join(name), dir);
+            }
+        }
+        let _ = mount_workspace(layout);
+        return Err(e);
+    }
     Ok(trash)
 }
 
