@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Builds the release binaries and runs the sandboxd benchmark; every argument
-# is passed through to `sandhub-bench sandboxd` (see its --help), e.g.
+# Builds the release binaries and runs one benchmark suite. The first
+# argument may name the suite (`sandboxd`, the default, or `hub`); every
+# other argument is passed through to `sandhub-bench <suite>` (see its
+# --help), e.g.
 #
 #   bash scripts/bench.sh
 #   bash scripts/bench.sh --json --exec-iterations 500 --file-size-mib 64
+#   bash scripts/bench.sh hub
+#   bash scripts/bench.sh hub --phases warm,exec --warm-claims 50
 #
-# Env: CARGO_TARGET_DIR (cargo's; also where the bench finds sandboxd), and
-# every SANDHUB_BENCH_* variable the bench's flags read.
+# Env: CARGO_TARGET_DIR (cargo's; also where the bench finds sandboxd and
+# sandhub), and every SANDHUB_BENCH_* variable the bench's flags read.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,6 +18,17 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -x "${HOME:-/root}/.cargo/bin/cargo"
     export PATH="${HOME:-/root}/.cargo/bin:$PATH"
 fi
 
+suite=sandboxd
+case "${1:-}" in
+    sandboxd | hub)
+        suite=$1
+        shift
+        ;;
+esac
+
 # Build output goes to stderr, so `--json` output on stdout stays parseable.
-cargo build --release -p sandboxd -p sandhub-bench >&2
-exec "${CARGO_TARGET_DIR:-target}/release/sandhub-bench" sandboxd "$@"
+case "$suite" in
+    sandboxd) cargo build --release -p sandboxd -p sandhub-bench >&2 ;;
+    hub) cargo build --release -p sandhub -p sandhub-bench >&2 ;;
+esac
+exec "${CARGO_TARGET_DIR:-target}/release/sandhub-bench" "$suite" "$@"

@@ -5,10 +5,13 @@
 //! Table of contents (one module per suite, shared helpers below them):
 //! - [`sandboxd`]: the daemon inside every sandbox: exec round trip vs a
 //!   plain fork+exec, file upload/download vs `cp`, idle RSS.
+//! - [`hub`]: `sandhub serve` end to end: warm claim, cold create, reset,
+//!   exec via the hub vs straight to sandboxd, MCP, Gym, memory per sandbox.
 //! - [`stats`]: percentiles and medians.
 //! - [`report`]: the result table, its JSON form, and progress lines.
 //! - [`machine`]: what the numbers were measured on.
 
+mod hub;
 mod machine;
 mod report;
 mod sandboxd;
@@ -35,6 +38,8 @@ struct Cli {
 enum Suite {
     /// sandboxd: exec round trip, file transfer throughput, memory.
     Sandboxd(sandboxd::Args),
+    /// hub: claim/create/reset latency, exec via hub vs sandboxd, MCP, Gym, memory.
+    Hub(hub::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +51,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let report = match cli.suite {
         Suite::Sandboxd(args) => runtime.block_on(sandboxd::run(args))?,
+        Suite::Hub(args) => runtime.block_on(hub::run(args))?,
     };
     if cli.json {
         report.print_json()?;

@@ -55,6 +55,8 @@ pub enum Unit {
     Microseconds,
     MegabytesPerSecond,
     Mebibytes,
+    /// Operations (e.g. Gym env steps) per second.
+    PerSecond,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -121,6 +123,7 @@ impl fmt::Display for Value {
             Unit::Microseconds => write!(f, "{:.0} µs", self.amount),
             Unit::MegabytesPerSecond => write!(f, "{:.0} MB/s", self.amount),
             Unit::Mebibytes => write!(f, "{:.2} MiB", self.amount),
+            Unit::PerSecond => write!(f, "{:.0}/s", self.amount),
         }
     }
 }

@@ -3,6 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use clap::Args;
 
 use crate::{
@@ -75,10 +76,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         keys,
     );
+    // Streamed answers (MCP's SSE, NDJSON) are written in small pieces;
+    // without TCP_NODELAY, Nagle + delayed ACK adds ~40 ms to each.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, state_dir = %state_dir.display(), "sandhub serving");
+        .with_context(|| format!("binding {}", args.listen))?
+        .tap_io(|stream| {
+            let _ = stream.set_nodelay(true);
+        });
+    tracing::info!(addr = %args.listen, state_dir = %state_dir.display(), "sandhub serving");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;

@@ -1,0 +1,442 @@
+//! The hub suite. Starts the release `sandhub serve` on loopback with a
+//! fresh state dir and measures, through its public APIs:
+//!
+//! 1. warm claim: `POST /v1/sandboxes` answered from a ready pool;
+//! 2. cold create: the same with no pool, until the new sandbox's sandboxd
+//!    answers;
+//! 3. reset of a sandbox whose workspace changed;
+//! 4. exec of `true` through the hub vs straight to the same sandbox's
+//!    sandboxd over its Unix sockets (the baseline);
+//! 5. MCP `execute_command` of `true` over streamable HTTP;
+//! 6. Gym reset latency and batch-step throughput;
+//! 7. memory per idle sandbox, summed over all sandbox processes at 100
+//!    sandboxes.
+//!
+//! At the end it deletes everything it made through the API, SIGTERMs the
+//! hub and kills any sandbox process that outlived both.
+
+mod gym;
+mod mcp;
+mod procs;
+mod rest;
+mod server;
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use clap::ValueEnum;
+
+use self::{rest::Series, server::Hub};
+use crate::{
+    machine::Machine,
+    report::{Progress, Report, Row, Unit, Value},
+    stats::{summarize, Summary},
+};
+
+/// Targets from the design, in µs.
+const WARM_P50_MAX_US: f64 = 2_000.0;
+const WARM_P99_MAX_US: f64 = 10_000.0;
+const COLD_P50_MAX_US: f64 = 30_000.0;
+const RESET_P50_MAX_US: f64 = 5_000.0;
+const MCP_P50_MAX_US: f64 = 3_000.0;
+const GYM_RESET_P50_MAX_US: f64 = 5_000.0;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The hub binary to start [default: $CARGO_TARGET_DIR/release/sandhub,
+    /// or target/release/sandhub when CARGO_TARGET_DIR is unset].
+    #[arg(long, env = "SANDHUB_BENCH_SANDHUB_BIN")]
+    sandhub_bin: Option<PathBuf>,
+
+    /// Parent of the temp dir holding the hub's state dir and log.
+    #[arg(long, env = "SANDHUB_BENCH_WORK_DIR", default_value_os_t = std::env::temp_dir())]
+    work_dir: PathBuf,
+
+    /// Phases to run, comma-separated.
+    #[arg(
+        long,
+        env = "SANDHUB_BENCH_HUB_PHASES",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "warm,cold,reset,exec,mcp,gym,memory"
+    )]
+    phases: Vec<Phase>,
+
+    /// Warm pool size for the warm-claim phase.
+    #[arg(long, env = "SANDHUB_BENCH_POOL_REPLICAS", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pool_replicas: u32,
+
+    /// Timed warm claims.
+    #[arg(long, env = "SANDHUB_BENCH_WARM_CLAIMS", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    warm_claims: u32,
+
+    /// Timed cold creates.
+    #[arg(long, env = "SANDHUB_BENCH_COLD_CREATES", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    cold_creates: u32,
+
+    /// Timed resets of one sandbox.
+    #[arg(long, env = "SANDHUB_BENCH_RESETS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    resets: u32,
+
+    /// Timed exec round trips (each side: hub and direct).
+    #[arg(long, env = "SANDHUB_BENCH_HUB_EXEC_ITERATIONS", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    exec_iterations: u32,
+
+    /// Untimed round trips before each exec series (hub/direct and MCP).
+    #[arg(long, env = "SANDHUB_BENCH_HUB_EXEC_WARMUP", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    exec_warmup: u32,
+
+    /// Timed MCP `execute_command` calls.
+    #[arg(long, env = "SANDHUB_BENCH_MCP_CALLS", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    mcp_calls: u32,
+
+    /// Timed Gym resets of one env.
+    #[arg(long, env = "SANDHUB_BENCH_GYM_RESETS", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    gym_resets: u32,
+
+    /// Envs stepped together in each Gym batch.
+    #[arg(long, env = "SANDHUB_BENCH_GYM_ENVS", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    gym_envs: u32,
+
+    /// Timed Gym batch steps.
+    #[arg(long, env = "SANDHUB_BENCH_GYM_BATCHES", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    gym_batches: u32,
+
+    /// Idle sandboxes whose memory is summed.
+    #[arg(long, env = "SANDHUB_BENCH_IDLE_SANDBOXES", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    idle_sandboxes: u32,
+
+    /// Wall-time cap of each phase in seconds: a phase that reaches it stops
+    /// and reports what it measured so far.
+    #[arg(long, env = "SANDHUB_BENCH_PHASE_TIMEOUT_SECS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    phase_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Phase {
+    Warm,
+    Cold,
+    Reset,
+    Exec,
+    Mcp,
+    Gym,
+    Memory,
+}
+
+impl Args {
+    fn sandhub_bin(&self) -> PathBuf {
+        self.sandhub_bin.clone().unwrap_or_else(|| {
+            let target = std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into());
+            PathBuf::from(target).join("release").join("sandhub")
+        })
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + Duration::from_secs(self.phase_timeout_secs)
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Report> {
+    let work = tempfile::Builder::new()
+        .prefix("sandhub-bench-hub-")
+        .tempdir_in(&args.work_dir)
+        .with_context(|| format!("creating a temp dir in {}", args.work_dir.display()))?;
+    let state = work.path().join("state");
+    std::fs::create_dir_all(&state)?;
+    let mut report = Report {
+        suite: "hub",
+        machine: Machine::probe(work.path()),
+        rows: Vec::new(),
+        details: Vec::new(),
+    };
+    let mut hub = Hub::start(&args.sandhub_bin(), &state, &work.path().join("hub.log")).await?;
+    report.detail("sandhub binary", hub.bin.display());
+    report.detail(
+        "hub RSS at start",
+        format!("{} KiB", procs::rss_kib(hub.pid())),
+    );
+
+    let outcome = phases(&args, &mut hub, &mut report).await;
+    report.detail(
+        "hub RSS at end",
+        format!("{} KiB", procs::rss_kib(hub.pid())),
+    );
+
+    eprintln!("teardown: deleting what the run made, stopping the hub");
+    hub.teardown().await;
+    let killed = procs::kill_leftovers(&state);
+    if killed > 0 {
+        eprintln!("teardown: killed {killed} leftover sandbox processes");
+        report.detail("sandbox processes killed after the hub stopped", killed);
+    }
+    if let Err(e) = outcome {
+        let log = std::fs::read_to_string(work.path().join("hub.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        eprintln!("hub log tail:");
+        for l in tail.iter().rev() {
+            eprintln!("  {l}");
+        }
+        return Err(e);
+    }
+    Ok(report)
+}
+
+/// Runs the selected phases in order; a failing phase is reported as a
+/// detail (and on stderr) and the next one still runs.
+async fn phases(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    for &phase in &args.phases {
+        eprintln!("{phase:?}: starting");
+        let r = match phase {
+            Phase::Warm => warm(args, hub, report).await,
+            Phase::Cold => cold(args, hub, report).await,
+            Phase::Reset => reset(args, hub, report).await,
+            Phase::Exec => exec(args, hub, report).await,
+            Phase::Mcp => mcp(args, hub, report).await,
+            Phase::Gym => gym(args, hub, report).await,
+            Phase::Memory => memory(args, hub, report).await,
+        };
+        if let Err(e) = r {
+            eprintln!("{phase:?}: FAILED: {e:#}");
+            report.detail(format!("phase {phase:?} failed"), format!("{e:#}"));
+            failed.push(phase);
+        }
+    }
+    anyhow::ensure!(
+        failed.len() < args.phases.len(),
+        "every phase failed: {failed:?}"
+    );
+    Ok(())
+}
+
+async fn warm(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let (s, launches, fill) =
+        rest::warm_claims(hub, args.pool_replicas, args.warm_claims, args.deadline()).await?;
+    let sum = summary(report, "warm claim", s)?;
+    report.rows.push(Row::absolute(
+        "warm claim, p50",
+        us(sum.p50),
+        Some(max_us(WARM_P50_MAX_US)),
+    ));
+    report.rows.push(Row::absolute(
+        "warm claim, p99",
+        us(sum.p99),
+        Some(max_us(WARM_P99_MAX_US)),
+    ));
+    report.detail(
+        format!("warm pool of {}: time to ready", args.pool_replicas),
+        format!("{} ms", fill.as_millis()),
+    );
+    report.detail("warm claim launch kinds", format!("{launches:?}"));
+    Ok(())
+}
+
+async fn cold(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let s = rest::cold_creates(hub, args.cold_creates, args.deadline()).await?;
+    let sum = summary(report, "cold create", s)?;
+    report.rows.push(Row::absolute(
+        "cold create until sandboxd answers, p50",
+        us(sum.p50),
+        Some(max_us(COLD_P50_MAX_US)),
+    ));
+    report
+        .rows
+        .push(Row::absolute("cold create, p99", us(sum.p99), None));
+    Ok(())
+}
+
+async fn reset(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let s = rest::resets(hub, args.resets, args.deadline()).await?;
+    let sum = summary(report, "reset (after touch x)", s)?;
+    report.rows.push(Row::absolute(
+        "reset (workspace changed), p50",
+        us(sum.p50),
+        Some(max_us(RESET_P50_MAX_US)),
+    ));
+    Ok(())
+}
+
+async fn exec(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let (h, d) = rest::exec(hub, args.exec_iterations, args.exec_warmup, args.deadline()).await?;
+    let h = summary(report, "exec true via hub", h)?;
+    let d = summary(report, "exec true direct to sandboxd", d)?;
+    report.rows.push(Row::compare(
+        "exec `true` via hub vs direct sandboxd, p50",
+        us(d.p50),
+        us(h.p50),
+        None,
+    ));
+    report.rows.push(Row::compare(
+        "exec `true` via hub vs direct sandboxd, mean",
+        us(d.mean),
+        us(h.mean),
+        None,
+    ));
+    report.rows.push(Row::compare(
+        "exec `true` via hub vs direct sandboxd, p99",
+        us(d.p99),
+        us(h.p99),
+        None,
+    ));
+    Ok(())
+}
+
+async fn mcp(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let (s, fresh) = mcp::execute(hub, args.mcp_calls, args.exec_warmup, args.deadline()).await?;
+    let sum = summary(report, "MCP execute_command true", s)?;
+    let fresh = summary(
+        report,
+        "MCP execute_command true, new connection per call",
+        fresh,
+    )?;
+    report.rows.push(Row::absolute(
+        "MCP execute_command `true`, p50",
+        us(sum.p50),
+        Some(max_us(MCP_P50_MAX_US)),
+    ));
+    report.rows.push(Row::absolute(
+        "MCP execute_command `true`, new connection per call, p50",
+        us(fresh.p50),
+        None,
+    ));
+    Ok(())
+}
+
+async fn gym(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let s = gym::resets(hub, args.gym_resets, args.deadline()).await?;
+    let sum = summary(report, "Gym reset", s)?;
+    report.rows.push(Row::absolute(
+        "Gym reset, p50",
+        us(sum.p50),
+        Some(max_us(GYM_RESET_P50_MAX_US)),
+    ));
+    let t = gym::steps(hub, args.gym_envs, args.gym_batches, args.deadline()).await?;
+    anyhow::ensure!(t.batches > 0, "gym step: no batch before the deadline");
+    report.rows.push(Row::absolute(
+        format!("Gym steps/s, {} envs, action `true`", t.envs),
+        Value::new(t.steps_per_sec(), Unit::PerSecond),
+        None,
+    ));
+    hub.delete_envs().await;
+    report.detail(
+        "Gym batch steps",
+        format!(
+            "{} batches of {} in {} ms{}",
+            t.batches,
+            t.envs,
+            t.elapsed.as_millis(),
+            if t.stopped_early {
+                " (phase deadline)"
+            } else {
+                ""
+            }
+        ),
+    );
+    Ok(())
+}
+
+async fn memory(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let deadline = args.deadline();
+    // Sandboxes of earlier phases still running are not counted.
+    let before = procs::sandbox_processes(&hub.state_dir, Some(hub.pid()));
+    let mut ids = Vec::new();
+    let mut progress = Progress::new("idle sandboxes", args.idle_sandboxes.into());
+    for done in 1..=args.idle_sandboxes {
+        if Instant::now() >= deadline {
+            eprintln!("memory: phase deadline reached after {} creates", done - 1);
+            break;
+        }
+        ids.push(hub.create().await?.0);
+        progress.update(done.into());
+    }
+    anyhow::ensure!(!ids.is_empty(), "memory: no sandbox created");
+    // Let startup allocations settle: sandboxes are idle, not just born.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut pids = procs::sandbox_processes(&hub.state_dir, Some(hub.pid()));
+    pids.retain(|p| !before.contains(p));
+    let t = procs::totals(&pids);
+    let hub_rss = procs::rss_kib(hub.pid());
+    let n = ids.len() as f64;
+    report.rows.push(Row::absolute(
+        format!("memory per idle sandbox at {}, PSS", ids.len()),
+        Value::new(t.pss_kib as f64 / 1024.0 / n, Unit::Mebibytes),
+        None,
+    ));
+    report.rows.push(Row::absolute(
+        format!("memory per idle sandbox at {}, RSS", ids.len()),
+        Value::new(t.rss_kib as f64 / 1024.0 / n, Unit::Mebibytes),
+        None,
+    ));
+    report.detail(
+        format!("sandbox processes at {} sandboxes", ids.len()),
+        format!(
+            "{} processes (not counting {} of earlier phases): RSS {} KiB, PSS {} KiB, private {} KiB in total; \
+             per sandbox private {:.0} KiB",
+            t.processes,
+            before.len(),
+            t.rss_kib,
+            t.pss_kib,
+            t.private_kib,
+            t.private_kib as f64 / n
+        ),
+    );
+    report.detail(
+        format!("hub RSS at {} sandboxes", ids.len()),
+        format!("{hub_rss} KiB"),
+    );
+    let mut progress = Progress::new("deleting idle sandboxes", ids.len() as u64);
+    for (done, id) in ids.iter().enumerate() {
+        hub.delete(id).await?;
+        progress.update(done as u64 + 1);
+    }
+    Ok(())
+}
+
+/// Summarises a series and records its sample count (and a cut-short run).
+fn summary(report: &mut Report, name: &str, mut s: Series) -> anyhow::Result<Summary> {
+    anyhow::ensure!(
+        !s.samples.is_empty(),
+        "{name}: no sample before the deadline"
+    );
+    let sum = summarize(&mut s.samples);
+    report.detail(
+        format!("{name} samples"),
+        format!(
+            "n={}{}: p50 {} µs, mean {} µs, p99 {} µs, max {} µs",
+            sum.n,
+            if s.stopped_early {
+                " (phase deadline)"
+            } else {
+                ""
+            },
+            sum.p50.as_micros(),
+            sum.mean.as_micros(),
+            sum.p99.as_micros(),
+            sum.max.as_micros()
+        ),
+    );
+    Ok(sum)
+}
+
+fn us(d: Duration) -> Value {
+    Value::new(d.as_secs_f64() * 1e6, Unit::Microseconds)
+}
+
+fn max_us(x: f64) -> Value {
+    Value::new(x, Unit::Microseconds)
+}
