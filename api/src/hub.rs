@@ -12,6 +12,12 @@ pub const DEFAULT_TEMPLATE: &str = "default";
 
 /// Template limits beyond which no kernel can enforce the value (`pids.max`
 /// stops at the kernel's PID_MAX_LIMIT; 16 TiB of memory, 1024 cores).
+/// Below these a sandbox cannot even start its own daemon (the shim, PID 1
+/// and sandboxd count against `pids`, and sandboxd needs some memory and
+/// CPU to answer in time), so a template asking for less is refused.
+pub const MIN_PIDS: u64 = 16;
+pub const MIN_MEMORY_MB: u64 = 32;
+pub const MIN_CPU: f64 = 0.05;
 pub const MAX_PIDS: u64 = 4_194_304;
 pub const MAX_MEMORY_MB: u64 = 1 << 24;
 pub const MAX_CPU: f64 = 1024.0;
@@ -191,17 +197,17 @@ pub struct Template {
     pub seed_dir: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
-    /// CPU limit in cores (e.g. 0.5), at most [`MAX_CPU`].
+    /// CPU limit in cores (e.g. 0.5), [`MIN_CPU`] to [`MAX_CPU`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0, maximum = 1024))]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.05, maximum = 1024))]
     pub cpu: Option<f64>,
-    /// Memory limit in MiB, 1 to [`MAX_MEMORY_MB`].
+    /// Memory limit in MiB, [`MIN_MEMORY_MB`] to [`MAX_MEMORY_MB`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 16777216))]
+    #[cfg_attr(feature = "openapi", schema(minimum = 32, maximum = 16777216))]
     pub memory_mb: Option<u64>,
-    /// Most processes (and threads) at once, 1 to [`MAX_PIDS`].
+    /// Most processes (and threads) at once, [`MIN_PIDS`] to [`MAX_PIDS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4194304))]
+    #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 4194304))]
     pub pids: Option<u64>,
     #[serde(default)]
     pub network: Network,

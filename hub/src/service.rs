@@ -15,7 +15,7 @@ use sandhub_api::{
     hub::{
         is_dns_label, CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, NamedTemplate,
         Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE, MAX_CPU,
-        MAX_MEMORY_MB, MAX_PIDS,
+        MAX_MEMORY_MB, MAX_PIDS, MIN_CPU, MIN_MEMORY_MB, MIN_PIDS,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -150,20 +150,20 @@ fn check_lifetime(name: &str, v: Option<u64>) -> Result<()> {
 
 fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<()> {
     if let Some(cpu) = t.cpu {
-        if !(cpu.is_finite() && cpu > 0.0 && cpu <= MAX_CPU) {
-            return Err(invalid(format!(
-                "cpu must be a positive number of cores, at most {MAX_CPU}"
-            )));
+        if !(cpu.is_finite() && (MIN_CPU..=MAX_CPU).contains(&cpu)) {
+            return Err(invalid(format!("cpu must be {MIN_CPU} to {MAX_CPU} cores")));
         }
     }
     // The kernel refuses larger limits: they would fail every start.
     if t.memory_mb
-        .is_some_and(|m| !(1..=MAX_MEMORY_MB).contains(&m))
+        .is_some_and(|m| !(MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&m))
     {
-        return Err(invalid(format!("memory_mb must be 1 to {MAX_MEMORY_MB}")));
+        return Err(invalid(format!(
+            "memory_mb must be {MIN_MEMORY_MB} to {MAX_MEMORY_MB}"
+        )));
     }
-    if t.pids.is_some_and(|p| !(1..=MAX_PIDS).contains(&p)) {
-        return Err(invalid(format!("pids must be 1 to {MAX_PIDS}")));
+    if t.pids.is_some_and(|p| !(MIN_PIDS..=MAX_PIDS).contains(&p)) {
+        return Err(invalid(format!("pids must be {MIN_PIDS} to {MAX_PIDS}")));
     }
     check_env(&t.env)?;
     for (what, dir) in [("root_fs", &t.root_fs), ("seed_dir", &t.seed_dir)] {

@@ -1241,6 +1241,10 @@ async fn bad_input_gets_clear_errors() {
         json!({"seed_dir": "relative/dir"}),
         json!({"pids": 638154599100155904u64}),
         json!({"memory_mb": 0}),
+        // Too little for the sandbox's own daemon: every start would fail.
+        json!({"pids": 3}),
+        json!({"memory_mb": 8}),
+        json!({"cpu": 0.001}),
         json!({"cpu": -1.0}),
         json!({"env": {"": "x"}}),
         json!({"tempalte": {}}),
