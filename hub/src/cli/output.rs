@@ -9,11 +9,26 @@ use std::{
 use sandhub_client::{Error, Result};
 use serde::Serialize;
 
+use super::args::Output;
+
 /// Pretty JSON on stdout, one document per call.
 pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Error::internal(format!("encoding JSON: {e}")))?;
     line(&text)
+}
+
+/// An answer in the caller's format: `text` for people, `value` as JSON
+/// for scripts.
+pub fn show<T, D>(format: Output, value: &T, text: impl FnOnce() -> D) -> Result<()>
+where
+    T: Serialize + ?Sized,
+    D: std::fmt::Display,
+{
+    match format {
+        Output::Text => line(&text().to_string()),
+        Output::Json => json(value),
+    }
 }
 
 /// One line on stdout. A closed pipe (`| head`) is not worth a message.

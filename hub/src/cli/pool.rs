@@ -86,24 +86,15 @@ pub async fn run(args: PoolArgs) -> Result<i32> {
             } else {
                 wait_ready(&hub, pool, set.timeout).await?
             };
-            match format {
-                Output::Text => output::line(&pool.name)?,
-                Output::Json => output::json(&pool)?,
-            }
+            output::show(format, &pool, || &pool.name)?;
         }
         PoolCommand::Ls => {
             let pools = hub.list_pools().await?;
-            match format {
-                Output::Text => output::line(&pool_table(&pools))?,
-                Output::Json => output::json(&pools)?,
-            }
+            output::show(format, &pools, || pool_table(&pools))?;
         }
         PoolCommand::Get { name } => {
             let pool = hub.get_pool(&name).await?;
-            match format {
-                Output::Text => output::line(&pool_table(std::slice::from_ref(&pool)))?,
-                Output::Json => output::json(&pool)?,
-            }
+            output::show(format, &pool, || pool_table(std::slice::from_ref(&pool)))?;
         }
         PoolCommand::Rm { name } => {
             hub.delete_pool(&name).await?;

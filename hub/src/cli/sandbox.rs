@@ -60,10 +60,7 @@ pub async fn create(args: CreateArgs) -> Result<i32> {
             idle_timeout_seconds: args.idle_timeout.map(whole_seconds),
         })
         .await?;
-    match args.client.output {
-        Output::Text => output::line(&sandbox.id)?,
-        Output::Json => output::json(&sandbox)?,
-    }
+    output::show(args.client.output, &sandbox, || &sandbox.id)?;
     Ok(0)
 }
 
@@ -81,10 +78,9 @@ pub struct ListArgs {
 pub async fn list(args: ListArgs) -> Result<i32> {
     let hub = args.client.connect()?;
     let sandboxes = hub.list(&to_map(args.labels)).await?;
-    match args.client.output {
-        Output::Text => output::line(&sandbox_table(&sandboxes, SystemTime::now()))?,
-        Output::Json => output::json(&sandboxes)?,
-    }
+    output::show(args.client.output, &sandboxes, || {
+        sandbox_table(&sandboxes, SystemTime::now())
+    })?;
     Ok(0)
 }
 
@@ -188,10 +184,9 @@ pub async fn reset(args: IdArgs) -> Result<i32> {
 }
 
 fn print_state(sandbox: &Sandbox, format: Output) -> Result<i32> {
-    match format {
-        Output::Text => output::line(&format!("{} {}", sandbox.id, sandbox.state.as_str()))?,
-        Output::Json => output::json(sandbox)?,
-    }
+    output::show(format, sandbox, || {
+        format!("{} {}", sandbox.id, sandbox.state.as_str())
+    })?;
     Ok(0)
 }
 
@@ -199,10 +194,7 @@ fn print_state(sandbox: &Sandbox, format: Output) -> Result<i32> {
 pub async fn snapshot(args: IdArgs) -> Result<i32> {
     let hub = args.client.connect()?;
     let snapshot = hub.snapshot(&args.id).await?;
-    match args.client.output {
-        Output::Text => output::line(&snapshot.id)?,
-        Output::Json => output::json(&snapshot)?,
-    }
+    output::show(args.client.output, &snapshot, || &snapshot.id)?;
     Ok(0)
 }
 
@@ -236,10 +228,7 @@ pub async fn fork(args: ForkArgs) -> Result<i32> {
             },
         )
         .await?;
-    match args.client.output {
-        Output::Text => output::line(&sandbox.id)?,
-        Output::Json => output::json(&sandbox)?,
-    }
+    output::show(args.client.output, &sandbox, || &sandbox.id)?;
     Ok(0)
 }
 

@@ -91,24 +91,17 @@ pub async fn run(args: TemplateArgs) -> Result<i32> {
                 None => from_flags(set),
             };
             let named = hub.put_template(&name, template).await?;
-            match format {
-                Output::Text => output::line(&named.name)?,
-                Output::Json => output::json(&named)?,
-            }
+            output::show(format, &named, || &named.name)?;
         }
         TemplateCommand::Ls => {
             let templates = hub.list_templates().await?;
-            match format {
-                Output::Text => output::line(&template_table(&templates))?,
-                Output::Json => output::json(&templates)?,
-            }
+            output::show(format, &templates, || template_table(&templates))?;
         }
         TemplateCommand::Get { name } => {
             let template = hub.get_template(&name).await?;
-            match format {
-                Output::Text => output::line(&template_table(std::slice::from_ref(&template)))?,
-                Output::Json => output::json(&template)?,
-            }
+            output::show(format, &template, || {
+                template_table(std::slice::from_ref(&template))
+            })?;
         }
         TemplateCommand::Rm { name } => {
             hub.delete_template(&name).await?;
