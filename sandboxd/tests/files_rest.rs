@@ -573,6 +573,8 @@ async fn oversized_upload_gets_413_and_keeps_the_old_file() {
         .send()
         .await
         .unwrap();
+    // The unread rest of the body makes the connection unusable.
+    assert_eq!(r.headers()[reqwest::header::CONNECTION], "close");
     assert_error(r, StatusCode::PAYLOAD_TOO_LARGE, "RESOURCE_EXHAUSTED").await;
     // Without a Content-Length the limit is enforced while streaming.
     let chunks = futures::stream::iter((0..10).map(|_| Ok::<_, std::io::Error>(vec![b'y'; 500])));
