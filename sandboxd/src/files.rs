@@ -191,16 +191,22 @@ fn kind_word(kind: Kind) -> &'static str {
     }
 }
 
+/// How a listing reports an entry; special files (sockets, devices) are
+/// left out of listings.
+pub fn entry_type(st: &rfs::Stat) -> Option<EntryType> {
+    match kind_of(st) {
+        Kind::File => Some(EntryType::File),
+        Kind::Directory => Some(EntryType::Directory),
+        Kind::Other => None,
+    }
+}
+
 pub fn list(root: &Root, rel: &RelPath) -> Result<DirectoryListing> {
     let entries = root
         .list(rel)?
         .into_iter()
         .filter_map(|(name, st)| {
-            let kind = match kind_of(&st) {
-                Kind::File => EntryType::File,
-                Kind::Directory => EntryType::Directory,
-                Kind::Other => return None,
-            };
+            let kind = entry_type(&st)?;
             Some(FileEntry {
                 name,
                 size: if kind == EntryType::File {

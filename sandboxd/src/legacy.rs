@@ -18,7 +18,6 @@ use sandhub_api::{
     legacy::{
         ExecuteRequest, ExecuteResponse, ExistsResponse, ListEntry, Message, TIMEOUT_EXIT_CODE,
     },
-    sandboxd::EntryType,
 };
 
 use crate::{
@@ -62,6 +61,22 @@ async fn root() -> Json<serde_json::Value> {
 
 fn legacy_error(status: StatusCode, code: Code, message: &str) -> Response {
     (status, Json(ErrorBody::new(code, message))).into_response()
+}
+
+/// Upstream's fixed messages: "Access denied" for any escape, and the
+/// route's own `not_found` text (when it has one) for a missing path.
+fn legacy_failure(e: Error, not_found: Option<&str>) -> Response {
+    match (e, not_found) {
+        (Error::PermissionDenied(_), _) => legacy_error(
+            StatusCode::FORBIDDEN,
+            Code::PermissionDenied,
+            "Access denied",
+        ),
+        (Error::NotFound(_), Some(message)) => {
+            legacy_error(StatusCode::NOT_FOUND, Code::NotFound, message)
+        }
+        (other, _) => other.into_response(),
+    }
 }
 
 async fn execute(State(daemon): State<Arc<Daemon>>, request: Request) -> Response {
@@ -131,12 +146,7 @@ async fn upload(State(daemon): State<Arc<Daemon>>, request: Request) -> Response
             message: format!("File '{name}' uploaded successfully."),
         })
         .into_response(),
-        Err(Error::PermissionDenied(_)) => legacy_error(
-            StatusCode::FORBIDDEN,
-            Code::PermissionDenied,
-            "Access denied",
-        ),
-        Err(e) => e.into_response(),
+        Err(e) => legacy_failure(e, None),
     }
 }
 
@@ -205,15 +215,7 @@ async fn download(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
             .into_response())
     }
     .await;
-    result.unwrap_or_else(|e| match e {
-        Error::PermissionDenied(_) => legacy_error(
-            StatusCode::FORBIDDEN,
-            Code::PermissionDenied,
-            "Access denied",
-        ),
-        Error::NotFound(_) => legacy_error(StatusCode::NOT_FOUND, Code::NotFound, "File not found"),
-        other => other.into_response(),
-    })
+    result.unwrap_or_else(|e| legacy_failure(e, Some("File not found")))
 }
 
 async fn list(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
@@ -227,11 +229,7 @@ async fn list(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
             .list(&rel)?
             .into_iter()
             .filter_map(|(name, st)| {
-                let kind = match kind_of(&st) {
-                    Kind::File => EntryType::File,
-                    Kind::Directory => EntryType::Directory,
-                    Kind::Other => return None,
-                };
+                let kind = files::entry_type(&st)?;
                 let modified = files::mtime(&st)
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs_f64())
@@ -247,19 +245,7 @@ async fn list(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
         Ok(Json(entries).into_response())
     }
     .await;
-    result.unwrap_or_else(|e: Error| match e {
-        Error::PermissionDenied(_) => legacy_error(
-            StatusCode::FORBIDDEN,
-            Code::PermissionDenied,
-            "Access denied",
-        ),
-        Error::NotFound(_) => legacy_error(
-            StatusCode::NOT_FOUND,
-            Code::NotFound,
-            "Path is not a directory",
-        ),
-        other => other.into_response(),
-    })
+    result.unwrap_or_else(|e| legacy_failure(e, Some("Path is not a directory")))
 }
 
 async fn exists(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
@@ -282,11 +268,6 @@ async fn exists(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
             exists,
         })
         .into_response(),
-        Err(Error::PermissionDenied(_)) => legacy_error(
-            StatusCode::FORBIDDEN,
-            Code::PermissionDenied,
-            "Access denied",
-        ),
-        Err(e) => e.into_response(),
+        Err(e) => legacy_failure(e, None),
     }
 }
