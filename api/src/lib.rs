@@ -4,6 +4,7 @@
 pub mod error;
 pub mod gym;
 pub mod hub;
+pub mod k8s;
 pub mod legacy;
 pub mod proto;
 pub mod sandboxd;
