@@ -1,0 +1,56 @@
+//! sandhub-router: flags and config → wired router → serve until SIGTERM.
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use sandhub_router::{
+    authz::{Scope, ScopedTokens},
+    config::{self, Command},
+    init_logging,
+    server::Router,
+};
+
+fn main() -> anyhow::Result<()> {
+    let args = config::load()?;
+    if let Some(Command::MintToken {
+        secret_file,
+        namespace,
+        name,
+        ttl,
+    }) = &args.command
+    {
+        return mint_token(secret_file, namespace, name, *ttl);
+    }
+    init_logging(&args.log_format);
+    // One crypto provider for both rustls users (our TLS listener, kube's client).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let router = Router::build(&args).await?;
+        router.run().await
+    })
+}
+
+fn mint_token(
+    secret_file: &std::path::Path,
+    namespace: &str,
+    name: &str,
+    ttl: Duration,
+) -> anyhow::Result<()> {
+    let tokens = ScopedTokens::from_file(secret_file)?;
+    let exp = (SystemTime::now() + ttl)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .context("clock before 1970")?
+        .as_secs();
+    println!(
+        "{}",
+        tokens.mint(&Scope {
+            namespace: namespace.into(),
+            name: name.into(),
+            exp
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,555 @@
+//! The request path: route, authorize, resolve, forward, answer.
+//!
+//! - [`headers`]: what the sandbox sees of the client's headers.
+//! - [`session`]: browser sessions and Origin checks for path-routed URLs.
+//! - [`tunnel`]: upgraded connections (WebSocket and others) after the 101.
+//! - [`grpc_timeout`]: the `grpc-timeout` header.
+
+pub mod grpc_timeout;
+pub mod headers;
+pub mod session;
+pub mod tunnel;
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use http::{
+    header,
+    uri::{Authority, PathAndQuery, Scheme},
+    HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
+use hyper::body::Incoming;
+
+use crate::{
+    authz::{bearer, Access, Authorizer},
+    body::{BodyTooLarge, ProxyBody, RequestBody},
+    cache::PodCache,
+    config::{Args, SameSite},
+    error::{json_response, ProxyError},
+    metrics::{InflightGuard, MethodLabel, Metrics, RequestLabels},
+    routing::{self, parse_headers, parse_path, HeaderRules, Target},
+    upstream::{DialError, DialFailure, Upstreams},
+};
+
+/// The settings the request path reads.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub cluster_domain: String,
+    /// HTTP budget until the response head; `None`: unlimited.
+    pub proxy_timeout: Option<Duration>,
+    /// gRPC cap; `None`: only the client's grpc-timeout applies.
+    pub grpc_proxy_timeout: Option<Duration>,
+    pub max_request_body_bytes: u64,
+    pub allow_loopback_pod_ip: bool,
+    pub access_log: bool,
+    pub path_prefix: Option<String>,
+    pub allowed_origins: Vec<String>,
+    pub same_site: SameSite,
+    pub trust_forwarded_proto: bool,
+}
+
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+impl Settings {
+    pub fn from_args(a: &Args) -> Self {
+        let prefix = a.path_routing_prefix.trim();
+        Self {
+            cluster_domain: a.cluster_domain.trim_matches('.').to_owned(),
+            proxy_timeout: nonzero(a.proxy_timeout),
+            grpc_proxy_timeout: nonzero(a.grpc_proxy_timeout),
+            max_request_body_bytes: a.max_request_body_bytes,
+            allow_loopback_pod_ip: a.allow_loopback_pod_ip,
+            access_log: a.access_log,
+            path_prefix: (!prefix.is_empty()).then(|| routing::normalize_prefix(prefix)),
+            allowed_origins: a
+                .authz_cookie_allowed_origins
+                .iter()
+                .map(|o| o.trim().to_owned())
+                .filter(|o| !o.is_empty())
+                .collect(),
+            same_site: a.authz_cookie_samesite,
+            trust_forwarded_proto: a.authz_trust_forwarded_proto,
+        }
+    }
+}
+
+/// How a connection reached the router.
+#[derive(Debug, Clone, Copy)]
+pub struct Conn {
+    pub remote: SocketAddr,
+    pub tls: bool,
+}
+
+pub struct Proxy {
+    pub settings: Settings,
+    pub upstreams: Upstreams,
+    pub authz: Authorizer,
+    pub cache: Option<Arc<PodCache>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Filled in as soon as the target is known: labels for metrics and the log.
+#[derive(Default)]
+struct Routed {
+    namespace: String,
+    id: String,
+}
+
+impl Routed {
+    fn set(&mut self, t: &Target) {
+        self.namespace.clone_from(&t.namespace);
+        self.id.clone_from(&t.id);
+    }
+}
+
+/// gRPC: HTTP/2 POST with content-type `application/grpc` or `application/grpc+<codec>`
+/// (gRPC-Web is not gRPC here).
+pub fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_2
+        && req.method() == Method::POST
+        && req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ct| ct.strip_prefix("application/grpc"))
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('+') || rest.starts_with(';'))
+}
+
+fn host_of<B>(req: &Request<B>) -> Option<&str> {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().authority().map(Authority::as_str))
+}
+
+fn authority_for(ip: IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("{v4}:{port}"),
+        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Proxy {
+    /// Serves one request; never fails (errors become answers).
+    pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
+        let start = Instant::now();
+        let _inflight = InflightGuard::new(&self.metrics.inflight);
+        let method = MethodLabel::from(req.method());
+        let logged = self
+            .settings
+            .access_log
+            .then(|| (req.method().clone(), req.uri().path().to_owned()));
+        let grpc = is_grpc(&req);
+        let mut routed = Routed::default();
+        let resp = if req.method() == Method::GET
+            && req.uri().path() == "/healthz"
+            && !req.headers().contains_key(routing::HEADER_ID)
+        {
+            json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+        } else if grpc {
+            self.grpc(req, conn, &mut routed)
+                .await
+                .unwrap_or_else(|e| e.to_grpc())
+        } else {
+            self.http(req, conn, &mut routed)
+                .await
+                .unwrap_or_else(|e| e.to_http())
+        };
+        let status = resp.status().as_u16();
+        let elapsed = start.elapsed();
+        if let Some((m, path)) = logged {
+            let grpc_status = resp
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok());
+            tracing::info!(
+                target: "sandhub_router::access",
+                method = %m,
+                path,
+                status,
+                grpc_status,
+                namespace = %routed.namespace,
+                sandbox = %routed.id,
+                remote = %conn.remote,
+                micros = elapsed.as_micros() as u64,
+                "request"
+            );
+        }
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                method,
+                code: status,
+                sandbox_namespace: routed.namespace,
+            })
+            .inc();
+        self.metrics.duration.observe(elapsed.as_secs_f64());
+        resp
+    }
+
+    /// "https" when the client's connection was TLS (or a trusted proxy says so).
+    fn proto<B>(&self, req: &Request<B>, conn: Conn) -> &'static str {
+        let forwarded_https = || {
+            req.headers()
+                .get(headers::X_FORWARDED_PROTO)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+        };
+        if conn.tls || (self.settings.trust_forwarded_proto && forwarded_https()) {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Pod-IP header, then the cache by UID, then by namespace/name, then DNS.
+    /// Also returns the cache entry used, to evict it if it proves unreachable.
+    fn resolve(&self, t: &Target) -> Result<(Authority, Option<String>), ProxyError> {
+        let (authority, uid) = if let Some(ip) = t.pod_ip {
+            (authority_for(ip, t.port), None)
+        } else if let Some(hit) = self.cache.as_ref().and_then(|c| {
+            t.uid
+                .as_deref()
+                .and_then(|u| c.by_uid(u))
+                .or_else(|| c.by_name(&t.namespace, &t.id))
+        }) {
+            (authority_for(hit.0, t.port), Some(hit.1))
+        } else {
+            (
+                format!(
+                    "{}.{}.svc.{}:{}",
+                    t.id, t.namespace, self.settings.cluster_domain, t.port
+                ),
+                None,
+            )
+        };
+        let authority = Authority::try_from(authority)
+            .map_err(|_| ProxyError::Internal("Bad upstream address.".into()))?;
+        Ok((authority, uid))
+    }
+
+    async fn authorize<B>(
+        &self,
+        req: &Request<B>,
+        t: &Target,
+        cookie_allowed: bool,
+    ) -> Result<(), ProxyError> {
+        if self.authz.is_allow_all() {
+            return Ok(());
+        }
+        let token = bearer(req.headers()).or_else(|| {
+            cookie_allowed
+                .then(|| session::cookie_token(req.headers()))
+                .flatten()
+        });
+        let access = Access {
+            token,
+            namespace: &t.namespace,
+            id: &t.id,
+            pins_pod: t.pod_ip.is_some() || t.uid.is_some(),
+        };
+        self.authz.check(&access, &self.metrics).await.map(|_| ())
+    }
+
+    async fn http(
+        &self,
+        mut req: Request<Incoming>,
+        conn: Conn,
+        routed: &mut Routed,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let proto = self.proto(&req, conn);
+        let path_route = self
+            .settings
+            .path_prefix
+            .as_deref()
+            .and_then(|p| parse_path(p, req.uri().path()));
+        let (target, new_path) = match path_route {
+            None => (
+                parse_headers(
+                    req.headers(),
+                    HeaderRules {
+                        grpc: false,
+                        allow_loopback: self.settings.allow_loopback_pod_ip,
+                    },
+                )?,
+                None,
+            ),
+            Some(Err(e)) => return Err(e.into()),
+            Some(Ok(route)) => {
+                if !session::origin_allowed(
+                    req.headers(),
+                    host_of(&req),
+                    proto,
+                    &self.settings.allowed_origins,
+                ) {
+                    return Err(ProxyError::Forbidden("Origin not allowed."));
+                }
+                let target = Target {
+                    id: route.id.to_owned(),
+                    namespace: route.namespace.to_owned(),
+                    port: route.port,
+                    pod_ip: None,
+                    uid: None,
+                    timeout: None,
+                };
+                routed.set(&target);
+                if let Some((token, rest)) = req.uri().query().and_then(session::take_query_token) {
+                    return self
+                        .bootstrap(&req, &target, &token, &rest, route.base, proto)
+                        .await;
+                }
+                let pq = match req.uri().query() {
+                    Some(q) => format!("{}?{q}", route.rest),
+                    None => route.rest.to_owned(),
+                };
+                let pq = PathAndQuery::try_from(pq)
+                    .map_err(|_| ProxyError::BadRequest("Invalid path."))?;
+                (target, Some(pq))
+            }
+        };
+        let path_routed = new_path.is_some();
+        routed.set(&target);
+        self.authorize(&req, &target, path_routed).await?;
+
+        let limit = self.settings.max_request_body_bytes;
+        if limit > 0 {
+            let declared = req
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > limit) {
+                return Err(ProxyError::BodyTooLarge);
+            }
+        }
+        let upgrade = req.version() <= Version::HTTP_11 && headers::is_upgrade(req.headers());
+        let (authority, cached_uid) = self.resolve(&target)?;
+        let original_host = host_of(&req).and_then(|h| HeaderValue::from_str(h).ok());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+
+        let (mut parts, body) = req.into_parts();
+        if path_routed {
+            session::strip_cookie(&mut parts.headers);
+        }
+        headers::rewrite_request(
+            &mut parts.headers,
+            upgrade,
+            false,
+            conn.remote.ip(),
+            original_host,
+            proto,
+        );
+        let pq = new_path
+            .or_else(|| parts.uri.path_and_query().cloned())
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = Some(authority);
+        uri.path_and_query = Some(pq);
+        parts.uri = Uri::from_parts(uri).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        parts.version = Version::HTTP_11;
+        let upstream_req =
+            Request::from_parts(parts, RequestBody::new(body, limit, &self.metrics.tx_bytes));
+
+        let budget = match (self.settings.proxy_timeout, target.timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let sent = self.upstreams.http1.request(upstream_req);
+        let result = match budget {
+            Some(b) => match tokio::time::timeout(b, sent).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.metrics.upstream_error(&target.namespace, "timeout");
+                    return Err(ProxyError::Timeout(target.id));
+                }
+            },
+            None => sent.await,
+        };
+        let mut resp =
+            result.map_err(|e| self.upstream_failure(&e, &target, cached_uid.as_deref()))?;
+
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let Some(client_side) = client_upgrade else {
+                return Err(ProxyError::Upstream(target.id));
+            };
+            let sandbox_side = hyper::upgrade::on(&mut resp);
+            tokio::spawn(tunnel::splice(
+                client_side,
+                sandbox_side,
+                self.metrics.rx_bytes.clone(),
+                self.metrics.tx_bytes.clone(),
+            ));
+            let (parts, _) = resp.into_parts();
+            return Ok(Response::from_parts(parts, ProxyBody::empty()));
+        }
+        let (mut parts, body) = resp.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers, false, false);
+        Ok(Response::from_parts(
+            parts,
+            ProxyBody::upstream(body, &self.metrics.rx_bytes),
+        ))
+    }
+
+    /// Trades `?sandbox_token=` for a session cookie (after checking it).
+    async fn bootstrap<B>(
+        &self,
+        req: &Request<B>,
+        target: &Target,
+        token: &str,
+        rest_query: &str,
+        base: &str,
+        proto: &'static str,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let access = Access {
+            token: Some(token),
+            namespace: &target.namespace,
+            id: &target.id,
+            pins_pod: false,
+        };
+        let exp = self.authz.check(&access, &self.metrics).await?;
+        let path = req.uri().path();
+        let location = if rest_query.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{path}?{rest_query}")
+        };
+        let spec = session::CookieSpec {
+            path: base.trim_end_matches('/'),
+            same_site: self.settings.same_site,
+            secure: proto == "https",
+            max_age: exp.map(|e| e.saturating_sub(unix_now())),
+        };
+        session::bootstrap_response(token, &location, &spec).ok_or(ProxyError::BadRequest(
+            "The token cannot be used as a session cookie.",
+        ))
+    }
+
+    async fn grpc(
+        &self,
+        req: Request<Incoming>,
+        conn: Conn,
+        routed: &mut Routed,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let target = parse_headers(
+            req.headers(),
+            HeaderRules {
+                grpc: true,
+                allow_loopback: self.settings.allow_loopback_pod_ip,
+            },
+        )?;
+        routed.set(&target);
+        self.authorize(&req, &target, false).await?;
+        let started = Instant::now();
+        let inbound = req
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(grpc_timeout::parse);
+        let deadline = match (inbound, self.settings.grpc_proxy_timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let (authority, cached_uid) = self.resolve(&target)?;
+        let original_host = host_of(&req).and_then(|h| HeaderValue::from_str(h).ok());
+        let proto = self.proto(&req, conn);
+        let (mut parts, body) = req.into_parts();
+        headers::rewrite_request(
+            &mut parts.headers,
+            false,
+            true,
+            conn.remote.ip(),
+            original_host,
+            proto,
+        );
+        if let Some(d) = deadline {
+            if let Ok(v) = HeaderValue::from_str(&grpc_timeout::encode(d)) {
+                parts.headers.insert("grpc-timeout", v);
+            }
+        }
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = Some(authority);
+        uri.path_and_query = parts.uri.path_and_query().cloned();
+        parts.uri = Uri::from_parts(uri).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        parts.version = Version::HTTP_2;
+        let upstream_req = Request::from_parts(
+            parts,
+            RequestBody::new(
+                body,
+                self.settings.max_request_body_bytes,
+                &self.metrics.tx_bytes,
+            ),
+        );
+        let sent = self.upstreams.h2c.request(upstream_req);
+        let result = match deadline {
+            Some(d) => match tokio::time::timeout(d, sent).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.metrics.upstream_error(&target.namespace, "timeout");
+                    return Err(ProxyError::Timeout(target.id));
+                }
+            },
+            None => sent.await,
+        };
+        let resp = result.map_err(|e| self.upstream_failure(&e, &target, cached_uid.as_deref()))?;
+        let remaining = deadline.map(|d| d.saturating_sub(started.elapsed()));
+        let (mut parts, body) = resp.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers, false, false);
+        Ok(Response::from_parts(
+            parts,
+            ProxyBody::grpc(body, &self.metrics.rx_bytes, remaining),
+        ))
+    }
+
+    /// Classifies a failed exchange, counts it, and evicts a cached Pod that
+    /// proved unreachable (a refused dial means the Pod is there but not
+    /// listening yet: it stays).
+    fn upstream_failure(
+        &self,
+        e: &hyper_util::client::legacy::Error,
+        t: &Target,
+        cached_uid: Option<&str>,
+    ) -> ProxyError {
+        if let Some(dial) = DialError::find(e) {
+            self.metrics.upstream_error(&t.namespace, "dial");
+            tracing::warn!(sandbox = %t.id, namespace = %t.namespace, error = %dial, "backend unreachable");
+            if dial.failure == DialFailure::Unreachable {
+                if let (Some(cache), Some(uid)) = (&self.cache, cached_uid) {
+                    cache.evict(uid);
+                }
+            }
+            return ProxyError::Dial(t.id.clone());
+        }
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        let mut reason = "other";
+        while let Some(err) = source {
+            if err.is::<BodyTooLarge>() {
+                return ProxyError::BodyTooLarge;
+            }
+            if let Some(h) = err.downcast_ref::<hyper::Error>() {
+                if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                    reason = "eof";
+                } else if h.is_timeout() {
+                    reason = "timeout";
+                }
+            }
+            source = err.source();
+        }
+        self.metrics.upstream_error(&t.namespace, reason);
+        tracing::warn!(sandbox = %t.id, namespace = %t.namespace, reason, error = %e, "backend exchange failed");
+        ProxyError::Upstream(t.id.clone())
+    }
+}
