@@ -4,6 +4,7 @@ suites' conftest modules); importing them here registers them with pytest."""
 
 from router_harness import *  # noqa: F401,F403
 from router_harness import (  # noqa: F401  (fixtures, named for readers)
+    http_echo,
     make_router,
     router,
     router_bin,

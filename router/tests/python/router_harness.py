@@ -412,3 +412,58 @@ def silent_backend() -> Iterator[SilentServer]:
     s = SilentServer()
     yield s
     s.close()
+
+
+class EchoHttpServer:
+    """Answers every request with JSON: method, raw path, headers, body length."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                n = 0
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    while True:
+                        size = int(self.rfile.readline().strip() or b"0", 16)
+                        if size == 0:
+                            self.rfile.readline()
+                            break
+                        n += len(self.rfile.read(size))
+                        self.rfile.readline()
+                else:
+                    n = len(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                body = json.dumps({
+                    "method": self.command,
+                    "path": self.path,
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                    "body_len": n,
+                }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def http_echo() -> Iterator[EchoHttpServer]:
+    s = EchoHttpServer()
+    yield s
+    s.close()
