@@ -10,3 +10,4 @@ pub mod rest;
 pub mod serve;
 pub mod service;
 pub mod store;
+pub mod tenancy;

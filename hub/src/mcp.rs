@@ -9,25 +9,25 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     rest::{Tenant, OPEN_TENANT},
-    service::Hub,
+    tenancy::Tenancy,
 };
 
 /// Each MCP call acts as the tenant its HTTP request authenticated as.
-pub struct TenantSandboxes(pub Arc<Hub>);
+pub struct TenantSandboxes(pub Arc<dyn Tenancy>);
 
 impl sandhub_mcp::SandboxesProvider for TenantSandboxes {
     fn sandboxes(&self, parts: Option<&http::request::Parts>) -> Result<Arc<dyn Sandboxes>, Error> {
         let tenant = parts
             .and_then(|p| p.extensions.get::<Tenant>())
-            .map_or_else(|| OPEN_TENANT.to_string(), |t| t.0.clone());
-        Ok(Arc::new(self.0.tenant(tenant)))
+            .map_or(OPEN_TENANT, |t| t.0.as_str());
+        Ok(self.0.tenant(tenant))
     }
 }
 
 /// The streamable HTTP service for `/mcp`, and the token that ends its
 /// open streams at shutdown.
 pub fn http_service(
-    hub: Arc<Hub>,
+    hub: Arc<dyn Tenancy>,
     authenticated: bool,
 ) -> (sandhub_mcp::McpService<TenantSandboxes>, CancellationToken) {
     let mut config = sandhub_mcp::StreamableHttpServerConfig::default();
@@ -84,7 +84,7 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
             .await?;
             // Deadlines and pools still need minding while this process runs.
             hub.spawn_background(std::time::Duration::from_secs(1));
-            sandhub_mcp::serve_stdio(TenantSandboxes(hub)).await
+            sandhub_mcp::serve_stdio(TenantSandboxes(Arc::new(hub))).await
         }
     }
 }

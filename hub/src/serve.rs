@@ -70,7 +70,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
     let (app, mcp_stop) = rest::app(
         AppState {
-            hub,
+            hub: Arc::new(hub),
             metrics: Arc::default(),
             gym: Arc::default(),
         },

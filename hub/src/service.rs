@@ -526,19 +526,6 @@ pub struct TenantHub {
 }
 
 impl TenantHub {
-    pub fn tenant(&self) -> &str {
-        &self.tenant
-    }
-
-    pub fn hub(&self) -> &Arc<Hub> {
-        &self.hub
-    }
-
-    /// The sandboxd of a running sandbox, for routes that forward raw HTTP.
-    pub fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
-        self.hub.running(&self.tenant, id, op).map(|(_, c)| c)
-    }
-
     fn pool_status(&self, p: &PoolRow) -> Result<Pool> {
         let members = self.hub.store.pool_members(&p.tenant, &p.name)?;
         let ready = members
@@ -552,6 +539,47 @@ impl TenantHub {
             ready,
             total: members.len() as u32,
         })
+    }
+}
+
+#[async_trait]
+impl crate::tenancy::TenantView for TenantHub {
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
+        self.hub.running(&self.tenant, id, op).map(|(_, c)| c)
+    }
+
+    async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
+        self.get(id).await?;
+        Ok(self
+            .hub
+            .store
+            .list_snapshots(&self.tenant, id)?
+            .into_iter()
+            .map(|s| Snapshot {
+                id: s.id,
+                sandbox_id: s.sandbox_id,
+                created_at: rfc3339(s.created_at),
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl crate::tenancy::Tenancy for Arc<Hub> {
+    fn tenant(&self, tenant: &str) -> Arc<dyn crate::tenancy::TenantView> {
+        Arc::new(Hub::tenant(self, tenant))
+    }
+
+    async fn ready(&self) -> Result<()> {
+        self.store.list_pools(Some("")).map(|_| ())
+    }
+
+    async fn sandbox_count(&self) -> Result<usize> {
+        Ok(self.store.all_sandboxes()?.len())
     }
 }
 

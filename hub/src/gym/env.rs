@@ -10,10 +10,10 @@ use sandhub_api::{
     },
     hub::{Command, CreateSandbox, ExecRequest},
 };
-use sandhub_client::{write_bytes, Error, Result, Sandboxes, WriteOptions};
+use sandhub_client::{write_bytes, Error, Result, WriteOptions};
 
 use super::matcher::{compile, Compiled, StepOutput};
-use crate::service::TenantHub;
+use crate::tenancy::TenantView;
 
 pub struct Env {
     pub tenant: String,
@@ -116,7 +116,7 @@ impl Env {
 
     /// A sandbox for a new episode: the old one reset (milliseconds), or a
     /// new one when asked for, or when the old one failed.
-    async fn episode_sandbox(&mut self, api: &TenantHub) -> Result<String> {
+    async fn episode_sandbox(&mut self, api: &dyn TenantView) -> Result<String> {
         if let Some(id) = self.sandbox.clone() {
             if !self.spec.fresh_sandbox && !self.broken {
                 match api.reset(&id).await {
@@ -142,11 +142,11 @@ impl Env {
     }
 
     /// Acquires the first sandbox, so that a bad template fails env creation.
-    pub async fn prepare(&mut self, api: &TenantHub) -> Result<()> {
+    pub async fn prepare(&mut self, api: &dyn TenantView) -> Result<()> {
         self.episode_sandbox(api).await.map(|_| ())
     }
 
-    pub async fn reset(&mut self, api: &TenantHub, seed: Option<u64>) -> Result<ResetResult> {
+    pub async fn reset(&mut self, api: &dyn TenantView, seed: Option<u64>) -> Result<ResetResult> {
         self.seed = seed;
         let started = Instant::now();
         let id = self.episode_sandbox(api).await?;
@@ -203,7 +203,7 @@ impl Env {
         }
     }
 
-    pub async fn step(&mut self, api: &TenantHub, action: String) -> Result<StepResult> {
+    pub async fn step(&mut self, api: &dyn TenantView, action: String) -> Result<StepResult> {
         let Some(id) = self.sandbox.clone().filter(|_| self.episode > 0) else {
             return Err(Error::new(
                 Code::FailedPrecondition,
@@ -309,7 +309,7 @@ impl Env {
     }
 
     /// Frees the sandbox.
-    pub async fn close(&mut self, api: &TenantHub) {
+    pub async fn close(&mut self, api: &dyn TenantView) {
         if let Some(id) = self.sandbox.take() {
             let _ = api.delete(&id).await;
         }

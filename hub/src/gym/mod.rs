@@ -23,7 +23,8 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::{
     rest::{Api, ApiJson, ApiResult, AppState},
-    service::{new_id, TenantHub},
+    service::new_id,
+    tenancy::TenantView,
 };
 use env::Env;
 
@@ -55,7 +56,7 @@ impl Gym {
         Ok(slot)
     }
 
-    async fn step(&self, api: &TenantHub, id: &str, action: String) -> Result<StepResult> {
+    async fn step(&self, api: &dyn TenantView, id: &str, action: String) -> Result<StepResult> {
         let slot = self.checked(api.tenant(), id).await?;
         let mut env = slot.lock().await;
         env.step(api, action).await
@@ -80,7 +81,7 @@ async fn create_env(
     ApiJson(spec): ApiJson<CreateEnv>,
 ) -> ApiResult<(StatusCode, ApiJson<EnvCreated>)> {
     let mut env = Env::new(api.tenant().to_string(), spec)?;
-    env.prepare(&api).await?;
+    env.prepare(api.as_ref()).await?;
     let created = EnvCreated {
         env_id: new_id("env"),
         observation_space: Space {
@@ -110,7 +111,7 @@ async fn delete_env(
 ) -> ApiResult<StatusCode> {
     let slot = state.gym.checked(api.tenant(), &id).await?;
     state.gym.envs.lock().unwrap().remove(&id);
-    slot.lock().await.close(&api).await;
+    slot.lock().await.close(api.as_ref()).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -135,7 +136,7 @@ async fn reset_env(
     };
     let slot = state.gym.checked(api.tenant(), &id).await?;
     let mut env = slot.lock().await;
-    Ok(ApiJson(env.reset(&api, req.seed).await?))
+    Ok(ApiJson(env.reset(api.as_ref(), req.seed).await?))
 }
 
 /// Run one action (a shell command) and score it.
@@ -148,7 +149,9 @@ async fn step_env(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<StepRequest>,
 ) -> ApiResult<ApiJson<StepResult>> {
-    Ok(ApiJson(state.gym.step(&api, &id, req.action).await?))
+    Ok(ApiJson(
+        state.gym.step(api.as_ref(), &id, req.action).await?,
+    ))
 }
 
 /// Step many environments at once (concurrently); results come back in
@@ -167,7 +170,7 @@ async fn step_batch(
     let results = futures::future::join_all(req.steps.into_iter().map(|item| {
         let api = api.clone();
         async move {
-            match gym.step(&api, &item.env_id, item.action).await {
+            match gym.step(api.as_ref(), &item.env_id, item.action).await {
                 Ok(result) => BatchStepOutcome {
                     env_id: item.env_id,
                     result: Some(result),

@@ -53,11 +53,11 @@ struct FilePath {
 }
 
 async fn forward(
-    api: &crate::service::TenantHub,
+    api: &dyn crate::tenancy::TenantView,
     id: &str,
     request: Request,
 ) -> ApiResult<Response> {
-    let client = api.sandboxd(id, "file access")?;
+    let client = api.sandboxd(id, "file access").await?;
     let mut target = format!("/v1/files/{}", raw_rest(request.uri().path(), id));
     if let Some(q) = request.uri().query() {
         target.push('?');
@@ -102,7 +102,7 @@ async fn get_file(
     ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
-    forward(&api, &id, request).await
+    forward(api.as_ref(), &id, request).await
 }
 
 /// Headers of a file or directory, no body.
@@ -115,7 +115,7 @@ async fn head_file(
     ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
-    forward(&api, &id, request).await
+    forward(api.as_ref(), &id, request).await
 }
 
 /// Write a file atomically (raw or multipart `file` part), creating parents;
@@ -134,7 +134,7 @@ async fn put_file(
     ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
-    forward(&api, &id, request).await
+    forward(api.as_ref(), &id, request).await
 }
 
 /// Delete a file, or a directory with `recursive=true`.
@@ -148,5 +148,5 @@ async fn delete_file(
     ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
-    forward(&api, &id, request).await
+    forward(api.as_ref(), &id, request).await
 }

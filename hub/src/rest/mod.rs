@@ -23,7 +23,7 @@ use utoipa_axum::router::OpenApiRouter;
 pub use auth::{ApiKeys, Tenant, OPEN_TENANT};
 pub use error::{ApiError, ApiJson, ApiResult};
 
-use crate::service::{Hub, TenantHub};
+use crate::tenancy::{Tenancy, TenantView};
 
 /// JSON request bodies (exec, create, templates) are small; a larger one
 /// is a mistake and gets 413 before it is read.
@@ -31,13 +31,13 @@ pub const MAX_JSON_BODY: usize = 1 << 20;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub hub: Arc<Hub>,
+    pub hub: Arc<dyn Tenancy>,
     pub metrics: Arc<service::Metrics>,
     pub gym: Arc<crate::gym::Gym>,
 }
 
 /// The hub as the request's tenant sees it.
-pub struct Api(pub TenantHub);
+pub struct Api(pub Arc<dyn TenantView>);
 
 impl FromRequestParts<AppState> for Api {
     type Rejection = ApiError;
@@ -47,7 +47,7 @@ impl FromRequestParts<AppState> for Api {
             .extensions
             .get::<Tenant>()
             .ok_or_else(|| ApiError::new(Code::Unauthenticated, "no tenant"))?;
-        Ok(Api(state.hub.tenant(tenant.0.clone())))
+        Ok(Api(state.hub.tenant(&tenant.0)))
     }
 }
 

@@ -19,7 +19,7 @@ use sandhub_api::{
     hub::{ExecRequest, ExecResult, ProcessEventWire, ResizeRequest, SignalRequest},
 };
 use sandhub_client::{
-    http::encode_process_event, ProcessEvent, PtySize, Sandboxes, Signal, StartProcess, StdinInput,
+    http::encode_process_event, ProcessEvent, PtySize, Signal, StartProcess, StdinInput,
 };
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -322,7 +322,7 @@ async fn pty(
 
 async fn run_pty(
     socket: WebSocket,
-    api: crate::service::TenantHub,
+    api: std::sync::Arc<dyn crate::tenancy::TenantView>,
     id: String,
     mut events: sandhub_client::ProcessEvents,
 ) {

@@ -7,7 +7,6 @@ use sandhub_api::{
     error::{Code, ErrorBody},
     hub::{CreateSandbox, ForkRequest, Sandbox, SandboxList, Snapshot, SnapshotList},
 };
-use sandhub_client::Sandboxes;
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -131,18 +130,7 @@ async fn list_snapshots(
     Api(api): Api,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<SnapshotList>> {
-    api.get(&id).await?;
-    let snapshots = api
-        .hub()
-        .store
-        .list_snapshots(api.tenant(), &id)?
-        .into_iter()
-        .map(|s| Snapshot {
-            id: s.id,
-            sandbox_id: s.sandbox_id,
-            created_at: crate::service::rfc3339(s.created_at),
-        })
-        .collect();
+    let snapshots = api.list_snapshots(&id).await?;
     Ok(ApiJson(SnapshotList { snapshots }))
 }
 

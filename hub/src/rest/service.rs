@@ -89,8 +89,8 @@ async fn healthz() -> &'static str {
 #[utoipa::path(get, path = "/readyz", tag = "service", security(()),
     responses((status = 200, body = String), (status = 503, body = ErrorBody)))]
 async fn readyz(State(state): State<AppState>) -> Response {
-    match state.hub.store.list_pools(Some("")) {
-        Ok(_) => "ok".into_response(),
+    match state.hub.ready().await {
+        Ok(()) => "ok".into_response(),
         Err(e) => ApiError::new(Code::Unavailable, e.message).into_response(),
     }
 }
@@ -99,8 +99,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "service", security(()),
     responses((status = 200, body = String, content_type = "application/openmetrics-text")))]
 async fn metrics(State(state): State<AppState>) -> Response {
-    if let Ok(all) = state.hub.store.all_sandboxes() {
-        state.metrics.sandboxes.set(all.len() as i64);
+    if let Ok(n) = state.hub.sandbox_count().await {
+        state.metrics.sandboxes.set(n as i64);
     }
     let mut out = String::new();
     let _ = encode(&mut out, &state.metrics.registry);

@@ -5,7 +5,6 @@ use sandhub_api::{
     error::ErrorBody,
     hub::{NamedTemplate, Template, TemplateList},
 };
-use sandhub_client::Sandboxes;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::{error::ApiPath, Api, ApiJson, ApiResult, AppState};
