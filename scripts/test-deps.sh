@@ -21,7 +21,9 @@ log() { echo "[test-deps] $*" >&2; }
 # ---------------------------------------------------------------- Debian packages
 # python3 + venv (ensurepip) for the virtualenv; a C toolchain for Rust's linker
 # and build scripts; ca-certificates for pip over https.
-apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates)
+# nginx and wrk: the baseline and the load generator of the router benchmark
+# (scripts/bench.sh router).
+apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates nginx wrk)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then

@@ -68,6 +68,7 @@ target_dir="${CARGO_TARGET_DIR:-target}"
 export SANDBOXD_BIN="${SANDBOXD_BIN:-$target_dir/debug/sandboxd}"
 export SANDHUB_BIN="${SANDHUB_BIN:-$target_dir/debug/sandhub}"
 export SANDHUB_MCP_BIN="${SANDHUB_MCP_BIN:-$target_dir/debug/sandhub-mcp}"
+export SANDHUB_ROUTER_BIN="${SANDHUB_ROUTER_BIN:-$target_dir/debug/sandhub-router}"
 if [[ ! -x "$SANDBOXD_BIN" ]]; then
     echo "test.sh: sandboxd binary not found at $SANDBOXD_BIN after the build" >&2
     exit 1
@@ -75,7 +76,7 @@ fi
 
 step="pytest"
 echo
-python_suites=(tests/python mcp-server/tests/python)
+python_suites=(tests/python mcp-server/tests/python router/tests/python)
 echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN SANDHUB_BIN=$SANDHUB_BIN $venv_python -m pytest ${python_suites[*]} -v"
 set +e
 # shellcheck disable=SC2086 # PYTEST_ARGS is split on purpose
