@@ -20,10 +20,11 @@ log() { echo "[test-deps] $*" >&2; }
 
 # ---------------------------------------------------------------- Debian packages
 # python3 + venv (ensurepip) for the virtualenv; a C toolchain for Rust's linker
-# and build scripts; ca-certificates for pip over https.
+# and build scripts; ca-certificates for pip over https; openssl and curl for the
+# Kubernetes test cluster's certificates and readiness checks (dev/k8s/cluster.sh).
 # nginx and wrk: the baseline and the load generator of the router benchmark
 # (scripts/bench.sh router).
-apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates nginx wrk)
+apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates openssl curl nginx wrk)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
@@ -73,6 +74,24 @@ for comp in rustfmt clippy; do
     fi
 done
 
+# ---------------------------------------------------------------- Kubernetes test cluster
+# etcd and Kubernetes v1.34.4 built from Go modules once into $SANDHUB_CACHE/k8s (minutes
+# on a fresh machine, instant later). Go is test infrastructure only; 1.21+ fetches the
+# toolchain Kubernetes asks for through the module proxy.
+if [[ "${SANDHUB_TEST_CLUSTER:-1}" != 0 ]]; then
+    if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
+        export PATH="/usr/local/go/bin:$PATH"
+    fi
+    if ! command -v go >/dev/null 2>&1; then
+        log "go not found: install Go >= 1.21 (https://go.dev/dl) to build the test cluster's binaries"
+        exit 1
+    fi
+    log "test cluster binaries: bash dev/k8s/build-bins.sh (builds once; progress below)"
+    k8s_bin="$(SANDHUB_CACHE="$cache_dir" bash "$repo_root/dev/k8s/build-bins.sh" | sed -n 's/^K8S_BIN=//p' | tail -n1)"
+    [[ -n "$k8s_bin" ]] || { log "dev/k8s/build-bins.sh did not report K8S_BIN"; exit 1; }
+    log "test cluster binaries in $k8s_bin"
+fi
+
 # ---------------------------------------------------------------- Python venv
 # The SDK needs Python >= 3.11.
 python_bin="${SANDHUB_PYTHON_BOOTSTRAP:-python3}"
@@ -102,4 +121,5 @@ else
     log "venv ready: $venv_dir"
 fi
 
+[[ -z "${k8s_bin:-}" ]] || echo "K8S_BIN=$k8s_bin"
 echo "SANDHUB_PYTHON=$venv_dir/bin/python"

@@ -7,7 +7,8 @@
 # Env: CARGO_TARGET_DIR (cargo's), SANDHUB_CACHE (venv location, see
 # scripts/test-deps.sh), SANDBOXD_BIN (defaults to the binary this run builds),
 # CI=true (nothing may be skipped; the python suite turns a missing binary
-# into a failure), PYTEST_ARGS (extra pytest arguments, e.g. "-k legacy").
+# into a failure), PYTEST_ARGS (extra pytest arguments, e.g. "-k legacy"),
+# SANDHUB_TEST_CLUSTER=0 (outside CI: no Kubernetes test cluster; its tests skip).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,8 +17,17 @@ cd "$repo_root"
 step="start"
 started=$SECONDS
 log_dir="$(mktemp -d)"
+cluster_dir=""
 on_exit() {
     local rc=$?
+    if [[ -n "$cluster_dir" ]]; then
+        bash dev/k8s/cluster.sh down "$cluster_dir" || true
+        if ((rc != 0)); then
+            echo "test.sh: test cluster logs kept in $cluster_dir/logs" >&2
+        else
+            rm -rf "$cluster_dir"
+        fi
+    fi
     rm -rf "$log_dir"
     if ((rc != 0)); then
         echo "test.sh: FAILED at step '$step' (exit $rc) after $((SECONDS - started))s" >&2
@@ -51,6 +61,29 @@ fi
 run_step fmt cargo fmt --all -- --check
 run_step build cargo build --workspace --all-targets
 run_step clippy cargo clippy --workspace --all-targets -- -D warnings
+# ---------------------------------------------------------------- test cluster
+# One loopback Kubernetes (etcd, apiserver, controller-manager, scheduler, fake node) for
+# the whole run; tests find it through SANDHUB_TEST_KUBECONFIG and isolate themselves in
+# fresh namespaces. Down again at exit (trap above).
+step="cluster-up"
+if [[ "${SANDHUB_TEST_CLUSTER:-1}" == 0 && "${CI:-}" != true ]]; then
+    echo "test.sh: SANDHUB_TEST_CLUSTER=0: no test cluster; its tests skip" >&2
+else
+    cluster_dir="$(mktemp -d "${TMPDIR:-/tmp}/sandhub-k8s.XXXXXX")"
+    echo
+    echo "==> [cluster-up] bash dev/k8s/cluster.sh up $cluster_dir"
+    if cluster_out="$(bash dev/k8s/cluster.sh up "$cluster_dir")"; then
+        SANDHUB_TEST_KUBECONFIG="$(printf '%s\n' "$cluster_out" | sed -n 's/^SANDHUB_TEST_KUBECONFIG=//p')"
+        K8S_BIN="$(printf '%s\n' "$cluster_out" | sed -n 's/^K8S_BIN=//p')"
+        export SANDHUB_TEST_KUBECONFIG K8S_BIN
+    elif [[ "${CI:-}" == true ]]; then
+        echo "test.sh: the test cluster did not start (CI=true: that fails the run)" >&2
+        exit 1
+    else
+        echo "test.sh: WARNING: the test cluster did not start; tests needing it skip" >&2
+    fi
+fi
+
 step="cargo-test"
 echo
 echo "==> [cargo-test] cargo test --workspace"

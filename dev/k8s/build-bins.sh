@@ -21,6 +21,21 @@ if ((${#missing[@]} == 0)); then
     exit 0
 fi
 
+# One build at a time per cache (test-deps.sh and a manual run may race): the second
+# waits, then finds the binaries.
+mkdir -p "$cache/k8s/$K8S_VERSION"
+exec 9>"$cache/k8s/$K8S_VERSION/.build.lock"
+if ! flock -n 9; then
+    echo "build-bins: another build of $K8S_VERSION is running; waiting for it" >&2
+    flock 9
+fi
+missing=()
+for c in $components; do [[ -x "$bin_dir/$c" ]] || missing+=("$c"); done
+if ((${#missing[@]} == 0)); then
+    echo "K8S_BIN=$bin_dir"
+    exit 0
+fi
+
 command -v go >/dev/null || { echo "build-bins: go is required (only to build the test cluster)" >&2; exit 1; }
 work="$cache/k8s/$K8S_VERSION/src"
 mkdir -p "$work" "$bin_dir"

@@ -1,1 +1,72 @@
-fn main() {}
+//! `sandhub-fake-node`: a fake kubelet for the test cluster (see `sandhub_testkit::fake_node`).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use sandhub_testkit::cluster::client_from_kubeconfig;
+use sandhub_testkit::fake_node::{self, FakeNodeConfig, PodCidr};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Registers a Ready Node and takes the Pods bound to it to Running/Ready with a pod IP,
+/// finishes their deletions, and fails Pods annotated `sandhub.dev/fake-node-fail`
+/// (ImagePullBackOff | OOMKilled | Unschedulable).
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Kubeconfig of the cluster (default: kube's usual lookup, $KUBECONFIG or ~/.kube/config).
+    #[arg(long, env = "SANDHUB_FAKE_NODE_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Name of the Node to register.
+    #[arg(long, env = "SANDHUB_FAKE_NODE_NAME", default_value = "fake-node-0")]
+    node_name: String,
+    /// Pod IPs are handed out from this IPv4 CIDR.
+    #[arg(
+        long,
+        env = "SANDHUB_FAKE_NODE_POD_CIDR",
+        default_value = "10.244.0.0/16"
+    )]
+    pod_cidr: PodCidr,
+    /// Pod status writes and deletions in flight at once.
+    #[arg(long, env = "SANDHUB_FAKE_NODE_CONCURRENCY", default_value_t = 64)]
+    concurrency: usize,
+    /// Seconds between Lease and Ready-condition renewals.
+    #[arg(
+        long,
+        env = "SANDHUB_FAKE_NODE_HEARTBEAT_SECONDS",
+        default_value_t = 10
+    )]
+    heartbeat_seconds: u64,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let client = match &args.kubeconfig {
+        Some(path) => client_from_kubeconfig(path).await?,
+        None => kube::Client::try_default()
+            .await
+            .context("no --kubeconfig and no default kube config")?,
+    };
+    let config = FakeNodeConfig {
+        node_name: args.node_name,
+        pod_cidr: args.pod_cidr,
+        concurrency: args.concurrency,
+        heartbeat: Duration::from_secs(args.heartbeat_seconds.max(1)),
+    };
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        r = fake_node::run(client, config) => r,
+        _ = term.recv() => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}

@@ -1,0 +1,92 @@
+//! Bounded waits: every wait has a timeout and says what it waited for when it expires.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::wait::{await_condition, Condition};
+use kube::{Api, Resource};
+use serde_json::Value;
+
+/// Waits until `cond` holds for the object `name` (which may not exist yet), and returns it.
+pub async fn until<K>(
+    api: &Api<K>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    cond: impl Fn(&K) -> bool,
+) -> Result<K>
+where
+    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+{
+    let found = tokio::time::timeout(
+        timeout,
+        await_condition(api.clone(), name, |obj: Option<&K>| obj.is_some_and(&cond)),
+    )
+    .await;
+    match found {
+        Ok(Ok(Some(obj))) => Ok(obj),
+        Ok(Ok(None)) => Err(anyhow!("{name}: gone while waiting for {what}")),
+        Ok(Err(e)) => Err(anyhow!(
+            "{name}: watch failed while waiting for {what}: {e}"
+        )),
+        Err(_) => {
+            let last = api.get_opt(name).await.ok().flatten();
+            Err(anyhow!(
+                "{name}: not {what} after {timeout:?}; last seen: {last:#?}"
+            ))
+        }
+    }
+}
+
+/// Waits until the object `name` with `uid` no longer exists.
+pub async fn deleted<K>(api: &Api<K>, name: &str, uid: &str, timeout: Duration) -> Result<()>
+where
+    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+{
+    let cond = kube::runtime::wait::conditions::is_deleted::<K>(uid);
+    match tokio::time::timeout(timeout, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(anyhow!(
+            "{name}: watch failed while waiting for deletion: {e}"
+        )),
+        Err(_) => {
+            let last = api.get_opt(name).await.ok().flatten();
+            Err(anyhow!(
+                "{name}: still present {timeout:?} after deletion: {last:#?}"
+            ))
+        }
+    }
+}
+
+/// The Pod's condition `type_` (e.g. "Ready") as (status, reason).
+pub fn pod_condition(pod: &Pod, type_: &str) -> Option<(String, Option<String>)> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Whether the Pod is Running with condition Ready=True.
+pub fn pod_is_ready(pod: &Pod) -> bool {
+    let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+    running && pod_condition(pod, "Ready").is_some_and(|(status, _)| status == "True")
+}
+
+/// A [`Condition`] for [`await_condition`] users: the Pod is Running and Ready.
+pub fn is_pod_ready() -> impl Condition<Pod> {
+    |pod: Option<&Pod>| pod.is_some_and(pod_is_ready)
+}
+
+/// `value` at the JSON pointer `ptr` as a string, for asserting on status fields of any object.
+pub fn json_str<T: serde::Serialize>(obj: &T, ptr: &str) -> Option<String> {
+    let v = serde_json::to_value(obj).ok()?;
+    match v.pointer(ptr)? {
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
