@@ -189,7 +189,9 @@ start_etcd() {
     echo "$port" >"$dir/etcd.port"
     rm -rf "$dir/etcd" # every up starts from an empty store
     # No fsync: a throwaway test store, and fsync dominates write latency on a busy disk.
+    # A single member has no peers to wait for: short election timing makes it leader at once.
     start etcd "$K8S_BIN/etcd" --name test --data-dir "$dir/etcd" --unsafe-no-fsync --log-level warn \
+        --heartbeat-interval 20 --election-timeout 200 \
         --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
         --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
         --initial-cluster "test=http://127.0.0.1:$peer"
@@ -309,9 +311,8 @@ status() {
 down() {
     [[ -d "$run" ]] || return 0
     if declare -F stop_real_node >/dev/null; then stop_real_node; fi
-    stop fake-node kubelet kube-scheduler kube-controller-manager
-    stop kube-apiserver
-    stop etcd
+    stop fake-node kubelet kube-scheduler kube-controller-manager kube-apiserver
+    stop etcd # last: the others' shutdown may still talk to it
     stop containerd
     log "down ($dir)"
 }
