@@ -7,6 +7,8 @@
 //!   plain fork+exec, file upload/download vs `cp`, idle RSS.
 //! - [`hub`]: `sandhub serve` end to end: warm claim, cold create, reset,
 //!   exec via the hub vs straight to sandboxd, MCP, Gym, memory per sandbox.
+//! - [`router`]: sandhub-router vs nginx as a reverse proxy under wrk, at
+//!   several concurrencies (throughput, p50/p99).
 //! - [`stats`]: percentiles and medians.
 //! - [`report`]: the result table, its JSON form, and progress lines.
 //! - [`machine`]: what the numbers were measured on.
@@ -14,6 +16,7 @@
 mod hub;
 mod machine;
 mod report;
+mod router;
 mod sandboxd;
 mod stats;
 
@@ -40,6 +43,8 @@ enum Suite {
     Sandboxd(sandboxd::Args),
     /// hub: claim/create/reset latency, exec via hub vs sandboxd, MCP, Gym, memory.
     Hub(hub::Args),
+    /// router: sandhub-router vs nginx under wrk (throughput, p50/p99).
+    Router(router::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +57,7 @@ fn main() -> anyhow::Result<()> {
     let report = match cli.suite {
         Suite::Sandboxd(args) => runtime.block_on(sandboxd::run(args))?,
         Suite::Hub(args) => runtime.block_on(hub::run(args))?,
+        Suite::Router(args) => router::run_sync(args)?,
     };
     if cli.json {
         report.print_json()?;
