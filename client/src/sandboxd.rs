@@ -16,7 +16,7 @@ mod watch;
 use std::{path::Path, sync::Arc};
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
@@ -30,14 +30,14 @@ use sandhub_api::{
 use serde::de::DeserializeOwned;
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
-use self::transport::{Bearer, Connector};
+use self::transport::{Connector, Metadata};
 use crate::{Error, Result};
 
 /// Request bodies: empty, or a caller's upload stream. Its error type is
 /// ours, so a failing upload stream surfaces as the caller's own error.
 type Body = UnsyncBoxBody<Bytes, Error>;
 
-type Grpc = InterceptedService<Channel, Bearer>;
+type Grpc = InterceptedService<Channel, Metadata>;
 
 #[derive(Clone)]
 pub struct SandboxdClient {
@@ -46,20 +46,19 @@ pub struct SandboxdClient {
     /// else e.g. `http://10.0.0.7:8080`; no trailing slash.
     rest_base: Arc<str>,
     channel: Channel,
-    token: Option<Token>,
-}
-
-#[derive(Clone)]
-struct Token {
-    header: HeaderValue,
-    metadata: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    /// Sent on every REST request: the bearer token, and routing headers
+    /// when a router stands between us and sandboxd.
+    rest_headers: Arc<HeaderMap>,
+    /// Sent on every gRPC call (same purpose; the router needs a different
+    /// `x-sandbox-port` for gRPC than for REST).
+    grpc_metadata: Metadata,
 }
 
 impl std::fmt::Debug for SandboxdClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SandboxdClient")
             .field("rest_base", &self.rest_base)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("headers", &self.rest_headers.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
@@ -100,22 +99,30 @@ impl SandboxdClient {
             http,
             rest_base: rest_base.into(),
             channel,
-            token: None,
+            rest_headers: Arc::default(),
+            grpc_metadata: Metadata::default(),
         }
     }
 
     /// Sends `token` as a bearer token on every REST and gRPC call
     /// (`sandboxd --auth-token-file`).
-    pub fn with_token(mut self, token: &str) -> Result<Self> {
-        let bearer = format!("Bearer {token}");
-        let mut header = HeaderValue::from_str(&bearer)
+    pub fn with_token(self, token: &str) -> Result<Self> {
+        let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| Error::invalid("the auth token contains characters a header cannot"))?;
         header.set_sensitive(true);
-        let mut metadata = tonic::metadata::MetadataValue::try_from(bearer.as_str())
-            .map_err(|_| Error::invalid("the auth token contains characters a header cannot"))?;
-        metadata.set_sensitive(true);
-        self.token = Some(Token { header, metadata });
-        Ok(self)
+        let mut both = HeaderMap::new();
+        both.insert(header::AUTHORIZATION, header);
+        Ok(self.with_headers(both.clone(), both))
+    }
+
+    /// Adds `rest` to every REST request and `grpc` to every gRPC call's
+    /// metadata (replacing same-named ones), e.g. a router's `X-Sandbox-*`.
+    pub fn with_headers(mut self, rest: HeaderMap, grpc: HeaderMap) -> Self {
+        let mut merged = (*self.rest_headers).clone();
+        merged.extend(rest);
+        self.rest_headers = Arc::new(merged);
+        self.grpc_metadata = self.grpc_metadata.extended(grpc);
+        self
     }
 
     /// `GET /v1/health`: answers without a token; UNAVAILABLE while draining.
@@ -135,8 +142,8 @@ impl SandboxdClient {
         FileWatcherServiceClient::with_interceptor(self.channel.clone(), self.bearer())
     }
 
-    fn bearer(&self) -> Bearer {
-        Bearer(self.token.as_ref().map(|t| t.metadata.clone()))
+    fn bearer(&self) -> Metadata {
+        self.grpc_metadata.clone()
     }
 
     /// Sends one REST request; a non-2xx answer becomes its error.
@@ -149,8 +156,8 @@ impl SandboxdClient {
         let mut request = Request::builder()
             .method(method)
             .uri(format!("{}{}", self.rest_base, path_and_query));
-        if let Some(token) = &self.token {
-            request = request.header(header::AUTHORIZATION, token.header.clone());
+        for (name, value) in self.rest_headers.iter() {
+            request = request.header(name, value);
         }
         let request = request
             .body(body)

@@ -3,7 +3,7 @@
 //! requests, listings, and error bodies as sandboxd wrote them.
 
 use bytes::Bytes;
-use http::{header, HeaderMap, Method, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
@@ -33,8 +33,8 @@ impl SandboxdClient {
         for (name, value) in &headers {
             request = request.header(name, value);
         }
-        if let Some(token) = &self.token {
-            request = request.header(header::AUTHORIZATION, token.header.clone());
+        for (name, value) in self.rest_headers.iter() {
+            request = request.header(name, value);
         }
         let request = request
             .body(body)

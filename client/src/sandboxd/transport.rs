@@ -21,7 +21,7 @@ use tokio::{
     net::{TcpStream, UnixStream},
 };
 use tonic::{
-    metadata::{Ascii, MetadataValue},
+    metadata::{Ascii, AsciiMetadataKey, MetadataValue},
     service::Interceptor,
     transport::{Channel, Endpoint},
 };
@@ -186,19 +186,38 @@ pub(super) fn tcp_channel(uri: String) -> Result<Channel> {
         .connect_lazy())
 }
 
-/// Adds `authorization: Bearer <token>` to every gRPC call when set.
+/// Adds fixed metadata (the bearer token, a router's `x-sandbox-*`) to
+/// every gRPC call.
 #[derive(Clone, Default)]
-pub(super) struct Bearer(pub(super) Option<MetadataValue<Ascii>>);
+pub(crate) struct Metadata(Arc<Vec<(AsciiMetadataKey, MetadataValue<Ascii>)>>);
 
-impl Interceptor for Bearer {
+impl Metadata {
+    /// These plus `headers`, which replace same-named entries. Headers that
+    /// are not valid ASCII metadata cannot be sent and are left out.
+    pub(crate) fn extended(&self, headers: http::HeaderMap) -> Self {
+        let mut entries: Vec<_> = self.0.iter().cloned().collect();
+        for (name, value) in headers.iter() {
+            let (Ok(key), Ok(mut value)) = (
+                AsciiMetadataKey::from_bytes(name.as_str().as_bytes()),
+                MetadataValue::<Ascii>::try_from(value.as_bytes()),
+            ) else {
+                continue;
+            };
+            value.set_sensitive(name == http::header::AUTHORIZATION);
+            entries.retain(|(k, _)| k != &key);
+            entries.push((key, value));
+        }
+        Metadata(Arc::new(entries))
+    }
+}
+
+impl Interceptor for Metadata {
     fn call(
         &mut self,
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
+        for (key, value) in self.0.iter() {
+            request.metadata_mut().insert(key.clone(), value.clone());
         }
         Ok(request)
     }
