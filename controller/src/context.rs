@@ -1,0 +1,96 @@
+//! What every reconciler shares: API clients, the effective flags, the watched config,
+//! metrics and the event recorder. Built once in `main` and passed as `Arc<Context>`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::config::SharedConfig;
+use crate::flags::Flags;
+use crate::metrics::Metrics;
+
+/// Field manager / event reporter names, as upstream.
+pub const SANDBOX_CONTROLLER: &str = "sandbox-controller";
+pub const SANDBOX_CLAIM_CONTROLLER: &str = "sandboxclaim-controller";
+pub const SANDBOX_WARM_POOL_CONTROLLER: &str = "sandboxwarmpool-controller";
+pub const SANDBOX_TEMPLATE_CONTROLLER: &str = "sandboxtemplate-controller";
+
+pub struct Context {
+    /// Reads and writes.
+    pub client: Client,
+    /// Watches; a separate connection pool with `--separate-watch-connection`, else `client`.
+    pub watch_client: Client,
+    /// Effective flags (command line, environment, then the ConfigMap).
+    pub flags: Flags,
+    /// Settings that change at run time (label-domain allowlist).
+    pub shared: Arc<SharedConfig>,
+    pub metrics: Arc<Metrics>,
+    /// Set once every controller's caches have synced; `/readyz` reports it.
+    pub ready: AtomicBool,
+}
+
+impl Context {
+    pub fn new(client: Client, watch_client: Client, flags: Flags, shared: Arc<SharedConfig>) -> Self {
+        Self { client, watch_client, flags, shared, metrics: Arc::new(Metrics::new()), ready: AtomicBool::new(false) }
+    }
+
+    /// `--watch-namespace`, if the controllers are restricted to one namespace.
+    pub fn watch_namespace(&self) -> Option<&str> {
+        self.flags.watch_namespace.as_deref()
+    }
+
+    /// An API over every watched namespace (all, or `--watch-namespace`) for reads/writes.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        match self.watch_namespace() {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    /// The same scope as [`Context::api`], on the watch client: feed this to watchers.
+    pub fn watch_api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        match self.watch_namespace() {
+            Some(ns) => Api::namespaced(self.watch_client.clone(), ns),
+            None => Api::all(self.watch_client.clone()),
+        }
+    }
+
+    /// An API in one namespace (for writes to a known object).
+    pub fn api_in<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Default watcher config: `any_semantic` lists are served from the apiserver's watch
+    /// cache, which keeps a burst of restarts cheap.
+    pub fn watcher_config(&self) -> watcher::Config {
+        watcher::Config::default().any_semantic()
+    }
+
+    /// An event recorder reporting as `controller`.
+    pub fn recorder(&self, controller: &str) -> Recorder {
+        let reporter = Reporter { controller: controller.to_string(), instance: std::env::var("POD_NAME").ok() };
+        Recorder::new(self.client.clone(), reporter)
+    }
+
+    pub fn mark_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
