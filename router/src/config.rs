@@ -184,6 +184,11 @@ pub struct Args {
     /// Believe X-Forwarded-Proto (set it only behind a proxy that overwrites it).
     #[arg(long, env = "SANDBOX_ROUTER_AUTHZ_TRUST_FORWARDED_PROTO", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub authz_trust_forwarded_proto: bool,
+    /// Proxy worker threads, each with its own event loop, listening socket
+    /// (SO_REUSEPORT) and upstream connection pool, like nginx's worker
+    /// processes; 0: one per CPU.
+    #[arg(long, env = "SANDBOX_ROUTER_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
     /// Log format: text or json.
     #[arg(long, env = "SANDBOX_ROUTER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,

@@ -11,7 +11,10 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::{conn::auto, graceful::GracefulShutdown},
 };
-use tokio::{net::TcpListener, sync::watch};
+use tokio::{
+    net::{TcpListener, TcpSocket},
+    sync::watch,
+};
 
 use crate::{
     authz::{Authorizer, ScopedTokens, TokenReviewer},
@@ -44,13 +47,21 @@ async fn kube_client(args: &Args) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
-/// Everything bound and wired, not yet serving.
-pub struct Router {
-    proxy: Arc<Proxy>,
+/// What every proxy worker shares.
+struct Shared {
+    settings: Settings,
+    authz: Arc<Authorizer>,
     cache: Option<Arc<PodCache>>,
     metrics: Arc<Metrics>,
-    http: Option<TcpListener>,
-    https: Option<(TcpListener, Arc<TlsState>)>,
+    dial: DialPolicy,
+}
+
+/// Everything bound and wired, not yet serving.
+pub struct Router {
+    shared: Shared,
+    workers: usize,
+    http: Vec<std::net::TcpListener>,
+    https: Option<(Vec<std::net::TcpListener>, Arc<TlsState>)>,
     metrics_l: Option<TcpListener>,
     health_l: Option<TcpListener>,
     shutdown_timeout: Duration,
@@ -67,6 +78,37 @@ async fn bind(flag: &str, value: &str) -> anyhow::Result<Option<TcpListener>> {
             Ok(Some(l))
         }
     }
+}
+
+/// One listening socket per worker on the same address (SO_REUSEPORT): the
+/// kernel spreads connections over the workers, none of them contend on accept.
+async fn bind_workers(
+    flag: &str,
+    value: &str,
+    n: usize,
+) -> anyhow::Result<Vec<std::net::TcpListener>> {
+    let Some(mut addr) = parse_bind(value).with_context(|| format!("--{flag}"))? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket
+            .bind(addr)
+            .with_context(|| format!("--{flag}: binding {addr}"))?;
+        let l = socket.listen(4096)?;
+        // Port 0: the first socket picks the port, the others join it.
+        addr = l.local_addr()?;
+        out.push(l.into_std()?);
+    }
+    tracing::info!(%addr, workers = n, "listening ({flag})");
+    Ok(out)
 }
 
 impl Router {
@@ -109,25 +151,19 @@ impl Router {
             }
             _ => None,
         };
-        let dialer = Dialer::new(
-            DialPolicy {
-                max_retries: args.upstream_max_retries,
-                initial_delay: args.upstream_retry_initial_delay,
-                max_delay: args.upstream_retry_max_delay,
-                attempt_timeout: args.upstream_dial_timeout,
-            },
-            metrics.clone(),
-        );
-        let proxy = Arc::new(Proxy {
-            settings: Settings::from_args(args),
-            upstreams: Upstreams::new(dialer),
-            authz,
-            cache: cache.clone(),
-            metrics: metrics.clone(),
-        });
-        let https = match bind("https-bind-address", &args.https_bind_address).await? {
+        let dial = DialPolicy {
+            max_retries: args.upstream_max_retries,
+            initial_delay: args.upstream_retry_initial_delay,
+            max_delay: args.upstream_retry_max_delay,
+            attempt_timeout: args.upstream_dial_timeout,
+        };
+        let workers = match args.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let https = match parse_bind(&args.https_bind_address).context("--https-bind-address")? {
             None => None,
-            Some(l) => {
+            Some(_) => {
                 let files = TlsFiles {
                     cert: args
                         .tls_cert_file
@@ -140,14 +176,23 @@ impl Router {
                     client_ca: args.tls_client_ca_file.clone(),
                     mode: args.mtls_mode,
                 };
-                Some((l, tls::start(files, metrics.clone())?))
+                let state = tls::start(files, metrics.clone())?;
+                Some((
+                    bind_workers("https-bind-address", &args.https_bind_address, workers).await?,
+                    state,
+                ))
             }
         };
         Ok(Self {
-            proxy,
-            cache,
-            metrics,
-            http: bind("http-bind-address", &args.http_bind_address).await?,
+            shared: Shared {
+                settings: Settings::from_args(args),
+                authz: Arc::new(authz),
+                cache,
+                metrics,
+                dial,
+            },
+            workers,
+            http: bind_workers("http-bind-address", &args.http_bind_address, workers).await?,
             https,
             metrics_l: bind("metrics-bind-address", &args.metrics_bind_address).await?,
             health_l: bind("health-probe-bind-address", &args.health_probe_bind_address).await?,
@@ -157,35 +202,40 @@ impl Router {
 
     /// Serves until SIGTERM/SIGINT, then drains open connections for up to
     /// `--shutdown-timeout`.
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub async fn run(mut self) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let mut threads = Vec::new();
+        for i in 0..self.workers {
+            let http = self.http.pop();
+            let https = self
+                .https
+                .as_mut()
+                .and_then(|(ls, state)| ls.pop().map(|l| (l, state.clone())));
+            let s = &self.shared;
+            let proxy = Arc::new(Proxy {
+                settings: s.settings.clone(),
+                upstreams: Upstreams::new(Dialer::new(s.dial.clone(), s.metrics.clone())),
+                authz: s.authz.clone(),
+                cache: s.cache.clone(),
+                metrics: s.metrics.clone(),
+            });
+            let stop = stop_rx.clone();
+            let drain = self.shutdown_timeout;
+            let thread = std::thread::Builder::new()
+                .name(format!("router-worker-{i}"))
+                .spawn(move || worker(proxy, http, https, stop, drain))
+                .context("starting a worker thread")?;
+            threads.push(thread);
+        }
         let mut tasks = Vec::new();
-        if let Some(l) = self.http {
-            tasks.push(tokio::spawn(serve_proxy(
-                l,
-                self.proxy.clone(),
-                None,
-                stop_rx.clone(),
-                self.shutdown_timeout,
-            )));
-        }
-        if let Some((l, tls)) = self.https {
-            tasks.push(tokio::spawn(serve_proxy(
-                l,
-                self.proxy.clone(),
-                Some(tls),
-                stop_rx.clone(),
-                self.shutdown_timeout,
-            )));
-        }
         if let Some(l) = self.metrics_l {
-            let m = self.metrics.clone();
+            let m = self.shared.metrics.clone();
             tasks.push(tokio::spawn(serve_small(l, stop_rx.clone(), move |req| {
                 metrics_endpoint(&m, req)
             })));
         }
         if let Some(l) = self.health_l {
-            let cache = self.cache.clone();
+            let cache = self.shared.cache.clone();
             tasks.push(tokio::spawn(serve_small(l, stop_rx.clone(), move |req| {
                 health_endpoint(cache.as_deref(), req)
             })));
@@ -196,9 +246,59 @@ impl Router {
         for t in tasks {
             let _ = t.await;
         }
+        tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await?;
         tracing::info!("sandhub-router stopped");
         Ok(())
     }
+}
+
+/// One proxy worker: its own single-threaded event loop, so a request, its
+/// upstream connection's task and its body all live on one thread, with no
+/// cross-thread wake-ups on the hot path.
+fn worker(
+    proxy: Arc<Proxy>,
+    http: Option<std::net::TcpListener>,
+    https: Option<(std::net::TcpListener, Arc<TlsState>)>,
+    stop: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "worker runtime failed to start");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let mut tasks = Vec::new();
+        for (l, tls) in http
+            .map(|l| (l, None))
+            .into_iter()
+            .chain(https.map(|(l, s)| (l, Some(s))))
+        {
+            match TcpListener::from_std(l) {
+                Ok(l) => tasks.push(tokio::spawn(serve_proxy(
+                    l,
+                    proxy.clone(),
+                    tls,
+                    stop.clone(),
+                    drain,
+                ))),
+                Err(e) => tracing::error!(error = %e, "worker could not take its listener"),
+            }
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

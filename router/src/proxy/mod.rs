@@ -88,7 +88,7 @@ pub struct Conn {
 pub struct Proxy {
     pub settings: Settings,
     pub upstreams: Upstreams,
-    pub authz: Authorizer,
+    pub authz: Arc<Authorizer>,
     pub cache: Option<Arc<PodCache>>,
     pub metrics: Arc<Metrics>,
 }
