@@ -1,0 +1,285 @@
+//! Shared by the claim_* and warmpool_* tests: a fresh namespace on the test
+//! cluster, the CRDs installed, and the real `sandhub-controller` binary
+//! running with `--extensions`, restricted to that namespace.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use sandhub_api::k8s::claim::PodMetadata;
+use sandhub_api::k8s::conditions::types;
+use sandhub_api::k8s::warmpool::{UpdateStrategy, UpdateStrategyType};
+use sandhub_api::k8s::{
+    Sandbox, SandboxClaim, SandboxClaimSpec, SandboxTemplate, SandboxTemplateSpec, SandboxWarmPool,
+    SandboxWarmPoolSpec,
+};
+use sandhub_testkit::{TestCluster, TestNamespace};
+
+pub const WAIT: Duration = Duration::from_secs(90);
+
+/// One test's world: cluster, namespace, controller process.
+pub struct Env {
+    pub cluster: TestCluster,
+    pub ns: TestNamespace,
+    pub controller: Option<Child>,
+    pub extra_args: Vec<String>,
+}
+
+impl Env {
+    /// `None` (after a message) when no cluster is configured outside CI.
+    pub async fn start(prefix: &str, extra_args: &[&str]) -> Option<Env> {
+        let cluster = TestCluster::from_env().await?;
+        install_crds(&cluster.client()).await.expect("installing the CRDs");
+        let ns = cluster.fresh_namespace(prefix).await.expect("creating a namespace");
+        let mut env = Env {
+            cluster,
+            ns,
+            controller: None,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+        };
+        env.start_controller();
+        Some(env)
+    }
+
+    pub fn client(&self) -> Client {
+        self.cluster.client()
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        self.ns.api()
+    }
+
+    pub fn start_controller(&mut self) {
+        assert!(self.controller.is_none(), "controller already running");
+        let log = std::env::temp_dir().join(format!("sandhub-controller-{}.log", self.ns.name()));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("controller log");
+        let child = Command::new(env!("CARGO_BIN_EXE_sandhub-controller"))
+            .args([
+                "--extensions",
+                "--leader-elect=false",
+                "--watch-namespace",
+                self.ns.name(),
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--health-probe-bind-address",
+                "127.0.0.1:0",
+            ])
+            .arg("--kubeconfig")
+            .arg(self.cluster.kubeconfig())
+            .args(&self.extra_args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawning sandhub-controller");
+        self.controller = Some(child);
+    }
+
+    /// SIGKILL, as a crash would: no graceful shutdown of any kind.
+    pub fn kill_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub async fn template(&self, name: &str, edit: impl FnOnce(&mut SandboxTemplateSpec)) -> SandboxTemplate {
+        let mut spec = SandboxTemplateSpec::default();
+        spec.blueprint.pod_template.spec.containers = vec![Container {
+            name: "main".into(),
+            image: Some("busybox".into()),
+            command: Some(vec!["sleep".into(), "infinity".into()]),
+            ..Default::default()
+        }];
+        edit(&mut spec);
+        let t = SandboxTemplate::new(name, spec);
+        self.api::<SandboxTemplate>()
+            .create(&PostParams::default(), &t)
+            .await
+            .expect("creating the template")
+    }
+
+    pub async fn pool(&self, name: &str, template: &str, replicas: i32, strategy: UpdateStrategyType) -> SandboxWarmPool {
+        let p = SandboxWarmPool::new(
+            name,
+            SandboxWarmPoolSpec {
+                replicas,
+                sandbox_template_ref: sandhub_api::k8s::common::LocalRef { name: template.into() },
+                update_strategy: Some(UpdateStrategy { type_: strategy }),
+            },
+        );
+        self.api::<SandboxWarmPool>()
+            .create(&PostParams::default(), &p)
+            .await
+            .expect("creating the pool")
+    }
+
+    pub fn claim_obj(&self, name: &str, pool: &str) -> SandboxClaim {
+        let mut spec = SandboxClaimSpec::default();
+        spec.warm_pool_ref.name = pool.into();
+        SandboxClaim::new(name, spec)
+    }
+
+    pub async fn claim(&self, name: &str, pool: &str) -> SandboxClaim {
+        self.create_claim(self.claim_obj(name, pool)).await
+    }
+
+    pub async fn create_claim(&self, c: SandboxClaim) -> SandboxClaim {
+        self.api::<SandboxClaim>()
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("creating the claim")
+    }
+
+    /// Waits until the pool reports `n` ready members.
+    pub async fn pool_ready(&self, name: &str, n: i32) -> SandboxWarmPool {
+        sandhub_testkit::wait::until(&self.api::<SandboxWarmPool>(), name, WAIT, &format!("{n} ready"), |p| {
+            p.status.as_ref().is_some_and(|s| s.ready_replicas == n && s.replicas == n)
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn claim_ready(&self, name: &str) -> SandboxClaim {
+        self.claim_until(name, "Ready with a Sandbox", ready_true).await
+    }
+
+    /// Waits until the claim's Ready condition has `reason`.
+    pub async fn claim_reason(&self, name: &str, reason: &str) -> SandboxClaim {
+        self.claim_until(name, reason, |c| ready_reason(c).as_deref() == Some(reason)).await
+    }
+
+    pub async fn claim_until(&self, name: &str, what: &str, cond: impl Fn(&SandboxClaim) -> bool) -> SandboxClaim {
+        sandhub_testkit::wait::until(&self.api::<SandboxClaim>(), name, WAIT, what, cond)
+            .await
+            .unwrap()
+    }
+
+    pub async fn sandboxes(&self) -> Vec<Sandbox> {
+        self.api::<Sandbox>().list(&ListParams::default()).await.unwrap().items
+    }
+
+    pub async fn patch<K>(&self, name: &str, patch: serde_json::Value) -> K
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        self.api::<K>()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patching")
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.kill_controller();
+    }
+}
+
+pub fn ready(c: &SandboxClaim) -> Option<(String, Option<String>)> {
+    c.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|x| x.type_ == types::READY)
+        .map(|x| (x.status.clone(), Some(x.reason.clone())))
+}
+
+pub fn ready_true(c: &SandboxClaim) -> bool {
+    ready(c).is_some_and(|(s, _)| s == "True") && c.status.as_ref().and_then(|s| s.sandbox.as_ref()).is_some_and(|s| !s.name.is_empty())
+}
+
+pub fn ready_reason(c: &SandboxClaim) -> Option<String> {
+    ready(c).and_then(|(_, r)| r)
+}
+
+pub fn sandbox_ready(sb: &Sandbox) -> bool {
+    sb.status
+        .as_ref()
+        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == types::READY && c.status == "True"))
+}
+
+/// Sandboxes whose controller is the claim with `uid`.
+pub fn owned_by_claim<'a>(sandboxes: &'a [Sandbox], uid: &str) -> Vec<&'a Sandbox> {
+    sandboxes
+        .iter()
+        .filter(|sb| {
+            sb.owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && o.kind == "SandboxClaim" && o.uid == uid)
+        })
+        .collect()
+}
+
+pub fn pod_metadata(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> PodMetadata {
+    let m = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    PodMetadata {
+        labels: Some(m(labels)),
+        annotations: Some(m(annotations)),
+    }
+}
+
+/// Installs (server-side apply) the CRDs generated from the types and waits
+/// until the apiserver serves them. Idempotent: every test calls it.
+pub async fn install_crds(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("sandhub-tests").force();
+    for crd in sandhub_api::k8s::all_crds() {
+        let name = crd.name_any();
+        crds.patch(&name, &pp, &Patch::Apply(&crd))
+            .await
+            .with_context(|| format!("applying CRD {name}"))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut all = true;
+        for crd in sandhub_api::k8s::all_crds() {
+            let got = crds.get(&crd.name_any()).await?;
+            let established = got
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+            all &= established;
+        }
+        if all {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("CRDs not established after 30s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Polls `f` until it returns `Some`, for at most `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
