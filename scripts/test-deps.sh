@@ -21,10 +21,12 @@ log() { echo "[test-deps] $*" >&2; }
 # ---------------------------------------------------------------- Debian packages
 # python3 + venv (ensurepip) for the virtualenv; a C toolchain for Rust's linker
 # and build scripts; ca-certificates for pip over https; openssl and curl for the
-# Kubernetes test cluster's certificates and readiness checks (dev/k8s/cluster.sh).
+# Kubernetes test cluster's certificates and readiness checks (dev/k8s/cluster.sh);
+# containerd, runc, the CNI plugins and busybox-static for its real node and images.
 # nginx and wrk: the baseline and the load generator of the router benchmark
 # (scripts/bench.sh router).
-apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates openssl curl nginx wrk)
+apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates openssl curl nginx wrk
+    containerd runc containernetworking-plugins busybox-static)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then

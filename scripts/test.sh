@@ -8,7 +8,9 @@
 # scripts/test-deps.sh), SANDBOXD_BIN (defaults to the binary this run builds),
 # CI=true (nothing may be skipped; the python suite turns a missing binary
 # into a failure), PYTEST_ARGS (extra pytest arguments, e.g. "-k legacy"),
-# SANDHUB_TEST_CLUSTER=0 (outside CI: no Kubernetes test cluster; its tests skip).
+# SANDHUB_TEST_CLUSTER=0 (outside CI: no Kubernetes test cluster; its tests skip),
+# SANDHUB_TEST_REAL_NODE=0 (outside CI: no real node, i.e. kubelet + containerd; it is
+# started when running as root, and always under CI=true).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -81,6 +83,25 @@ else
         exit 1
     else
         echo "test.sh: WARNING: the test cluster did not start; tests needing it skip" >&2
+    fi
+
+    # The real node (kubelet + containerd + runc running our sandboxd image) joins the same
+    # cluster: a few seconds once its image is built (the first build compiles a static
+    # sandboxd in release mode).
+    want_real_node="${SANDHUB_TEST_REAL_NODE:-1}"
+    unset SANDHUB_TEST_REAL_NODE
+    if [[ -n "${SANDHUB_TEST_KUBECONFIG:-}" && ("${CI:-}" == true || ("$want_real_node" != 0 && $(id -u) == 0)) ]]; then
+        step="real-node-up"
+        echo
+        echo "==> [real-node-up] bash dev/k8s/cluster.sh up-real-node $cluster_dir"
+        if bash dev/k8s/cluster.sh up-real-node "$cluster_dir" >/dev/null; then
+            export SANDHUB_TEST_REAL_NODE=1
+        elif [[ "${CI:-}" == true ]]; then
+            echo "test.sh: the real node did not start (CI=true: that fails the run)" >&2
+            exit 1
+        else
+            echo "test.sh: WARNING: the real node did not start; its tests skip" >&2
+        fi
     fi
 fi
 

@@ -18,7 +18,7 @@ pub async fn until<K>(
     cond: impl Fn(&K) -> bool,
 ) -> Result<K>
 where
-    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+    K: Resource + Clone + Debug + Send + serde::Serialize + serde::de::DeserializeOwned + 'static,
 {
     let found = tokio::time::timeout(
         timeout,
@@ -31,19 +31,17 @@ where
         Ok(Err(e)) => Err(anyhow!(
             "{name}: watch failed while waiting for {what}: {e}"
         )),
-        Err(_) => {
-            let last = api.get_opt(name).await.ok().flatten();
-            Err(anyhow!(
-                "{name}: not {what} after {timeout:?}; last seen: {last:#?}"
-            ))
-        }
+        Err(_) => Err(anyhow!(
+            "{name}: not {what} after {timeout:?}; last seen: {}",
+            last_seen(api, name).await
+        )),
     }
 }
 
 /// Waits until the object `name` with `uid` no longer exists.
 pub async fn deleted<K>(api: &Api<K>, name: &str, uid: &str, timeout: Duration) -> Result<()>
 where
-    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+    K: Resource + Clone + Debug + Send + serde::Serialize + serde::de::DeserializeOwned + 'static,
 {
     let cond = kube::runtime::wait::conditions::is_deleted::<K>(uid);
     match tokio::time::timeout(timeout, await_condition(api.clone(), name, cond)).await {
@@ -51,12 +49,31 @@ where
         Ok(Err(e)) => Err(anyhow!(
             "{name}: watch failed while waiting for deletion: {e}"
         )),
-        Err(_) => {
-            let last = api.get_opt(name).await.ok().flatten();
-            Err(anyhow!(
-                "{name}: still present {timeout:?} after deletion: {last:#?}"
-            ))
+        Err(_) => Err(anyhow!(
+            "{name}: still present {timeout:?} after deletion: {}",
+            last_seen(api, name).await
+        )),
+    }
+}
+
+/// The object's metadata.deletionTimestamp and status as JSON, for timeout messages (the
+/// whole object, managed fields included, would bury them).
+async fn last_seen<K>(api: &Api<K>, name: &str) -> String
+where
+    K: Resource + Clone + Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    match api.get_opt(name).await {
+        Ok(Some(obj)) => {
+            let v = serde_json::to_value(&obj).unwrap_or_default();
+            let brief = serde_json::json!({
+                "deletionTimestamp": v.pointer("/metadata/deletionTimestamp"),
+                "finalizers": v.pointer("/metadata/finalizers"),
+                "status": v.get("status"),
+            });
+            serde_json::to_string_pretty(&brief).unwrap_or_default()
         }
+        Ok(None) => "gone".to_string(),
+        Err(e) => format!("(get failed: {e})"),
     }
 }
 

@@ -55,7 +55,6 @@ async fn garbage_collector_deletes_owned_children() {
         bystander.uid(),
         "an unowned object is left alone"
     );
-    ns.delete(Duration::from_secs(60)).await.unwrap();
 }
 
 #[tokio::test]

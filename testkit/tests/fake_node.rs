@@ -83,7 +83,6 @@ async fn scheduled_pods_become_ready_with_unique_ips() {
         );
         assert!(ips.insert(ip), "{ip} handed out twice");
     }
-    ns.delete(Duration::from_secs(60)).await.unwrap();
 }
 
 #[tokio::test]
@@ -104,7 +103,6 @@ async fn deleting_a_running_pod_finishes() {
     wait::deleted(&api, "doomed", &p.uid().unwrap(), Duration::from_secs(10))
         .await
         .unwrap();
-    ns.delete(Duration::from_secs(60)).await.unwrap();
 }
 
 #[tokio::test]
@@ -134,7 +132,6 @@ async fn image_pull_back_off_keeps_the_pod_pending() {
     assert!(!status.container_statuses.as_ref().unwrap()[0].ready);
     assert_eq!(pod_condition(&p, "Ready").unwrap().0, "False");
     assert_eq!(pod_condition(&p, "PodScheduled").unwrap().0, "True");
-    ns.delete(Duration::from_secs(60)).await.unwrap();
 }
 
 #[tokio::test]
@@ -161,7 +158,6 @@ async fn oom_killed_fails_the_pod() {
     assert_eq!((t.exit_code, t.reason.as_deref()), (137, Some("OOMKilled")));
     assert!(!cs.ready);
     assert_eq!(pod_condition(&p, "Ready").unwrap().0, "False");
-    ns.delete(Duration::from_secs(60)).await.unwrap();
 }
 
 /// Unschedulable comes from the real scheduler: the Pod's nodeSelector matches no node.
@@ -184,5 +180,4 @@ async fn unschedulable_pod_is_reported_by_the_scheduler() {
     .unwrap();
     assert_eq!(p.spec.as_ref().unwrap().node_name, None);
     assert_eq!(p.status.as_ref().unwrap().phase.as_deref(), Some("Pending"));
-    ns.delete(Duration::from_secs(60)).await.unwrap();
 }
