@@ -8,3 +8,5 @@ pub mod k8s;
 pub mod legacy;
 pub mod proto;
 pub mod sandboxd;
+#[cfg(feature = "scoped-token")]
+pub mod scoped_token;

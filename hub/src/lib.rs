@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod cli;
 pub mod gym;
+pub mod kube;
 pub mod local;
 pub mod mcp;
 pub mod rest;

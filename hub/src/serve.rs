@@ -4,17 +4,34 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use crate::{
     backend::Backend,
+    kube::{KubeArgs, KubeTenancy},
     rest::{self, ApiKeys, AppState},
     service::Hub,
     store::Store,
+    tenancy::Tenancy,
 };
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Namespaced processes on this machine (embedded; nothing to install).
+    Local,
+    /// SandboxClaims served by sandhub-controller on a cluster.
+    Kubernetes,
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
+    /// Where sandboxes run.
+    #[arg(long, env = "SANDHUB_BACKEND", value_enum, default_value_t = BackendKind::Local)]
+    pub backend: BackendKind,
+
+    #[command(flatten)]
+    pub kube: KubeArgs,
+
     /// Address to listen on. Anything but loopback requires --api-keys-file.
     #[arg(long, env = "SANDHUB_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
@@ -60,17 +77,29 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let hub = embedded_hub(
-        args.state_dir.clone(),
-        args.allow_no_cgroup_limits,
-        &args.template_dirs,
-    )
-    .await?;
-    hub.spawn_background(args.reap_interval);
-    let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
+    let (hub, where_): (Arc<dyn Tenancy>, String) = match args.backend {
+        BackendKind::Local => {
+            let hub = embedded_hub(
+                args.state_dir.clone(),
+                args.allow_no_cgroup_limits,
+                &args.template_dirs,
+            )
+            .await?;
+            hub.spawn_background(args.reap_interval);
+            let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
+            (
+                Arc::new(hub),
+                format!("local, state in {}", state_dir.display()),
+            )
+        }
+        BackendKind::Kubernetes => (
+            Arc::new(KubeTenancy::connect(&args.kube).await?),
+            format!("kubernetes, namespace {}", args.kube.namespace),
+        ),
+    };
     let (app, mcp_stop) = rest::app(
         AppState {
-            hub: Arc::new(hub),
+            hub,
             metrics: Arc::default(),
             gym: Arc::default(),
         },
@@ -84,7 +113,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .tap_io(|stream| {
             let _ = stream.set_nodelay(true);
         });
-    tracing::info!(addr = %args.listen, state_dir = %state_dir.display(), "sandhub serving");
+    tracing::info!(addr = %args.listen, backend = %where_, "sandhub serving");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;

@@ -204,7 +204,7 @@ impl Metadata {
                 continue;
             };
             value.set_sensitive(name == http::header::AUTHORIZATION);
-            entries.retain(|(k, _)| k != &key);
+            entries.retain(|(k, _)| *k != key);
             entries.push((key, value));
         }
         Metadata(Arc::new(entries))

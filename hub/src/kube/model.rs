@@ -1,0 +1,340 @@
+//! How the hub's model maps onto the CRDs: a hub sandbox is a SandboxClaim
+//! (the claim's name is the sandbox id), a hub pool a SandboxWarmPool. Pure
+//! functions, so the mapping is tested without a cluster.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use sandhub_api::{
+    hub::{CreateSandbox, Launch, Pool, Sandbox, SandboxState},
+    k8s::{
+        claim::{ClaimEnvVar, ClaimLifecycle, ClaimShutdownPolicy},
+        conditions::{claim as claim_reason, launch_type, sandbox as sandbox_reason, types},
+        names, SandboxClaim, SandboxClaimSpec, SandboxWarmPool,
+    },
+};
+use sha2::{Digest, Sha256};
+
+/// Which tenant owns a claim: a digest, because tenant names need not be
+/// valid label values, and a label must never reveal another tenant's name.
+pub const TENANT_LABEL: &str = "sandhub.io/tenant";
+/// The template a claim was made for (the pool's, at creation time).
+pub const TEMPLATE_ANNOTATION: &str = "sandhub.io/template";
+/// Marks claims the hub made, so it lists and counts only its own.
+pub const CREATED_BY_HUB: &str = "sandhub";
+
+pub fn tenant_label_value(tenant: &str) -> String {
+    // 40 hex digits: well under the 63-character label limit, far beyond
+    // any collision an attacker could search for.
+    let digest = Sha256::digest(tenant.as_bytes());
+    digest.iter().take(20).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The selector for one tenant's claims, narrowed by the caller's labels.
+pub fn selector(tenant: &str, labels: &BTreeMap<String, String>) -> String {
+    let mut parts = vec![
+        format!("{TENANT_LABEL}={}", tenant_label_value(tenant)),
+        format!("{}={CREATED_BY_HUB}", names::CREATED_BY),
+    ];
+    parts.extend(labels.iter().map(|(k, v)| format!("{k}={v}")));
+    parts.join(",")
+}
+
+/// The claim for `request` in `pool`; `now` anchors `shutdown_after_seconds`.
+pub fn claim_for(
+    id: &str,
+    tenant: &str,
+    pool: &str,
+    template: &str,
+    request: &CreateSandbox,
+    now: std::time::SystemTime,
+) -> SandboxClaim {
+    let mut labels = request.labels.clone();
+    labels.insert(TENANT_LABEL.into(), tenant_label_value(tenant));
+    labels.insert(names::CREATED_BY.into(), CREATED_BY_HUB.into());
+    let annotations = BTreeMap::from([
+        (TEMPLATE_ANNOTATION.to_string(), template.to_string()),
+        (
+            names::CLIENT_FIRST_REQUESTED_AT.to_string(),
+            humantime::format_rfc3339_seconds(now).to_string(),
+        ),
+    ]);
+    let lifecycle = request.shutdown_after_seconds.map(|secs| ClaimLifecycle {
+        shutdown_time: time(now + std::time::Duration::from_secs(secs)),
+        ttl_seconds_after_finished: None,
+        shutdown_policy: ClaimShutdownPolicy::Delete,
+    });
+    let env = (!request.env.is_empty()).then(|| {
+        request
+            .env
+            .iter()
+            .map(|(name, value)| ClaimEnvVar {
+                name: name.clone(),
+                value: value.clone(),
+                container_name: None,
+            })
+            .collect()
+    });
+    let mut claim = SandboxClaim::new(
+        id,
+        SandboxClaimSpec {
+            warm_pool_ref: sandhub_api::k8s::common::LocalRef { name: pool.into() },
+            lifecycle,
+            additional_pod_metadata: None,
+            env,
+            volume_claim_templates: None,
+        },
+    );
+    claim.metadata = ObjectMeta {
+        name: Some(id.into()),
+        labels: Some(labels),
+        annotations: Some(annotations),
+        ..ObjectMeta::default()
+    };
+    claim
+}
+
+fn time(t: std::time::SystemTime) -> Option<Time> {
+    k8s_openapi::jiff::Timestamp::try_from(t).ok().map(Time)
+}
+
+fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Reasons after which a claim never becomes Ready by itself.
+pub fn terminal_reason(claim: &SandboxClaim) -> Option<(String, String)> {
+    let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice())?;
+    let ready = condition(conditions, types::READY)?;
+    let terminal = [
+        claim_reason::TEMPLATE_NOT_FOUND,
+        claim_reason::WARM_POOL_NOT_FOUND,
+        claim_reason::INVALID_METADATA,
+        claim_reason::ENV_VARS_INJECTION_REJECTED,
+        claim_reason::VOLUME_CLAIM_TEMPLATES_ERROR,
+        claim_reason::CLAIM_EXPIRED,
+        claim_reason::SANDBOX_EXPIRED,
+        sandbox_reason::POD_FAILED,
+        sandbox_reason::POD_SUCCEEDED,
+    ];
+    (ready.status != "True" && terminal.contains(&ready.reason.as_str()))
+        .then(|| (ready.reason.clone(), ready.message.clone()))
+}
+
+pub fn is_ready(claim: &SandboxClaim) -> bool {
+    claim.status.as_ref().is_some_and(|s| {
+        s.sandbox.as_ref().is_some_and(|sb| !sb.name.is_empty())
+            && condition(&s.conditions, types::READY).is_some_and(|c| c.status == "True")
+    })
+}
+
+pub fn state_of(claim: &SandboxClaim) -> SandboxState {
+    let Some(status) = &claim.status else {
+        return SandboxState::Pending;
+    };
+    if condition(&status.conditions, types::FINISHED).is_some_and(|c| c.status == "True") {
+        return SandboxState::Finished;
+    }
+    match condition(&status.conditions, types::READY) {
+        Some(c) if c.status == "True" => SandboxState::Ready,
+        Some(c) if c.reason == sandbox_reason::SANDBOX_SUSPENDED => SandboxState::Suspended,
+        Some(c)
+            if c.reason == claim_reason::CLAIM_EXPIRED
+                || c.reason == claim_reason::SANDBOX_EXPIRED =>
+        {
+            SandboxState::Expired
+        }
+        _ => SandboxState::Pending,
+    }
+}
+
+/// The hub's view of a claim; `launch` comes from its Sandbox's label.
+pub fn sandbox_of(claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
+    let meta = &claim.metadata;
+    let labels = meta
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k != TENANT_LABEL && k != names::CREATED_BY)
+        .collect();
+    let template = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TEMPLATE_ANNOTATION))
+        .cloned()
+        .unwrap_or_default();
+    let created_at = meta
+        .creation_timestamp
+        .as_ref()
+        .map(|t| humantime::format_rfc3339_seconds(std::time::SystemTime::from(t.0)).to_string())
+        .unwrap_or_default();
+    let shutdown_at = claim
+        .spec
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.shutdown_time.as_ref())
+        .map(|t| humantime::format_rfc3339_seconds(std::time::SystemTime::from(t.0)).to_string());
+    Sandbox {
+        id: meta.name.clone().unwrap_or_default(),
+        template,
+        state: state_of(claim),
+        labels,
+        launch: if launch == Some(launch_type::WARM) {
+            Launch::Warm
+        } else {
+            Launch::Cold
+        },
+        created_at,
+        shutdown_at,
+        idle_timeout_seconds: None,
+        pool: Some(claim.spec.warm_pool_ref.name.clone()),
+        forked_from: None,
+    }
+}
+
+pub fn pool_of(pool: &SandboxWarmPool) -> Pool {
+    let status = pool.status.clone().unwrap_or_default();
+    Pool {
+        name: pool.metadata.name.clone().unwrap_or_default(),
+        template: pool.spec.sandbox_template_ref.name.clone(),
+        replicas: pool.spec.replicas.max(0) as u32,
+        ready: status.ready_replicas.max(0) as u32,
+        total: status.replicas.max(0) as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandhub_api::k8s::claim::{ClaimSandboxStatus, SandboxClaimStatus};
+
+    fn cond(type_: &str, status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: time(std::time::SystemTime::UNIX_EPOCH).unwrap(),
+            observed_generation: None,
+        }
+    }
+
+    fn with_status(conditions: Vec<Condition>, sandbox: Option<&str>) -> SandboxClaim {
+        let mut c = claim_for(
+            "sb-a",
+            "t",
+            "python",
+            "python",
+            &CreateSandbox::default(),
+            std::time::SystemTime::UNIX_EPOCH,
+        );
+        c.status = Some(SandboxClaimStatus {
+            conditions,
+            sandbox: sandbox.map(|n| ClaimSandboxStatus {
+                name: n.into(),
+                ..Default::default()
+            }),
+        });
+        c
+    }
+
+    #[test]
+    fn tenant_label_hides_the_tenant_and_fits_a_label() {
+        let v = tenant_label_value("acme corp / team #1");
+        assert_eq!(v.len(), 40);
+        assert!(v.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(v, tenant_label_value("acme corp / team #2"));
+    }
+
+    #[test]
+    fn claim_carries_tenant_labels_pool_env_and_deadline() {
+        let req = CreateSandbox {
+            labels: BTreeMap::from([("team".into(), "ml".into())]),
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            shutdown_after_seconds: Some(60),
+            ..Default::default()
+        };
+        let c = claim_for(
+            "sb-x",
+            "t1",
+            "pool-a",
+            "tpl",
+            &req,
+            std::time::SystemTime::UNIX_EPOCH,
+        );
+        let labels = c.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["team"], "ml");
+        assert_eq!(labels[TENANT_LABEL], tenant_label_value("t1"));
+        assert_eq!(labels[names::CREATED_BY], CREATED_BY_HUB);
+        assert_eq!(c.spec.warm_pool_ref.name, "pool-a");
+        assert_eq!(c.spec.env.as_ref().unwrap()[0].name, "A");
+        let lifecycle = c.spec.lifecycle.unwrap();
+        assert_eq!(lifecycle.shutdown_policy, ClaimShutdownPolicy::Delete);
+        assert_eq!(
+            std::time::SystemTime::from(lifecycle.shutdown_time.unwrap().0),
+            std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60)
+        );
+        assert_eq!(
+            selector("t1", &BTreeMap::from([("team".into(), "ml".into())])),
+            format!(
+                "{TENANT_LABEL}={},agents.x-k8s.io/created-by=sandhub,team=ml",
+                tenant_label_value("t1")
+            )
+        );
+    }
+
+    #[test]
+    fn states_follow_the_claim_conditions() {
+        let ready = with_status(
+            vec![cond("Ready", "True", "DependenciesReady")],
+            Some("sb-a"),
+        );
+        assert!(is_ready(&ready));
+        assert_eq!(state_of(&ready), SandboxState::Ready);
+        // Ready without a bound Sandbox is not ready yet.
+        assert!(!is_ready(&with_status(
+            vec![cond("Ready", "True", "x")],
+            None
+        )));
+        let suspended = with_status(
+            vec![cond("Ready", "False", "SandboxSuspended")],
+            Some("sb-a"),
+        );
+        assert_eq!(state_of(&suspended), SandboxState::Suspended);
+        let expired = with_status(vec![cond("Ready", "False", "ClaimExpired")], Some("sb-a"));
+        assert_eq!(state_of(&expired), SandboxState::Expired);
+        assert!(terminal_reason(&expired).is_some());
+        let finished = with_status(
+            vec![
+                cond("Ready", "False", "PodFailed"),
+                cond("Finished", "True", "PodFailed"),
+            ],
+            Some("sb-a"),
+        );
+        assert_eq!(state_of(&finished), SandboxState::Finished);
+        let pending = with_status(vec![cond("Ready", "False", "DependenciesNotReady")], None);
+        assert_eq!(state_of(&pending), SandboxState::Pending);
+        assert!(terminal_reason(&pending).is_none());
+        let missing_pool = with_status(vec![cond("Ready", "False", "WarmPoolNotFound")], None);
+        assert_eq!(
+            terminal_reason(&missing_pool).unwrap().0,
+            "WarmPoolNotFound"
+        );
+    }
+
+    #[test]
+    fn hub_view_hides_bookkeeping_labels() {
+        let c = with_status(
+            vec![cond("Ready", "True", "DependenciesReady")],
+            Some("sb-a"),
+        );
+        let s = sandbox_of(&c, Some("warm"));
+        assert_eq!(s.id, "sb-a");
+        assert_eq!(s.template, "python");
+        assert_eq!(s.launch, Launch::Warm);
+        assert_eq!(s.pool.as_deref(), Some("python"));
+        assert!(!s.labels.contains_key(TENANT_LABEL));
+        assert!(!s.labels.contains_key(names::CREATED_BY));
+    }
+}

@@ -1,0 +1,485 @@
+//! One tenant's sandboxes on Kubernetes: [`Sandboxes`] over SandboxClaims,
+//! with processes and files sent to the Pod's sandboxd.
+
+use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
+
+use async_trait::async_trait;
+use kube::{
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::wait::await_condition,
+    Api,
+};
+use sandhub_api::{
+    error::Code,
+    hub::{
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, NamedTemplate, Pool, PoolSpec,
+        Sandbox, Snapshot, Template,
+    },
+    k8s::{names, Sandbox as SandboxCr, SandboxClaim, SandboxTemplate, SandboxWarmPool},
+    sandboxd::{DirectoryListing, FileEntry},
+};
+use sandhub_client::{
+    sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
+    StartProcess, StdinInput, WatchEvents, WriteOptions,
+};
+
+use super::{model, reach::Target, Shared};
+use crate::{service::new_id, tenancy::TenantView};
+
+pub struct KubeTenant {
+    pub(super) shared: Arc<Shared>,
+    pub(super) tenant: String,
+}
+
+/// Kubernetes API errors in the hub's code words.
+pub(super) fn kube_error(what: &str, e: kube::Error) -> Error {
+    match &e {
+        kube::Error::Api(status) => {
+            let code = match status.code {
+                400 | 422 => Code::InvalidArgument,
+                401 => Code::Unauthenticated,
+                403 => Code::PermissionDenied,
+                404 => Code::NotFound,
+                409 => Code::Conflict,
+                429 => Code::ResourceExhausted,
+                _ => Code::Unavailable,
+            };
+            Error::new(code, format!("{what}: {}", status.message))
+        }
+        _ => Error::unavailable(format!("{what}: the Kubernetes API did not answer: {e}")),
+    }
+}
+
+fn unimplemented(what: &str) -> Error {
+    Error::new(
+        Code::Unimplemented,
+        format!("{what} is not available on the kubernetes backend (Pods have no workspace layers to keep or drop)"),
+    )
+}
+
+impl KubeTenant {
+    fn claims(&self) -> Api<SandboxClaim> {
+        Api::namespaced(self.shared.client.clone(), &self.shared.namespace)
+    }
+
+    fn sandboxes(&self) -> Api<SandboxCr> {
+        Api::namespaced(self.shared.client.clone(), &self.shared.namespace)
+    }
+
+    fn pools(&self) -> Api<SandboxWarmPool> {
+        Api::namespaced(self.shared.client.clone(), &self.shared.namespace)
+    }
+
+    fn owns(&self, claim: &SandboxClaim) -> bool {
+        let labels = claim.metadata.labels.as_ref();
+        labels
+            .and_then(|l| l.get(model::TENANT_LABEL))
+            .map(String::as_str)
+            == Some(model::tenant_label_value(&self.tenant).as_str())
+            && labels
+                .and_then(|l| l.get(names::CREATED_BY))
+                .map(String::as_str)
+                == Some(model::CREATED_BY_HUB)
+    }
+
+    /// The tenant's claim; another tenant's is simply not found.
+    async fn claim(&self, id: &str) -> Result<SandboxClaim> {
+        let not_found = || Error::not_found(format!("sandbox {id} not found"));
+        if !sandhub_api::hub::is_dns_label(id) {
+            return Err(not_found());
+        }
+        match self.claims().get_opt(id).await {
+            Ok(Some(c)) if self.owns(&c) => Ok(c),
+            Ok(_) => Err(not_found()),
+            Err(e) => Err(kube_error(&format!("reading sandbox {id}"), e)),
+        }
+    }
+
+    async fn launch_type(&self, claim: &SandboxClaim) -> Option<String> {
+        let name = claim.status.as_ref()?.sandbox.as_ref()?.name.clone();
+        let sb = self.sandboxes().get_opt(&name).await.ok()??;
+        sb.metadata.labels?.get(names::LAUNCH_TYPE).cloned()
+    }
+
+    async fn view(&self, claim: &SandboxClaim) -> Sandbox {
+        let launch = self.launch_type(claim).await;
+        model::sandbox_of(claim, launch.as_deref())
+    }
+
+    /// Waits (a watch, not a poll) until the claim is Ready or can never be.
+    async fn wait_ready(&self, id: &str) -> Result<SandboxClaim> {
+        let timeout = self.shared.ready_timeout;
+        let wait = await_condition(self.claims(), id, |c: Option<&SandboxClaim>| {
+            c.is_none_or(|c| model::is_ready(c) || model::terminal_reason(c).is_some())
+        });
+        let claim = match tokio::time::timeout(timeout, wait).await {
+            Err(_) => {
+                return Err(Error::unavailable(format!(
+                    "sandbox {id} was not Ready within {}s",
+                    timeout.as_secs()
+                )))
+            }
+            Ok(Err(e)) => return Err(Error::unavailable(format!("watching sandbox {id}: {e}"))),
+            Ok(Ok(None)) => {
+                return Err(Error::not_found(format!(
+                    "sandbox {id} was deleted while starting"
+                )))
+            }
+            Ok(Ok(Some(c))) => c,
+        };
+        if let Some((reason, message)) = model::terminal_reason(&claim) {
+            let code = match reason.as_str() {
+                "WarmPoolNotFound" | "TemplateNotFound" => Code::NotFound,
+                "InvalidMetadata" | "EnvVarsInjectionRejected" | "VolumeClaimTemplatesError" => {
+                    Code::InvalidArgument
+                }
+                _ => Code::FailedPrecondition,
+            };
+            return Err(Error::new(
+                code,
+                format!("sandbox {id}: {reason}: {message}"),
+            ));
+        }
+        Ok(claim)
+    }
+
+    /// A client for the sandbox's sandboxd, cached while its Pod stays.
+    async fn client(&self, id: &str, op: &str) -> Result<SandboxdClient> {
+        let claim = self.claim(id).await?;
+        let state = model::state_of(&claim);
+        if state != sandhub_api::hub::SandboxState::Ready {
+            return Err(Error::new(
+                Code::FailedPrecondition,
+                format!("sandbox {id} is {}; {op} needs it Ready", state.as_str()),
+            ));
+        }
+        let bound = claim.status.as_ref().and_then(|s| s.sandbox.as_ref());
+        let pod = bound
+            .map(|b| b.name.clone())
+            .unwrap_or_else(|| id.to_string());
+        let pod_ip = bound.and_then(|b| b.pod_ips.first().cloned());
+        let key = format!("{id}/{pod}/{}", pod_ip.as_deref().unwrap_or(""));
+        if let Some(c) = self.shared.cached_client(&key) {
+            return Ok(c);
+        }
+        let client = self.shared.reach.client(&Target {
+            namespace: &self.shared.namespace,
+            pod: &pod,
+            pod_ip: pod_ip.as_deref(),
+        })?;
+        self.shared.cache_client(key, client.clone());
+        Ok(client)
+    }
+
+    async fn set_mode(&self, id: &str, mode: &str) -> Result<SandboxClaim> {
+        let claim = self.claim(id).await?;
+        let name = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.sandbox.as_ref())
+            .map(|s| s.name.clone())
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                Error::new(
+                    Code::FailedPrecondition,
+                    format!("sandbox {id} has no Sandbox yet"),
+                )
+            })?;
+        let patch = serde_json::json!({"spec": {"operatingMode": mode}});
+        self.sandboxes()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| kube_error(&format!("setting sandbox {id} {mode}"), e))?;
+        Ok(claim)
+    }
+}
+
+#[async_trait]
+impl TenantView for KubeTenant {
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
+        self.client(id, op).await
+    }
+
+    async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
+        self.claim(id).await?;
+        Ok(Vec::new())
+    }
+}
+
+#[async_trait]
+impl Sandboxes for KubeTenant {
+    async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
+        if req.idle_timeout_seconds.is_some() {
+            return Err(Error::invalid(
+                "idle_timeout_seconds is not available on the kubernetes backend; use shutdown_after_seconds",
+            ));
+        }
+        let pool_name = req
+            .pool
+            .clone()
+            .or_else(|| req.template.clone())
+            .unwrap_or_else(|| sandhub_api::hub::DEFAULT_TEMPLATE.to_string());
+        let pool = self.get_pool(&pool_name).await?;
+        if let Some(t) = &req.template {
+            if req.pool.is_some() && &pool.template != t {
+                return Err(Error::invalid(format!(
+                    "pool {pool_name} serves template {}, not {t}",
+                    pool.template
+                )));
+            }
+        }
+        let id = new_id("sb");
+        let claim = model::claim_for(
+            &id,
+            &self.tenant,
+            &pool_name,
+            &pool.template,
+            &req,
+            SystemTime::now(),
+        );
+        self.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .map_err(|e| kube_error("creating the sandbox claim", e))?;
+        match self.wait_ready(&id).await {
+            Ok(claim) => Ok(self.view(&claim).await),
+            Err(e) => {
+                // A claim that will not come up is not left to hold a Pod.
+                let _ = self.claims().delete(&id, &DeleteParams::background()).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Sandbox> {
+        let claim = self.claim(id).await?;
+        Ok(self.view(&claim).await)
+    }
+
+    async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Sandbox>> {
+        let params = ListParams::default().labels(&model::selector(&self.tenant, labels));
+        let claims = self
+            .claims()
+            .list(&params)
+            .await
+            .map_err(|e| kube_error("listing sandboxes", e))?;
+        let launch: BTreeMap<String, String> = self
+            .sandboxes()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_error("listing Sandboxes", e))?
+            .into_iter()
+            .filter_map(|s| {
+                let l = s.metadata.labels?.get(names::LAUNCH_TYPE).cloned()?;
+                Some((s.metadata.name?, l))
+            })
+            .collect();
+        Ok(claims
+            .into_iter()
+            .map(|c| {
+                let bound = c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.sandbox.as_ref())
+                    .map(|s| s.name.clone());
+                let l = bound.and_then(|b| launch.get(&b).cloned());
+                model::sandbox_of(&c, l.as_deref())
+            })
+            .collect())
+    }
+
+    async fn delete(&self, id: &str) -> Result<()> {
+        self.claim(id).await?;
+        self.shared.forget_clients(id);
+        // Foreground: the claim goes only after its Sandbox and Pod, so a
+        // listing never shows a sandbox whose Pod still runs unaccounted.
+        self.claims()
+            .delete(id, &DeleteParams::foreground())
+            .await
+            .map_err(|e| kube_error(&format!("deleting sandbox {id}"), e))?;
+        Ok(())
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
+        self.client(id, "exec").await?.exec(request).await
+    }
+
+    async fn start(&self, id: &str, request: StartProcess) -> Result<ProcessEvents> {
+        self.client(id, "start").await?.start(request).await
+    }
+
+    async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {
+        self.client(id, "stdin")
+            .await?
+            .write_stdin(pid, input)
+            .await
+    }
+
+    async fn signal(&self, id: &str, pid: i32, signal: Signal) -> Result<()> {
+        self.client(id, "signal").await?.signal(pid, signal).await
+    }
+
+    async fn resize(&self, id: &str, pid: i32, size: PtySize) -> Result<()> {
+        self.client(id, "resize").await?.resize(pid, size).await
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+        self.client(id, "file access").await?.read_file(path).await
+    }
+
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<()> {
+        self.client(id, "file access")
+            .await?
+            .write_file(path, data, options)
+            .await
+    }
+
+    async fn list_files(&self, id: &str, path: &str) -> Result<DirectoryListing> {
+        self.client(id, "file access").await?.list_files(path).await
+    }
+
+    async fn stat(&self, id: &str, path: &str) -> Result<Option<FileEntry>> {
+        self.client(id, "file access").await?.stat(path).await
+    }
+
+    async fn delete_file(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
+        self.client(id, "file access")
+            .await?
+            .delete_file(path, recursive)
+            .await
+    }
+
+    async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<WatchEvents> {
+        self.client(id, "watch").await?.watch(path, recursive).await
+    }
+
+    async fn suspend(&self, id: &str) -> Result<Sandbox> {
+        self.shared.forget_clients(id);
+        let claim = self.set_mode(id, "Suspended").await?;
+        let wait = await_condition(self.claims(), id, |c: Option<&SandboxClaim>| {
+            c.is_none_or(|c| model::state_of(c) == sandhub_api::hub::SandboxState::Suspended)
+        });
+        let claim = match tokio::time::timeout(self.shared.ready_timeout, wait).await {
+            Ok(Ok(Some(c))) => c,
+            _ => claim,
+        };
+        Ok(self.view(&claim).await)
+    }
+
+    async fn resume(&self, id: &str) -> Result<Sandbox> {
+        self.set_mode(id, "Running").await?;
+        let claim = self.wait_ready(id).await?;
+        Ok(self.view(&claim).await)
+    }
+
+    async fn snapshot(&self, _id: &str) -> Result<Snapshot> {
+        Err(unimplemented("snapshot"))
+    }
+
+    async fn reset(&self, _id: &str) -> Result<Sandbox> {
+        Err(unimplemented("reset"))
+    }
+
+    async fn fork(&self, _id: &str, _request: ForkRequest) -> Result<Sandbox> {
+        Err(unimplemented("fork"))
+    }
+
+    async fn put_template(&self, _name: &str, _template: Template) -> Result<NamedTemplate> {
+        Err(Error::new(
+            Code::Unimplemented,
+            "on the kubernetes backend templates are SandboxTemplates: apply them with kubectl",
+        ))
+    }
+
+    async fn get_template(&self, name: &str) -> Result<NamedTemplate> {
+        let api: Api<SandboxTemplate> =
+            Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
+        match api.get_opt(name).await {
+            Ok(Some(_)) => Ok(NamedTemplate {
+                name: name.to_string(),
+                template: Template::default(),
+            }),
+            Ok(None) => Err(Error::not_found(format!("template {name} not found"))),
+            Err(e) => Err(kube_error(&format!("reading template {name}"), e)),
+        }
+    }
+
+    async fn list_templates(&self) -> Result<Vec<NamedTemplate>> {
+        let api: Api<SandboxTemplate> =
+            Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
+        Ok(api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_error("listing templates", e))?
+            .into_iter()
+            .filter_map(|t| t.metadata.name)
+            .map(|name| NamedTemplate {
+                name,
+                template: Template::default(),
+            })
+            .collect())
+    }
+
+    async fn delete_template(&self, _name: &str) -> Result<()> {
+        Err(Error::new(
+            Code::Unimplemented,
+            "on the kubernetes backend templates are SandboxTemplates: delete them with kubectl",
+        ))
+    }
+
+    async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool> {
+        let pool = serde_json::json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxWarmPool",
+            "metadata": {"name": name},
+            "spec": {"replicas": spec.replicas, "sandboxTemplateRef": {"name": spec.template}},
+        });
+        let applied = self
+            .pools()
+            .patch(
+                name,
+                &PatchParams::apply("sandhub").force(),
+                &Patch::Apply(&pool),
+            )
+            .await
+            .map_err(|e| kube_error(&format!("applying pool {name}"), e))?;
+        Ok(model::pool_of(&applied))
+    }
+
+    async fn get_pool(&self, name: &str) -> Result<Pool> {
+        match self.pools().get_opt(name).await {
+            Ok(Some(p)) => Ok(model::pool_of(&p)),
+            Ok(None) => Err(Error::not_found(format!("pool {name} not found"))),
+            Err(e) => Err(kube_error(&format!("reading pool {name}"), e)),
+        }
+    }
+
+    async fn list_pools(&self) -> Result<Vec<Pool>> {
+        Ok(self
+            .pools()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_error("listing pools", e))?
+            .iter()
+            .map(model::pool_of)
+            .collect())
+    }
+
+    async fn delete_pool(&self, name: &str) -> Result<()> {
+        self.pools()
+            .delete(name, &DeleteParams::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| kube_error(&format!("deleting pool {name}"), e))
+    }
+}
