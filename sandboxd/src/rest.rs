@@ -82,6 +82,24 @@ pub fn grpc_router(daemon: Arc<Daemon>) -> Router {
         .layer(middleware::from_fn_with_state(daemon, count_grpc_requests))
 }
 
+/// Behind sandhub-router, `Authorization` carries the router's own token
+/// and is stripped before it gets here; the caller then presents ours in
+/// [`ROUTED_AUTH_HEADER`]. Either header with the right token is enough.
+fn check_presented(auth: &crate::auth::Auth, headers: &http::HeaderMap) -> Result<(), Error> {
+    let routed = headers.get(ROUTED_AUTH_HEADER).map(HeaderValue::as_bytes);
+    match auth.check_header(
+        headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
+    ) {
+        Err(_) if routed.is_some() => auth.check_header(routed),
+        other => other,
+    }
+}
+
+/// Where a client behind a router presents sandboxd's token.
+pub const ROUTED_AUTH_HEADER: &str = "x-sandboxd-authorization";
+
 pub(crate) async fn require_token(
     State(daemon): State<Arc<Daemon>>,
     request: Request,
@@ -89,11 +107,7 @@ pub(crate) async fn require_token(
 ) -> Response {
     if let Some(auth) = &daemon.auth {
         if !OPEN_PATHS.contains(&request.uri().path()) {
-            let presented = request
-                .headers()
-                .get(header::AUTHORIZATION)
-                .map(HeaderValue::as_bytes);
-            if let Err(e) = auth.check_header(presented) {
+            if let Err(e) = check_presented(auth, request.headers()) {
                 return e.into_response();
             }
         }
@@ -111,11 +125,7 @@ async fn require_grpc_token(
     if let Some(auth) = &daemon.auth {
         let path = request.uri().path();
         if !path.starts_with("/grpc.reflection.") {
-            let presented = request
-                .headers()
-                .get(header::AUTHORIZATION)
-                .map(HeaderValue::as_bytes);
-            if let Err(e) = auth.check_header(presented) {
+            if let Err(e) = check_presented(auth, request.headers()) {
                 return tonic::Status::from(e).into_http();
             }
         }

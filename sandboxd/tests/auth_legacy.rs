@@ -93,6 +93,47 @@ async fn sha256_token_guards_grpc() {
     assert_eq!(r.status(), StatusCode::OK);
 }
 
+/// Behind a router, `Authorization` holds the router's token; sandboxd's
+/// own comes in `X-Sandboxd-Authorization`, on REST and gRPC alike.
+#[tokio::test]
+async fn routed_token_header_is_accepted_only_with_the_right_token() {
+    let tf = token_file("tok-routed");
+    let d = Daemon::start(&["--auth-token-file", tf.path().to_str().unwrap()]);
+    let c = client();
+    let get = |router: &'static str, ours: &'static str| {
+        c.get(d.rest("/v1/files/"))
+            .header("authorization", router)
+            .header("x-sandboxd-authorization", ours)
+            .send()
+    };
+    assert_eq!(
+        get("Bearer v1.router.token", "Bearer tok-routed")
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get("Bearer v1.router.token", "Bearer wrong")
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let mut grpc = ProcessServiceClient::connect(d.grpc_url()).await.unwrap();
+    let mut req = tonic::Request::new(ExecuteRequest {
+        config: Some(ProcessConfig {
+            command: vec!["true".into()],
+            ..Default::default()
+        }),
+    });
+    req.metadata_mut().insert(
+        "x-sandboxd-authorization",
+        "Bearer tok-routed".parse().unwrap(),
+    );
+    assert_eq!(grpc.execute(req).await.unwrap().into_inner().exit_code, 0);
+}
+
 #[tokio::test]
 async fn bad_token_flags_refuse_to_start() {
     let root = tempfile::tempdir().unwrap();
