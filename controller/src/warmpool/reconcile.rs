@@ -243,7 +243,7 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
     // Non-ready members are rechecked when their grace period ends.
     let grace_end = members
         .iter()
-        .filter(|m| !m.ready && !m.terminating && !m.unschedulable)
+        .filter(|m| !m.ready && !m.terminating)
         .filter_map(|m| {
             let age: Duration = Timestamp::now()
                 .duration_since(m.created)
