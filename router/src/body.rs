@@ -32,7 +32,7 @@ impl ByteCount {
             counter: counter.clone(),
         }
     }
-    fn add(&mut self, n: usize) {
+    pub fn add(&mut self, n: usize) {
         self.n += n as u64;
     }
 }
@@ -121,6 +121,8 @@ pub enum ProxyBody {
         deadline: Option<Pin<Box<Sleep>>>,
         done: bool,
     },
+    /// Read straight from a pooled sandbox connection (see [`crate::h1`]).
+    Direct(crate::h1::DirectBody),
 }
 
 impl ProxyBody {
@@ -164,15 +166,22 @@ fn count_frame(count: &mut ByteCount, frame: &Frame<Bytes>) {
     }
 }
 
+fn boxed<E: Into<BoxError>>(
+    p: Poll<Option<Result<Frame<Bytes>, E>>>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    p.map(|o| o.map(|r| r.map_err(Into::into)))
+}
+
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
+            Self::Direct(b) => boxed(Pin::new(b).poll_frame(cx)),
             Self::Empty => Poll::Ready(None),
             Self::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Self::Upstream { inner, count } => {
@@ -180,7 +189,7 @@ impl Body for ProxyBody {
                 if let Poll::Ready(Some(Ok(frame))) = &polled {
                     count_frame(count, frame);
                 }
-                polled
+                boxed(polled)
             }
             Self::Grpc {
                 inner,
@@ -196,7 +205,7 @@ impl Body for ProxyBody {
                         Some(Ok(frame)) => count_frame(count, frame),
                         _ => *done = true,
                     }
-                    return Poll::Ready(polled);
+                    return boxed(Poll::Ready(polled));
                 }
                 if let Some(sleep) = deadline {
                     if sleep.as_mut().poll(cx).is_ready() {
@@ -216,6 +225,7 @@ impl Body for ProxyBody {
             Self::Full(b) => b.is_none(),
             Self::Upstream { inner, .. } => inner.is_end_stream(),
             Self::Grpc { inner, done, .. } => *done || inner.is_end_stream(),
+            Self::Direct(b) => b.is_end_stream(),
         }
     }
 
@@ -225,6 +235,7 @@ impl Body for ProxyBody {
             Self::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Self::Upstream { inner, .. } => inner.size_hint(),
             Self::Grpc { .. } => SizeHint::default(),
+            Self::Direct(b) => b.size_hint(),
         }
     }
 }

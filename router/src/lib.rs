@@ -10,6 +10,7 @@
 //! - [`authz`]: allow-all, TokenReview and scoped tokens.
 //! - [`cache`]: the Pod cache (a kube watch feeding a pure index).
 //! - [`upstream`]: dialing sandboxes with retries; pooled clients.
+//! - [`h1`]: the direct HTTP/1.1 path to Pod IPs (per-thread pool, no extra tasks).
 //! - [`proxy`]: the request path itself.
 //! - [`body`]: streaming bodies with byte counts and gRPC deadlines.
 //! - [`error`]: errors as `{"detail"}` JSON or gRPC trailers-only answers.
@@ -22,6 +23,7 @@ pub mod body;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod h1;
 pub mod metrics;
 pub mod proxy;
 pub mod routing;

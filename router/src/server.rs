@@ -133,12 +133,12 @@ impl Router {
                 Authorizer::Scoped(ScopedTokens::from_file(path)?)
             }
             AuthzMode::Tokenreview => Authorizer::TokenReview {
-                reviewer: TokenReviewer::new(
+                reviewer: Box::new(TokenReviewer::new(
                     kube.clone().expect("built above"),
                     args.authz_tokenreview_audiences.clone(),
                     args.authz_tokenreview_ttl,
                     args.authz_tokenreview_cache_size,
-                ),
+                )),
                 require_token: args.authz_tokenreview_require_token,
             },
         };

@@ -150,33 +150,43 @@ impl tower::Service<Uri> for Dialer {
         Box::pin(async move {
             let host = uri.host().unwrap_or_default().to_owned();
             let port = uri.port_u16().unwrap_or(80);
-            let mut delay = policy.initial_delay;
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                match dial_once(&host, port, policy.attempt_timeout).await {
-                    Ok(stream) => {
-                        // Small requests and responses must not wait on Nagle.
-                        let _ = stream.set_nodelay(true);
-                        return Ok(TokioIo::new(stream));
-                    }
-                    Err((failure, source)) if attempt > policy.max_retries => {
-                        return Err(DialError {
-                            target: format!("{host}:{port}"),
-                            attempts: attempt,
-                            failure,
-                            source,
-                        });
-                    }
-                    Err((failure, source)) => {
-                        tracing::debug!(%host, port, attempt, ?failure, error = %source, "dial failed; retrying");
-                        metrics.upstream_retries.inc();
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(policy.max_delay);
-                    }
-                }
-            }
+            dial(&host, port, &policy, &metrics).await.map(TokioIo::new)
         })
+    }
+}
+
+/// Dials with retries and exponential backoff; TCP_NODELAY on success.
+pub async fn dial(
+    host: &str,
+    port: u16,
+    policy: &DialPolicy,
+    metrics: &Metrics,
+) -> Result<TcpStream, DialError> {
+    let mut delay = policy.initial_delay;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match dial_once(host, port, policy.attempt_timeout).await {
+            Ok(stream) => {
+                // Small requests and responses must not wait on Nagle.
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Err((failure, source)) if attempt > policy.max_retries => {
+                return Err(DialError {
+                    target: format!("{host}:{port}"),
+                    attempts: attempt,
+                    failure,
+                    source,
+                });
+            }
+            Err((failure, source)) => {
+                tracing::debug!(%host, port, attempt, ?failure, error = %source, "dial failed; retrying");
+                metrics.upstream_retries.inc();
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(policy.max_delay);
+            }
+        }
     }
 }
 
@@ -185,10 +195,16 @@ impl tower::Service<Uri> for Dialer {
 pub struct Upstreams {
     pub http1: Client<Dialer, RequestBody>,
     pub h2c: Client<Dialer, RequestBody>,
+    policy: Arc<DialPolicy>,
 }
 
 impl Upstreams {
+    pub fn dial_policy(&self) -> &DialPolicy {
+        &self.policy
+    }
+
     pub fn new(dialer: Dialer) -> Self {
+        let policy = dialer.policy.clone();
         let http1 = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_timer(TokioTimer::new())
@@ -201,6 +217,6 @@ impl Upstreams {
             .http2_keep_alive_interval(Duration::from_secs(30))
             .http2_keep_alive_while_idle(false)
             .build(dialer);
-        Self { http1, h2c }
+        Self { http1, h2c, policy }
     }
 }

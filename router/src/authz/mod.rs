@@ -15,7 +15,7 @@ pub enum Authorizer {
     AllowAll,
     Scoped(ScopedTokens),
     TokenReview {
-        reviewer: TokenReviewer,
+        reviewer: Box<TokenReviewer>,
         require_token: bool,
     },
 }

@@ -29,6 +29,7 @@ use crate::{
     cache::PodCache,
     config::{Args, SameSite},
     error::{json_response, ProxyError},
+    h1,
     metrics::{InflightGuard, MethodLabel, Metrics, RequestLabels},
     routing::{self, parse_headers, parse_path, HeaderRules, Target},
     upstream::{DialError, DialFailure, Upstreams},
@@ -91,6 +92,14 @@ pub struct Proxy {
     pub authz: Arc<Authorizer>,
     pub cache: Option<Arc<PodCache>>,
     pub metrics: Arc<Metrics>,
+}
+
+/// Where a target lives: its authority, its socket address when known
+/// without DNS, and the Pod-cache entry used (to evict if unreachable).
+struct Resolved {
+    authority: Authority,
+    addr: Option<SocketAddr>,
+    cached_uid: Option<String>,
 }
 
 /// Filled in as soon as the target is known: labels for metrics and the log.
@@ -216,8 +225,10 @@ impl Proxy {
 
     /// Pod-IP header, then the cache by UID, then by namespace/name, then DNS.
     /// Also returns the cache entry used, to evict it if it proves unreachable.
-    fn resolve(&self, t: &Target) -> Result<(Authority, Option<String>), ProxyError> {
+    fn resolve(&self, t: &Target) -> Result<Resolved, ProxyError> {
+        let mut addr = None;
         let (authority, uid) = if let Some(ip) = t.pod_ip {
+            addr = Some(SocketAddr::new(ip, t.port));
             (authority_for(ip, t.port), None)
         } else if let Some(hit) = self.cache.as_ref().and_then(|c| {
             t.uid
@@ -225,6 +236,7 @@ impl Proxy {
                 .and_then(|u| c.by_uid(u))
                 .or_else(|| c.by_name(&t.namespace, &t.id))
         }) {
+            addr = Some(SocketAddr::new(hit.0, t.port));
             (authority_for(hit.0, t.port), Some(hit.1))
         } else {
             (
@@ -237,7 +249,11 @@ impl Proxy {
         };
         let authority = Authority::try_from(authority)
             .map_err(|_| ProxyError::Internal("Bad upstream address.".into()))?;
-        Ok((authority, uid))
+        Ok(Resolved {
+            authority,
+            addr,
+            cached_uid: uid,
+        })
     }
 
     async fn authorize<B>(
@@ -335,9 +351,14 @@ impl Proxy {
             }
         }
         let upgrade = req.version() <= Version::HTTP_11 && headers::is_upgrade(req.headers());
-        let (authority, cached_uid) = self.resolve(&target)?;
+        let Resolved {
+            authority,
+            addr,
+            cached_uid,
+        } = self.resolve(&target)?;
         let original_host = host_of(&req).and_then(|h| HeaderValue::from_str(h).ok());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let direct = addr.filter(|_| !upgrade && h1::eligible(&req));
 
         let (mut parts, body) = req.into_parts();
         if path_routed {
@@ -360,14 +381,20 @@ impl Proxy {
         uri.path_and_query = Some(pq);
         parts.uri = Uri::from_parts(uri).map_err(|e| ProxyError::Internal(e.to_string()))?;
         parts.version = Version::HTTP_11;
-        let upstream_req =
-            Request::from_parts(parts, RequestBody::new(body, limit, &self.metrics.tx_bytes));
-
+        let body = RequestBody::new(body, limit, &self.metrics.tx_bytes);
         let budget = match (self.settings.proxy_timeout, target.timeout) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let sent = self.upstreams.http1.request(upstream_req);
+        if let Some(addr) = direct {
+            return self
+                .direct(addr, parts, body, budget, &target, cached_uid.as_deref())
+                .await;
+        }
+        let sent = self
+            .upstreams
+            .http1
+            .request(Request::from_parts(parts, body));
         let result = match budget {
             Some(b) => match tokio::time::timeout(b, sent).await {
                 Ok(r) => r,
@@ -401,6 +428,61 @@ impl Proxy {
             parts,
             ProxyBody::upstream(body, &self.metrics.rx_bytes),
         ))
+    }
+
+    /// The plain HTTP/1.1 exchange to a known address, on this worker's own pool.
+    async fn direct(
+        &self,
+        addr: SocketAddr,
+        parts: http::request::Parts,
+        body: RequestBody,
+        budget: Option<Duration>,
+        t: &Target,
+        cached_uid: Option<&str>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let host = parts
+            .uri
+            .authority()
+            .map_or("", Authority::as_str)
+            .to_owned();
+        let policy = self.upstreams.dial_policy();
+        let sent = h1::exchange(addr, &host, parts, body, policy, &self.metrics);
+        let result = match budget {
+            Some(b) => match tokio::time::timeout(b, sent).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.metrics.upstream_error(&t.namespace, "timeout");
+                    return Err(ProxyError::Timeout(t.id.clone()));
+                }
+            },
+            None => sent.await,
+        };
+        match result {
+            Ok(resp) => Ok(resp.map(ProxyBody::Direct)),
+            Err(h1::ExchangeError::Dial(dial)) => Err(self.dial_failure(&dial, t, cached_uid)),
+            Err(e) if e.body_too_large() => Err(ProxyError::BodyTooLarge),
+            Err(e) => {
+                let reason = if matches!(e, h1::ExchangeError::Io(_)) {
+                    "eof"
+                } else {
+                    "other"
+                };
+                self.metrics.upstream_error(&t.namespace, reason);
+                tracing::warn!(sandbox = %t.id, namespace = %t.namespace, reason, error = %e, "backend exchange failed");
+                Err(ProxyError::Upstream(t.id.clone()))
+            }
+        }
+    }
+
+    fn dial_failure(&self, dial: &DialError, t: &Target, cached_uid: Option<&str>) -> ProxyError {
+        self.metrics.upstream_error(&t.namespace, "dial");
+        tracing::warn!(sandbox = %t.id, namespace = %t.namespace, error = %dial, "backend unreachable");
+        if dial.failure == DialFailure::Unreachable {
+            if let (Some(cache), Some(uid)) = (&self.cache, cached_uid) {
+                cache.evict(uid);
+            }
+        }
+        ProxyError::Dial(t.id.clone())
     }
 
     /// Trades `?sandbox_token=` for a session cookie (after checking it).
@@ -462,7 +544,11 @@ impl Proxy {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let (authority, cached_uid) = self.resolve(&target)?;
+        let Resolved {
+            authority,
+            cached_uid,
+            ..
+        } = self.resolve(&target)?;
         let original_host = host_of(&req).and_then(|h| HeaderValue::from_str(h).ok());
         let proto = self.proto(&req, conn);
         let (mut parts, body) = req.into_parts();
@@ -524,14 +610,7 @@ impl Proxy {
         cached_uid: Option<&str>,
     ) -> ProxyError {
         if let Some(dial) = DialError::find(e) {
-            self.metrics.upstream_error(&t.namespace, "dial");
-            tracing::warn!(sandbox = %t.id, namespace = %t.namespace, error = %dial, "backend unreachable");
-            if dial.failure == DialFailure::Unreachable {
-                if let (Some(cache), Some(uid)) = (&self.cache, cached_uid) {
-                    cache.evict(uid);
-                }
-            }
-            return ProxyError::Dial(t.id.clone());
+            return self.dial_failure(dial, t, cached_uid);
         }
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
         let mut reason = "other";
