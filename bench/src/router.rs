@@ -32,7 +32,12 @@ pub struct Args {
     #[arg(long, env = "SANDHUB_BENCH_WRK")]
     wrk: Option<PathBuf>,
     /// Concurrent connections, comma-separated; one wrk run per value, proxy and round.
-    #[arg(long, env = "SANDHUB_BENCH_CONNECTIONS", value_delimiter = ',', default_value = "10,50,200")]
+    #[arg(
+        long,
+        env = "SANDHUB_BENCH_CONNECTIONS",
+        value_delimiter = ',',
+        default_value = "10,50,200"
+    )]
     connections: Vec<u32>,
     /// Seconds per wrk run.
     #[arg(long, env = "SANDHUB_BENCH_DURATION_SECS", default_value_t = 4,
@@ -93,8 +98,14 @@ fn run_blocking(args: &Args) -> anyhow::Result<Report> {
     let nginx_bin = procs::find("nginx", args.nginx.as_deref())?;
     let wrk_bin = procs::find("wrk", args.wrk.as_deref())?;
     let router_bin = args.router_bin();
-    anyhow::ensure!(router_bin.is_file(), "{} not found (cargo build --release -p sandhub-router)", router_bin.display());
-    let work = tempfile::Builder::new().prefix("sandhub-bench-router-").tempdir()?;
+    anyhow::ensure!(
+        router_bin.is_file(),
+        "{} not found (cargo build --release -p sandhub-router)",
+        router_bin.display()
+    );
+    let work = tempfile::Builder::new()
+        .prefix("sandhub-bench-router-")
+        .tempdir()?;
     let mut report = Report {
         suite: "router",
         machine: Machine::probe(work.path()),
@@ -102,10 +113,19 @@ fn run_blocking(args: &Args) -> anyhow::Result<Report> {
         details: Vec::new(),
     };
 
-    let (up_port, nginx_port, router_port) = (procs::free_port()?, procs::free_port()?, procs::free_port()?);
+    let (up_port, nginx_port, router_port) = (
+        procs::free_port()?,
+        procs::free_port()?,
+        procs::free_port()?,
+    );
     let _upstream = procs::upstream(&nginx_bin, &work.path().join("upstream"), up_port)?;
     let _nginx = procs::nginx_proxy(&nginx_bin, &work.path().join("proxy"), nginx_port, up_port)?;
-    let _router = procs::router(&router_bin, &work.path().join("router"), router_port, args.router_access_log)?;
+    let _router = procs::router(
+        &router_bin,
+        &work.path().join("router"),
+        router_port,
+        args.router_access_log,
+    )?;
 
     // The router's routing headers; nginx ignores them (same bytes on the wire).
     let headers = [
@@ -124,7 +144,10 @@ fn run_blocking(args: &Args) -> anyhow::Result<Report> {
             headers: &headers,
         };
         // Untimed warm-up: connection pools, page faults, CPU frequency.
-        let warm = Load { duration: Duration::from_secs(1), ..load };
+        let warm = Load {
+            duration: Duration::from_secs(1),
+            ..load
+        };
         warm.run(&nginx_url)?;
         warm.run(&router_url)?;
         let (mut nginx_runs, mut router_runs) = (Vec::new(), Vec::new());
@@ -139,24 +162,69 @@ fn run_blocking(args: &Args) -> anyhow::Result<Report> {
                 r.requests_per_sec,
                 r.p99_us
             );
-            anyhow::ensure!(n.errors == 0 && r.errors == 0, "errors under load: nginx {} router {}", n.errors, r.errors);
+            anyhow::ensure!(
+                n.errors == 0 && r.errors == 0,
+                "errors under load: nginx {} router {}",
+                n.errors,
+                r.errors
+            );
             nginx_runs.push(n);
             router_runs.push(r);
         }
         let (n, r) = (medians(&nginx_runs), medians(&router_runs));
         let per_s = |x| Value::new(x, Unit::PerSecond);
         let us = |x| Value::new(x, Unit::Microseconds);
-        report.rows.push(Row::compare(format!("throughput, c={c}"), per_s(n.rps), per_s(r.rps), Some(Target::RatioAtLeast(1.0))));
-        report.rows.push(Row::compare(format!("p50 latency, c={c}"), us(n.p50), us(r.p50), None));
-        report.rows.push(Row::compare(format!("p99 latency, c={c}"), us(n.p99), us(r.p99), Some(Target::RatioAtMost(1.0))));
+        report.rows.push(Row::compare(
+            format!("throughput, c={c}"),
+            per_s(n.rps),
+            per_s(r.rps),
+            Some(Target::RatioAtLeast(1.0)),
+        ));
+        report.rows.push(Row::compare(
+            format!("p50 latency, c={c}"),
+            us(n.p50),
+            us(r.p50),
+            None,
+        ));
+        report.rows.push(Row::compare(
+            format!("p99 latency, c={c}"),
+            us(n.p99),
+            us(r.p99),
+            Some(Target::RatioAtMost(1.0)),
+        ));
         if c == args.connections[0] {
-            report.detail("load (each run)", load.command_line("http://127.0.0.1:<port>/v1/health"));
+            report.detail(
+                "load (each run)",
+                load.command_line("http://127.0.0.1:<port>/v1/health"),
+            );
         }
     }
-    report.detail("baseline", format!("{} as a reverse proxy (keepalive 512 to the upstream, access_log off)", nginx_version(&nginx_bin)));
-    report.detail("router", format!("{} --allow-loopback-pod-ip --access-log={}", router_bin.display(), args.router_access_log));
-    report.detail("upstream", "nginx `return 200 '{\"status\":\"ok\"}'` on loopback, shared by both");
-    report.detail("rounds", format!("{} × {} s per proxy and concurrency, medians; 1 s warm-up each", args.rounds, args.duration_secs));
+    report.detail(
+        "baseline",
+        format!(
+            "{} as a reverse proxy (keepalive 512 to the upstream, access_log off)",
+            nginx_version(&nginx_bin)
+        ),
+    );
+    report.detail(
+        "router",
+        format!(
+            "{} --allow-loopback-pod-ip --access-log={}",
+            router_bin.display(),
+            args.router_access_log
+        ),
+    );
+    report.detail(
+        "upstream",
+        "nginx `return 200 '{\"status\":\"ok\"}'` on loopback, shared by both",
+    );
+    report.detail(
+        "rounds",
+        format!(
+            "{} × {} s per proxy and concurrency, medians; 1 s warm-up each",
+            args.rounds, args.duration_secs
+        ),
+    );
     Ok(report)
 }
 
@@ -164,6 +232,10 @@ fn nginx_version(bin: &std::path::Path) -> String {
     std::process::Command::new(bin)
         .arg("-v")
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stderr).trim().replace("nginx version: ", ""))
+        .map(|o| {
+            String::from_utf8_lossy(&o.stderr)
+                .trim()
+                .replace("nginx version: ", "")
+        })
         .unwrap_or_else(|_| "nginx".into())
 }

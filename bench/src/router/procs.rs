@@ -40,13 +40,21 @@ impl Proc {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait()? {
-                bail!("{} exited during startup ({status}); log: {}", self.name, log.display());
+                bail!(
+                    "{} exited during startup ({status}); log: {}",
+                    self.name,
+                    log.display()
+                );
             }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Ok(self);
             }
             if Instant::now() > deadline {
-                bail!("{} not listening on {port} after {STARTUP_TIMEOUT:?}; log: {}", self.name, log.display());
+                bail!(
+                    "{} not listening on {port} after {STARTUP_TIMEOUT:?}; log: {}",
+                    self.name,
+                    log.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -80,11 +88,19 @@ pub fn find(name: &str, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
         .map(|d| d.join(name))
         .find(|p| p.is_file())
-        .with_context(|| format!("{name} not found (apt-get install {name}; scripts/test-deps.sh lists it)"))
+        .with_context(|| {
+            format!("{name} not found (apt-get install {name}; scripts/test-deps.sh lists it)")
+        })
 }
 
 /// nginx in the foreground with a config of our own, in `dir`.
-fn nginx(bin: &Path, dir: &Path, name: &'static str, server: &str, port: u16) -> anyhow::Result<Proc> {
+fn nginx(
+    bin: &Path,
+    dir: &Path,
+    name: &'static str,
+    server: &str,
+    port: u16,
+) -> anyhow::Result<Proc> {
     std::fs::create_dir_all(dir)?;
     let conf = format!(
         "daemon off;\nmaster_process on;\nworker_processes auto;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log warn;\n\
@@ -97,7 +113,15 @@ fn nginx(bin: &Path, dir: &Path, name: &'static str, server: &str, port: u16) ->
     let conf_path = dir.join("nginx.conf");
     std::fs::write(&conf_path, conf)?;
     let log = dir.join("stderr.log");
-    let proc = Proc::spawn(name, Command::new(bin).arg("-p").arg(dir).arg("-c").arg(&conf_path), &log)?;
+    let proc = Proc::spawn(
+        name,
+        Command::new(bin)
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&conf_path),
+        &log,
+    )?;
     proc.wait_listening(port, &log)
 }
 
@@ -130,8 +154,16 @@ pub fn router(bin: &Path, dir: &Path, port: u16, access_log: bool) -> anyhow::Re
     let log = dir.join("router.log");
     let mut cmd = Command::new(bin);
     cmd.args(["--http-bind-address", &format!("127.0.0.1:{port}")])
-        .args(["--metrics-bind-address", "0", "--health-probe-bind-address", "0"])
-        .args(["--allow-loopback-pod-ip", &format!("--access-log={access_log}")])
+        .args([
+            "--metrics-bind-address",
+            "0",
+            "--health-probe-bind-address",
+            "0",
+        ])
+        .args([
+            "--allow-loopback-pod-ip",
+            &format!("--access-log={access_log}"),
+        ])
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1");
     Proc::spawn("sandhub-router", &mut cmd, &log)?.wait_listening(port, &log)

@@ -46,7 +46,11 @@ impl Load<'_> {
         let out = cmd.arg(url).output().context("running wrk")?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
-            bail!("wrk failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "wrk failed: {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         parse(&text).with_context(|| format!("unexpected wrk output:\n{text}"))
     }
@@ -88,7 +92,12 @@ pub fn parse(text: &str) -> Option<WrkResult> {
             _ => {}
         }
     }
-    Some(WrkResult { requests_per_sec: rps?, p50_us: p50?, p99_us: p99?, errors })
+    Some(WrkResult {
+        requests_per_sec: rps?,
+        p50_us: p50?,
+        p99_us: p99?,
+        errors,
+    })
 }
 
 #[cfg(test)]
