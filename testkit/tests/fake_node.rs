@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use sandhub_testkit::fake_node::FAIL_ANNOTATION;
@@ -36,6 +37,44 @@ async fn create(api: &Api<Pod>, pod: &Pod) -> Pod {
     api.create(&PostParams::default(), pod)
         .await
         .expect("create pod")
+}
+
+#[tokio::test]
+async fn node_is_ready_untainted_with_capacity_and_a_lease() {
+    let Some(cluster) = TestCluster::from_env().await else {
+        return;
+    };
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let node = nodes.get("fake-node-0").await.unwrap();
+    let spec = node.spec.as_ref().unwrap();
+    assert_eq!(spec.pod_cidr.as_deref(), Some("10.244.0.0/16"));
+    assert!(
+        spec.taints.as_ref().is_none_or(|t| t.is_empty()),
+        "{:?}",
+        spec.taints
+    );
+    let status = node.status.as_ref().unwrap();
+    let ready = status
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "True");
+    let capacity = status.capacity.as_ref().unwrap();
+    assert_eq!(capacity["cpu"].0, "64");
+    assert_eq!(capacity["memory"].0, "256Gi");
+    assert_eq!(
+        capacity["pods"].0, "1k",
+        "1000, as the apiserver canonicalises it"
+    );
+    let leases: Api<Lease> = Api::namespaced(cluster.client(), "kube-node-lease");
+    let lease = leases.get("fake-node-0").await.unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("fake-node-0")
+    );
 }
 
 #[tokio::test]
