@@ -130,7 +130,7 @@ fi
 
 step="pytest"
 echo
-python_suites=(tests/python mcp-server/tests/python router/tests/python)
+python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8s_e2e)
 echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN SANDHUB_BIN=$SANDHUB_BIN $venv_python -m pytest ${python_suites[*]} -v"
 set +e
 # shellcheck disable=SC2086 # PYTEST_ARGS is split on purpose
