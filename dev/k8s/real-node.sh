@@ -31,11 +31,10 @@ up_real_node() {
         return 0
     fi
     stop_real_node
-    # host-local IPAM state is per DIR, so two real nodes on one bridge would hand out the
-    # same addresses: one real node per machine at a time.
-    if compgen -G "/sys/class/net/$CNI_BRIDGE/brif/*" >/dev/null; then
-        die "bridge $CNI_BRIDGE has pods attached: another real node runs on this machine"
-    fi
+    # host-local IPAM state is per DIR, so real nodes of several clusters on this machine
+    # (they share the bridge) each take their own /24 slice of the subnet, chosen by the
+    # apiserver's (random free) port; .0.x stays for the bridge's gateway address.
+    local slice=$(($(cat "$dir/api.port") % 250 + 1))
 
     local c="$dir/containerd"
     mkdir -p "$c" "$dir/cni/net.d" "$dir/cni/ipam" "$dir/kubelet"
@@ -55,7 +54,8 @@ up_real_node() {
     cat >"$dir/cni/net.d/10-sandhub-test.conflist" <<CNI
 {"cniVersion": "0.4.0", "name": "sandhub-test", "plugins": [
   {"type": "bridge", "bridge": "$CNI_BRIDGE", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "dataDir": "$dir/cni/ipam", "ranges": [[{"subnet": "$CNI_SUBNET"}]]}},
+   "ipam": {"type": "host-local", "dataDir": "$dir/cni/ipam", "ranges": [[{"subnet": "$CNI_SUBNET",
+     "rangeStart": "10.88.$slice.1", "rangeEnd": "10.88.$slice.254", "gateway": "10.88.0.1"}]]}},
   {"type": "loopback"}]}
 CNI
 
@@ -88,6 +88,7 @@ evictionHard: {}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 localStorageCapacityIsolation: false
+podLogsDir: $dir/kubelet/pod-logs
 tlsCertFile: $dir/pki/apiserver.crt
 tlsPrivateKeyFile: $dir/pki/apiserver.key
 registerWithTaints:
@@ -101,7 +102,7 @@ YAML
         --root-dir="$dir/kubelet/root" --hostname-override="$REAL_NODE_NAME" \
         --node-labels="$REAL_NODE_LABEL"
     wait_for "node $REAL_NODE_NAME Ready" kubelet node_ready "$REAL_NODE_NAME"
-    log "real node $REAL_NODE_NAME Ready (taint $REAL_NODE_TAINT)"
+    log "real node $REAL_NODE_NAME Ready (taint $REAL_NODE_TAINT, pod IPs 10.88.$slice.0/24)"
 }
 
 stop_real_node() {
