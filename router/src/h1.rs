@@ -112,17 +112,15 @@ fn write_head(buf: &mut BytesMut, req: &http::request::Parts, host: &str, chunke
 /// `parts.headers` must already be rewritten for the sandbox.
 pub async fn exchange(
     addr: SocketAddr,
-    host: &str,
-    parts: http::request::Parts,
+    parts: &http::request::Parts,
     body: RequestBody,
     policy: &DialPolicy,
     metrics: &Metrics,
 ) -> Result<Response<DirectBody>, ExchangeError> {
+    let host = parts.uri.authority().map_or("", |a| a.as_str());
     let declared = parts.headers.contains_key(header::CONTENT_LENGTH);
     let no_body = body.is_end_stream();
     let chunked = !no_body && !declared;
-    let mut head = BytesMut::with_capacity(1024);
-    write_head(&mut head, &parts, host, chunked);
     let is_head = parts.method == Method::HEAD;
 
     // A pooled connection the sandbox closed while idle fails on first use;
@@ -138,7 +136,10 @@ pub async fn exchange(
                 BytesMut::with_capacity(READ_CHUNK),
             ),
         };
-        if let Err(e) = s.write_all(&head).await {
+        // The connection's own buffer carries the request head out, then the response in.
+        buf.clear();
+        write_head(&mut buf, parts, host, chunked);
+        if let Err(e) = s.write_all(&buf).await {
             if reused {
                 continue;
             }

@@ -181,6 +181,37 @@ impl Metrics {
         out
     }
 
+    /// `sandbox_router_requests_total`, through a small per-thread cache of
+    /// the counters: the shared family (a lock and a hash of the labels) is
+    /// consulted once per label set and thread, not once per request.
+    pub fn count_request(&self, method: MethodLabel, code: u16, namespace: &str) {
+        type Cached = (MethodLabel, u16, String, Counter);
+        thread_local! {
+            static CACHE: std::cell::RefCell<Vec<Cached>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        const MAX_CACHED: usize = 128;
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            if let Some((.., counter)) = c
+                .iter()
+                .find(|(m, k, ns, _)| *m == method && *k == code && ns == namespace)
+            {
+                counter.inc();
+                return;
+            }
+            let labels = RequestLabels {
+                method,
+                code,
+                sandbox_namespace: namespace.to_owned(),
+            };
+            let counter = self.requests.get_or_create(&labels).clone();
+            counter.inc();
+            if c.len() < MAX_CACHED {
+                c.push((labels.method, code, labels.sandbox_namespace, counter));
+            }
+        });
+    }
+
     pub fn upstream_error(&self, namespace: &str, reason: &'static str) {
         self.upstream_errors
             .get_or_create(&UpstreamErrorLabels {

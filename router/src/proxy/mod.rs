@@ -30,7 +30,7 @@ use crate::{
     config::{Args, SameSite},
     error::{json_response, ProxyError},
     h1,
-    metrics::{InflightGuard, MethodLabel, Metrics, RequestLabels},
+    metrics::{InflightGuard, MethodLabel, Metrics},
     routing::{self, parse_headers, parse_path, HeaderRules, Target},
     upstream::{DialError, DialFailure, Upstreams},
 };
@@ -197,13 +197,7 @@ impl Proxy {
             );
         }
         self.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                method,
-                code: status,
-                sandbox_namespace: routed.namespace,
-            })
-            .inc();
+            .count_request(method, status, &routed.namespace);
         self.metrics.duration.observe(elapsed.as_secs_f64());
         resp
     }
@@ -440,13 +434,8 @@ impl Proxy {
         t: &Target,
         cached_uid: Option<&str>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let host = parts
-            .uri
-            .authority()
-            .map_or("", Authority::as_str)
-            .to_owned();
         let policy = self.upstreams.dial_policy();
-        let sent = h1::exchange(addr, &host, parts, body, policy, &self.metrics);
+        let sent = h1::exchange(addr, &parts, body, policy, &self.metrics);
         let result = match budget {
             Some(b) => match tokio::time::timeout(b, sent).await {
                 Ok(r) => r,
