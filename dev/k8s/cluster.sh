@@ -62,6 +62,9 @@ pid_of() { # NAME -> PID when it runs the recorded executable
 
 alive() { pid_of "$1" >/dev/null; }
 
+# An exited process stays a zombie until init reaps it, which here can take seconds.
+running() { [[ -e "/proc/$1" ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+
 stop() { # NAMES... : TERM all, wait up to 10s, then KILL
     local name pid pids=()
     for name in "$@"; do
@@ -72,7 +75,7 @@ stop() { # NAMES... : TERM all, wait up to 10s, then KILL
     done
     for _ in $(seq 1 100); do
         local left=()
-        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
+        for pid in "${pids[@]}"; do running "$pid" && left+=("$pid"); done
         ((${#left[@]})) || break
         sleep 0.1
     done
