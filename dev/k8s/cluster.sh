@@ -12,8 +12,9 @@
 # are stopped first, and every `up` starts from an empty etcd.
 #
 # Env: K8S_BIN (default: from build-bins.sh, which builds once), FAKE_NODE_BIN (default:
-# the cargo target dir's debug/sandhub-fake-node, built if missing), FAKE_NODE=0 (no fake
-# node), ETCD_PORT, API_PORT (default: free ports), CLUSTER_TIMEOUT (seconds per wait, 90),
+# the cargo target dir's debug/sandhub-fake-node, built if missing), FAKE_NODES (how many
+# fake nodes, default 1: fake-node-0 with pods from 10.244.0.0/16, fake-node-1 from
+# 10.245.0.0/16, ...; FAKE_NODE=0 means none), ETCD_PORT, API_PORT (default: free ports), CLUSTER_TIMEOUT (seconds per wait, 90),
 # API_EXTRA_ARGS (appended to kube-apiserver's flags).
 set -euo pipefail
 
@@ -119,7 +120,15 @@ sys.exit(0 if any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 healthz() { [[ "$(curl -sfk --max-time 2 "https://127.0.0.1:$1/healthz")" == ok ]]; }
 
 # ---------------------------------------------------------------- pieces of `up`
-control_plane_names=(etcd kube-apiserver kube-controller-manager kube-scheduler fake-node)
+fake_node_count() {
+    if [[ "${FAKE_NODE:-1}" == 0 ]]; then echo 0; else echo "${FAKE_NODES:-1}"; fi
+}
+
+recorded_fake_nodes() { # names of the fake nodes DIR has PID files for
+    local f
+    for f in "$run"/fake-node*.pid; do [[ -e "$f" ]] && basename "$f" .pid; done
+    return 0
+}
 
 find_bins() {
     if [[ -z "${K8S_BIN:-}" ]]; then
@@ -128,7 +137,10 @@ find_bins() {
     for b in etcd kube-apiserver kube-controller-manager kube-scheduler; do
         [[ -x "$K8S_BIN/$b" ]] || die "$K8S_BIN/$b missing (run bash dev/k8s/build-bins.sh)"
     done
-    if [[ "${FAKE_NODE:-1}" == 1 && -z "${FAKE_NODE_BIN:-}" ]]; then
+    local n
+    n="$(fake_node_count)"
+    [[ "$n" =~ ^[0-9]+$ ]] && ((n <= 10)) || die "FAKE_NODES must be 0..10 (got $n)"
+    if ((n > 0)) && [[ -z "${FAKE_NODE_BIN:-}" ]]; then
         local target="${CARGO_TARGET_DIR:-$repo_root/target}"
         [[ "$target" = /* ]] || target="$repo_root/$target"
         FAKE_NODE_BIN="$target/debug/sandhub-fake-node"
@@ -250,15 +262,19 @@ YAML
         --bind-address=127.0.0.1 --secure-port="$sched_port" --cert-dir="$dir/pki/scheduler"
 }
 
-start_fake_node() {
-    start fake-node "$FAKE_NODE_BIN" --kubeconfig "$dir/kubeconfig" --node-name fake-node-0 \
-        --pod-cidr 10.244.0.0/16
+start_fake_nodes() {
+    local i
+    for ((i = 0; i < $(fake_node_count); i++)); do
+        start "fake-node-$i" "$FAKE_NODE_BIN" --kubeconfig "$dir/kubeconfig" --node-name "fake-node-$i" \
+            --pod-cidr "10.$((244 + i)).0.0/16"
+    done
 }
 
 cluster_running() {
     local n
     for n in etcd kube-apiserver kube-controller-manager kube-scheduler; do alive "$n" || return 1; done
-    if [[ "${FAKE_NODE:-1}" == 1 ]]; then alive fake-node || return 1; fi
+    local i
+    for ((i = 0; i < $(fake_node_count); i++)); do alive "fake-node-$i" || return 1; done
     api_ready
 }
 
@@ -275,7 +291,8 @@ up() {
         report
         return 0
     fi
-    stop fake-node kubelet kube-scheduler kube-controller-manager kube-apiserver etcd # leftovers of a dead run
+    # shellcheck disable=SC2046 # one name per line
+    stop $(recorded_fake_nodes) kubelet kube-scheduler kube-controller-manager kube-apiserver etcd # leftovers of a dead run
     make_pki
     log "starting etcd"
     start_etcd
@@ -286,21 +303,20 @@ up() {
     wait_for "apiserver /readyz" kube-apiserver api_ready
     log "kube-apiserver ready on https://127.0.0.1:$(cat "$dir/api.port"); starting controller-manager, scheduler"
     start_controllers
-    if [[ "${FAKE_NODE:-1}" == 1 ]]; then
-        start_fake_node
-    fi
+    start_fake_nodes
     wait_for "controller-manager /healthz" kube-controller-manager healthz "$(cat "$dir/controller-manager.port")"
     wait_for "scheduler /healthz" kube-scheduler healthz "$(cat "$dir/scheduler.port")"
-    if [[ "${FAKE_NODE:-1}" == 1 ]]; then
-        wait_for "node fake-node-0 Ready" fake-node node_ready fake-node-0
-    fi
+    local i
+    for ((i = 0; i < $(fake_node_count); i++)); do
+        wait_for "node fake-node-$i Ready" "fake-node-$i" node_ready "fake-node-$i"
+    done
     log "cluster up in $dir (kubeconfig $dir/kubeconfig)"
     report
 }
 
 status() {
     local rc=0 n pid
-    for n in etcd kube-apiserver kube-controller-manager kube-scheduler fake-node containerd kubelet; do
+    for n in etcd kube-apiserver kube-controller-manager kube-scheduler $(recorded_fake_nodes) containerd kubelet; do
         [[ -f "$run/$n.pid" ]] || continue
         if pid="$(pid_of "$n")"; then echo "$n: running (pid $pid)"; else echo "$n: NOT running"; rc=1; fi
     done
@@ -314,7 +330,8 @@ status() {
 down() {
     [[ -d "$run" ]] || return 0
     if declare -F stop_real_node >/dev/null; then stop_real_node; fi
-    stop fake-node kubelet kube-scheduler kube-controller-manager kube-apiserver
+    # shellcheck disable=SC2046 # one name per line
+    stop $(recorded_fake_nodes) kubelet kube-scheduler kube-controller-manager kube-apiserver
     stop etcd # last: the others' shutdown may still talk to it
     stop containerd
     log "down ($dir)"

@@ -94,15 +94,19 @@ async fn scheduled_pods_become_ready_with_unique_ips() {
             .await
             .unwrap();
         let spec = p.spec.as_ref().unwrap();
-        assert_eq!(
-            spec.node_name.as_deref(),
-            Some("fake-node-0"),
-            "bound by the scheduler"
+        let node = spec.node_name.as_deref().unwrap_or_default();
+        assert!(
+            node.starts_with("fake-node-"),
+            "bound by the scheduler: {node:?}"
         );
         let status = p.status.as_ref().unwrap();
         assert_eq!(status.host_ip.as_deref(), Some("127.0.0.1"));
         let ip: Ipv4Addr = status.pod_ip.as_deref().unwrap().parse().unwrap();
-        assert_eq!(ip.octets()[..2], [10, 244], "{ip} is from 10.244.0.0/16");
+        // fake-node-N hands out 10.(244+N).0.0/16 (FAKE_NODES in dev/k8s/cluster.sh)
+        assert!(
+            ip.octets()[0] == 10 && ip.octets()[1] >= 244,
+            "{ip} is from a fake node's CIDR"
+        );
         assert_eq!(status.pod_ips.as_ref().unwrap()[0].ip, ip.to_string());
         for cond in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
             assert_eq!(
