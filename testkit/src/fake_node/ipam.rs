@@ -70,10 +70,6 @@ impl Ipam {
         }
     }
 
-    pub fn cidr(&self) -> &PodCidr {
-        &self.cidr
-    }
-
     /// The address of Pod `uid`, allocating one if it has none. `None` when the CIDR is full.
     pub fn assign(&mut self, uid: &str) -> Option<Ipv4Addr> {
         if let Some(ip) = self.by_pod.get(uid) {
@@ -102,6 +98,18 @@ impl Ipam {
         if (first..=last).contains(&ip) && !self.by_pod.contains_key(uid) && self.used.insert(ip) {
             self.by_pod.insert(uid.to_string(), ip);
         }
+    }
+
+    /// Releases the addresses of every Pod for which `keep` is false.
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        let used = &mut self.used;
+        self.by_pod.retain(|uid, ip| {
+            let kept = keep(uid);
+            if !kept {
+                used.remove(ip);
+            }
+            kept
+        });
     }
 
     pub fn release(&mut self, uid: &str) {
@@ -138,5 +146,21 @@ mod tests {
         assert_eq!(ipam.assign("e"), None, "full");
         ipam.release("a");
         assert_eq!(ipam.assign("e").unwrap().to_string(), "10.9.0.2");
+        ipam.retain(|uid| uid != "b" && uid != "old");
+        assert_eq!(
+            ipam.assign("f").unwrap().to_string(),
+            "10.9.0.3",
+            "old's .3 is free again"
+        );
+        assert_eq!(
+            ipam.assign("g").unwrap().to_string(),
+            "10.9.0.4",
+            "and b's .4"
+        );
+        assert_eq!(
+            ipam.assign("c").unwrap().to_string(),
+            "10.9.0.5",
+            "c kept its address"
+        );
     }
 }

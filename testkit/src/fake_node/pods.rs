@@ -65,10 +65,12 @@ pub async fn run(client: Client, config: FakeNodeConfig) -> Result<()> {
 }
 
 impl Shared {
-    /// Rebuilds the address book from a full list: keeps addresses of listed Pods only.
+    /// Brings the address book in line with a full list: Pods gone meanwhile give their
+    /// address back; addresses listed Pods hold (or were just assigned) stay taken.
     fn relist(&self, pods: &[Pod]) {
+        let listed: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
         let mut ipam = self.ipam.lock().unwrap();
-        *ipam = Ipam::new(*ipam.cidr());
+        ipam.retain(|uid| listed.contains(uid));
         for pod in pods {
             let ip = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
             if let (Some(uid), Some(ip)) =
