@@ -32,6 +32,10 @@ struct Args {
     /// Pod status writes and deletions in flight at once.
     #[arg(long, env = "SANDHUB_FAKE_NODE_CONCURRENCY", default_value_t = 64)]
     concurrency: usize,
+    /// Register the node cordoned: the scheduler never picks it, only Pods that name it in
+    /// spec.nodeName run there.
+    #[arg(long, env = "SANDHUB_FAKE_NODE_UNSCHEDULABLE")]
+    unschedulable: bool,
     /// Seconds between Lease and Ready-condition renewals.
     #[arg(
         long,
@@ -62,6 +66,7 @@ async fn main() -> Result<()> {
         pod_cidr: args.pod_cidr,
         concurrency: args.concurrency,
         heartbeat: Duration::from_secs(args.heartbeat_seconds.max(1)),
+        unschedulable: args.unschedulable,
     };
     let mut term = signal(SignalKind::terminate())?;
     tokio::select! {

@@ -28,6 +28,8 @@ pub struct FakeNodeConfig {
     pub concurrency: usize,
     /// How often the Lease and the Ready condition are renewed.
     pub heartbeat: Duration,
+    /// Registered cordoned: the scheduler never picks it; only Pods naming it run there.
+    pub unschedulable: bool,
 }
 
 /// Registers the node, then runs the heartbeat and the Pod loop until one fails.

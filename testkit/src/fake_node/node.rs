@@ -41,7 +41,7 @@ pub async fn register(client: &Client, config: &FakeNodeConfig) -> Result<()> {
                 FAKE_NODE_LABEL: "true",
             },
         },
-        "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+        "spec": {"podCIDR": cidr, "podCIDRs": [cidr], "unschedulable": config.unschedulable},
     });
     let applied = nodes
         .patch(
