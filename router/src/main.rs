@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use sandhub_router::{
-    authz::{Scope, ScopedTokens},
+    authz::{scoped, Scope},
     config::{self, Command},
     init_logging,
     server::Router,
@@ -39,7 +39,7 @@ fn mint_token(
     name: &str,
     ttl: Duration,
 ) -> anyhow::Result<()> {
-    let tokens = ScopedTokens::from_file(secret_file)?;
+    let tokens = scoped::load(secret_file)?;
     let exp = (SystemTime::now() + ttl)
         .duration_since(SystemTime::UNIX_EPOCH)
         .context("clock before 1970")?

@@ -17,7 +17,7 @@ use tokio::{
 };
 
 use crate::{
-    authz::{Authorizer, ScopedTokens, TokenReviewer},
+    authz::{scoped, Authorizer, TokenReviewer},
     body::ProxyBody,
     cache::PodCache,
     config::{parse_bind, Args, AuthzMode},
@@ -130,7 +130,7 @@ impl Router {
                     .authz_scoped_token_secret_file
                     .as_ref()
                     .context("--authz-mode=scoped-token needs --authz-scoped-token-secret-file")?;
-                Authorizer::Scoped(ScopedTokens::from_file(path)?)
+                Authorizer::Scoped(scoped::load(path)?)
             }
             AuthzMode::Tokenreview => Authorizer::TokenReview {
                 reviewer: Box::new(TokenReviewer::new(
