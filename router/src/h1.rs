@@ -242,6 +242,14 @@ async fn read_head(
                             }
                             continue;
                         }
+                        // Per-hop headers stay on this hop (HTTP/2 clients reject them).
+                        if name == header::UPGRADE
+                            || name == header::TRAILER
+                            || name.as_str() == "keep-alive"
+                            || name.as_str() == "proxy-connection"
+                        {
+                            continue;
+                        }
                         if name == header::CONTENT_LENGTH && !matches!(framing, Framing::Chunked(_))
                         {
                             let n = std::str::from_utf8(raw)

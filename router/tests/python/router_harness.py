@@ -423,7 +423,24 @@ class EchoHttpServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def _chunked(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Keep-Alive", "timeout=5")
+                self.end_headers()
+                for i in range(50):
+                    piece = f"chunk-{i};".encode() * (i + 1)
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+
             def _answer(self) -> None:
+                if self.path.startswith("/chunked"):
+                    return self._chunked()
+                if self.path.startswith("/empty"):
+                    self.send_response(204)
+                    self.end_headers()
+                    return
                 n = 0
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                     while True:
@@ -449,10 +466,19 @@ class EchoHttpServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = _answer
 
+            def do_HEAD(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "12345")
+                self.end_headers()
+
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:
+                pass  # a client the router cut off (body-limit tests) is expected
+
+        self.server = Server((LOOPBACK, 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

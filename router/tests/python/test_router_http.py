@@ -85,6 +85,30 @@ def test_headers_rewritten_for_the_sandbox(router, http_echo):
     assert h["x-sandbox-id"] == "echo"
 
 
+def test_response_framings_pass_through(router, http_echo):
+    want = b"".join(f"chunk-{i};".encode() * (i + 1) for i in range(50))
+    # Several times over one client connection, so pooled upstream connections are reused.
+    import http.client
+    c = http.client.HTTPConnection(LOOPBACK, router.port, timeout=10)
+    try:
+        for _ in range(3):
+            c.request("GET", "/chunked", headers=to_echo(http_echo))
+            r = c.getresponse()
+            assert (r.status, r.read()) == (200, want)
+            assert r.getheader("keep-alive") is None
+            c.request("GET", "/empty", headers=to_echo(http_echo))
+            r = c.getresponse()
+            assert (r.status, r.read()) == (204, b"")
+            c.request("HEAD", "/", headers=to_echo(http_echo))
+            r = c.getresponse()
+            assert (r.status, r.getheader("content-length"), r.read()) == (200, "12345", b"")
+            c.request("POST", "/echo", body=b"q" * 100_000, headers=to_echo(http_echo))
+            r = c.getresponse()
+            assert json.loads(r.read())["body_len"] == 100_000
+    finally:
+        c.close()
+
+
 # --------------------------------------------------------------------------- backend failures
 
 
