@@ -353,14 +353,12 @@ async fn serve_proxy(
             _ = stop.changed() => break,
             accepted = accept(&listener) => match accepted { Some(a) => a, None => continue },
         };
-        let conn = Conn {
-            remote,
-            tls: tls.is_some(),
-        };
+        let conn = Conn::new(remote, tls.is_some());
         let p = proxy.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let p = p.clone();
-            async move { Ok::<_, Infallible>(p.handle(req, conn).await) }
+            let conn = conn.clone();
+            async move { Ok::<_, Infallible>(p.handle(req, &conn).await) }
         });
         match &tls {
             None => {

@@ -1,7 +1,5 @@
 //! Header rewriting between client and sandbox.
 
-use std::net::IpAddr;
-
 use http::{header, HeaderMap, HeaderName, HeaderValue};
 
 /// Per-hop headers (RFC 9110 §7.6.1) that never travel past a proxy.
@@ -67,7 +65,7 @@ pub fn rewrite_request(
     h: &mut HeaderMap,
     upgrade: bool,
     grpc: bool,
-    client_ip: IpAddr,
+    client_ip: &HeaderValue,
     original_host: Option<HeaderValue>,
     proto: &'static str,
 ) {
@@ -77,12 +75,18 @@ pub fn rewrite_request(
     if upgrade {
         h.remove(header::ORIGIN);
     }
-    let ip = client_ip.to_canonical().to_string();
-    let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.is_empty() => format!("{prior}, {ip}"),
-        _ => ip,
+    let prior = h
+        .get(&X_FORWARDED_FOR)
+        .and_then(|v| v.to_str().ok())
+        .filter(|p| !p.is_empty());
+    let xff = match prior {
+        Some(prior) => {
+            let ip = client_ip.to_str().unwrap_or_default();
+            HeaderValue::from_str(&format!("{prior}, {ip}")).ok()
+        }
+        None => Some(client_ip.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR, v);
     }
     if let Some(host) = original_host {
@@ -108,7 +112,7 @@ mod tests {
             &mut h,
             false,
             false,
-            "127.0.0.1".parse().unwrap(),
+            &HeaderValue::from_static("127.0.0.1"),
             Some("router:8080".parse().unwrap()),
             "http",
         );
@@ -133,7 +137,7 @@ mod tests {
             &mut h,
             true,
             false,
-            "10.0.0.1".parse().unwrap(),
+            &HeaderValue::from_static("10.0.0.1"),
             None,
             "https",
         );

@@ -80,10 +80,24 @@ impl Settings {
 }
 
 /// How a connection reached the router.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Conn {
     pub remote: SocketAddr,
     pub tls: bool,
+    /// The client's address as an X-Forwarded-For entry, formatted once per connection.
+    pub client_ip: HeaderValue,
+}
+
+impl Conn {
+    pub fn new(remote: SocketAddr, tls: bool) -> Self {
+        let ip = remote.ip().to_canonical().to_string();
+        let client_ip = HeaderValue::from_str(&ip).expect("an IP address is a valid header value");
+        Self {
+            remote,
+            tls,
+            client_ip,
+        }
+    }
 }
 
 pub struct Proxy {
@@ -136,11 +150,31 @@ fn host_of<B>(req: &Request<B>) -> Option<&str> {
         .or_else(|| req.uri().authority().map(Authority::as_str))
 }
 
-fn authority_for(ip: IpAddr, port: u16) -> String {
-    match ip {
-        IpAddr::V4(v4) => format!("{v4}:{port}"),
-        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+/// `ip:port` as an Authority, memoised per worker thread: formatting and
+/// parsing an address on every request showed up in profiles.
+fn authority_for(addr: SocketAddr) -> Result<Authority, ProxyError> {
+    thread_local! {
+        static CACHE: std::cell::RefCell<std::collections::HashMap<SocketAddr, Authority>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
     }
+    const MAX_CACHED: usize = 4096;
+    CACHE.with(|c| {
+        if let Some(a) = c.borrow().get(&addr) {
+            return Ok(a.clone());
+        }
+        let text = match addr.ip() {
+            IpAddr::V4(v4) => format!("{v4}:{}", addr.port()),
+            IpAddr::V6(v6) => format!("[{v6}]:{}", addr.port()),
+        };
+        let a = Authority::try_from(text)
+            .map_err(|_| ProxyError::Internal("Bad upstream address.".into()))?;
+        let mut c = c.borrow_mut();
+        if c.len() >= MAX_CACHED {
+            c.clear();
+        }
+        c.insert(addr, a.clone());
+        Ok(a)
+    })
 }
 
 fn unix_now() -> u64 {
@@ -152,7 +186,7 @@ fn unix_now() -> u64 {
 
 impl Proxy {
     /// Serves one request; never fails (errors become answers).
-    pub async fn handle(&self, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
+    pub async fn handle(&self, req: Request<Incoming>, conn: &Conn) -> Response<ProxyBody> {
         let start = Instant::now();
         let _inflight = InflightGuard::new(&self.metrics.inflight);
         let method = MethodLabel::from(req.method());
@@ -203,7 +237,7 @@ impl Proxy {
     }
 
     /// "https" when the client's connection was TLS (or a trusted proxy says so).
-    fn proto<B>(&self, req: &Request<B>, conn: Conn) -> &'static str {
+    fn proto<B>(&self, req: &Request<B>, conn: &Conn) -> &'static str {
         let forwarded_https = || {
             req.headers()
                 .get(headers::X_FORWARDED_PROTO)
@@ -220,33 +254,32 @@ impl Proxy {
     /// Pod-IP header, then the cache by UID, then by namespace/name, then DNS.
     /// Also returns the cache entry used, to evict it if it proves unreachable.
     fn resolve(&self, t: &Target) -> Result<Resolved, ProxyError> {
-        let mut addr = None;
-        let (authority, uid) = if let Some(ip) = t.pod_ip {
-            addr = Some(SocketAddr::new(ip, t.port));
-            (authority_for(ip, t.port), None)
-        } else if let Some(hit) = self.cache.as_ref().and_then(|c| {
+        let cached = || {
+            let cache = self.cache.as_ref()?;
             t.uid
                 .as_deref()
-                .and_then(|u| c.by_uid(u))
-                .or_else(|| c.by_name(&t.namespace, &t.id))
-        }) {
-            addr = Some(SocketAddr::new(hit.0, t.port));
-            (authority_for(hit.0, t.port), Some(hit.1))
-        } else {
-            (
-                format!(
-                    "{}.{}.svc.{}:{}",
-                    t.id, t.namespace, self.settings.cluster_domain, t.port
-                ),
-                None,
-            )
+                .and_then(|u| cache.by_uid(u))
+                .or_else(|| cache.by_name(&t.namespace, &t.id))
         };
-        let authority = Authority::try_from(authority)
-            .map_err(|_| ProxyError::Internal("Bad upstream address.".into()))?;
+        let (addr, cached_uid) = match t.pod_ip {
+            Some(ip) => (Some(SocketAddr::new(ip, t.port)), None),
+            None => match cached() {
+                Some((ip, uid)) => (Some(SocketAddr::new(ip, t.port)), Some(uid)),
+                None => (None, None),
+            },
+        };
+        let authority = match addr {
+            Some(a) => authority_for(a)?,
+            None => Authority::try_from(format!(
+                "{}.{}.svc.{}:{}",
+                t.id, t.namespace, self.settings.cluster_domain, t.port
+            ))
+            .map_err(|_| ProxyError::Internal("Bad upstream address.".into()))?,
+        };
         Ok(Resolved {
             authority,
             addr,
-            cached_uid: uid,
+            cached_uid,
         })
     }
 
@@ -276,7 +309,7 @@ impl Proxy {
     async fn http(
         &self,
         mut req: Request<Incoming>,
-        conn: Conn,
+        conn: &Conn,
         routed: &mut Routed,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let proto = self.proto(&req, conn);
@@ -362,7 +395,7 @@ impl Proxy {
             &mut parts.headers,
             upgrade,
             false,
-            conn.remote.ip(),
+            &conn.client_ip,
             original_host,
             proto,
         );
@@ -511,7 +544,7 @@ impl Proxy {
     async fn grpc(
         &self,
         req: Request<Incoming>,
-        conn: Conn,
+        conn: &Conn,
         routed: &mut Routed,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let target = parse_headers(
@@ -545,7 +578,7 @@ impl Proxy {
             &mut parts.headers,
             false,
             true,
-            conn.remote.ip(),
+            &conn.client_ip,
             original_host,
             proto,
         );
