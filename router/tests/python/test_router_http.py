@@ -105,6 +105,12 @@ def test_response_framings_pass_through(router, http_echo):
             c.request("POST", "/echo", body=b"q" * 100_000, headers=to_echo(http_echo))
             r = c.getresponse()
             assert json.loads(r.read())["body_len"] == 100_000
+            # A chunked request body is re-framed as chunked for the sandbox.
+            c.request("POST", "/echo", body=iter([b"a" * 5000, b"b" * 7000]), headers=to_echo(http_echo),
+                      encode_chunked=True)
+            r = c.getresponse()
+            seen = json.loads(r.read())
+            assert seen["body_len"] == 12_000 and seen["headers"]["transfer-encoding"] == "chunked"
     finally:
         c.close()
 
