@@ -73,10 +73,14 @@ pub fn apply_tuning_overrides(
     }
     let all: Vec<String> = args.iter().cloned().chain(extra).collect();
     let mut cmd = Cli::command();
-    let matches = cmd
-        .try_get_matches_from_mut(&all)
-        .map_err(|e| format!("ConfigMap {CONFIG_MAP_NAME}: {}", e.render().to_string().trim()))?;
-    let cli = Cli::from_arg_matches(&matches).map_err(|e| format!("ConfigMap {CONFIG_MAP_NAME}: {e}"))?;
+    let matches = cmd.try_get_matches_from_mut(&all).map_err(|e| {
+        format!(
+            "ConfigMap {CONFIG_MAP_NAME}: {}",
+            e.render().to_string().trim()
+        )
+    })?;
+    let cli =
+        Cli::from_arg_matches(&matches).map_err(|e| format!("ConfigMap {CONFIG_MAP_NAME}: {e}"))?;
     Ok((cli, ignored))
 }
 
@@ -92,7 +96,12 @@ fn domains_from(cm: Option<&ConfigMap>) -> Vec<String> {
     cm.and_then(|cm| cm.data.as_ref())
         .and_then(|d| d.get(ALLOWED_LABEL_DOMAINS_KEY))
         .map(|raw| parse_label_domains(raw))
-        .unwrap_or_else(|| DEFAULT_ALLOWED_LABEL_DOMAINS.iter().map(|s| s.to_string()).collect())
+        .unwrap_or_else(|| {
+            DEFAULT_ALLOWED_LABEL_DOMAINS
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        })
 }
 
 /// Settings that may change while the controller runs; readers take a cheap snapshot.
@@ -103,22 +112,32 @@ pub struct SharedConfig {
 
 impl Default for SharedConfig {
     fn default() -> Self {
-        Self { allowed_label_domains: RwLock::new(Arc::new(domains_from(None))) }
+        Self {
+            allowed_label_domains: RwLock::new(Arc::new(domains_from(None))),
+        }
     }
 }
 
 impl SharedConfig {
     pub fn from_config_map(cm: Option<&ConfigMap>) -> Self {
-        Self { allowed_label_domains: RwLock::new(Arc::new(domains_from(cm))) }
+        Self {
+            allowed_label_domains: RwLock::new(Arc::new(domains_from(cm))),
+        }
     }
 
     /// Label domains a claim's `additionalPodMetadata.labels` may use (subdomains allowed).
     pub fn allowed_label_domains(&self) -> Arc<Vec<String>> {
-        self.allowed_label_domains.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.allowed_label_domains
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn set_allowed_label_domains(&self, domains: Vec<String>) {
-        *self.allowed_label_domains.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(domains);
+        *self
+            .allowed_label_domains
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(domains);
     }
 
     fn update(&self, cm: Option<&ConfigMap>) {
@@ -132,7 +151,9 @@ impl SharedConfig {
 
 /// Reads the ConfigMap once (None when absent).
 pub async fn read_config_map(client: &Client, namespace: &str) -> kube::Result<Option<ConfigMap>> {
-    Api::<ConfigMap>::namespaced(client.clone(), namespace).get_opt(CONFIG_MAP_NAME).await
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get_opt(CONFIG_MAP_NAME)
+        .await
 }
 
 /// Keeps `shared` in step with the ConfigMap until the process ends.
@@ -142,7 +163,9 @@ pub async fn watch_config_map(client: Client, namespace: String, shared: Arc<Sha
     let mut stream = watcher(api, cfg).boxed();
     while let Some(event) = stream.next().await {
         match event {
-            Ok(watcher::Event::Apply(cm)) | Ok(watcher::Event::InitApply(cm)) => shared.update(Some(&cm)),
+            Ok(watcher::Event::Apply(cm)) | Ok(watcher::Event::InitApply(cm)) => {
+                shared.update(Some(&cm))
+            }
             Ok(watcher::Event::Delete(_)) => shared.update(None),
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "agent-sandbox-config watch error (retrying)"),
@@ -155,11 +178,17 @@ mod tests {
     use super::*;
 
     fn args(list: &[&str]) -> Vec<String> {
-        std::iter::once("sandhub-controller").chain(list.iter().copied()).map(String::from).collect()
+        std::iter::once("sandhub-controller")
+            .chain(list.iter().copied())
+            .map(String::from)
+            .collect()
     }
 
     fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -176,7 +205,10 @@ mod tests {
         let (cli, ignored) = apply_tuning_overrides(&argv, &matches, &cm).unwrap();
         assert_eq!(cli.flags.sandbox_concurrent_workers, 7);
         assert_eq!(cli.flags.sandbox_claim_concurrent_workers, 12);
-        assert_eq!(cli.flags.sandbox_warm_pool_readiness_grace_period.as_secs(), 30);
+        assert_eq!(
+            cli.flags.sandbox_warm_pool_readiness_grace_period.as_secs(),
+            30
+        );
         assert_eq!(ignored, vec!["no-such-flag".to_string()]);
     }
 
@@ -184,15 +216,25 @@ mod tests {
     fn invalid_value_is_an_error_naming_the_config_map() {
         let argv = args(&[]);
         let matches = Cli::command().get_matches_from(&argv);
-        let err = apply_tuning_overrides(&argv, &matches, &data(&[("sandbox-concurrent-workers", "lots")]))
-            .unwrap_err();
+        let err = apply_tuning_overrides(
+            &argv,
+            &matches,
+            &data(&[("sandbox-concurrent-workers", "lots")]),
+        )
+        .unwrap_err();
         assert!(err.contains(CONFIG_MAP_NAME), "{err}");
         assert!(err.contains("lots"), "{err}");
     }
 
     #[test]
     fn label_domains_split_on_commas_and_newlines() {
-        assert_eq!(parse_label_domains(" a.io, B.io\n\nc.io/ "), vec!["a.io", "b.io", "c.io"]);
-        assert_eq!(*SharedConfig::default().allowed_label_domains(), vec!["sandbox.users.io".to_string()]);
+        assert_eq!(
+            parse_label_domains(" a.io, B.io\n\nc.io/ "),
+            vec!["a.io", "b.io", "c.io"]
+        );
+        assert_eq!(
+            *SharedConfig::default().allowed_label_domains(),
+            vec!["sandbox.users.io".to_string()]
+        );
     }
 }

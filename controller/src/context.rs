@@ -2,10 +2,11 @@
 //! metrics and the event recorder. Built once in `main` and passed as `Arc<Context>`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -13,6 +14,7 @@ use serde::de::DeserializeOwned;
 use crate::config::SharedConfig;
 use crate::flags::Flags;
 use crate::metrics::Metrics;
+use sandhub_api::k8s::Sandbox;
 
 /// Field manager / event reporter names, as upstream.
 pub const SANDBOX_CONTROLLER: &str = "sandbox-controller";
@@ -32,11 +34,26 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Set once every controller's caches have synced; `/readyz` reports it.
     pub ready: AtomicBool,
+    /// The Sandbox controller's cache, for the `agent_sandboxes` gauge at scrape time.
+    pub sandbox_store: OnceLock<Store<Sandbox>>,
 }
 
 impl Context {
-    pub fn new(client: Client, watch_client: Client, flags: Flags, shared: Arc<SharedConfig>) -> Self {
-        Self { client, watch_client, flags, shared, metrics: Arc::new(Metrics::new()), ready: AtomicBool::new(false) }
+    pub fn new(
+        client: Client,
+        watch_client: Client,
+        flags: Flags,
+        shared: Arc<SharedConfig>,
+    ) -> Self {
+        Self {
+            client,
+            watch_client,
+            flags,
+            shared,
+            metrics: Arc::new(Metrics::new()),
+            ready: AtomicBool::new(false),
+            sandbox_store: OnceLock::new(),
+        }
     }
 
     /// `--watch-namespace`, if the controllers are restricted to one namespace.
@@ -47,7 +64,10 @@ impl Context {
     /// An API over every watched namespace (all, or `--watch-namespace`) for reads/writes.
     pub fn api<K>(&self) -> Api<K>
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
     {
         match self.watch_namespace() {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
@@ -58,7 +78,10 @@ impl Context {
     /// The same scope as [`Context::api`], on the watch client: feed this to watchers.
     pub fn watch_api<K>(&self) -> Api<K>
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
     {
         match self.watch_namespace() {
             Some(ns) => Api::namespaced(self.watch_client.clone(), ns),
@@ -69,7 +92,10 @@ impl Context {
     /// An API in one namespace (for writes to a known object).
     pub fn api_in<K>(&self, namespace: &str) -> Api<K>
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
     {
         Api::namespaced(self.client.clone(), namespace)
     }
@@ -82,7 +108,10 @@ impl Context {
 
     /// An event recorder reporting as `controller`.
     pub fn recorder(&self, controller: &str) -> Recorder {
-        let reporter = Reporter { controller: controller.to_string(), instance: std::env::var("POD_NAME").ok() };
+        let reporter = Reporter {
+            controller: controller.to_string(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
         Recorder::new(self.client.clone(), reporter)
     }
 

@@ -17,7 +17,10 @@ pub fn crd_files() -> Vec<(String, String)> {
         .into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
-            (format!("{name}.yaml"), serde_yaml::to_string(&crd).expect("a CRD always serialises"))
+            (
+                format!("{name}.yaml"),
+                serde_yaml::to_string(&crd).expect("a CRD always serialises"),
+            )
         })
         .collect()
 }

@@ -7,7 +7,11 @@ use std::time::Duration;
 use clap::{ArgAction, Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "sandhub-controller", version, about = "Kubernetes controller for the agent-sandbox CRDs")]
+#[command(
+    name = "sandhub-controller",
+    version,
+    about = "Kubernetes controller for the agent-sandbox CRDs"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -40,15 +44,27 @@ pub struct Flags {
     pub extensions: bool,
 
     /// Cluster DNS domain used in `status.serviceFQDN` (`<svc>.<ns>.svc.<domain>`).
-    #[arg(long, env = "SANDHUB_CONTROLLER_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_CLUSTER_DOMAIN",
+        default_value = "cluster.local"
+    )]
     pub cluster_domain: String,
 
     /// Address of the Prometheus `/metrics` endpoint; `0` disables it.
-    #[arg(long, env = "SANDHUB_CONTROLLER_METRICS_BIND_ADDRESS", default_value = ":8080")]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_METRICS_BIND_ADDRESS",
+        default_value = ":8080"
+    )]
     pub metrics_bind_address: String,
 
     /// Address of `/healthz` and `/readyz`; `0` disables them.
-    #[arg(long, env = "SANDHUB_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS",
+        default_value = ":8081"
+    )]
     pub health_probe_bind_address: String,
 
     /// Run the controllers only while holding the leader Lease, so replicas can stand by.
@@ -61,7 +77,11 @@ pub struct Flags {
     pub leader_election_namespace: Option<String>,
 
     /// Name of the leader Lease (coordination.k8s.io/v1).
-    #[arg(long, env = "SANDHUB_CONTROLLER_LEADER_ELECTION_ID", default_value = "sandhub-controller-leader")]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_LEADER_ELECTION_ID",
+        default_value = "sandhub-controller-leader"
+    )]
     pub leader_election_id: String,
 
     /// How long a Lease holder keeps it without renewing (controller-runtime default 15s).
@@ -94,23 +114,43 @@ pub struct Flags {
 
     /// Sandboxes reconciled in parallel. A claim burst is bounded by this: each warm adoption
     /// triggers one Sandbox reconcile.
-    #[arg(long, env = "SANDHUB_CONTROLLER_SANDBOX_CONCURRENT_WORKERS", default_value_t = 100)]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_SANDBOX_CONCURRENT_WORKERS",
+        default_value_t = 100
+    )]
     pub sandbox_concurrent_workers: u16,
 
     /// SandboxClaims reconciled in parallel.
-    #[arg(long, env = "SANDHUB_CONTROLLER_SANDBOX_CLAIM_CONCURRENT_WORKERS", default_value_t = 50)]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_SANDBOX_CLAIM_CONCURRENT_WORKERS",
+        default_value_t = 50
+    )]
     pub sandbox_claim_concurrent_workers: u16,
 
     /// SandboxWarmPools reconciled in parallel.
-    #[arg(long, env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_CONCURRENT_WORKERS", default_value_t = 1)]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_CONCURRENT_WORKERS",
+        default_value_t = 1
+    )]
     pub sandbox_warm_pool_concurrent_workers: u16,
 
     /// SandboxTemplates reconciled in parallel.
-    #[arg(long, env = "SANDHUB_CONTROLLER_SANDBOX_TEMPLATE_CONCURRENT_WORKERS", default_value_t = 1)]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_SANDBOX_TEMPLATE_CONCURRENT_WORKERS",
+        default_value_t = 1
+    )]
     pub sandbox_template_concurrent_workers: u16,
 
     /// Most Sandboxes one warm-pool reconcile creates (slow-start batches 1, 2, 4, ... up to it).
-    #[arg(long, env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_MAX_BATCH_SIZE", default_value_t = 300)]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_MAX_BATCH_SIZE",
+        default_value_t = 300
+    )]
     pub sandbox_warm_pool_max_batch_size: u32,
 
     /// Wait this long after a pool member is claimed or deleted before replacing it.
@@ -119,7 +159,11 @@ pub struct Flags {
     pub sandbox_warm_pool_replenish_delay: Duration,
 
     /// Token-bucket cap on pool refills (Sandboxes/s per pool); 0 = unlimited.
-    #[arg(long, env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_MAX_REFILL_RATE", default_value_t = 0.0)]
+    #[arg(
+        long,
+        env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_MAX_REFILL_RATE",
+        default_value_t = 0.0
+    )]
     pub sandbox_warm_pool_max_refill_rate: f64,
 
     /// A pool member not Ready after this long is replaced (unless its Pod is Unschedulable).

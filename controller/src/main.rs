@@ -1,15 +1,25 @@
-//! sandhub-controller: `crd` prints the CRDs; otherwise run the controllers.
+//! sandhub-controller: `crd` prints the CRDs; otherwise run the controllers
+//! (see `app::run` for the start-up order).
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use sandhub_controller::flags::{Cli, Command};
+use sandhub_controller::{app, crdgen, logging};
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let args: Vec<String> = std::env::args().collect();
+    let matches = Cli::command().get_matches_from(&args);
+    let cli = Cli::from_arg_matches(&matches)?;
     match cli.command {
         Some(Command::Crd) => {
-            print!("{}", sandhub_controller::crdgen::crds_yaml());
+            print!("{}", crdgen::crds_yaml());
             Ok(())
         }
-        Some(Command::Run) | None => anyhow::bail!("not yet"),
+        Some(Command::Run) | None => {
+            logging::init(&cli.flags.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(app::run(args, matches, cli.flags))
+        }
     }
 }

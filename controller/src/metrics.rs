@@ -11,8 +11,8 @@ use prometheus_client::registry::Registry;
 /// Upstream's latency buckets in milliseconds (100 ms … 4 min), with 25 and 50 ms in front
 /// because our warm claims land there.
 pub const LATENCY_BUCKETS_MS: [f64; 14] = [
-    25.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0, 30000.0, 60000.0, 120000.0,
-    240000.0,
+    25.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0, 30000.0, 60000.0,
+    120000.0, 240000.0,
 ];
 
 fn latency_histogram() -> Histogram {
@@ -131,10 +131,22 @@ impl Metrics {
             "Sandbox creation to Sandbox Ready, in milliseconds",
             m_creation.clone(),
         );
-        registry.register("agent_sandbox_claim_creation", "Claims bound to a Sandbox", claim_creation.clone());
+        registry.register(
+            "agent_sandbox_claim_creation",
+            "Claims bound to a Sandbox",
+            claim_creation.clone(),
+        );
         registry.register("agent_sandboxes", "Sandboxes by state", sandboxes.clone());
-        registry.register("agent_sandbox_suspend", "Sandbox suspends, by result", suspend.clone());
-        registry.register("agent_sandbox_resume", "Sandbox resumes, by result", resume.clone());
+        registry.register(
+            "agent_sandbox_suspend",
+            "Sandbox suspends, by result",
+            suspend.clone(),
+        );
+        registry.register(
+            "agent_sandbox_resume",
+            "Sandbox resumes, by result",
+            resume.clone(),
+        );
         registry.register(
             "agent_sandbox_suspend_latency_ms",
             "Suspend requested to Pod gone, in milliseconds",
@@ -145,7 +157,11 @@ impl Metrics {
             "Resume requested to Sandbox Ready, in milliseconds",
             m_resume_lat.clone(),
         );
-        registry.register("agent_sandbox_finished", "Sandboxes whose Pod finished, by reason", finished.clone());
+        registry.register(
+            "agent_sandbox_finished",
+            "Sandboxes whose Pod finished, by reason",
+            finished.clone(),
+        );
         registry.register(
             "agent_sandbox_expired",
             "Sandboxes that reached spec.shutdownTime, by shutdown_policy",
@@ -155,11 +171,24 @@ impl Metrics {
         build_info
             .get_or_create(&[
                 ("git_version", env!("CARGO_PKG_VERSION").to_string()),
-                ("git_commit", option_env!("SANDHUB_GIT_COMMIT").unwrap_or("unknown").to_string()),
-                ("build_date", option_env!("SANDHUB_BUILD_DATE").unwrap_or("unknown").to_string()),
+                (
+                    "git_commit",
+                    option_env!("SANDHUB_GIT_COMMIT")
+                        .unwrap_or("unknown")
+                        .to_string(),
+                ),
+                (
+                    "build_date",
+                    option_env!("SANDHUB_BUILD_DATE")
+                        .unwrap_or("unknown")
+                        .to_string(),
+                ),
                 ("go_version", "none".to_string()),
                 ("compiler", "rustc".to_string()),
-                ("platform", format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH)),
+                (
+                    "platform",
+                    format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+                ),
             ])
             .set(1);
         registry.register("agent_sandbox_build_info", "Build information", build_info);
@@ -182,17 +211,26 @@ impl Metrics {
     }
 
     fn two(launch_type: &str, template: &str) -> Labels<2> {
-        [("launch_type", launch_type.to_string()), ("sandbox_template", template.to_string())]
+        [
+            ("launch_type", launch_type.to_string()),
+            ("sandbox_template", template.to_string()),
+        ]
     }
 
     pub fn observe_claim_startup(&self, launch_type: &str, template: &str, ms: f64) {
-        self.claim_startup_latency.get_or_create(&Self::two(launch_type, template)).observe(ms);
+        self.claim_startup_latency
+            .get_or_create(&Self::two(launch_type, template))
+            .observe(ms);
     }
     pub fn observe_claim_controller_startup(&self, launch_type: &str, template: &str, ms: f64) {
-        self.claim_controller_startup_latency.get_or_create(&Self::two(launch_type, template)).observe(ms);
+        self.claim_controller_startup_latency
+            .get_or_create(&Self::two(launch_type, template))
+            .observe(ms);
     }
     pub fn observe_client_claim_startup(&self, launch_type: &str, template: &str, ms: f64) {
-        self.client_claim_startup_latency.get_or_create(&Self::two(launch_type, template)).observe(ms);
+        self.client_claim_startup_latency
+            .get_or_create(&Self::two(launch_type, template))
+            .observe(ms);
     }
     pub fn observe_creation(&self, namespace: &str, launch_type: &str, template: &str, ms: f64) {
         self.creation_latency
@@ -232,7 +270,9 @@ impl Metrics {
         self.finished.get_or_create(&l.with("reason", reason)).inc();
     }
     pub fn inc_expired(&self, l: &SandboxLabels, shutdown_policy: &str) {
-        self.expired.get_or_create(&l.with("shutdown_policy", shutdown_policy)).inc();
+        self.expired
+            .get_or_create(&l.with("shutdown_policy", shutdown_policy))
+            .inc();
     }
 
     /// Replaces the `agent_sandboxes` gauge with a fresh count (called at scrape time).
@@ -268,11 +308,21 @@ mod tests {
     #[test]
     fn exposes_upstream_names() {
         let m = Metrics::new();
-        let l = SandboxLabels { namespace: "ns".into(), sandbox_template: "t".into(), owned_by: "None".into() };
+        let l = SandboxLabels {
+            namespace: "ns".into(),
+            sandbox_template: "t".into(),
+            owned_by: "None".into(),
+        };
         m.inc_expired(&l, "Retain");
         m.inc_suspend(&l, "success");
         m.observe_claim_startup("warm", "t", 42.0);
-        m.set_sandbox_counts([(SandboxGaugeKey { namespace: "ns".into(), ..Default::default() }, 3)]);
+        m.set_sandbox_counts([(
+            SandboxGaugeKey {
+                namespace: "ns".into(),
+                ..Default::default()
+            },
+            3,
+        )]);
         let text = m.encode();
         for name in [
             "agent_sandbox_expired_total{namespace=\"ns\",sandbox_template=\"t\",owned_by=\"None\",shutdown_policy=\"Retain\"} 1",

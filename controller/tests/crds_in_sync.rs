@@ -19,8 +19,12 @@ fn deploy_crds_match_the_generated_crds() {
     }
     for (name, yaml) in &files {
         let path = dir.join(name);
-        let on_disk = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; regenerate with SANDHUB_UPDATE_CRDS=1", path.display()));
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; regenerate with SANDHUB_UPDATE_CRDS=1",
+                path.display()
+            )
+        });
         assert!(
             on_disk == *yaml,
             "{} drifted from the CRD generated from sandhub-api; regenerate with \
@@ -36,12 +40,18 @@ fn deploy_crds_match_the_generated_crds() {
         .filter(|n| n.ends_with(".yaml"))
         .collect();
     present.sort();
-    assert_eq!(present, expected, "deploy/crds holds a CRD file the types do not generate");
+    assert_eq!(
+        present, expected,
+        "deploy/crds holds a CRD file the types do not generate"
+    );
 }
 
 #[test]
 fn crd_subcommand_prints_all_four() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandhub-controller")).arg("crd").output().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandhub-controller"))
+        .arg("crd")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text, sandhub_controller::crdgen::crds_yaml());
