@@ -151,6 +151,9 @@ pub async fn run(args: Vec<String>, matches: ArgMatches, flags: Flags) -> anyhow
         }
     };
     tracing::info!(extensions = ctx.flags.extensions, namespace = ?ctx.watch_namespace(), "starting controllers");
+    // Ready once this replica leads and its controllers start (controller-runtime's readyz
+    // reports the same); the watches then sync within the first list round trip.
+    ctx.mark_ready();
     tokio::select! {
         r = sandbox::run(ctx.clone()) => r.context("sandbox controller stopped"),
         r = template::run(ctx.clone()) => r.context("sandboxtemplate controller stopped"),
