@@ -32,7 +32,7 @@ pub struct Context {
     /// Settings that change at run time (label-domain allowlist).
     pub shared: Arc<SharedConfig>,
     pub metrics: Arc<Metrics>,
-    /// Set once every controller's caches have synced; `/readyz` reports it.
+    /// Set once this replica leads and its controllers have started; `/readyz` reports it.
     pub ready: AtomicBool,
     /// The Sandbox controller's cache, for the `agent_sandboxes` gauge at scrape time.
     pub sandbox_store: OnceLock<Store<Sandbox>>,

@@ -60,14 +60,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         .owns(ctx.watch_api::<Pod>(), children.clone())
         .owns(ctx.watch_api::<Service>(), children)
         .with_config(Config::default().concurrency(ctx.flags.sandbox_concurrent_workers));
-    let store = controller.store();
-    let _ = ctx.sandbox_store.set(store.clone());
-    let ready_ctx = ctx.clone();
-    tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            ready_ctx.mark_ready();
-        }
-    });
+    let _ = ctx.sandbox_store.set(controller.store());
     controller
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|res| async move {
