@@ -43,6 +43,8 @@ pub const PENDING_RETRY: Duration = Duration::from_millis(100);
 pub const ALREADY_EXISTS_RETRY: Duration = Duration::from_millis(200);
 /// Requeue while the pool or its template is missing (their watches also requeue).
 pub const MISSING_REF_RETRY: Duration = Duration::from_secs(60);
+/// Recheck interval of a claim whose Sandbox is not Ready yet.
+pub const NOT_READY_RECHECK: Duration = Duration::from_millis(500);
 /// Warm candidates tried per reconcile before giving up with AdoptionConflict.
 pub const ADOPTION_ATTEMPTS: usize = 3;
 
@@ -127,10 +129,12 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, cx: Arc<ClaimCtx>) -> Result<Ac
             } else {
                 reason::SANDBOX_NOT_READY
             };
-            (
-                bound_status(&old, &sb, claim.metadata.generation, pending),
-                None,
-            )
+            let st = bound_status(&old, &sb, claim.metadata.generation, pending);
+            // The Sandbox cache and the Sandbox trigger are two watches: a
+            // trigger can arrive before the cache shows its change. While not
+            // Ready, look again soon rather than trust the next trigger.
+            let ready = crate::warmpool::build::sandbox_ready(&sb);
+            (st, (!ready).then_some(NOT_READY_RECHECK))
         }
         Outcome::Unbound {
             reason,

@@ -97,6 +97,18 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
     };
     let cur_hash = template.as_ref().map(template_hash);
 
+    // A cache that has not shown our last creates or deletes would make us
+    // repeat them. Checked before the members are read: the snapshot below
+    // is then at least as new as every write this pool made.
+    let seen = |name: &str| match cx.sandboxes.get(&ObjectRef::new(name).within(&ns)) {
+        None => Seen::Absent,
+        Some(sb) if sb.metadata.deletion_timestamp.is_some() => Seen::Terminating,
+        Some(_) => Seen::Present,
+    };
+    if !cx.expectations.satisfied(&key, Instant::now(), seen) {
+        return Ok(Action::requeue(EXPECTATIONS_RETRY));
+    }
+
     // Members: Sandboxes carrying the pool's label. Orphans are adopted (or,
     // if stale, deleted); ones another controller holds are not ours.
     let labelled = cx.sandboxes.state_filter(|sb| {
@@ -182,17 +194,6 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
         return Ok(Action::requeue(MISSING_TEMPLATE_RETRY));
     };
 
-    // A cache that has not shown our last creates or deletes would make us
-    // repeat them.
-    let seen = |name: &str| match cx.sandboxes.get(&ObjectRef::new(name).within(&ns)) {
-        None => Seen::Absent,
-        Some(sb) if sb.metadata.deletion_timestamp.is_some() => Seen::Terminating,
-        Some(_) => Seen::Present,
-    };
-    if !cx.expectations.satisfied(&key, Instant::now(), seen) {
-        return Ok(Action::requeue(EXPECTATIONS_RETRY));
-    }
-
     let strategy = match pool.spec.update_strategy_type() {
         UpdateStrategyType::Recreate => Strategy::Recreate,
         UpdateStrategyType::OnReplenish => Strategy::OnReplenish,
@@ -207,6 +208,15 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
         max_batch: flags.sandbox_warm_pool_max_batch_size as usize,
     });
 
+    tracing::debug!(
+        pool = %key,
+        members = members.len(),
+        terminating = members.iter().filter(|m| m.terminating).count(),
+        desired = pool.spec.replicas,
+        create = p.create,
+        delete = p.delete.len(),
+        "warm pool plan"
+    );
     progress_events(&cx, &pool, &p.held_unschedulable).await;
 
     if !p.delete.is_empty() {

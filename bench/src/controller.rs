@@ -1,0 +1,364 @@
+//! The controller suite: a burst of SandboxClaims against the real
+//! apiserver (loopback test cluster, fake node) and the release
+//! `sandhub-controller --extensions`, measured from the client's side as the
+//! upstream SDK sees it: from sending the create to watching Ready=True.
+//!
+//! 1. warm: `--claims` claims at once on a pool of the same size, after
+//!    every member is Ready;
+//! 2. cold: the same burst on a pool of size 0 (every claim creates its
+//!    Sandbox, whose Pod the scheduler places and the fake node starts).
+//!
+//! After each burst it counts duplicates: claims controlling more than one
+//! Sandbox, and Sandboxes named by more than one claim. Any is an error.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use sandhub_api::k8s::common::LocalRef;
+use sandhub_api::k8s::{
+    Sandbox, SandboxClaim, SandboxClaimSpec, SandboxTemplate, SandboxTemplateSpec, SandboxWarmPool,
+    SandboxWarmPoolSpec,
+};
+
+use crate::machine::Machine;
+use crate::report::{Report, Row, Unit, Value};
+use crate::stats::percentile;
+
+/// Targets from the issue: warm claim→Ready p50 ≤ 50 ms, p99 ≤ 200 ms.
+const WARM_P50_MAX_US: f64 = 50_000.0;
+const WARM_P99_MAX_US: f64 = 200_000.0;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Kubeconfig of a running test cluster. Unset: the suite starts one
+    /// with dev/k8s/cluster.sh in a temp dir and stops it at the end.
+    #[arg(long, env = "SANDHUB_BENCH_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The controller binary [default: $CARGO_TARGET_DIR/release/sandhub-controller].
+    #[arg(long, env = "SANDHUB_BENCH_CONTROLLER_BIN")]
+    controller_bin: Option<PathBuf>,
+    /// Claims per burst (and warm pool size).
+    #[arg(long, env = "SANDHUB_BENCH_CLAIMS", default_value_t = 300,
+          value_parser = clap::value_parser!(u32).range(1..=2000))]
+    claims: u32,
+    /// Skip the cold burst.
+    #[arg(long, env = "SANDHUB_BENCH_WARM_ONLY")]
+    warm_only: bool,
+    /// Give up on a burst (or on filling the pool) after this many seconds.
+    #[arg(long, env = "SANDHUB_BENCH_TIMEOUT_SECS", default_value_t = 300)]
+    timeout_secs: u64,
+    /// Extra flags for the controller, e.g. `--sandbox-claim-concurrent-workers=100`.
+    #[arg(long = "controller-arg", env = "SANDHUB_BENCH_CONTROLLER_ARGS", value_delimiter = ' ',
+          allow_hyphen_values = true)]
+    controller_args: Vec<String>,
+}
+
+struct Cluster {
+    dir: Option<tempfile::TempDir>,
+    kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    fn start(repo: &Path) -> Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("sandhub-bench-k8s-").tempdir()?;
+        eprintln!("controller bench: starting a test cluster in {}", dir.path().display());
+        let st = Command::new("bash")
+            .arg(repo.join("dev/k8s/cluster.sh"))
+            .arg("up")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .status()?;
+        if !st.success() {
+            bail!("dev/k8s/cluster.sh up failed");
+        }
+        Ok(Cluster { kubeconfig: dir.path().join("kubeconfig"), dir: Some(dir) })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let repo = repo_root();
+            let _ = Command::new("bash")
+                .arg(repo.join("dev/k8s/cluster.sh"))
+                .arg("down")
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .status();
+        }
+    }
+}
+
+struct Controller(Child);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+async fn client(kubeconfig: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    cfg.read_timeout = Some(Duration::from_secs(300));
+    Ok(Client::try_from(cfg)?)
+}
+
+async fn install_crds(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("sandhub-bench").force();
+    for crd in sandhub_api::k8s::all_crds() {
+        crds.patch(&crd.name_any(), &pp, &Patch::Apply(&crd)).await?;
+    }
+    for crd in sandhub_api::k8s::all_crds() {
+        for _ in 0..150 {
+            let got = crds.get(&crd.name_any()).await?;
+            let ok = got
+                .status
+                .and_then(|s| s.conditions)
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+            if ok {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(args: Args) -> Result<Report> {
+    let repo = repo_root();
+    let _cluster;
+    let kubeconfig = match &args.kubeconfig {
+        Some(k) => k.clone(),
+        None => {
+            _cluster = Cluster::start(&repo)?;
+            _cluster.kubeconfig.clone()
+        }
+    };
+    let bin = args.controller_bin.clone().unwrap_or_else(|| {
+        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo.join("target"), PathBuf::from);
+        target.join("release/sandhub-controller")
+    });
+    let client = client(&kubeconfig).await?;
+    install_crds(&client).await?;
+    let ns = format!("bench-controller-{}", std::process::id());
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &Namespace { metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() }, ..Default::default() },
+    )
+    .await?;
+    let log = std::env::temp_dir().join(format!("{ns}-controller.log"));
+    let child = Command::new(&bin)
+        .args(["--extensions", "--leader-elect=false", "--watch-namespace", &ns])
+        .args(["--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0"])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(&args.controller_args)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let controller = Controller(child);
+
+    let result = bursts(&client, &ns, &args).await;
+    drop(controller);
+    let _ = nss.delete(&ns, &DeleteParams::background()).await;
+    let (warm, cold, pool_fill) = result?;
+
+    let mut report = Report { suite: "controller", machine: Machine::probe(&std::env::temp_dir()), rows: Vec::new(), details: Vec::new() };
+    let us = |d: Duration| Value::new(d.as_secs_f64() * 1e6, Unit::Microseconds);
+    let n = args.claims;
+    let mut add = |label: &str, s: &Burst, p50max: Option<f64>, p99max: Option<f64>| {
+        let mut lat = s.latencies.clone();
+        lat.sort_unstable();
+        let max = |m: Option<f64>| m.map(|v| Value::new(v, Unit::Microseconds));
+        report.rows.push(Row::absolute(format!("{label}: claim→Ready p50 ({n} at once)"), us(percentile(&lat, 50.0)), max(p50max)));
+        report.rows.push(Row::absolute(format!("{label}: claim→Ready p90"), us(percentile(&lat, 90.0)), None));
+        report.rows.push(Row::absolute(format!("{label}: claim→Ready p99"), us(percentile(&lat, 99.0)), max(p99max)));
+        report.rows.push(Row::absolute(format!("{label}: whole burst Ready"), us(s.all_ready), None));
+    };
+    add("warm", &warm, Some(WARM_P50_MAX_US), Some(WARM_P99_MAX_US));
+    if let Some(cold) = &cold {
+        add("cold", cold, None, None);
+    }
+    report.detail("warm duplicates (claims with >1 Sandbox + Sandboxes of >1 claim)", warm.duplicates);
+    if let Some(cold) = &cold {
+        report.detail("cold duplicates", cold.duplicates);
+        report.detail("cold claims that adopted warm (must be 0)", cold.warm_launches);
+    }
+    report.detail("warm claims served warm", warm.warm_launches);
+    report.detail(format!("pool of {n}: 0→all Ready"), format!("{:.2} s", pool_fill.as_secs_f64()));
+    report.detail("controller log", log.display());
+    report.detail("controller args", if args.controller_args.is_empty() { "(defaults)".to_string() } else { args.controller_args.join(" ") });
+    if warm.duplicates > 0 || cold.as_ref().is_some_and(|c| c.duplicates > 0) {
+        report.print_table();
+        bail!("duplicates found: a claim owns two Sandboxes or a Sandbox two claims");
+    }
+    Ok(report)
+}
+
+struct Burst {
+    latencies: Vec<Duration>,
+    all_ready: Duration,
+    duplicates: usize,
+    warm_launches: usize,
+}
+
+async fn bursts(client: &Client, ns: &str, args: &Args) -> Result<(Burst, Option<Burst>, Duration)> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let n = args.claims as usize;
+    let mut spec = SandboxTemplateSpec::default();
+    spec.blueprint.pod_template.spec.containers =
+        vec![Container { name: "main".into(), image: Some("busybox".into()), ..Default::default() }];
+    Api::<SandboxTemplate>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &SandboxTemplate::new("tpl", spec))
+        .await?;
+    let pools: Api<SandboxWarmPool> = Api::namespaced(client.clone(), ns);
+    let pool = |name: &str, replicas: i32| {
+        SandboxWarmPool::new(
+            name,
+            SandboxWarmPoolSpec { replicas, sandbox_template_ref: LocalRef { name: "tpl".into() }, update_strategy: None },
+        )
+    };
+    let t0 = Instant::now();
+    pools.create(&PostParams::default(), &pool("warm", n as i32)).await?;
+    eprintln!("controller bench: filling a pool of {n}");
+    loop {
+        let p = pools.get("warm").await?;
+        if p.status.is_some_and(|s| s.ready_replicas == n as i32) {
+            break;
+        }
+        if t0.elapsed() > timeout {
+            bail!("the pool did not fill within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fill = t0.elapsed();
+    // Let the pool's last status writes and the Pods' settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!("controller bench: pool full after {:.2}s; warm burst of {n}", fill.as_secs_f64());
+    let warm = burst(client, ns, "warm", "w", n, timeout).await?;
+    let cold = if args.warm_only {
+        None
+    } else {
+        pools.create(&PostParams::default(), &pool("empty", 0)).await?;
+        eprintln!("controller bench: cold burst of {n}");
+        Some(burst(client, ns, "empty", "c", n, timeout).await?)
+    };
+    Ok((warm, cold, fill))
+}
+
+fn ready(c: &SandboxClaim) -> bool {
+    c.status.as_ref().is_some_and(|s| {
+        s.sandbox.as_ref().is_some_and(|sb| !sb.name.is_empty())
+            && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+async fn burst(client: &Client, ns: &str, pool: &str, prefix: &str, n: usize, timeout: Duration) -> Result<Burst> {
+    let claims: Api<SandboxClaim> = Api::namespaced(client.clone(), ns);
+    // The watch runs before the first create, so no Ready is missed.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+    let watch = {
+        let claims = claims.clone();
+        let prefix = format!("{prefix}-");
+        tokio::spawn(async move {
+            let mut seen = HashSet::new();
+            let stream = watcher(claims, watcher::Config::default());
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let objs = match ev {
+                    Ok(watcher::Event::Apply(c)) | Ok(watcher::Event::InitApply(c)) => vec![c],
+                    _ => continue,
+                };
+                for c in objs {
+                    let name = c.name_any();
+                    if name.starts_with(&prefix) && ready(&c) && seen.insert(name.clone()) {
+                        let _ = tx.send((name, Instant::now()));
+                    }
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let start = Instant::now();
+    let creates = (0..n).map(|i| {
+        let claims = claims.clone();
+        let name = format!("{prefix}-{i}");
+        let mut spec = SandboxClaimSpec::default();
+        spec.warm_pool_ref.name = pool.into();
+        let claim = SandboxClaim::new(&name, spec);
+        async move {
+            let sent = Instant::now();
+            claims.create(&PostParams::default(), &claim).await.map(|_| (name, sent))
+        }
+    });
+    let sent: HashMap<String, Instant> = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let mut latencies = Vec::with_capacity(n);
+    while latencies.len() < n {
+        let left = timeout.saturating_sub(start.elapsed());
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some((name, at))) => latencies.push(at - sent[&name]),
+            _ => {
+                // Say why: the Ready condition of a few that are not.
+                let list = claims.list(&ListParams::default()).await?.items;
+                let stuck: Vec<String> = list
+                    .iter()
+                    .filter(|c| c.name_any().starts_with(&format!("{prefix}-")) && !ready(c))
+                    .take(3)
+                    .map(|c| format!("{}: {:?}", c.name_any(), c.status))
+                    .collect();
+                bail!("{} of {n} claims Ready after {timeout:?}; e.g. {stuck:#?}", latencies.len())
+            }
+        }
+    }
+    let all_ready = start.elapsed();
+    watch.abort();
+
+    // Duplicates, from the API server's view.
+    let sandboxes = Api::<Sandbox>::namespaced(client.clone(), ns).list(&ListParams::default()).await?.items;
+    let list = claims.list(&ListParams::default()).await?.items;
+    let mut duplicates = 0;
+    let mut named = HashMap::<String, usize>::new();
+    let mut warm_launches = 0;
+    for c in list.iter().filter(|c| c.name_any().starts_with(&format!("{prefix}-"))) {
+        let uid = c.uid().unwrap_or_default();
+        let owned: Vec<&Sandbox> = sandboxes
+            .iter()
+            .filter(|sb| sb.owner_references().iter().any(|o| o.controller == Some(true) && o.uid == uid))
+            .collect();
+        if owned.len() != 1 {
+            duplicates += 1;
+        }
+        warm_launches += owned
+            .iter()
+            .filter(|sb| sb.labels().get(sandhub_api::k8s::names::LAUNCH_TYPE).map(String::as_str) == Some("warm"))
+            .count();
+        if let Some(sb) = c.status.as_ref().and_then(|s| s.sandbox.as_ref()) {
+            *named.entry(sb.name.clone()).or_default() += 1;
+        }
+    }
+    duplicates += named.values().filter(|&&v| v > 1).count();
+    Ok(Burst { latencies, all_ready, duplicates, warm_launches })
+}
