@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the release binaries and runs one benchmark suite. The first
-# argument may name the suite (`sandboxd`, the default, `hub` or `router`); every
+# argument may name the suite (`sandboxd`, the default, `hub`, `router` or `controller`); every
 # other argument is passed through to `sandhub-bench <suite>` (see its
 # --help), e.g.
 #
@@ -8,6 +8,7 @@
 #   bash scripts/bench.sh --json --exec-iterations 500 --file-size-mib 64
 #   bash scripts/bench.sh hub
 #   bash scripts/bench.sh hub --phases warm,exec --warm-claims 50
+#   bash scripts/bench.sh controller --claims 300   # starts a test cluster unless --kubeconfig
 #   bash scripts/bench.sh router --connections 10,50,200 --duration-secs 4
 #
 # Env: CARGO_TARGET_DIR (cargo's; also where the bench finds sandboxd and
@@ -21,7 +22,7 @@ fi
 
 suite=sandboxd
 case "${1:-}" in
-    sandboxd | hub | router)
+    sandboxd | hub | router | controller)
         suite=$1
         shift
         ;;
@@ -31,6 +32,7 @@ esac
 case "$suite" in
     sandboxd) cargo build --release -p sandboxd -p sandhub-bench >&2 ;;
     hub) cargo build --release -p sandhub -p sandhub-bench >&2 ;;
+    controller) cargo build --release -p sandhub-controller -p sandhub-bench >&2 ;;
     router) cargo build --release -p sandhub-router -p sandhub-bench >&2 ;;
 esac
 exec "${CARGO_TARGET_DIR:-target}/release/sandhub-bench" "$suite" "$@"

@@ -9,10 +9,13 @@
 //!   exec via the hub vs straight to sandboxd, MCP, Gym, memory per sandbox.
 //! - [`router`]: sandhub-router vs nginx as a reverse proxy under wrk, at
 //!   several concurrencies (throughput, p50/p99).
+//! - [`controller`]: `sandhub-controller` on the real apiserver: a burst of
+//!   claims on a full warm pool and on an empty one, claim→Ready latency.
 //! - [`stats`]: percentiles and medians.
 //! - [`report`]: the result table, its JSON form, and progress lines.
 //! - [`machine`]: what the numbers were measured on.
 
+mod controller;
 mod hub;
 mod machine;
 mod report;
@@ -45,6 +48,8 @@ enum Suite {
     Hub(hub::Args),
     /// router: sandhub-router vs nginx under wrk (throughput, p50/p99).
     Router(router::Args),
+    /// controller: claim→Ready latency of a warm and a cold claim burst.
+    Controller(controller::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,6 +62,7 @@ fn main() -> anyhow::Result<()> {
     let report = match cli.suite {
         Suite::Sandboxd(args) => runtime.block_on(sandboxd::run(args))?,
         Suite::Hub(args) => runtime.block_on(hub::run(args))?,
+        Suite::Controller(args) => runtime.block_on(controller::run(args))?,
         Suite::Router(args) => router::run_sync(args)?,
     };
     if cli.json {
