@@ -58,8 +58,12 @@ pub struct Args {
     #[arg(long, env = "SANDHUB_BENCH_TIMEOUT_SECS", default_value_t = 300)]
     timeout_secs: u64,
     /// Extra flags for the controller, e.g. `--sandbox-claim-concurrent-workers=100`.
-    #[arg(long = "controller-arg", env = "SANDHUB_BENCH_CONTROLLER_ARGS", value_delimiter = ' ',
-          allow_hyphen_values = true)]
+    #[arg(
+        long = "controller-arg",
+        env = "SANDHUB_BENCH_CONTROLLER_ARGS",
+        value_delimiter = ' ',
+        allow_hyphen_values = true
+    )]
     controller_args: Vec<String>,
 }
 
@@ -70,8 +74,13 @@ struct Cluster {
 
 impl Cluster {
     fn start(repo: &Path) -> Result<Cluster> {
-        let dir = tempfile::Builder::new().prefix("sandhub-bench-k8s-").tempdir()?;
-        eprintln!("controller bench: starting a test cluster in {}", dir.path().display());
+        let dir = tempfile::Builder::new()
+            .prefix("sandhub-bench-k8s-")
+            .tempdir()?;
+        eprintln!(
+            "controller bench: starting a test cluster in {}",
+            dir.path().display()
+        );
         let st = Command::new("bash")
             .arg(repo.join("dev/k8s/cluster.sh"))
             .arg("up")
@@ -81,7 +90,10 @@ impl Cluster {
         if !st.success() {
             bail!("dev/k8s/cluster.sh up failed");
         }
-        Ok(Cluster { kubeconfig: dir.path().join("kubeconfig"), dir: Some(dir) })
+        Ok(Cluster {
+            kubeconfig: dir.path().join("kubeconfig"),
+            dir: Some(dir),
+        })
     }
 }
 
@@ -123,15 +135,16 @@ async fn install_crds(client: &Client) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let pp = PatchParams::apply("sandhub-bench").force();
     for crd in sandhub_api::k8s::all_crds() {
-        crds.patch(&crd.name_any(), &pp, &Patch::Apply(&crd)).await?;
+        crds.patch(&crd.name_any(), &pp, &Patch::Apply(&crd))
+            .await?;
     }
     for crd in sandhub_api::k8s::all_crds() {
         for _ in 0..150 {
             let got = crds.get(&crd.name_any()).await?;
-            let ok = got
-                .status
-                .and_then(|s| s.conditions)
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+            let ok = got.status.and_then(|s| s.conditions).is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
             if ok {
                 break;
             }
@@ -152,7 +165,8 @@ pub async fn run(args: Args) -> Result<Report> {
         }
     };
     let bin = args.controller_bin.clone().unwrap_or_else(|| {
-        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo.join("target"), PathBuf::from);
+        let target =
+            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo.join("target"), PathBuf::from);
         target.join("release/sandhub-controller")
     });
     let client = client(&kubeconfig).await?;
@@ -161,17 +175,36 @@ pub async fn run(args: Args) -> Result<Report> {
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.create(
         &PostParams::default(),
-        &Namespace { metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() }, ..Default::default() },
+        &Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
     )
     .await?;
     let log = std::env::temp_dir().join(format!("{ns}-controller.log"));
     let child = Command::new(&bin)
-        .args(["--extensions", "--leader-elect=false", "--watch-namespace", &ns])
-        .args(["--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0"])
+        .args([
+            "--extensions",
+            "--leader-elect=false",
+            "--watch-namespace",
+            &ns,
+        ])
+        .args([
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--health-probe-bind-address",
+            "127.0.0.1:0",
+        ])
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(&args.controller_args)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()
@@ -183,31 +216,68 @@ pub async fn run(args: Args) -> Result<Report> {
     let _ = nss.delete(&ns, &DeleteParams::background()).await;
     let (warm, cold, pool_fill) = result?;
 
-    let mut report = Report { suite: "controller", machine: Machine::probe(&std::env::temp_dir()), rows: Vec::new(), details: Vec::new() };
+    let mut report = Report {
+        suite: "controller",
+        machine: Machine::probe(&std::env::temp_dir()),
+        rows: Vec::new(),
+        details: Vec::new(),
+    };
     let us = |d: Duration| Value::new(d.as_secs_f64() * 1e6, Unit::Microseconds);
     let n = args.claims;
     let mut add = |label: &str, s: &Burst, p50max: Option<f64>, p99max: Option<f64>| {
         let mut lat = s.latencies.clone();
         lat.sort_unstable();
         let max = |m: Option<f64>| m.map(|v| Value::new(v, Unit::Microseconds));
-        report.rows.push(Row::absolute(format!("{label}: claim→Ready p50 ({n} at once)"), us(percentile(&lat, 50.0)), max(p50max)));
-        report.rows.push(Row::absolute(format!("{label}: claim→Ready p90"), us(percentile(&lat, 90.0)), None));
-        report.rows.push(Row::absolute(format!("{label}: claim→Ready p99"), us(percentile(&lat, 99.0)), max(p99max)));
-        report.rows.push(Row::absolute(format!("{label}: whole burst Ready"), us(s.all_ready), None));
+        report.rows.push(Row::absolute(
+            format!("{label}: claim→Ready p50 ({n} at once)"),
+            us(percentile(&lat, 50.0)),
+            max(p50max),
+        ));
+        report.rows.push(Row::absolute(
+            format!("{label}: claim→Ready p90"),
+            us(percentile(&lat, 90.0)),
+            None,
+        ));
+        report.rows.push(Row::absolute(
+            format!("{label}: claim→Ready p99"),
+            us(percentile(&lat, 99.0)),
+            max(p99max),
+        ));
+        report.rows.push(Row::absolute(
+            format!("{label}: whole burst Ready"),
+            us(s.all_ready),
+            None,
+        ));
     };
     add("warm", &warm, Some(WARM_P50_MAX_US), Some(WARM_P99_MAX_US));
     if let Some(cold) = &cold {
         add("cold", cold, None, None);
     }
-    report.detail("warm duplicates (claims with >1 Sandbox + Sandboxes of >1 claim)", warm.duplicates);
+    report.detail(
+        "warm duplicates (claims with >1 Sandbox + Sandboxes of >1 claim)",
+        warm.duplicates,
+    );
     if let Some(cold) = &cold {
         report.detail("cold duplicates", cold.duplicates);
-        report.detail("cold claims that adopted warm (must be 0)", cold.warm_launches);
+        report.detail(
+            "cold claims that adopted warm (must be 0)",
+            cold.warm_launches,
+        );
     }
     report.detail("warm claims served warm", warm.warm_launches);
-    report.detail(format!("pool of {n}: 0→all Ready"), format!("{:.2} s", pool_fill.as_secs_f64()));
+    report.detail(
+        format!("pool of {n}: 0→all Ready"),
+        format!("{:.2} s", pool_fill.as_secs_f64()),
+    );
     report.detail("controller log", log.display());
-    report.detail("controller args", if args.controller_args.is_empty() { "(defaults)".to_string() } else { args.controller_args.join(" ") });
+    report.detail(
+        "controller args",
+        if args.controller_args.is_empty() {
+            "(defaults)".to_string()
+        } else {
+            args.controller_args.join(" ")
+        },
+    );
     if warm.duplicates > 0 || cold.as_ref().is_some_and(|c| c.duplicates > 0) {
         report.print_table();
         bail!("duplicates found: a claim owns two Sandboxes or a Sandbox two claims");
@@ -222,12 +292,19 @@ struct Burst {
     warm_launches: usize,
 }
 
-async fn bursts(client: &Client, ns: &str, args: &Args) -> Result<(Burst, Option<Burst>, Duration)> {
+async fn bursts(
+    client: &Client,
+    ns: &str,
+    args: &Args,
+) -> Result<(Burst, Option<Burst>, Duration)> {
     let timeout = Duration::from_secs(args.timeout_secs);
     let n = args.claims as usize;
     let mut spec = SandboxTemplateSpec::default();
-    spec.blueprint.pod_template.spec.containers =
-        vec![Container { name: "main".into(), image: Some("busybox".into()), ..Default::default() }];
+    spec.blueprint.pod_template.spec.containers = vec![Container {
+        name: "main".into(),
+        image: Some("busybox".into()),
+        ..Default::default()
+    }];
     Api::<SandboxTemplate>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &SandboxTemplate::new("tpl", spec))
         .await?;
@@ -235,11 +312,17 @@ async fn bursts(client: &Client, ns: &str, args: &Args) -> Result<(Burst, Option
     let pool = |name: &str, replicas: i32| {
         SandboxWarmPool::new(
             name,
-            SandboxWarmPoolSpec { replicas, sandbox_template_ref: LocalRef { name: "tpl".into() }, update_strategy: None },
+            SandboxWarmPoolSpec {
+                replicas,
+                sandbox_template_ref: LocalRef { name: "tpl".into() },
+                update_strategy: None,
+            },
         )
     };
     let t0 = Instant::now();
-    pools.create(&PostParams::default(), &pool("warm", n as i32)).await?;
+    pools
+        .create(&PostParams::default(), &pool("warm", n as i32))
+        .await?;
     eprintln!("controller bench: filling a pool of {n}");
     loop {
         let p = pools.get("warm").await?;
@@ -254,12 +337,17 @@ async fn bursts(client: &Client, ns: &str, args: &Args) -> Result<(Burst, Option
     let fill = t0.elapsed();
     // Let the pool's last status writes and the Pods' settle.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    eprintln!("controller bench: pool full after {:.2}s; warm burst of {n}", fill.as_secs_f64());
+    eprintln!(
+        "controller bench: pool full after {:.2}s; warm burst of {n}",
+        fill.as_secs_f64()
+    );
     let warm = burst(client, ns, "warm", "w", n, timeout).await?;
     let cold = if args.warm_only {
         None
     } else {
-        pools.create(&PostParams::default(), &pool("empty", 0)).await?;
+        pools
+            .create(&PostParams::default(), &pool("empty", 0))
+            .await?;
         eprintln!("controller bench: cold burst of {n}");
         Some(burst(client, ns, "empty", "c", n, timeout).await?)
     };
@@ -269,11 +357,20 @@ async fn bursts(client: &Client, ns: &str, args: &Args) -> Result<(Burst, Option
 fn ready(c: &SandboxClaim) -> bool {
     c.status.as_ref().is_some_and(|s| {
         s.sandbox.as_ref().is_some_and(|sb| !sb.name.is_empty())
-            && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
     })
 }
 
-async fn burst(client: &Client, ns: &str, pool: &str, prefix: &str, n: usize, timeout: Duration) -> Result<Burst> {
+async fn burst(
+    client: &Client,
+    ns: &str,
+    pool: &str,
+    prefix: &str,
+    n: usize,
+    timeout: Duration,
+) -> Result<Burst> {
     let claims: Api<SandboxClaim> = Api::namespaced(client.clone(), ns);
     // The watch runs before the first create, so no Ready is missed.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
@@ -308,7 +405,10 @@ async fn burst(client: &Client, ns: &str, pool: &str, prefix: &str, n: usize, ti
         let claim = SandboxClaim::new(&name, spec);
         async move {
             let sent = Instant::now();
-            claims.create(&PostParams::default(), &claim).await.map(|_| (name, sent))
+            claims
+                .create(&PostParams::default(), &claim)
+                .await
+                .map(|_| (name, sent))
         }
     });
     let sent: HashMap<String, Instant> = futures::future::join_all(creates)
@@ -329,7 +429,10 @@ async fn burst(client: &Client, ns: &str, pool: &str, prefix: &str, n: usize, ti
                     .take(3)
                     .map(|c| format!("{}: {:?}", c.name_any(), c.status))
                     .collect();
-                bail!("{} of {n} claims Ready after {timeout:?}; e.g. {stuck:#?}", latencies.len())
+                bail!(
+                    "{} of {n} claims Ready after {timeout:?}; e.g. {stuck:#?}",
+                    latencies.len()
+                )
             }
         }
     }
@@ -337,28 +440,48 @@ async fn burst(client: &Client, ns: &str, pool: &str, prefix: &str, n: usize, ti
     watch.abort();
 
     // Duplicates, from the API server's view.
-    let sandboxes = Api::<Sandbox>::namespaced(client.clone(), ns).list(&ListParams::default()).await?.items;
+    let sandboxes = Api::<Sandbox>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items;
     let list = claims.list(&ListParams::default()).await?.items;
     let mut duplicates = 0;
     let mut named = HashMap::<String, usize>::new();
     let mut warm_launches = 0;
-    for c in list.iter().filter(|c| c.name_any().starts_with(&format!("{prefix}-"))) {
+    for c in list
+        .iter()
+        .filter(|c| c.name_any().starts_with(&format!("{prefix}-")))
+    {
         let uid = c.uid().unwrap_or_default();
         let owned: Vec<&Sandbox> = sandboxes
             .iter()
-            .filter(|sb| sb.owner_references().iter().any(|o| o.controller == Some(true) && o.uid == uid))
+            .filter(|sb| {
+                sb.owner_references()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && o.uid == uid)
+            })
             .collect();
         if owned.len() != 1 {
             duplicates += 1;
         }
         warm_launches += owned
             .iter()
-            .filter(|sb| sb.labels().get(sandhub_api::k8s::names::LAUNCH_TYPE).map(String::as_str) == Some("warm"))
+            .filter(|sb| {
+                sb.labels()
+                    .get(sandhub_api::k8s::names::LAUNCH_TYPE)
+                    .map(String::as_str)
+                    == Some("warm")
+            })
             .count();
         if let Some(sb) = c.status.as_ref().and_then(|s| s.sandbox.as_ref()) {
             *named.entry(sb.name.clone()).or_default() += 1;
         }
     }
     duplicates += named.values().filter(|&&v| v > 1).count();
-    Ok(Burst { latencies, all_ready, duplicates, warm_launches })
+    Ok(Burst {
+        latencies,
+        all_ready,
+        duplicates,
+        warm_launches,
+    })
 }

@@ -20,12 +20,22 @@ const BURST: usize = 40;
 /// Every claim Ready and bound to a Sandbox it controls; every claim-owned
 /// Sandbox owned by exactly one live claim and named by it; no claim owning two.
 async fn assert_one_sandbox_per_claim(env: &Env, n: usize) {
-    let claims: Vec<SandboxClaim> = env.api::<SandboxClaim>().list(&ListParams::default()).await.unwrap().items;
+    let claims: Vec<SandboxClaim> = env
+        .api::<SandboxClaim>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
     assert_eq!(claims.len(), n);
     let sandboxes = env.sandboxes().await;
     let mut bound = HashSet::new();
     for c in &claims {
-        assert!(ready_true(c), "claim {} not Ready: {:?}", c.name_any(), c.status);
+        assert!(
+            ready_true(c),
+            "claim {} not Ready: {:?}",
+            c.name_any(),
+            c.status
+        );
         let owned = owned_by_claim(&sandboxes, &c.uid().unwrap());
         assert_eq!(
             owned.len(),
@@ -36,9 +46,17 @@ async fn assert_one_sandbox_per_claim(env: &Env, n: usize) {
             owned.iter().map(|s| s.name_any()).collect::<Vec<_>>()
         );
         let name = &c.status.as_ref().unwrap().sandbox.as_ref().unwrap().name;
-        assert_eq!(&owned[0].name_any(), name, "claim {} status names another Sandbox", c.name_any());
+        assert_eq!(
+            &owned[0].name_any(),
+            name,
+            "claim {} status names another Sandbox",
+            c.name_any()
+        );
         assert_eq!(owned[0].labels().get(names::CLAIM_UID), c.uid().as_ref());
-        assert!(bound.insert(name.clone()), "Sandbox {name} is bound by two claims");
+        assert!(
+            bound.insert(name.clone()),
+            "Sandbox {name} is bound by two claims"
+        );
     }
     // Orphans: Sandboxes that no pool and no live claim controls.
     let claim_uids: HashSet<String> = claims.iter().filter_map(|c| c.uid()).collect();
@@ -46,7 +64,8 @@ async fn assert_one_sandbox_per_claim(env: &Env, n: usize) {
         .iter()
         .filter(|sb| {
             !sb.owner_references().iter().any(|o| {
-                o.controller == Some(true) && (o.kind == "SandboxWarmPool" || claim_uids.contains(&o.uid))
+                o.controller == Some(true)
+                    && (o.kind == "SandboxWarmPool" || claim_uids.contains(&o.uid))
             })
         })
         .map(|sb| sb.name_any())
@@ -56,13 +75,16 @@ async fn assert_one_sandbox_per_claim(env: &Env, n: usize) {
 
 async fn warm_pool(env: &Env, n: i32) {
     env.template("tpl", |_| {}).await;
-    env.pool("pool", "tpl", n, UpdateStrategyType::OnReplenish).await;
+    env.pool("pool", "tpl", n, UpdateStrategyType::OnReplenish)
+        .await;
     env.pool_ready("pool", n).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claim_warm_burst_no_duplicates() {
-    let Some(env) = Env::start("claim-burst", &[]).await else { return };
+    let Some(env) = Env::start("claim-burst", &[]).await else {
+        return;
+    };
     warm_pool(&env, BURST as i32).await;
     let names: Vec<String> = (0..BURST).map(|i| format!("burst-{i}")).collect();
     join_all(names.iter().map(|n| env.claim(n, "pool"))).await;
@@ -76,7 +98,13 @@ async fn claim_warm_burst_no_duplicates() {
         .iter()
         .filter(|sb| sb.labels().contains_key(names::CLAIM_UID))
         .fold(HashMap::new(), |mut m, sb| {
-            *m.entry(sb.labels().get(names::LAUNCH_TYPE).cloned().unwrap_or_default()).or_default() += 1;
+            *m.entry(
+                sb.labels()
+                    .get(names::LAUNCH_TYPE)
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+            .or_default() += 1;
             m
         });
     assert_eq!(launch.get("warm"), Some(&BURST), "launch types: {launch:?}");
@@ -86,7 +114,9 @@ async fn claim_warm_burst_no_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claim_burst_controller_restart_no_duplicates_no_orphans_no_stuck() {
-    let Some(mut env) = Env::start("claim-restart", &[]).await else { return };
+    let Some(mut env) = Env::start("claim-restart", &[]).await else {
+        return;
+    };
     warm_pool(&env, BURST as i32).await;
     let names: Vec<String> = (0..BURST).map(|i| format!("restart-{i}")).collect();
     let (first, second) = names.split_at(BURST / 2);
@@ -116,7 +146,11 @@ async fn claim_burst_controller_restart_no_duplicates_no_orphans_no_stuck() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_one_sandbox_per_claim(&env, BURST).await;
     let _ = eventually(WAIT, "pool replenished", || async {
-        let p = env.api::<sandhub_api::k8s::SandboxWarmPool>().get("pool").await.ok()?;
+        let p = env
+            .api::<sandhub_api::k8s::SandboxWarmPool>()
+            .get("pool")
+            .await
+            .ok()?;
         (p.status?.ready_replicas == BURST as i32).then_some(())
     })
     .await;

@@ -36,8 +36,13 @@ impl Env {
     /// `None` (after a message) when no cluster is configured outside CI.
     pub async fn start(prefix: &str, extra_args: &[&str]) -> Option<Env> {
         let cluster = TestCluster::from_env().await?;
-        install_crds(&cluster.client()).await.expect("installing the CRDs");
-        let ns = cluster.fresh_namespace(prefix).await.expect("creating a namespace");
+        install_crds(&cluster.client())
+            .await
+            .expect("installing the CRDs");
+        let ns = cluster
+            .fresh_namespace(prefix)
+            .await
+            .expect("creating a namespace");
         let mut env = Env {
             cluster,
             ns,
@@ -63,7 +68,11 @@ impl Env {
     pub fn start_controller(&mut self) {
         assert!(self.controller.is_none(), "controller already running");
         let log = std::env::temp_dir().join(format!("sandhub-controller-{}.log", self.ns.name()));
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("controller log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("controller log");
         let child = Command::new(env!("CARGO_BIN_EXE_sandhub-controller"))
             .args([
                 "--extensions",
@@ -78,7 +87,10 @@ impl Env {
             .arg("--kubeconfig")
             .arg(self.cluster.kubeconfig())
             .args(&self.extra_args)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -94,7 +106,11 @@ impl Env {
         }
     }
 
-    pub async fn template(&self, name: &str, edit: impl FnOnce(&mut SandboxTemplateSpec)) -> SandboxTemplate {
+    pub async fn template(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut SandboxTemplateSpec),
+    ) -> SandboxTemplate {
         let mut spec = SandboxTemplateSpec::default();
         spec.blueprint.pod_template.spec.containers = vec![Container {
             name: "main".into(),
@@ -110,12 +126,20 @@ impl Env {
             .expect("creating the template")
     }
 
-    pub async fn pool(&self, name: &str, template: &str, replicas: i32, strategy: UpdateStrategyType) -> SandboxWarmPool {
+    pub async fn pool(
+        &self,
+        name: &str,
+        template: &str,
+        replicas: i32,
+        strategy: UpdateStrategyType,
+    ) -> SandboxWarmPool {
         let p = SandboxWarmPool::new(
             name,
             SandboxWarmPoolSpec {
                 replicas,
-                sandbox_template_ref: sandhub_api::k8s::common::LocalRef { name: template.into() },
+                sandbox_template_ref: sandhub_api::k8s::common::LocalRef {
+                    name: template.into(),
+                },
                 update_strategy: Some(UpdateStrategy { type_: strategy }),
             },
         );
@@ -144,30 +168,49 @@ impl Env {
 
     /// Waits until the pool reports `n` ready members.
     pub async fn pool_ready(&self, name: &str, n: i32) -> SandboxWarmPool {
-        sandhub_testkit::wait::until(&self.api::<SandboxWarmPool>(), name, WAIT, &format!("{n} ready"), |p| {
-            p.status.as_ref().is_some_and(|s| s.ready_replicas == n && s.replicas == n)
-        })
+        sandhub_testkit::wait::until(
+            &self.api::<SandboxWarmPool>(),
+            name,
+            WAIT,
+            &format!("{n} ready"),
+            |p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.ready_replicas == n && s.replicas == n)
+            },
+        )
         .await
         .unwrap()
     }
 
     pub async fn claim_ready(&self, name: &str) -> SandboxClaim {
-        self.claim_until(name, "Ready with a Sandbox", ready_true).await
+        self.claim_until(name, "Ready with a Sandbox", ready_true)
+            .await
     }
 
     /// Waits until the claim's Ready condition has `reason`.
     pub async fn claim_reason(&self, name: &str, reason: &str) -> SandboxClaim {
-        self.claim_until(name, reason, |c| ready_reason(c).as_deref() == Some(reason)).await
+        self.claim_until(name, reason, |c| ready_reason(c).as_deref() == Some(reason))
+            .await
     }
 
-    pub async fn claim_until(&self, name: &str, what: &str, cond: impl Fn(&SandboxClaim) -> bool) -> SandboxClaim {
+    pub async fn claim_until(
+        &self,
+        name: &str,
+        what: &str,
+        cond: impl Fn(&SandboxClaim) -> bool,
+    ) -> SandboxClaim {
         sandhub_testkit::wait::until(&self.api::<SandboxClaim>(), name, WAIT, what, cond)
             .await
             .unwrap()
     }
 
     pub async fn sandboxes(&self) -> Vec<Sandbox> {
-        self.api::<Sandbox>().list(&ListParams::default()).await.unwrap().items
+        self.api::<Sandbox>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
     }
 
     pub async fn patch<K>(&self, name: &str, patch: serde_json::Value) -> K
@@ -200,7 +243,11 @@ pub fn ready(c: &SandboxClaim) -> Option<(String, Option<String>)> {
 }
 
 pub fn ready_true(c: &SandboxClaim) -> bool {
-    ready(c).is_some_and(|(s, _)| s == "True") && c.status.as_ref().and_then(|s| s.sandbox.as_ref()).is_some_and(|s| !s.name.is_empty())
+    ready(c).is_some_and(|(s, _)| s == "True")
+        && c.status
+            .as_ref()
+            .and_then(|s| s.sandbox.as_ref())
+            .is_some_and(|s| !s.name.is_empty())
 }
 
 pub fn ready_reason(c: &SandboxClaim) -> Option<String> {
@@ -208,9 +255,11 @@ pub fn ready_reason(c: &SandboxClaim) -> Option<String> {
 }
 
 pub fn sandbox_ready(sb: &Sandbox) -> bool {
-    sb.status
-        .as_ref()
-        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == types::READY && c.status == "True"))
+    sb.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == types::READY && c.status == "True")
+    })
 }
 
 /// Sandboxes whose controller is the claim with `uid`.
@@ -227,7 +276,9 @@ pub fn owned_by_claim<'a>(sandboxes: &'a [Sandbox], uid: &str) -> Vec<&'a Sandbo
 
 pub fn pod_metadata(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> PodMetadata {
     let m = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     };
     PodMetadata {
         labels: Some(m(labels)),
@@ -255,7 +306,10 @@ pub async fn install_crds(client: &Client) -> Result<()> {
                 .status
                 .as_ref()
                 .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
             all &= established;
         }
         if all {
@@ -279,7 +333,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
