@@ -121,6 +121,7 @@ target_dir="${CARGO_TARGET_DIR:-target}"
 [[ "$target_dir" = /* ]] || target_dir="$repo_root/$target_dir"
 export SANDBOXD_BIN="${SANDBOXD_BIN:-$target_dir/debug/sandboxd}"
 export SANDHUB_BIN="${SANDHUB_BIN:-$target_dir/debug/sandhub}"
+export SANDHUB_CONTROLLER_BIN="${SANDHUB_CONTROLLER_BIN:-$target_dir/debug/sandhub-controller}"
 export SANDHUB_MCP_BIN="${SANDHUB_MCP_BIN:-$target_dir/debug/sandhub-mcp}"
 export SANDHUB_ROUTER_BIN="${SANDHUB_ROUTER_BIN:-$target_dir/debug/sandhub-router}"
 if [[ ! -x "$SANDBOXD_BIN" ]]; then
@@ -130,7 +131,7 @@ fi
 
 step="pytest"
 echo
-python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8s_e2e)
+python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8s_e2e controller/tests/python)
 echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN SANDHUB_BIN=$SANDHUB_BIN $venv_python -m pytest ${python_suites[*]} -v"
 set +e
 # shellcheck disable=SC2086 # PYTEST_ARGS is split on purpose
