@@ -37,6 +37,9 @@ use crate::metrics::{SandboxGaugeKey, SandboxLabels};
 use owner::{ownership, sandbox_ref, Ownership};
 use status::{Observed, PodView};
 
+/// How often a Sandbox whose Pod is still starting is looked at again.
+const STARTING_RECHECK: Duration = Duration::from_secs(1);
+
 /// Upstream requeues at least this long before an expiry, so a clock skew never spins.
 const MIN_EXPIRY_REQUEUE: Duration = Duration::from_secs(2);
 /// Retry interval for user errors (conflicting children, invalid spec) that only a change
@@ -456,6 +459,17 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
         record_transitions(&ctx, &sb, &old, &new);
     }
 
+    // The Pod trigger and the state read here are separate watches, so a
+    // Pod's last change can arrive before this pass can see it; a Sandbox
+    // still starting is looked at again rather than trusted to a later event.
+    let starting = !suspended
+        && !new.conditions.iter().any(|c| {
+            c.type_ == types::READY
+                && (c.status == "True" || c.reason != reason::DEPENDENCIES_NOT_READY)
+        });
+    if starting && error.is_none() {
+        requeue = Some(requeue.map_or(STARTING_RECHECK, |r: Duration| r.min(STARTING_RECHECK)));
+    }
     Ok(match (error, requeue) {
         (Some(_), Some(r)) => Action::requeue(r.min(USER_ERROR_REQUEUE)),
         (Some(_), None) => Action::requeue(USER_ERROR_REQUEUE),
