@@ -133,31 +133,41 @@ step="pytest"
 echo
 python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8s_e2e controller/tests/python)
 echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN SANDHUB_BIN=$SANDHUB_BIN $venv_python -m pytest ${python_suites[*]} -v"
-set +e
-# shellcheck disable=SC2086 # PYTEST_ARGS is split on purpose
-PYTHONDONTWRITEBYTECODE=1 "$venv_python" -m pytest "${python_suites[@]}" -v -rs \
-    --junitxml="$log_dir/pytest.xml" ${PYTEST_ARGS:-}
-pytest_rc=$?
-set -e
-case "$pytest_rc" in
-    0) ;;
-    5)
-        echo "test.sh: pytest collected no tests (exit 5); treating that as a failure" >&2
-        exit 1
-        ;;
-    *) exit "$pytest_rc" ;;
-esac
+# One pytest process per suite: each suite has its own conftest.py and
+# helper modules, and in one process the first suite's modules of the same
+# name would shadow the later suites'.
+junit_files=()
+for suite in "${python_suites[@]}"; do
+    junit="$log_dir/pytest-${#junit_files[@]}.xml"
+    junit_files+=("$junit")
+    set +e
+    # shellcheck disable=SC2086 # PYTEST_ARGS is split on purpose
+    PYTHONDONTWRITEBYTECODE=1 "$venv_python" -m pytest "$suite" -v -rs \
+        --junitxml="$junit" ${PYTEST_ARGS:-}
+    pytest_rc=$?
+    set -e
+    case "$pytest_rc" in
+        0) ;;
+        5)
+            echo "test.sh: pytest collected no tests in $suite (exit 5); treating that as a failure" >&2
+            exit 1
+            ;;
+        *) exit "$pytest_rc" ;;
+    esac
+done
 
-# pytest's totals from its JUnit report: "passed failed skipped".
-read -r py_passed py_failed py_skipped < <("$venv_python" - "$log_dir/pytest.xml" <<'PY'
+# pytest's totals from its JUnit reports: "passed failed skipped".
+read -r py_passed py_failed py_skipped < <("$venv_python" - "${junit_files[@]}" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 
-root = ET.parse(sys.argv[1]).getroot()
-suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-tests = sum(int(s.get("tests", 0)) for s in suites)
-failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
-skipped = sum(int(s.get("skipped", 0)) for s in suites)
+tests = failed = skipped = 0
+for path in sys.argv[1:]:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    tests += sum(int(s.get("tests", 0)) for s in suites)
+    failed += sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+    skipped += sum(int(s.get("skipped", 0)) for s in suites)
 print(tests - failed - skipped, failed, skipped)
 PY
 )
