@@ -4,12 +4,16 @@
 //! - [`index`]: the Sandbox watch that feeds the warm candidate index.
 //! - [`reconcile`]: one claim's pass (expiry, validation, get-or-create, status).
 //! - [`build`]: the cold Sandbox and the adoption patch (pure).
+//! - [`events`]: the background event publisher.
+//! - [`memo`]: our last writes, for passes that run ahead of the caches.
 //! - [`status`], [`lifecycle`], [`metadata`], [`inject`]: pure rules.
 
 pub mod build;
+pub mod events;
 pub mod index;
 pub mod inject;
 pub mod lifecycle;
+pub mod memo;
 pub mod metadata;
 pub mod reconcile;
 pub mod status;
@@ -66,8 +70,8 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     pools.wait_until_ready().await?;
     templates.wait_until_ready().await?;
 
-    let recorder =
-        (!ctx.flags.disable_claim_events).then(|| ctx.recorder(SANDBOX_CLAIM_CONTROLLER));
+    let events = (!ctx.flags.disable_claim_events)
+        .then(|| events::EventQueue::start(ctx.recorder(SANDBOX_CLAIM_CONTROLLER)));
     let workers = ctx.flags.sandbox_claim_concurrent_workers;
     let cx = Arc::new(ClaimCtx {
         ctx: ctx.clone(),
@@ -75,7 +79,8 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         sandboxes,
         pools: pools.clone(),
         templates,
-        recorder,
+        events,
+        memo: Default::default(),
     });
 
     let controller = Controller::new(ctx.watch_api::<SandboxClaim>(), ctx.watcher_config());

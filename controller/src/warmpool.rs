@@ -5,6 +5,7 @@
 //! - [`plan`]: what a pass deletes and creates (pure).
 //! - [`expectations`]: writes the cache has not shown yet (pure).
 //! - [`build`]: pool members, secure defaults, ownership helpers (pure).
+//! - [`refill`]: when replacements may go out (claims first; pure).
 //! - [`reconcile`]: one pool's pass.
 
 pub mod build;
@@ -12,6 +13,7 @@ pub mod expectations;
 pub mod plan;
 pub mod queue;
 pub mod reconcile;
+pub mod refill;
 
 use std::sync::Arc;
 

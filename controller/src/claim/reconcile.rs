@@ -15,7 +15,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use sandhub_api::k8s::conditions::{claim as reason, events, messages, types};
@@ -27,6 +27,8 @@ use sandhub_api::k8s::{
 use serde_json::json;
 
 use super::build::{adoption_patch, cold_sandbox, BuildError};
+use super::events::EventQueue;
+use super::memo::Memo;
 use super::status::{bound_status, finished_at, unbound_status};
 use super::{lifecycle, metadata};
 use crate::context::Context;
@@ -54,7 +56,8 @@ pub struct ClaimCtx {
     pub sandboxes: Store<Sandbox>,
     pub pools: Store<SandboxWarmPool>,
     pub templates: Store<SandboxTemplate>,
-    pub recorder: Option<Recorder>,
+    pub events: Option<EventQueue>,
+    pub memo: Memo,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,7 +110,10 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, cx: Arc<ClaimCtx>) -> Result<Ac
     }
     let ns = claim.namespace().unwrap_or_default();
     let claims: Api<SandboxClaim> = Api::namespaced(cx.ctx.client.clone(), &ns);
-    let mut claim = (*claim).clone();
+    let mut claim = cx
+        .memo
+        .fresher_claim(&claim)
+        .unwrap_or_else(|| (*claim).clone());
 
     let lc = claim.spec.lifecycle.clone().unwrap_or_default();
     let expiry = lifecycle::expiry(
@@ -161,8 +167,9 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, cx: Arc<ClaimCtx>) -> Result<Ac
                 &Patch::Merge(&patch),
             )
             .await?;
+        cx.memo.wrote_claim(&claim);
     }
-    write_status(&claims, claim, status).await?;
+    write_status(&claims, claim, status, &cx.memo).await?;
     let wait = match (requeue, remaining) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -181,6 +188,7 @@ async fn write_status(
     claims: &Api<SandboxClaim>,
     mut claim: SandboxClaim,
     status: SandboxClaimStatus,
+    memo: &Memo,
 ) -> Result<(), Error> {
     for _ in 0..2 {
         if claim.status.as_ref() == Some(&status)
@@ -193,9 +201,15 @@ async fn write_status(
             .replace_status(&claim.name_any(), &PostParams::default(), &claim)
             .await
         {
-            Ok(_) => return Ok(()),
+            Ok(written) => {
+                memo.wrote_claim(&written);
+                return Ok(());
+            }
             Err(e) if is_code(&e, 409) => match claims.get_opt(&claim.name_any()).await? {
-                Some(fresh) if fresh.uid() == claim.uid() => claim = fresh,
+                Some(fresh) if fresh.uid() == claim.uid() => {
+                    memo.forget_claim(&fresh);
+                    claim = fresh
+                }
                 _ => return Ok(()),
             },
             Err(e) if is_code(&e, 404) => return Ok(()),
@@ -238,7 +252,7 @@ async fn expire(
             messages::CLAIM_EXPIRED,
             claim.metadata.generation,
         );
-        write_status(claims, claim.clone(), st).await?;
+        write_status(claims, claim.clone(), st, &cx.memo).await?;
     }
     let ignore_404 = |r: Result<(), kube::Error>| match r {
         Err(e) if is_code(&e, 404) => Ok(()),
@@ -300,13 +314,27 @@ fn owned_by(sb: &Sandbox, claim: &SandboxClaim) -> bool {
 async fn lookup(
     api: &Api<Sandbox>,
     cx: &ClaimCtx,
-    ns: &str,
+    claim: &SandboxClaim,
     name: &str,
 ) -> Result<Option<Sandbox>, Error> {
-    if let Some(sb) = cx.sandboxes.get(&ObjectRef::new(name).within(ns)) {
-        return Ok(Some((*sb).clone()));
+    let ns = claim.namespace().unwrap_or_default();
+    let cached = cx.sandboxes.get(&ObjectRef::new(name).within(&ns));
+    if let Some(sb) = &cached {
+        if owned_by(sb, claim) {
+            return Ok(Some((**sb).clone()));
+        }
     }
-    Ok(api.get_opt(name).await?)
+    // The cache may not show our own adoption or create yet.
+    if let Some(mine) = cx
+        .memo
+        .sandbox_of(&ns, name, claim.uid().as_deref().unwrap_or_default())
+    {
+        return Ok(Some(mine));
+    }
+    match cached {
+        Some(sb) => Ok(Some((*sb).clone())),
+        None => Ok(api.get_opt(name).await?),
+    }
 }
 
 /// The claim's recorded Sandbox: `status.sandbox.name`, else the
@@ -340,7 +368,7 @@ async fn get_or_create(
 
     // 1. A Sandbox the claim already names.
     if let (Some(name), from_status) = recorded(claim) {
-        match lookup(&sandboxes, cx, &ns, &name).await? {
+        match lookup(&sandboxes, cx, claim, &name).await? {
             Some(sb) if owned_by(&sb, claim) => return Ok(Outcome::Bound(Box::new(sb))),
             Some(sb)
                 if !from_status
@@ -358,6 +386,7 @@ async fn get_or_create(
                     .await
                 {
                     Ok(sb) => {
+                        cx.memo.wrote_sandbox(&sb);
                         cx.index.adopted(&ns, &claim.spec.warm_pool_ref.name, &name);
                         publish(
                             cx,
@@ -397,8 +426,14 @@ async fn get_or_create(
                     )
                     .await
                 {
-                    Ok(_) => Ok(Outcome::Again),
-                    Err(e) if is_code(&e, 409) || is_code(&e, 404) => Ok(Outcome::Again),
+                    Ok(updated) => {
+                        cx.memo.wrote_claim(&updated);
+                        Ok(Outcome::Again)
+                    }
+                    Err(e) if is_code(&e, 409) || is_code(&e, 404) => {
+                        cx.memo.forget_claim(claim);
+                        Ok(Outcome::Again)
+                    }
                     Err(e) => Err(e.into()),
                 };
             }
@@ -408,6 +443,19 @@ async fn get_or_create(
     // 2. A cold Sandbox (named like the claim) from an earlier pass.
     // The cache only: a miss costs nothing here, as a create of an existing
     // name fails with AlreadyExists below.
+    if let Some(mine) = cx.memo.sandbox_of(
+        &ns,
+        &claim.name_any(),
+        claim.uid().as_deref().unwrap_or_default(),
+    ) {
+        if !cx
+            .sandboxes
+            .get(&ObjectRef::new(&claim.name_any()).within(&ns))
+            .is_some_and(|sb| owned_by(&sb, claim))
+        {
+            return Ok(Outcome::Bound(Box::new(mine)));
+        }
+    }
     if let Some(sb) = cx
         .sandboxes
         .get(&ObjectRef::new(&claim.name_any()).within(&ns))
@@ -493,6 +541,7 @@ async fn get_or_create(
     }
     match sandboxes.create(&PostParams::default(), &sb).await {
         Ok(sb) => {
+            cx.memo.wrote_sandbox(&sb);
             publish(
                 cx,
                 claim,
@@ -623,8 +672,12 @@ async fn adopt_warm(
             )
             .await
         {
-            Ok(updated) => *claim = updated,
+            Ok(updated) => {
+                cx.memo.wrote_claim(&updated);
+                *claim = updated
+            }
             Err(e) if is_code(&e, 409) || is_code(&e, 404) => {
+                cx.memo.forget_claim(claim);
                 cx.index.release(&ns, &pool_name, &cand.name);
                 return Ok(Some(Outcome::Again));
             }
@@ -634,7 +687,7 @@ async fn adopt_warm(
             }
         }
         // Second write: the Sandbox changes hands, under its resourceVersion.
-        let Some(mut sb) = lookup(sandboxes, cx, &ns, &cand.name).await? else {
+        let Some(mut sb) = lookup(sandboxes, cx, claim, &cand.name).await? else {
             cx.index.adopted(&ns, &pool_name, &cand.name);
             continue;
         };
@@ -651,7 +704,11 @@ async fn adopt_warm(
                 .await
             {
                 Ok(adopted) => {
+                    cx.memo.wrote_sandbox(&adopted);
                     cx.index.adopted(&ns, &pool_name, &cand.name);
+                    cx.ctx
+                        .refill
+                        .adopted(&format!("{ns}/{pool_name}"), std::time::Instant::now());
                     publish(
                         cx,
                         claim,
@@ -685,13 +742,11 @@ async fn adopt_warm(
     )))
 }
 
-/// Publishes an event about `claim` without waiting for it: events are for
-/// humans, and the claim's latency is not theirs to pay.
+/// Queues an event about `claim` (see [`super::events`]).
 fn publish(cx: &ClaimCtx, claim: &SandboxClaim, type_: EventType, reason: &str, note: String) {
-    let Some(rec) = cx.recorder.clone() else {
+    let Some(events) = &cx.events else {
         return;
     };
-    let reference = claim.object_ref(&());
     let ev = Event {
         type_,
         reason: reason.to_string(),
@@ -699,9 +754,5 @@ fn publish(cx: &ClaimCtx, claim: &SandboxClaim, type_: EventType, reason: &str, 
         action: reason.to_string(),
         secondary: None,
     };
-    tokio::spawn(async move {
-        if let Err(e) = rec.publish(&ev, &reference).await {
-            tracing::debug!(error = %e, "publishing a claim event failed");
-        }
-    });
+    events.send(ev, claim.object_ref(&()));
 }

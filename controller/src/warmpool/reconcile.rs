@@ -77,6 +77,7 @@ fn unschedulable(sb: &Sandbox) -> bool {
 pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<Action, Error> {
     if pool.metadata.deletion_timestamp.is_some() {
         cx.expectations.forget(&pool_key(&pool));
+        cx.ctx.refill.forget(&pool_key(&pool));
         return Ok(Action::await_change());
     }
     let ns = pool.namespace().unwrap_or_default();
@@ -229,10 +230,14 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
         }
     }
 
-    if p.create > 0 {
+    let (create, refill_wait) = cx.ctx.refill.admit(&key, p.create, Instant::now());
+    if create < p.create {
+        tracing::debug!(pool = %key, held = p.create - create, wait = ?refill_wait, "refill held");
+    }
+    if create > 0 {
         let proto = pool_sandbox(&pool, &template, flags.enable_warm_pool_eviction);
         let pp = PostParams::default();
-        for batch in slow_start_batches(p.create, flags.sandbox_warm_pool_max_batch_size as usize) {
+        for batch in slow_start_batches(create, flags.sandbox_warm_pool_max_batch_size as usize) {
             let results = join_all((0..batch).map(|_| sandboxes.create(&pp, &proto))).await;
             let created: Vec<String> = results
                 .iter()
@@ -265,10 +270,10 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
         })
         .min()
         .map(|d| d + Duration::from_millis(100));
-    let wait = match (recheck, grace_end) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let wait = [recheck, grace_end, refill_wait]
+        .into_iter()
+        .flatten()
+        .min();
     Ok(wait.map_or_else(Action::await_change, Action::requeue))
 }
 

@@ -1,0 +1,76 @@
+//! Refills after claims: `--sandbox-warm-pool-replenish-delay` holds the
+//! replacement of an adopted member for that long, and then the pool is
+//! whole again.
+
+mod claim_common;
+
+use std::time::{Duration, Instant};
+
+use claim_common::{eventually, Env, WAIT};
+use sandhub_api::k8s::warmpool::UpdateStrategyType;
+use sandhub_api::k8s::SandboxWarmPool;
+
+async fn replicas(env: &Env) -> i32 {
+    env.api::<SandboxWarmPool>()
+        .get("pool")
+        .await
+        .expect("reading the pool")
+        .status
+        .map_or(0, |s| s.replicas)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmpool_replenish_delay_holds_the_refill() {
+    let Some(env) = Env::start("refill-delay", &["--sandbox-warm-pool-replenish-delay=4s"]).await
+    else {
+        return;
+    };
+    env.template("tpl", |_| {}).await;
+    env.pool("pool", "tpl", 2, UpdateStrategyType::OnReplenish)
+        .await;
+    env.pool_ready("pool", 2).await;
+
+    env.claim("c1", "pool").await;
+    env.claim_ready("c1").await;
+    let adopted = Instant::now();
+    // The pool is one short, and stays so while the delay lasts.
+    eventually(WAIT, "the pool counts one member fewer", || async {
+        (replicas(&env).await == 1).then_some(())
+    })
+    .await;
+    while adopted.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            replicas(&env).await,
+            1,
+            "refilled during the replenish delay"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Then it refills.
+    env.pool_ready("pool", 2).await;
+    assert!(
+        adopted.elapsed() >= Duration::from_secs(3),
+        "refilled after {:?}",
+        adopted.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmpool_refills_after_a_claim_burst_without_any_delay_flag() {
+    let Some(env) = Env::start("refill-burst", &[]).await else {
+        return;
+    };
+    env.template("tpl", |_| {}).await;
+    env.pool("pool", "tpl", 4, UpdateStrategyType::OnReplenish)
+        .await;
+    env.pool_ready("pool", 4).await;
+    for i in 0..4 {
+        env.claim(&format!("c{i}"), "pool").await;
+    }
+    for i in 0..4 {
+        env.claim_ready(&format!("c{i}")).await;
+    }
+    // The claims-first hold is short and capped: the pool is whole soon.
+    env.pool_ready("pool", 4).await;
+    assert_eq!(env.sandboxes().await.len(), 8, "4 claimed + 4 warm");
+}
