@@ -12,6 +12,7 @@ use crate::config::{self, SharedConfig};
 use crate::context::Context;
 use crate::flags::Flags;
 use crate::leader::LeaderElector;
+use crate::ratelimit::QpsLayer;
 use crate::{claim, sandbox, serve, template, warmpool};
 
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -28,7 +29,13 @@ pub async fn connect(flags: &Flags) -> anyhow::Result<Client> {
             .await
             .context("no kubeconfig and not running in a cluster")?,
     };
-    Ok(Client::try_from(config)?)
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(
+        match QpsLayer::from_flags(flags.kube_api_qps, flags.kube_api_burst) {
+            Some(limit) => builder.with_layer(&limit).build(),
+            None => builder.build(),
+        },
+    )
 }
 
 /// The controller's own namespace: flag/env, the service account's, or the default.
@@ -82,9 +89,14 @@ async fn shutdown_signal() {
 }
 
 pub async fn run(args: Vec<String>, matches: ArgMatches, flags: Flags) -> anyhow::Result<()> {
-    let client = connect(&flags).await?;
     let own_namespace = controller_namespace(&flags);
-    let (flags, cm) = effective_flags(&client, &own_namespace, &args, &matches, flags).await?;
+    // The ConfigMap may set the client's rate limit: read it with a bootstrap
+    // client, then connect with the effective flags.
+    let (flags, cm) = {
+        let bootstrap = connect(&flags).await?;
+        effective_flags(&bootstrap, &own_namespace, &args, &matches, flags).await?
+    };
+    let client = connect(&flags).await?;
     let watch_client = if flags.separate_watch_connection {
         connect(&flags).await?
     } else {

@@ -15,6 +15,7 @@ pub mod leader;
 pub mod logging;
 pub mod manifests;
 pub mod metrics;
+pub mod ratelimit;
 pub mod sandbox;
 pub mod serve;
 pub mod template;

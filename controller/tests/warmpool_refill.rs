@@ -74,3 +74,25 @@ async fn warmpool_refills_after_a_claim_burst_without_any_delay_flag() {
     env.pool_ready("pool", 4).await;
     assert_eq!(env.sandboxes().await.len(), 8, "4 claimed + 4 warm");
 }
+
+/// `--kube-api-qps` limits the controller's own request rate: a pool of 6
+/// (a Sandbox, a Pod and status writes each, plus the watches) cannot fill
+/// within a second at 4 requests/s, and still fills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_api_qps_limits_the_request_rate() {
+    let Some(env) = Env::start("qps-limit", &["--kube-api-qps=4", "--kube-api-burst=1"]).await
+    else {
+        return;
+    };
+    env.template("tpl", |_| {}).await;
+    let start = Instant::now();
+    env.pool("pool", "tpl", 6, UpdateStrategyType::OnReplenish)
+        .await;
+    env.pool_ready("pool", 6).await;
+    let took = start.elapsed();
+    // 6 Sandbox creates + 6 Pod creates + their status writes ≥ 24 requests.
+    assert!(
+        took >= Duration::from_secs(4),
+        "pool filled in {took:?} at 4 requests/s"
+    );
+}
