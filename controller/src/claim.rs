@@ -5,6 +5,7 @@
 //! - [`reconcile`]: one claim's pass (expiry, validation, get-or-create, status).
 //! - [`build`]: the cold Sandbox and the adoption patch (pure).
 //! - [`events`]: the background event publisher.
+//! - [`latency`]: the claim startup metrics, once per claim.
 //! - [`memo`]: our last writes, for passes that run ahead of the caches.
 //! - [`status`], [`lifecycle`], [`metadata`], [`inject`]: pure rules.
 
@@ -12,6 +13,7 @@ pub mod build;
 pub mod events;
 pub mod index;
 pub mod inject;
+pub mod latency;
 pub mod lifecycle;
 pub mod memo;
 pub mod metadata;

@@ -230,3 +230,39 @@ async fn claim_suspend_with_ttl_zero_survives() {
         .delete(&pv.name_any(), &DeleteParams::default())
         .await;
 }
+
+/// The claim startup metrics are observed once per claim, when it first
+/// becomes Ready, with the Sandbox's launch type and template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_startup_metrics_are_observed_once_per_claim() {
+    let Some(env) = Env::start("claim-metrics", &[]).await else {
+        return;
+    };
+    env.template("tpl", |_| {}).await;
+    env.pool("pool", "tpl", 2, UpdateStrategyType::OnReplenish)
+        .await;
+    env.pool_ready("pool", 2).await;
+    env.claim("a", "pool").await;
+    env.claim("b", "pool").await;
+    env.claim_ready("a").await;
+    env.claim_ready("b").await;
+    let count = "agent_sandbox_claim_startup_latency_ms_count{launch_type=\"warm\",sandbox_template=\"tpl\"} 2";
+    let text = eventually(WAIT, "two warm claim startups observed", || async {
+        let t = env.metrics().await;
+        t.contains(count).then_some(t)
+    })
+    .await;
+    assert!(
+        text.contains("agent_sandbox_claim_controller_startup_latency_ms_count{launch_type=\"warm\",sandbox_template=\"tpl\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("agent_sandbox_claim_creation_total{namespace=\""),
+        "{text}"
+    );
+    // Later passes over the Ready claims observe nothing more.
+    env.patch::<SandboxClaim>("a", json!({"metadata": {"labels": {"touched": "yes"}}}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(env.metrics().await.contains(count));
+}

@@ -30,7 +30,7 @@ use super::build::{adoption_patch, cold_sandbox, BuildError};
 use super::events::EventQueue;
 use super::memo::Memo;
 use super::status::{bound_status, finished_at, unbound_status};
-use super::{lifecycle, metadata};
+use super::{latency, lifecycle, metadata};
 use crate::context::Context;
 use crate::warmpool::build::{controlled_by_kind, template_hash};
 use crate::warmpool::plan::is_stale;
@@ -126,9 +126,11 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, cx: Arc<ClaimCtx>) -> Result<Ac
         return expire(&claims, claim, lc.shutdown_policy, &cx).await;
     }
 
+    let mut bound_to = None;
     let (status, requeue) = match get_or_create(&claims, &mut claim, &cx).await? {
         Outcome::Again => return Ok(Action::requeue(Duration::ZERO)),
         Outcome::Bound(sb) => {
+            bound_to = Some(latency::Bound::of(&sb));
             let old = claim.status.clone().unwrap_or_default();
             let pending = if sb.status.is_none() {
                 reason::SANDBOX_CREATE_PENDING
@@ -169,7 +171,19 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, cx: Arc<ClaimCtx>) -> Result<Ac
             .await?;
         cx.memo.wrote_claim(&claim);
     }
-    write_status(&claims, claim, status, &cx.memo).await?;
+    let was_ready = latency::ready(claim.status.as_ref());
+    let now_ready = latency::ready(Some(&status));
+    let newly_bound = recorded_in_status(&claim).is_none() && status.sandbox.is_some();
+    if write_status(&claims, claim.clone(), status, &cx.memo).await? {
+        if let Some(b) = &bound_to {
+            if newly_bound {
+                latency::record_bound(&cx.ctx.metrics, &claim, b);
+            }
+            if now_ready && !was_ready {
+                latency::record_ready(&cx.ctx.metrics, &claim, b, Timestamp::now());
+            }
+        }
+    }
     let wait = match (requeue, remaining) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -189,12 +203,12 @@ async fn write_status(
     mut claim: SandboxClaim,
     status: SandboxClaimStatus,
     memo: &Memo,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     for _ in 0..2 {
         if claim.status.as_ref() == Some(&status)
             || (claim.status.is_none() && status == SandboxClaimStatus::default())
         {
-            return Ok(());
+            return Ok(false);
         }
         claim.status = Some(status.clone());
         match claims
@@ -203,16 +217,16 @@ async fn write_status(
         {
             Ok(written) => {
                 memo.wrote_claim(&written);
-                return Ok(());
+                return Ok(true);
             }
             Err(e) if is_code(&e, 409) => match claims.get_opt(&claim.name_any()).await? {
                 Some(fresh) if fresh.uid() == claim.uid() => {
                     memo.forget_claim(&fresh);
                     claim = fresh
                 }
-                _ => return Ok(()),
+                _ => return Ok(false),
             },
-            Err(e) if is_code(&e, 404) => return Ok(()),
+            Err(e) if is_code(&e, 404) => return Ok(false),
             Err(e) => return Err(e.into()),
         }
     }
@@ -335,6 +349,15 @@ async fn lookup(
         Some(sb) => Ok(Some((*sb).clone())),
         None => Ok(api.get_opt(name).await?),
     }
+}
+
+fn recorded_in_status(claim: &SandboxClaim) -> Option<&str> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.sandbox.as_ref())
+        .map(|s| s.name.as_str())
+        .filter(|n| !n.is_empty())
 }
 
 /// The claim's recorded Sandbox: `status.sandbox.name`, else the

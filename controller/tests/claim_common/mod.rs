@@ -30,6 +30,8 @@ pub struct Env {
     pub ns: TestNamespace,
     pub controller: Option<Child>,
     pub extra_args: Vec<String>,
+    /// Where the controller serves `/metrics` (the same across restarts).
+    pub metrics_port: u16,
 }
 
 impl Env {
@@ -48,6 +50,10 @@ impl Env {
             ns,
             controller: None,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            metrics_port: std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port(),
         };
         env.start_controller();
         Some(env)
@@ -55,6 +61,15 @@ impl Env {
 
     pub fn client(&self) -> Client {
         self.cluster.client()
+    }
+
+    /// The controller's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
+        eventually(WAIT, "the metrics endpoint answers", || async {
+            reqwest::get(&url).await.ok()?.text().await.ok()
+        })
+        .await
     }
 
     pub fn api<K>(&self) -> Api<K>
@@ -80,7 +95,7 @@ impl Env {
                 "--watch-namespace",
                 self.ns.name(),
                 "--metrics-bind-address",
-                "127.0.0.1:0",
+                &format!("127.0.0.1:{}", self.metrics_port),
                 "--health-probe-bind-address",
                 "127.0.0.1:0",
             ])
