@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Namespace};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
@@ -137,29 +136,6 @@ async fn client(kubeconfig: &Path) -> Result<Client> {
     Ok(Client::try_from(cfg)?)
 }
 
-async fn install_crds(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let pp = PatchParams::apply("sandhub-bench").force();
-    for crd in sandhub_api::k8s::all_crds() {
-        crds.patch(&crd.name_any(), &pp, &Patch::Apply(&crd))
-            .await?;
-    }
-    for crd in sandhub_api::k8s::all_crds() {
-        for _ in 0..150 {
-            let got = crds.get(&crd.name_any()).await?;
-            let ok = got.status.and_then(|s| s.conditions).is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-            if ok {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    Ok(())
-}
-
 pub async fn run(args: Args) -> Result<Report> {
     let repo = repo_root();
     let _cluster;
@@ -176,7 +152,7 @@ pub async fn run(args: Args) -> Result<Report> {
         target.join("release/sandhub-controller")
     });
     let client = client(&kubeconfig).await?;
-    install_crds(&client).await?;
+    sandhub_testkit::crds::install_crds(&client, "sandhub-bench").await?;
     let ns = format!("bench-controller-{}", std::process::id());
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.create(

@@ -107,3 +107,23 @@ pub fn json_str<T: serde::Serialize>(obj: &T, ptr: &str) -> Option<String> {
         other => Some(other.to_string()),
     }
 }
+
+/// Polls `f` every 100 ms until it returns `Some`; panics (naming `what`)
+/// after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -6,11 +6,10 @@
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::Result;
 use k8s_openapi::api::core::v1::Container;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use sandhub_api::k8s::claim::PodMetadata;
@@ -301,57 +300,10 @@ pub fn pod_metadata(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Po
     }
 }
 
-/// Installs (server-side apply) the CRDs generated from the types and waits
-/// until the apiserver serves them. Idempotent: every test calls it.
+/// The CRDs, applied and established (see `sandhub_testkit::crds`).
 pub async fn install_crds(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let pp = PatchParams::apply("sandhub-tests").force();
-    for crd in sandhub_api::k8s::all_crds() {
-        let name = crd.name_any();
-        crds.patch(&name, &pp, &Patch::Apply(&crd))
-            .await
-            .with_context(|| format!("applying CRD {name}"))?;
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut all = true;
-        for crd in sandhub_api::k8s::all_crds() {
-            let got = crds.get(&crd.name_any()).await?;
-            let established = got
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                });
-            all &= established;
-        }
-        if all {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("CRDs not established after 30s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    sandhub_testkit::crds::install_crds(client, "sandhub-tests").await
 }
 
-/// Polls `f` until it returns `Some`, for at most `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
+#[allow(unused_imports)] // not every test that includes this module polls
+pub use sandhub_testkit::wait::eventually;
