@@ -10,6 +10,12 @@ use sandhub_router::{
     server::Router,
 };
 
+// Per request the proxy allocates and frees a few small buffers on each
+// worker thread; mimalloc's thread-local free lists serve that pattern with
+// less work than glibc malloc (about 2.5% of the router's CPU in `perf`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let args = config::load()?;
     if let Some(Command::MintToken {
