@@ -169,3 +169,35 @@ def test_mcp_through_the_router_with_scoped_tokens(cluster: Cluster, tmp_path: P
         stop(hub)
         stop(router)
     wait_for_pool(cluster, 2)
+
+
+def test_exec_follows_suspend_resume_and_delete_at_once(cluster: Cluster):
+    """The hub reads claims from a watch for speed; right after its own
+    suspend, resume or delete, an exec must still meet the claim's new state
+    (not the Pod the watch last showed)."""
+    hub, url = cluster.start_hub()
+    try:
+        created = requests.post(f"{url}/v1/sandboxes", json={"pool": POOL, "labels": {"run": "states"}}, timeout=200)
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+
+        def exec_(command: str) -> requests.Response:
+            return requests.post(f"{url}/v1/sandboxes/{sid}/exec", json={"command": command}, timeout=60)
+
+        first = exec_("hostname")
+        assert first.status_code == 200, first.text
+        assert requests.post(f"{url}/v1/sandboxes/{sid}/suspend", timeout=200).status_code == 200
+        r = exec_("true")
+        assert r.status_code == 412 and r.json()["code"] == "FAILED_PRECONDITION", r.text
+
+        assert requests.post(f"{url}/v1/sandboxes/{sid}/resume", timeout=200).status_code == 200
+        r = exec_("hostname")
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+
+        assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
+        r = exec_("true")
+        assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND", r.text
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        stop(hub)
+    wait_for_pool(cluster, 2)

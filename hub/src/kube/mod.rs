@@ -18,7 +18,10 @@ use std::{
 use anyhow::Context;
 use async_trait::async_trait;
 use clap::{Args, ValueEnum};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{api::ListParams, Api};
 use sandhub_api::{k8s::SandboxClaim, scoped_token::ScopedTokens};
 use sandhub_client::{sandboxd::SandboxdClient, Result};
@@ -80,6 +83,12 @@ pub(crate) struct Shared {
     reach: Reach,
     ready_timeout: Duration,
     clients: Mutex<HashMap<String, (Instant, SandboxdClient)>>,
+    /// The hub's claims, kept by a watch: process and file calls read the
+    /// claim here instead of a GET each (2–3 ms of every exec).
+    claim_cache: Store<SandboxClaim>,
+    /// Claims this hub suspended or deleted lately: their cached copy may
+    /// still name the old Pod, so calls read them from the API server.
+    changed: Mutex<HashMap<String, Instant>>,
 }
 
 impl Shared {
@@ -97,13 +106,55 @@ impl Shared {
         clients.insert(key, (Instant::now(), client));
     }
 
+    /// The sandbox `id` is about to lose its Pod (suspend, delete).
     fn forget_clients(&self, id: &str) {
         let prefix = format!("{id}/");
         self.clients
             .lock()
             .unwrap()
             .retain(|k, _| !k.starts_with(&prefix));
+        let mut changed = self.changed.lock().unwrap();
+        changed.retain(|_, at| at.elapsed() < CHANGED_TTL);
+        changed.insert(id.to_string(), Instant::now());
     }
+
+    /// The watch's copy of claim `id`, unless this hub changed it lately.
+    fn cached_claim(&self, id: &str) -> Option<Arc<SandboxClaim>> {
+        if self
+            .changed
+            .lock()
+            .unwrap()
+            .get(id)
+            .is_some_and(|at| at.elapsed() < CHANGED_TTL)
+        {
+            return None;
+        }
+        self.claim_cache
+            .get(&ObjectRef::new(id).within(&self.namespace))
+    }
+}
+
+/// How long a claim this hub suspended or deleted is read from the API
+/// server rather than the watch (far longer than any watch lag).
+const CHANGED_TTL: Duration = Duration::from_secs(30);
+
+/// The reflector behind [`Shared::cached_claim`]: claims created by hubs.
+fn claim_cache(client: &kube::Client, namespace: &str) -> Store<SandboxClaim> {
+    let api: Api<SandboxClaim> = Api::namespaced(client.clone(), namespace);
+    let selector = format!(
+        "{}={}",
+        sandhub_api::k8s::names::CREATED_BY,
+        model::CREATED_BY_HUB
+    );
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default().labels(&selector)),
+    )
+    .default_backoff()
+    .for_each(|_| futures::future::ready(()));
+    tokio::spawn(stream);
+    reader
 }
 
 pub struct KubeTenancy {
@@ -149,11 +200,13 @@ impl KubeTenancy {
         };
         Ok(KubeTenancy {
             shared: Arc::new(Shared {
-                client,
                 namespace: args.namespace.clone(),
                 reach,
                 ready_timeout: args.ready_timeout,
                 clients: Mutex::default(),
+                claim_cache: claim_cache(&client, &args.namespace),
+                changed: Mutex::default(),
+                client,
             }),
         })
     }

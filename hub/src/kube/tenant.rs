@@ -145,7 +145,22 @@ impl KubeTenant {
 
     /// A client for the sandbox's sandboxd, cached while its Pod stays.
     async fn client(&self, id: &str, op: &str) -> Result<SandboxdClient> {
-        let claim = self.claim(id).await?;
+        let claim = match self.shared.cached_claim(id) {
+            Some(c)
+                if self.owns(&c)
+                    && model::state_of(&c) == sandhub_api::hub::SandboxState::Ready =>
+            {
+                (*c).clone()
+            }
+            // Not (yet) in the watch's view, or not Ready there: the API
+            // server decides, with its precise errors.
+            _ => self.claim(id).await?,
+        };
+        // A deleted claim lingers while its Pod goes (foreground deletion);
+        // to its tenant the sandbox is gone already.
+        if claim.metadata.deletion_timestamp.is_some() {
+            return Err(Error::not_found(format!("sandbox {id} is being deleted")));
+        }
         let state = model::state_of(&claim);
         if state != sandhub_api::hub::SandboxState::Ready {
             return Err(Error::new(
