@@ -47,9 +47,17 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
+    let kind = K::kind(&()).to_string();
     let stream = reflector::reflector(writer, kube::runtime::watcher(api, wc))
         .default_backoff()
-        .for_each(|_| futures::future::ready(()));
+        .for_each(move |ev| {
+            // The watcher retries with backoff; say why, or a cache that
+            // never syncs leaves no trace.
+            if let Err(e) = ev {
+                tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
+            }
+            futures::future::ready(())
+        });
     tokio::spawn(stream);
     reader
 }
@@ -71,6 +79,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     sandboxes.wait_until_ready().await?;
     pools.wait_until_ready().await?;
     templates.wait_until_ready().await?;
+    tracing::info!("claim controller: caches synced");
 
     let events = (!ctx.flags.disable_claim_events)
         .then(|| events::EventQueue::start(ctx.recorder(SANDBOX_CLAIM_CONTROLLER)));

@@ -64,6 +64,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let services = crate::claim::cache(ctx.watch_api::<Service>(), children.clone());
     pods.wait_until_ready().await?;
     services.wait_until_ready().await?;
+    tracing::info!("sandbox controller: caches synced");
     let _ = ctx.children.set(Children { pods, services });
     let controller = Controller::new(ctx.watch_api::<Sandbox>(), ctx.watcher_config())
         .owns(ctx.watch_api::<Pod>(), children.clone())

@@ -37,6 +37,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let templates = cache(ctx.watch_api::<SandboxTemplate>(), ctx.watcher_config());
     sandboxes.wait_until_ready().await?;
     templates.wait_until_ready().await?;
+    tracing::info!("warm pool controller: caches synced");
 
     let cx = Arc::new(PoolCtx {
         ctx: ctx.clone(),

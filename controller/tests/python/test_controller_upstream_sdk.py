@@ -80,6 +80,8 @@ def cluster(tmp_path):
         proc.kill()
         proc.wait()
         log.close()
+        # Shown by pytest only when the test failed.
+        print("controller log:\n" + (tmp_path / "controller.log").read_text(errors="replace")[-8000:])
         core.delete_namespace(ns)
 
 
