@@ -4,7 +4,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -24,11 +23,6 @@ pub const SANDBOX_CLAIM_CONTROLLER: &str = "sandboxclaim-controller";
 pub const SANDBOX_WARM_POOL_CONTROLLER: &str = "sandboxwarmpool-controller";
 pub const SANDBOX_TEMPLATE_CONTROLLER: &str = "sandboxtemplate-controller";
 
-pub struct Children {
-    pub pods: Store<Pod>,
-    pub services: Store<Service>,
-}
-
 pub struct Context {
     /// Reads and writes.
     pub client: Client,
@@ -43,11 +37,6 @@ pub struct Context {
     pub ready: AtomicBool,
     /// The Sandbox controller's cache, for the `agent_sandboxes` gauge at scrape time.
     pub sandbox_store: OnceLock<Store<Sandbox>>,
-    /// Pods and Services carrying the name-hash label, for the Sandbox
-    /// controller: a pass reads its children here instead of listing them
-    /// at the API server (a label-selected LIST decodes every Pod in the
-    /// namespace, and was the API server's largest cost in a claim burst).
-    pub children: OnceLock<Children>,
     /// Claims tell warm pools when they adopt; pools hold refills meanwhile.
     pub refill: RefillGate,
 }
@@ -66,7 +55,6 @@ impl Context {
             metrics: Arc::new(Metrics::new()),
             ready: AtomicBool::new(false),
             sandbox_store: OnceLock::new(),
-            children: OnceLock::new(),
             refill: RefillGate::new(
                 flags.sandbox_warm_pool_replenish_delay,
                 flags.sandbox_warm_pool_max_refill_rate,

@@ -21,10 +21,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use sandhub_api::k8s::conditions::{events, messages, sandbox as reason, types};
 use sandhub_api::k8s::names::{self, name_hash};
@@ -33,7 +32,7 @@ use sandhub_api::k8s::validate::validate_volume_claim_templates;
 use sandhub_api::k8s::{Sandbox, SandboxStatus};
 
 use crate::conditions as cond;
-use crate::context::{Children, Context, SANDBOX_CONTROLLER};
+use crate::context::{Context, SANDBOX_CONTROLLER};
 use crate::metrics::{SandboxGaugeKey, SandboxLabels};
 use owner::{ownership, sandbox_ref, Ownership};
 use status::{Observed, PodView};
@@ -60,12 +59,6 @@ pub enum ReconcileError {
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     // Only Pods and Services carrying the name-hash label can belong to a Sandbox.
     let children = ctx.watcher_config().labels(names::SANDBOX_NAME_HASH);
-    let pods = crate::claim::cache(ctx.watch_api::<Pod>(), children.clone());
-    let services = crate::claim::cache(ctx.watch_api::<Service>(), children.clone());
-    pods.wait_until_ready().await?;
-    services.wait_until_ready().await?;
-    tracing::info!("sandbox controller: caches synced");
-    let _ = ctx.children.set(Children { pods, services });
     let controller = Controller::new(ctx.watch_api::<Sandbox>(), ctx.watcher_config())
         .owns(ctx.watch_api::<Pod>(), children.clone())
         .owns(ctx.watch_api::<Service>(), children)
@@ -207,21 +200,12 @@ struct PodsSeen {
 
 async fn observe_pods(
     api: &Api<Pod>,
-    children: &Children,
     sb: &Sandbox,
     hash: &str,
 ) -> Result<PodsSeen, ReconcileError> {
     let uid = sb.uid().unwrap_or_default();
-    let ns = sb.namespace();
-    let listed: Vec<Pod> = children
-        .pods
-        .state_filter(|p| {
-            p.namespace() == ns
-                && p.labels().get(names::SANDBOX_NAME_HASH).map(String::as_str) == Some(hash)
-        })
-        .into_iter()
-        .map(|p| (*p).clone())
-        .collect();
+    let lp = ListParams::default().labels(&format!("{}={hash}", names::SANDBOX_NAME_HASH));
+    let listed = api.list(&lp).await?.items;
     let pod_name = pod::pod_name(sb);
     let mut named = listed.iter().find(|p| p.name_any() == pod_name).cloned();
     if named.is_none() {
@@ -301,19 +285,12 @@ async fn ensure_pod(
 /// the Service that exists afterwards.
 async fn ensure_service(
     api: &Api<Service>,
-    children: &Children,
     sb: &Sandbox,
     hash: &str,
 ) -> Result<Option<String>, ReconcileError> {
     let uid = sb.uid().unwrap_or_default();
     let name = sb.name_any();
-    let ns = sb.namespace().unwrap_or_default();
-    // A Service the cache has not shown yet makes the create below answer
-    // AlreadyExists, which counts as existing.
-    let have = children
-        .services
-        .get(&ObjectRef::new(&name).within(&ns))
-        .map(|s| (*s).clone());
+    let have = api.get_opt(&name).await?;
     match (sb.spec.blueprint.service, have) {
         (None, have) => Ok(have.map(|_| name)),
         (Some(false), None) => Ok(None),
@@ -400,11 +377,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
     }
 
     let pods = ctx.api_in::<Pod>(&ns);
-    let children = ctx
-        .children
-        .get()
-        .expect("the Sandbox controller fills its child caches before it reconciles");
-    let seen = observe_pods(&pods, children, &sb, &hash).await?;
+    let seen = observe_pods(&pods, &sb, &hash).await?;
     let suspended = sb.spec.operating_mode == OperatingMode::Suspended;
     let multiple = seen.owned.len() > 1;
     let uid = sb.uid().unwrap_or_default();
@@ -451,8 +424,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
         }
     };
 
-    let service_name = match ensure_service(&ctx.api_in::<Service>(&ns), children, &sb, &hash).await
-    {
+    let service_name = match ensure_service(&ctx.api_in::<Service>(&ns), &sb, &hash).await {
         Ok(s) => s,
         Err(ReconcileError::Conflict(msg)) => {
             error.get_or_insert(msg);

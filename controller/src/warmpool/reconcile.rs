@@ -29,6 +29,8 @@ use crate::context::Context;
 /// How often a pool without its template looks again (the template watch
 /// also requeues it).
 const MISSING_TEMPLATE_RETRY: Duration = Duration::from_secs(60);
+/// How often a pool with members still starting is looked at again.
+const STARTING_RECHECK: Duration = Duration::from_secs(1);
 /// Requeue while writes are unobserved; their watch events usually come first.
 const EXPECTATIONS_RETRY: Duration = Duration::from_secs(1);
 
@@ -270,7 +272,15 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
         })
         .min()
         .map(|d| d + Duration::from_millis(100));
-    let wait = [recheck, grace_end, refill_wait]
+    // The Sandbox trigger and the member cache read above are separate
+    // watches: a member's last change (turning Ready) can arrive before this
+    // pass sees it, and no later event may come. Members still starting are
+    // looked at again soon instead of at the end of their grace period.
+    let starting = members
+        .iter()
+        .any(|m| !m.ready && !m.terminating && !m.unschedulable)
+        .then_some(STARTING_RECHECK);
+    let wait = [recheck, grace_end, refill_wait, starting]
         .into_iter()
         .flatten()
         .min();
