@@ -155,17 +155,7 @@ pub async fn run(args: Args) -> Result<Report> {
     sandhub_testkit::crds::install_crds(&client, "sandhub-bench").await?;
     let ns = format!("bench-controller-{}", std::process::id());
     let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-    .await?;
+    create_namespace(&nss, &ns).await?;
     let floor = floor(&client, &nss, &format!("{ns}-floor"), &args).await?;
     let log = std::env::temp_dir().join(format!("{ns}-controller.log"));
     let child = Command::new(&bin)
@@ -347,21 +337,23 @@ async fn bursts(
     Ok((warm, cold, fill))
 }
 
+async fn create_namespace(nss: &Api<Namespace>, name: &str) -> Result<()> {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    nss.create(&PostParams::default(), &ns).await?;
+    Ok(())
+}
+
 /// The API server's floor: the same burst in namespace `ns`, which no
 /// controller watches, answered by the bench with one status write per claim
 /// (Ready=True naming a Sandbox) as soon as its watch shows the claim.
 async fn floor(client: &Client, nss: &Api<Namespace>, ns: &str, args: &Args) -> Result<Burst> {
-    nss.create(
-        &PostParams::default(),
-        &Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.to_string()),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-    .await?;
+    create_namespace(nss, ns).await?;
     let claims: Api<SandboxClaim> = Api::namespaced(client.clone(), ns);
     let oracle = tokio::spawn(async move {
         let stream = watcher(claims.clone(), watcher::Config::default());

@@ -28,7 +28,11 @@ pub struct Bucket {
 
 impl Bucket {
     pub fn new(rate: f64, burst: u32, now: Instant) -> Self {
-        let burst = f64::from(burst.max(1));
+        Self::with_capacity(rate, f64::from(burst.max(1)), now)
+    }
+
+    /// A full bucket holding at most `burst` tokens (fractional allowed).
+    pub fn with_capacity(rate: f64, burst: f64, now: Instant) -> Self {
         Self {
             rate,
             burst,
@@ -39,14 +43,25 @@ impl Bucket {
 
     /// Takes a token, or says how long until one is there.
     pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        match self.take_up_to(1, now) {
+            (1, _) => Ok(()),
+            (_, wait) => Err(wait.unwrap_or_default()),
+        }
+    }
+
+    /// Takes as many of `want` tokens as there are; when short, also says
+    /// how long until the next one.
+    pub fn take_up_to(&mut self, want: usize, now: Instant) -> (usize, Option<Duration>) {
         let elapsed = now.saturating_duration_since(self.stamp).as_secs_f64();
         self.stamp = now;
         self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return Ok(());
+        let n = (self.tokens.floor() as usize).min(want);
+        self.tokens -= n as f64;
+        if n == want {
+            return (n, None);
         }
-        Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
+        let next = Duration::from_secs_f64((1.0 - self.tokens) / self.rate);
+        (n, Some(next))
     }
 }
 

@@ -363,14 +363,8 @@ fn recorded_in_status(claim: &SandboxClaim) -> Option<&str> {
 /// The claim's recorded Sandbox: `status.sandbox.name`, else the
 /// `sandbox-name` annotation an adoption writes first.
 fn recorded(claim: &SandboxClaim) -> (Option<String>, bool) {
-    let in_status = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.sandbox.as_ref())
-        .map(|s| s.name.clone())
-        .filter(|n| !n.is_empty());
-    match in_status {
-        Some(n) => (Some(n), true),
+    match recorded_in_status(claim) {
+        Some(n) => (Some(n.to_string()), true),
         None => (
             claim
                 .annotations()

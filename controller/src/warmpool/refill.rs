@@ -10,13 +10,16 @@
 //! On top of that come upstream's two knobs:
 //! `--sandbox-warm-pool-replenish-delay` holds refills for that long after
 //! each adoption (no cap: the operator asked for it), and
-//! `--sandbox-warm-pool-max-refill-rate` is a token bucket over creates.
+//! `--sandbox-warm-pool-max-refill-rate` is a token bucket over creates
+//! (the same [`Bucket`] as `--kube-api-qps`).
 //!
 //! Pure: every call takes `now`, so the tests drive the clock.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::ratelimit::Bucket;
 
 /// Refills wait until no claim adopted from the pool for this long.
 pub const CLAIM_QUIET: Duration = Duration::from_millis(300);
@@ -35,8 +38,8 @@ pub struct RefillGate {
 struct PoolState {
     last_adoption: Option<Instant>,
     held_since: Option<Instant>,
-    tokens: f64,
-    stamp: Instant,
+    /// `--sandbox-warm-pool-max-refill-rate`, when set.
+    bucket: Option<Bucket>,
 }
 
 impl RefillGate {
@@ -52,22 +55,23 @@ impl RefillGate {
         }
     }
 
-    /// The bucket holds one second's worth of creates (at least one).
-    fn capacity(&self) -> f64 {
-        self.rate.max(1.0)
-    }
-
     fn state<'a>(
         &self,
         pools: &'a mut HashMap<String, PoolState>,
         pool: &str,
         now: Instant,
     ) -> &'a mut PoolState {
+        // The bucket holds one second's worth of creates (at least one).
         pools.entry(pool.to_string()).or_insert_with(|| PoolState {
             last_adoption: None,
             held_since: None,
-            tokens: self.capacity(),
-            stamp: now,
+            bucket: (self.rate > 0.0).then(|| {
+                Bucket::with_capacity(
+                    self.rate,
+                    self.rate.max(1.0),
+                    tokio::time::Instant::from_std(now),
+                )
+            }),
         })
     }
 
@@ -110,19 +114,13 @@ impl RefillGate {
         }
         st.held_since = None;
 
-        if self.rate == 0.0 {
-            return (want, None);
+        match &mut st.bucket {
+            None => (want, None),
+            Some(b) => {
+                let (n, next) = b.take_up_to(want, tokio::time::Instant::from_std(now));
+                (n, next.map(|d| d.max(Duration::from_millis(1))))
+            }
         }
-        let elapsed = now.saturating_duration_since(st.stamp).as_secs_f64();
-        st.stamp = now;
-        st.tokens = (st.tokens + elapsed * self.rate).min(self.capacity());
-        let n = (st.tokens.floor() as usize).min(want);
-        st.tokens -= n as f64;
-        if n == want {
-            return (n, None);
-        }
-        let next = Duration::from_secs_f64(((1.0 - st.tokens) / self.rate).max(0.001));
-        (n, Some(next))
     }
 }
 
