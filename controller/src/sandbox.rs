@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Config, Controller};
@@ -478,10 +479,21 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
     })
 }
 
-/// UIDs whose creation latency was recorded (so a Ready flap is not counted twice).
+/// Metric events already recorded, as `<uid>` (creation) or
+/// `<uid>/<event>/<transition time>`: a pass over a cached Sandbox that lags
+/// our own status write sees the same transition again, and a Ready flap
+/// must not count a creation twice.
 fn creation_recorded() -> &'static Mutex<HashSet<String>> {
     static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
     SEEN.get_or_init(Default::default)
+}
+
+/// Whether `key` is recorded for the first time (see [`creation_recorded`]).
+fn first_record(key: String) -> bool {
+    creation_recorded()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key)
 }
 
 /// Lifecycle metrics from condition transitions between the old and new status.
@@ -491,13 +503,20 @@ fn record_transitions(ctx: &Context, sb: &Sandbox, old: &SandboxStatus, new: &Sa
     let was = |t: &str| cond::find(&old.conditions, t).cloned();
     let now = |t: &str| cond::find(&new.conditions, t).cloned();
 
+    let uid = sb.uid().unwrap_or_default();
+    let once = |event: &str, at: &Time| first_record(format!("{uid}/{event}/{}", at.0));
     if let (None, Some(f)) = (was(types::FINISHED), now(types::FINISHED)) {
-        m.inc_finished(&labels, &f.reason);
+        if once("finished", &f.last_transition_time) {
+            m.inc_finished(&labels, &f.reason);
+        }
     }
     let terminated = |c: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>| {
         c.as_ref().is_some_and(|c| c.status == "True")
     };
-    if !terminated(&was(types::SUSPENDED)) && terminated(&now(types::SUSPENDED)) {
+    let suspended_now = now(types::SUSPENDED)
+        .filter(|s| s.status == "True" && !terminated(&was(types::SUSPENDED)))
+        .filter(|s| once("suspend", &s.last_transition_time));
+    if suspended_now.is_some() {
         m.inc_suspend(&labels, "success");
         if let Some(r) = now(types::READY).filter(|r| r.reason == reason::SANDBOX_SUSPENDED) {
             m.observe_suspend_latency(&labels, ms_since(&r.last_transition_time.0));
@@ -514,18 +533,14 @@ fn record_transitions(ctx: &Context, sb: &Sandbox, old: &SandboxStatus, new: &Sa
             let after_last_ready = old_ready
                 .as_ref()
                 .is_none_or(|r| r.last_transition_time.0 <= s.last_transition_time.0);
-            if after_last_ready {
+            if after_last_ready && once("resume", &s.last_transition_time) {
                 m.inc_resume(&labels, "success");
                 m.observe_resume_latency(&labels, ms_since(&s.last_transition_time.0));
             }
         }
         Some(_) => {}
         None => {
-            let uid = sb.uid().unwrap_or_default();
-            let first = creation_recorded()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(uid);
+            let first = first_record(uid.clone());
             if let (true, Some(created)) = (first, sb.metadata.creation_timestamp.as_ref()) {
                 let launch = sb
                     .labels()
@@ -586,6 +601,6 @@ pub fn refresh_gauge(ctx: &Context) {
     creation_recorded()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .retain(|uid| live.contains(uid));
+        .retain(|key| live.contains(key.split('/').next().unwrap_or_default()));
     ctx.metrics.set_sandbox_counts(counts);
 }
