@@ -83,31 +83,98 @@ pub fn eligible<B>(req: &Request<B>) -> bool {
     !req.headers().contains_key(header::UPGRADE) && req.method() != Method::CONNECT
 }
 
-fn write_head(buf: &mut BytesMut, req: &http::request::Parts, host: &str, chunked: bool) {
-    buf.put_slice(req.method.as_str().as_bytes());
-    buf.put_u8(b' ');
-    buf.put_slice(
-        req.uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .as_bytes(),
-    );
-    buf.put_slice(b" HTTP/1.1\r\nhost: ");
-    buf.put_slice(host.as_bytes());
-    buf.put_slice(b"\r\n");
-    for (name, value) in &req.headers {
-        buf.put_slice(name.as_str().as_bytes());
-        buf.put_slice(b": ");
-        buf.put_slice(value.as_bytes());
-        buf.put_slice(b"\r\n");
-    }
-    if chunked {
-        buf.put_slice(b"transfer-encoding: chunked\r\n");
-    }
-    buf.put_slice(b"\r\n");
+/// A request on its way to the sandbox: its head (written into the pooled
+/// connection's buffer, so one write carries it) and then its body.
+pub(crate) trait Outgoing {
+    /// Whether no body follows the head.
+    fn bodyless(&self) -> bool;
+    /// Writes the head (and any body bytes that travel with it) into `buf`.
+    /// Called again, unchanged, if a stale pooled connection is replaced.
+    fn head(&self, buf: &mut BytesMut);
+    /// Sends the rest of the body after the head.
+    async fn send_body(&mut self, s: &mut TcpStream) -> Result<(), ExchangeError>;
 }
 
-/// Sends the request over a pooled (or new) connection and reads the
+/// A hyper request (the fallback path) as an [`Outgoing`].
+struct HyperRequest<'a> {
+    parts: &'a http::request::Parts,
+    body: RequestBody,
+    chunked: bool,
+}
+
+impl Outgoing for HyperRequest<'_> {
+    fn bodyless(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn head(&self, buf: &mut BytesMut) {
+        let req = self.parts;
+        let host = req.uri.authority().map_or("", |a| a.as_str());
+        buf.put_slice(req.method.as_str().as_bytes());
+        buf.put_u8(b' ');
+        buf.put_slice(
+            req.uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .as_bytes(),
+        );
+        buf.put_slice(b" HTTP/1.1\r\nhost: ");
+        buf.put_slice(host.as_bytes());
+        buf.put_slice(b"\r\n");
+        for (name, value) in &req.headers {
+            buf.put_slice(name.as_str().as_bytes());
+            buf.put_slice(b": ");
+            buf.put_slice(value.as_bytes());
+            buf.put_slice(b"\r\n");
+        }
+        if self.chunked {
+            buf.put_slice(b"transfer-encoding: chunked\r\n");
+        }
+        buf.put_slice(b"\r\n");
+    }
+
+    async fn send_body(&mut self, s: &mut TcpStream) -> Result<(), ExchangeError> {
+        while let Some(frame) = self.body.frame().await {
+            let frame = frame.map_err(ExchangeError::Body)?;
+            if let Ok(data) = frame.into_data() {
+                if data.is_empty() {
+                    continue;
+                }
+                if self.chunked {
+                    s.write_all(format!("{:x}\r\n", data.len()).as_bytes())
+                        .await?;
+                    s.write_all(&data).await?;
+                    s.write_all(b"\r\n").await?;
+                } else {
+                    s.write_all(&data).await?;
+                }
+            }
+        }
+        if self.chunked {
+            s.write_all(b"0\r\n\r\n").await?;
+        }
+        Ok(())
+    }
+}
+
+/// The sandbox's answer: its parsed head, and the connection its body
+/// will be read from.
+pub(crate) struct Answer {
+    pub head: ResponseHead,
+    stream: TcpStream,
+    buf: BytesMut,
+    addr: SocketAddr,
+}
+
+impl Answer {
+    /// The body, read from the connection as it is polled.
+    pub fn into_body(self, rx: &Counter) -> (ResponseHead, DirectBody) {
+        let body = DirectBody::new(self.stream, self.addr, self.buf, self.head.state, rx);
+        (self.head, body)
+    }
+}
+
+/// Sends the request through the hyper fallback's direct path and reads the
 /// response head; the body streams from the connection as the client reads.
 /// `parts.headers` must already be rewritten for the sandbox.
 pub async fn exchange(
@@ -117,16 +184,42 @@ pub async fn exchange(
     policy: &DialPolicy,
     metrics: &Metrics,
 ) -> Result<Response<DirectBody>, ExchangeError> {
-    let host = parts.uri.authority().map_or("", |a| a.as_str());
-    let declared = parts.headers.contains_key(header::CONTENT_LENGTH);
-    let no_body = body.is_end_stream();
-    let chunked = !no_body && !declared;
-    let is_head = parts.method == Method::HEAD;
+    let chunked = !body.is_end_stream() && !parts.headers.contains_key(header::CONTENT_LENGTH);
+    let mut req = HyperRequest {
+        parts,
+        body,
+        chunked,
+    };
+    let answer = send(
+        addr,
+        &mut req,
+        parts.method == Method::HEAD,
+        policy,
+        metrics,
+    )
+    .await?;
+    let headers = answer.head.header_map()?;
+    let status = StatusCode::from_u16(answer.head.status)
+        .map_err(|_| ExchangeError::Protocol("status code"))?;
+    let (_, body) = answer.into_body(&metrics.rx_bytes);
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    Ok(resp)
+}
 
+/// Sends `req` over a pooled (or new) connection and reads the response head.
+pub(crate) async fn send(
+    addr: SocketAddr,
+    req: &mut impl Outgoing,
+    is_head: bool,
+    policy: &DialPolicy,
+    metrics: &Metrics,
+) -> Result<Answer, ExchangeError> {
+    let bodyless = req.bodyless();
     // A pooled connection the sandbox closed while idle fails on first use;
     // then one fresh dial is tried, as long as no body byte was consumed.
     let mut idle = take_idle(addr);
-    let mut body = body;
     loop {
         let reused = idle.is_some();
         let (mut s, mut buf) = match idle.take() {
@@ -138,22 +231,27 @@ pub async fn exchange(
         };
         // The connection's own buffer carries the request head out, then the response in.
         buf.clear();
-        write_head(&mut buf, parts, host, chunked);
+        req.head(&mut buf);
         if let Err(e) = s.write_all(&buf).await {
             if reused {
                 continue;
             }
             return Err(e.into());
         }
-        if !no_body {
-            send_body(&mut s, &mut body, chunked).await?;
+        if !bodyless {
+            req.send_body(&mut s).await?;
         }
         buf.clear();
-        match read_head(&mut s, &mut buf, is_head, metrics).await {
-            Ok(resp) => {
-                return Ok(resp.map(|state| DirectBody::new(s, addr, buf, state, &metrics.rx_bytes)))
+        match read_head(&mut s, &mut buf, is_head).await {
+            Ok(head) => {
+                return Ok(Answer {
+                    head,
+                    stream: s,
+                    buf,
+                    addr,
+                })
             }
-            Err(ExchangeError::Io(e)) if reused && no_body && buf.is_empty() => {
+            Err(ExchangeError::Io(e)) if reused && bodyless && buf.is_empty() => {
                 tracing::debug!(error = %e, "pooled connection was closed; redialing");
                 continue;
             }
@@ -162,31 +260,56 @@ pub async fn exchange(
     }
 }
 
-async fn send_body(
-    s: &mut TcpStream,
-    body: &mut RequestBody,
-    chunked: bool,
-) -> Result<(), ExchangeError> {
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(ExchangeError::Body)?;
-        if let Ok(data) = frame.into_data() {
-            if data.is_empty() {
-                continue;
-            }
-            if chunked {
-                s.write_all(format!("{:x}\r\n", data.len()).as_bytes())
-                    .await?;
-                s.write_all(&data).await?;
-                s.write_all(b"\r\n").await?;
-            } else {
-                s.write_all(&data).await?;
-            }
+const MAX_HEADERS: usize = 96;
+
+/// Where one header's name and value sit in [`ResponseHead::bytes`].
+#[derive(Clone, Copy)]
+struct Span {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+/// A response head from the sandbox, with the per-hop headers dropped.
+pub(crate) struct ResponseHead {
+    pub status: u16,
+    bytes: Bytes,
+    /// Heap-held: an inline array made every move of the head (several per
+    /// request, through the exchange's futures) a memcpy of kilobytes.
+    spans: Vec<Span>,
+    state: FramingState,
+}
+
+impl ResponseHead {
+    /// The headers that travel on to the client, in the sandbox's order.
+    pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.spans.iter().map(|s| {
+            (
+                &self.bytes[s.name.0 as usize..s.name.1 as usize],
+                &self.bytes[s.value.0 as usize..s.value.1 as usize],
+            )
+        })
+    }
+
+    /// Whether the body is framed by Content-Length (or absent); otherwise the
+    /// client gets it re-framed.
+    pub fn length_framed(&self) -> bool {
+        matches!(self.state.framing, Framing::Length(_))
+    }
+
+    /// The headers as a `HeaderMap`, values as slices of the head (no copy each).
+    fn header_map(&self) -> Result<HeaderMap, ExchangeError> {
+        let mut map = HeaderMap::with_capacity(self.spans.len());
+        for s in &self.spans {
+            let name = HeaderName::from_bytes(&self.bytes[s.name.0 as usize..s.name.1 as usize])
+                .map_err(|_| ExchangeError::Protocol("header name"))?;
+            let value = HeaderValue::from_maybe_shared(
+                self.bytes.slice(s.value.0 as usize..s.value.1 as usize),
+            )
+            .map_err(|_| ExchangeError::Protocol("header value"))?;
+            map.append(name, value);
         }
+        Ok(map)
     }
-    if chunked {
-        s.write_all(b"0\r\n\r\n").await?;
-    }
-    Ok(())
 }
 
 /// Reads until a full response head is parsed (skipping 1xx interim answers).
@@ -194,90 +317,11 @@ async fn read_head(
     s: &mut TcpStream,
     buf: &mut BytesMut,
     is_head: bool,
-    _metrics: &Metrics,
-) -> Result<Response<FramingState>, ExchangeError> {
+) -> Result<ResponseHead, ExchangeError> {
     loop {
         if !buf.is_empty() {
-            let mut headers = [httparse::EMPTY_HEADER; 96];
-            let mut parsed = httparse::Response::new(&mut headers);
-            match parsed.parse(buf) {
-                Ok(httparse::Status::Complete(len)) => {
-                    let code = parsed.code.unwrap_or(502);
-                    if (100..200).contains(&code) && code != 101 {
-                        buf.advance(len);
-                        continue;
-                    }
-                    let status = StatusCode::from_u16(code)
-                        .map_err(|_| ExchangeError::Protocol("status code"))?;
-                    let version_11 = parsed.version == Some(1);
-                    // Header values become slices of the head's bytes: no copy each.
-                    let base = buf.as_ptr() as usize;
-                    let mut spans = [(0usize, 0usize, 0usize, 0usize); 96];
-                    let n = parsed.headers.len();
-                    for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
-                        *span = (
-                            h.name.as_ptr() as usize - base,
-                            h.name.len(),
-                            h.value.as_ptr() as usize - base,
-                            h.value.len(),
-                        );
-                    }
-                    let head = buf.split_to(len).freeze();
-                    let mut map = HeaderMap::with_capacity(n);
-                    let mut framing = Framing::UntilClose;
-                    let mut keep_alive = version_11;
-                    for &(ns, nl, vs, vl) in &spans[..n] {
-                        let name = HeaderName::from_bytes(&head[ns..ns + nl])
-                            .map_err(|_| ExchangeError::Protocol("header name"))?;
-                        let raw = &head[vs..vs + vl];
-                        if name == header::TRANSFER_ENCODING {
-                            if raw.eq_ignore_ascii_case(b"chunked") || raw.ends_with(b"chunked") {
-                                framing = Framing::Chunked(Chunk::Size);
-                            }
-                            continue;
-                        }
-                        if name == header::CONNECTION {
-                            if raw.eq_ignore_ascii_case(b"close") {
-                                keep_alive = false;
-                            }
-                            continue;
-                        }
-                        // Per-hop headers stay on this hop (HTTP/2 clients reject them).
-                        if name == header::UPGRADE
-                            || name == header::TRAILER
-                            || name.as_str() == "keep-alive"
-                            || name.as_str() == "proxy-connection"
-                        {
-                            continue;
-                        }
-                        if name == header::CONTENT_LENGTH && !matches!(framing, Framing::Chunked(_))
-                        {
-                            let n = std::str::from_utf8(raw)
-                                .ok()
-                                .and_then(|v| v.trim().parse::<u64>().ok())
-                                .ok_or(ExchangeError::Protocol("content-length"))?;
-                            framing = Framing::Length(n);
-                        }
-                        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
-                            .map_err(|_| ExchangeError::Protocol("header value"))?;
-                        map.append(name, value);
-                    }
-                    if is_head || code == 204 || code == 304 {
-                        framing = Framing::Length(0);
-                        // A HEAD answer's Content-Length describes the GET body.
-                    } else if matches!(framing, Framing::UntilClose) {
-                        keep_alive = false;
-                    }
-                    let mut resp = Response::new(Framing::with_keep_alive(framing, keep_alive));
-                    *resp.status_mut() = status;
-                    *resp.headers_mut() = map;
-                    return Ok(resp);
-                }
-                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
-                Ok(httparse::Status::Partial) => {
-                    return Err(ExchangeError::Protocol("response head too large"))
-                }
-                Err(_) => return Err(ExchangeError::Protocol("unparsable response head")),
+            if let Some(head) = parse_head(buf, is_head)? {
+                return Ok(head);
             }
         }
         buf.reserve(READ_CHUNK);
@@ -290,11 +334,85 @@ async fn read_head(
     }
 }
 
+/// Parses a complete response head off the front of `buf`, if there is one.
+fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>, ExchangeError> {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut headers);
+        let len = match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Ok(None),
+            Ok(httparse::Status::Partial) => {
+                return Err(ExchangeError::Protocol("response head too large"))
+            }
+            Err(_) => return Err(ExchangeError::Protocol("unparsable response head")),
+        };
+        let code = parsed.code.unwrap_or(502);
+        if (100..200).contains(&code) && code != 101 {
+            buf.advance(len);
+            continue;
+        }
+        if !(100..1000).contains(&code) {
+            return Err(ExchangeError::Protocol("status code"));
+        }
+        let base = buf.as_ptr() as usize;
+        let offset = |p: &[u8]| (p.as_ptr() as usize - base) as u32;
+        let mut spans = Vec::with_capacity(parsed.headers.len());
+        let mut framing = Framing::UntilClose;
+        let mut keep_alive = parsed.version == Some(1);
+        for h in parsed.headers.iter() {
+            let name = h.name.as_bytes();
+            let raw = h.value;
+            let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+            if is("transfer-encoding") {
+                if raw.eq_ignore_ascii_case(b"chunked") || raw.ends_with(b"chunked") {
+                    framing = Framing::Chunked(Chunk::Size);
+                }
+                continue;
+            }
+            if is("connection") {
+                if raw.eq_ignore_ascii_case(b"close") {
+                    keep_alive = false;
+                }
+                continue;
+            }
+            // Per-hop headers stay on this hop (HTTP/2 clients reject them).
+            if is("upgrade") || is("trailer") || is("keep-alive") || is("proxy-connection") {
+                continue;
+            }
+            if is("content-length") && !matches!(framing, Framing::Chunked(_)) {
+                let n = std::str::from_utf8(raw)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or(ExchangeError::Protocol("content-length"))?;
+                framing = Framing::Length(n);
+            }
+            let (ns, vs) = (offset(name), offset(raw));
+            spans.push(Span {
+                name: (ns, ns + name.len() as u32),
+                value: (vs, vs + raw.len() as u32),
+            });
+        }
+        if is_head || code == 204 || code == 304 {
+            // A HEAD answer's Content-Length describes the GET body.
+            framing = Framing::Length(0);
+        } else if matches!(framing, Framing::UntilClose) {
+            keep_alive = false;
+        }
+        return Ok(Some(ResponseHead {
+            status: code,
+            bytes: buf.split_to(len).freeze(),
+            spans,
+            state: Framing::with_keep_alive(framing, keep_alive),
+        }));
+    }
+}
+
 async fn read_some(s: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
     std::future::poll_fn(|cx| poll_read_into(s, buf, cx)).await
 }
 
-fn poll_read_into(
+pub(crate) fn poll_read_into(
     s: &mut TcpStream,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
@@ -329,6 +447,7 @@ enum Framing {
     UntilClose,
 }
 
+#[derive(Clone, Copy)]
 pub(crate) struct FramingState {
     framing: Framing,
     keep_alive: bool,
@@ -385,6 +504,18 @@ impl DirectBody {
                 put_idle(self.addr, Idle { stream, buf });
             }
         }
+    }
+
+    /// The next piece of body already read from the sandbox, counted; no I/O.
+    pub(crate) fn next_buffered(&mut self) -> Result<Option<Bytes>, ExchangeError> {
+        if self.done {
+            return Ok(None);
+        }
+        let next = self.next_from_buf()?;
+        if let Some(data) = &next {
+            self.count_add(data.len());
+        }
+        Ok(next)
     }
 
     /// Next piece of body from what is buffered, if a whole piece is there.

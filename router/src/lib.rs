@@ -10,6 +10,7 @@
 //! - [`authz`]: allow-all, TokenReview and scoped tokens.
 //! - [`cache`]: the Pod cache (a kube watch feeding a pure index).
 //! - [`upstream`]: dialing sandboxes with retries; pooled clients.
+//! - [`fast`]: the plain listener's HTTP/1.1 path without hyper's server.
 //! - [`h1`]: the direct HTTP/1.1 path to Pod IPs (per-thread pool, no extra tasks).
 //! - [`proxy`]: the request path itself.
 //! - [`body`]: streaming bodies with byte counts and gRPC deadlines.
@@ -23,6 +24,7 @@ pub mod body;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod fast;
 pub mod h1;
 pub mod metrics;
 pub mod proxy;

@@ -102,15 +102,48 @@ pub fn parse_pod_ip(s: &str, allow_loopback: bool) -> Result<IpAddr, RouteError>
     Ok(ip)
 }
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ()> {
-    match headers.get(name) {
+/// Where routing headers are read from: hyper's `HeaderMap`, or the raw
+/// header lines of the HTTP/1.1 fast path. Either way the first header of a
+/// name counts, and a value must be visible ASCII (`HeaderValue::to_str`'s rule).
+pub trait HeaderSource {
+    /// The first value of `name` (lowercase), as raw bytes.
+    fn first(&self, name: &str) -> Option<&[u8]>;
+}
+
+impl HeaderSource for HeaderMap {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(|v| v.as_bytes())
+    }
+}
+
+impl HeaderSource for [httparse::Header<'_>] {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    }
+}
+
+/// A header value as text, under `HeaderValue::to_str`'s rule (tab or visible ASCII).
+pub fn visible_ascii(v: &[u8]) -> Option<&str> {
+    v.iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+        .then(|| std::str::from_utf8(v).ok())
+        .flatten()
+}
+
+fn header<'a, H: HeaderSource + ?Sized>(headers: &'a H, name: &str) -> Result<Option<&'a str>, ()> {
+    match headers.first(name) {
         None => Ok(None),
-        Some(v) => v.to_str().map(|s| Some(s.trim())).map_err(|_| ()),
+        Some(v) => visible_ascii(v).map(|s| Some(s.trim())).ok_or(()),
     }
 }
 
 /// The target named by the `X-Sandbox-*` headers.
-pub fn parse_headers(headers: &HeaderMap, rules: HeaderRules) -> Result<Target, RouteError> {
+pub fn parse_headers<H: HeaderSource + ?Sized>(
+    headers: &H,
+    rules: HeaderRules,
+) -> Result<Target, RouteError> {
     let id = match header(headers, HEADER_ID).map_err(|_| RouteError::BadId)? {
         None | Some("") => return Err(RouteError::MissingId),
         Some(id) => id,
@@ -149,7 +182,7 @@ pub fn parse_headers(headers: &HeaderMap, rules: HeaderRules) -> Result<Target, 
 /// `X-Sandbox-Timeout`: seconds (the SDK sends an int or float). Anything
 /// unparsable, non-positive or absurd is ignored rather than rejected: it
 /// only ever shortens the router's own budget.
-fn parse_timeout(headers: &HeaderMap) -> Option<Duration> {
+fn parse_timeout<H: HeaderSource + ?Sized>(headers: &H) -> Option<Duration> {
     let s = header(headers, HEADER_TIMEOUT).ok()??;
     let secs: f64 = s.parse().ok()?;
     (secs.is_finite() && secs > 0.0 && secs < 1e9).then(|| Duration::from_secs_f64(secs))

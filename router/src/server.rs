@@ -22,6 +22,7 @@ use crate::{
     cache::PodCache,
     config::{parse_bind, Args, AuthzMode},
     error::json_response,
+    fast,
     metrics::Metrics,
     proxy::{Conn, Proxy, Settings},
     tls::{self, TlsFiles, TlsState},
@@ -355,12 +356,33 @@ async fn serve_proxy(
         };
         let conn = Conn::new(remote, tls.is_some());
         let p = proxy.clone();
+        let fast_conn = conn.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let p = p.clone();
             let conn = conn.clone();
             async move { Ok::<_, Infallible>(p.handle(req, &conn).await) }
         });
         match &tls {
+            None if proxy.settings.fast_path => {
+                // hyper takes over a connection the fast path cannot serve;
+                // the watcher keeps shutdown waiting for either.
+                let watcher = graceful.watcher();
+                let (proxy, builder, stop) = (proxy.clone(), builder.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let io = match fast::serve(stream, &fast_conn, &proxy, stop).await {
+                        fast::Outcome::Closed => return,
+                        fast::Outcome::Fallback(io) => io,
+                    };
+                    let c = watcher.watch(
+                        builder
+                            .serve_connection_with_upgrades(TokioIo::new(io), service)
+                            .into_owned(),
+                    );
+                    if let Err(e) = c.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
             None => {
                 let c = graceful.watch(
                     builder

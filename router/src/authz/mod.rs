@@ -33,7 +33,11 @@ const MISSING: &str = "Missing bearer token.";
 
 /// `Authorization: Bearer <token>` (scheme case-insensitive).
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    bearer_value(headers.get(http::header::AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The token of one `Authorization` value, if it is a Bearer one.
+pub fn bearer_value(v: &str) -> Option<&str> {
     let (scheme, token) = v.trim().split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)

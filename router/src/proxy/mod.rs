@@ -47,6 +47,8 @@ pub struct Settings {
     pub allow_loopback_pod_ip: bool,
     pub access_log: bool,
     pub path_prefix: Option<String>,
+    /// Serve plain HTTP/1.1 header-routed requests without hyper (see [`crate::fast`]).
+    pub fast_path: bool,
     pub allowed_origins: Vec<String>,
     pub same_site: SameSite,
     pub trust_forwarded_proto: bool,
@@ -67,6 +69,7 @@ impl Settings {
             allow_loopback_pod_ip: a.allow_loopback_pod_ip,
             access_log: a.access_log,
             path_prefix: (!prefix.is_empty()).then(|| routing::normalize_prefix(prefix)),
+            fast_path: a.http1_fast_path,
             allowed_origins: a
                 .authz_cookie_allowed_origins
                 .iter()
@@ -110,10 +113,23 @@ pub struct Proxy {
 
 /// Where a target lives: its authority, its socket address when known
 /// without DNS, and the Pod-cache entry used (to evict if unreachable).
-struct Resolved {
-    authority: Authority,
-    addr: Option<SocketAddr>,
-    cached_uid: Option<String>,
+pub(crate) struct Resolved {
+    pub authority: Authority,
+    pub addr: Option<SocketAddr>,
+    pub cached_uid: Option<String>,
+}
+
+/// One answered request, for the access log and the metrics.
+pub(crate) struct Served<'a> {
+    pub start: Instant,
+    pub method: MethodLabel,
+    /// Method and path, when the access log is on.
+    pub logged: Option<(Method, String)>,
+    pub status: u16,
+    pub grpc_status: Option<&'a str>,
+    pub namespace: &'a str,
+    pub id: &'a str,
+    pub remote: SocketAddr,
 }
 
 /// Filled in as soon as the target is known: labels for metrics and the log.
@@ -210,30 +226,42 @@ impl Proxy {
                 .await
                 .unwrap_or_else(|e| e.to_http())
         };
-        let status = resp.status().as_u16();
-        let elapsed = start.elapsed();
-        if let Some((m, path)) = logged {
-            let grpc_status = resp
+        self.record(&Served {
+            start,
+            method,
+            logged,
+            status: resp.status().as_u16(),
+            grpc_status: resp
                 .headers()
                 .get("grpc-status")
-                .and_then(|v| v.to_str().ok());
+                .and_then(|v| v.to_str().ok()),
+            namespace: &routed.namespace,
+            id: &routed.id,
+            remote: conn.remote,
+        });
+        resp
+    }
+
+    /// The access log line and the request metrics for one answered request.
+    pub(crate) fn record(&self, r: &Served<'_>) {
+        let elapsed = r.start.elapsed();
+        if let Some((m, path)) = &r.logged {
             tracing::info!(
                 target: "sandhub_router::access",
                 method = %m,
                 path,
-                status,
-                grpc_status,
-                namespace = %routed.namespace,
-                sandbox = %routed.id,
-                remote = %conn.remote,
+                status = r.status,
+                grpc_status = r.grpc_status,
+                namespace = %r.namespace,
+                sandbox = %r.id,
+                remote = %r.remote,
                 micros = elapsed.as_micros() as u64,
                 "request"
             );
         }
         self.metrics
-            .count_request(method, status, &routed.namespace);
+            .count_request(r.method.clone(), r.status, r.namespace);
         self.metrics.duration.observe(elapsed.as_secs_f64());
-        resp
     }
 
     /// "https" when the client's connection was TLS (or a trusted proxy says so).
@@ -253,7 +281,7 @@ impl Proxy {
 
     /// Pod-IP header, then the cache by UID, then by namespace/name, then DNS.
     /// Also returns the cache entry used, to evict it if it proves unreachable.
-    fn resolve(&self, t: &Target) -> Result<Resolved, ProxyError> {
+    pub(crate) fn resolve(&self, t: &Target) -> Result<Resolved, ProxyError> {
         let cached = || {
             let cache = self.cache.as_ref()?;
             t.uid
@@ -297,6 +325,15 @@ impl Proxy {
                 .then(|| session::cookie_token(req.headers()))
                 .flatten()
         });
+        self.check_access(token, t).await
+    }
+
+    /// Whether `token` (if any) may reach `t`; allow-all never looks.
+    pub(crate) async fn check_access(
+        &self,
+        token: Option<&str>,
+        t: &Target,
+    ) -> Result<(), ProxyError> {
         let access = Access {
             token,
             namespace: &t.namespace,
@@ -409,10 +446,7 @@ impl Proxy {
         parts.uri = Uri::from_parts(uri).map_err(|e| ProxyError::Internal(e.to_string()))?;
         parts.version = Version::HTTP_11;
         let body = RequestBody::new(body, limit, &self.metrics.tx_bytes);
-        let budget = match (self.settings.proxy_timeout, target.timeout) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let budget = self.budget(&target);
         if let Some(addr) = direct {
             return self
                 .direct(addr, parts, body, budget, &target, cached_uid.as_deref())
@@ -481,9 +515,21 @@ impl Proxy {
         };
         match result {
             Ok(resp) => Ok(resp.map(ProxyBody::Direct)),
-            Err(h1::ExchangeError::Dial(dial)) => Err(self.dial_failure(&dial, t, cached_uid)),
-            Err(e) if e.body_too_large() => Err(ProxyError::BodyTooLarge),
-            Err(e) => {
+            Err(e) => Err(self.exchange_failure(e, t, cached_uid)),
+        }
+    }
+
+    /// Classifies a failed direct exchange and counts it.
+    pub(crate) fn exchange_failure(
+        &self,
+        e: h1::ExchangeError,
+        t: &Target,
+        cached_uid: Option<&str>,
+    ) -> ProxyError {
+        match e {
+            h1::ExchangeError::Dial(dial) => self.dial_failure(&dial, t, cached_uid),
+            e if e.body_too_large() => ProxyError::BodyTooLarge,
+            e => {
                 let reason = if matches!(e, h1::ExchangeError::Io(_)) {
                     "eof"
                 } else {
@@ -491,8 +537,17 @@ impl Proxy {
                 };
                 self.metrics.upstream_error(&t.namespace, reason);
                 tracing::warn!(sandbox = %t.id, namespace = %t.namespace, reason, error = %e, "backend exchange failed");
-                Err(ProxyError::Upstream(t.id.clone()))
+                ProxyError::Upstream(t.id.clone())
             }
+        }
+    }
+
+    /// The budget until the response head: the flag, capped by the client's
+    /// own `X-Sandbox-Timeout`.
+    pub(crate) fn budget(&self, t: &Target) -> Option<Duration> {
+        match (self.settings.proxy_timeout, t.timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
