@@ -14,40 +14,36 @@
 //! client its usual error). Routing, authorization, metrics, the access log
 //! and the errors themselves are the same code as on the hyper path.
 
+mod plan;
+mod prefixed;
+mod wire;
+
 use std::{
     future::Future,
     io,
-    net::SocketAddr,
     pin::Pin,
-    task::{Context, Poll},
-    time::{Duration, Instant, SystemTime},
+    task::Poll,
+    time::{Duration, Instant},
 };
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::{Method, StatusCode};
+use bytes::{Buf, BufMut, BytesMut};
+use http::Method;
 use http_body_util::BodyExt;
 use hyper::body::Body;
-use tokio::{
-    io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
-    net::TcpStream,
-    sync::watch,
-    time::Sleep,
-};
+use tokio::{io::AsyncWriteExt, net::TcpStream, sync::watch, time::Sleep};
 
 use crate::{
-    authz::bearer_value,
-    body::ProxyBody,
     error::ProxyError,
     h1::{self, ExchangeError, Outgoing},
     metrics::{InflightGuard, MethodLabel},
-    proxy::{Conn, Proxy, Resolved, Served},
-    routing::{parse_headers, parse_path, visible_ascii, HeaderRules, HeaderSource, Target},
+    proxy::{Conn, Proxy, Served},
 };
+use plan::{plan, Parsed, Plan};
+pub use prefixed::Prefixed;
+use wire::{put_date, put_piece, status_line, write_piece, write_small};
 
 /// Largest request head read here; a longer one goes to hyper, which decides.
 const MAX_HEAD: usize = 64 * 1024;
-/// hyper's default limit; more headers go to hyper for its 431.
-const MAX_HEADERS: usize = 100;
 const READ_CHUNK: usize = 8 * 1024;
 /// A response body piece at most this large is copied behind the head so
 /// both leave in one write.
@@ -55,25 +51,6 @@ const COALESCE: usize = 16 * 1024;
 /// How long a client may take to send a request head, idle time included
 /// (hyper's `header_read_timeout` on the fallback path).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Request headers that never reach the sandbox: per-hop ones (RFC 9110
-/// §7.6.1), credentials meant for the router, and the ones it sets itself.
-const DROPPED: [&str; 14] = [
-    "host",
-    "authorization",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "trailer",
-    "transfer-encoding",
-    "te",
-    "upgrade",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-];
 
 /// How a connection left the fast path.
 pub enum Outcome {
@@ -92,27 +69,6 @@ struct Client {
     out: BytesMut,
     /// The current request's head, rewritten for the sandbox.
     up_head: BytesMut,
-}
-
-/// One request the fast path will serve, decided from its head alone.
-struct Plan {
-    head_len: usize,
-    method: Method,
-    /// The method and path, when the access log is on.
-    logged: Option<(Method, String)>,
-    target: Target,
-    addr: SocketAddr,
-    cached_uid: Option<String>,
-    /// The Bearer token, read only when authorization needs it.
-    token: Option<String>,
-    content_length: u64,
-    keep_alive: bool,
-}
-
-enum Parsed {
-    Partial,
-    Fallback,
-    Serve(Box<Plan>),
 }
 
 /// Serves `stream` until it closes or needs hyper.
@@ -190,10 +146,7 @@ impl Client {
     }
 
     fn fallback(self) -> Outcome {
-        Outcome::Fallback(Prefixed {
-            prefix: self.inbuf,
-            inner: self.stream,
-        })
+        Outcome::Fallback(Prefixed::new(self.inbuf, self.stream))
     }
 
     /// Serves one planned request; `Ok(true)`: the connection stays open.
@@ -449,334 +402,5 @@ impl Outgoing for FastRequest<'_> {
         }
         self.consumed = true;
         Ok(())
-    }
-}
-
-/// Decides, from the bytes so far, whether the next request is served here
-/// (and if so writes its head for the sandbox into `up_head`).
-fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Proxy) -> Parsed {
-    if buf.is_empty() {
-        return Parsed::Partial;
-    }
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(_) => return Parsed::Fallback,
-    };
-    let (Some(method), Some(path), Some(1)) = (req.method, req.path, req.version) else {
-        return Parsed::Fallback;
-    };
-    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
-        return Parsed::Fallback;
-    };
-    if method == Method::CONNECT
-        || !path.starts_with('/')
-        || !path.bytes().all(|b| (0x21..0x7f).contains(&b))
-    {
-        return Parsed::Fallback;
-    }
-    let s = &proxy.settings;
-    if let Some(prefix) = &s.path_prefix {
-        let bare = path.split_once('?').map_or(path, |(p, _)| p);
-        if parse_path(prefix, bare).is_some() {
-            return Parsed::Fallback;
-        }
-    }
-    let headers: &[httparse::Header] = req.headers;
-    let Some(fields) = Fields::read(headers) else {
-        return Parsed::Fallback;
-    };
-    let rules = HeaderRules {
-        grpc: false,
-        allow_loopback: s.allow_loopback_pod_ip,
-    };
-    // A bad routing header gets hyper's path and its 400, word for word.
-    let Ok(target) = parse_headers(headers, rules) else {
-        return Parsed::Fallback;
-    };
-    let Ok(Resolved {
-        authority,
-        addr: Some(addr),
-        cached_uid,
-    }) = proxy.resolve(&target)
-    else {
-        return Parsed::Fallback;
-    };
-    let token = if proxy.authz.is_allow_all() {
-        None
-    } else {
-        HeaderSource::first(headers, "authorization")
-            .and_then(visible_ascii)
-            .and_then(bearer_value)
-            .map(str::to_owned)
-    };
-
-    up_head.clear();
-    up_head.put_slice(method.as_str().as_bytes());
-    up_head.put_u8(b' ');
-    up_head.put_slice(path.as_bytes());
-    up_head.put_slice(b" HTTP/1.1\r\nhost: ");
-    up_head.put_slice(authority.as_str().as_bytes());
-    up_head.put_slice(b"\r\n");
-    for h in headers {
-        let name = h.name;
-        if DROPPED.iter().any(|d| name.eq_ignore_ascii_case(d)) || fields.connection_names(name) {
-            continue;
-        }
-        up_head.put_slice(name.as_bytes());
-        up_head.put_slice(b": ");
-        up_head.put_slice(h.value);
-        up_head.put_slice(b"\r\n");
-    }
-    up_head.put_slice(b"x-forwarded-for: ");
-    if let Some(prior) = fields.forwarded_for {
-        up_head.put_slice(prior);
-        up_head.put_slice(b", ");
-    }
-    up_head.put_slice(conn.client_ip.as_bytes());
-    up_head.put_slice(b"\r\nx-forwarded-host: ");
-    up_head.put_slice(fields.host);
-    up_head.put_slice(b"\r\nx-forwarded-proto: ");
-    let https = s.trust_forwarded_proto && fields.forwarded_https;
-    up_head.put_slice(if conn.tls || https { b"https" } else { b"http" });
-    up_head.put_slice(b"\r\n\r\n");
-
-    let logged = s.access_log.then(|| {
-        let bare = path.split_once('?').map_or(path, |(p, _)| p);
-        (method.clone(), bare.to_owned())
-    });
-    Parsed::Serve(Box::new(Plan {
-        head_len,
-        method,
-        logged,
-        target,
-        addr,
-        cached_uid,
-        token,
-        content_length: fields.content_length,
-        keep_alive: fields.keep_alive,
-    }))
-}
-
-/// What the fast path needs from a request's headers, read in one pass;
-/// `None` when the request is one for hyper.
-struct Fields<'a> {
-    host: &'a [u8],
-    content_length: u64,
-    keep_alive: bool,
-    forwarded_for: Option<&'a [u8]>,
-    forwarded_https: bool,
-    /// The Connection header's tokens (headers it names stay on this hop).
-    connection: [&'a [u8]; 8],
-    connection_len: usize,
-}
-
-impl<'a> Fields<'a> {
-    fn read(headers: &'a [httparse::Header<'a>]) -> Option<Self> {
-        let mut f = Fields {
-            host: b"",
-            content_length: 0,
-            keep_alive: true,
-            forwarded_for: None,
-            forwarded_https: false,
-            connection: [b""; 8],
-            connection_len: 0,
-        };
-        let (mut host, mut length, mut id, mut xff, mut xfp) = (false, false, false, false, false);
-        for h in headers {
-            let name = h.name;
-            let is = |n: &str| name.eq_ignore_ascii_case(n);
-            if is("host") {
-                if !host {
-                    f.host = h.value;
-                    host = true;
-                }
-            } else if is("content-length") {
-                // Two lengths, or one that is not plain digits: hyper's to judge.
-                if length || h.value.is_empty() || !h.value.iter().all(u8::is_ascii_digit) {
-                    return None;
-                }
-                f.content_length = std::str::from_utf8(h.value).ok()?.parse().ok()?;
-                length = true;
-            } else if is("transfer-encoding") || is("upgrade") || is("expect") {
-                return None;
-            } else if is("connection") {
-                for token in h.value.split(|&b| b == b',') {
-                    let token = token.trim_ascii();
-                    if token.eq_ignore_ascii_case(b"close") {
-                        f.keep_alive = false;
-                    } else if token.eq_ignore_ascii_case(b"upgrade") {
-                        return None;
-                    } else if !token.is_empty() {
-                        *f.connection.get_mut(f.connection_len)? = token;
-                        f.connection_len += 1;
-                    }
-                }
-            } else if is("x-sandbox-id") {
-                id = true;
-            } else if is("x-forwarded-for") {
-                if !xff {
-                    xff = true;
-                    f.forwarded_for = Some(h.value).filter(|v| !v.is_empty());
-                }
-            } else if is("x-forwarded-proto") && !xfp {
-                xfp = true;
-                f.forwarded_https = h.value.trim_ascii().eq_ignore_ascii_case(b"https");
-            }
-        }
-        // The Host is forwarded as X-Forwarded-Host; values it could not be are hyper's.
-        (host && id && visible_ascii(f.host).is_some()).then_some(f)
-    }
-
-    fn connection_names(&self, name: &str) -> bool {
-        self.connection[..self.connection_len]
-            .iter()
-            .any(|t| t.eq_ignore_ascii_case(name.as_bytes()))
-    }
-}
-
-fn status_line(out: &mut BytesMut, code: u16) {
-    out.put_slice(b"HTTP/1.1 ");
-    let mut digits = [0u8; 3];
-    digits[0] = b'0' + (code / 100 % 10) as u8;
-    digits[1] = b'0' + (code / 10 % 10) as u8;
-    digits[2] = b'0' + (code % 10) as u8;
-    out.put_slice(&digits);
-    out.put_u8(b' ');
-    let reason = StatusCode::from_u16(code)
-        .ok()
-        .and_then(|s| s.canonical_reason())
-        .unwrap_or("<none>");
-    out.put_slice(reason.as_bytes());
-    out.put_slice(b"\r\n");
-}
-
-/// `date: <IMF-fixdate>\r\n`, formatted once a second per worker thread.
-fn put_date(out: &mut BytesMut) {
-    thread_local! {
-        static DATE: std::cell::RefCell<(u64, [u8; 29])> = const { std::cell::RefCell::new((0, [0; 29])) };
-    }
-    let now = SystemTime::now();
-    let secs = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    DATE.with(|d| {
-        let mut d = d.borrow_mut();
-        if d.0 != secs {
-            let text = httpdate::fmt_http_date(now);
-            if text.len() == 29 {
-                d.1.copy_from_slice(text.as_bytes());
-                d.0 = secs;
-            }
-        }
-        out.put_slice(b"date: ");
-        out.put_slice(&d.1);
-        out.put_slice(b"\r\n");
-    });
-}
-
-fn put_piece(out: &mut BytesMut, data: &[u8], chunked: bool) {
-    if chunked {
-        put_chunk_size(out, data.len());
-        out.put_slice(data);
-        out.put_slice(b"\r\n");
-    } else {
-        out.put_slice(data);
-    }
-}
-
-fn put_chunk_size(out: &mut BytesMut, n: usize) {
-    use std::fmt::Write;
-    let _ = write!(out, "{n:x}\r\n");
-}
-
-async fn write_piece(s: &mut TcpStream, data: &Bytes, chunked: bool) -> io::Result<()> {
-    if chunked {
-        let mut size = BytesMut::with_capacity(18);
-        put_chunk_size(&mut size, data.len());
-        s.write_all(&size).await?;
-        s.write_all(data).await?;
-        s.write_all(b"\r\n").await
-    } else {
-        s.write_all(data).await
-    }
-}
-
-/// One of the router's own answers (errors), whole, into `out`.
-fn write_small(out: &mut BytesMut, resp: http::Response<ProxyBody>, keep_alive: bool) {
-    use std::fmt::Write;
-    out.clear();
-    status_line(out, resp.status().as_u16());
-    for (name, value) in resp.headers() {
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
-    }
-    let body = match resp.into_body() {
-        ProxyBody::Full(Some(b)) => b,
-        _ => Bytes::new(),
-    };
-    let _ = write!(out, "content-length: {}\r\n", body.len());
-    put_date(out);
-    if !keep_alive {
-        out.put_slice(b"connection: close\r\n");
-    }
-    out.put_slice(b"\r\n");
-    out.put_slice(&body);
-}
-
-/// A client stream for hyper that first replays the bytes the fast path
-/// read but did not serve.
-pub struct Prefixed {
-    prefix: BytesMut,
-    inner: TcpStream,
-}
-
-impl AsyncRead for Prefixed {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Prefixed {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
