@@ -16,6 +16,8 @@ pub enum ProxyError {
     Forbidden(&'static str),
     #[error("{0}")]
     BadRequest(&'static str),
+    #[error("{0}")]
+    MethodNotAllowed(&'static str),
     #[error("Request body too large.")]
     BodyTooLarge,
     #[error("Could not connect to the backend sandbox: {0}")]
@@ -45,6 +47,7 @@ impl ProxyError {
             Self::Route(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Dial(_) | Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,

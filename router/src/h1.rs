@@ -45,8 +45,36 @@ struct Idle {
     buf: BytesMut,
 }
 
+/// A pooled connection to `addr` that the sandbox has not closed meanwhile.
 fn take_idle(addr: SocketAddr) -> Option<Idle> {
-    IDLE.with(|p| p.borrow_mut().get_mut(&addr).and_then(Vec::pop))
+    IDLE.with(|p| {
+        let mut p = p.borrow_mut();
+        let idle = p.get_mut(&addr)?;
+        while let Some(i) = idle.pop() {
+            if still_open(&i.stream) {
+                return Some(i);
+            }
+        }
+        None
+    })
+}
+
+/// Whether an idle connection is still usable. A sandbox that closes idle
+/// connections (Node's 5 s keep-alive, for one) sends a FIN the reactor has
+/// usually seen by now; catching it here matters for requests with a body,
+/// which cannot be retried on a fresh connection once sent. Costs no
+/// syscall unless the socket turned readable while idle.
+fn still_open(s: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match s.poll_read_ready(&mut cx) {
+        Poll::Pending => true,
+        Poll::Ready(Err(_)) => false,
+        Poll::Ready(Ok(())) => {
+            // Readable while idle: EOF, an error, or bytes nobody asked for.
+            let mut probe = [0u8; 1];
+            matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        }
+    }
 }
 
 fn put_idle(addr: SocketAddr, s: Idle) {
@@ -360,6 +388,8 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
         let mut spans = Vec::with_capacity(parsed.headers.len());
         let mut framing = Framing::UntilClose;
         let mut keep_alive = parsed.version == Some(1);
+        // Value spans of Connection headers: the headers they name stay on this hop.
+        let mut named = Vec::new();
         for h in parsed.headers.iter() {
             let name = h.name.as_bytes();
             let raw = h.value;
@@ -371,9 +401,14 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
                 continue;
             }
             if is("connection") {
-                if raw.eq_ignore_ascii_case(b"close") {
+                if raw
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+                {
                     keep_alive = false;
                 }
+                let vs = offset(raw) as usize;
+                named.push(vs..vs + raw.len());
                 continue;
             }
             // Per-hop headers stay on this hop (HTTP/2 clients reject them).
@@ -391,6 +426,17 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
             spans.push(Span {
                 name: (ns, ns + name.len() as u32),
                 value: (vs, vs + raw.len() as u32),
+            });
+        }
+        if !named.is_empty() {
+            let head = &buf[..len];
+            spans.retain(|s| {
+                let name = &head[s.name.0 as usize..s.name.1 as usize];
+                !named.iter().any(|v| {
+                    head[v.clone()]
+                        .split(|&b| b == b',')
+                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
+                })
             });
         }
         if is_head || code == 204 || code == 304 {

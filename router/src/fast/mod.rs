@@ -51,6 +51,10 @@ const COALESCE: usize = 16 * 1024;
 /// How long a client may take to send a request head, idle time included
 /// (hyper's `header_read_timeout` on the fallback path).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// After an error, a request body up to this size is read and dropped to
+/// keep the connection; a larger one closes it.
+const DRAIN_MAX: u64 = 1 << 20;
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How a connection left the fast path.
 pub enum Outcome {
@@ -161,7 +165,6 @@ impl Client {
             client: &mut self.stream,
             buffered: 0,
             remaining: plan.content_length,
-            consumed: plan.content_length == 0,
             sent: 0,
         };
         let buffered = (req.inbuf.len() as u64).min(plan.content_length) as usize;
@@ -179,7 +182,14 @@ impl Client {
                 }
                 Ok(a)
             });
-        let consumed = req.consumed;
+        req.settle();
+        let (buffered, remaining) = (req.buffered, req.remaining);
+        let mut consumed = req.consumed();
+        if answer.is_err() && !consumed && remaining <= DRAIN_MAX {
+            // An error answered before the body was read: read past a
+            // small body so the connection can carry the next request.
+            consumed = self.discard(buffered, remaining).await;
+        }
         // Body bytes still unread would be taken for the next request.
         let keep = plan.keep_alive && consumed;
         let status = match &answer {
@@ -213,6 +223,30 @@ impl Client {
             self.linger().await;
         }
         Ok(keep_alive)
+    }
+
+    /// Drops a request body the sandbox never got; `false` if the client
+    /// did not send it in time.
+    async fn discard(&mut self, buffered: usize, mut remaining: u64) -> bool {
+        self.inbuf.advance(buffered);
+        let read = async {
+            while remaining > 0 {
+                if self.inbuf.is_empty() {
+                    let n = std::future::poll_fn(|cx| {
+                        h1::poll_read_into(&mut self.stream, &mut self.inbuf, cx)
+                    })
+                    .await?;
+                    if n == 0 {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+                let take = (self.inbuf.len() as u64).min(remaining) as usize;
+                self.inbuf.advance(take);
+                remaining -= take as u64;
+            }
+            Ok::<_, io::Error>(())
+        };
+        matches!(tokio::time::timeout(DRAIN_TIMEOUT, read).await, Ok(Ok(())))
     }
 
     /// Closing with request bytes still unread would make the kernel send a
@@ -351,30 +385,52 @@ async fn exchange(
         },
         None => sent.await,
     };
-    if req.sent > 0 {
-        proxy.metrics.tx_bytes.inc_by(req.sent);
+    // A request that got an answer went out whole; a failed one as far as it got.
+    let tx = if result.is_ok() {
+        plan.content_length
+    } else {
+        req.sent
+    };
+    if tx > 0 {
+        proxy.metrics.tx_bytes.inc_by(tx);
     }
     result.map_err(|e| proxy.exchange_failure(e, t, plan.cached_uid.as_deref()))
 }
 
 /// The request as it goes to the sandbox: the rewritten head, followed by
 /// the Content-Length body, partly already read (`buffered` bytes at the
-/// front of `inbuf`) and partly still on the client socket.
+/// front of `inbuf`) and partly (`remaining`) still on the client socket.
 struct FastRequest<'a> {
     head: &'a [u8],
     inbuf: &'a mut BytesMut,
     client: &'a mut TcpStream,
     buffered: usize,
     remaining: u64,
-    /// Whether the whole body has been taken from the client.
-    consumed: bool,
-    /// Body bytes sent.
+    /// Body bytes streamed after the head.
     sent: u64,
 }
 
-impl Outgoing for FastRequest<'_> {
-    fn bodyless(&self) -> bool {
+impl FastRequest<'_> {
+    /// Takes a body that travelled whole with the head off the client's bytes.
+    fn settle(&mut self) {
+        if self.remaining == 0 {
+            self.inbuf.advance(self.buffered);
+            self.buffered = 0;
+        }
+    }
+
+    /// Whether the whole body has been taken from the client.
+    fn consumed(&self) -> bool {
         self.buffered == 0 && self.remaining == 0
+    }
+}
+
+impl Outgoing for FastRequest<'_> {
+    /// A body already read travels with the head, so only one still on the
+    /// client socket counts: until then a stale pooled connection can be
+    /// replaced and the head (body included) written again.
+    fn bodyless(&self) -> bool {
+        self.remaining == 0
     }
 
     fn head(&self, buf: &mut BytesMut) {
@@ -400,7 +456,6 @@ impl Outgoing for FastRequest<'_> {
             self.remaining -= take as u64;
             self.sent += take as u64;
         }
-        self.consumed = true;
         Ok(())
     }
 }

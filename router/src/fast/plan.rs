@@ -74,6 +74,8 @@ pub(super) fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Prox
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
         return Parsed::Fallback;
     };
+    // The fragment is the client's own business (hyper's URI drops it too).
+    let path = path.split_once('#').map_or(path, |(p, _)| p);
     if method == Method::CONNECT
         || !path.starts_with('/')
         || !path.bytes().all(|b| (0x21..0x7f).contains(&b))
@@ -134,9 +136,15 @@ pub(super) fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Prox
         up_head.put_slice(b"\r\n");
     }
     up_head.put_slice(b"x-forwarded-for: ");
-    if let Some(prior) = fields.forwarded_for {
-        up_head.put_slice(prior);
-        up_head.put_slice(b", ");
+    // Every earlier hop, from however many lines the client sent.
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("x-forwarded-for")
+            && !h.value.is_empty()
+            && visible_ascii(h.value).is_some()
+        {
+            up_head.put_slice(h.value);
+            up_head.put_slice(b", ");
+        }
     }
     up_head.put_slice(conn.client_ip.as_bytes());
     up_head.put_slice(b"\r\nx-forwarded-host: ");
@@ -169,7 +177,6 @@ struct Fields<'a> {
     host: &'a [u8],
     content_length: u64,
     keep_alive: bool,
-    forwarded_for: Option<&'a [u8]>,
     forwarded_https: bool,
     /// The Connection header's tokens (headers it names stay on this hop).
     connection: [&'a [u8]; 8],
@@ -182,20 +189,21 @@ impl<'a> Fields<'a> {
             host: b"",
             content_length: 0,
             keep_alive: true,
-            forwarded_for: None,
             forwarded_https: false,
             connection: [b""; 8],
             connection_len: 0,
         };
-        let (mut host, mut length, mut id, mut xff, mut xfp) = (false, false, false, false, false);
+        let (mut host, mut length, mut id, mut xfp) = (false, false, false, false);
         for h in headers {
             let name = h.name;
             let is = |n: &str| name.eq_ignore_ascii_case(n);
             if is("host") {
-                if !host {
-                    f.host = h.value;
-                    host = true;
+                // Two Hosts: hyper's path refuses the request.
+                if host {
+                    return None;
                 }
+                f.host = h.value;
+                host = true;
             } else if is("content-length") {
                 // Two lengths, or one that is not plain digits: hyper's to judge.
                 if length || h.value.is_empty() || !h.value.iter().all(u8::is_ascii_digit) {
@@ -220,11 +228,6 @@ impl<'a> Fields<'a> {
                 }
             } else if is("x-sandbox-id") {
                 id = true;
-            } else if is("x-forwarded-for") {
-                if !xff {
-                    xff = true;
-                    f.forwarded_for = Some(h.value).filter(|v| !v.is_empty());
-                }
             } else if is("x-forwarded-proto") && !xfp {
                 xfp = true;
                 f.forwarded_https = h.value.trim_ascii().eq_ignore_ascii_case(b"https");
@@ -453,11 +456,12 @@ mod tests {
             raw.push_str("\r\n");
             let (parsed, up) = run(&p, &raw);
             let Parsed::Serve(plan) = parsed else {
-                // Only an over-long Connection header is handed over here.
+                // Only a second Host or an over-long Connection header is handed over here.
                 let tokens = headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
                     .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|t| !t.is_empty()).collect::<Vec<_>>())
                     .count();
-                prop_assert!(tokens > 8, "handed over: {raw:?}");
+                let hosts = headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case("host")).count();
+                prop_assert!(tokens > 8 || hosts > 0, "handed over: {raw:?}");
                 return Ok(());
             };
             prop_assert_eq!(plan.head_len, raw.len());

@@ -75,16 +75,18 @@ pub fn rewrite_request(
     if upgrade {
         h.remove(header::ORIGIN);
     }
-    let prior = h
-        .get(&X_FORWARDED_FOR)
-        .and_then(|v| v.to_str().ok())
-        .filter(|p| !p.is_empty());
-    let xff = match prior {
-        Some(prior) => {
-            let ip = client_ip.to_str().unwrap_or_default();
-            HeaderValue::from_str(&format!("{prior}, {ip}")).ok()
-        }
-        None => Some(client_ip.clone()),
+    // Every earlier hop, from however many lines the client sent.
+    let prior: Vec<&str> = h
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let xff = if prior.is_empty() {
+        Some(client_ip.clone())
+    } else {
+        let ip = client_ip.to_str().unwrap_or_default();
+        HeaderValue::from_str(&format!("{}, {ip}", prior.join(", "))).ok()
     };
     if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR, v);

@@ -349,6 +349,15 @@ impl Proxy {
         conn: &Conn,
         routed: &mut Routed,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        if req.method() == Method::CONNECT {
+            return Err(ProxyError::MethodNotAllowed("CONNECT is not supported."));
+        }
+        // RFC 9112 §3.2: an HTTP/1.1 request has exactly one Host.
+        if req.version() == Version::HTTP_11
+            && req.headers().get_all(header::HOST).iter().count() != 1
+        {
+            return Err(ProxyError::BadRequest("Invalid Host header."));
+        }
         let proto = self.proto(&req, conn);
         let path_route = self
             .settings
@@ -529,6 +538,8 @@ impl Proxy {
         match e {
             h1::ExchangeError::Dial(dial) => self.dial_failure(&dial, t, cached_uid),
             e if e.body_too_large() => ProxyError::BodyTooLarge,
+            // The client's body broke off or was malformed: its fault, not the sandbox's.
+            h1::ExchangeError::Body(_) => ProxyError::BadRequest("Invalid request body."),
             e => {
                 let reason = if matches!(e, h1::ExchangeError::Io(_)) {
                     "eof"
