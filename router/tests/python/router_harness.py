@@ -415,7 +415,8 @@ def silent_backend() -> Iterator[SilentServer]:
 
 
 class EchoHttpServer:
-    """Answers every request with JSON: method, raw path, headers, body length."""
+    """Answers every request with JSON: method, raw path, headers, body length
+    (`/slow/<ms>...`: after that many milliseconds)."""
 
     def __init__(self) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -435,6 +436,8 @@ class EchoHttpServer:
                 self.wfile.write(b"0\r\n\r\n")
 
             def _answer(self) -> None:
+                if self.path.startswith("/slow/"):
+                    time.sleep(int(self.path.split("/")[2]) / 1000)
                 if self.path.startswith("/chunked"):
                     return self._chunked()
                 if self.path.startswith("/empty"):

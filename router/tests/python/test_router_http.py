@@ -381,3 +381,38 @@ def test_metrics_have_upstream_names(router, http_echo):
                  "sandbox_router_upstream_rx_bytes_total", "sandbox_router_upstream_tx_bytes_total"]:
         assert f"# TYPE {name.removesuffix('_total')}" in text, name
     assert router.metric("sandbox_router_requests_total", method="GET", code="200", sandbox_namespace="default") == 1
+
+
+@pytest.mark.parametrize("fast_path", ["true", "false"])
+def test_sigterm_finishes_requests_in_flight_and_closes_idle_connections(make_router, http_echo, fast_path):
+    import http.client
+    import signal
+    import socket
+    import threading
+
+    r = make_router("--allow-loopback-pod-ip", f"--http1-fast-path={fast_path}")
+    idle = http.client.HTTPConnection(LOOPBACK, r.port, timeout=5)
+    idle.request("GET", "/warm", headers=to_echo(http_echo))
+    assert idle.getresponse().read() and idle.sock is not None
+    slow: dict[str, object] = {}
+
+    def in_flight() -> None:
+        slow["status"], _, slow["body"] = r.request("GET", "/slow/800", headers=to_echo(http_echo), timeout=5)
+
+    t = threading.Thread(target=in_flight)
+    t.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.proc.wait(timeout=5) == 0
+    took = time.monotonic() - started
+    t.join(timeout=5)
+    # The request in flight got its answer; the router did not wait for the idle
+    # connection until --shutdown-timeout (2 s here) ran out.
+    assert slow["status"] == 200, (slow, r.log_tail())
+    assert json.loads(slow["body"])["path"] == "/slow/800"
+    assert took < 1.8, (took, r.log_tail())
+    idle.sock.settimeout(2)
+    assert idle.sock.recv(1) == b"", "the idle connection was not closed"
+    with pytest.raises(OSError):
+        socket.create_connection((LOOPBACK, r.port), timeout=1).close()
