@@ -185,13 +185,6 @@ impl Client {
         req.settle();
         let (buffered, remaining) = (req.buffered, req.remaining);
         let mut consumed = req.consumed();
-        if answer.is_err() && !consumed && remaining <= DRAIN_MAX {
-            // An error answered before the body was read: read past a
-            // small body so the connection can carry the next request.
-            consumed = self.discard(buffered, remaining).await;
-        }
-        // Body bytes still unread would be taken for the next request.
-        let keep = plan.keep_alive && consumed;
         let status = match &answer {
             Ok(a) => a.head.status,
             Err(e) => e.status().as_u16(),
@@ -210,13 +203,22 @@ impl Client {
         });
         let keep_alive = match answer {
             Ok(answer) => {
-                let complete = self.relay(answer, keep, proxy).await?;
-                keep && complete
+                // An answer means the whole body went to the sandbox.
+                let complete = self.relay(answer, plan.keep_alive, proxy).await?;
+                plan.keep_alive && complete
             }
             Err(e) => {
-                write_small(&mut self.out, e.to_http(), keep);
+                // Answered before the body was read: a small body is read
+                // past afterwards, so the connection can carry the next
+                // request; a large one closes it.
+                let drain = !consumed && remaining <= DRAIN_MAX;
+                let announce_close = !plan.keep_alive || !(consumed || drain);
+                write_small(&mut self.out, e.to_http(), !announce_close);
                 self.stream.write_all(&self.out).await?;
-                keep
+                if drain {
+                    consumed = self.discard(buffered, remaining).await;
+                }
+                plan.keep_alive && consumed
             }
         };
         if !consumed {
@@ -375,16 +377,7 @@ async fn exchange(
     }
     let policy = proxy.upstreams.dial_policy();
     let sent = h1::send(plan.addr, req, is_head, policy, &proxy.metrics);
-    let result = match proxy.budget(t) {
-        Some(b) => match tokio::time::timeout(b, sent).await {
-            Ok(r) => r,
-            Err(_) => {
-                proxy.metrics.upstream_error(&t.namespace, "timeout");
-                return Err(ProxyError::Timeout(t.id.clone()));
-            }
-        },
-        None => sent.await,
-    };
+    let result = proxy.within(proxy.budget(t), t, sent).await?;
     // A request that got an answer went out whole; a failed one as far as it got.
     let tx = if result.is_ok() {
         plan.content_length

@@ -465,16 +465,7 @@ impl Proxy {
             .upstreams
             .http1
             .request(Request::from_parts(parts, body));
-        let result = match budget {
-            Some(b) => match tokio::time::timeout(b, sent).await {
-                Ok(r) => r,
-                Err(_) => {
-                    self.metrics.upstream_error(&target.namespace, "timeout");
-                    return Err(ProxyError::Timeout(target.id));
-                }
-            },
-            None => sent.await,
-        };
+        let result = self.within(budget, &target, sent).await?;
         let mut resp =
             result.map_err(|e| self.upstream_failure(&e, &target, cached_uid.as_deref()))?;
 
@@ -512,17 +503,7 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let policy = self.upstreams.dial_policy();
         let sent = h1::exchange(addr, &parts, body, policy, &self.metrics);
-        let result = match budget {
-            Some(b) => match tokio::time::timeout(b, sent).await {
-                Ok(r) => r,
-                Err(_) => {
-                    self.metrics.upstream_error(&t.namespace, "timeout");
-                    return Err(ProxyError::Timeout(t.id.clone()));
-                }
-            },
-            None => sent.await,
-        };
-        match result {
+        match self.within(budget, t, sent).await? {
             Ok(resp) => Ok(resp.map(ProxyBody::Direct)),
             Err(e) => Err(self.exchange_failure(e, t, cached_uid)),
         }
@@ -550,6 +531,22 @@ impl Proxy {
                 tracing::warn!(sandbox = %t.id, namespace = %t.namespace, reason, error = %e, "backend exchange failed");
                 ProxyError::Upstream(t.id.clone())
             }
+        }
+    }
+
+    /// Runs `work` within `budget` (if any); running out is a counted timeout.
+    pub(crate) async fn within<F: std::future::Future>(
+        &self,
+        budget: Option<Duration>,
+        t: &Target,
+        work: F,
+    ) -> Result<F::Output, ProxyError> {
+        match budget {
+            None => Ok(work.await),
+            Some(b) => tokio::time::timeout(b, work).await.map_err(|_| {
+                self.metrics.upstream_error(&t.namespace, "timeout");
+                ProxyError::Timeout(t.id.clone())
+            }),
         }
     }
 
@@ -668,16 +665,7 @@ impl Proxy {
             ),
         );
         let sent = self.upstreams.h2c.request(upstream_req);
-        let result = match deadline {
-            Some(d) => match tokio::time::timeout(d, sent).await {
-                Ok(r) => r,
-                Err(_) => {
-                    self.metrics.upstream_error(&target.namespace, "timeout");
-                    return Err(ProxyError::Timeout(target.id));
-                }
-            },
-            None => sent.await,
-        };
+        let result = self.within(deadline, &target, sent).await?;
         let resp = result.map_err(|e| self.upstream_failure(&e, &target, cached_uid.as_deref()))?;
         let remaining = deadline.map(|d| d.saturating_sub(started.elapsed()));
         let (mut parts, body) = resp.into_parts();
