@@ -459,7 +459,7 @@ async fn read_some(s: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
 }
 
 pub(crate) fn poll_read_into(
-    s: &mut TcpStream,
+    s: &mut (impl AsyncRead + Unpin),
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {

@@ -9,7 +9,10 @@ use http::{Request, Response, StatusCode};
 use hyper::{body::Incoming, service::service_fn};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto, graceful::GracefulShutdown},
+    server::{
+        conn::auto,
+        graceful::{GracefulShutdown, Watcher},
+    },
 };
 use tokio::{
     net::{TcpListener, TcpSocket},
@@ -355,52 +358,22 @@ async fn serve_proxy(
             accepted = accept(&listener) => match accepted { Some(a) => a, None => continue },
         };
         let conn = Conn::new(remote, tls.is_some());
-        let p = proxy.clone();
-        let fast_conn = conn.clone();
-        let service = service_fn(move |req: Request<Incoming>| {
-            let p = p.clone();
-            let conn = conn.clone();
-            async move { Ok::<_, Infallible>(p.handle(req, &conn).await) }
-        });
+        let client = Handoff {
+            conn,
+            proxy: proxy.clone(),
+            stop: stop.clone(),
+            watcher: graceful.watcher(),
+            builder: builder.clone(),
+        };
         match &tls {
-            None if proxy.settings.fast_path => {
-                // hyper takes over a connection the fast path cannot serve;
-                // the watcher keeps shutdown waiting for either.
-                let watcher = graceful.watcher();
-                let (proxy, builder, stop) = (proxy.clone(), builder.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let io = match fast::serve(stream, &fast_conn, &proxy, stop).await {
-                        fast::Outcome::Closed => return,
-                        fast::Outcome::Fallback(io) => io,
-                    };
-                    let c = watcher.watch(
-                        builder
-                            .serve_connection_with_upgrades(TokioIo::new(io), service)
-                            .into_owned(),
-                    );
-                    if let Err(e) = c.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
-            }
             None => {
-                let c = graceful.watch(
-                    builder
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                        .into_owned(),
-                );
-                tokio::spawn(async move {
-                    if let Err(e) = c.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
+                let fast = proxy.settings.fast_path;
+                tokio::spawn(client.serve(stream, fast));
             }
             Some(tls) => {
                 // The handshake runs in its own task so a slow client cannot
                 // hold up the accept loop.
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                let builder = builder.clone();
-                let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let stream = match tokio::time::timeout(
                         Duration::from_secs(10),
@@ -415,14 +388,10 @@ async fn serve_proxy(
                         }
                         Err(_) => return,
                     };
-                    let c = watcher.watch(
-                        builder
-                            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                            .into_owned(),
-                    );
-                    if let Err(e) = c.await {
-                        tracing::debug!(error = %e, "TLS connection ended with an error");
-                    }
+                    // HTTP/2 negotiated by ALPN is hyper's from the first byte.
+                    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let fast = client.proxy.settings.fast_path && !h2;
+                    client.serve(stream, fast).await;
                 });
             }
         }
@@ -433,6 +402,54 @@ async fn serve_proxy(
         .is_err()
     {
         tracing::warn!("--shutdown-timeout passed with connections still open; closing them");
+    }
+}
+
+/// What serving one accepted client connection needs.
+struct Handoff {
+    conn: Conn,
+    proxy: Arc<Proxy>,
+    stop: watch::Receiver<bool>,
+    /// Keeps shutdown waiting for this connection, whoever serves it.
+    watcher: Watcher,
+    builder: auto::Builder<TokioExecutor>,
+}
+
+impl Handoff {
+    /// Serves the connection on the fast path while it can (`fast`), then
+    /// with hyper (HTTP/1.1 with upgrades, h2c or h2) until it closes.
+    async fn serve<S>(self, io: S, fast: bool)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Self {
+            conn,
+            proxy,
+            stop,
+            watcher,
+            builder,
+        } = self;
+        let io = if fast {
+            match fast::serve(io, &conn, &proxy, stop).await {
+                fast::Outcome::Closed => return,
+                fast::Outcome::Fallback(io) => io,
+            }
+        } else {
+            fast::Prefixed::new(Default::default(), io)
+        };
+        let service = service_fn(move |req: Request<Incoming>| {
+            let p = proxy.clone();
+            let conn = conn.clone();
+            async move { Ok::<_, Infallible>(p.handle(req, &conn).await) }
+        });
+        let c = watcher.watch(
+            builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+                .into_owned(),
+        );
+        if let Err(e) = c.await {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
     }
 }
 

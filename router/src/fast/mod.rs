@@ -30,7 +30,12 @@ use bytes::{Buf, BufMut, BytesMut};
 use http::Method;
 use http_body_util::BodyExt;
 use hyper::body::Body;
-use tokio::{io::AsyncWriteExt, net::TcpStream, sync::watch, time::Sleep};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
+    net::TcpStream,
+    sync::watch,
+    time::Sleep,
+};
 
 use crate::{
     error::ProxyError,
@@ -56,17 +61,21 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
 const DRAIN_MAX: u64 = 1 << 20;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A client connection's stream: plain TCP or TLS.
+pub trait ClientIo: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> ClientIo for T {}
+
 /// How a connection left the fast path.
-pub enum Outcome {
+pub enum Outcome<S> {
     /// Done: closed by the client, after an error, on timeout or shutdown.
     Closed,
     /// For hyper from here on; the stream replays what was read but not served.
-    Fallback(Prefixed),
+    Fallback(Prefixed<S>),
 }
 
 /// A client connection on the fast path.
-struct Client {
-    stream: TcpStream,
+struct Client<S> {
+    stream: S,
     /// Bytes read from the client and not yet served.
     inbuf: BytesMut,
     /// The response on its way to the client.
@@ -76,12 +85,12 @@ struct Client {
 }
 
 /// Serves `stream` until it closes or needs hyper.
-pub async fn serve(
-    stream: TcpStream,
+pub async fn serve<S: ClientIo>(
+    stream: S,
     conn: &Conn,
     proxy: &Proxy,
     mut stop: watch::Receiver<bool>,
-) -> Outcome {
+) -> Outcome<S> {
     let mut c = Client {
         stream,
         inbuf: BytesMut::with_capacity(READ_CHUNK),
@@ -124,7 +133,7 @@ enum Fill {
     Stop,
 }
 
-impl Client {
+impl<S: ClientIo> Client<S> {
     /// Reads more of the client's bytes, unless the head timeout passes
     /// first or (between requests) the router shuts down.
     async fn fill(
@@ -149,7 +158,7 @@ impl Client {
         .await
     }
 
-    fn fallback(self) -> Outcome {
+    fn fallback(self) -> Outcome<S> {
         Outcome::Fallback(Prefixed::new(self.inbuf, self.stream))
     }
 
@@ -366,7 +375,7 @@ impl Client {
 async fn exchange(
     proxy: &Proxy,
     plan: &Plan,
-    req: &mut FastRequest<'_>,
+    req: &mut FastRequest<'_, impl ClientIo>,
     is_head: bool,
 ) -> Result<h1::Answer, ProxyError> {
     let t = &plan.target;
@@ -393,17 +402,17 @@ async fn exchange(
 /// The request as it goes to the sandbox: the rewritten head, followed by
 /// the Content-Length body, partly already read (`buffered` bytes at the
 /// front of `inbuf`) and partly (`remaining`) still on the client socket.
-struct FastRequest<'a> {
+struct FastRequest<'a, S> {
     head: &'a [u8],
     inbuf: &'a mut BytesMut,
-    client: &'a mut TcpStream,
+    client: &'a mut S,
     buffered: usize,
     remaining: u64,
     /// Body bytes streamed after the head.
     sent: u64,
 }
 
-impl FastRequest<'_> {
+impl<S> FastRequest<'_, S> {
     /// Takes a body that travelled whole with the head off the client's bytes.
     fn settle(&mut self) {
         if self.remaining == 0 {
@@ -418,7 +427,7 @@ impl FastRequest<'_> {
     }
 }
 
-impl Outgoing for FastRequest<'_> {
+impl<S: ClientIo> Outgoing for FastRequest<'_, S> {
     /// A body already read travels with the head, so only one still on the
     /// client socket counts: until then a stale pooled connection can be
     /// replaced and the head (body included) written again.

@@ -7,25 +7,23 @@ use std::{
 };
 
 use bytes::{Buf, BytesMut};
-use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::TcpStream,
-};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// A client stream for hyper that first replays the bytes the fast path
 /// read but did not serve.
-pub struct Prefixed {
+pub struct Prefixed<S> {
     prefix: BytesMut,
-    inner: TcpStream,
+    inner: S,
 }
 
-impl Prefixed {
-    pub(super) fn new(prefix: BytesMut, inner: TcpStream) -> Self {
+impl<S> Prefixed<S> {
+    /// `inner`, read from after `prefix`.
+    pub fn new(prefix: BytesMut, inner: S) -> Self {
         Self { prefix, inner }
     }
 }
 
-impl AsyncRead for Prefixed {
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -41,7 +39,7 @@ impl AsyncRead for Prefixed {
     }
 }
 
-impl AsyncWrite for Prefixed {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

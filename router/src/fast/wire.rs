@@ -5,7 +5,7 @@ use std::{io, time::SystemTime};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::StatusCode;
-use tokio::{io::AsyncWriteExt, net::TcpStream};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::body::ProxyBody;
 
@@ -64,7 +64,11 @@ fn put_chunk_size(out: &mut BytesMut, n: usize) {
     let _ = write!(out, "{n:x}\r\n");
 }
 
-pub(super) async fn write_piece(s: &mut TcpStream, data: &Bytes, chunked: bool) -> io::Result<()> {
+pub(super) async fn write_piece(
+    s: &mut (impl AsyncWrite + Unpin),
+    data: &Bytes,
+    chunked: bool,
+) -> io::Result<()> {
     if chunked {
         let mut size = BytesMut::with_capacity(18);
         put_chunk_size(&mut size, data.len());

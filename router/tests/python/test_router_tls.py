@@ -90,6 +90,32 @@ def test_https_and_forwarded_proto(make_router, pki, http_echo):
     assert json.loads(body)["headers"]["x-forwarded-proto"] == "https"
 
 
+def test_https_keep_alive_across_fast_path_and_hyper(make_router, pki, http_echo):
+    """One HTTPS connection: routed requests (the router's HTTP/1.1 fast path), a
+    probe that hands the connection to hyper, then more routed requests (hyper's)."""
+    r = tls_router(make_router, pki)
+    routing = {"X-Sandbox-ID": "echo", "X-Sandbox-Pod-IP": LOOPBACK, "X-Sandbox-Port": str(http_echo.port)}
+    c = http.client.HTTPSConnection(LOOPBACK, r.https_port, context=context(pki), timeout=10)
+    try:
+        c.connect()
+        sock = c.sock
+        for i, path in enumerate(["/a", "/b", "/healthz", "/c", "/d"]):
+            body = b"x" * (1000 * i)
+            headers = {} if path == "/healthz" else {**routing, "Content-Length": str(len(body))}
+            c.request("POST" if headers else "GET", path, body=body if headers else None, headers=headers)
+            resp = c.getresponse()
+            data = json.loads(resp.read())
+            assert resp.status == 200, (path, data)
+            if path != "/healthz":
+                assert (data["path"], data["body_len"]) == (path, len(body))
+                assert data["headers"]["x-forwarded-proto"] == "https"
+                assert data["headers"]["host"] == f"{LOOPBACK}:{http_echo.port}"
+        assert c.sock is sock, "the connection was not kept alive"
+    finally:
+        c.close()
+    assert r.metric("sandbox_router_requests_total", method="POST", code="200") == 4
+
+
 def test_grpc_over_tls(make_router, pki, sandboxd):
     r = tls_router(make_router, pki)
     creds = grpc.ssl_channel_credentials(root_certificates=Path(pki.p("ca.crt")).read_bytes())
