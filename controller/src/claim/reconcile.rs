@@ -584,41 +584,46 @@ async fn resolve_refs(
     cx: &ClaimCtx,
 ) -> Result<Result<(SandboxWarmPool, SandboxTemplate), Outcome>, Error> {
     let ns = claim.namespace().unwrap_or_default();
+    let client = &cx.ctx.client;
     let pool_name = &claim.spec.warm_pool_ref.name;
-    let pool = match cx.pools.get(&ObjectRef::new(pool_name).within(&ns)) {
-        Some(p) => (*p).clone(),
-        None => match Api::<SandboxWarmPool>::namespaced(cx.ctx.client.clone(), &ns)
-            .get_opt(pool_name)
-            .await?
-        {
-            Some(p) => p,
-            None => {
-                return Ok(Err(unbound(
-                    reason::WARM_POOL_NOT_FOUND,
-                    messages::warm_pool_not_found(pool_name),
-                    Some(MISSING_REF_RETRY),
-                )))
-            }
-        },
+    let Some(pool) = cached_or_get(&cx.pools, client, &ns, pool_name).await? else {
+        return Ok(Err(unbound(
+            reason::WARM_POOL_NOT_FOUND,
+            messages::warm_pool_not_found(pool_name),
+            Some(MISSING_REF_RETRY),
+        )));
     };
     let tpl_name = &pool.spec.sandbox_template_ref.name;
-    let template = match cx.templates.get(&ObjectRef::new(tpl_name).within(&ns)) {
-        Some(t) => (*t).clone(),
-        None => match Api::<SandboxTemplate>::namespaced(cx.ctx.client.clone(), &ns)
-            .get_opt(tpl_name)
-            .await?
-        {
-            Some(t) => t,
-            None => {
-                return Ok(Err(unbound(
-                    reason::TEMPLATE_NOT_FOUND,
-                    format!("SandboxTemplate {tpl_name:?} not found"),
-                    Some(MISSING_REF_RETRY),
-                )))
-            }
-        },
+    let Some(template) = cached_or_get(&cx.templates, client, &ns, tpl_name).await? else {
+        return Ok(Err(unbound(
+            reason::TEMPLATE_NOT_FOUND,
+            format!("SandboxTemplate {tpl_name:?} not found"),
+            Some(MISSING_REF_RETRY),
+        )));
     };
     Ok(Ok((pool, template)))
+}
+
+/// `ns/name` from the cache, or from the API server when the cache has not seen it (yet).
+async fn cached_or_get<K>(
+    cache: &Store<K>,
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<Option<K>, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    if let Some(k) = cache.get(&ObjectRef::new(name).within(ns)) {
+        return Ok(Some((*k).clone()));
+    }
+    Ok(Api::<K>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await?)
 }
 
 /// Takes a warm member for `claim`. `None`: nothing to adopt, create cold.
