@@ -6,7 +6,6 @@
 //! (`a/b.txt`) name the same file.
 
 use std::{
-    io::SeekFrom,
     os::fd::OwnedFd,
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -20,23 +19,19 @@ use axum::{
     routing::any,
     Json, Router,
 };
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use sandhub_api::sandboxd::{DirectoryListing, EntryType, FileEntry};
-use tokio::io::{AsyncSeekExt, AsyncWriteExt};
-use tokio_util::io::ReaderStream;
 
 use crate::{
     confine::{kind_of, Kind, RelPath, Root},
     daemon::Daemon,
     error::{Error, Result},
+    transfer,
 };
 
 const PREFIX: &str = "/v1/files";
-/// Read and write in large blocks: the per-chunk cost, not the copy,
-/// dominates throughput on big files.
-const IO_CHUNK: usize = 256 * 1024;
 const DEFAULT_MODE: u32 = 0o644;
 
 pub fn routes() -> Router<Arc<Daemon>> {
@@ -303,28 +298,13 @@ async fn serve_file(
         );
     }
     let body = if with_body {
-        Body::from_stream(file_stream(file, start, count).await?)
+        Body::from_stream(transfer::read_body(file, start, count))
     } else {
         Body::empty()
     };
     response
         .body(body)
         .map_err(|e| Error::Internal(format!("building response: {e}")))
-}
-
-async fn file_stream(
-    file: std::fs::File,
-    start: u64,
-    count: u64,
-) -> Result<impl Stream<Item = std::io::Result<Bytes>>> {
-    use tokio::io::AsyncReadExt;
-    let mut file = tokio::fs::File::from_std(file);
-    if start > 0 {
-        file.seek(SeekFrom::Start(start))
-            .await
-            .map_err(|e| Error::Internal(format!("seek: {e}")))?;
-    }
-    Ok(ReaderStream::with_capacity(file.take(count), IO_CHUNK))
 }
 
 enum RangeSpec {
@@ -524,28 +504,15 @@ pub async fn append_file(
     copy_into(fd, data, limit, rel).await
 }
 
-async fn copy_into(fd: OwnedFd, mut data: BodyStream, limit: u64, rel: &RelPath) -> Result<()> {
-    let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
-    let mut written: u64 = 0;
-    let mut buf = BytesMut::with_capacity(IO_CHUNK);
-    while let Some(chunk) = data.next().await {
-        let chunk = chunk?;
-        written += chunk.len() as u64;
-        if limit > 0 && written > limit {
-            return Err(too_large(limit));
-        }
-        buf.extend_from_slice(&chunk);
-        if buf.len() >= IO_CHUNK {
-            file.write_all(&buf)
-                .await
-                .map_err(|e| Error::io(e, &rel.display()))?;
-            buf.clear();
-        }
-    }
-    file.write_all(&buf)
-        .await
-        .map_err(|e| Error::io(e, &rel.display()))?;
-    file.flush().await.map_err(|e| Error::io(e, &rel.display()))
+async fn copy_into(fd: OwnedFd, data: BodyStream, limit: u64, rel: &RelPath) -> Result<()> {
+    transfer::write_body(
+        std::fs::File::from(fd),
+        data,
+        limit,
+        || too_large(limit),
+        |e| Error::io(e, &rel.display()),
+    )
+    .await
 }
 
 async fn delete(daemon: &Daemon, request: Request) -> Result<Response> {

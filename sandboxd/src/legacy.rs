@@ -203,8 +203,7 @@ async fn download(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
         if kind_of(&st) != Kind::File {
             return Err(Error::NotFound("File not found".into()));
         }
-        let file = tokio::fs::File::from_std(file);
-        let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
+        let stream = crate::transfer::read_body(file, 0, st.st_size as u64);
         Ok((
             [
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod process;
 pub mod rest;
 pub mod server;
+pub mod transfer;
 pub mod watcher;
 
 pub use config::Config;
