@@ -189,7 +189,7 @@ pub struct Args {
     /// processes; 0: one per CPU.
     #[arg(long, env = "SANDBOX_ROUTER_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
-    /// Serve plain-listener HTTP/1.1 requests routed by X-Sandbox-* headers to a
+    /// Serve HTTP/1.1 requests (plain or TLS) routed by X-Sandbox-* headers to a
     /// known Pod address on the router's own HTTP/1.1 path instead of hyper's
     /// server (anything else still goes to hyper, on the same connection).
     #[arg(long, env = "SANDBOX_ROUTER_HTTP1_FAST_PATH", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]

@@ -10,7 +10,7 @@
 //! - [`authz`]: allow-all, TokenReview and scoped tokens.
 //! - [`cache`]: the Pod cache (a kube watch feeding a pure index).
 //! - [`upstream`]: dialing sandboxes with retries; pooled clients.
-//! - [`fast`]: the plain listener's HTTP/1.1 path without hyper's server.
+//! - [`fast`]: the HTTP/1.1 path without hyper's server (plain and TLS listeners).
 //! - [`h1`]: the direct HTTP/1.1 path to Pod IPs (per-thread pool, no extra tasks).
 //! - [`proxy`]: the request path itself.
 //! - [`body`]: streaming bodies with byte counts and gRPC deadlines.

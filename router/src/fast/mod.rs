@@ -1,4 +1,5 @@
-//! The plain listener's HTTP/1.1 fast path.
+//! The HTTP/1.1 fast path, on the plain listener and on TLS connections
+//! that did not negotiate h2.
 //!
 //! A keep-alive client sending header-routed requests to a known Pod address
 //! (the router's bread and butter) is served here without hyper's server:
