@@ -428,10 +428,17 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
                 value: (vs, vs + raw.len() as u32),
             });
         }
-        if !named.is_empty() {
+        let chunked = matches!(framing, Framing::Chunked(_));
+        if chunked || !named.is_empty() {
             let head = &buf[..len];
             spans.retain(|s| {
                 let name = &head[s.name.0 as usize..s.name.1 as usize];
+                if name.eq_ignore_ascii_case(b"content-length") {
+                    // Framing is not the Connection header's to strip; and with
+                    // chunked it must go (RFC 9112 §6.3), or the client would
+                    // get a head announcing two framings.
+                    return !chunked;
+                }
                 !named.iter().any(|v| {
                     head[v.clone()]
                         .split(|&b| b == b',')

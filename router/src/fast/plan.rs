@@ -15,10 +15,15 @@ use crate::{
 /// hyper's default limit; more headers go to hyper for its 431.
 const MAX_HEADERS: usize = 100;
 
-/// Request headers that never reach the sandbox: per-hop ones (RFC 9110
-/// §7.6.1), credentials meant for the router, and the ones it sets itself.
-const DROPPED: [&str; 14] = [
+/// Request headers that never reach the sandbox as the client sent them:
+/// per-hop ones (RFC 9110 §7.6.1), credentials meant for the router, and the
+/// ones it sets itself. Content-Length is written anew from the length the
+/// body is relayed by: a `Connection: content-length` must not strip the
+/// framing off a body that still goes out (the sandbox would read it as a
+/// second request on a pooled connection other clients share).
+const DROPPED: [&str; 15] = [
     "host",
+    "content-length",
     "authorization",
     "connection",
     "keep-alive",
@@ -125,6 +130,10 @@ pub(super) fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Prox
     up_head.put_slice(b" HTTP/1.1\r\nhost: ");
     up_head.put_slice(authority.as_str().as_bytes());
     up_head.put_slice(b"\r\n");
+    if fields.has_length {
+        use std::fmt::Write;
+        let _ = write!(up_head, "content-length: {}\r\n", fields.content_length);
+    }
     for h in headers {
         let name = h.name;
         if DROPPED.iter().any(|d| name.eq_ignore_ascii_case(d)) || fields.connection_names(name) {
@@ -175,6 +184,8 @@ pub(super) fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Prox
 /// `None` when the request is one for hyper.
 struct Fields<'a> {
     host: &'a [u8],
+    /// Whether the client sent a Content-Length (the value is `content_length`).
+    has_length: bool,
     content_length: u64,
     keep_alive: bool,
     forwarded_https: bool,
@@ -187,13 +198,14 @@ impl<'a> Fields<'a> {
     fn read(headers: &'a [httparse::Header<'a>]) -> Option<Self> {
         let mut f = Fields {
             host: b"",
+            has_length: false,
             content_length: 0,
             keep_alive: true,
             forwarded_https: false,
             connection: [b""; 8],
             connection_len: 0,
         };
-        let (mut host, mut length, mut id, mut xfp) = (false, false, false, false);
+        let (mut host, mut id, mut xfp) = (false, false, false);
         for h in headers {
             let name = h.name;
             let is = |n: &str| name.eq_ignore_ascii_case(n);
@@ -206,11 +218,11 @@ impl<'a> Fields<'a> {
                 host = true;
             } else if is("content-length") {
                 // Two lengths, or one that is not plain digits: hyper's to judge.
-                if length || h.value.is_empty() || !h.value.iter().all(u8::is_ascii_digit) {
+                if f.has_length || h.value.is_empty() || !h.value.iter().all(u8::is_ascii_digit) {
                     return None;
                 }
                 f.content_length = std::str::from_utf8(h.value).ok()?.parse().ok()?;
-                length = true;
+                f.has_length = true;
             } else if is("transfer-encoding") || is("upgrade") || is("expect") {
                 return None;
             } else if is("connection") {
@@ -349,6 +361,24 @@ mod tests {
         let names: Vec<_> = pairs.iter().map(|(n, _)| n.as_str()).collect();
         assert!(!names.contains(&"authorization"));
         assert_eq!(pairs, reference(&raw[..raw.len() - 3], "10.0.0.7:8888"));
+    }
+
+    #[test]
+    fn the_body_keeps_its_framing_whatever_connection_names() {
+        let p = proxy(&[]);
+        let raw = format!(
+            "POST / HTTP/1.1\r\n{ROUTING}Connection: content-length, keep-alive\r\nContent-Length: 3\r\n\r\n"
+        );
+        let (Parsed::Serve(plan), up) = run(&p, &raw) else {
+            panic!("not planned")
+        };
+        assert_eq!(plan.content_length, 3);
+        let (_, pairs) = sorted_pairs(&up);
+        let lengths: Vec<_> = pairs
+            .iter()
+            .filter(|(n, _)| n == "content-length")
+            .collect();
+        assert_eq!(lengths, [&("content-length".to_owned(), b"3".to_vec())]);
     }
 
     #[test]
