@@ -390,12 +390,15 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
         let mut keep_alive = parsed.version == Some(1);
         // Value spans of Connection headers: the headers they name stay on this hop.
         let mut named = Vec::new();
+        let mut length = None;
         for h in parsed.headers.iter() {
             let name = h.name.as_bytes();
             let raw = h.value;
             let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
             if is("transfer-encoding") {
-                if raw.eq_ignore_ascii_case(b"chunked") || raw.ends_with(b"chunked") {
+                // Chunked frames the body only as the final coding (RFC 9112 §6.1).
+                let last = raw.rsplit(|&b| b == b',').next().unwrap_or_default();
+                if last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
                     framing = Framing::Chunked(Chunk::Size);
                 }
                 continue;
@@ -415,12 +418,23 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
             if is("upgrade") || is("trailer") || is("keep-alive") || is("proxy-connection") {
                 continue;
             }
-            if is("content-length") && !matches!(framing, Framing::Chunked(_)) {
+            if is("content-length") {
                 let n = std::str::from_utf8(raw)
                     .ok()
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .ok_or(ExchangeError::Protocol("content-length"))?;
-                framing = Framing::Length(n);
+                // Two different lengths cannot be relayed safely (RFC 9112 §6.3);
+                // a repeated one is passed on once.
+                match length.replace(n) {
+                    Some(m) if m != n => {
+                        return Err(ExchangeError::Protocol("conflicting content-length"))
+                    }
+                    Some(_) => continue,
+                    None => {}
+                }
+                if !matches!(framing, Framing::Chunked(_)) {
+                    framing = Framing::Length(n);
+                }
             }
             let (ns, vs) = (offset(name), offset(raw));
             spans.push(Span {
@@ -731,5 +745,56 @@ impl Body for DirectBody {
 impl DirectBody {
     fn count_add(&mut self, n: usize) {
         self.count.add(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(head: &str) -> Result<ResponseHead, ExchangeError> {
+        let mut buf = BytesMut::from(head.as_bytes());
+        parse_head(&mut buf, false).map(|h| h.expect("a whole head"))
+    }
+
+    fn names(h: &ResponseHead) -> Vec<String> {
+        h.headers()
+            .map(|(n, _)| String::from_utf8_lossy(n).to_ascii_lowercase())
+            .collect()
+    }
+
+    #[test]
+    fn chunked_wins_over_a_length_which_is_dropped() {
+        for head in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 5\r\n\r\n",
+        ] {
+            let h = parse(head).unwrap();
+            assert!(!h.length_framed(), "{head}");
+            assert!(!names(&h).contains(&"content-length".to_owned()), "{head}");
+        }
+        // Chunked that is not the final coding does not frame the body.
+        let h = parse("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n").unwrap();
+        assert!(matches!(h.state.framing, Framing::UntilClose));
+    }
+
+    #[test]
+    fn the_connection_header_cannot_strip_the_length() {
+        let h = parse(
+            "HTTP/1.1 200 OK\r\nConnection: content-length, X-Hop\r\nX-Hop: 1\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\n",
+        )
+        .unwrap();
+        assert!(h.length_framed());
+        assert_eq!(names(&h), ["x-kept", "content-length"]);
+    }
+
+    #[test]
+    fn lengths_that_disagree_are_refused_and_repeats_passed_once() {
+        assert!(
+            parse("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n").is_err()
+        );
+        let h = parse("HTTP/1.1 200 OK\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\n").unwrap();
+        assert_eq!(names(&h), ["content-length"]);
+        assert!(matches!(h.state.framing, Framing::Length(2)));
     }
 }
