@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use tokio::{
-    io::{AsyncRead, AsyncWriteExt, ReadBuf},
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
     net::TcpStream,
 };
 
@@ -150,10 +150,7 @@ impl Outgoing for HyperRequest<'_> {
         buf.put_slice(host.as_bytes());
         buf.put_slice(b"\r\n");
         for (name, value) in &req.headers {
-            buf.put_slice(name.as_str().as_bytes());
-            buf.put_slice(b": ");
-            buf.put_slice(value.as_bytes());
-            buf.put_slice(b"\r\n");
+            put_header(buf, name.as_str().as_bytes(), value.as_bytes());
         }
         if self.chunked {
             buf.put_slice(b"transfer-encoding: chunked\r\n");
@@ -165,21 +162,13 @@ impl Outgoing for HyperRequest<'_> {
         while let Some(frame) = self.body.frame().await {
             let frame = frame.map_err(ExchangeError::Body)?;
             if let Ok(data) = frame.into_data() {
-                if data.is_empty() {
-                    continue;
-                }
-                if self.chunked {
-                    s.write_all(format!("{:x}\r\n", data.len()).as_bytes())
-                        .await?;
-                    s.write_all(&data).await?;
-                    s.write_all(b"\r\n").await?;
-                } else {
-                    s.write_all(&data).await?;
+                if !data.is_empty() {
+                    write_piece(s, &data, self.chunked).await?;
                 }
             }
         }
         if self.chunked {
-            s.write_all(b"0\r\n\r\n").await?;
+            s.write_all(LAST_CHUNK).await?;
         }
         Ok(())
     }
@@ -404,10 +393,7 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
                 continue;
             }
             if is("connection") {
-                if raw
-                    .split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-                {
+                if has_token(raw, b"close") {
                     keep_alive = false;
                 }
                 let vs = offset(raw) as usize;
@@ -453,11 +439,7 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
                     // get a head announcing two framings.
                     return !chunked;
                 }
-                !named.iter().any(|v| {
-                    head[v.clone()]
-                        .split(|&b| b == b',')
-                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
-                })
+                !named.iter().any(|v| has_token(&head[v.clone()], name))
             });
         }
         if is_head || code == 204 || code == 304 {
@@ -475,8 +457,53 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
     }
 }
 
-async fn read_some(s: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+/// Reads what is there into `buf`'s spare capacity; `Ok(0)`: end of stream.
+pub(crate) async fn read_some(
+    s: &mut (impl AsyncRead + Unpin),
+    buf: &mut BytesMut,
+) -> io::Result<usize> {
     std::future::poll_fn(|cx| poll_read_into(s, buf, cx)).await
+}
+
+/// One `name: value` header line.
+pub(crate) fn put_header(buf: &mut BytesMut, name: &[u8], value: &[u8]) {
+    buf.put_slice(name);
+    buf.put_slice(b": ");
+    buf.put_slice(value);
+    buf.put_slice(b"\r\n");
+}
+
+/// The chunk that ends a chunked body (no trailers).
+pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// A chunk's size line.
+pub(crate) fn put_chunk_size(buf: &mut BytesMut, n: usize) {
+    use std::fmt::Write;
+    let _ = write!(buf, "{n:x}\r\n");
+}
+
+/// Writes `data` as it is, or as one chunk of a chunked body.
+pub(crate) async fn write_piece(
+    s: &mut (impl AsyncWrite + Unpin),
+    data: &[u8],
+    chunked: bool,
+) -> io::Result<()> {
+    if chunked {
+        let mut size = BytesMut::with_capacity(18);
+        put_chunk_size(&mut size, data.len());
+        s.write_all(&size).await?;
+        s.write_all(data).await?;
+        s.write_all(b"\r\n").await
+    } else {
+        s.write_all(data).await
+    }
+}
+
+/// Whether a comma-separated header value lists `token` (case-insensitive).
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 pub(crate) fn poll_read_into(

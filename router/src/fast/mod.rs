@@ -44,9 +44,10 @@ use crate::{
     metrics::{InflightGuard, MethodLabel},
     proxy::{Conn, Proxy, Served},
 };
+use h1::write_piece;
 use plan::{plan, Parsed, Plan};
 pub use prefixed::Prefixed;
-use wire::{put_date, put_piece, status_line, write_piece, write_small};
+use wire::{put_date, put_piece, status_line, write_small};
 
 /// Largest request head read here; a longer one goes to hyper, which decides.
 const MAX_HEAD: usize = 64 * 1024;
@@ -244,10 +245,7 @@ impl<S: ClientIo> Client<S> {
         let read = async {
             while remaining > 0 {
                 if self.inbuf.is_empty() {
-                    let n = std::future::poll_fn(|cx| {
-                        h1::poll_read_into(&mut self.stream, &mut self.inbuf, cx)
-                    })
-                    .await?;
+                    let n = h1::read_some(&mut self.stream, &mut self.inbuf).await?;
                     if n == 0 {
                         return Err(io::ErrorKind::UnexpectedEof.into());
                     }
@@ -275,11 +273,7 @@ impl<S: ClientIo> Client<S> {
         let _ = tokio::time::timeout(LINGER, async {
             while drained < LINGER_BYTES {
                 self.inbuf.clear();
-                match std::future::poll_fn(|cx| {
-                    h1::poll_read_into(&mut self.stream, &mut self.inbuf, cx)
-                })
-                .await
-                {
+                match h1::read_some(&mut self.stream, &mut self.inbuf).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => drained += n,
                 }
@@ -304,10 +298,7 @@ impl<S: ClientIo> Client<S> {
         let mut has_date = false;
         for (name, value) in head.headers() {
             has_date |= name.eq_ignore_ascii_case(b"date");
-            out.put_slice(name);
-            out.put_slice(b": ");
-            out.put_slice(value);
-            out.put_slice(b"\r\n");
+            h1::put_header(out, name, value);
         }
         if !has_date {
             put_date(out);
@@ -338,7 +329,7 @@ impl<S: ClientIo> Client<S> {
         }
         let finished = pending.is_none() && body.is_end_stream();
         if finished && chunked {
-            out.put_slice(b"0\r\n\r\n");
+            out.put_slice(h1::LAST_CHUNK);
         }
         self.stream.write_all(out).await?;
         if finished {
@@ -351,7 +342,7 @@ impl<S: ClientIo> Client<S> {
             match body.frame().await {
                 None => {
                     if chunked {
-                        self.stream.write_all(b"0\r\n\r\n").await?;
+                        self.stream.write_all(h1::LAST_CHUNK).await?;
                     }
                     return Ok(true);
                 }
@@ -447,8 +438,7 @@ impl<S: ClientIo> Outgoing for FastRequest<'_, S> {
         self.buffered = 0;
         while self.remaining > 0 {
             if self.inbuf.is_empty() {
-                let n = std::future::poll_fn(|cx| h1::poll_read_into(self.client, self.inbuf, cx))
-                    .await?;
+                let n = h1::read_some(self.client, self.inbuf).await?;
                 if n == 0 {
                     return Err(ExchangeError::Body("client closed mid-body".into()));
                 }

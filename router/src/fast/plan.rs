@@ -8,6 +8,7 @@ use http::Method;
 
 use crate::{
     authz::bearer_value,
+    h1::put_header,
     proxy::{Conn, Proxy, Resolved},
     routing::{parse_headers, parse_path, visible_ascii, HeaderRules, HeaderSource, Target},
 };
@@ -139,10 +140,7 @@ pub(super) fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Prox
         if DROPPED.iter().any(|d| name.eq_ignore_ascii_case(d)) || fields.connection_names(name) {
             continue;
         }
-        up_head.put_slice(name.as_bytes());
-        up_head.put_slice(b": ");
-        up_head.put_slice(h.value);
-        up_head.put_slice(b"\r\n");
+        put_header(up_head, name.as_bytes(), h.value);
     }
     up_head.put_slice(b"x-forwarded-for: ");
     // Every earlier hop, from however many lines the client sent.

@@ -1,13 +1,15 @@
 //! Writing the client's side of the exchange: status lines, dates, chunks
 //! and the router's own small answers.
 
-use std::{io, time::SystemTime};
+use std::time::SystemTime;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::StatusCode;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::body::ProxyBody;
+use crate::{
+    body::ProxyBody,
+    h1::{put_chunk_size, put_header},
+};
 
 pub(super) fn status_line(out: &mut BytesMut, code: u16) {
     out.put_slice(b"HTTP/1.1 ");
@@ -49,6 +51,7 @@ pub(super) fn put_date(out: &mut BytesMut) {
     });
 }
 
+/// `data` as it is, or as one chunk of a chunked body, into `out`.
 pub(super) fn put_piece(out: &mut BytesMut, data: &[u8], chunked: bool) {
     if chunked {
         put_chunk_size(out, data.len());
@@ -59,37 +62,13 @@ pub(super) fn put_piece(out: &mut BytesMut, data: &[u8], chunked: bool) {
     }
 }
 
-fn put_chunk_size(out: &mut BytesMut, n: usize) {
-    use std::fmt::Write;
-    let _ = write!(out, "{n:x}\r\n");
-}
-
-pub(super) async fn write_piece(
-    s: &mut (impl AsyncWrite + Unpin),
-    data: &Bytes,
-    chunked: bool,
-) -> io::Result<()> {
-    if chunked {
-        let mut size = BytesMut::with_capacity(18);
-        put_chunk_size(&mut size, data.len());
-        s.write_all(&size).await?;
-        s.write_all(data).await?;
-        s.write_all(b"\r\n").await
-    } else {
-        s.write_all(data).await
-    }
-}
-
 /// One of the router's own answers (errors), whole, into `out`.
 pub(super) fn write_small(out: &mut BytesMut, resp: http::Response<ProxyBody>, keep_alive: bool) {
     use std::fmt::Write;
     out.clear();
     status_line(out, resp.status().as_u16());
     for (name, value) in resp.headers() {
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
+        put_header(out, name.as_str().as_bytes(), value.as_bytes());
     }
     let body = match resp.into_body() {
         ProxyBody::Full(Some(b)) => b,
