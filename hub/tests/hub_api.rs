@@ -1259,6 +1259,15 @@ async fn bad_input_gets_clear_errors() {
     }
     assert_eq!(err_code(c.get_template("bad-values").await), Code::NotFound);
 
+    // A command that cannot be executed (a directory): 403, as documented.
+    let r = http
+        .post(format!("{url}/v1/sandboxes/{}/exec", sb.id))
+        .json(&json!({"command": ["/"]}))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 403, "PERMISSION_DENIED").await;
+
     // Path traversal out of the workspace: 403, and nothing lands outside.
     let escape = hub.dir.path().join("escaped.txt");
     let r = http

@@ -49,6 +49,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
     responses(
         (status = 200, body = ExecResult),
         (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody,
+         description = "The command cannot be run (not executable, e.g. a directory)"),
         (status = 404, body = ErrorBody),
         (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
         (status = 413, body = ErrorBody),
@@ -95,6 +97,8 @@ struct StartBody {
         (status = 200, content_type = "application/x-ndjson", body = ProcessEventWire,
          description = "One event per line"),
         (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody,
+         description = "The command cannot be run (not executable, e.g. a directory)"),
         (status = 404, body = ErrorBody),
         (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
         (status = 413, body = ErrorBody),
