@@ -7,6 +7,7 @@ pub mod gym;
 pub mod kube;
 pub mod local;
 pub mod mcp;
+pub mod policy;
 pub mod rest;
 pub mod serve;
 pub mod service;

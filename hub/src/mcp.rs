@@ -59,13 +59,9 @@ pub struct McpArgs {
     #[arg(long, env = "SANDHUB_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 
-    /// Embedded hub: run sandboxes without cgroup limits where none can be had.
-    #[arg(long, env = "SANDHUB_ALLOW_NO_CGROUP_LIMITS")]
-    pub allow_no_cgroup_limits: bool,
-
-    /// Embedded hub: host directories templates may name (comma-separated).
-    #[arg(long, env = "SANDHUB_TEMPLATE_DIRS", value_delimiter = ',')]
-    pub template_dirs: Vec<PathBuf>,
+    /// The embedded hub's local backend (as `sandhub serve`).
+    #[command(flatten)]
+    pub local: crate::serve::LocalArgs,
 }
 
 /// `sandhub mcp`: MCP on stdio, so a desktop client needs one command.
@@ -76,12 +72,7 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
             sandhub_mcp::serve_stdio(client).await
         }
         None => {
-            let hub = crate::serve::embedded_hub(
-                args.state_dir,
-                args.allow_no_cgroup_limits,
-                &args.template_dirs,
-            )
-            .await?;
+            let hub = crate::serve::embedded_hub(args.state_dir, &args.local).await?;
             // Deadlines and pools still need minding while this process runs.
             hub.spawn_background(std::time::Duration::from_secs(1));
             sandhub_mcp::serve_stdio(TenantSandboxes(Arc::new(hub))).await

@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use crate::{
     backend::Backend,
     kube::{KubeArgs, KubeTenancy},
+    policy::{Policy, PolicyArgs},
     rest::{self, ApiKeys, AppState},
     service::Hub,
     store::Store,
@@ -45,6 +46,17 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHUB_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
 
+    #[command(flatten)]
+    pub local: LocalArgs,
+
+    /// How often deadlines, idle timeouts and dead sandboxes are checked.
+    #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub reap_interval: Duration,
+}
+
+/// The embedded local backend's settings (`sandhub serve`, `sandhub mcp`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct LocalArgs {
     /// Run sandboxes without cpu/memory/pids limits where no cgroup can be
     /// delegated (rootless without systemd delegation).
     #[arg(long, env = "SANDHUB_ALLOW_NO_CGROUP_LIMITS")]
@@ -55,9 +67,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHUB_TEMPLATE_DIRS", value_delimiter = ',')]
     pub template_dirs: Vec<PathBuf>,
 
-    /// How often deadlines, idle timeouts and dead sandboxes are checked.
-    #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub reap_interval: Duration,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 pub fn default_state_dir() -> PathBuf {
@@ -79,12 +90,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let (hub, where_): (Arc<dyn Tenancy>, String) = match args.backend {
         BackendKind::Local => {
-            let hub = embedded_hub(
-                args.state_dir.clone(),
-                args.allow_no_cgroup_limits,
-                &args.template_dirs,
-            )
-            .await?;
+            let hub = embedded_hub(args.state_dir.clone(), &args.local).await?;
             hub.spawn_background(args.reap_interval);
             let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
             (
@@ -131,10 +137,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// Background work (pools, reaping) is the caller's to start.
 pub async fn embedded_hub(
     state_dir: Option<PathBuf>,
-    allow_no_cgroup_limits: bool,
-    template_dirs: &[PathBuf],
+    local: &LocalArgs,
 ) -> anyhow::Result<Arc<Hub>> {
-    let template_dirs = template_dirs
+    let policy = Policy::resolve(&local.policy);
+    policy.validate()?;
+    let template_dirs = local
+        .template_dirs
         .iter()
         .map(|d| {
             d.canonicalize()
@@ -147,10 +155,11 @@ pub async fn embedded_hub(
     let store = Store::open(&state_dir.join("sandhub.db"))
         .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
     let backend: Arc<dyn Backend> = Arc::new(
-        crate::backend::local::LocalBackend::new(&state_dir, allow_no_cgroup_limits)
+        crate::backend::local::LocalBackend::new(&state_dir, local.allow_no_cgroup_limits)
             .context("starting the local backend")?,
     );
-    let hub = Hub::with_template_dirs(store, backend, template_dirs);
+    tracing::info!(?policy, "sandbox limits and tenant quotas");
+    let hub = Hub::new(store, backend, template_dirs, policy);
     hub.recover()
         .await
         .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;

@@ -27,16 +27,24 @@ use tokio::sync::Notify;
 
 use crate::{
     backend::{Backend, LaunchRequest},
+    policy::Policy,
     store::{found, Claim, PoolRow, SandboxRow, SnapshotRow, Store},
 };
 
 /// Longest `shutdown_after_seconds` / `idle_timeout_seconds` accepted (a year).
 const MAX_LIFETIME_SECONDS: u64 = 365 * 24 * 3600;
 const MAX_LABELS: usize = 64;
+/// How long a Finished sandbox's row and files are kept (for `get` and a
+/// post-mortem look) before the reaper removes them.
+const FINISHED_TTL_MS: i64 = 3600 * 1000;
 
 pub struct Hub {
     pub store: Store,
     template_dirs: Vec<PathBuf>,
+    policy: Policy,
+    /// Held from a quota check to the insert of the row it admitted, so
+    /// two concurrent creates cannot both take the last slot.
+    admission: Mutex<()>,
     backend: Arc<dyn Backend>,
     clients: Mutex<HashMap<String, SandboxdClient>>,
     /// Wakes the pool refiller after a claim or a pool change.
@@ -148,7 +156,8 @@ fn check_lifetime(name: &str, v: Option<u64>) -> Result<()> {
     }
 }
 
-fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<()> {
+/// The resource limits a template may ask for.
+pub(crate) fn check_limits(t: &Template) -> Result<()> {
     if let Some(cpu) = t.cpu {
         if !(cpu.is_finite() && (MIN_CPU..=MAX_CPU).contains(&cpu)) {
             return Err(invalid(format!("cpu must be {MIN_CPU} to {MAX_CPU} cores")));
@@ -165,6 +174,11 @@ fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<()> {
     if t.pids.is_some_and(|p| !(MIN_PIDS..=MAX_PIDS).contains(&p)) {
         return Err(invalid(format!("pids must be {MIN_PIDS} to {MAX_PIDS}")));
     }
+    Ok(())
+}
+
+fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<()> {
+    check_limits(t)?;
     check_env(&t.env)?;
     for (what, dir) in [("root_fs", &t.root_fs), ("seed_dir", &t.seed_dir)] {
         if let Some(dir) = dir {
@@ -212,21 +226,20 @@ fn check_template_dir(what: &str, dir: &Path, allowed: &[PathBuf]) -> Result<()>
 }
 
 impl Hub {
-    pub fn new(store: Store, backend: Arc<dyn Backend>) -> Arc<Self> {
-        Self::with_template_dirs(store, backend, Vec::new())
-    }
-
     /// `template_dirs`: the host directories templates may name as
     /// `root_fs` or `seed_dir` (canonical paths).
-    pub fn with_template_dirs(
+    pub fn new(
         store: Store,
         backend: Arc<dyn Backend>,
         template_dirs: Vec<PathBuf>,
+        policy: Policy,
     ) -> Arc<Self> {
         Arc::new(Hub {
             store,
             backend,
             template_dirs,
+            policy,
+            admission: Mutex::new(()),
             clients: Mutex::new(HashMap::new()),
             pools_changed: Notify::new(),
             launching: Mutex::new(HashMap::new()),
@@ -288,9 +301,53 @@ impl Hub {
         self.clients.lock().unwrap().remove(id);
     }
 
+    /// A template as its sandboxes run: the operator's defaults fill the
+    /// limits it leaves open, and what the operator does not allow (any
+    /// more) is refused.
+    fn effective_template(&self, tenant: &str, name: &str) -> Result<Template> {
+        let t = self.template(tenant, name)?;
+        self.policy.admit_template(&t)?;
+        Ok(self.policy.effective(&t))
+    }
+
+    /// Inserts a new sandbox row if the tenant's quota has room for it.
+    fn admit(&self, row: &SandboxRow) -> Result<()> {
+        let more = self
+            .effective_template(&row.tenant, &row.template)?
+            .memory_mb
+            .unwrap_or(0);
+        let _one_at_a_time = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut have, mut memory) = (0u64, 0u64);
+        let mut templates: HashMap<String, u64> = HashMap::new();
+        for r in self.store.all_sandboxes()? {
+            let live = matches!(
+                r.state,
+                SandboxState::Pending | SandboxState::Ready | SandboxState::Suspended
+            );
+            if r.tenant != row.tenant || !live {
+                continue;
+            }
+            have += 1;
+            let mb = match templates.get(&r.template) {
+                Some(mb) => *mb,
+                None => {
+                    let mb = self
+                        .template(&r.tenant, &r.template)
+                        .map(|t| self.policy.effective(&t).memory_mb.unwrap_or(0))
+                        .unwrap_or(0);
+                    templates.insert(r.template.clone(), mb);
+                    mb
+                }
+            };
+            memory = memory.saturating_add(mb);
+        }
+        self.policy.admit_sandbox(have, memory, more)?;
+        self.store.insert_sandbox(row)
+    }
+
     /// Starts the sandbox a row describes and records it Ready.
     async fn start(&self, row: &mut SandboxRow) -> Result<()> {
-        let template = self.template(&row.tenant, &row.template)?;
+        let template = self.effective_template(&row.tenant, &row.template)?;
         let snapshot_layer = match &row.forked_from {
             Some(snap) => Some(self.snapshot_path(snap)?),
             None => None,
@@ -315,9 +372,10 @@ impl Hub {
             .ok_or_else(|| Error::not_found(format!("snapshot {snapshot_id} has no stored layer")))
     }
 
-    /// Creates a cold sandbox row and starts it; on failure nothing is left.
+    /// Creates a cold sandbox row (within the tenant's quota) and starts
+    /// it; on failure nothing is left.
     async fn create_cold(&self, mut row: SandboxRow) -> Result<SandboxRow> {
-        self.store.insert_sandbox(&row)?;
+        self.admit(&row)?;
         if let Err(e) = self.start(&mut row).await {
             let _ = self.backend.destroy(&row).await;
             let _ = self.store.delete_sandbox(&row.id);
@@ -366,10 +424,15 @@ impl Hub {
                 tracing::info!(id = %row.id, "re-attached to running sandbox");
                 continue;
             }
-            tracing::warn!(id = %row.id, "sandbox died while the hub was away");
-            let _ = self.backend.stop(&row).await;
+            // Stopped even without a recorded runtime: a hub killed mid-launch
+            // leaves a sandbox whose processes it never learnt of (the
+            // backend sweeps by id).
+            tracing::warn!(id = %row.id, "sandbox died or was never finished while the hub was away");
+            if let Err(e) = self.backend.stop(&row).await {
+                tracing::warn!(id = %row.id, error = %e, "stopping the remains of a sandbox");
+            }
             if row.claimed {
-                self.store.set_state(&row.id, SandboxState::Finished)?;
+                self.finish(&row.id, now_ms())?;
             } else {
                 // A dead warm member is worth nothing; the refiller replaces it.
                 let _ = self.remove(&row).await;
@@ -378,10 +441,16 @@ impl Hub {
         Ok(())
     }
 
-    /// One pass of the lifecycle: deadlines, idle timeouts, dead sandboxes.
+    /// One pass of the lifecycle: deadlines, idle timeouts, dead sandboxes,
+    /// and Finished ones (which must have no process left, and go after
+    /// [`FINISHED_TTL_MS`]).
     pub async fn reap(&self) -> Result<()> {
         let now = now_ms();
         for row in self.store.all_sandboxes()? {
+            if row.state == SandboxState::Finished {
+                self.reap_finished(&row, now).await;
+                continue;
+            }
             if !row.claimed {
                 continue;
             }
@@ -415,13 +484,39 @@ impl Hub {
                 tracing::warn!(id = %row.id, "sandbox died");
                 self.forget_client(&row.id);
                 let _ = self.backend.stop(&row).await;
-                self.store.set_state(&row.id, SandboxState::Finished)?;
+                self.finish(&row.id, now)?;
             } else if row.state == SandboxState::Ready && self.backend.busy(&row) {
                 // A running process is activity: an idle clock restarts.
                 let _ = self.store.touch(&row.id, now);
             }
         }
         Ok(())
+    }
+
+    /// Marks a sandbox Finished; its finishing time is its last activity.
+    fn finish(&self, id: &str, now: i64) -> Result<()> {
+        self.store.set_state(id, SandboxState::Finished)?;
+        self.store.touch(id, now)
+    }
+
+    /// A Finished sandbox has no process: any found is killed (a stop that
+    /// failed earlier). After its time to live it is removed.
+    async fn reap_finished(&self, row: &SandboxRow, now: i64) {
+        let Ok(_guard) = self.lifecycle(&row.id).try_lock_owned() else {
+            return;
+        };
+        if self.backend.has_processes(row) {
+            tracing::warn!(id = %row.id, "a Finished sandbox still had processes; stopping them");
+            if let Err(e) = self.backend.stop(row).await {
+                tracing::warn!(id = %row.id, error = %e, "stopping a Finished sandbox");
+            }
+        }
+        if row.last_activity + FINISHED_TTL_MS <= now {
+            tracing::info!(id = %row.id, "removing a Finished sandbox past its time to live");
+            if self.remove(row).await.is_ok() {
+                self.lifecycle.lock().unwrap().remove(&row.id);
+            }
+        }
     }
 
     /// One pass of every pool: start missing members, remove extra ones.
@@ -608,8 +703,9 @@ impl Sandboxes for TenantHub {
             (None, Some(t)) => t.clone(),
             (None, None) => DEFAULT_TEMPLATE.to_string(),
         };
-        // Fails early with NOT_FOUND for an unknown template.
-        hub.template(&self.tenant, &template)?;
+        // Fails early with NOT_FOUND for an unknown template, and
+        // PERMISSION_DENIED for one the operator no longer allows.
+        hub.effective_template(&self.tenant, &template)?;
         let now = now_ms();
         let shutdown_at = req.shutdown_after_seconds.map(|s| now + (s as i64) * 1000);
         // Extra environment means a different process tree: never warm.
@@ -832,6 +928,7 @@ impl Sandboxes for TenantHub {
     async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
         check_name("template", name)?;
         check_template(&template, &self.hub.template_dirs)?;
+        self.hub.policy.admit_template(&template)?;
         self.hub.store.put_template(&self.tenant, name, &template)?;
         Ok(NamedTemplate {
             name: name.to_string(),
@@ -895,7 +992,18 @@ impl Sandboxes for TenantHub {
         if spec.replicas > MAX_REPLICAS {
             return Err(invalid(format!("replicas must be at most {MAX_REPLICAS}")));
         }
-        self.hub.template(&self.tenant, &spec.template)?;
+        self.hub.effective_template(&self.tenant, &spec.template)?;
+        let others: u64 = self
+            .hub
+            .store
+            .list_pools(Some(&self.tenant))?
+            .iter()
+            .filter(|p| p.name != name)
+            .map(|p| p.replicas as u64)
+            .sum();
+        self.hub
+            .policy
+            .admit_replicas(others + spec.replicas as u64)?;
         let row = PoolRow {
             tenant: self.tenant.clone(),
             name: name.to_string(),

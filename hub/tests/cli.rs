@@ -74,7 +74,9 @@ impl Hub {
         command
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .arg("--state-dir")
-            .arg(state.path().join("state"));
+            .arg(state.path().join("state"))
+            // The template round trip sets (and reads back) `network: host`.
+            .arg("--allow-host-network");
         if let Some(keys) = keys {
             let file = state.path().join("keys");
             std::fs::write(&file, keys).unwrap();

@@ -311,7 +311,12 @@ async fn isolation_own_pid1_no_host_files_no_other_sandboxes() {
 
 #[tokio::test]
 async fn isolation_network_none_has_only_loopback() {
-    let hub = TestHub::start(HubOptions::default()).await;
+    // The probe's positive control needs a `network: host` template.
+    let hub = TestHub::start(HubOptions {
+        extra_args: &["--allow-host-network"],
+        ..Default::default()
+    })
+    .await;
     let c = hub.client(None);
     // `network: none` is the default.
     let sb = create_from(&c, "default").await;
@@ -504,7 +509,11 @@ async fn isolation_sandbox_processes_are_unprivileged_on_the_host() {
 
 #[tokio::test]
 async fn tenancy_other_tenant_gets_404_and_no_key_gets_401() {
-    let hub = TestHub::start(HubOptions { api_keys: true }).await;
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
     let alice = hub.client(Some(ALICE_KEY));
     let bob = hub.client(Some(BOB_KEY));
     let http = hub.http();

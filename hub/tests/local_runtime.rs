@@ -12,7 +12,7 @@ use std::{
 
 use hyper_util::rt::TokioIo;
 use sandhub::local::{
-    probe, snapshot, Launched, Runtime, RuntimeError, SandboxSpec, HOST_ID_BASE, RESET_ROUTE,
+    probe, Launched, Runtime, RuntimeError, SandboxSpec, HOST_ID_BASE, RESET_ROUTE,
 };
 use sandhub_api::{
     proto::process::v1::{
@@ -717,9 +717,9 @@ fn snapshot_becomes_the_lower_layer_of_a_fork() {
     assert_eq!(r.code, 0, "{r:?}");
     parent.stop();
     let snap = fx.dir.path().join("snap");
-    snapshot(&parent.spec.upper_dir(), &snap).unwrap();
+    fx.rt.snapshot(&parent.spec.state_dir, &snap, None).unwrap();
     assert!(
-        snapshot(&parent.spec.upper_dir(), &snap).is_err(),
+        fx.rt.snapshot(&parent.spec.state_dir, &snap, None).is_err(),
         "dest must not exist"
     );
 

@@ -28,6 +28,54 @@ pub async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
 pub async fn run_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let servers = serve(daemon.clone(), stop.clone(), extra).await?;
+    serve_until_signal(daemon, stop, servers).await
+}
+
+/// REST and gRPC listeners bound by someone else and handed over, e.g. by
+/// the hub's local backend, which binds them on the host where the
+/// sandbox's workload can neither see nor replace them.
+pub struct UnixListeners {
+    pub rest: std::os::unix::net::UnixListener,
+    pub grpc: std::os::unix::net::UnixListener,
+}
+
+/// [`run_with`] on listeners bound elsewhere; `ready` runs once they are
+/// being served.
+pub async fn run_on(
+    daemon: Arc<Daemon>,
+    extra: Router<Arc<Daemon>>,
+    listeners: UnixListeners,
+    ready: impl FnOnce(),
+) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    let idle = daemon.config.http_idle_timeout;
+    let tokio_listener = |l: std::os::unix::net::UnixListener| -> anyhow::Result<UnixListener> {
+        l.set_nonblocking(true)?;
+        Ok(UnixListener::from_std(l)?)
+    };
+    let servers = vec![
+        spawn_unix(
+            tokio_listener(listeners.rest).context("REST listener")?,
+            rest::router_with(daemon.clone(), extra),
+            idle,
+            stop.clone(),
+        ),
+        spawn_unix(
+            tokio_listener(listeners.grpc).context("gRPC listener")?,
+            rest::grpc_router(daemon.clone()),
+            idle,
+            stop.clone(),
+        ),
+    ];
+    ready();
+    serve_until_signal(daemon, stop, servers).await
+}
+
+async fn serve_until_signal(
+    daemon: Arc<Daemon>,
+    stop: CancellationToken,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<()> {
     wait_for_signal().await?;
     drain(&daemon).await;
     stop.cancel();

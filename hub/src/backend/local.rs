@@ -15,7 +15,7 @@ use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
 use super::{Backend, LaunchRequest};
 use crate::{
-    local::{self, Launched, Runtime, RuntimeError, SandboxSpec, RESET_ROUTE},
+    local::{Launched, Runtime, RuntimeError, SandboxSpec, RESET_ROUTE},
     store::SandboxRow,
 };
 
@@ -159,14 +159,16 @@ impl Backend for LocalBackend {
     }
 
     async fn stop(&self, row: &SandboxRow) -> Result<()> {
-        let Ok(launched) = Self::launched(row) else {
-            return Ok(());
-        };
+        let launched = Self::launched(row).ok();
         let (runtime, id) = (self.runtime.clone(), row.id.clone());
-        tokio::task::spawn_blocking(move || runtime.stop(&id, &launched))
-            .await
-            .map_err(join_error)?
-            .map_err(runtime_error)
+        tokio::task::spawn_blocking(move || match launched {
+            Some(l) => runtime.stop(&id, &l),
+            // A launch the hub died during: whatever its cgroup holds.
+            None => runtime.kill_all(&id),
+        })
+        .await
+        .map_err(join_error)?
+        .map_err(runtime_error)
     }
 
     async fn destroy(&self, row: &SandboxRow) -> Result<()> {
@@ -210,23 +212,38 @@ impl Backend for LocalBackend {
     }
 
     async fn snapshot(&self, row: &SandboxRow, snapshot_id: &str) -> Result<PathBuf> {
-        let upper = SandboxSpec::new(row.id.clone(), self.spec_dir(&row.id)).upper_dir();
+        let state_dir = self.spec_dir(&row.id);
         let dest = self.snapshots.join(snapshot_id);
-        let d = dest.clone();
-        tokio::task::spawn_blocking(move || local::snapshot(&upper, &d))
+        let (runtime, d) = (self.runtime.clone(), dest.clone());
+        tokio::task::spawn_blocking(move || runtime.snapshot(&state_dir, &d, None))
             .await
             .map_err(join_error)?
-            .map_err(|e| Error::internal(format!("snapshot of {}: {e}", row.id)))?;
+            .map_err(|e| match e {
+                RuntimeError::Io { ref source, .. }
+                    if source.kind() == std::io::ErrorKind::InvalidData =>
+                {
+                    Error::new(
+                        Code::FailedPrecondition,
+                        format!("snapshot of {}: {e}", row.id),
+                    )
+                }
+                e => Error::internal(format!("snapshot of {}: {e}", row.id)),
+            })?;
         Ok(dest)
     }
 
     fn snapshot_layer(&self, snapshot_id: &str) -> Option<PathBuf> {
+        // Only a real directory that the hub made: never a link.
         let dir = self.snapshots.join(snapshot_id);
-        dir.is_dir().then_some(dir)
+        self.runtime.check_layer(&dir).ok().map(|()| dir)
     }
 
     fn is_alive(&self, row: &SandboxRow) -> bool {
         Self::launched(row).is_ok_and(|l| self.runtime.is_alive(&l))
+    }
+
+    fn has_processes(&self, row: &SandboxRow) -> bool {
+        self.runtime.processes(&row.id).is_ok_and(|p| !p.is_empty()) || self.is_alive(row)
     }
 
     fn busy(&self, row: &SandboxRow) -> bool {

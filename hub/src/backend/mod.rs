@@ -28,7 +28,8 @@ pub trait Backend: Send + Sync + 'static {
     async fn launch(&self, request: LaunchRequest<'_>) -> Result<serde_json::Value>;
     /// A client for the sandbox's sandboxd.
     fn connect(&self, row: &SandboxRow) -> Result<SandboxdClient>;
-    /// Stops every process; the workspace stays (suspend).
+    /// Stops every process; the workspace stays (suspend). Also when the
+    /// row has no runtime recorded (a launch the hub died during).
     async fn stop(&self, row: &SandboxRow) -> Result<()>;
     /// Stops and removes everything the sandbox had.
     async fn destroy(&self, row: &SandboxRow) -> Result<()>;
@@ -42,4 +43,7 @@ pub trait Backend: Send + Sync + 'static {
     fn is_alive(&self, row: &SandboxRow) -> bool;
     /// Whether any workload process runs (an idle timeout must not fire).
     fn busy(&self, row: &SandboxRow) -> bool;
+    /// Whether any process of the sandbox (its own machinery included)
+    /// still exists, with or without a recorded runtime.
+    fn has_processes(&self, row: &SandboxRow) -> bool;
 }

@@ -42,6 +42,8 @@ pub(crate) struct InitConfig {
     pub host_etc: PathBuf,
     pub env: BTreeMap<String, String>,
     pub network_host: bool,
+    /// The sandbox's memory limit: its tmpfs mounts are sized below it.
+    pub memory_mb: Option<u64>,
     pub idmap: IdMap,
     /// `tracing` filter for the code running inside.
     pub log_filter: String,

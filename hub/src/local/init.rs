@@ -5,7 +5,10 @@
 //!
 //! 1. **stage 1** reads the config, lowers its `oom_score_adj` to -900
 //!    (only possible before leaving the initial user namespace; PID 1 and
-//!    sandboxd inherit it, workloads reset it in `child_setup`), unshares
+//!    sandboxd inherit it, workloads reset it in `child_setup`), binds
+//!    sandboxd's listening sockets in the hub-only `<state_dir>/sock`
+//!    (inherited down to sandboxd as fds; the sandbox never sees that
+//!    directory, so it cannot swap a socket for a link to another's), unshares
 //!    the user, mount, UTS, IPC (and network) namespaces and opens the
 //!    host paths it needs. Once the hub wrote its id maps (and moved it
 //!    into its cgroup) it becomes root inside, forks the shim and exits,
@@ -17,28 +20,33 @@
 //!    up, forks sandboxd (always PID 2) and then only reaps: orphans of the
 //!    sandbox land on it, and tokio in sandboxd reaps only its own
 //!    children. It forwards SIGTERM to sandboxd and exits with it;
-//! 4. **sandboxd** serves REST and gRPC on the socket dir (plus the reset
-//!    route, see `routes.rs`), starts every workload through
+//! 4. **sandboxd** serves REST and gRPC on the inherited listeners (plus
+//!    the reset route, see `routes.rs`), starts every workload through
 //!    `child_setup` (seccomp, `no_new_privs`), and tells the hub it is ready
-//!    once both sockets accept connections.
+//!    once it serves them.
 //!
 //! Stage 1, the shim and PID 1 stay single-threaded: `unshare
 //! (CLONE_NEWUSER)` demands it, and they fork.
 
 use std::{
     ffi::OsString,
-    os::fd::{FromRawFd, OwnedFd},
+    io,
+    os::{
+        fd::{FromRawFd, OwnedFd},
+        unix::net::UnixListener,
+    },
     path::Path,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
 };
+
+use sandboxd::server::UnixListeners;
 
 use super::{
     channel::{Channel, InitConfig, Msg},
     mounts::{self, HostFds},
     routes, seccomp,
     sys::{self, Forked},
-    workspace::{self, SANDBOXD_PID, SOCKET_DIR, WORKSPACE},
+    workspace::{self, SANDBOXD_PID, WORKSPACE},
 };
 
 /// The hidden subcommand `main.rs` dispatches here.
@@ -89,6 +97,12 @@ fn stage1() -> ! {
              (needs CAP_SYS_RESOURCE): {e}; the OOM killer may pick sandboxd"
         );
     }
+    // As host root, before any namespace: a socket file created later
+    // inside would belong to the sandbox's mapped root.
+    let listeners = match bind_listeners(&cfg.state_dir.join("sock")) {
+        Ok(l) => l,
+        Err(e) => fail(&chan, format!("binding sandboxd's sockets: {e}")),
+    };
     // PID and cgroup namespaces come later, in the shim: the first child
     // after CLONE_NEWPID is the namespace's init, and the cgroup namespace
     // must be rooted at the sandbox's cgroup, which we may not be in yet.
@@ -129,12 +143,29 @@ fn stage1() -> ! {
     // at once) never has a long-lived child to reap.
     match sys::fork() {
         Ok(Forked::Parent(_)) => sys::exit_now(0),
-        Ok(Forked::Child) => shim(chan, cfg, host),
+        Ok(Forked::Child) => shim(chan, cfg, host, listeners),
         Err(e) => fail(&chan, format!("forking the shim: {e}")),
     }
 }
 
-fn shim(chan: Channel, cfg: InitConfig, host: HostFds) -> ! {
+/// Binds `rest.sock` and `grpc.sock` in `dir` (hub-only), replacing stale
+/// ones from an earlier run of the sandbox.
+fn bind_listeners(dir: &Path) -> io::Result<UnixListeners> {
+    let bind = |name: &str| {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        UnixListener::bind(&path)
+    };
+    Ok(UnixListeners {
+        rest: bind(sandhub_api::sandboxd::REST_SOCKET)?,
+        grpc: bind(sandhub_api::sandboxd::GRPC_SOCKET)?,
+    })
+}
+
+fn shim(chan: Channel, cfg: InitConfig, host: HostFds, listeners: UnixListeners) -> ! {
     // Names for `ps`/`top` on the host (argv stays `sandhub __sandbox-init`).
     let _ = rustix::thread::set_name(c"sandhub-shim");
     if let Err(e) = sys::setsid() {
@@ -150,11 +181,12 @@ fn shim(chan: Channel, cfg: InitConfig, host: HostFds) -> ! {
         fail(&chan, format!("reporting the shim pid: {e}"));
     }
     let pid1 = match sys::fork() {
-        Ok(Forked::Child) => pid1(chan, cfg, host),
+        Ok(Forked::Child) => pid1(chan, cfg, host, listeners),
         Ok(Forked::Parent(pid)) => pid,
         Err(e) => fail(&chan, format!("forking PID 1: {e}")),
     };
     drop(host);
+    drop(listeners);
     let _ = sys::null_over(0);
     std::mem::forget(chan); // fd 0 now is /dev/null
     let _ = sys::forward_signals_to(pid1, &[libc::SIGTERM]);
@@ -165,7 +197,7 @@ fn shim(chan: Channel, cfg: InitConfig, host: HostFds) -> ! {
     }
 }
 
-fn pid1(chan: Channel, cfg: InitConfig, host: HostFds) -> ! {
+fn pid1(chan: Channel, cfg: InitConfig, host: HostFds, listeners: UnixListeners) -> ! {
     let _ = rustix::thread::set_name(c"sandhub-init");
     // If the shim dies (stop, kill -9), the whole sandbox goes with it:
     // killing a PID namespace's init kills every process in it.
@@ -184,10 +216,11 @@ fn pid1(chan: Channel, cfg: InitConfig, host: HostFds) -> ! {
         }
     }
     let sandboxd = match sys::fork() {
-        Ok(Forked::Child) => sandboxd_main(chan, cfg),
+        Ok(Forked::Child) => sandboxd_main(chan, cfg, listeners),
         Ok(Forked::Parent(pid)) => pid,
         Err(e) => fail(&chan, format!("forking sandboxd: {e}")),
     };
+    drop(listeners);
     if sandboxd != SANDBOXD_PID {
         eprintln!("sandbox init: sandboxd is pid {sandboxd}, expected {SANDBOXD_PID}");
     }
@@ -218,7 +251,7 @@ fn base_env(cfg: &InitConfig) -> Vec<(String, String)> {
     ]
 }
 
-fn sandboxd_main(chan: Channel, cfg: InitConfig) -> ! {
+fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! {
     let _ = rustix::thread::set_name(c"sandboxd");
     // Ignored dispositions survive exec: undo the shim's and any the hub
     // was started with (nohup, a shell ignoring SIGQUIT), or workloads
@@ -234,8 +267,6 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig) -> ! {
     use clap::Parser as _;
     let config = match sandboxd::Config::try_parse_from([
         "sandboxd",
-        "--unix-socket",
-        SOCKET_DIR,
         "--legacy-port",
         "0",
         "--root-dir",
@@ -268,8 +299,11 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig) -> ! {
         // Workloads get the seccomp filter, no_new_privs and a normal OOM
         // score; sandboxd itself keeps its mount rights for resets.
         let daemon = sandboxd::Daemon::with_child_setup(config, Some(seccomp::child_setup))?;
-        tokio::spawn(announce_ready(chan.clone()));
-        sandboxd::server::run_with(daemon, routes::extra_routes()).await
+        let ready = chan.clone();
+        sandboxd::server::run_on(daemon, routes::extra_routes(), listeners, move || {
+            announce_ready(ready)
+        })
+        .await
     });
     match result {
         Ok(()) => sys::exit_now(0),
@@ -284,33 +318,15 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig) -> ! {
     }
 }
 
-/// Tells the hub "ready" once both sockets accept connections, then hands
-/// fd 0 back to /dev/null and clears trash left by earlier resets.
-async fn announce_ready(chan: Arc<Mutex<Option<Channel>>>) {
-    let dir = Path::new(SOCKET_DIR);
-    let socks = [
-        dir.join(sandhub_api::sandboxd::REST_SOCKET),
-        dir.join(sandhub_api::sandboxd::GRPC_SOCKET),
-    ];
-    // sandboxd binds both before its first await; on this single-threaded
-    // runtime that is usually done by our first poll. Stale socket files
-    // from an earlier run refuse connections, so connecting is the test.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !socks
-        .iter()
-        .all(|s| std::os::unix::net::UnixStream::connect(s).is_ok())
-    {
-        if Instant::now() > deadline {
-            return;
-        }
-        tokio::time::sleep(Duration::from_micros(250)).await;
-    }
+/// Tells the hub "ready" (sandboxd serves its listeners), hands fd 0
+/// back to /dev/null and clears trash left by earlier resets.
+fn announce_ready(chan: Arc<Mutex<Option<Channel>>>) {
     if let Some(chan) = chan.lock().unwrap_or_else(|p| p.into_inner()).take() {
         let _ = chan.send(&Msg::Ready);
         let _ = sys::null_over(0);
         std::mem::forget(chan);
     }
-    let _ =
-        tokio::task::spawn_blocking(|| workspace::purge_trash(Path::new(workspace::OVERLAY_DIR)))
-            .await;
+    drop(tokio::task::spawn_blocking(|| {
+        workspace::purge_trash(Path::new(workspace::OVERLAY_DIR))
+    }));
 }

@@ -4,9 +4,12 @@ use std::{
     collections::BTreeMap,
     fs::OpenOptions,
     io,
-    os::unix::{
-        fs::{DirBuilderExt, OpenOptionsExt},
-        process::CommandExt,
+    os::{
+        fd::AsFd,
+        unix::{
+            fs::{DirBuilderExt, OpenOptionsExt},
+            process::CommandExt,
+        },
     },
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -23,6 +26,8 @@ use super::{
     hostetc,
     idmap::IdMap,
     init, probe, procfs,
+    statedir::{self, StateDir},
+    treecopy::{self, CopyStats},
 };
 
 /// How long a sandbox may take to answer before launch gives up.
@@ -74,14 +79,16 @@ impl SandboxSpec {
         }
     }
 
-    /// The sandbox's upper layer on the host: what [`super::snapshot`] copies.
+    /// The sandbox's upper layer on the host (for inspection only: the
+    /// sandbox can swap it for a symlink at any time; the hub itself opens
+    /// it through [`Runtime::snapshot`]).
     pub fn upper_dir(&self) -> PathBuf {
-        StateDirs::new(&self.state_dir).upper
+        StateDir::new(&self.state_dir).overlay.join("upper")
     }
 
-    /// Where sandboxd's `rest.sock` and `grpc.sock` appear on the host.
+    /// Where sandboxd's `rest.sock` and `grpc.sock` are, on the host only.
     pub fn socket_dir(&self) -> PathBuf {
-        StateDirs::new(&self.state_dir).sock
+        StateDir::new(&self.state_dir).sock
     }
 
     fn limits(&self) -> Limits {
@@ -103,57 +110,6 @@ pub struct Launched {
     /// Field 22 of `/proc/<shim_pid>/stat`.
     pub start_time: u64,
     pub socket_dir: PathBuf,
-}
-
-/// The per-sandbox directory, on the host.
-struct StateDirs {
-    root: PathBuf,
-    /// Mount point of the sandbox's root tmpfs (empty on the host).
-    rootfs: PathBuf,
-    /// `/.sandhub/overlay` inside.
-    overlay: PathBuf,
-    upper: PathBuf,
-    work: PathBuf,
-    /// `/.sandhub/sock` inside.
-    sock: PathBuf,
-    log: PathBuf,
-}
-
-impl StateDirs {
-    fn new(root: &Path) -> Self {
-        let overlay = root.join("overlay");
-        StateDirs {
-            root: root.to_path_buf(),
-            rootfs: root.join("rootfs"),
-            upper: overlay.join("upper"),
-            work: overlay.join("work"),
-            overlay,
-            sock: root.join("sock"),
-            log: root.join("sandbox.log"),
-        }
-    }
-
-    /// Creates what is missing and hands the writable parts to the
-    /// sandbox's root (its processes write them from inside).
-    fn prepare(&self, idmap: &IdMap) -> io::Result<()> {
-        let mut b = std::fs::DirBuilder::new();
-        b.recursive(true).mode(0o700);
-        b.create(&self.root)?;
-        b.mode(0o755);
-        b.create(&self.rootfs)?;
-        b.create(&self.overlay)?;
-        b.create(&self.upper)?;
-        b.mode(0o700);
-        b.create(&self.work)?;
-        b.create(&self.sock)?;
-        if matches!(idmap, IdMap::Range { .. }) {
-            let (uid, gid) = idmap.host_root();
-            for dir in [&self.overlay, &self.upper, &self.work, &self.sock] {
-                std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Starts and stops sandboxes on this machine. Cheap to share (`&self`
@@ -245,9 +201,12 @@ impl Runtime {
     pub fn launch(&self, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
         let started = Instant::now();
         validate_id(&spec.id)?;
-        let dirs = StateDirs::new(&spec.state_dir);
+        let dirs = StateDir::new(&spec.state_dir);
         dirs.prepare(&self.idmap)
             .ctx(|| format!("preparing {}", dirs.root.display()))?;
+        for layer in &spec.lower_layers {
+            self.check_layer(layer)?;
+        }
         let cgroup = match &self.cgroups {
             Some(backend) => Some(backend.create(&spec.id, &spec.limits()).map_err(
                 |e| match e {
@@ -281,7 +240,7 @@ impl Runtime {
     fn start(
         &self,
         spec: &SandboxSpec,
-        dirs: &StateDirs,
+        dirs: &StateDir,
         attempt: &mut Attempt,
     ) -> Result<Launched, RuntimeError> {
         let deadline = Instant::now() + LAUNCH_TIMEOUT;
@@ -315,6 +274,7 @@ impl Runtime {
             host_etc: self.host_etc.clone(),
             env: spec.env.clone(),
             network_host: spec.network_host,
+            memory_mb: spec.memory_mb,
             idmap: self.idmap,
             log_filter: self.log_filter.clone(),
         };
@@ -363,7 +323,7 @@ impl Runtime {
     fn expect(
         &self,
         spec: &SandboxSpec,
-        dirs: &StateDirs,
+        dirs: &StateDir,
         chan: &Channel,
         deadline: Instant,
     ) -> Result<Msg, RuntimeError> {
@@ -394,7 +354,7 @@ impl Runtime {
         }
     }
 
-    fn protocol(&self, spec: &SandboxSpec, dirs: &StateDirs, got: Msg) -> RuntimeError {
+    fn protocol(&self, spec: &SandboxSpec, dirs: &StateDir, got: Msg) -> RuntimeError {
         RuntimeError::Start {
             id: spec.id.clone(),
             message: format!(
@@ -403,6 +363,45 @@ impl Runtime {
             ),
             log: dirs.log.clone(),
         }
+    }
+
+    /// Copies the upper layer of the sandbox whose state dir is `state_dir`
+    /// to the new directory `dest` (a snapshot; a fork's topmost lower
+    /// layer). The upper layer is opened without following links and
+    /// copied entry by entry from directory fds (see `treecopy`), so a
+    /// workload racing the copy cannot make it read anything of the host.
+    /// Past `max_bytes` of data the copy fails with `ENOSPC`; on any
+    /// failure nothing is left at `dest`.
+    pub fn snapshot(
+        &self,
+        state_dir: &Path,
+        dest: &Path,
+        max_bytes: Option<u64>,
+    ) -> Result<CopyStats, RuntimeError> {
+        let what = || format!("snapshot of {} to {}", state_dir.display(), dest.display());
+        let upper = StateDir::new(state_dir).open_upper(&self.idmap).ctx(what)?;
+        let (Some(parent), Some(name)) = (dest.parent(), dest.file_name().and_then(|n| n.to_str()))
+        else {
+            return Err(RuntimeError::io(
+                what(),
+                io::Error::new(io::ErrorKind::InvalidInput, "bad snapshot destination"),
+            ));
+        };
+        let parent = statedir::open_hub_dir(parent).ctx(what)?;
+        if std::fs::symlink_metadata(dest).is_ok() {
+            return Err(RuntimeError::io(
+                what(),
+                io::Error::new(io::ErrorKind::AlreadyExists, "the destination exists"),
+            ));
+        }
+        treecopy::copy_tree(upper.as_fd(), parent.as_fd(), name, max_bytes).map_err(|e| {
+            if let Err(rm) = std::fs::remove_dir_all(dest) {
+                if rm.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(dest = %dest.display(), error = %rm, "removing a failed snapshot");
+                }
+            }
+            RuntimeError::io(what(), e)
+        })
     }
 
     /// Whether the sandbox's shim is still the same running process.
@@ -466,6 +465,24 @@ impl Runtime {
             let _ = std::fs::remove_file(l.socket_dir.join(sock));
         }
         Ok(())
+    }
+
+    /// Kills whatever sandbox `id`'s cgroup holds and removes the cgroup:
+    /// the stop of a sandbox whose launch never reported back.
+    pub fn kill_all(&self, id: &str) -> Result<(), RuntimeError> {
+        validate_id(id)?;
+        match &self.cgroups {
+            Some(b) => self.sweep(id, &b.sandbox(id)),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `dir` may be a lower layer: a real directory (never a
+    /// symlink), not a mount point, owned by the hub or the sandbox ids.
+    pub fn check_layer(&self, dir: &Path) -> Result<(), RuntimeError> {
+        statedir::open_layer(dir, &self.idmap)
+            .map(drop)
+            .ctx(|| format!("checking layer {}", dir.display()))
     }
 
     fn sweep(&self, id: &str, cg: &SandboxCgroup) -> Result<(), RuntimeError> {

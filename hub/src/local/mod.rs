@@ -14,7 +14,8 @@
 //!
 //! probe() -> HostSupport                        per-feature report
 //! prepare_host_etc(state_root)                  (Runtime::new calls it)
-//! snapshot(upper, dest)                         copy an upper layer (fork = new
+//! runtime.snapshot(state_dir, dest, max_bytes)  copy an upper layer without
+//!                                               following links (fork = new
 //!                                               sandbox with [snapshot, ...seed])
 //!
 //! Inside the sandbox (for sandboxd):
@@ -37,17 +38,10 @@
 //! [`HOST_ID_BASE`] ([`idmap`]); its root filesystem is described in
 //! `mounts.rs`, its workspace in [`workspace`]; its cgroup lives at
 //! `<mount>/sandhub/<id>` (`cgroup.rs`). sandboxd serves on
-//! `<state_dir>/sock/{rest,grpc}.sock`.
-//!
-//! Per-sandbox state dir (host side):
-//!
-//! ```text
-//! <state_dir>/rootfs/          mount point of the sandbox's root (empty on the host)
-//! <state_dir>/overlay/upper/   the workspace's writes     (owned by the sandbox's root)
-//! <state_dir>/overlay/work/    overlayfs scratch
-//! <state_dir>/sock/            rest.sock, grpc.sock
-//! <state_dir>/sandbox.log      stderr of the sandbox's init and sandboxd
-//! ```
+//! `<state_dir>/sock/{rest,grpc}.sock`, bound by stage 1 on the host before
+//! it leaves the hub's user namespace and inherited by sandboxd as fds: the
+//! sandbox never sees that directory. The per-sandbox state dir and the
+//! rules for touching it are in [`statedir`].
 //!
 //! # What keeps a workload in
 //!
@@ -64,9 +58,9 @@
 //!   `network_host`) network exist inside; the cgroup caps memory, pids
 //!   and CPU.
 //! - Visible but harmless: host paths in `/proc/self/mountinfo` (the
-//!   sources of the binds), the layer dirs under `/.sandhub`, and
-//!   sandboxd's own sockets (a workload can ask its own sandboxd for what
-//!   it could do anyway).
+//!   sources of the binds) and the layer dirs under `/.sandhub`. The
+//!   overlay dir is writable inside, so the hub, as root, never resolves a
+//!   path in it by name: see [`statedir`] and [`treecopy`].
 
 mod cgroup;
 mod channel;
@@ -80,7 +74,9 @@ mod probe;
 mod procfs;
 mod routes;
 mod seccomp;
+mod statedir;
 mod sys;
+pub mod treecopy;
 pub mod workspace;
 
 pub use error::RuntimeError;
@@ -90,4 +86,4 @@ pub use launch::{Launched, Runtime, SandboxSpec};
 pub use probe::{probe, probe_at, Check, HostSupport};
 pub use routes::RESET_ROUTE;
 pub use seccomp::{child_setup, install_seccomp};
-pub use workspace::{reset_workspace, snapshot, WorkspaceLayout};
+pub use workspace::{reset_workspace, WorkspaceLayout};

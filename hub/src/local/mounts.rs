@@ -8,9 +8,9 @@
 //! /proc        a fresh procfs of the sandbox's PID namespace
 //! /dev         tmpfs: null zero full random urandom tty (host nodes bound),
 //!              pts (new devpts instance), ptmx -> pts/ptmx, shm (tmpfs)
-//! /tmp /root   tmpfs
+//! /tmp /root   tmpfs, sized (see [`TmpfsSizes`])
 //! /workspace   overlay (see workspace.rs)
-//! /.sandhub    layers, overlay dir, socket dir (see workspace.rs)
+//! /.sandhub    layers and the overlay dir (see workspace.rs)
 //! ```
 //!
 //! Host directories are opened as `O_PATH` fds by the shim right after it
@@ -42,13 +42,50 @@ use rustix::{
 use super::{
     channel::InitConfig,
     error::annotate,
-    sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY},
-    workspace::{WorkspaceLayout, LAYERS_DIR, OVERLAY_DIR, SANDHUB_DIR, SOCKET_DIR, WORKSPACE},
+    sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY},
+    workspace::{WorkspaceLayout, LAYERS_DIR, OVERLAY_DIR, SANDHUB_DIR, WORKSPACE},
 };
 
 /// Top-level names a template root_fs cannot provide: the runtime mounts
 /// its own there.
 const RESERVED: &[&str] = &["proc", "dev", "sys", "tmp", "root", "workspace", ".sandhub"];
+
+/// Sizes of the sandbox's tmpfs mounts, in KiB. tmpfs pages are charged
+/// to the sandbox's memory cgroup but belong to no process, so a full
+/// tmpfs at the memory limit leaves the OOM killer only the sandbox's own
+/// init and sandboxd to kill. Together the mounts stay at half the memory
+/// limit: a workload filling them all gets `ENOSPC` and its sandbox lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TmpfsSizes {
+    pub tmp_kib: u64,
+    pub shm_kib: u64,
+    pub root_kib: u64,
+}
+
+impl TmpfsSizes {
+    /// Without a memory limit (no cgroups), the kernel's default (half of
+    /// RAM each) would let one sandbox take the host's memory: a quarter of
+    /// the RAM in all instead.
+    pub fn for_memory(memory_mb: Option<u64>) -> Self {
+        let kib = memory_mb.map_or_else(|| host_memory_kib() / 2, |mb| mb * 1024);
+        TmpfsSizes {
+            tmp_kib: (kib / 4).max(1024),
+            shm_kib: (kib / 8).max(1024),
+            root_kib: (kib / 8).max(1024),
+        }
+    }
+}
+
+fn host_memory_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(4 << 20)
+}
 
 /// Host device nodes every sandbox gets.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -68,14 +105,19 @@ enum RootEntry {
 pub(crate) struct HostFds {
     rootfs: OwnedFd,
     overlay: OwnedFd,
-    sock: OwnedFd,
     lowers: Vec<OwnedFd>,
     entries: Vec<RootEntry>,
     devices: Vec<(&'static str, OwnedFd)>,
 }
 
 fn open_path(path: &Path, what: &str) -> io::Result<OwnedFd> {
-    rfs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).map_err(|e| {
+    open_with(path, what, OFlags::empty())
+}
+
+/// `O_PATH` open; `extra` may add `O_NOFOLLOW | O_DIRECTORY` for paths
+/// whose last component must be a real directory.
+fn open_with(path: &Path, what: &str, extra: OFlags) -> io::Result<OwnedFd> {
+    rfs::open(path, OFlags::PATH | OFlags::CLOEXEC | extra, Mode::empty()).map_err(|e| {
         annotate(
             format!(
                 "opening {what} {} (every parent directory must be searchable by the hub's user)",
@@ -93,7 +135,8 @@ impl HostFds {
         let lowers = cfg
             .lower_layers
             .iter()
-            .map(|p| open_path(p, "lower layer"))
+            // Hub-made directories (seed copies, snapshots): never a link.
+            .map(|p| open_with(p, "lower layer", OFlags::NOFOLLOW | OFlags::DIRECTORY))
             .collect::<io::Result<Vec<_>>>()?;
         let entries = match &cfg.root_fs {
             Some(root) => root_fs_entries(root)?,
@@ -104,9 +147,16 @@ impl HostFds {
             .map(|d| Ok((*d, open_path(&Path::new("/dev").join(d), "device")?)))
             .collect::<io::Result<Vec<_>>>()?;
         Ok(HostFds {
-            rootfs: open_path(&state.join("rootfs"), "root mount point")?,
-            overlay: open_path(&state.join("overlay"), "overlay dir")?,
-            sock: open_path(&state.join("sock"), "socket dir")?,
+            rootfs: open_with(
+                &state.join("rootfs"),
+                "root mount point",
+                OFlags::NOFOLLOW | OFlags::DIRECTORY,
+            )?,
+            overlay: open_with(
+                &state.join("overlay"),
+                "overlay dir",
+                OFlags::NOFOLLOW | OFlags::DIRECTORY,
+            )?,
             lowers,
             entries,
             devices,
@@ -278,7 +328,7 @@ pub(crate) fn build_root(cfg: &InitConfig, host: HostFds) -> io::Result<()> {
         }
     }
 
-    // /.sandhub: layers, the overlay's own dirs, the socket dir.
+    // /.sandhub: layers and the overlay's own dirs.
     let rel = |p: &str| p.trim_start_matches('/').to_string();
     mkdir(&rel(SANDHUB_DIR), 0o755)?;
     mkdir(&rel(LAYERS_DIR), 0o755)?;
@@ -296,12 +346,6 @@ pub(crate) fn build_root(cfg: &InitConfig, host: HostFds) -> io::Result<()> {
         &rel(OVERLAY_DIR),
         MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
     )?;
-    mkdir(&rel(SOCKET_DIR), 0o755)?;
-    bind(
-        &host.sock,
-        &rel(SOCKET_DIR),
-        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-    )?;
     mkdir(&rel(WORKSPACE), 0o755)?;
 
     mkdir("proc", 0o555)?;
@@ -311,20 +355,21 @@ pub(crate) fn build_root(cfg: &InitConfig, host: HostFds) -> io::Result<()> {
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         "",
     )?;
-    build_dev(cfg, &host)?;
+    let sizes = TmpfsSizes::for_memory(cfg.memory_mb);
+    build_dev(cfg, &host, &sizes)?;
     mkdir("tmp", 0o1777)?;
     mount_fs(
         "tmpfs",
         "tmp",
         MountFlags::NOSUID | MountFlags::NODEV,
-        "mode=1777",
+        &format!("mode=1777,size={}k", sizes.tmp_kib),
     )?;
     mkdir("root", 0o700)?;
     mount_fs(
         "tmpfs",
         "root",
         MountFlags::NOSUID | MountFlags::NODEV,
-        "mode=0700",
+        &format!("mode=0700,size={}k", sizes.root_kib),
     )?;
     drop(host);
 
@@ -341,7 +386,7 @@ pub(crate) fn build_root(cfg: &InitConfig, host: HostFds) -> io::Result<()> {
     Ok(())
 }
 
-fn build_dev(cfg: &InitConfig, host: &HostFds) -> io::Result<()> {
+fn build_dev(cfg: &InitConfig, host: &HostFds, sizes: &TmpfsSizes) -> io::Result<()> {
     mkdir("dev", 0o755)?;
     mount_fs(
         "tmpfs",
@@ -370,7 +415,7 @@ fn build_dev(cfg: &InitConfig, host: &HostFds) -> io::Result<()> {
         "tmpfs",
         "dev/shm",
         MountFlags::NOSUID | MountFlags::NODEV,
-        "mode=1777",
+        &format!("mode=1777,size={}k", sizes.shm_kib),
     )?;
     for (link, target) in [
         ("dev/ptmx", "pts/ptmx"),
@@ -383,4 +428,20 @@ fn build_dev(cfg: &InitConfig, host: &HostFds) -> io::Result<()> {
             .map_err(|e| annotate(format!("symlink /{link}"), e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tmpfs_mounts_stay_below_the_memory_limit() {
+        let s = TmpfsSizes::for_memory(Some(128));
+        assert_eq!((s.tmp_kib, s.shm_kib, s.root_kib), (32768, 16384, 16384));
+        assert!(s.tmp_kib + s.shm_kib + s.root_kib <= 128 * 1024 / 2);
+        let tiny = TmpfsSizes::for_memory(Some(1));
+        assert_eq!(tiny.tmp_kib, 1024);
+        let unlimited = TmpfsSizes::for_memory(None);
+        assert!(unlimited.tmp_kib > 0 && unlimited.tmp_kib <= host_memory_kib() / 8);
+    }
 }

@@ -208,7 +208,6 @@ struct MountAttr {
 pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
-pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 
 /// `mount_setattr(dirfd, path, flags, {attr_set})`: sets mount flags, on
 /// the whole tree when `recursive`. Unlike `MS_REMOUNT|MS_BIND` it leaves

@@ -13,17 +13,14 @@
 //! /.sandhub/overlay/upper               the sandbox's writes
 //! /.sandhub/overlay/work                overlayfs scratch (same filesystem as upper)
 //! /.sandhub/overlay/trash-*             upper layers dropped by reset, being deleted
-//! /.sandhub/sock                        sandboxd's rest.sock and grpc.sock
 //! ```
 //!
-//! On the host, `/.sandhub/overlay` is `<state_dir>/overlay` and
-//! `/.sandhub/sock` is `<state_dir>/sock`.
+//! On the host, `/.sandhub/overlay` is `<state_dir>/overlay`.
 
 use std::{
     io,
     os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
-    process::Command,
     sync::atomic::{AtomicU64, Ordering},
 };
 
@@ -33,7 +30,6 @@ use super::error::annotate;
 pub const SANDHUB_DIR: &str = "/.sandhub";
 pub const LAYERS_DIR: &str = "/.sandhub/layers";
 pub const OVERLAY_DIR: &str = "/.sandhub/overlay";
-pub const SOCKET_DIR: &str = "/.sandhub/sock";
 pub const WORKSPACE: &str = "/workspace";
 
 /// sandboxd is always PID 2 of the sandbox: the first (and only) process
@@ -289,37 +285,6 @@ pub fn purge_trash(overlay_dir: &Path) -> io::Result<()> {
         if entry.file_name().to_string_lossy().starts_with("trash-") {
             std::fs::remove_dir_all(entry.path())?;
         }
-    }
-    Ok(())
-}
-
-/// Copies an upper layer (host path, e.g. `<state_dir>/overlay/upper`) to
-/// `dest`, keeping owners, modes, timestamps, symlinks, xattrs (overlay's
-/// opaque markers) and whiteouts (0:0 character devices), reflinking where
-/// the filesystem can. `dest` must not exist. The result can be a lower
-/// layer of a new sandbox (fork). Copy from a stopped sandbox, or accept
-/// that files written during the copy may be caught half-way.
-pub fn snapshot(upper: &Path, dest: &Path) -> io::Result<()> {
-    if dest.exists() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("snapshot destination {} exists", dest.display()),
-        ));
-    }
-    let out = Command::new("cp")
-        .args(["-a", "--reflink=auto", "-T", "--"])
-        .arg(upper)
-        .arg(dest)
-        .output()
-        .map_err(|e| annotate("running cp", e))?;
-    if !out.status.success() {
-        let _ = std::fs::remove_dir_all(dest);
-        return Err(io::Error::other(format!(
-            "cp -a {} {}: {}",
-            upper.display(),
-            dest.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use sandhub_api::hub::{self as api, ExecRequest, ExecResult};
 use sandhub_client::{http::HubClient, Sandboxes};
 use tempfile::TempDir;
 
@@ -30,6 +31,8 @@ pub const BOB_KEY: &str = "bob-key-8e7d6c5b4a392817";
 pub struct HubOptions {
     /// Start with an API keys file: `ALICE_KEY alice`, `BOB_KEY bob`.
     pub api_keys: bool,
+    /// More `sandhub serve` flags (policy, quotas, ...).
+    pub extra_args: &'static [&'static str],
 }
 
 pub struct TestHub {
@@ -49,6 +52,27 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("binding a free port")
         .port()
+}
+
+/// Runs a shell script in a sandbox (two minutes at most).
+pub async fn shell(c: &HubClient, id: &str, script: &str) -> ExecResult {
+    let request = ExecRequest {
+        command: api::Command::Shell(script.into()),
+        env: Default::default(),
+        cwd: String::new(),
+        timeout_seconds: Some(120.0),
+        stdin: String::new(),
+    };
+    c.exec(id, request)
+        .await
+        .unwrap_or_else(|e| panic!("exec {script:?} in {id}: {e}"))
+}
+
+/// Runs a shell script that must succeed; returns its stdout.
+pub async fn shell_ok(c: &HubClient, id: &str, script: &str) -> String {
+    let r = shell(c, id, script).await;
+    assert_eq!(r.exit_code, 0, "{script:?} failed: {r:?}");
+    r.stdout
 }
 
 /// Polls `f` until it returns `Some`, or panics after `timeout`.
@@ -138,6 +162,7 @@ impl TestHub {
             cmd.arg("--api-keys-file")
                 .arg(self.dir.path().join("api-keys"));
         }
+        cmd.args(self.options.extra_args);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

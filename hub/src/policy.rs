@@ -1,0 +1,241 @@
+//! What the operator grants tenants: the limits a sandbox gets when its
+//! template names none, the per-tenant quotas, and the switches for
+//! anything that reaches past a sandbox (the host's network).
+//!
+//! Every resource a tenant can grow is bounded here or in the template
+//! checks: sandboxes (count and summed memory), warm replicas, and through
+//! the defaults each sandbox's pids, memory and CPU. Quota answers are
+//! `RESOURCE_EXHAUSTED` with the numbers, so a caller knows what to free.
+
+use clap::Args;
+use sandhub_api::{
+    error::Code,
+    hub::{Network, Template},
+};
+use sandhub_client::Error;
+
+#[derive(Debug, Clone, Args)]
+pub struct PolicyArgs {
+    /// Let templates ask for `network: host`. Off by default: such a
+    /// sandbox shares the host's network namespace, reaches the hub and
+    /// every service on loopback, and can listen on the host's interfaces.
+    #[arg(long, env = "SANDHUB_ALLOW_HOST_NETWORK")]
+    pub allow_host_network: bool,
+
+    /// Memory limit (MiB) of a sandbox whose template sets none
+    /// [default: an eighth of this machine's memory, 256 to 4096].
+    #[arg(long, env = "SANDHUB_DEFAULT_MEMORY_MB")]
+    pub default_memory_mb: Option<u64>,
+
+    /// CPU limit (cores) of a sandbox whose template sets none
+    /// [default: half of this machine's CPUs, at least 1].
+    #[arg(long, env = "SANDHUB_DEFAULT_CPU")]
+    pub default_cpu: Option<f64>,
+
+    /// Most processes and threads of a sandbox whose template sets none
+    /// (its own daemon's included).
+    #[arg(long, env = "SANDHUB_DEFAULT_PIDS", default_value_t = 1024)]
+    pub default_pids: u64,
+
+    /// Most sandboxes one tenant may have at once: running, suspended and
+    /// warm pool members.
+    #[arg(long, env = "SANDHUB_TENANT_MAX_SANDBOXES", default_value_t = 64)]
+    pub tenant_max_sandboxes: u64,
+
+    /// Most warm replicas over all of one tenant's pools.
+    #[arg(long, env = "SANDHUB_TENANT_MAX_POOL_REPLICAS", default_value_t = 32)]
+    pub tenant_max_pool_replicas: u64,
+
+    /// Most memory (MiB) the limits of one tenant's sandboxes may add up to
+    /// [default: four times this machine's memory; limits are ceilings,
+    /// not reservations].
+    #[arg(long, env = "SANDHUB_TENANT_MAX_MEMORY_MB")]
+    pub tenant_max_memory_mb: Option<u64>,
+}
+
+impl Default for PolicyArgs {
+    fn default() -> Self {
+        PolicyArgs {
+            allow_host_network: false,
+            default_memory_mb: None,
+            default_cpu: None,
+            default_pids: 1024,
+            tenant_max_sandboxes: 64,
+            tenant_max_pool_replicas: 32,
+            tenant_max_memory_mb: None,
+        }
+    }
+}
+
+/// The operator's policy with every default resolved for this machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub allow_host_network: bool,
+    pub default_memory_mb: u64,
+    pub default_cpu: f64,
+    pub default_pids: u64,
+    pub tenant_max_sandboxes: u64,
+    pub tenant_max_pool_replicas: u64,
+    pub tenant_max_memory_mb: u64,
+}
+
+/// This machine's memory in MiB and its CPUs.
+fn machine() -> (u64, usize) {
+    let mem_mb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(4096, |kb| kb / 1024);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (mem_mb, cpus)
+}
+
+impl Policy {
+    pub fn resolve(args: &PolicyArgs) -> Self {
+        let (mem_mb, cpus) = machine();
+        Self::resolve_for(args, mem_mb, cpus)
+    }
+
+    fn resolve_for(args: &PolicyArgs, mem_mb: u64, cpus: usize) -> Self {
+        Policy {
+            allow_host_network: args.allow_host_network,
+            default_memory_mb: args
+                .default_memory_mb
+                .unwrap_or_else(|| (mem_mb / 8).clamp(256, 4096)),
+            default_cpu: args
+                .default_cpu
+                .unwrap_or_else(|| ((cpus / 2).max(1)) as f64),
+            default_pids: args.default_pids,
+            tenant_max_sandboxes: args.tenant_max_sandboxes,
+            tenant_max_pool_replicas: args.tenant_max_pool_replicas,
+            tenant_max_memory_mb: args
+                .tenant_max_memory_mb
+                .unwrap_or(mem_mb.saturating_mul(4)),
+        }
+    }
+
+    /// Checks the operator's own flags against the template bounds, so a
+    /// typo fails at start-up instead of failing every sandbox.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let t = Template {
+            memory_mb: Some(self.default_memory_mb),
+            cpu: Some(self.default_cpu),
+            pids: Some(self.default_pids),
+            ..Template::default()
+        };
+        crate::service::check_limits(&t).map_err(|e| anyhow::anyhow!("--default-*: {}", e.message))
+    }
+
+    /// The template as sandboxes run it: the operator's defaults fill every
+    /// limit it leaves open.
+    pub fn effective(&self, t: &Template) -> Template {
+        let mut t = t.clone();
+        t.memory_mb.get_or_insert(self.default_memory_mb);
+        t.cpu.get_or_insert(self.default_cpu);
+        t.pids.get_or_insert(self.default_pids);
+        t
+    }
+
+    /// Refuses what only the operator may grant.
+    pub fn admit_template(&self, t: &Template) -> Result<(), Error> {
+        if t.network == Network::Host && !self.allow_host_network {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                "network: host is not allowed on this hub: such a sandbox shares the host's \
+                 network (the hub's own port included); the operator can allow it with \
+                 `sandhub serve --allow-host-network`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A tenant that has `have` sandboxes with `memory_mb` of limits may
+    /// add one more of `more_mb`.
+    pub fn admit_sandbox(&self, have: u64, memory_mb: u64, more_mb: u64) -> Result<(), Error> {
+        if have >= self.tenant_max_sandboxes {
+            return Err(exhausted(format!(
+                "tenant quota: {have} of {} sandboxes in use (running, suspended and warm); \
+                 delete some or ask the operator for --tenant-max-sandboxes",
+                self.tenant_max_sandboxes
+            )));
+        }
+        if memory_mb.saturating_add(more_mb) > self.tenant_max_memory_mb {
+            return Err(exhausted(format!(
+                "tenant quota: {memory_mb} MiB of {} MiB of memory limits in use, this \
+                 sandbox needs {more_mb} MiB more; ask the operator for --tenant-max-memory-mb",
+                self.tenant_max_memory_mb
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether a tenant's pools may hold `replicas` warm sandboxes in all.
+    pub fn admit_replicas(&self, replicas: u64) -> Result<(), Error> {
+        if replicas > self.tenant_max_pool_replicas {
+            return Err(exhausted(format!(
+                "tenant quota: pools would hold {replicas} warm replicas in all, at most {} \
+                 allowed (--tenant-max-pool-replicas)",
+                self.tenant_max_pool_replicas
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn exhausted(message: String) -> Error {
+    Error::new(Code::ResourceExhausted, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_sized_to_the_machine() {
+        let p = Policy::resolve_for(&PolicyArgs::default(), 24 * 1024, 2);
+        assert_eq!(p.default_memory_mb, 3072);
+        assert_eq!(p.default_cpu, 1.0);
+        assert_eq!(p.tenant_max_memory_mb, 96 * 1024);
+        let small = Policy::resolve_for(&PolicyArgs::default(), 1024, 1);
+        assert_eq!(small.default_memory_mb, 256);
+        assert_eq!(small.default_cpu, 1.0);
+        p.validate().unwrap();
+    }
+
+    #[test]
+    fn effective_fills_only_open_limits() {
+        let p = Policy::resolve_for(&PolicyArgs::default(), 8192, 4);
+        let t = Template {
+            memory_mb: Some(64),
+            ..Template::default()
+        };
+        let e = p.effective(&t);
+        assert_eq!(e.memory_mb, Some(64));
+        assert_eq!(e.cpu, Some(2.0));
+        assert_eq!(e.pids, Some(1024));
+    }
+
+    #[test]
+    fn quotas_name_their_numbers() {
+        let p = Policy::resolve_for(&PolicyArgs::default(), 1024, 1);
+        let e = p.admit_sandbox(64, 0, 1).unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert!(e.message.contains("64 of 64"), "{}", e.message);
+        let e = p.admit_sandbox(1, 4000, 200).unwrap_err();
+        assert!(e.message.contains("4000 MiB of 4096 MiB"), "{}", e.message);
+        assert!(p.admit_sandbox(1, 100, 200).is_ok());
+        assert!(p.admit_replicas(32).is_ok());
+        assert!(p.admit_replicas(33).is_err());
+        let host = Template {
+            network: Network::Host,
+            ..Template::default()
+        };
+        assert_eq!(
+            p.admit_template(&host).unwrap_err().code,
+            Code::PermissionDenied
+        );
+    }
+}
