@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Builds the test cluster's binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet) from Go modules into a cache outside the clone, once.
-# Later runs find them and return at once.
+# kube-scheduler, kubelet) and kubectl (for the README's commands, which tests/python/
+# test_readme.py runs against the test cluster) from Go modules into a cache outside the
+# clone, once. Later runs find them and return at once.
 #
 #   bash dev/k8s/build-bins.sh          # prints K8S_BIN=<dir> on its last line
 #
 # Env: SANDHUB_CACHE (default ~/.cache/sandhub), K8S_VERSION, ETCD_VERSION,
-#      K8S_COMPONENTS (space separated; default all five).
+#      K8S_COMPONENTS (space separated; default all six).
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 cache="${SANDHUB_CACHE:-${HOME:-/root}/.cache/sandhub}"
 bin_dir="$cache/k8s/$K8S_VERSION/bin"
-components="${K8S_COMPONENTS:-etcd kube-apiserver kube-controller-manager kube-scheduler kubelet}"
+components="${K8S_COMPONENTS:-etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl}"
 
 missing=()
 for c in $components; do [[ -x "$bin_dir/$c" ]] || missing+=("$c"); done
@@ -68,18 +69,25 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-    cat > tools.go <<'GO'
-//go:build tools
+fi
+
+# Every Kubernetes command this script builds, so that `go mod tidy` records their
+# dependencies. A cache resolved before a command was added (kubectl came later) has a
+# go.sum without it: the file differs, so it is rewritten and tidied again.
+tools_go="//go:build tools
 
 package tools
 
 import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-GO
+	_ \"k8s.io/kubernetes/cmd/kube-apiserver\"
+	_ \"k8s.io/kubernetes/cmd/kube-controller-manager\"
+	_ \"k8s.io/kubernetes/cmd/kube-scheduler\"
+	_ \"k8s.io/kubernetes/cmd/kubelet\"
+	_ \"k8s.io/kubernetes/cmd/kubectl\"
+)"
+if [[ "$(cat tools.go 2>/dev/null)" != "$tools_go" ]]; then
+    echo "build-bins: recording the commands' dependencies (go mod tidy)" >&2
+    printf '%s\n' "$tools_go" >tools.go
     go mod tidy 2>&1 | tail -5 >&2
 fi
 
