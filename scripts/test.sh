@@ -78,6 +78,9 @@ else
         SANDHUB_TEST_KUBECONFIG="$(printf '%s\n' "$cluster_out" | sed -n 's/^SANDHUB_TEST_KUBECONFIG=//p')"
         K8S_BIN="$(printf '%s\n' "$cluster_out" | sed -n 's/^K8S_BIN=//p')"
         export SANDHUB_TEST_KUBECONFIG K8S_BIN
+        # The cluster's own kubectl (same version as the apiserver) comes first, so
+        # tests never pick up whatever kubectl the machine happens to have.
+        if [[ -n "$K8S_BIN" ]]; then export PATH="$K8S_BIN:$PATH"; fi
     elif [[ "${CI:-}" == true ]]; then
         echo "test.sh: the test cluster did not start (CI=true: that fails the run)" >&2
         exit 1
