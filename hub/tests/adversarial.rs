@@ -428,3 +428,36 @@ async fn a_hub_killed_during_creates_leaves_no_process_behind() {
         );
     }
 }
+
+/// A direct attack that already failed and must keep failing: links a
+/// workload plants in its workspace never lead the file API out of it.
+#[tokio::test]
+async fn workspace_links_never_lead_the_file_api_out() {
+    let hub = TestHub::start(two_tenants(&[])).await;
+    let (alice, bob) = (hub.client(Some(ALICE_KEY)), hub.client(Some(BOB_KEY)));
+    let a = new_sandbox(&alice).await;
+    let b = new_sandbox(&bob).await;
+    shell_ok(&alice, &a, "echo alice > /workspace/secret.txt").await;
+    let a_upper = hub.state_dir.join("sandboxes").join(&a).join("overlay/upper");
+    shell_ok(
+        &bob,
+        &b,
+        &format!(
+            "ln -s / /workspace/root && ln -s {} /workspace/other && \
+             ln -s /etc/passwd /workspace/passwd",
+            a_upper.display()
+        ),
+    )
+    .await;
+    for path in ["root/etc/passwd", "other/secret.txt", "passwd", "../../etc/passwd"] {
+        let err = read_to_vec(&bob, &b, path).await.unwrap_err();
+        assert!(
+            matches!(err.code, Code::PermissionDenied | Code::NotFound | Code::InvalidArgument),
+            "{path}: {err}"
+        );
+    }
+    let err = write_bytes(&bob, &b, "root/tmp/planted", b"x".to_vec(), Default::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::PermissionDenied, "{err}");
+}
