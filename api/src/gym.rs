@@ -11,6 +11,13 @@ use crate::error::ErrorBody;
 pub const DEFAULT_OBSERVATION_MAX_BYTES: usize = 4096;
 pub const DEFAULT_ACTION_MAX_LENGTH: usize = 65536;
 pub const DEFAULT_STEP_TIMEOUT_SECONDS: f64 = 60.0;
+/// An environment with no reset or step for this long is closed, and its
+/// sandbox deleted: an abandoned one must not hold a sandbox forever.
+pub const DEFAULT_ENV_IDLE_TIMEOUT_SECONDS: u64 = 3600;
+/// The longest accepted `idle_timeout_seconds` (a year, as for sandboxes).
+pub const MAX_ENV_IDLE_TIMEOUT_SECONDS: u64 = 365 * 24 * 3600;
+/// The label every sandbox of an environment carries, valued the env's id.
+pub const ENV_LABEL: &str = "sandhub.dev/gym-env";
 
 fn one() -> f64 {
     1.0
@@ -46,6 +53,11 @@ pub struct CreateEnv {
     /// Observations are cut to this many bytes (default 4096).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observation_max_bytes: Option<usize>,
+    /// With no reset or step for this long, the environment is closed and
+    /// its sandbox deleted (default 3600, at most a year). Its sandbox
+    /// carries the same idle timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<u64>,
 }
 
 /// What every episode starts from: files written and commands run at

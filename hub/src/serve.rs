@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 
 use crate::{
     backend::Backend,
+    gym::Gym,
     kube::{KubeArgs, KubeTenancy},
     policy::{Policy, PolicyArgs},
     rest::{self, ApiKeys, AppState},
@@ -88,18 +89,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let (hub, where_): (Arc<dyn Tenancy>, String) = match args.backend {
+    let (hub, gym, where_): (Arc<dyn Tenancy>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub = embedded_hub(args.state_dir.clone(), &args.local).await?;
             hub.spawn_background(args.reap_interval);
+            // Gym envs live in the same store as their sandboxes, so a
+            // restart keeps both; idle ones are closed on the reaper's beat.
+            let gym = Arc::new(Gym::persistent(hub.clone()));
+            let tenancy: Arc<dyn Tenancy> = Arc::new(hub);
+            gym.spawn_sweeper(tenancy.clone(), args.reap_interval);
             let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
             (
-                Arc::new(hub),
+                tenancy,
+                gym,
                 format!("local, state in {}", state_dir.display()),
             )
         }
         BackendKind::Kubernetes => (
             Arc::new(KubeTenancy::connect(&args.kube).await?),
+            // No store on this backend: envs live in this hub's memory.
+            Arc::default(),
             format!("kubernetes, namespace {}", args.kube.namespace),
         ),
     };
@@ -107,7 +116,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         AppState {
             hub,
             metrics: Arc::default(),
-            gym: Arc::default(),
+            gym,
         },
         keys,
     );

@@ -16,6 +16,9 @@ use sandhub_api::{
 use sandhub_client::{Error, Result};
 use serde::{Deserialize, Serialize};
 
+mod gym;
+pub use gym::{Episode, GymEnvRow};
+
 /// One sandbox as stored. Times are Unix milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxRow {
@@ -155,6 +158,7 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(db_err)?;
         conn.execute_batch(SCHEMA).map_err(db_err)?;
+        conn.execute_batch(gym::SCHEMA).map_err(db_err)?;
         Ok(Store {
             conn: Mutex::new(conn),
         })

@@ -1,26 +1,54 @@
 //! The Gym environment API against the real hub: episodes with every
 //! reward and termination kind, reset to the task's start state, batch
-//! steps, and recovery after the sandbox dies.
+//! steps, recovery after the sandbox dies, envs that survive a `kill -9`
+//! of the hub, and abandoned envs closed after their idle timeout.
 
 mod common;
 
-use common::{HubOptions, TestHub};
+use common::{HubOptions, TestHub, ALICE_KEY, BOB_KEY};
 use serde_json::{json, Value};
 
-async fn post(hub: &TestHub, path: &str, body: Value) -> (u16, Value) {
-    let r = hub
-        .http()
-        .post(format!("{}{path}", hub.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+async fn answer(r: reqwest::Response) -> (u16, Value) {
     let status = r.status().as_u16();
     let text = r.text().await.unwrap();
     (
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
+}
+
+async fn post(hub: &TestHub, path: &str, body: Value) -> (u16, Value) {
+    post_as(hub, None, path, body).await
+}
+
+async fn post_as(hub: &TestHub, key: Option<&str>, path: &str, body: Value) -> (u16, Value) {
+    let mut r = hub.http().post(format!("{}{path}", hub.url())).json(&body);
+    if let Some(key) = key {
+        r = r.bearer_auth(key);
+    }
+    answer(r.send().await.unwrap()).await
+}
+
+async fn get(hub: &TestHub, path: &str) -> (u16, Value) {
+    answer(
+        hub.http()
+            .get(format!("{}{path}", hub.url()))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+async fn delete(hub: &TestHub, path: &str) -> (u16, Value) {
+    answer(
+        hub.http()
+            .delete(format!("{}{path}", hub.url()))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
 }
 
 async fn create(hub: &TestHub, spec: Value) -> String {
@@ -248,6 +276,11 @@ async fn bad_specs_and_unknown_envs_are_clear_errors() {
             "INVALID_ARGUMENT",
         ),
         (json!({"step_timeout_seconds": -1}), "INVALID_ARGUMENT"),
+        (json!({"idle_timeout_seconds": 0}), "INVALID_ARGUMENT"),
+        (
+            json!({"idle_timeout_seconds": 366u64 * 24 * 3600}),
+            "INVALID_ARGUMENT",
+        ),
         (json!({"surprise": true}), "INVALID_ARGUMENT"),
     ] {
         let (status, body) = post(&hub, "/gym/v1/envs", spec.clone()).await;
@@ -277,4 +310,125 @@ async fn bad_specs_and_unknown_envs_are_clear_errors() {
         .await
         .unwrap();
     assert_eq!(r.status(), 204);
+}
+
+#[tokio::test]
+async fn an_env_survives_a_hub_kill9_with_its_config_episode_and_labelled_sandbox() {
+    let mut hub = TestHub::start(HubOptions::default()).await;
+    let env = create(
+        &hub,
+        json!({
+            "task": {"files": {"a.txt": "hi\n"}, "env": {"ME": "x"}},
+            "reward": [{"kind": "exit_code", "weight": 0.5}],
+            "max_episode_steps": 3
+        }),
+    )
+    .await;
+    let r = reset(&hub, &env, Some(7)).await;
+    let sandbox = r["info"]["sandbox_id"].as_str().unwrap().to_string();
+    let s = step(&hub, &env, "echo $ME-$SANDHUB_SEED > out.txt").await;
+    assert_eq!(s["info"]["step"], 1);
+
+    hub.restart().await;
+    // Same sandbox, same task env and seed, same reward, the step count on.
+    let s = step(&hub, &env, "cat out.txt a.txt; echo $ME-$SANDHUB_SEED").await;
+    assert_eq!(s["observation"], "x-7\nhi\nx-7\n", "{s}");
+    assert_eq!(s["info"]["sandbox_id"], sandbox.as_str());
+    assert_eq!(s["info"]["step"], 2);
+    assert_eq!(s["info"]["episode"], 1);
+    assert_eq!(s["reward"], 0.5);
+    let s = step(&hub, &env, "false").await;
+    assert_eq!(s["reward"], 0.0);
+    assert_eq!(s["truncated"], true, "max_episode_steps survived: {s}");
+
+    hub.restart().await;
+    // The ended episode stays ended.
+    let (status, body) = post(
+        &hub,
+        &format!("/gym/v1/envs/{env}/step"),
+        json!({"action": "true"}),
+    )
+    .await;
+    assert_eq!(status, 412, "{body}");
+    let r = reset(&hub, &env, None).await;
+    assert_eq!(r["info"]["episode"], 2);
+    assert_eq!(r["info"]["sandbox_id"], sandbox.as_str());
+    let s = step(&hub, &env, "ls").await;
+    assert_eq!(
+        s["observation"], "a.txt\n",
+        "reset to the task's start: {s}"
+    );
+    assert_eq!(s["info"]["step"], 1);
+
+    // The sandbox names its env and has a lifetime of its own.
+    let (status, sb) = get(&hub, &format!("/v1/sandboxes/{sandbox}")).await;
+    assert_eq!(status, 200, "{sb}");
+    assert_eq!(sb["labels"]["sandhub.dev/gym-env"], env.as_str(), "{sb}");
+    assert_eq!(sb["idle_timeout_seconds"], 3600, "{sb}");
+
+    // Closing deletes the env's record and its sandbox, for good.
+    let (status, _) = delete(&hub, &format!("/gym/v1/envs/{env}")).await;
+    assert_eq!(status, 204);
+    let (status, _) = get(&hub, &format!("/v1/sandboxes/{sandbox}")).await;
+    assert_eq!(status, 404);
+    hub.restart().await;
+    let (status, body) = post(&hub, &format!("/gym/v1/envs/{env}/reset"), json!({})).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["code"], "NOT_FOUND");
+    let (status, _) = delete(&hub, &format!("/gym/v1/envs/{env}")).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn after_a_restart_an_env_is_still_only_its_tenants() {
+    let mut hub = TestHub::start(HubOptions { api_keys: true }).await;
+    let (status, body) = post_as(&hub, Some(ALICE_KEY), "/gym/v1/envs", json!({})).await;
+    assert_eq!(status, 201, "{body}");
+    let env = body["env_id"].as_str().unwrap().to_string();
+    hub.restart().await;
+    // Bob asks first, so the env is not yet loaded when he does.
+    let path = format!("/gym/v1/envs/{env}/reset");
+    let (status, body) = post_as(&hub, Some(BOB_KEY), &path, json!({})).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = post_as(&hub, Some(ALICE_KEY), &path, json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post_as(&hub, Some(BOB_KEY), &path, json!({})).await;
+    assert_eq!(status, 404, "{body}");
+    let r = hub
+        .http()
+        .delete(format!("{}/gym/v1/envs/{env}", hub.url()))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+}
+
+#[tokio::test]
+async fn an_abandoned_env_is_closed_with_its_busy_sandbox_after_its_idle_timeout() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    // A server the agent left running keeps the sandbox busy, which a
+    // sandbox's own idle timeout counts as activity; the env's does not.
+    let env = create(
+        &hub,
+        json!({
+            "task": {"setup": ["sleep 600 > /dev/null 2>&1 &"]},
+            "idle_timeout_seconds": 10
+        }),
+    )
+    .await;
+    let r = reset(&hub, &env, None).await;
+    let sandbox = r["info"]["sandbox_id"].as_str().unwrap().to_string();
+    common::eventually("the idle env to be closed", common::WAIT, || async {
+        let (status, _) = get(&hub, &format!("/v1/sandboxes/{sandbox}")).await;
+        (status == 404).then_some(())
+    })
+    .await;
+    let (status, body) = post(
+        &hub,
+        &format!("/gym/v1/envs/{env}/step"),
+        json!({"action": "true"}),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
 }

@@ -51,6 +51,18 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_MAX_WATCHES", default_value_t = wire::DEFAULT_MAX_WATCHES)]
     pub max_watches: usize,
 
+    /// Most processes running at once, however they were started (gRPC
+    /// Start and Execute, legacy `POST /execute`); one more is refused at
+    /// once with RESOURCE_EXHAUSTED. A process counts from its spawn until it
+    /// is reaped and its output drained, not until its client reads the end.
+    /// The default keeps each sandbox's daemon at roughly a thousand open
+    /// pipes (3 per process) and well below one HTTP/2 connection's stream
+    /// limit, which is derived from this flag so that this limit, and not a
+    /// silent stall, is what a client meets first.
+    #[arg(long, env = "SANDBOXD_MAX_PROCESSES", default_value_t = DEFAULT_MAX_PROCESSES,
+          value_parser = parse_max_processes)]
+    pub max_processes: usize,
+
     /// Largest accepted upload body in bytes; 0 means no limit.
     #[arg(long, env = "SANDBOXD_MAX_UPLOAD_BYTES", default_value_t = 0)]
     pub max_upload_bytes: u64,
@@ -81,6 +93,21 @@ pub struct Config {
     /// Log format: `text` or `json`.
     #[arg(long, env = "SANDBOXD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+}
+
+/// `--max-processes` when none is given.
+pub const DEFAULT_MAX_PROCESSES: usize = 256;
+
+/// The highest `--max-processes`: the HTTP/2 stream limit derived from it
+/// must stay a sane `u32`, and no sandbox runs a million processes.
+pub const MAX_MAX_PROCESSES: usize = 1 << 20;
+
+fn parse_max_processes(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    if !(1..=MAX_MAX_PROCESSES).contains(&n) {
+        return Err(format!("{s}: must be between 1 and {MAX_MAX_PROCESSES}"));
+    }
+    Ok(n)
 }
 
 fn parse_chunk_size(s: &str) -> Result<usize, String> {

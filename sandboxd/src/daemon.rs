@@ -55,7 +55,7 @@ impl Daemon {
             child_setup,
             auth,
             metrics: Metrics::default(),
-            processes: ProcessTable::default(),
+            processes: ProcessTable::new(config.max_processes),
             started: Instant::now(),
             draining: AtomicBool::new(false),
             config,

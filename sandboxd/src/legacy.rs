@@ -102,12 +102,17 @@ async fn execute(State(daemon): State<Arc<Daemon>>, request: Request) -> Respons
                 .into_response()
         }
     };
-    Json(run_command(&daemon, &req.command, timeout).await).into_response()
+    match run_command(&daemon, &req.command, timeout).await {
+        Ok(done) => Json(done).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// Upstream answers every execution failure with 200 and exit code 1, so
 /// that the SDK surfaces it as a failed command rather than an HTTP error.
-async fn run_command(daemon: &Daemon, command: &str, timeout: Duration) -> ExecuteResponse {
+/// The one exception is a sandbox at its process limit: the command was
+/// never tried, so that is a 429 `RESOURCE_EXHAUSTED` a client can retry.
+async fn run_command(daemon: &Daemon, command: &str, timeout: Duration) -> Result<ExecuteResponse> {
     let failed = |why: String| ExecuteResponse {
         stdout: String::new(),
         stderr: format!("Failed to execute command: {why}"),
@@ -115,17 +120,17 @@ async fn run_command(daemon: &Daemon, command: &str, timeout: Duration) -> Execu
         timed_out: false,
     };
     let Some(argv) = shlex::split(command) else {
-        return failed("unbalanced quotes in command".into());
+        return Ok(failed("unbalanced quotes in command".into()));
     };
     if argv.is_empty() {
-        return failed("empty command".into());
+        return Ok(failed("empty command".into()));
     }
     let spec = Spec {
         argv,
         timeout: Some(timeout),
         ..Spec::default()
     };
-    match process::run(daemon, spec).await {
+    Ok(match process::run(daemon, spec).await {
         Ok(done) => ExecuteResponse {
             stdout: String::from_utf8_lossy(&done.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&done.stderr).into_owned(),
@@ -136,8 +141,9 @@ async fn run_command(daemon: &Daemon, command: &str, timeout: Duration) -> Execu
             },
             timed_out: done.timed_out,
         },
+        Err(e @ Error::ResourceExhausted(_)) => return Err(e),
         Err(e) => failed(e.to_string()),
-    }
+    })
 }
 
 async fn upload(State(daemon): State<Arc<Daemon>>, request: Request) -> Response {

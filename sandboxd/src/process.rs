@@ -34,8 +34,8 @@ use tokio::{
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-pub use self::table::ProcessTable;
 use self::table::Registration;
+pub use self::table::{ProcessTable, MAX_STDIN_WRITERS};
 use crate::{
     confine::{RelPath, Root},
     daemon::Daemon,
@@ -304,9 +304,10 @@ async fn collect(
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let slot = daemon.processes.reserve()?;
     let started = Instant::now();
     let (mut child, pid) = spawn(&mut cmd, &launch)?;
-    let mut reg = Registration::new(daemon, pid, started, None);
+    let mut reg = Registration::new(daemon, slot, pid, started, None);
     let mut killer = KillOnDrop {
         pgid: pid,
         armed: true,
@@ -549,6 +550,7 @@ impl ProcessService {
         let launch = Launch::from(&config);
         let mut cmd = launch.command(&self.daemon)?;
         cmd.stdin(Stdio::piped());
+        let slot = self.daemon.processes.reserve()?;
         let started = Instant::now();
         let (child, pid, input, output) = match req.pty {
             None => {
@@ -595,7 +597,7 @@ impl ProcessService {
         // must be closed for EIO to mark the end of output.
         drop(cmd);
         let control = Arc::new(Control { pgid: pid, input });
-        let reg = Registration::new(self.daemon.clone(), pid, started, Some(control));
+        let reg = Registration::new(self.daemon.clone(), slot, pid, started, Some(control));
         let (tx, rx) = mpsc::channel(START_QUEUE);
         // A fresh channel has room, so `init` is always the first event.
         let _ = tx.try_send(event(pb::start_response::Event::Init(pb::InitEvent {
@@ -615,6 +617,7 @@ impl ProcessService {
         use pb::write_stdin_request::Payload;
         let pid = req.process_id;
         let control = self.control(pid)?;
+        let _writing = self.daemon.processes.writing()?;
         let closed = || Error::FailedPrecondition(format!("stdin of process {pid} is closed"));
         match (&control.input, req.payload) {
             (Input::Pipe(stdin), Some(Payload::Eof(()))) => {

@@ -14,10 +14,30 @@ use hyper_util::{
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use crate::{daemon::Daemon, legacy, rest};
+use crate::{config::Config, daemon::Daemon, legacy, rest};
 
 /// How long open connections get to finish after the listeners close.
 const CONNECTION_GRACE: Duration = Duration::from_secs(2);
+
+/// HTTP/2 streams of one connection beyond every long-lived call the daemon
+/// bounds itself: calls that answer at once (signals, resizes, reflection,
+/// refusals) and a client's own unread, already-finished streams.
+const SPARE_STREAMS: usize = 256;
+
+/// The per-connection HTTP/2 stream limit. A client over it is not refused
+/// but made to wait, silently, for a free stream; so it must sit above
+/// everything that can hold a stream for long (running processes, watches,
+/// blocked stdin writes). Then each of those limits answers
+/// RESOURCE_EXHAUSTED before the connection can run out of streams.
+pub fn max_concurrent_streams(config: &Config) -> u32 {
+    let long_lived = config
+        .max_processes
+        .saturating_add(config.max_watches)
+        .saturating_add(crate::process::MAX_STDIN_WRITERS)
+        .saturating_add(SPARE_STREAMS);
+    // 1024 was the fixed limit before it was derived: never go below it.
+    u32::try_from(long_lived.max(1024)).unwrap_or(u32::MAX)
+}
 
 /// Runs sandboxd until SIGTERM or SIGINT, then shuts down cleanly.
 pub async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
@@ -97,6 +117,7 @@ pub async fn serve(
     let rest_app = rest::router_with(daemon.clone(), extra);
     let grpc_app = rest::grpc_router(daemon.clone());
     let idle = config.http_idle_timeout;
+    let streams = max_concurrent_streams(config);
     let mut tasks = Vec::new();
     match &config.unix_socket {
         Some(dir) => {
@@ -105,16 +126,16 @@ pub async fn serve(
             let rest_l = bind_unix(&dir.join(sandhub_api::sandboxd::REST_SOCKET))?;
             let grpc_l = bind_unix(&dir.join(sandhub_api::sandboxd::GRPC_SOCKET))?;
             tracing::info!(dir = %dir.display(), "serving REST and gRPC on unix sockets");
-            tasks.push(spawn_unix(rest_l, rest_app, idle, stop.clone()));
-            tasks.push(spawn_unix(grpc_l, grpc_app, idle, stop.clone()));
+            tasks.push(spawn_unix(rest_l, rest_app, idle, streams, stop.clone()));
+            tasks.push(spawn_unix(grpc_l, grpc_app, idle, streams, stop.clone()));
         }
         None => {
             let rest_l = bind_tcp(&config.listen_host, config.rest_port).await?;
             let grpc_l = bind_tcp(&config.listen_host, config.grpc_port).await?;
             tracing::info!(addr = %rest_l.local_addr()?, "serving REST");
             tracing::info!(addr = %grpc_l.local_addr()?, "serving gRPC");
-            tasks.push(spawn_tcp(rest_l, rest_app, idle, stop.clone()));
-            tasks.push(spawn_tcp(grpc_l, grpc_app, idle, stop.clone()));
+            tasks.push(spawn_tcp(rest_l, rest_app, idle, streams, stop.clone()));
+            tasks.push(spawn_tcp(grpc_l, grpc_app, idle, streams, stop.clone()));
         }
     }
     if config.legacy_port != 0 {
@@ -124,6 +145,7 @@ pub async fn serve(
             legacy_l,
             legacy::router(daemon.clone()),
             idle,
+            streams,
             stop.clone(),
         ));
     }
@@ -187,6 +209,7 @@ fn spawn_tcp(
     listener: TcpListener,
     app: Router,
     idle: Duration,
+    streams: u32,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let listener = Arc::new(listener);
@@ -201,6 +224,7 @@ fn spawn_tcp(
         },
         app,
         idle,
+        streams,
         stop,
     ))
 }
@@ -209,6 +233,7 @@ fn spawn_unix(
     listener: UnixListener,
     app: Router,
     idle: Duration,
+    streams: u32,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let listener = Arc::new(listener);
@@ -219,14 +244,20 @@ fn spawn_unix(
         },
         app,
         idle,
+        streams,
         stop,
     ))
 }
 
 /// Serves HTTP/1.1 and h2c (gRPC) on every accepted connection until `stop`,
 /// then gives open connections a short grace period.
-async fn accept_loop<A, F, IO>(mut accept: A, app: Router, idle: Duration, stop: CancellationToken)
-where
+async fn accept_loop<A, F, IO>(
+    mut accept: A,
+    app: Router,
+    idle: Duration,
+    streams: u32,
+    stop: CancellationToken,
+) where
     A: FnMut() -> F,
     F: Future<Output = std::io::Result<IO>>,
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -241,7 +272,7 @@ where
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(1024);
+        .max_concurrent_streams(streams);
     let graceful = GracefulShutdown::new();
     loop {
         let io = tokio::select! {
@@ -266,4 +297,53 @@ where
         });
     }
     let _ = tokio::time::timeout(CONNECTION_GRACE, graceful.shutdown()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn config(flags: &[&str]) -> Config {
+        Config::parse_from(std::iter::once("sandboxd").chain(flags.iter().copied()))
+    }
+
+    #[test]
+    fn the_stream_limit_stays_above_everything_that_holds_a_stream() {
+        for flags in [
+            &[][..],
+            &["--max-processes", "1"],
+            &["--max-processes", "1100"],
+            &["--max-processes", "5000", "--max-watches", "900"],
+        ] {
+            let c = config(flags);
+            let streams = max_concurrent_streams(&c) as usize;
+            assert!(
+                streams > c.max_processes + c.max_watches + crate::process::MAX_STDIN_WRITERS,
+                "{flags:?}: {streams}"
+            );
+            assert!(streams >= 1024, "{flags:?}: {streams}");
+        }
+    }
+
+    #[test]
+    fn absurd_limits_saturate_instead_of_overflowing() {
+        let c = config(&["--max-watches", &usize::MAX.to_string()]);
+        assert_eq!(max_concurrent_streams(&c), u32::MAX);
+    }
+
+    #[test]
+    fn max_processes_must_be_positive_and_bounded() {
+        for bad in ["0", "-1", "lots", "2000000"] {
+            assert!(
+                Config::try_parse_from(["sandboxd", "--max-processes", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            config(&[]).max_processes,
+            crate::config::DEFAULT_MAX_PROCESSES
+        );
+    }
 }

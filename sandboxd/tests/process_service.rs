@@ -496,6 +496,57 @@ async fn write_after_eof_is_failed_precondition() {
     assert_eq!(rest(&mut s).await.exit, Some(128 + 9));
 }
 
+/// Each `WriteStdin` blocked on a process that does not read holds an
+/// HTTP/2 stream; past the bound, a write is refused instead of queued.
+#[tokio::test]
+async fn stdin_writes_blocked_by_a_process_that_never_reads_are_bounded() {
+    let f = fixture();
+    let (mut s, pid) = start(&f.svc, config(&["sleep", "120"]), None).await;
+    // Larger than any pipe buffer: the first write blocks, holding the
+    // process's stdin; the others wait behind it.
+    let big = Bytes::from(vec![b'x'; 1 << 20]);
+    let writers: Vec<_> = (0..process::MAX_STDIN_WRITERS)
+        .map(|_| {
+            let svc = ProcessService {
+                daemon: f.daemon.clone(),
+            };
+            let data = big.clone();
+            tokio::spawn(async move {
+                svc.write_stdin(Request::new(pb::WriteStdinRequest {
+                    process_id: pid,
+                    payload: Some(Payload::Input(data)),
+                }))
+                .await
+            })
+        })
+        .collect();
+    within(async {
+        while f.daemon.processes.stdin_writes() < process::MAX_STDIN_WRITERS {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let refused = within(f.svc.write_stdin(Request::new(pb::WriteStdinRequest {
+        process_id: pid,
+        payload: Some(Payload::Input(Bytes::from_static(b"one more"))),
+    })))
+    .await;
+    assert_eq!(code(refused), Code::ResourceExhausted);
+    // The reader gone, every blocked write fails and frees its place.
+    within(f.svc.send_signal(Request::new(pb::SendSignalRequest {
+        process_id: pid,
+        signal: pb::Signal::Sigkill as i32,
+    })))
+    .await
+    .unwrap();
+    for w in writers {
+        let r = within(w).await.unwrap();
+        assert!(r.is_err(), "a write to a killed process: {r:?}");
+    }
+    assert_eq!(f.daemon.processes.stdin_writes(), 0);
+    assert_eq!(rest(&mut s).await.exit, Some(128 + 9));
+}
+
 #[tokio::test]
 async fn sigterm_reaches_the_whole_group() {
     let f = fixture();

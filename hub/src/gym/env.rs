@@ -6,27 +6,30 @@ use sandhub_api::{
     error::Code,
     gym::{
         CreateEnv, Info, ResetResult, StepResult, DEFAULT_ACTION_MAX_LENGTH,
-        DEFAULT_OBSERVATION_MAX_BYTES, DEFAULT_STEP_TIMEOUT_SECONDS,
+        DEFAULT_ENV_IDLE_TIMEOUT_SECONDS, DEFAULT_OBSERVATION_MAX_BYTES,
+        DEFAULT_STEP_TIMEOUT_SECONDS, ENV_LABEL, MAX_ENV_IDLE_TIMEOUT_SECONDS,
     },
     hub::{Command, CreateSandbox, ExecRequest},
 };
 use sandhub_client::{write_bytes, Error, Result, WriteOptions};
 
 use super::matcher::{compile, Compiled, StepOutput};
-use crate::tenancy::TenantView;
+use crate::{
+    store::{Episode, GymEnvRow},
+    tenancy::TenantView,
+};
 
 pub struct Env {
+    pub id: String,
     pub tenant: String,
     spec: CreateEnv,
     reward: Vec<Compiled>,
     termination: Vec<Compiled>,
-    sandbox: Option<String>,
-    /// The sandbox failed mid-episode: the next reset starts a new one.
-    broken: bool,
-    step: u32,
-    episode: u32,
-    seed: Option<u64>,
-    done: bool,
+    /// Everything a call changes; persisted after each one.
+    state: Episode,
+    /// Closed (deleted, or expired): every later call is NOT_FOUND, and
+    /// nothing may start a sandbox for it again.
+    pub closed: bool,
 }
 
 /// Cuts to at most `max` bytes on a character boundary.
@@ -51,7 +54,15 @@ fn sandbox_failed(e: &Error) -> bool {
 }
 
 impl Env {
-    pub fn new(tenant: String, spec: CreateEnv) -> Result<Self> {
+    pub fn new(id: String, tenant: String, spec: CreateEnv) -> Result<Self> {
+        if spec
+            .idle_timeout_seconds
+            .is_some_and(|t| !(1..=MAX_ENV_IDLE_TIMEOUT_SECONDS).contains(&t))
+        {
+            return Err(Error::invalid(format!(
+                "idle_timeout_seconds must be 1 to {MAX_ENV_IDLE_TIMEOUT_SECONDS}"
+            )));
+        }
         if let Some(t) = spec.step_timeout_seconds {
             if !(t.is_finite() && t > 0.0) {
                 return Err(Error::invalid("step_timeout_seconds must be positive"));
@@ -73,17 +84,52 @@ impl Env {
             .map(compile)
             .collect::<Result<_>>()?;
         Ok(Env {
+            id,
             tenant,
             spec,
             reward,
             termination,
-            sandbox: None,
-            broken: false,
-            step: 0,
-            episode: 0,
-            seed: None,
-            done: false,
+            state: Episode::default(),
+            closed: false,
         })
+    }
+
+    /// An environment as stored, after a hub restart. Its configuration was
+    /// accepted once; if it no longer is, the env is reported broken rather
+    /// than run under different rules.
+    pub fn restore(row: GymEnvRow) -> Result<Self> {
+        let id = row.id.clone();
+        let mut env = Env::new(row.id, row.tenant, row.spec).map_err(|e| {
+            Error::internal(format!(
+                "stored gym environment {id} is no longer valid: {}",
+                e.message
+            ))
+        })?;
+        env.state = row.episode;
+        Ok(env)
+    }
+
+    /// The row that stores this environment, used at `now`.
+    pub fn row(&self, now: i64) -> GymEnvRow {
+        GymEnvRow {
+            id: self.id.clone(),
+            tenant: self.tenant.clone(),
+            spec: self.spec.clone(),
+            episode: self.state.clone(),
+            idle_timeout_seconds: self.idle_timeout_seconds(),
+            created_at: now,
+            last_used: now,
+        }
+    }
+
+    pub fn episode(&self) -> &Episode {
+        &self.state
+    }
+
+    pub fn idle_timeout_seconds(&self) -> u64 {
+        self.spec
+            .idle_timeout_seconds
+            .unwrap_or(DEFAULT_ENV_IDLE_TIMEOUT_SECONDS)
     }
 
     pub fn observation_max(&self) -> usize {
@@ -99,7 +145,7 @@ impl Env {
             .as_ref()
             .map(|t| t.env.clone())
             .unwrap_or_default();
-        if let Some(seed) = self.seed {
+        if let Some(seed) = self.state.seed {
             env.insert("SANDHUB_SEED".into(), seed.to_string());
         }
         env
@@ -107,18 +153,21 @@ impl Env {
 
     fn info(&self, sandbox: &str) -> Info {
         Info {
-            step: self.step,
-            episode: self.episode,
+            step: self.state.step,
+            episode: self.state.episode,
             sandbox_id: sandbox.to_string(),
             ..Info::default()
         }
     }
 
     /// A sandbox for a new episode: the old one reset (milliseconds), or a
-    /// new one when asked for, or when the old one failed.
+    /// new one when asked for, or when the old one failed. A new one is
+    /// labelled with the env's id and shares its idle timeout, so that one
+    /// the env lost track of (a crash between its creation and the next
+    /// save) is still found and reaped.
     async fn episode_sandbox(&mut self, api: &dyn TenantView) -> Result<String> {
-        if let Some(id) = self.sandbox.clone() {
-            if !self.spec.fresh_sandbox && !self.broken {
+        if let Some(id) = self.state.sandbox.clone() {
+            if !self.spec.fresh_sandbox && !self.state.broken {
                 match api.reset(&id).await {
                     Ok(_) => return Ok(id),
                     Err(e) => {
@@ -127,17 +176,19 @@ impl Env {
                 }
             }
             let _ = api.delete(&id).await;
-            self.sandbox = None;
+            self.state.sandbox = None;
         }
         let created = api
             .create(CreateSandbox {
                 template: self.spec.template.clone(),
                 pool: self.spec.pool.clone(),
+                labels: BTreeMap::from([(ENV_LABEL.to_string(), self.id.clone())]),
+                idle_timeout_seconds: Some(self.idle_timeout_seconds()),
                 ..CreateSandbox::default()
             })
             .await?;
-        self.sandbox = Some(created.id.clone());
-        self.broken = false;
+        self.state.sandbox = Some(created.id.clone());
+        self.state.broken = false;
         Ok(created.id)
     }
 
@@ -147,12 +198,12 @@ impl Env {
     }
 
     pub async fn reset(&mut self, api: &dyn TenantView, seed: Option<u64>) -> Result<ResetResult> {
-        self.seed = seed;
+        self.state.seed = seed;
         let started = Instant::now();
         let id = self.episode_sandbox(api).await?;
-        self.step = 0;
-        self.episode += 1;
-        self.done = false;
+        self.state.step = 0;
+        self.state.episode += 1;
+        self.state.done = false;
         let task = self.spec.task.clone().unwrap_or_default();
         for (path, content) in &task.files {
             write_bytes(
@@ -204,13 +255,18 @@ impl Env {
     }
 
     pub async fn step(&mut self, api: &dyn TenantView, action: String) -> Result<StepResult> {
-        let Some(id) = self.sandbox.clone().filter(|_| self.episode > 0) else {
+        let Some(id) = self
+            .state
+            .sandbox
+            .clone()
+            .filter(|_| self.state.episode > 0)
+        else {
             return Err(Error::new(
                 Code::FailedPrecondition,
                 "call reset before step",
             ));
         };
-        if self.done {
+        if self.state.done {
             return Err(Error::new(
                 Code::FailedPrecondition,
                 "the episode has ended (terminated or truncated); call reset",
@@ -231,7 +287,7 @@ impl Env {
             Err(e) if sandbox_failed(&e) => return Ok(self.failed(&id, e, started)),
             Err(e) => return Err(e),
         };
-        self.step += 1;
+        self.state.step += 1;
         let env = self.env_vars();
         let out = StepOutput {
             exit_code: Some(result.exit_code),
@@ -254,7 +310,7 @@ impl Env {
             && self
                 .spec
                 .max_episode_steps
-                .is_some_and(|max| self.step >= max);
+                .is_some_and(|max| self.state.step >= max);
         let ending = terminated || truncated;
         let mut terms = Vec::with_capacity(self.reward.len());
         for m in &self.reward {
@@ -270,7 +326,7 @@ impl Env {
             };
             terms.push(term);
         }
-        self.done = ending;
+        self.state.done = ending;
         let observation = cap(
             format!("{}{}", result.stdout, result.stderr),
             self.observation_max(),
@@ -294,8 +350,8 @@ impl Env {
     /// and make the next reset start from a fresh sandbox.
     fn failed(&mut self, id: &str, e: Error, started: Instant) -> StepResult {
         tracing::warn!(sandbox = %id, error = %e, "sandbox failed mid-episode");
-        self.broken = true;
-        self.done = true;
+        self.state.broken = true;
+        self.state.done = true;
         let mut info = self.info(id);
         info.env_error = Some(e.to_string());
         info.elapsed_ms = started.elapsed().as_millis() as u64;
@@ -308,10 +364,19 @@ impl Env {
         }
     }
 
-    /// Frees the sandbox.
+    /// Frees the sandbox; the env answers NOT_FOUND from now on.
     pub async fn close(&mut self, api: &dyn TenantView) {
-        if let Some(id) = self.sandbox.take() {
-            let _ = api.delete(&id).await;
+        self.closed = true;
+        if let Some(id) = self.state.sandbox.take() {
+            match api.delete(&id).await {
+                Ok(()) => {}
+                // Already reaped (idle) or deleted by its owner.
+                Err(e) if e.code == Code::NotFound => {}
+                // Its own idle timeout still reaps it.
+                Err(e) => {
+                    tracing::warn!(env = %self.id, sandbox = %id, error = %e, "deleting a closed env's sandbox")
+                }
+            }
         }
     }
 }

@@ -1,67 +1,28 @@
 //! The Gym-style environment API (`/gym/v1`): environments over sandboxes,
-//! for RL trainers. Environments live in the hub's memory; their sandboxes
-//! are ordinary sandboxes of the caller's tenant.
+//! for RL trainers. Their sandboxes are ordinary sandboxes of the caller's
+//! tenant, labelled with the env's id; on the local backend the envs
+//! themselves are kept in the state store and survive a hub restart.
 
 mod env;
 mod matcher;
-
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+mod registry;
 
 use axum::{extract::Path, extract::State, http::StatusCode};
 use sandhub_api::{
     error::{Code, ErrorBody},
     gym::{
         BatchStep, BatchStepOutcome, BatchStepResult, CreateEnv, EnvCreated, ResetRequest,
-        ResetResult, Space, StepRequest, StepResult, DEFAULT_ACTION_MAX_LENGTH,
+        ResetResult, StepRequest, StepResult,
     },
 };
-use sandhub_client::{Error, Result};
+use sandhub_client::Error;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::{
-    rest::{Api, ApiJson, ApiResult, AppState},
-    service::new_id,
-    tenancy::TenantView,
-};
-use env::Env;
+use crate::rest::{Api, ApiJson, ApiResult, AppState};
+pub use registry::{EnvStore, Gym};
 
 /// Most steps one batch request may carry.
 const MAX_BATCH: usize = 1024;
-
-type EnvSlot = Arc<tokio::sync::Mutex<Env>>;
-
-#[derive(Default)]
-pub struct Gym {
-    envs: Mutex<HashMap<String, EnvSlot>>,
-}
-
-impl Gym {
-    /// The caller's environment; another tenant's is simply not found.
-    fn get(&self, tenant: &str, id: &str) -> Result<EnvSlot> {
-        let slot = self.envs.lock().unwrap().get(id).cloned();
-        match slot {
-            Some(slot) if slot.try_lock().map(|e| e.tenant == tenant).unwrap_or(true) => Ok(slot),
-            _ => Err(Error::not_found(format!("environment {id} not found"))),
-        }
-    }
-
-    async fn checked(&self, tenant: &str, id: &str) -> Result<EnvSlot> {
-        let slot = self.get(tenant, id)?;
-        if slot.lock().await.tenant != tenant {
-            return Err(Error::not_found(format!("environment {id} not found")));
-        }
-        Ok(slot)
-    }
-
-    async fn step(&self, api: &dyn TenantView, id: &str, action: String) -> Result<StepResult> {
-        let slot = self.checked(api.tenant(), id).await?;
-        let mut env = slot.lock().await;
-        env.step(api, action).await
-    }
-}
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -80,23 +41,7 @@ async fn create_env(
     Api(api): Api,
     ApiJson(spec): ApiJson<CreateEnv>,
 ) -> ApiResult<(StatusCode, ApiJson<EnvCreated>)> {
-    let mut env = Env::new(api.tenant().to_string(), spec)?;
-    env.prepare(api.as_ref()).await?;
-    let created = EnvCreated {
-        env_id: new_id("env"),
-        observation_space: Space {
-            kind: "text".into(),
-            max_length: env.observation_max(),
-        },
-        action_space: Space {
-            kind: "text".into(),
-            max_length: DEFAULT_ACTION_MAX_LENGTH,
-        },
-    };
-    state.gym.envs.lock().unwrap().insert(
-        created.env_id.clone(),
-        Arc::new(tokio::sync::Mutex::new(env)),
-    );
+    let created = state.gym.create(api.as_ref(), spec).await?;
     Ok((StatusCode::CREATED, ApiJson(created)))
 }
 
@@ -109,9 +54,8 @@ async fn delete_env(
     Api(api): Api,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let slot = state.gym.checked(api.tenant(), &id).await?;
-    state.gym.envs.lock().unwrap().remove(&id);
-    slot.lock().await.close(api.as_ref()).await;
+    let mut env = state.gym.lock(api.tenant(), &id).await?;
+    state.gym.close(api.as_ref(), &mut env).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -134,9 +78,7 @@ async fn reset_env(
             crate::rest::ApiError::new(Code::InvalidArgument, format!("bad reset request: {e}"))
         })?
     };
-    let slot = state.gym.checked(api.tenant(), &id).await?;
-    let mut env = slot.lock().await;
-    Ok(ApiJson(env.reset(api.as_ref(), req.seed).await?))
+    Ok(ApiJson(state.gym.reset(api.as_ref(), &id, req.seed).await?))
 }
 
 /// Run one action (a shell command) and score it.

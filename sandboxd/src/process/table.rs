@@ -12,10 +12,13 @@ use std::{
 };
 
 use rustix::process::Signal;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
 use super::{signal_group, Control};
-use crate::daemon::Daemon;
+use crate::{
+    daemon::Daemon,
+    error::{Error, Result},
+};
 
 /// Every running process by pid (which is also its process group id).
 pub struct ProcessTable {
@@ -25,7 +28,18 @@ pub struct ProcessTable {
     /// pid can be reused while an older registration of it still drains its
     /// output; shutdown must wait for both.
     running: watch::Sender<usize>,
+    /// One permit per process that may run (`--max-processes`), taken before
+    /// the spawn and given back when its registration ends.
+    slots: Arc<Semaphore>,
+    limit: usize,
+    /// One permit per `WriteStdin` in flight. A write to a process that does
+    /// not read blocks until it does; each such call holds an HTTP/2 stream,
+    /// so they are bounded too.
+    writers: Semaphore,
 }
+
+/// Most `WriteStdin` calls in flight at once, across all processes.
+pub const MAX_STDIN_WRITERS: usize = 64;
 
 struct Entry {
     /// Tells a registration apart from a later one that reused its pid, so
@@ -36,17 +50,61 @@ struct Entry {
     control: Option<Arc<Control>>,
 }
 
-impl Default for ProcessTable {
-    fn default() -> Self {
+/// The right to spawn one process, held by its [`Registration`]. Dropped
+/// unused (the spawn failed), it frees the place at once.
+pub(crate) struct Slot {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl ProcessTable {
+    /// A table that lets at most `limit` processes run at once.
+    pub fn new(limit: usize) -> Self {
         ProcessTable {
             procs: Mutex::default(),
             next_seq: AtomicU64::new(0),
             running: watch::channel(0).0,
+            slots: Arc::new(Semaphore::new(limit)),
+            limit,
+            writers: Semaphore::new(MAX_STDIN_WRITERS),
         }
     }
-}
 
-impl ProcessTable {
+    /// The most processes that may run at once (`--max-processes`).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// `WriteStdin` calls in flight now.
+    pub fn stdin_writes(&self) -> usize {
+        MAX_STDIN_WRITERS - self.writers.available_permits()
+    }
+
+    /// A place for one `WriteStdin` in flight, or a refusal at once.
+    pub(crate) fn writing(&self) -> Result<SemaphorePermit<'_>> {
+        self.writers.try_acquire().map_err(|_| {
+            Error::ResourceExhausted(format!(
+                "too many stdin writes in flight (at most {MAX_STDIN_WRITERS}); \
+                 a process that does not read its input blocks them"
+            ))
+        })
+    }
+
+    /// Takes a place for one more process, or refuses at once when
+    /// `--max-processes` run already: a client must never wait silently.
+    pub(crate) fn reserve(&self) -> Result<Slot> {
+        self.slots
+            .clone()
+            .try_acquire_owned()
+            .map(|permit| Slot { _permit: permit })
+            .map_err(|_| {
+                Error::ResourceExhausted(format!(
+                    "too many processes: {} are running, the most this sandbox allows \
+                     (sandboxd --max-processes); wait for one to exit or kill one",
+                    self.limit
+                ))
+            })
+    }
+
     /// Processes running now (started through any API).
     pub fn active(&self) -> usize {
         *self.running.borrow()
@@ -102,17 +160,24 @@ impl ProcessTable {
 /// its output is drained and it has been reaped. Generic over how the daemon
 /// is held so that both borrowed (`run`) and owned (`Start`'s task) callers
 /// can use it.
+///
+/// It also holds the process's [`Slot`]: the place frees when the process
+/// has been reaped and its output drained (bounded by `EXECUTE_WAIT_DELAY`),
+/// before its client is told of the exit, so a client that saw the exit
+/// can start the next process at once.
 pub(crate) struct Registration<D: Deref<Target = Daemon>> {
     daemon: D,
     pid: i32,
     seq: u64,
     started: Instant,
     exited: bool,
+    _slot: Slot,
 }
 
 impl<D: Deref<Target = Daemon>> Registration<D> {
     pub(crate) fn new(
         daemon: D,
+        slot: Slot,
         pid: i32,
         started: Instant,
         control: Option<Arc<Control>>,
@@ -126,6 +191,7 @@ impl<D: Deref<Target = Daemon>> Registration<D> {
             seq,
             started,
             exited: false,
+            _slot: slot,
         }
     }
 

@@ -1,0 +1,253 @@
+//! Which environments exist: the ones in use, in memory, each behind its
+//! own lock, and (on the local backend) all of them in the state store, so
+//! that after a hub restart an env is loaded again on its first call.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use sandhub_api::{
+    error::Code,
+    gym::{CreateEnv, EnvCreated, ResetResult, Space, StepResult, DEFAULT_ACTION_MAX_LENGTH},
+};
+use sandhub_client::{Error, Result};
+use tokio::sync::OwnedMutexGuard;
+
+use super::env::Env;
+use crate::{
+    service::{new_id, now_ms, Hub},
+    store::{Episode, GymEnvRow},
+    tenancy::{Tenancy, TenantView},
+};
+
+/// Where environments are kept across restarts.
+pub trait EnvStore: Send + Sync + 'static {
+    fn insert(&self, row: &GymEnvRow) -> Result<()>;
+    /// The episode state after a call at `now`.
+    fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()>;
+    fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>>;
+    fn delete(&self, id: &str) -> Result<()>;
+    /// `(id, tenant)` of every env unused for its idle timeout at `now`.
+    fn idle(&self, now: i64) -> Result<Vec<(String, String)>>;
+}
+
+/// The local backend keeps envs in its SQLite store, next to their sandboxes.
+impl EnvStore for Hub {
+    fn insert(&self, row: &GymEnvRow) -> Result<()> {
+        self.store.insert_gym_env(row)
+    }
+
+    fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()> {
+        self.store.save_gym_episode(id, episode, now)
+    }
+
+    fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>> {
+        self.store.get_gym_env(tenant, id)
+    }
+
+    fn delete(&self, id: &str) -> Result<()> {
+        self.store.delete_gym_env(id)
+    }
+
+    fn idle(&self, now: i64) -> Result<Vec<(String, String)>> {
+        self.store.idle_gym_envs(now)
+    }
+}
+
+struct Slot {
+    /// Outside the lock: tenancy is checked without waiting for a step.
+    tenant: String,
+    env: Arc<tokio::sync::Mutex<Env>>,
+}
+
+/// The environments of one hub.
+#[derive(Default)]
+pub struct Gym {
+    envs: Mutex<HashMap<String, Arc<Slot>>>,
+    /// None: envs live only in memory (the Kubernetes backend has no store).
+    store: Option<Arc<dyn EnvStore>>,
+}
+
+fn not_found(id: &str) -> Error {
+    Error::not_found(format!("environment {id} not found"))
+}
+
+impl Gym {
+    /// Envs that survive a hub restart.
+    pub fn persistent(store: Arc<dyn EnvStore>) -> Self {
+        Gym {
+            envs: Mutex::default(),
+            store: Some(store),
+        }
+    }
+
+    /// Creates an environment and its first sandbox. The env is recorded
+    /// before the caller learns its id.
+    pub async fn create(&self, api: &dyn TenantView, spec: CreateEnv) -> Result<EnvCreated> {
+        let mut env = Env::new(new_id("env"), api.tenant().to_string(), spec)?;
+        env.prepare(api).await?;
+        if let Some(store) = &self.store {
+            if let Err(e) = store.insert(&env.row(now_ms())) {
+                env.close(api).await;
+                return Err(e);
+            }
+        }
+        let created = EnvCreated {
+            env_id: env.id.clone(),
+            observation_space: Space {
+                kind: "text".into(),
+                max_length: env.observation_max(),
+            },
+            action_space: Space {
+                kind: "text".into(),
+                max_length: DEFAULT_ACTION_MAX_LENGTH,
+            },
+        };
+        let slot = Arc::new(Slot {
+            tenant: env.tenant.clone(),
+            env: Arc::new(tokio::sync::Mutex::new(env)),
+        });
+        self.envs
+            .lock()
+            .unwrap()
+            .insert(created.env_id.clone(), slot);
+        Ok(created)
+    }
+
+    /// The caller's environment, loaded from the store when this hub has
+    /// not seen it yet. Another tenant's is simply not found.
+    fn slot(&self, tenant: &str, id: &str) -> Result<Arc<Slot>> {
+        // Held across the store read, so that a close (which deletes the
+        // row before it drops the slot) can never race a load into leaving
+        // a stale slot behind.
+        let mut envs = self.envs.lock().unwrap();
+        if let Some(slot) = envs.get(id) {
+            return if slot.tenant == tenant {
+                Ok(slot.clone())
+            } else {
+                Err(not_found(id))
+            };
+        }
+        let Some(store) = &self.store else {
+            return Err(not_found(id));
+        };
+        let row = store.get(tenant, id)?.ok_or_else(|| not_found(id))?;
+        let env = Env::restore(row)?;
+        tracing::info!(env = %id, tenant = %tenant, "gym environment loaded from the store");
+        let slot = Arc::new(Slot {
+            tenant: tenant.to_string(),
+            env: Arc::new(tokio::sync::Mutex::new(env)),
+        });
+        envs.insert(id.to_string(), slot.clone());
+        Ok(slot)
+    }
+
+    /// The caller's open environment, locked for one call.
+    pub async fn lock(&self, tenant: &str, id: &str) -> Result<OwnedMutexGuard<Env>> {
+        let slot = self.slot(tenant, id)?;
+        let env = slot.env.clone().lock_owned().await;
+        if env.closed {
+            return Err(not_found(id));
+        }
+        Ok(env)
+    }
+
+    /// One action in the caller's environment, recorded.
+    pub async fn step(&self, api: &dyn TenantView, id: &str, action: String) -> Result<StepResult> {
+        let mut env = self.lock(api.tenant(), id).await?;
+        let result = env.step(api, action).await;
+        self.save(&env)?;
+        result
+    }
+
+    /// A new episode in the caller's environment, recorded.
+    pub async fn reset(
+        &self,
+        api: &dyn TenantView,
+        id: &str,
+        seed: Option<u64>,
+    ) -> Result<ResetResult> {
+        let mut env = self.lock(api.tenant(), id).await?;
+        let result = env.reset(api, seed).await;
+        self.save(&env)?;
+        result
+    }
+
+    /// Records the episode state after a call. Every call saves, failed ones
+    /// too: what a call changed before failing (a new sandbox) must stick.
+    pub fn save(&self, env: &Env) -> Result<()> {
+        match &self.store {
+            Some(store) if !env.closed => store.save(&env.id, env.episode(), now_ms()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Deletes an environment's sandbox and record; later calls are NOT_FOUND.
+    pub async fn close(&self, api: &dyn TenantView, env: &mut Env) -> Result<()> {
+        env.close(api).await;
+        if let Some(store) = &self.store {
+            store.delete(&env.id)?;
+        }
+        self.envs.lock().unwrap().remove(&env.id);
+        Ok(())
+    }
+
+    /// Closes every environment unused for its idle timeout at `now`, with
+    /// its sandbox, whether or not the sandbox still runs something (a
+    /// server an agent left behind keeps a sandbox busy, never an env).
+    pub async fn sweep(&self, tenancy: &dyn Tenancy, now: i64) -> Result<()> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        for (id, tenant) in store.idle(now)? {
+            let slot = match self.slot(&tenant, &id) {
+                Ok(slot) => slot,
+                Err(e) if e.code == Code::Internal => {
+                    // Unreadable: it can never be used again either.
+                    tracing::warn!(env = %id, error = %e, "deleting an idle env that cannot be loaded");
+                    store.delete(&id)?;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(env = %id, error = %e, "idle env went away");
+                    continue;
+                }
+            };
+            // A call in progress is use; that env is not idle.
+            let Ok(mut env) = slot.env.clone().try_lock_owned() else {
+                continue;
+            };
+            if env.closed {
+                continue;
+            }
+            // Judged on its row as it is now: a call may have ended since.
+            let still_idle = store.get(&tenant, &id)?.is_some_and(|row| {
+                row.last_used + (row.idle_timeout_seconds as i64).saturating_mul(1000) <= now
+            });
+            if !still_idle {
+                continue;
+            }
+            tracing::info!(env = %id, tenant = %tenant, "gym environment idle for its timeout; closing it");
+            let api = tenancy.tenant(&tenant);
+            self.close(api.as_ref(), &mut env).await?;
+        }
+        Ok(())
+    }
+
+    /// Sweeps idle environments every `every`, until the process ends.
+    pub fn spawn_sweeper(self: &Arc<Self>, tenancy: Arc<dyn Tenancy>, every: Duration) {
+        let gym = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = gym.sweep(tenancy.as_ref(), now_ms()).await {
+                    tracing::warn!(error = %e, "sweeping idle gym environments");
+                }
+            }
+        });
+    }
+}
