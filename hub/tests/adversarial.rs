@@ -438,7 +438,11 @@ async fn workspace_links_never_lead_the_file_api_out() {
     let a = new_sandbox(&alice).await;
     let b = new_sandbox(&bob).await;
     shell_ok(&alice, &a, "echo alice > /workspace/secret.txt").await;
-    let a_upper = hub.state_dir.join("sandboxes").join(&a).join("overlay/upper");
+    let a_upper = hub
+        .state_dir
+        .join("sandboxes")
+        .join(&a)
+        .join("overlay/upper");
     shell_ok(
         &bob,
         &b,
@@ -449,15 +453,29 @@ async fn workspace_links_never_lead_the_file_api_out() {
         ),
     )
     .await;
-    for path in ["root/etc/passwd", "other/secret.txt", "passwd", "../../etc/passwd"] {
+    for path in [
+        "root/etc/passwd",
+        "other/secret.txt",
+        "passwd",
+        "../../etc/passwd",
+    ] {
         let err = read_to_vec(&bob, &b, path).await.unwrap_err();
         assert!(
-            matches!(err.code, Code::PermissionDenied | Code::NotFound | Code::InvalidArgument),
+            matches!(
+                err.code,
+                Code::PermissionDenied | Code::NotFound | Code::InvalidArgument
+            ),
             "{path}: {err}"
         );
     }
-    let err = write_bytes(&bob, &b, "root/tmp/planted", b"x".to_vec(), Default::default())
-        .await
-        .unwrap_err();
+    let err = write_bytes(
+        &bob,
+        &b,
+        "root/tmp/planted",
+        b"x".to_vec(),
+        Default::default(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.code, Code::PermissionDenied, "{err}");
 }

@@ -381,7 +381,11 @@ async fn an_env_survives_a_hub_kill9_with_its_config_episode_and_labelled_sandbo
 
 #[tokio::test]
 async fn after_a_restart_an_env_is_still_only_its_tenants() {
-    let mut hub = TestHub::start(HubOptions { api_keys: true }).await;
+    let mut hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
     let (status, body) = post_as(&hub, Some(ALICE_KEY), "/gym/v1/envs", json!({})).await;
     assert_eq!(status, 201, "{body}");
     let env = body["env_id"].as_str().unwrap().to_string();

@@ -69,6 +69,7 @@ pub async fn run_on(
 ) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let idle = daemon.config.http_idle_timeout;
+    let streams = max_concurrent_streams(&daemon.config);
     let tokio_listener = |l: std::os::unix::net::UnixListener| -> anyhow::Result<UnixListener> {
         l.set_nonblocking(true)?;
         Ok(UnixListener::from_std(l)?)
@@ -78,12 +79,14 @@ pub async fn run_on(
             tokio_listener(listeners.rest).context("REST listener")?,
             rest::router_with(daemon.clone(), extra),
             idle,
+            streams,
             stop.clone(),
         ),
         spawn_unix(
             tokio_listener(listeners.grpc).context("gRPC listener")?,
             rest::grpc_router(daemon.clone()),
             idle,
+            streams,
             stop.clone(),
         ),
     ];
