@@ -55,6 +55,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHUB_TEMPLATE_DIRS", value_delimiter = ',')]
     pub template_dirs: Vec<PathBuf>,
 
+    /// Largest file one upload may write through the hub (REST `PUT
+    /// .../files/...`, MCP `upload_file`); larger ones get 413 and leave
+    /// nothing behind. Default 1 GiB.
+    #[arg(long, env = "SANDHUB_MAX_UPLOAD_BYTES", default_value_t = sandhub_api::limits::DEFAULT_MAX_UPLOAD_BYTES)]
+    pub max_upload_bytes: u64,
+
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
     #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub reap_interval: Duration,
@@ -102,6 +108,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             hub,
             metrics: Arc::default(),
             gym: Arc::default(),
+            limits: rest::Limits {
+                max_upload_bytes: args.max_upload_bytes,
+            },
         },
         keys,
     );

@@ -12,7 +12,7 @@ use std::{
 
 use axum::{extract::Path, extract::State, http::StatusCode};
 use sandhub_api::{
-    error::{Code, ErrorBody},
+    error::ErrorBody,
     gym::{
         BatchStep, BatchStepOutcome, BatchStepResult, CreateEnv, EnvCreated, ResetRequest,
         ResetResult, Space, StepRequest, StepResult, DEFAULT_ACTION_MAX_LENGTH,
@@ -22,7 +22,7 @@ use sandhub_client::{Error, Result};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::{
-    rest::{Api, ApiJson, ApiResult, AppState},
+    rest::{Api, ApiJson, ApiJsonOrDefault, ApiResult, AppState},
     service::new_id,
     tenancy::TenantView,
 };
@@ -125,15 +125,9 @@ async fn reset_env(
     State(state): State<AppState>,
     Api(api): Api,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    // The body is optional: an empty one is a reset without a seed.
+    ApiJsonOrDefault(req): ApiJsonOrDefault<ResetRequest>,
 ) -> ApiResult<ApiJson<ResetResult>> {
-    let req: ResetRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        ResetRequest::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            crate::rest::ApiError::new(Code::InvalidArgument, format!("bad reset request: {e}"))
-        })?
-    };
     let slot = state.gym.checked(api.tenant(), &id).await?;
     let mut env = slot.lock().await;
     Ok(ApiJson(env.reset(api.as_ref(), req.seed).await?))

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod mcp;
+
 use std::{
     future::Future,
     net::TcpListener,
@@ -30,6 +32,8 @@ pub const BOB_KEY: &str = "bob-key-8e7d6c5b4a392817";
 pub struct HubOptions {
     /// Start with an API keys file: `ALICE_KEY alice`, `BOB_KEY bob`.
     pub api_keys: bool,
+    /// More `sandhub serve` flags (e.g. `["--max-upload-bytes", "1024"]`).
+    pub extra_args: &'static [&'static str],
 }
 
 pub struct TestHub {
@@ -138,6 +142,7 @@ impl TestHub {
             cmd.arg("--api-keys-file")
                 .arg(self.dir.path().join("api-keys"));
         }
+        cmd.args(self.options.extra_args);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -148,6 +153,7 @@ impl TestHub {
             .env_remove("SANDHUB_API_KEYS_FILE")
             .env_remove("SANDHUB_LISTEN")
             .env_remove("SANDHUB_STATE_DIR")
+            .env_remove("SANDHUB_MAX_UPLOAD_BYTES")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log));
