@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ErrorBody;
+use crate::{error::ErrorBody, limits};
 
 pub const DEFAULT_OBSERVATION_MAX_BYTES: usize = 4096;
 pub const DEFAULT_ACTION_MAX_LENGTH: usize = 65536;
@@ -58,6 +58,28 @@ pub struct CreateEnv {
     /// carries the same idle timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<u64>,
+}
+
+impl CreateEnv {
+    /// Refuses timeouts (the step's, and each verify command's) outside
+    /// [`limits::MIN_TIMEOUT_SECONDS`] to [`limits::MAX_TIMEOUT_SECONDS`].
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        limits::optional_timeout("step_timeout_seconds", self.step_timeout_seconds)?;
+        for (list, matchers) in [("reward", &self.reward), ("termination", &self.termination)] {
+            for (i, m) in matchers.iter().enumerate() {
+                if let Matcher::Command {
+                    timeout_seconds, ..
+                } = m
+                {
+                    limits::optional_timeout(
+                        &format!("{list}[{i}].timeout_seconds"),
+                        *timeout_seconds,
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What every episode starts from: files written and commands run at

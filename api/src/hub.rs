@@ -5,6 +5,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::{
+    error::{Code, ErrorBody},
+    limits,
+};
+
 /// Sandbox ids are DNS-1123 labels, so one id can name a SandboxClaim, a Pod
 /// and a hostname.
 pub const MAX_ID_LEN: usize = 63;
@@ -100,6 +105,16 @@ pub struct CreateSandbox {
     pub idle_timeout_seconds: Option<u64>,
 }
 
+impl CreateSandbox {
+    /// Refuses lifetimes outside [`limits::MIN_LIFETIME_SECONDS`] to
+    /// [`limits::MAX_LIFETIME_SECONDS`] (a deadline past the clock's end
+    /// would overflow it).
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        limits::optional_lifetime("shutdown_after_seconds", self.shutdown_after_seconds)?;
+        limits::optional_lifetime("idle_timeout_seconds", self.idle_timeout_seconds)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Sandbox {
@@ -161,6 +176,18 @@ pub struct ExecRequest {
     /// Bytes written to the process's stdin, then closed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub stdin: String,
+}
+
+impl ExecRequest {
+    /// Refuses an empty command and a timeout outside
+    /// [`limits::MIN_TIMEOUT_SECONDS`] to [`limits::MAX_TIMEOUT_SECONDS`].
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        limits::optional_timeout("timeout_seconds", self.timeout_seconds)?;
+        if self.command.argv().first().is_none_or(|p| p.is_empty()) {
+            return Err(ErrorBody::new(Code::InvalidArgument, "command is empty"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@ pub mod gym;
 pub mod hub;
 pub mod k8s;
 pub mod legacy;
+pub mod limits;
 pub mod proto;
 pub mod sandboxd;
 #[cfg(feature = "scoped-token")]

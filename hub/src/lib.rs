@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod guard;
 pub mod gym;
 pub mod kube;
 pub mod local;

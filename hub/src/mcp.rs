@@ -15,12 +15,22 @@ use crate::{
 /// Each MCP call acts as the tenant its HTTP request authenticated as.
 pub struct TenantSandboxes(pub Arc<dyn Tenancy>);
 
+fn tenant_of(parts: Option<&http::request::Parts>) -> &str {
+    parts
+        .and_then(|p| p.extensions.get::<Tenant>())
+        .map_or(OPEN_TENANT, |t| t.0.as_str())
+}
+
 impl sandhub_mcp::SandboxesProvider for TenantSandboxes {
     fn sandboxes(&self, parts: Option<&http::request::Parts>) -> Result<Arc<dyn Sandboxes>, Error> {
-        let tenant = parts
-            .and_then(|p| p.extensions.get::<Tenant>())
-            .map_or(OPEN_TENANT, |t| t.0.as_str());
-        Ok(self.0.tenant(tenant))
+        Ok(self.0.tenant(tenant_of(parts)))
+    }
+
+    /// An MCP session (its sandboxes, its processes' output) belongs to
+    /// the tenant whose key opened it; another tenant's key with its
+    /// `Mcp-Session-Id` finds no session.
+    fn principal(&self, parts: &http::request::Parts) -> Option<String> {
+        Some(tenant_of(Some(parts)).to_string())
     }
 }
 
@@ -62,6 +72,10 @@ pub struct McpArgs {
     /// The embedded hub's local backend (as `sandhub serve`).
     #[command(flatten)]
     pub local: crate::serve::LocalArgs,
+
+    /// Embedded hub: largest file `upload_file` may write (as `sandhub serve`).
+    #[arg(long, env = "SANDHUB_MAX_UPLOAD_BYTES", default_value_t = sandhub_api::limits::DEFAULT_MAX_UPLOAD_BYTES)]
+    pub max_upload_bytes: u64,
 }
 
 /// `sandhub mcp`: MCP on stdio, so a desktop client needs one command.
@@ -72,10 +86,19 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
             sandhub_mcp::serve_stdio(client).await
         }
         None => {
-            let hub = crate::serve::embedded_hub(args.state_dir, &args.local).await?;
+            let hub =
+                crate::serve::embedded_hub(args.state_dir, &args.local, args.max_upload_bytes)
+                    .await?;
             // Deadlines and pools still need minding while this process runs.
             hub.spawn_background(std::time::Duration::from_secs(1));
-            sandhub_mcp::serve_stdio(TenantSandboxes(Arc::new(hub))).await
+            let limits = crate::guard::Limits {
+                max_upload_bytes: args.max_upload_bytes,
+            };
+            sandhub_mcp::serve_stdio(TenantSandboxes(crate::guard::Guarded::wrap(
+                Arc::new(hub),
+                limits,
+            )))
+            .await
         }
     }
 }

@@ -50,6 +50,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub local: LocalArgs,
 
+    /// Largest file one upload may write through the hub (REST `PUT
+    /// .../files/...`, MCP `upload_file`, and the sandbox's own sandboxd);
+    /// larger ones get 413 and leave nothing behind. Default 1 GiB.
+    #[arg(long, env = "SANDHUB_MAX_UPLOAD_BYTES", default_value_t = sandhub_api::limits::DEFAULT_MAX_UPLOAD_BYTES)]
+    pub max_upload_bytes: u64,
+
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
     #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub reap_interval: Duration,
@@ -91,7 +97,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let (hub, gym, where_): (Arc<dyn Tenancy>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
-            let hub = embedded_hub(args.state_dir.clone(), &args.local).await?;
+            let hub =
+                embedded_hub(args.state_dir.clone(), &args.local, args.max_upload_bytes).await?;
             hub.spawn_background(args.reap_interval);
             // Gym envs live in the same store as their sandboxes, so a
             // restart keeps both; idle ones are closed on the reaper's beat.
@@ -117,6 +124,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             hub,
             metrics: Arc::default(),
             gym,
+            limits: rest::Limits {
+                max_upload_bytes: args.max_upload_bytes,
+            },
         },
         keys,
     );
@@ -147,6 +157,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 pub async fn embedded_hub(
     state_dir: Option<PathBuf>,
     local: &LocalArgs,
+    max_upload_bytes: u64,
 ) -> anyhow::Result<Arc<Hub>> {
     let policy = Policy::resolve(&local.policy);
     policy.validate()?;
@@ -164,8 +175,12 @@ pub async fn embedded_hub(
     let store = Store::open(&state_dir.join("sandhub.db"))
         .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
     let backend: Arc<dyn Backend> = Arc::new(
-        crate::backend::local::LocalBackend::new(&state_dir, local.allow_no_cgroup_limits)
-            .context("starting the local backend")?,
+        crate::backend::local::LocalBackend::new(
+            &state_dir,
+            local.allow_no_cgroup_limits,
+            max_upload_bytes,
+        )
+        .context("starting the local backend")?,
     );
     tracing::info!(?policy, "sandbox limits and tenant quotas");
     let hub = Hub::new(store, backend, template_dirs, policy);

@@ -49,6 +49,17 @@ impl ToolError {
         ))
     }
 
+    /// An argument out of its range: the message names the range, and the
+    /// code word is the one the hub's REST API answers with.
+    pub fn invalid(message: impl std::fmt::Display) -> Self {
+        Self::new(format!(
+            "{} ({}). {}",
+            message.to_string().trim_end_matches('.'),
+            Code::InvalidArgument,
+            hint(Code::InvalidArgument)
+        ))
+    }
+
     /// A bounded wait ran out.
     pub fn timed_out(what: &str, seconds: f64) -> Self {
         Self::new(format!(
@@ -136,6 +147,13 @@ mod tests {
             .starts_with("reading /etc failed: etc: path escapes the root"));
         assert!(e.message().contains("PERMISSION_DENIED"));
         assert!(e.message().contains("relative to /workspace"));
+    }
+
+    #[test]
+    fn invalid_arguments_carry_the_code_word() {
+        let e = ToolError::invalid("timeout must be between 0.001 and 3600 seconds, not -1");
+        assert!(e.message().starts_with("timeout must be between"));
+        assert!(e.message().contains("(INVALID_ARGUMENT)"), "{e}");
     }
 
     #[test]

@@ -27,6 +27,7 @@
 //! sandhub_mcp::serve_stdio(client).await?;
 //! ```
 
+mod binding;
 mod errors;
 mod output;
 mod paths;

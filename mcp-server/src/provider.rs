@@ -20,6 +20,16 @@ pub trait SandboxesProvider: Send + Sync + 'static {
         &self,
         parts: Option<&http::request::Parts>,
     ) -> Result<Arc<dyn Sandboxes>, sandhub_client::Error>;
+
+    /// Who the HTTP request `parts` acts as (the hub's tenant), if that
+    /// differs between requests. A streamable-HTTP session is bound to the
+    /// principal that opened it: the same `Mcp-Session-Id` with another
+    /// principal is answered like an unknown session (404) and runs no
+    /// tool. `None` (the default) binds nothing: one fixed client serves
+    /// every request alike.
+    fn principal(&self, _parts: &http::request::Parts) -> Option<String> {
+        None
+    }
 }
 
 /// One fixed client for every call (stdio against a hub URL, tests).

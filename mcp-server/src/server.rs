@@ -175,8 +175,9 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             .map(|r| format!(" Required arguments: {}.", r.join(", ")))
             .unwrap_or_default();
         CallToolResult::error(vec![ContentBlock::text(format!(
-            "invalid arguments for {tool}: {detail}.{required} Check the tool's input schema \
-             and call it again."
+            "invalid arguments for {tool}: {detail} ({}).{required} Check the tool's input \
+             schema and call it again.",
+            Code::InvalidArgument
         ))])
     }
 }

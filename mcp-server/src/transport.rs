@@ -12,10 +12,8 @@ use rmcp::{
     ServiceExt,
 };
 
+pub use crate::binding::McpService;
 use crate::{provider::SandboxesProvider, server::McpOptions, SandhubMcp};
-
-/// The tower service the hub nests at `/mcp`.
-pub type McpService<P> = StreamableHttpService<SandhubMcp<P>, LocalSessionManager>;
 
 /// Streamable HTTP with default limits and rmcp's default config (which
 /// accepts only loopback `Host` headers; see
@@ -29,8 +27,10 @@ pub fn streamable_http_service<P: SandboxesProvider>(provider: P) -> McpService<
 }
 
 /// Streamable HTTP: one [`SandhubMcp`] per MCP session (its
-/// `Mcp-Session-Id`), kept in memory by a [`LocalSessionManager`]. The
-/// tool router is built once and shared by every session.
+/// `Mcp-Session-Id`), kept in memory by a [`LocalSessionManager`] and
+/// bound to the principal that opened it (see
+/// [`SandboxesProvider::principal`]). The tool router is built once and
+/// shared by every session.
 pub fn streamable_http_service_with<P: SandboxesProvider>(
     provider: P,
     options: McpOptions,
@@ -39,17 +39,20 @@ pub fn streamable_http_service_with<P: SandboxesProvider>(
     let provider = Arc::new(provider);
     let options = Arc::new(options);
     let router = SandhubMcp::<P>::router();
-    StreamableHttpService::new(
+    let sessions = Arc::new(LocalSessionManager::default());
+    let factory_provider = provider.clone();
+    let inner = StreamableHttpService::new(
         move || {
             Ok(SandhubMcp::with_router(
-                provider.clone(),
+                factory_provider.clone(),
                 options.clone(),
                 router.clone(),
             ))
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
-    )
+    );
+    McpService::new(inner, sessions, provider)
 }
 
 /// Serves one session on stdin/stdout until the client disconnects.

@@ -146,7 +146,15 @@ impl SandboxdClient {
                 ))
             }
         };
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // Checked even so: a deadline past the clock's end must be an
+        // error, never a panic in the middle of a request.
+        let deadline = timeout
+            .map(|t| {
+                Instant::now()
+                    .checked_add(t)
+                    .ok_or_else(|| Error::invalid("timeout_seconds is too large"))
+            })
+            .transpose()?;
         // Fed concurrently: a process that writes much before reading its
         // input would otherwise block on output nobody reads.
         let feed = self.feed(pid, stdin);
@@ -264,14 +272,10 @@ fn config(
     }
 }
 
+/// The range every front door checks too ([`sandhub_api::limits`]): a
+/// timeout past the clock's end would overflow the deadline below.
 fn timeout_of(seconds: f64) -> Result<Duration> {
-    if !(seconds.is_finite() && seconds > 0.0) {
-        return Err(Error::invalid(format!(
-            "timeout_seconds must be a positive number, not {seconds}"
-        )));
-    }
-    Duration::try_from_secs_f64(seconds)
-        .map_err(|_| Error::invalid(format!("timeout_seconds {seconds} is too large")))
+    Ok(sandhub_api::limits::timeout("timeout_seconds", seconds)?)
 }
 
 fn lossy(bytes: &[u8]) -> String {
@@ -296,9 +300,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn timeouts_must_be_positive() {
+    fn timeouts_must_be_in_range() {
         assert_eq!(timeout_of(1.5).unwrap(), Duration::from_millis(1500));
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        // 1e19 s fits a Duration but no Instant: it must be refused here.
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e19, u64::MAX as f64] {
             assert_eq!(timeout_of(bad).unwrap_err().code, Code::InvalidArgument);
         }
     }

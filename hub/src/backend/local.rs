@@ -21,6 +21,10 @@ use crate::{
 
 pub struct LocalBackend {
     runtime: Arc<Runtime>,
+    /// Each sandbox's sandboxd refuses larger uploads too (a workload can
+    /// reach its own sandboxd only through the hub, but the cap holds
+    /// whichever door a body comes in by).
+    max_upload_bytes: u64,
     sandboxes: PathBuf,
     snapshots: PathBuf,
     seeds: PathBuf,
@@ -42,7 +46,11 @@ fn join_error(e: tokio::task::JoinError) -> Error {
 }
 
 impl LocalBackend {
-    pub fn new(state_dir: &Path, allow_no_cgroup_limits: bool) -> anyhow::Result<Self> {
+    pub fn new(
+        state_dir: &Path,
+        allow_no_cgroup_limits: bool,
+        max_upload_bytes: u64,
+    ) -> anyhow::Result<Self> {
         // Re-executing /proc/self/exe (not the path we were started from)
         // means a sandbox always runs this very build of sandboxd.
         let runtime = Runtime::new(
@@ -52,6 +60,7 @@ impl LocalBackend {
         )?;
         let backend = LocalBackend {
             runtime: Arc::new(runtime),
+            max_upload_bytes,
             sandboxes: state_dir.join("sandboxes"),
             snapshots: state_dir.join("snapshots"),
             seeds: state_dir.join("seeds"),
@@ -131,6 +140,7 @@ impl LocalBackend {
             memory_mb: t.memory_mb,
             pids: t.pids,
             network_host: t.network == Network::Host,
+            max_upload_bytes: self.max_upload_bytes,
         })
     }
 }

@@ -63,11 +63,8 @@ impl Env {
                 "idle_timeout_seconds must be 1 to {MAX_ENV_IDLE_TIMEOUT_SECONDS}"
             )));
         }
-        if let Some(t) = spec.step_timeout_seconds {
-            if !(t.is_finite() && t > 0.0) {
-                return Err(Error::invalid("step_timeout_seconds must be positive"));
-            }
-        }
+        // Timeouts in range, so no step can overflow a deadline.
+        spec.validate()?;
         if spec.observation_max_bytes == Some(0) {
             return Err(Error::invalid("observation_max_bytes must be at least 1"));
         }

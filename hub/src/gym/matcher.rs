@@ -76,9 +76,7 @@ pub fn compile(m: Matcher) -> Result<Compiled> {
             if command.trim().is_empty() {
                 return Err(Error::invalid("a command matcher needs a command"));
             }
-            if timeout_seconds.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
-                return Err(Error::invalid("timeout_seconds must be positive"));
-            }
+            sandhub_api::limits::optional_timeout("timeout_seconds", timeout_seconds)?;
             Ok(Compiled::Plain(m))
         }
         Matcher::ExitCode { weight, .. } => {

@@ -9,7 +9,7 @@ mod registry;
 
 use axum::{extract::Path, extract::State, http::StatusCode};
 use sandhub_api::{
-    error::{Code, ErrorBody},
+    error::ErrorBody,
     gym::{
         BatchStep, BatchStepOutcome, BatchStepResult, CreateEnv, EnvCreated, ResetRequest,
         ResetResult, StepRequest, StepResult,
@@ -18,7 +18,7 @@ use sandhub_api::{
 use sandhub_client::Error;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::rest::{Api, ApiJson, ApiResult, AppState};
+use crate::rest::{Api, ApiJson, ApiJsonOrDefault, ApiResult, AppState};
 pub use registry::{EnvStore, Gym};
 
 /// Most steps one batch request may carry.
@@ -69,15 +69,9 @@ async fn reset_env(
     State(state): State<AppState>,
     Api(api): Api,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    // The body is optional: an empty one is a reset without a seed.
+    ApiJsonOrDefault(req): ApiJsonOrDefault<ResetRequest>,
 ) -> ApiResult<ApiJson<ResetResult>> {
-    let req: ResetRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        ResetRequest::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            crate::rest::ApiError::new(Code::InvalidArgument, format!("bad reset request: {e}"))
-        })?
-    };
     Ok(ApiJson(state.gym.reset(api.as_ref(), &id, req.seed).await?))
 }
 

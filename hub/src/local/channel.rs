@@ -44,6 +44,8 @@ pub(crate) struct InitConfig {
     pub network_host: bool,
     /// The sandbox's memory limit: its tmpfs mounts are sized below it.
     pub memory_mb: Option<u64>,
+    /// sandboxd's `--max-upload-bytes`.
+    pub max_upload_bytes: u64,
     pub idmap: IdMap,
     /// `tracing` filter for the code running inside.
     pub log_filter: String,

@@ -265,12 +265,15 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! 
     // Parsed before the template's env is applied, so `SANDBOXD_*`
     // variables in it cannot reconfigure the daemon.
     use clap::Parser as _;
+    let max_upload = cfg.max_upload_bytes.to_string();
     let config = match sandboxd::Config::try_parse_from([
         "sandboxd",
         "--legacy-port",
         "0",
         "--root-dir",
         WORKSPACE,
+        "--max-upload-bytes",
+        &max_upload,
     ]) {
         Ok(c) => c,
         Err(e) => fail(&chan, format!("sandboxd flags: {e}")),

@@ -60,6 +60,8 @@ pub struct SandboxSpec {
     /// Share the host's network namespace instead of a private one with
     /// only `lo`.
     pub network_host: bool,
+    /// sandboxd's `--max-upload-bytes` (0: no limit).
+    pub max_upload_bytes: u64,
 }
 
 impl SandboxSpec {
@@ -76,6 +78,7 @@ impl SandboxSpec {
             memory_mb: None,
             pids: None,
             network_host: false,
+            max_upload_bytes: 0,
         }
     }
 
@@ -275,6 +278,7 @@ impl Runtime {
             env: spec.env.clone(),
             network_host: spec.network_host,
             memory_mb: spec.memory_mb,
+            max_upload_bytes: spec.max_upload_bytes,
             idmap: self.idmap,
             log_filter: self.log_filter.clone(),
         };

@@ -2,7 +2,7 @@
 //! code word implies.
 
 use axum::{
-    extract::rejection::{JsonRejection, PathRejection, QueryRejection},
+    extract::rejection::{PathRejection, QueryRejection},
     http::StatusCode,
     response::{IntoResponse, Response},
     Json,
@@ -55,34 +55,6 @@ impl IntoResponse for ApiError {
                 .into_response();
         }
         (status, Json(self.error.body())).into_response()
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(r: JsonRejection) -> Self {
-        match r {
-            JsonRejection::BytesRejection(b) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError {
-                    error: Error::new(
-                        Code::ResourceExhausted,
-                        format!("request body is too large: {}", b.body_text()),
-                    ),
-                    status: Some(StatusCode::PAYLOAD_TOO_LARGE),
-                }
-            }
-            other => ApiError::new(Code::InvalidArgument, other.body_text()),
-        }
-    }
-}
-
-/// `axum::Json` whose rejections are JSON `{code, message}` too.
-#[derive(Debug, Clone, Copy, Default, axum::extract::FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
-pub struct ApiJson<T>(pub T);
-
-impl<T: serde::Serialize> IntoResponse for ApiJson<T> {
-    fn into_response(self) -> Response {
-        Json(self.0).into_response()
     }
 }
 

@@ -6,12 +6,14 @@
 
 use axum::{
     body::Body,
-    extract::Request,
+    extract::{Request, State},
     http::{header, HeaderMap, HeaderName},
     response::Response,
     routing::get,
 };
+use futures::TryStreamExt;
 use sandhub_api::{error::ErrorBody, sandboxd::DirectoryListing};
+use sandhub_client::{ByteStream, Error};
 use serde::Deserialize;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -120,6 +122,9 @@ async fn head_file(
 
 /// Write a file atomically (raw or multipart `file` part), creating parents;
 /// `append=true` appends instead; `mode` (e.g. 0644) applies to new files.
+/// A body over the hub's `--max-upload-bytes` is refused with 413: at once
+/// when its `Content-Length` says so, else when it passes the limit (the
+/// file is then left as it was).
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path),
            ("mode" = Option<String>, Query, description = "^0[0-7]{3}$"),
@@ -130,11 +135,35 @@ async fn head_file(
               (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
               (status = 413, body = ErrorBody), (status = 507, body = ErrorBody)))]
 async fn put_file(
+    State(state): State<AppState>,
     Api(api): Api,
     ApiPath(FilePath { id }): ApiPath<FilePath>,
     request: Request,
 ) -> ApiResult<Response> {
-    forward(api.as_ref(), &id, request).await
+    let limits = state.limits;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    // Refused before a byte of the body is read.
+    if declared.is_some_and(|len| len > limits.max_upload_bytes) {
+        return Err(limits.upload_too_large().into());
+    }
+    // A chunked body is cut off with an error as it passes the limit, so
+    // sandboxd sees an aborted upload and discards its temporary file.
+    let (parts, body) = request.into_parts();
+    let data: ByteStream = Box::pin(
+        body.into_data_stream()
+            .map_err(|e| Error::invalid(format!("reading the request body: {e}"))),
+    );
+    let (data, tripped) = limits.cap_upload(data);
+    let request = Request::from_parts(parts, Body::from_stream(data));
+    let result = forward(api.as_ref(), &id, request).await;
+    if tripped.is_set() {
+        return Err(limits.upload_too_large().into());
+    }
+    result
 }
 
 /// Delete a file, or a directory with `recursive=true`.

@@ -3,6 +3,7 @@
 mod auth;
 mod error;
 mod files;
+mod json;
 mod pools;
 mod processes;
 mod sandboxes;
@@ -21,7 +22,10 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 pub use auth::{ApiKeys, Tenant, OPEN_TENANT};
-pub use error::{ApiError, ApiJson, ApiResult};
+pub use error::{ApiError, ApiResult};
+pub use json::{ApiJson, ApiJsonOrDefault};
+
+pub use crate::guard::Limits;
 
 use crate::tenancy::{Tenancy, TenantView};
 
@@ -34,6 +38,9 @@ pub struct AppState {
     pub hub: Arc<dyn Tenancy>,
     pub metrics: Arc<service::Metrics>,
     pub gym: Arc<crate::gym::Gym>,
+    /// What the operator bounds for every tenant; [`app`] puts the checks
+    /// in front of `hub`.
+    pub limits: Limits,
 }
 
 /// The hub as the request's tenant sees it.
@@ -105,8 +112,9 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 /// What the route annotations leave implicit: every response gets a
 /// description (OpenAPI requires one), every operation behind the bearer
 /// key documents its 401, and every operation with a body its 400 (bad or
-/// unknown JSON) and 413 (over [`MAX_JSON_BODY`]), which the extractors and
-/// the body limit answer for every route alike.
+/// unknown JSON), 413 (over [`MAX_JSON_BODY`]) and 415 (a content type
+/// that is not JSON), which the extractors and the body limit answer for
+/// every route alike.
 fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::{
         path::Operation,
@@ -128,6 +136,7 @@ fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
     let unauthenticated = error("No valid API key (only when the hub has an API keys file)");
     let bad_body = error("The body is not the JSON this operation takes");
     let too_large = error("The body is larger than the hub accepts");
+    let not_json = error("The body's content type says it is not JSON");
     for item in openapi.paths.paths.values_mut() {
         let ops: [&mut Option<Operation>; 5] = [
             &mut item.get,
@@ -152,6 +161,9 @@ fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
                 responses
                     .entry("413".to_string())
                     .or_insert_with(|| too_large.clone());
+                responses
+                    .entry("415".to_string())
+                    .or_insert_with(|| not_json.clone());
             }
             for (status, response) in op.responses.responses.iter_mut() {
                 if let RefOr::T(r) = response {
@@ -178,6 +190,11 @@ pub fn app(
 ) -> (Router, tokio_util::sync::CancellationToken) {
     let (router, openapi) = routes();
     let openapi = Arc::new(openapi);
+    // Every front door below (REST, Gym, MCP) acts through this one view.
+    let state = AppState {
+        hub: crate::guard::Guarded::wrap(state.hub, state.limits),
+        ..state
+    };
     let (mcp, mcp_stop) = crate::mcp::http_service(state.hub.clone(), keys.is_some());
     let app = router
         .nest_service("/mcp", mcp)

@@ -12,7 +12,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::{
     error::{ApiPath, ApiQuery},
-    Api, ApiError, ApiJson, ApiResult, AppState,
+    Api, ApiError, ApiJson, ApiJsonOrDefault, ApiResult, AppState,
 };
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -150,14 +150,8 @@ async fn reset(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson
 async fn fork(
     Api(api): Api,
     ApiPath(id): ApiPath<String>,
-    body: axum::body::Bytes,
-) -> ApiResult<(StatusCode, ApiJson<Sandbox>)> {
     // The body is optional: an empty one forks a fresh snapshot.
-    let req: ForkRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        ForkRequest::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::new(Code::InvalidArgument, format!("bad fork request: {e}")))?
-    };
+    ApiJsonOrDefault(req): ApiJsonOrDefault<ForkRequest>,
+) -> ApiResult<(StatusCode, ApiJson<Sandbox>)> {
     Ok((StatusCode::CREATED, ApiJson(api.fork(&id, req).await?)))
 }

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod mcp;
+
 use std::{
     future::Future,
     net::TcpListener,
@@ -31,7 +33,7 @@ pub const BOB_KEY: &str = "bob-key-8e7d6c5b4a392817";
 pub struct HubOptions {
     /// Start with an API keys file: `ALICE_KEY alice`, `BOB_KEY bob`.
     pub api_keys: bool,
-    /// More `sandhub serve` flags (policy, quotas, ...).
+    /// More `sandhub serve` flags (policy, quotas, upload cap, ...).
     pub extra_args: &'static [&'static str],
 }
 
@@ -173,6 +175,7 @@ impl TestHub {
             .env_remove("SANDHUB_API_KEYS_FILE")
             .env_remove("SANDHUB_LISTEN")
             .env_remove("SANDHUB_STATE_DIR")
+            .env_remove("SANDHUB_MAX_UPLOAD_BYTES")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log));

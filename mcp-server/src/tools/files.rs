@@ -374,7 +374,12 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
         Parameters(p): Parameters<WatchDirectoryParams>,
         hub: Hub,
     ) -> Result<Json<WatchDirectoryResult>, ToolError> {
-        let limit = wait(p.timeout_seconds, DEFAULT_WATCH_SECONDS, MAX_WATCH_SECONDS);
+        let limit = wait(
+            "timeout_seconds",
+            p.timeout_seconds,
+            DEFAULT_WATCH_SECONDS,
+            MAX_WATCH_SECONDS,
+        )?;
         let path = workspace_path(&p.path)?;
         let (sb, id) = self.owned(hub, &p.sandbox_claim_name).await?;
         let deadline = tokio::time::Instant::now() + limit;

@@ -15,35 +15,41 @@ pub mod sandbox;
 
 use std::{future::Future, time::Duration};
 
+use sandhub_api::limits;
+
 use crate::errors::ToolError;
 
-/// The longest any single bounded wait may be asked to last.
+/// The longest any single bounded wait may be asked to last (tighter than
+/// the hub's own [`sandhub_api::limits::MAX_TIMEOUT_SECONDS`]: one tool call
+/// should not hold a model for a day).
 const MAX_TIMEOUT_SECONDS: f64 = 3600.0;
 
 /// A caller's timeout in seconds, or `default`; refuses nonsense values
-/// with the accepted range rather than clamping them silently.
+/// (NaN, negative, past any clock) with the accepted range rather than
+/// clamping them silently.
 pub(crate) fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<f64, ToolError> {
     let v = value.unwrap_or(default);
-    if v.is_finite() && v > 0.0 && v <= MAX_TIMEOUT_SECONDS {
-        Ok(v)
-    } else {
-        Err(ToolError::new(format!(
-            "{name} must be a number of seconds greater than 0 and at most \
-             {MAX_TIMEOUT_SECONDS}; got {v}"
-        )))
-    }
+    limits::seconds_in(name, v, limits::MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS)
+        .map_err(|e| ToolError::invalid(e.message))?;
+    Ok(v)
 }
 
-/// `value` (default `default`) clamped to `0..=max`: for waits where
-/// asking for more than the bound is harmless and just means "the most".
-pub(crate) fn wait(value: Option<f64>, default: f64, max: f64) -> Duration {
-    let v = value.unwrap_or(default);
-    let v = if v.is_finite() {
-        v.clamp(0.0, max)
-    } else {
-        0.0
-    };
-    Duration::from_secs_f64(v)
+/// A wait in seconds (default `default`) from 0 (answer at once) to `max`;
+/// anything else is refused with that range.
+pub(crate) fn wait(
+    name: &str,
+    value: Option<f64>,
+    default: f64,
+    max: f64,
+) -> Result<Duration, ToolError> {
+    limits::seconds_in(name, value.unwrap_or(default), 0.0, max)
+        .map_err(|e| ToolError::invalid(e.message))
+}
+
+/// A sandbox lifetime in whole seconds, in the hub's range.
+pub(crate) fn lifetime(name: &str, value: u64) -> Result<u64, ToolError> {
+    limits::lifetime(name, value).map_err(|e| ToolError::invalid(e.message))?;
+    Ok(value)
 }
 
 /// Runs `fut` for at most `seconds`.
@@ -65,18 +71,49 @@ mod tests {
     fn timeouts_are_validated() {
         assert_eq!(seconds("timeout", None, 60.0).unwrap(), 60.0);
         assert_eq!(seconds("timeout", Some(0.5), 60.0).unwrap(), 0.5);
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e9] {
+        for bad in [
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            1e9,
+            1e19,
+            u64::MAX as f64,
+        ] {
             let e = seconds("timeout", Some(bad), 60.0).unwrap_err();
-            assert!(e.message().starts_with("timeout must be"), "{bad}");
+            assert!(
+                e.message()
+                    .starts_with("timeout must be between 0.001 and 3600 seconds"),
+                "{bad}: {e}"
+            );
+            assert!(e.message().contains("INVALID_ARGUMENT"), "{e}");
         }
     }
 
     #[test]
-    fn waits_are_clamped() {
-        assert_eq!(wait(None, 0.0, 30.0), Duration::ZERO);
-        assert_eq!(wait(Some(100.0), 0.0, 30.0), Duration::from_secs(30));
-        assert_eq!(wait(Some(-3.0), 0.0, 30.0), Duration::ZERO);
-        assert_eq!(wait(Some(f64::NAN), 0.0, 30.0), Duration::ZERO);
+    fn waits_are_range_checked() {
+        assert_eq!(wait("w", None, 0.0, 30.0).unwrap(), Duration::ZERO);
+        assert_eq!(
+            wait("w", Some(30.0), 0.0, 30.0).unwrap(),
+            Duration::from_secs(30)
+        );
+        for bad in [-3.0, 30.5, 1e19, f64::NAN, f64::NEG_INFINITY] {
+            let e = wait("wait_seconds", Some(bad), 0.0, 30.0).unwrap_err();
+            assert!(
+                e.message()
+                    .starts_with("wait_seconds must be between 0 and 30 seconds"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn lifetimes_are_range_checked() {
+        assert_eq!(lifetime("l", 300).unwrap(), 300);
+        for bad in [0, u64::MAX] {
+            let e = lifetime("shutdown_after_seconds", bad).unwrap_err();
+            assert!(e.message().contains("INVALID_ARGUMENT"), "{e}");
+        }
     }
 
     #[tokio::test]

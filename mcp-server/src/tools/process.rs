@@ -232,8 +232,8 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
         Parameters(p): Parameters<ReadProcessOutputParams>,
         hub: Hub,
     ) -> Result<Json<ReadProcessOutputResult>, ToolError> {
+        let wait = wait("wait_seconds", p.wait_seconds, 0.0, MAX_READ_WAIT)?;
         let proc = self.process(hub, &p.process).await?;
-        let wait = wait(p.wait_seconds, 0.0, MAX_READ_WAIT);
         let out = proc.read(wait, self.options.max_output_bytes).await;
         let mut notes = Vec::new();
         lost(

@@ -17,7 +17,7 @@ use sandhub_client::Sandboxes;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{bounded, seconds};
+use super::{bounded, lifetime, seconds};
 use crate::{
     errors::{during, ToolError, ToolResult},
     provider::SandboxesProvider,
@@ -163,6 +163,10 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             p.sandbox_ready_timeout,
             DEFAULT_READY_TIMEOUT,
         )?;
+        let shutdown_after = lifetime(
+            "shutdown_after_seconds",
+            p.shutdown_after_seconds.unwrap_or(DEFAULT_SHUTDOWN_AFTER),
+        )?;
         let mut labels = p.labels.unwrap_or_default();
         if labels.contains_key(SESSION_LABEL) {
             return Err(ToolError::new(format!(
@@ -186,9 +190,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             template,
             pool,
             labels,
-            shutdown_after_seconds: Some(
-                p.shutdown_after_seconds.unwrap_or(DEFAULT_SHUTDOWN_AFTER),
-            ),
+            shutdown_after_seconds: Some(shutdown_after),
             ..CreateSandbox::default()
         };
         let created = bounded("creating the sandbox", ready_timeout, async {

@@ -1,0 +1,339 @@
+//! The checks every front door shares, at the one place all of them pass:
+//! between a tenant's request and the backend. REST, Gym and MCP all act
+//! through a [`TenantView`]; [`Guarded`] wraps the backend's so that what
+//! no backend can honour (a timeout past the clock's end, an upload over
+//! the operator's cap) is refused the same way whichever door it came in
+//! by, and whichever backend is behind.
+
+use std::{
+    collections::BTreeMap,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::Stream;
+use sandhub_api::{
+    error::Code,
+    hub::{
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, NamedTemplate, Pool, PoolSpec,
+        Sandbox, Snapshot, Template,
+    },
+    limits::DEFAULT_MAX_UPLOAD_BYTES,
+    sandboxd::{DirectoryListing, FileEntry},
+};
+use sandhub_client::{
+    sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
+    StartProcess, StdinInput, WatchEvents, WriteOptions,
+};
+
+use crate::tenancy::{Tenancy, TenantView};
+
+/// What the operator bounds for every tenant (`sandhub serve` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest file one upload may write (`--max-upload-bytes`).
+    pub max_upload_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+        }
+    }
+}
+
+impl Limits {
+    /// The refusal for an upload over the cap.
+    pub fn upload_too_large(&self) -> Error {
+        Error::new(
+            Code::PayloadTooLarge,
+            format!(
+                "the upload is larger than this hub's limit of {} bytes (--max-upload-bytes)",
+                self.max_upload_bytes
+            ),
+        )
+    }
+
+    /// `data` cut off with an error once it passes the upload cap, and a
+    /// flag that says whether it was. The error (not a clean end) is what
+    /// makes the receiving sandboxd discard its temporary file instead of
+    /// committing a truncated one; the flag lets the caller answer 413
+    /// whatever the transport made of the abort.
+    pub fn cap_upload(&self, data: ByteStream) -> (ByteStream, Tripped) {
+        let tripped = Tripped::default();
+        let capped = Capped {
+            inner: data,
+            left: self.max_upload_bytes,
+            tripped: tripped.clone(),
+            error: self.upload_too_large(),
+        };
+        (Box::pin(capped), tripped)
+    }
+}
+
+/// Set once a capped stream has passed its cap.
+#[derive(Debug, Clone, Default)]
+pub struct Tripped(Arc<AtomicBool>);
+
+impl Tripped {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+struct Capped {
+    inner: ByteStream,
+    left: u64,
+    tripped: Tripped,
+    error: Error,
+}
+
+impl Stream for Capped {
+    type Item = Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.tripped.is_set() {
+            return Poll::Ready(None);
+        }
+        match self.inner.as_mut().poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                let len = chunk.len() as u64;
+                if len > self.left {
+                    self.tripped.0.store(true, Ordering::Release);
+                    return Poll::Ready(Some(Err(self.error.clone())));
+                }
+                self.left -= len;
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            other => other,
+        }
+    }
+}
+
+/// A backend with the shared checks in front of it.
+pub struct Guarded {
+    inner: Arc<dyn Tenancy>,
+    limits: Limits,
+}
+
+impl Guarded {
+    pub fn wrap(inner: Arc<dyn Tenancy>, limits: Limits) -> Arc<dyn Tenancy> {
+        Arc::new(Guarded { inner, limits })
+    }
+}
+
+#[async_trait]
+impl Tenancy for Guarded {
+    fn tenant(&self, tenant: &str) -> Arc<dyn TenantView> {
+        Arc::new(GuardedView {
+            inner: self.inner.tenant(tenant),
+            limits: self.limits,
+        })
+    }
+
+    async fn ready(&self) -> Result<()> {
+        self.inner.ready().await
+    }
+
+    async fn sandbox_count(&self) -> Result<usize> {
+        self.inner.sandbox_count().await
+    }
+}
+
+struct GuardedView {
+    inner: Arc<dyn TenantView>,
+    limits: Limits,
+}
+
+#[async_trait]
+impl TenantView for GuardedView {
+    fn tenant(&self) -> &str {
+        self.inner.tenant()
+    }
+
+    async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
+        self.inner.sandboxd(id, op).await
+    }
+
+    async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
+        self.inner.list_snapshots(id).await
+    }
+}
+
+/// Everything not checked here goes straight through.
+#[async_trait]
+impl Sandboxes for GuardedView {
+    async fn create(&self, request: CreateSandbox) -> Result<Sandbox> {
+        request.validate()?;
+        self.inner.create(request).await
+    }
+
+    async fn get(&self, id: &str) -> Result<Sandbox> {
+        self.inner.get(id).await
+    }
+
+    async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Sandbox>> {
+        self.inner.list(labels).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<()> {
+        self.inner.delete(id).await
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
+        request.validate()?;
+        self.inner.exec(id, request).await
+    }
+
+    async fn start(&self, id: &str, request: StartProcess) -> Result<ProcessEvents> {
+        self.inner.start(id, request).await
+    }
+
+    async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {
+        self.inner.write_stdin(id, pid, input).await
+    }
+
+    async fn signal(&self, id: &str, pid: i32, signal: Signal) -> Result<()> {
+        self.inner.signal(id, pid, signal).await
+    }
+
+    async fn resize(&self, id: &str, pid: i32, size: PtySize) -> Result<()> {
+        self.inner.resize(id, pid, size).await
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+        self.inner.read_file(id, path).await
+    }
+
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<()> {
+        let (data, tripped) = self.limits.cap_upload(data);
+        let result = self.inner.write_file(id, path, data, options).await;
+        if tripped.is_set() {
+            return Err(self.limits.upload_too_large());
+        }
+        result
+    }
+
+    async fn list_files(&self, id: &str, path: &str) -> Result<DirectoryListing> {
+        self.inner.list_files(id, path).await
+    }
+
+    async fn stat(&self, id: &str, path: &str) -> Result<Option<FileEntry>> {
+        self.inner.stat(id, path).await
+    }
+
+    async fn delete_file(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
+        self.inner.delete_file(id, path, recursive).await
+    }
+
+    async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<WatchEvents> {
+        self.inner.watch(id, path, recursive).await
+    }
+
+    async fn suspend(&self, id: &str) -> Result<Sandbox> {
+        self.inner.suspend(id).await
+    }
+
+    async fn resume(&self, id: &str) -> Result<Sandbox> {
+        self.inner.resume(id).await
+    }
+
+    async fn snapshot(&self, id: &str) -> Result<Snapshot> {
+        self.inner.snapshot(id).await
+    }
+
+    async fn reset(&self, id: &str) -> Result<Sandbox> {
+        self.inner.reset(id).await
+    }
+
+    async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox> {
+        self.inner.fork(id, request).await
+    }
+
+    async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
+        self.inner.put_template(name, template).await
+    }
+
+    async fn get_template(&self, name: &str) -> Result<NamedTemplate> {
+        self.inner.get_template(name).await
+    }
+
+    async fn list_templates(&self) -> Result<Vec<NamedTemplate>> {
+        self.inner.list_templates().await
+    }
+
+    async fn delete_template(&self, name: &str) -> Result<()> {
+        self.inner.delete_template(name).await
+    }
+
+    async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool> {
+        self.inner.put_pool(name, spec).await
+    }
+
+    async fn get_pool(&self, name: &str) -> Result<Pool> {
+        self.inner.get_pool(name).await
+    }
+
+    async fn list_pools(&self) -> Result<Vec<Pool>> {
+        self.inner.list_pools().await
+    }
+
+    async fn delete_pool(&self, name: &str) -> Result<()> {
+        self.inner.delete_pool(name).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::{stream, StreamExt};
+
+    use super::*;
+
+    fn chunks(sizes: &[usize]) -> ByteStream {
+        let items: Vec<Result<Bytes>> = sizes
+            .iter()
+            .map(|n| Ok(Bytes::from(vec![b'x'; *n])))
+            .collect();
+        Box::pin(stream::iter(items))
+    }
+
+    #[tokio::test]
+    async fn a_stream_within_the_cap_passes_whole() {
+        let limits = Limits {
+            max_upload_bytes: 10,
+        };
+        let (s, tripped) = limits.cap_upload(chunks(&[4, 6]));
+        let got: Vec<Result<Bytes>> = s.collect().await;
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|c| c.is_ok()));
+        assert!(!tripped.is_set());
+    }
+
+    #[tokio::test]
+    async fn a_stream_past_the_cap_ends_in_an_error_not_a_clean_end() {
+        let limits = Limits {
+            max_upload_bytes: 10,
+        };
+        let (s, tripped) = limits.cap_upload(chunks(&[4, 6, 1, 100]));
+        let got: Vec<Result<Bytes>> = s.collect().await;
+        // Two chunks, then the error, then nothing more is read.
+        assert_eq!(got.len(), 3);
+        let e = got[2].as_ref().unwrap_err();
+        assert_eq!(e.code, Code::PayloadTooLarge);
+        assert!(e.message.contains("10 bytes"), "{e}");
+        assert!(tripped.is_set());
+    }
+}
