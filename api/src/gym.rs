@@ -14,8 +14,6 @@ pub const DEFAULT_STEP_TIMEOUT_SECONDS: f64 = 60.0;
 /// An environment with no reset or step for this long is closed, and its
 /// sandbox deleted: an abandoned one must not hold a sandbox forever.
 pub const DEFAULT_ENV_IDLE_TIMEOUT_SECONDS: u64 = 3600;
-/// The longest accepted `idle_timeout_seconds` (a year, as for sandboxes).
-pub const MAX_ENV_IDLE_TIMEOUT_SECONDS: u64 = 365 * 24 * 3600;
 /// The label every sandbox of an environment carries, valued the env's id.
 pub const ENV_LABEL: &str = "sandhub.dev/gym-env";
 

@@ -31,8 +31,6 @@ use crate::{
     store::{found, Claim, PoolRow, SandboxRow, SnapshotRow, Store},
 };
 
-/// Longest `shutdown_after_seconds` / `idle_timeout_seconds` accepted (a year).
-const MAX_LIFETIME_SECONDS: u64 = 365 * 24 * 3600;
 const MAX_LABELS: usize = 64;
 /// How long a Finished sandbox's row and files are kept (for `get` and a
 /// post-mortem look) before the reaper removes them.
@@ -144,16 +142,6 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn check_lifetime(name: &str, v: Option<u64>) -> Result<()> {
-    match v {
-        Some(0) => Err(invalid(format!("{name} must be at least 1"))),
-        Some(s) if s > MAX_LIFETIME_SECONDS => Err(invalid(format!(
-            "{name} must be at most {MAX_LIFETIME_SECONDS}"
-        ))),
-        _ => Ok(()),
-    }
 }
 
 /// The resource limits a template may ask for.
@@ -683,8 +671,8 @@ impl Sandboxes for TenantHub {
     async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
         check_labels(&req.labels)?;
         check_env(&req.env)?;
-        check_lifetime("shutdown_after_seconds", req.shutdown_after_seconds)?;
-        check_lifetime("idle_timeout_seconds", req.idle_timeout_seconds)?;
+        // The guard in front checks this too; the model never trusts it.
+        req.validate()?;
         let hub = &self.hub;
         let pool = match (&req.pool, &req.template) {
             (Some(p), _) => Some(found(hub.store.get_pool(&self.tenant, p)?, "pool", p)?),

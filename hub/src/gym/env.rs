@@ -7,7 +7,7 @@ use sandhub_api::{
     gym::{
         CreateEnv, Info, ResetResult, StepResult, DEFAULT_ACTION_MAX_LENGTH,
         DEFAULT_ENV_IDLE_TIMEOUT_SECONDS, DEFAULT_OBSERVATION_MAX_BYTES,
-        DEFAULT_STEP_TIMEOUT_SECONDS, ENV_LABEL, MAX_ENV_IDLE_TIMEOUT_SECONDS,
+        DEFAULT_STEP_TIMEOUT_SECONDS, ENV_LABEL,
     },
     hub::{Command, CreateSandbox, ExecRequest},
 };
@@ -55,14 +55,7 @@ fn sandbox_failed(e: &Error) -> bool {
 
 impl Env {
     pub fn new(id: String, tenant: String, spec: CreateEnv) -> Result<Self> {
-        if spec
-            .idle_timeout_seconds
-            .is_some_and(|t| !(1..=MAX_ENV_IDLE_TIMEOUT_SECONDS).contains(&t))
-        {
-            return Err(Error::invalid(format!(
-                "idle_timeout_seconds must be 1 to {MAX_ENV_IDLE_TIMEOUT_SECONDS}"
-            )));
-        }
+        sandhub_api::limits::optional_lifetime("idle_timeout_seconds", spec.idle_timeout_seconds)?;
         // Timeouts in range, so no step can overflow a deadline.
         spec.validate()?;
         if spec.observation_max_bytes == Some(0) {
