@@ -24,9 +24,10 @@ log() { echo "[test-deps] $*" >&2; }
 # Kubernetes test cluster's certificates and readiness checks (dev/k8s/cluster.sh);
 # containerd, runc, the CNI plugins and busybox-static for its real node and images.
 # nginx and wrk: the baseline and the load generator of the router benchmark
-# (scripts/bench.sh router).
+# (scripts/bench.sh router). btrfs-progs: mkfs.btrfs makes the disk-quota volume
+# every local hub keeps its sandboxes on (hub/src/local/quota).
 apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates openssl curl nginx wrk
-    containerd runc containernetworking-plugins busybox-static)
+    containerd runc containernetworking-plugins busybox-static btrfs-progs)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then

@@ -66,6 +66,10 @@ pub struct McpArgs {
     /// Embedded hub: host directories templates may name (comma-separated).
     #[arg(long, env = "SANDHUB_TEMPLATE_DIRS", value_delimiter = ',')]
     pub template_dirs: Vec<PathBuf>,
+
+    /// Embedded hub: disk quotas.
+    #[command(flatten)]
+    pub disk: crate::backend::disk::DiskArgs,
 }
 
 /// `sandhub mcp`: MCP on stdio, so a desktop client needs one command.
@@ -80,11 +84,14 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
                 args.state_dir,
                 args.allow_no_cgroup_limits,
                 &args.template_dirs,
+                &args.disk,
             )
             .await?;
             // Deadlines and pools still need minding while this process runs.
             hub.spawn_background(std::time::Duration::from_secs(1));
-            sandhub_mcp::serve_stdio(TenantSandboxes(Arc::new(hub))).await
+            let served = sandhub_mcp::serve_stdio(TenantSandboxes(Arc::new(hub.clone()))).await;
+            hub.shutdown();
+            served
         }
     }
 }

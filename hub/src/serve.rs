@@ -7,7 +7,7 @@ use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
 
 use crate::{
-    backend::Backend,
+    backend::{disk::DiskArgs, Backend},
     kube::{KubeArgs, KubeTenancy},
     rest::{self, ApiKeys, AppState},
     service::Hub,
@@ -58,6 +58,9 @@ pub struct ServeArgs {
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
     #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub reap_interval: Duration,
+
+    #[command(flatten)]
+    pub disk: DiskArgs,
 }
 
 pub fn default_state_dir() -> PathBuf {
@@ -77,15 +80,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    // The local hub, kept to let go of its disk volume at the end.
+    let mut local_hub = None;
     let (hub, where_): (Arc<dyn Tenancy>, String) = match args.backend {
         BackendKind::Local => {
             let hub = embedded_hub(
                 args.state_dir.clone(),
                 args.allow_no_cgroup_limits,
                 &args.template_dirs,
+                &args.disk,
             )
             .await?;
             hub.spawn_background(args.reap_interval);
+            local_hub = Some(hub.clone());
             let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
             (
                 Arc::new(hub),
@@ -123,6 +130,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await?;
     // Sandboxes are separate process trees: they keep running, and the
     // next `sandhub serve` re-attaches to them.
+    if let Some(hub) = local_hub {
+        hub.shutdown();
+    }
     tracing::info!("sandhub stopped; sandboxes keep running");
     Ok(())
 }
@@ -133,6 +143,7 @@ pub async fn embedded_hub(
     state_dir: Option<PathBuf>,
     allow_no_cgroup_limits: bool,
     template_dirs: &[PathBuf],
+    disk: &DiskArgs,
 ) -> anyhow::Result<Arc<Hub>> {
     let template_dirs = template_dirs
         .iter()
@@ -147,7 +158,7 @@ pub async fn embedded_hub(
     let store = Store::open(&state_dir.join("sandhub.db"))
         .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
     let backend: Arc<dyn Backend> = Arc::new(
-        crate::backend::local::LocalBackend::new(&state_dir, allow_no_cgroup_limits)
+        crate::backend::local::LocalBackend::new(&state_dir, allow_no_cgroup_limits, disk)
             .context("starting the local backend")?,
     );
     let hub = Hub::with_template_dirs(store, backend, template_dirs);

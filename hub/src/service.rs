@@ -15,7 +15,7 @@ use sandhub_api::{
     hub::{
         is_dns_label, CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, NamedTemplate,
         Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE, MAX_CPU,
-        MAX_MEMORY_MB, MAX_PIDS, MIN_CPU, MIN_MEMORY_MB, MIN_PIDS,
+        MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS, MIN_CPU, MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -87,6 +87,15 @@ fn to_api(row: &SandboxRow) -> Sandbox {
         idle_timeout_seconds: row.idle_timeout_seconds,
         pool: row.pool.clone(),
         forked_from: row.forked_from.clone(),
+    }
+}
+
+fn snapshot_to_api(s: SnapshotRow) -> Snapshot {
+    Snapshot {
+        id: s.id,
+        sandbox_id: s.sandbox_id,
+        created_at: rfc3339(s.created_at),
+        size_bytes: s.size_bytes,
     }
 }
 
@@ -165,6 +174,13 @@ fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<()> {
     if t.pids.is_some_and(|p| !(MIN_PIDS..=MAX_PIDS).contains(&p)) {
         return Err(invalid(format!("pids must be {MIN_PIDS} to {MAX_PIDS}")));
     }
+    if t.disk_mb
+        .is_some_and(|d| !(MIN_DISK_MB..=MAX_DISK_MB).contains(&d))
+    {
+        return Err(invalid(format!(
+            "disk_mb must be {MIN_DISK_MB} to {MAX_DISK_MB}"
+        )));
+    }
     check_env(&t.env)?;
     for (what, dir) in [("root_fs", &t.root_fs), ("seed_dir", &t.seed_dir)] {
         if let Some(dir) = dir {
@@ -232,6 +248,12 @@ impl Hub {
             launching: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The hub is stopping: the backend lets go of what only a running hub
+    /// needs (the local disk volume's mount). Sandboxes keep running.
+    pub fn shutdown(&self) {
+        self.backend.shutdown();
     }
 
     /// The lifecycle lock of a sandbox that exists (unknown ids get none,
@@ -553,18 +575,13 @@ impl crate::tenancy::TenantView for TenantHub {
     }
 
     async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
-        self.get(id).await?;
-        Ok(self
-            .hub
-            .store
-            .list_snapshots(&self.tenant, id)?
-            .into_iter()
-            .map(|s| Snapshot {
-                id: s.id,
-                sandbox_id: s.sandbox_id,
-                created_at: rfc3339(s.created_at),
-            })
-            .collect())
+        let rows = self.hub.store.list_snapshots(&self.tenant, id)?;
+        // Snapshots outlive their sandbox (and stay listed, to be deleted);
+        // with none, an unknown sandbox is NOT_FOUND.
+        if rows.is_empty() {
+            self.get(id).await?;
+        }
+        Ok(rows.into_iter().map(snapshot_to_api).collect())
     }
 }
 
@@ -761,19 +778,43 @@ impl Sandboxes for TenantHub {
 
     async fn snapshot(&self, id: &str) -> Result<Snapshot> {
         let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        let snap = SnapshotRow {
+        let mut snap = SnapshotRow {
             id: new_id("snap"),
             tenant: self.tenant.clone(),
             sandbox_id: id.to_string(),
             created_at: now_ms(),
+            size_bytes: None,
         };
-        self.hub.backend.snapshot(&row, &snap.id).await?;
+        snap.size_bytes = Some(self.hub.backend.snapshot(&row, &snap.id).await?);
         self.hub.store.insert_snapshot(&snap)?;
-        Ok(Snapshot {
-            id: snap.id,
-            sandbox_id: snap.sandbox_id,
-            created_at: rfc3339(snap.created_at),
-        })
+        Ok(snapshot_to_api(snap))
+    }
+
+    async fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<()> {
+        let snap = self
+            .hub
+            .store
+            .get_snapshot(&self.tenant, snapshot)?
+            .filter(|s| s.sandbox_id == id)
+            .ok_or_else(|| {
+                Error::not_found(format!("snapshot {snapshot} of sandbox {id} not found"))
+            })?;
+        // A fork's workspace lies on the snapshot (its lower layer), also
+        // while suspended: deleting it would pull the floor from under it.
+        let forks = self.hub.store.forks_of(&snap.id)?;
+        if !forks.is_empty() {
+            return Err(Error::new(
+                Code::Conflict,
+                format!(
+                    "snapshot {snapshot} is the base of sandbox {}; delete the fork first",
+                    forks.join(", ")
+                ),
+            ));
+        }
+        // The layer first: a failure leaves the row, so a retry finishes.
+        self.hub.backend.delete_snapshot(&snap.id).await?;
+        self.hub.store.delete_snapshot(&self.tenant, &snap.id)?;
+        Ok(())
     }
 
     async fn reset(&self, id: &str) -> Result<Sandbox> {
