@@ -142,6 +142,22 @@ fn volume_limits_directories_and_is_found_again() {
     );
     assert!(is_over_quota(&err), "{err}");
     assert!(std::fs::metadata(a.join("big")).unwrap().len() <= 16 * MIB);
+    // At the limit, the next write fails on its own.
+    let mut full = std::fs::OpenOptions::new()
+        .append(true)
+        .open(a.join("big"))
+        .unwrap();
+    let started = Instant::now();
+    let err = full
+        .write_all(&[0u8; 1 << 20])
+        .and_then(|()| full.sync_all())
+        .expect_err("a write at the limit must fail");
+    eprintln!(
+        "MEASURE one 1 MiB write at the limit failed after {:?}: {err}",
+        started.elapsed()
+    );
+    assert!(is_over_quota(&err), "{err}");
+    drop(full);
     // Deleting gives the quota back at once.
     std::fs::remove_file(a.join("big")).unwrap();
     write_mib(&a.join("again"), 8).expect("writing after deleting");
@@ -224,6 +240,38 @@ fn a_state_dir_on_btrfs_with_quotas_is_used_as_it_is() {
     // Not mounted by this hub: nothing to detach.
     q.detach().unwrap();
     assert!(mounted_at(v.q().root()).is_some());
+}
+
+#[test]
+fn a_state_dir_on_tmpfs_gets_a_volume_too() {
+    // tmpfs has no O_DIRECT: the loop device must do without.
+    let dir = tempfile::tempdir().unwrap();
+    let tmpfs = dir.path().join("tmpfs");
+    std::fs::create_dir(&tmpfs).unwrap();
+    rustix::mount::mount(
+        "tmpfs",
+        &tmpfs,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        c"size=400m",
+    )
+    .unwrap();
+    let state = tmpfs.join("state");
+    std::fs::create_dir(&state).unwrap();
+    let options = VolumeOptions {
+        size_mb: Some(300),
+        run_dir: dir.path().join("run"),
+    };
+    let made = DiskQuotas::detect_or_create(&state, &options);
+    if let Ok(q) = &made {
+        let sandboxes = std::fs::File::open(q.root().join("sandboxes")).unwrap();
+        q.limit(sandboxes.as_fd(), "t", 8 * MIB).unwrap();
+        let err = write_mib(&q.root().join("sandboxes/t/big"), 16).unwrap_err();
+        assert!(is_over_quota(&err), "{err}");
+        q.detach().unwrap();
+    }
+    rustix::mount::unmount(&tmpfs, rustix::mount::UnmountFlags::DETACH).unwrap();
+    made.expect("a volume on tmpfs");
 }
 
 // ------------------------------------------------------------ the hub
@@ -572,4 +620,44 @@ async fn snapshots_are_sized_deleted_and_kept_while_a_fork_uses_them() {
     assert_eq!(status, 204);
     let (status, _) = list_snapshots(&hub, ALICE_KEY, &sb.id).await;
     assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn an_upload_past_the_quota_is_refused_and_leaves_nothing() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = sandbox_with_disk(&c, Some(32)).await;
+    let r = hub
+        .http()
+        .put(format!(
+            "{}/v1/sandboxes/{}/files/big.bin",
+            hub.url(),
+            sb.id
+        ))
+        .body(vec![7u8; 64 * MIB as usize])
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    eprintln!("upload past the quota: {status} {body}");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (507, Some("RESOURCE_EXHAUSTED")),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().unwrap().contains("no space"),
+        "{body}"
+    );
+    assert_eq!(sh(&c, &sb.id, "ls -A /workspace").await.stdout, "");
+    // And the quota is whole again for a file that fits.
+    let r = hub
+        .http()
+        .put(format!("{}/v1/sandboxes/{}/files/ok.bin", hub.url(), sb.id))
+        .body(vec![7u8; 8 * MIB as usize])
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
 }

@@ -6,6 +6,9 @@
 //! ```text
 //! Runtime::new(exe, state_root, allow_no_cgroup_limits) -> Runtime
 //!   checks the host (probe), prepares <state_root>/host-etc and the cgroup parent
+//! runtime.with_disk_quotas(Arc<DiskQuotas>)      launch makes each state dir a
+//!                                               subvolume limited to spec.disk_mb
+//!                                               (see [`quota`])
 //! runtime.launch(&SandboxSpec) -> Launched      blocks until sandboxd answers
 //! runtime.is_alive(&Launched) -> bool           shim pid + start time still match
 //! runtime.stop(id, &Launched)                   kill all, remove cgroup, keep files
@@ -48,6 +51,10 @@
 //! <state_dir>/sock/            rest.sock, grpc.sock
 //! <state_dir>/sandbox.log      stderr of the sandbox's init and sandboxd
 //! ```
+//!
+//! With disk quotas, `<state_dir>` itself is a btrfs subvolume on the
+//! quota volume whose qgroup limit is the sandbox's `disk_mb`: all of the
+//! above counts.
 //!
 //! # What keeps a workload in
 //!

@@ -115,7 +115,10 @@ impl TestHub {
     /// Where the hub keeps its sandboxes' state dirs on the host: on the
     /// disk volume when it has one.
     pub fn sandboxes_dir(&self) -> PathBuf {
+        // A state dir on btrfs with quotas on holds the volume's dirs itself.
+        let native = self.state_dir.join("volume");
         disk_volume(&self.state_dir)
+            .or_else(|| native.is_dir().then_some(native))
             .unwrap_or_else(|| self.state_dir.clone())
             .join("sandboxes")
     }

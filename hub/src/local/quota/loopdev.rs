@@ -148,26 +148,34 @@ pub fn attach(image: &Path) -> io::Result<(PathBuf, File)> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        let mut config = LoopConfig {
-            fd: backing.as_raw_fd() as u32,
-            block_size: 4096,
-            info: zeroed_info(),
-            reserved: [0; 8],
+        let configure = |flags: u32| {
+            let mut config = LoopConfig {
+                fd: backing.as_raw_fd() as u32,
+                block_size: 4096,
+                info: zeroed_info(),
+                reserved: [0; 8],
+            };
+            config.info.lo_flags = flags;
+            let name = image.as_os_str().as_encoded_bytes();
+            let n = name.len().min(63);
+            config.info.lo_file_name[..n].copy_from_slice(&name[..n]);
+            // SAFETY: LOOP_CONFIGURE takes a struct loop_config; the
+            // backing fd stays open for the call (the kernel takes its own
+            // reference).
+            cvt(unsafe {
+                libc::ioctl(
+                    dev.as_raw_fd(),
+                    LOOP_CONFIGURE as libc::Ioctl,
+                    &config as *const LoopConfig,
+                )
+            })
         };
-        config.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
-        let name = image.as_os_str().as_encoded_bytes();
-        let n = name.len().min(63);
-        config.info.lo_file_name[..n].copy_from_slice(&name[..n]);
-        // SAFETY: LOOP_CONFIGURE takes a struct loop_config; the backing
-        // fd stays open for the call (the kernel takes its own reference).
-        let r = unsafe {
-            libc::ioctl(
-                dev.as_raw_fd(),
-                LOOP_CONFIGURE as libc::Ioctl,
-                &config as *const LoopConfig,
-            )
+        let r = match configure(LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO) {
+            // A backing filesystem without O_DIRECT (tmpfs) may refuse.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => configure(LO_FLAGS_AUTOCLEAR),
+            r => r,
         };
-        match cvt(r) {
+        match r {
             Ok(_) => return Ok((path, dev)),
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => continue,
             Err(e) => return Err(e),

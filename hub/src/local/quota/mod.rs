@@ -223,6 +223,10 @@ impl DiskQuotas {
 
     fn on(root: PathBuf, mounted: bool) -> io::Result<Self> {
         let root_fd = open_dir(&root)?;
+        if mounted {
+            // mkfs.btrfs leaves the root 0755; only the hub looks inside.
+            rustix::fs::fchmod(&root_fd, Mode::from_raw_mode(0o700))?;
+        }
         let fsid = plan::uuid_text(&btrfs::fsid(root_fd.as_fd())?);
         for dir in ["sandboxes", "snapshots"] {
             match rustix::fs::mkdirat(root_fd.as_fd(), dir, Mode::from_raw_mode(0o700)) {
