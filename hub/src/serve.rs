@@ -162,6 +162,7 @@ pub async fn embedded_hub(
             .context("starting the local backend")?,
     );
     let hub = Hub::with_template_dirs(store, backend, template_dirs);
+    hub.set_max_snapshot_bytes(disk.max_snapshot_mb_per_tenant.saturating_mul(1 << 20));
     hub.recover()
         .await
         .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;

@@ -5,7 +5,10 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -49,6 +52,8 @@ pub struct Hub {
     /// judges a row that a suspend/resume is replacing: stopping the stale
     /// process tree would sweep the new one's cgroup.
     lifecycle: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Most bytes of snapshots one tenant may keep; 0: no limit.
+    max_snapshot_bytes: AtomicU64,
 }
 
 pub fn now_ms() -> i64 {
@@ -247,7 +252,15 @@ impl Hub {
             pools_changed: Notify::new(),
             launching: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
+            max_snapshot_bytes: AtomicU64::new(0),
         })
+    }
+
+    /// Caps the bytes of snapshots each tenant keeps (0: no cap). Snapshots
+    /// live outside every sandbox's disk quota, so without a cap one tenant
+    /// could fill the disk volume for all.
+    pub fn set_max_snapshot_bytes(&self, bytes: u64) {
+        self.max_snapshot_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// The hub is stopping: the backend lets go of what only a running hub
@@ -778,6 +791,19 @@ impl Sandboxes for TenantHub {
 
     async fn snapshot(&self, id: &str) -> Result<Snapshot> {
         let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        let limit = self.hub.max_snapshot_bytes.load(Ordering::Relaxed);
+        if limit > 0 {
+            let used = self.hub.store.snapshot_bytes(&self.tenant)?;
+            if used >= limit {
+                return Err(Error::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "snapshots take {used} bytes, at the limit of {limit} bytes per tenant; \
+                         delete some (DELETE /v1/sandboxes/{{id}}/snapshots/{{snapshot}})"
+                    ),
+                ));
+            }
+        }
         let mut snap = SnapshotRow {
             id: new_id("snap"),
             tenant: self.tenant.clone(),

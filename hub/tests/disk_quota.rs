@@ -661,3 +661,28 @@ async fn an_upload_past_the_quota_is_refused_and_leaves_nothing() {
         .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
 }
+
+#[tokio::test]
+async fn a_tenant_stops_at_its_snapshot_budget() {
+    let hub = TestHub::start_with_args(
+        HubOptions::default(),
+        &["--max-snapshot-mb-per-tenant", "3"],
+    )
+    .await;
+    let c = hub.client(None);
+    let sb = c.create(CreateSandbox::default()).await.unwrap();
+    sh_ok(&c, &sb.id, "head -c 2097152 /dev/urandom > /workspace/data").await;
+    let first = c.snapshot(&sb.id).await.unwrap();
+    let second = c.snapshot(&sb.id).await.unwrap();
+    // 4 MiB kept, over the 3 MiB budget: no more, also not through a fork
+    // that would take one.
+    let err = c.snapshot(&sb.id).await.unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted, "{err}");
+    assert!(err.message.contains(&(3 * MIB).to_string()), "{err}");
+    let err = c.fork(&sb.id, ForkRequest::default()).await.unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted, "{err}");
+    // Deleting makes room again.
+    c.delete_snapshot(&sb.id, &first.id).await.unwrap();
+    c.delete_snapshot(&sb.id, &second.id).await.unwrap();
+    c.snapshot(&sb.id).await.unwrap();
+}

@@ -11,6 +11,8 @@ use crate::local::{quota, DiskQuotas, VolumeOptions};
 
 /// 10 GiB: room for a checkout, its dependencies and build outputs.
 pub const DEFAULT_DISK_MB: u64 = 10240;
+/// Four default sandboxes' worth of snapshots per tenant.
+pub const DEFAULT_MAX_SNAPSHOT_MB: u64 = 4 * DEFAULT_DISK_MB;
 
 #[derive(Debug, Clone, Args)]
 pub struct DiskArgs {
@@ -20,6 +22,12 @@ pub struct DiskArgs {
     #[arg(long, env = "SANDHUB_DEFAULT_DISK_MB", default_value_t = DEFAULT_DISK_MB,
           value_parser = clap::value_parser!(u64).range(MIN_DISK_MB..=MAX_DISK_MB))]
     pub default_disk_mb: u64,
+
+    /// Most MiB of snapshots one tenant may keep (0: no limit). Snapshots
+    /// count toward no sandbox's quota; past this, taking one (or forking
+    /// without naming one) is RESOURCE_EXHAUSTED until some are deleted.
+    #[arg(long, env = "SANDHUB_MAX_SNAPSHOT_MB_PER_TENANT", default_value_t = DEFAULT_MAX_SNAPSHOT_MB)]
+    pub max_snapshot_mb_per_tenant: u64,
 
     /// Size in MiB of the sparse disk volume the hub makes for sandboxes
     /// on first start, unless the state dir is on btrfs with quotas on
@@ -43,6 +51,7 @@ impl Default for DiskArgs {
     fn default() -> Self {
         DiskArgs {
             default_disk_mb: DEFAULT_DISK_MB,
+            max_snapshot_mb_per_tenant: DEFAULT_MAX_SNAPSHOT_MB,
             disk_volume_mb: None,
             disk_volume_dir: quota::DEFAULT_RUN_DIR.into(),
             allow_no_disk_quota: false,
