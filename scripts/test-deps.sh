@@ -26,8 +26,10 @@ log() { echo "[test-deps] $*" >&2; }
 # nginx and wrk: the baseline and the load generator of the router benchmark
 # (scripts/bench.sh router). jq and iproute2: the README's commands use jq, and
 # tests/python/test_readme.py runs them in a network namespace of their own (ip).
+# btrfs-progs: mkfs.btrfs makes the disk-quota volume every local hub keeps its
+# sandboxes on (hub/src/local/quota).
 apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates openssl curl nginx wrk
-    containerd runc containernetworking-plugins busybox-static jq iproute2)
+    containerd runc containernetworking-plugins busybox-static jq iproute2 btrfs-progs)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then

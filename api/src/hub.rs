@@ -26,6 +26,11 @@ pub const MIN_CPU: f64 = 0.05;
 pub const MAX_PIDS: u64 = 4_194_304;
 pub const MAX_MEMORY_MB: u64 = 1 << 24;
 pub const MAX_CPU: f64 = 1024.0;
+/// Disk quota bounds for a sandbox's writable files (its workspace layer,
+/// logs and sockets), in MiB: 16 MiB holds sandboxd's own files with room
+/// to spare; 16 TiB is far beyond any single machine's local disk.
+pub const MIN_DISK_MB: u64 = 16;
+pub const MAX_DISK_MB: u64 = 1 << 24;
 
 /// True for a DNS-1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, 1..=63 chars.
 pub fn is_dns_label(s: &str) -> bool {
@@ -236,6 +241,13 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 4194304))]
     pub pids: Option<u64>,
+    /// Disk quota in MiB for everything the sandbox writes (its workspace
+    /// layer included), [`MIN_DISK_MB`] to [`MAX_DISK_MB`]; the hub's
+    /// operator default when unset. Writes past it fail with `ENOSPC` or
+    /// `EDQUOT` inside the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 16777216))]
+    pub disk_mb: Option<u64>,
     #[serde(default)]
     pub network: Network,
 }
@@ -311,6 +323,11 @@ pub struct Snapshot {
     pub id: String,
     pub sandbox_id: String,
     pub created_at: String,
+    /// Disk space the snapshot's layer takes, in bytes (it counts toward
+    /// its tenant's disk use); absent for snapshots taken before sizes
+    /// were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
 }
 
 /// `POST /v1/sandboxes/{id}/fork`: a new sandbox from a snapshot of this

@@ -16,8 +16,8 @@ use sandhub_api::{
     error::Code,
     hub::{
         CreateSandbox, ExecRequest, ExecResult, ForkRequest, NamedTemplate, Pool, PoolList,
-        PoolSpec, ResizeRequest, Sandbox, SandboxList, SignalRequest, Snapshot, Template,
-        TemplateList,
+        PoolSpec, ResizeRequest, Sandbox, SandboxList, SignalRequest, Snapshot, SnapshotList,
+        Template, TemplateList,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -94,6 +94,15 @@ impl HubClient {
             Some(key) => builder.bearer_auth(key),
             None => builder,
         }
+    }
+
+    /// `GET /v1/sandboxes/{id}/snapshots`: the snapshots taken of a
+    /// sandbox (listed while any exist, also after the sandbox is gone).
+    pub async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
+        let list: SnapshotList = self
+            .call(self.sandbox(Method::GET, id, "/snapshots").timeout(QUICK))
+            .await?;
+        Ok(list.snapshots)
     }
 
     /// Sends and checks the status; non-2xx becomes the body's error.
@@ -376,6 +385,12 @@ impl Sandboxes for HubClient {
 
     async fn snapshot(&self, id: &str) -> Result<Snapshot> {
         self.call(self.sandbox(Method::POST, id, "/snapshots").timeout(SLOW))
+            .await
+    }
+
+    async fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<()> {
+        let rest = format!("/snapshots/{}", encode(snapshot));
+        self.call_empty(self.sandbox(Method::DELETE, id, &rest).timeout(SLOW))
             .await
     }
 

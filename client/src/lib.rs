@@ -67,6 +67,10 @@ pub trait Sandboxes: Send + Sync {
     async fn suspend(&self, id: &str) -> Result<Sandbox>;
     async fn resume(&self, id: &str) -> Result<Sandbox>;
     async fn snapshot(&self, id: &str) -> Result<Snapshot>;
+    /// Deletes a snapshot taken of sandbox `id` (which may be gone by
+    /// now) and the disk space it holds. Refused (`CONFLICT`) while a
+    /// sandbox forked from it exists: that sandbox's workspace sits on it.
+    async fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<()>;
     /// Drops every change to the workspace and kills every process.
     async fn reset(&self, id: &str) -> Result<Sandbox>;
     async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox>;

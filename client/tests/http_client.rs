@@ -228,9 +228,13 @@ async fn route(hub: &Arc<Hub>, seen: &Seen) -> Response {
                 id: "snap-1".into(),
                 sandbox_id: ID.into(),
                 created_at: "2026-01-01T00:00:01Z".into(),
+                size_bytes: Some(4096),
             }),
         )
             .into_response(),
+        ("DELETE", ["v1", "sandboxes", _, "snapshots", _]) => {
+            StatusCode::NO_CONTENT.into_response()
+        }
         ("POST", ["v1", "sandboxes", _, "fork"]) => {
             let req: ForkRequest = serde_json::from_slice(&seen.body).unwrap();
             let mut s = sandbox("sb-fork", req.labels);
@@ -779,6 +783,12 @@ async fn lifecycle_templates_pools_against_stub_hub() {
     for seen in hub.all() {
         assert_eq!(seen.method, "POST");
     }
+    c.delete_snapshot(ID, "snap-1").await.unwrap();
+    let seen = hub.last();
+    assert_eq!(
+        (seen.method.as_str(), seen.path.as_str()),
+        ("DELETE", "/v1/sandboxes/sb-1/snapshots/snap-1")
+    );
 
     let template = Template {
         memory_mb: Some(512),

@@ -255,6 +255,10 @@ impl Sandboxes for GuardedView {
         self.inner.snapshot(id).await
     }
 
+    async fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<()> {
+        self.inner.delete_snapshot(id, snapshot).await
+    }
+
     async fn reset(&self, id: &str) -> Result<Sandbox> {
         self.inner.reset(id).await
     }

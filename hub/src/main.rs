@@ -53,8 +53,9 @@ enum Command {
     Resume(cli::sandbox::IdArgs),
     /// Drop every change to a sandbox's workspace and kill its processes.
     Reset(cli::sandbox::IdArgs),
-    /// Keep a copy of a sandbox's workspace; prints the snapshot id.
-    Snapshot(cli::sandbox::IdArgs),
+    /// Keep a copy of a sandbox's workspace (prints the snapshot id);
+    /// `snapshot ls ID`, `snapshot rm ID SNAPSHOT...`.
+    Snapshot(cli::snapshot::SnapshotArgs),
     /// A new sandbox from a snapshot of this one; prints its id.
     Fork(cli::sandbox::ForkArgs),
 }
@@ -88,7 +89,7 @@ fn main() -> anyhow::Result<()> {
             Command::Suspend(args) => cli::exit(cli::sandbox::suspend(args).await),
             Command::Resume(args) => cli::exit(cli::sandbox::resume(args).await),
             Command::Reset(args) => cli::exit(cli::sandbox::reset(args).await),
-            Command::Snapshot(args) => cli::exit(cli::sandbox::snapshot(args).await),
+            Command::Snapshot(args) => cli::exit(cli::snapshot::run(args).await),
             Command::Fork(args) => cli::exit(cli::sandbox::fork(args).await),
         }
     })

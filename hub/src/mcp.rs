@@ -94,11 +94,13 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
             let limits = crate::guard::Limits {
                 max_upload_bytes: args.max_upload_bytes,
             };
-            sandhub_mcp::serve_stdio(TenantSandboxes(crate::guard::Guarded::wrap(
-                Arc::new(hub),
+            let served = sandhub_mcp::serve_stdio(TenantSandboxes(crate::guard::Guarded::wrap(
+                Arc::new(hub.clone()),
                 limits,
             )))
-            .await
+            .await;
+            hub.shutdown();
+            served
         }
     }
 }

@@ -7,7 +7,7 @@ use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
 
 use crate::{
-    backend::Backend,
+    backend::{disk::DiskArgs, Backend},
     gym::Gym,
     kube::{KubeArgs, KubeTenancy},
     policy::{Policy, PolicyArgs},
@@ -76,6 +76,9 @@ pub struct LocalArgs {
 
     #[command(flatten)]
     pub policy: PolicyArgs,
+
+    #[command(flatten)]
+    pub disk: DiskArgs,
 }
 
 pub fn default_state_dir() -> PathBuf {
@@ -95,11 +98,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    // The local hub, kept to let go of its disk volume at the end.
+    let mut local_hub = None;
     let (hub, gym, where_): (Arc<dyn Tenancy>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub =
                 embedded_hub(args.state_dir.clone(), &args.local, args.max_upload_bytes).await?;
             hub.spawn_background(args.reap_interval);
+            local_hub = Some(hub.clone());
             // Gym envs live in the same store as their sandboxes, so a
             // restart keeps both; idle ones are closed on the reaper's beat.
             let gym = Arc::new(Gym::persistent(hub.clone()));
@@ -148,6 +154,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await?;
     // Sandboxes are separate process trees: they keep running, and the
     // next `sandhub serve` re-attaches to them.
+    if let Some(hub) = local_hub {
+        hub.shutdown();
+    }
     tracing::info!("sandhub stopped; sandboxes keep running");
     Ok(())
 }
@@ -179,11 +188,18 @@ pub async fn embedded_hub(
             &state_dir,
             local.allow_no_cgroup_limits,
             max_upload_bytes,
+            &local.disk,
         )
         .context("starting the local backend")?,
     );
     tracing::info!(?policy, "sandbox limits and tenant quotas");
     let hub = Hub::new(store, backend, template_dirs, policy);
+    hub.set_max_snapshot_bytes(
+        local
+            .disk
+            .max_snapshot_mb_per_tenant
+            .saturating_mul(1 << 20),
+    );
     hub.recover()
         .await
         .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;

@@ -5,7 +5,10 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -15,7 +18,7 @@ use sandhub_api::{
     hub::{
         is_dns_label, CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, NamedTemplate,
         Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE, MAX_CPU,
-        MAX_MEMORY_MB, MAX_PIDS, MIN_CPU, MIN_MEMORY_MB, MIN_PIDS,
+        MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS, MIN_CPU, MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -55,6 +58,8 @@ pub struct Hub {
     /// judges a row that a suspend/resume is replacing: stopping the stale
     /// process tree would sweep the new one's cgroup.
     lifecycle: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Most bytes of snapshots one tenant may keep; 0: no limit.
+    max_snapshot_bytes: AtomicU64,
 }
 
 pub fn now_ms() -> i64 {
@@ -93,6 +98,15 @@ fn to_api(row: &SandboxRow) -> Sandbox {
         idle_timeout_seconds: row.idle_timeout_seconds,
         pool: row.pool.clone(),
         forked_from: row.forked_from.clone(),
+    }
+}
+
+fn snapshot_to_api(s: SnapshotRow) -> Snapshot {
+    Snapshot {
+        id: s.id,
+        sandbox_id: s.sandbox_id,
+        created_at: rfc3339(s.created_at),
+        size_bytes: s.size_bytes,
     }
 }
 
@@ -161,6 +175,13 @@ pub(crate) fn check_limits(t: &Template) -> Result<()> {
     }
     if t.pids.is_some_and(|p| !(MIN_PIDS..=MAX_PIDS).contains(&p)) {
         return Err(invalid(format!("pids must be {MIN_PIDS} to {MAX_PIDS}")));
+    }
+    if t.disk_mb
+        .is_some_and(|d| !(MIN_DISK_MB..=MAX_DISK_MB).contains(&d))
+    {
+        return Err(invalid(format!(
+            "disk_mb must be {MIN_DISK_MB} to {MAX_DISK_MB}"
+        )));
     }
     Ok(())
 }
@@ -232,7 +253,21 @@ impl Hub {
             pools_changed: Notify::new(),
             launching: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
+            max_snapshot_bytes: AtomicU64::new(0),
         })
+    }
+
+    /// Caps the bytes of snapshots each tenant keeps (0: no cap). Snapshots
+    /// live outside every sandbox's disk quota, so without a cap one tenant
+    /// could fill the disk volume for all.
+    pub fn set_max_snapshot_bytes(&self, bytes: u64) {
+        self.max_snapshot_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The hub is stopping: the backend lets go of what only a running hub
+    /// needs (the local disk volume's mount). Sandboxes keep running.
+    pub fn shutdown(&self) {
+        self.backend.shutdown();
     }
 
     /// The lifecycle lock of a sandbox that exists (unknown ids get none,
@@ -636,18 +671,13 @@ impl crate::tenancy::TenantView for TenantHub {
     }
 
     async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
-        self.get(id).await?;
-        Ok(self
-            .hub
-            .store
-            .list_snapshots(&self.tenant, id)?
-            .into_iter()
-            .map(|s| Snapshot {
-                id: s.id,
-                sandbox_id: s.sandbox_id,
-                created_at: rfc3339(s.created_at),
-            })
-            .collect())
+        let rows = self.hub.store.list_snapshots(&self.tenant, id)?;
+        // Snapshots outlive their sandbox (and stay listed, to be deleted);
+        // with none, an unknown sandbox is NOT_FOUND.
+        if rows.is_empty() {
+            self.get(id).await?;
+        }
+        Ok(rows.into_iter().map(snapshot_to_api).collect())
     }
 }
 
@@ -845,19 +875,56 @@ impl Sandboxes for TenantHub {
 
     async fn snapshot(&self, id: &str) -> Result<Snapshot> {
         let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        let snap = SnapshotRow {
+        let limit = self.hub.max_snapshot_bytes.load(Ordering::Relaxed);
+        if limit > 0 {
+            let used = self.hub.store.snapshot_bytes(&self.tenant)?;
+            if used >= limit {
+                return Err(Error::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "snapshots take {used} bytes, at the limit of {limit} bytes per tenant; \
+                         delete some (DELETE /v1/sandboxes/{{id}}/snapshots/{{snapshot}})"
+                    ),
+                ));
+            }
+        }
+        let mut snap = SnapshotRow {
             id: new_id("snap"),
             tenant: self.tenant.clone(),
             sandbox_id: id.to_string(),
             created_at: now_ms(),
+            size_bytes: None,
         };
-        self.hub.backend.snapshot(&row, &snap.id).await?;
+        snap.size_bytes = Some(self.hub.backend.snapshot(&row, &snap.id).await?);
         self.hub.store.insert_snapshot(&snap)?;
-        Ok(Snapshot {
-            id: snap.id,
-            sandbox_id: snap.sandbox_id,
-            created_at: rfc3339(snap.created_at),
-        })
+        Ok(snapshot_to_api(snap))
+    }
+
+    async fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<()> {
+        let snap = self
+            .hub
+            .store
+            .get_snapshot(&self.tenant, snapshot)?
+            .filter(|s| s.sandbox_id == id)
+            .ok_or_else(|| {
+                Error::not_found(format!("snapshot {snapshot} of sandbox {id} not found"))
+            })?;
+        // A fork's workspace lies on the snapshot (its lower layer), also
+        // while suspended: deleting it would pull the floor from under it.
+        let forks = self.hub.store.forks_of(&snap.id)?;
+        if !forks.is_empty() {
+            return Err(Error::new(
+                Code::Conflict,
+                format!(
+                    "snapshot {snapshot} is the base of sandbox {}; delete the fork first",
+                    forks.join(", ")
+                ),
+            ));
+        }
+        // The layer first: a failure leaves the row, so a retry finishes.
+        self.hub.backend.delete_snapshot(&snap.id).await?;
+        self.hub.store.delete_snapshot(&self.tenant, &snap.id)?;
+        Ok(())
     }
 
     async fn reset(&self, id: &str) -> Result<Sandbox> {

@@ -55,6 +55,9 @@ pub struct SnapshotRow {
     pub tenant: String,
     pub sandbox_id: String,
     pub created_at: i64,
+    /// Bytes the layer takes on disk; `None` for rows from before sizes
+    /// were recorded.
+    pub size_bytes: Option<u64>,
 }
 
 pub struct Store {
@@ -100,6 +103,25 @@ CREATE TABLE IF NOT EXISTS snapshots (
     created_at INTEGER NOT NULL
 );
 "#;
+
+/// Columns added after a table's first release: added to an older
+/// database when it opens.
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("snapshots", "size_bytes", "INTEGER")];
+
+fn add_missing_columns(conn: &Connection) -> rusqlite::Result<()> {
+    for (table, column, ty) in ADDED_COLUMNS {
+        let mut stmt = conn.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
+        let have = stmt
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        if !have.iter().any(|c| c == column) {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ty}"))?;
+        }
+    }
+    Ok(())
+}
+
+const SNAPSHOT_COLUMNS: &str = "id, tenant, sandbox_id, created_at, size_bytes";
 
 const SANDBOX_COLUMNS: &str = "id, tenant, template, state, labels, env, launch, created_at, \
     shutdown_at, idle_timeout_seconds, last_activity, pool, claimed, forked_from, runtime";
@@ -159,6 +181,7 @@ impl Store {
             .map_err(db_err)?;
         conn.execute_batch(SCHEMA).map_err(db_err)?;
         conn.execute_batch(gym::SCHEMA).map_err(db_err)?;
+        add_missing_columns(&conn).map_err(db_err)?;
         Ok(Store {
             conn: Mutex::new(conn),
         })
@@ -429,8 +452,15 @@ impl Store {
     pub fn insert_snapshot(&self, s: &SnapshotRow) -> Result<()> {
         self.with(|c| {
             c.execute(
-                "INSERT INTO snapshots (id, tenant, sandbox_id, created_at) VALUES (?1, ?2, ?3, ?4)",
-                params![s.id, s.tenant, s.sandbox_id, s.created_at],
+                "INSERT INTO snapshots (id, tenant, sandbox_id, created_at, size_bytes) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    s.id,
+                    s.tenant,
+                    s.sandbox_id,
+                    s.created_at,
+                    s.size_bytes.map(|b| b.min(i64::MAX as u64) as i64)
+                ],
             )
             .map(|_| ())
         })
@@ -439,8 +469,7 @@ impl Store {
     pub fn get_snapshot(&self, tenant: &str, id: &str) -> Result<Option<SnapshotRow>> {
         self.with(|c| {
             c.query_row(
-                "SELECT id, tenant, sandbox_id, created_at FROM snapshots \
-                 WHERE id = ?1 AND tenant = ?2",
+                &format!("SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = ?1 AND tenant = ?2"),
                 params![id, tenant],
                 snapshot_from_row,
             )
@@ -450,12 +479,45 @@ impl Store {
 
     pub fn list_snapshots(&self, tenant: &str, sandbox_id: &str) -> Result<Vec<SnapshotRow>> {
         self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT id, tenant, sandbox_id, created_at FROM snapshots \
-                 WHERE tenant = ?1 AND sandbox_id = ?2 ORDER BY created_at, id",
-            )?;
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {SNAPSHOT_COLUMNS} FROM snapshots \
+                 WHERE tenant = ?1 AND sandbox_id = ?2 ORDER BY created_at, id"
+            ))?;
             let rows = stmt.query_map(params![tenant, sandbox_id], snapshot_from_row)?;
             rows.collect()
+        })
+    }
+
+    /// Deletes a tenant's snapshot row; false when there was none.
+    pub fn delete_snapshot(&self, tenant: &str, id: &str) -> Result<bool> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM snapshots WHERE id = ?1 AND tenant = ?2",
+                params![id, tenant],
+            )
+            .map(|n| n > 0)
+        })
+    }
+
+    /// Sandboxes (any state, any tenant) whose workspace sits on snapshot `id`.
+    pub fn forks_of(&self, snapshot_id: &str) -> Result<Vec<String>> {
+        self.with(|c| {
+            let mut stmt =
+                c.prepare_cached("SELECT id FROM sandboxes WHERE forked_from = ?1 ORDER BY id")?;
+            let rows = stmt.query_map(params![snapshot_id], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    /// Bytes a tenant's snapshots take (what counts toward its disk use).
+    pub fn snapshot_bytes(&self, tenant: &str) -> Result<u64> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE tenant = ?1",
+                params![tenant],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n.max(0) as u64)
         })
     }
 }
@@ -485,6 +547,7 @@ fn snapshot_from_row(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
         tenant: r.get(1)?,
         sandbox_id: r.get(2)?,
         created_at: r.get(3)?,
+        size_bytes: r.get::<_, Option<i64>>(4)?.map(|n| n.max(0) as u64),
     })
 }
 
@@ -581,5 +644,70 @@ mod tests {
             s.get_template("t", "py").unwrap().unwrap().memory_mb,
             Some(64)
         );
+    }
+
+    fn snap(id: &str, tenant: &str, sandbox: &str, size: Option<u64>) -> SnapshotRow {
+        SnapshotRow {
+            id: id.into(),
+            tenant: tenant.into(),
+            sandbox_id: sandbox.into(),
+            created_at: 1,
+            size_bytes: size,
+        }
+    }
+
+    #[test]
+    fn snapshot_sizes_deletion_and_forks() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("db")).unwrap();
+        s.insert_snapshot(&snap("s1", "t", "a", Some(4096)))
+            .unwrap();
+        s.insert_snapshot(&snap("s2", "t", "a", Some(1 << 20)))
+            .unwrap();
+        s.insert_snapshot(&snap("s3", "u", "b", Some(7))).unwrap();
+        s.insert_snapshot(&snap("s4", "t", "a", None)).unwrap();
+        assert_eq!(
+            s.get_snapshot("t", "s1").unwrap().unwrap().size_bytes,
+            Some(4096)
+        );
+        assert_eq!(s.snapshot_bytes("t").unwrap(), 4096 + (1 << 20));
+        assert_eq!(s.snapshot_bytes("nobody").unwrap(), 0);
+        // Another tenant's snapshot is not there to delete.
+        assert!(!s.delete_snapshot("t", "s3").unwrap());
+        assert!(s.get_snapshot("u", "s3").unwrap().is_some());
+        assert!(s.delete_snapshot("t", "s1").unwrap());
+        assert!(!s.delete_snapshot("t", "s1").unwrap());
+        assert_eq!(s.snapshot_bytes("t").unwrap(), 1 << 20);
+
+        let mut fork = row("f", "t", None, true);
+        fork.forked_from = Some("s2".into());
+        s.insert_sandbox(&fork).unwrap();
+        assert_eq!(s.forks_of("s2").unwrap(), vec!["f".to_string()]);
+        assert!(s.forks_of("s4").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_database_from_before_snapshot_sizes_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE snapshots (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, \
+                 sandbox_id TEXT NOT NULL, created_at INTEGER NOT NULL);
+                 INSERT INTO snapshots VALUES ('old', 't', 'a', 5);",
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(
+            s.get_snapshot("t", "old").unwrap().unwrap().size_bytes,
+            None
+        );
+        s.insert_snapshot(&snap("new", "t", "a", Some(10))).unwrap();
+        assert_eq!(s.snapshot_bytes("t").unwrap(), 10);
+        drop(s);
+        // Opening again finds the column and adds nothing.
+        Store::open(&path).unwrap();
     }
 }

@@ -44,7 +44,7 @@ async fn a_planted_socket_link_never_reaches_another_sandbox() {
     let b = new_sandbox(&bob).await;
     shell_ok(&alice, &a, "echo alice-secret > /workspace/secret.txt").await;
 
-    let a_sock = hub.state_dir.join("sandboxes").join(&a).join("sock");
+    let a_sock = hub.sandboxes_dir().join(&a).join("sock");
     // The attack, verbatim: swap the socket for a link to A's.
     let attack = shell(
         &bob,
@@ -119,7 +119,7 @@ async fn a_swapped_upper_layer_never_becomes_a_fork_layer() {
         }
     }
     // Nothing of the host was copied anywhere the hub keeps snapshots.
-    let snapshots = hub.state_dir.join("snapshots");
+    let snapshots = hub.sandboxes_dir().with_file_name("snapshots");
     for entry in std::fs::read_dir(&snapshots).unwrap() {
         let p = entry.unwrap().path();
         assert!(!p.join("host-secret.txt").exists(), "{}", p.display());
@@ -189,7 +189,7 @@ async fn suspend_and_resume_never_chown_through_a_swapped_layer() {
         let meta = std::fs::metadata(&victim).unwrap();
         assert_eq!((meta.uid(), meta.gid()), (0, 0), "{name}: victim chowned");
         // Repair (as the operator would) for the next round.
-        let overlay = hub.state_dir.join("sandboxes").join(&b).join("overlay");
+        let overlay = hub.sandboxes_dir().join(&b).join("overlay");
         std::fs::remove_file(overlay.join(name)).unwrap();
         std::fs::rename(overlay.join(format!("{name}.real")), overlay.join(name)).unwrap();
         bob.resume(&b).await.unwrap();
@@ -395,7 +395,7 @@ async fn a_hub_killed_during_creates_leaves_no_process_behind() {
         .collect();
     // Kill as soon as the first sandbox directories appear: some launches
     // are then half-way.
-    let dir = hub.state_dir.join("sandboxes");
+    let dir = hub.sandboxes_dir();
     common::eventually("a launch to begin", common::WAIT, || {
         let n = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
         async move { (n > 0).then_some(()) }
@@ -409,6 +409,10 @@ async fn a_hub_killed_during_creates_leaves_no_process_behind() {
     let bob = hub.client(Some(BOB_KEY));
     // One reaper pass at least (300 ms in tests).
     tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    // The probe sees a live sandbox's processes (so no answer below is
+    // vacuous).
+    let control = new_sandbox(&bob).await;
+    assert!(!common::host_pids_with_mount(&format!("/sandboxes/{control}/")).is_empty());
     let listed = bob.list(&Default::default()).await.unwrap();
     let ids: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -416,8 +420,9 @@ async fn a_hub_killed_during_creates_leaves_no_process_behind() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     for id in ids {
-        let sandbox_dir = dir.join(&id).display().to_string();
-        let pids = common::host_pids_with_mount(&sandbox_dir);
+        // Mount roots name the sandbox's dir relative to its filesystem
+        // (the disk volume), so the id is the needle.
+        let pids = common::host_pids_with_mount(&format!("/sandboxes/{id}/"));
         let ready = listed
             .iter()
             .any(|s| s.id == id && s.state == SandboxState::Ready);

@@ -185,7 +185,28 @@ impl Drop for Hub {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        detach_disk_volume(&self.state.path().join("state"));
     }
+}
+
+/// A killed hub leaves its sandboxes' disk volume mounted (sandboxes may
+/// still use it); a test's must go with the test.
+fn detach_disk_volume(state_dir: &std::path::Path) {
+    use sandhub::local::quota::{plan, DEFAULT_RUN_DIR};
+    let Ok(state_dir) = state_dir.canonicalize() else {
+        return;
+    };
+    let mount_point = plan::mount_point(std::path::Path::new(DEFAULT_RUN_DIR), &state_dir);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if plan::find_mount(&mountinfo, &mount_point).is_none() {
+        return;
+    }
+    let path = std::ffi::CString::new(mount_point.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: umount2 reads a NUL-terminated path; nothing else is touched.
+    unsafe {
+        libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+    }
+    let _ = std::fs::remove_dir(&mount_point);
 }
 
 /// The environment of whoever runs the tests must not change what the
@@ -913,4 +934,52 @@ fn lifecycle_verbs() {
     );
     assert_ne!(hub.cli(&["exec", &id, "--", "cat", "f"]).code(), 0);
     assert_fails_with(&hub.cli(&["suspend", "sb-nope"]), "NOT_FOUND");
+}
+
+#[test]
+fn snapshot_ls_and_rm() {
+    let hub = Hub::start();
+    let id = hub.sandbox();
+    hub.cli(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "head -c 300000 /dev/urandom > f",
+    ])
+    .ok();
+    let snap = hub.cli(&["snapshot", &id]).ok().stdout().trim().to_string();
+    let listed = hub
+        .cli(&["snapshot", "ls", &id, "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(listed[0]["id"], snap.as_str());
+    // The layer holds the 300 kB file.
+    assert!(
+        listed[0]["size_bytes"].as_u64().unwrap() >= 300_000,
+        "{listed}"
+    );
+    let table = hub.cli(&["snapshot", "ls", &id]).ok().stdout();
+    assert!(table.starts_with("ID ") && table.contains(&snap), "{table}");
+
+    // A fork stands on the snapshot: refused until the fork is gone.
+    let fork = hub.cli(&["fork", &id, "--snapshot", &snap]).ok().stdout();
+    assert_fails_with(&hub.cli(&["snapshot", "rm", &id, &snap]), "CONFLICT");
+    hub.cli(&["rm", fork.trim()]).ok();
+
+    assert_eq!(
+        hub.cli(&["snapshot", "rm", &id, &snap]).ok().stdout(),
+        format!("{snap}\n")
+    );
+    assert_eq!(
+        hub.cli(&["snapshot", "ls", &id, "--output", "json"])
+            .ok()
+            .json(),
+        serde_json::json!([])
+    );
+    assert_fails_with(&hub.cli(&["snapshot", "rm", &id, &snap]), "NOT_FOUND");
+    // Usage errors exit 2: `rm` needs a snapshot, `snapshot` an id.
+    assert_eq!(hub.cli(&["snapshot", "rm", &id]).code(), 2);
+    assert_eq!(hub.cli(&["snapshot"]).code(), 2);
 }

@@ -274,8 +274,7 @@ async fn isolation_own_pid1_no_host_files_no_other_sandboxes() {
     .await
     .unwrap();
     let upper = hub
-        .state_dir
-        .join("sandboxes")
+        .sandboxes_dir()
         .join(&b.id)
         .join("overlay/upper/b-secret.txt");
     assert!(upper.exists(), "b's file is not at {}", upper.display());

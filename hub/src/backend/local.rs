@@ -13,9 +13,9 @@ use http::Method;
 use sandhub_api::{error::Code, hub::Network};
 use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
-use super::{Backend, LaunchRequest};
+use super::{disk::DiskArgs, Backend, LaunchRequest};
 use crate::{
-    local::{Launched, Runtime, RuntimeError, SandboxSpec, RESET_ROUTE},
+    local::{DiskQuotas, Launched, Runtime, RuntimeError, SandboxSpec, RESET_ROUTE},
     store::SandboxRow,
 };
 
@@ -25,9 +25,15 @@ pub struct LocalBackend {
     /// reach its own sandboxd only through the hub, but the cap holds
     /// whichever door a body comes in by).
     max_upload_bytes: u64,
+    /// On the disk-quota volume when there is one.
     sandboxes: PathBuf,
     snapshots: PathBuf,
+    /// Where sandboxes and snapshots lived before disk quotas: still found
+    /// there (without a quota), never made there.
+    legacy: Option<(PathBuf, PathBuf)>,
     seeds: PathBuf,
+    quotas: Option<Arc<DiskQuotas>>,
+    default_disk_mb: u64,
 }
 
 fn runtime_error(e: RuntimeError) -> Error {
@@ -50,20 +56,41 @@ impl LocalBackend {
         state_dir: &Path,
         allow_no_cgroup_limits: bool,
         max_upload_bytes: u64,
+        disk: &DiskArgs,
     ) -> anyhow::Result<Self> {
         // Re-executing /proc/self/exe (not the path we were started from)
         // means a sandbox always runs this very build of sandboxd.
-        let runtime = Runtime::new(
+        let mut runtime = Runtime::new(
             "/proc/self/exe",
             state_dir.join("runtime"),
             allow_no_cgroup_limits,
         )?;
+        let quotas = super::disk::open_quotas(state_dir, disk)?;
+        let (sandboxes, snapshots, legacy) = match &quotas {
+            Some(q) => {
+                runtime = runtime.with_disk_quotas(q.clone());
+                let legacy = (state_dir.join("sandboxes"), state_dir.join("snapshots"));
+                (
+                    q.root().join("sandboxes"),
+                    q.root().join("snapshots"),
+                    Some(legacy),
+                )
+            }
+            None => (
+                state_dir.join("sandboxes"),
+                state_dir.join("snapshots"),
+                None,
+            ),
+        };
         let backend = LocalBackend {
             runtime: Arc::new(runtime),
             max_upload_bytes,
-            sandboxes: state_dir.join("sandboxes"),
-            snapshots: state_dir.join("snapshots"),
+            sandboxes,
+            snapshots,
+            legacy,
             seeds: state_dir.join("seeds"),
+            quotas,
+            default_disk_mb: disk.default_disk_mb,
         };
         for dir in [&backend.sandboxes, &backend.snapshots, &backend.seeds] {
             std::fs::create_dir_all(dir)?;
@@ -81,7 +108,31 @@ impl LocalBackend {
     }
 
     fn spec_dir(&self, id: &str) -> PathBuf {
+        if let Some((sandboxes, _)) = &self.legacy {
+            let old = sandboxes.join(id);
+            if old.is_dir() {
+                return old;
+            }
+        }
         self.sandboxes.join(id)
+    }
+
+    /// Whether a sandbox's files are on the quota volume (sandboxes made
+    /// before the hub had disk quotas keep running without one).
+    fn on_volume(&self, dir: &Path) -> bool {
+        self.quotas
+            .as_ref()
+            .is_some_and(|q| dir.starts_with(q.root()))
+    }
+
+    fn snapshot_dir(&self, snapshot_id: &str) -> PathBuf {
+        if let Some((_, snapshots)) = &self.legacy {
+            let old = snapshots.join(snapshot_id);
+            if old.is_dir() {
+                return old;
+            }
+        }
+        self.snapshots.join(snapshot_id)
     }
 
     /// A private, id-shifted copy of a template's seed directory, made once:
@@ -130,9 +181,13 @@ impl LocalBackend {
         }
         let mut env: BTreeMap<String, String> = t.env.clone();
         env.extend(row.env.clone());
+        let state_dir = self.spec_dir(&row.id);
+        let disk_mb = self
+            .on_volume(&state_dir)
+            .then(|| t.disk_mb.unwrap_or(self.default_disk_mb));
         Ok(SandboxSpec {
             id: row.id.clone(),
-            state_dir: self.spec_dir(&row.id),
+            state_dir,
             lower_layers,
             root_fs: t.root_fs.as_ref().map(PathBuf::from),
             env,
@@ -141,6 +196,7 @@ impl LocalBackend {
             pids: t.pids,
             network_host: t.network == Network::Host,
             max_upload_bytes: self.max_upload_bytes,
+            disk_mb,
         })
     }
 }
@@ -185,10 +241,27 @@ impl Backend for LocalBackend {
         let launched = Self::launched(row).ok();
         let spec = SandboxSpec::new(row.id.clone(), self.spec_dir(&row.id));
         let runtime = self.runtime.clone();
-        tokio::task::spawn_blocking(move || runtime.remove(&spec, launched.as_ref()))
-            .await
-            .map_err(join_error)?
-            .map_err(runtime_error)
+        let quotas = self
+            .quotas
+            .clone()
+            .filter(|_| self.on_volume(&spec.state_dir));
+        tokio::task::spawn_blocking(move || {
+            // A subvolume goes at once, whatever it holds; but only once
+            // nothing of the sandbox runs any more.
+            if let Some(quotas) = quotas {
+                if let Some(l) = &launched {
+                    runtime.stop(&spec.id, l)?;
+                }
+                if let Err(e) = quotas.release(&spec.state_dir) {
+                    tracing::warn!(id = %spec.id, error = %e, "deleting the sandbox's subvolume");
+                }
+                return runtime.remove(&spec, None);
+            }
+            runtime.remove(&spec, launched.as_ref())
+        })
+        .await
+        .map_err(join_error)?
+        .map_err(runtime_error)
     }
 
     async fn reset(&self, row: &SandboxRow) -> Result<()> {
@@ -221,11 +294,11 @@ impl Backend for LocalBackend {
         }
     }
 
-    async fn snapshot(&self, row: &SandboxRow, snapshot_id: &str) -> Result<PathBuf> {
+    async fn snapshot(&self, row: &SandboxRow, snapshot_id: &str) -> Result<u64> {
         let state_dir = self.spec_dir(&row.id);
         let dest = self.snapshots.join(snapshot_id);
-        let (runtime, d) = (self.runtime.clone(), dest.clone());
-        tokio::task::spawn_blocking(move || runtime.snapshot(&state_dir, &d, None))
+        let runtime = self.runtime.clone();
+        let stats = tokio::task::spawn_blocking(move || runtime.snapshot(&state_dir, &dest, None))
             .await
             .map_err(join_error)?
             .map_err(|e| match e {
@@ -239,13 +312,35 @@ impl Backend for LocalBackend {
                 }
                 e => Error::internal(format!("snapshot of {}: {e}", row.id)),
             })?;
-        Ok(dest)
+        // Every data byte it holds (hard links once): what it keeps taking
+        // once the sandbox's files change.
+        Ok(stats.bytes)
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        let dir = self.snapshot_dir(snapshot_id);
+        tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+            // remove_dir_all never follows the links a layer may hold.
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .await
+        .map_err(join_error)?
+        .map_err(|e| Error::internal(format!("deleting snapshot {snapshot_id}: {e}")))
     }
 
     fn snapshot_layer(&self, snapshot_id: &str) -> Option<PathBuf> {
         // Only a real directory that the hub made: never a link.
-        let dir = self.snapshots.join(snapshot_id);
+        let dir = self.snapshot_dir(snapshot_id);
         self.runtime.check_layer(&dir).ok().map(|()| dir)
+    }
+
+    fn shutdown(&self) {
+        if let Some(q) = &self.quotas {
+            if let Err(e) = q.detach() {
+                tracing::warn!(error = %e, "detaching the disk volume");
+            }
+        }
     }
 
     fn is_alive(&self, row: &SandboxRow) -> bool {

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+pub mod disk;
 pub mod local;
 
 use async_trait::async_trait;
@@ -35,8 +36,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn destroy(&self, row: &SandboxRow) -> Result<()>;
     /// Kills every process and restores the workspace to its seed state.
     async fn reset(&self, row: &SandboxRow) -> Result<()>;
-    /// Keeps a copy of the workspace's changes under `snapshot_id`.
-    async fn snapshot(&self, row: &SandboxRow, snapshot_id: &str) -> Result<PathBuf>;
+    /// Keeps a copy of the workspace's changes under `snapshot_id`;
+    /// returns the bytes the copy takes on disk.
+    async fn snapshot(&self, row: &SandboxRow, snapshot_id: &str) -> Result<u64>;
+    /// Deletes a snapshot's stored layer (one already gone is fine).
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()>;
     /// Where a snapshot's layer lives, if the backend has it.
     fn snapshot_layer(&self, snapshot_id: &str) -> Option<PathBuf>;
     /// Whether the sandbox described by the row still runs.
@@ -46,4 +50,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether any process of the sandbox (its own machinery included)
     /// still exists, with or without a recorded runtime.
     fn has_processes(&self, row: &SandboxRow) -> bool;
+    /// The hub is stopping: let go of what only a running hub needs (the
+    /// disk volume's mount). Sandboxes keep running.
+    fn shutdown(&self) {}
 }

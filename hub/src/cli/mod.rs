@@ -15,6 +15,7 @@ mod output;
 pub mod pool;
 pub mod sandbox;
 pub mod shell;
+pub mod snapshot;
 pub mod template;
 mod terminal;
 

@@ -1,5 +1,5 @@
 //! `create`, `ls`, `rm` and the lifecycle verbs (`suspend`, `resume`,
-//! `reset`, `snapshot`, `fork`).
+//! `reset`, `fork`; `snapshot` is in `snapshot.rs`).
 
 use std::time::{Duration, SystemTime};
 
@@ -187,14 +187,6 @@ fn print_state(sandbox: &Sandbox, format: Output) -> Result<i32> {
     output::show(format, sandbox, || {
         format!("{} {}", sandbox.id, sandbox.state.as_str())
     })?;
-    Ok(0)
-}
-
-/// Prints the snapshot's id, which `fork --snapshot` takes.
-pub async fn snapshot(args: IdArgs) -> Result<i32> {
-    let hub = args.client.connect()?;
-    let snapshot = hub.snapshot(&args.id).await?;
-    output::show(args.client.output, &snapshot, || &snapshot.id)?;
     Ok(0)
 }
 

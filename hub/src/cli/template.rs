@@ -46,7 +46,7 @@ struct SetArgs {
     /// The template as JSON (the body of `PUT /v1/templates/{name}`); `-`
     /// reads stdin.
     #[arg(long, value_name = "PATH", env = "SANDHUB_TEMPLATE_FILE",
-          conflicts_with_all = ["root_fs", "seed_dir", "cpu", "memory_mb", "pids", "network", "env"])]
+          conflicts_with_all = ["root_fs", "seed_dir", "cpu", "memory_mb", "pids", "disk_mb", "network", "env"])]
     file: Option<PathBuf>,
 
     /// Host directory to use as the read-only root filesystem (default:
@@ -69,6 +69,11 @@ struct SetArgs {
     /// Most processes and threads at once.
     #[arg(long, env = "SANDHUB_TEMPLATE_PIDS")]
     pids: Option<u64>,
+
+    /// Disk quota in MiB for everything a sandbox writes (default: the
+    /// hub's --default-disk-mb).
+    #[arg(long, value_name = "MB", env = "SANDHUB_TEMPLATE_DISK_MB")]
+    disk_mb: Option<u64>,
 
     /// `none` (loopback only) or `host`.
     #[arg(long, env = "SANDHUB_TEMPLATE_NETWORK", value_parser = ["none", "host"])]
@@ -121,6 +126,7 @@ fn from_flags(set: SetArgs) -> Template {
         cpu: set.cpu,
         memory_mb: set.memory_mb,
         pids: set.pids,
+        disk_mb: set.disk_mb,
         network: match set.network.as_deref() {
             Some("host") => Network::Host,
             _ => Network::None,
@@ -164,6 +170,7 @@ fn template_table(templates: &[NamedTemplate]) -> String {
                 output::optional(&x.cpu),
                 output::optional(&x.memory_mb),
                 output::optional(&x.pids),
+                output::optional(&x.disk_mb),
                 match x.network {
                     Network::None => "none".into(),
                     Network::Host => "host".into(),
@@ -180,6 +187,7 @@ fn template_table(templates: &[NamedTemplate]) -> String {
             "CPU",
             "MEMORY_MB",
             "PIDS",
+            "DISK_MB",
             "NETWORK",
             "ROOT_FS",
             "SEED_DIR",

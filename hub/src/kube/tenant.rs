@@ -401,6 +401,10 @@ impl Sandboxes for KubeTenant {
         Err(unimplemented("snapshot"))
     }
 
+    async fn delete_snapshot(&self, _id: &str, _snapshot: &str) -> Result<()> {
+        Err(unimplemented("snapshot"))
+    }
+
     async fn reset(&self, _id: &str) -> Result<Sandbox> {
         Err(unimplemented("reset"))
     }

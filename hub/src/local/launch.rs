@@ -13,6 +13,7 @@ use std::{
     },
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -26,6 +27,7 @@ use super::{
     hostetc,
     idmap::IdMap,
     init, probe, procfs,
+    quota::DiskQuotas,
     statedir::{self, StateDir},
     treecopy::{self, CopyStats},
 };
@@ -62,6 +64,10 @@ pub struct SandboxSpec {
     pub network_host: bool,
     /// sandboxd's `--max-upload-bytes` (0: no limit).
     pub max_upload_bytes: u64,
+    /// Disk quota in MiB for the whole state dir (see [`super::quota`]);
+    /// applied when the runtime has disk quotas.
+    #[serde(default)]
+    pub disk_mb: Option<u64>,
 }
 
 impl SandboxSpec {
@@ -79,6 +85,7 @@ impl SandboxSpec {
             pids: None,
             network_host: false,
             max_upload_bytes: 0,
+            disk_mb: None,
         }
     }
 
@@ -126,6 +133,8 @@ pub struct Runtime {
     idmap: IdMap,
     host_etc: PathBuf,
     log_filter: String,
+    /// Disk quotas (issue #12 row 6); `None`: sandboxes write without limit.
+    disk_quotas: Option<Arc<DiskQuotas>>,
 }
 
 impl Runtime {
@@ -179,7 +188,15 @@ impl Runtime {
             idmap: IdMap::for_current_user(),
             host_etc,
             log_filter,
+            disk_quotas: None,
         })
+    }
+
+    /// Gives every sandbox launched from now on the disk quota of its
+    /// spec's `disk_mb`.
+    pub fn with_disk_quotas(mut self, quotas: Arc<DiskQuotas>) -> Self {
+        self.disk_quotas = Some(quotas);
+        self
     }
 
     pub fn state_root(&self) -> &Path {
@@ -205,6 +222,17 @@ impl Runtime {
         let started = Instant::now();
         validate_id(&spec.id)?;
         let dirs = StateDir::new(&spec.state_dir);
+        // Disk quota (issue #12 row 6): the state dir becomes a limited
+        // subvolume before anything is made in it, so everything the
+        // sandbox can write (workspace layer, sockets, log) counts.
+        match (&self.disk_quotas, spec.disk_mb) {
+            (Some(q), Some(mb)) => {
+                q.confine(&spec.state_dir, super::quota::limit_bytes(mb))
+                    .ctx(|| format!("disk quota of {}", spec.id))?;
+            }
+            (None, Some(_)) => tracing::debug!(id = %spec.id, "no disk quotas: disk_mb ignored"),
+            _ => {}
+        }
         dirs.prepare(&self.idmap)
             .ctx(|| format!("preparing {}", dirs.root.display()))?;
         for layer in &spec.lower_layers {

@@ -6,6 +6,9 @@
 //! ```text
 //! Runtime::new(exe, state_root, allow_no_cgroup_limits) -> Runtime
 //!   checks the host (probe), prepares <state_root>/host-etc and the cgroup parent
+//! runtime.with_disk_quotas(Arc<DiskQuotas>)      launch makes each state dir a
+//!                                               subvolume limited to spec.disk_mb
+//!                                               (see [`quota`])
 //! runtime.launch(&SandboxSpec) -> Launched      blocks until sandboxd answers
 //! runtime.is_alive(&Launched) -> bool           shim pid + start time still match
 //! runtime.stop(id, &Launched)                   kill all, remove cgroup, keep files
@@ -43,6 +46,10 @@
 //! sandbox never sees that directory. The per-sandbox state dir and the
 //! rules for touching it are in [`statedir`].
 //!
+//! With disk quotas, `<state_dir>` itself is a btrfs subvolume on the
+//! quota volume whose qgroup limit is the sandbox's `disk_mb`: all of the
+//! above counts.
+//!
 //! # What keeps a workload in
 //!
 //! - Root inside is host uid [`HOST_ID_BASE`]: no capability outside the
@@ -72,6 +79,7 @@ mod launch;
 mod mounts;
 mod probe;
 mod procfs;
+pub mod quota;
 mod routes;
 mod seccomp;
 mod statedir;
@@ -84,6 +92,7 @@ pub use hostetc::prepare_host_etc;
 pub use idmap::{IdMap, HOST_ID_BASE};
 pub use launch::{Launched, Runtime, SandboxSpec};
 pub use probe::{probe, probe_at, Check, HostSupport};
+pub use quota::{DiskQuotas, VolumeOptions};
 pub use routes::RESET_ROUTE;
 pub use seccomp::{child_setup, install_seccomp};
 pub use workspace::{reset_workspace, WorkspaceLayout};

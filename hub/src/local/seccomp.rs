@@ -22,6 +22,13 @@
 //!   into kernel code that is otherwise root-only.
 //! - `clone3` returns ENOSYS: its flags live in memory a filter cannot
 //!   read, and libc falls back to `clone`, whose flags it can.
+//!
+//! Denied beyond whole syscalls: every btrfs ioctl (type byte 0x94) but
+//! the VFS clone and dedupe calls that share the type byte. Any user may
+//! create a btrfs subvolume in a directory it can write, and a new
+//! subvolume escapes the qgroup limit that is the sandbox's disk quota
+//! (`quota.rs`); the workspace's upper layer is on btrfs and reachable
+//! under `/.sandhub/overlay`.
 
 use std::io;
 
@@ -110,6 +117,7 @@ const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
 #[cfg(target_arch = "x86_64")]
 const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
 const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+const AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
 const RET_K: u16 = 0x06; // BPF_RET | BPF_K
 
 // Offsets into struct seccomp_data.
@@ -117,6 +125,16 @@ const OFF_NR: u32 = 0;
 const OFF_ARCH: u32 = 4;
 /// Low 32 bits of args[0] (little-endian).
 const OFF_ARG0: u32 = 16;
+/// Low 32 bits of args[1]: an ioctl's command (an `unsigned int` to the
+/// kernel, so the high half is never looked at).
+const OFF_ARG1: u32 = 24;
+
+/// The ioctl type byte of btrfs (`BTRFS_IOCTL_MAGIC`), in place.
+const BTRFS_IOCTL_TYPE: u32 = 0x94 << 8;
+/// `FICLONE`, `FICLONERANGE`, `FIDEDUPERANGE`: generic reflink calls (what
+/// `cp --reflink` uses) that kept btrfs's type byte; they create nothing
+/// but shared extents, which the quota counts.
+const ALLOWED_BTRFS_TYPE_IOCTLS: [u32; 3] = [0x4004_9409, 0x4020_940D, 0xC018_9436];
 
 const RET_ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
 const RET_KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
@@ -127,8 +145,8 @@ const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
 const HEADER: usize = 6;
 #[cfg(not(target_arch = "x86_64"))]
 const HEADER: usize = 4;
-/// clone3 (2) + unshare (5) + clone (5) + final allow (1).
-const TAIL: usize = 13;
+/// ioctl (9) + clone3 (2) + unshare (5) + clone (5) + final allow (1).
+const TAIL: usize = 22;
 const LEN: usize = HEADER + 2 * (DENIED.len() + DENIED_ARCH.len()) + TAIL;
 
 const fn ins(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
@@ -144,6 +162,23 @@ const fn deny_flag(f: &mut [libc::sock_filter; LEN], i: usize, nr: u32, flag: u3
     f[i + 3] = ins(RET_K, 0, 0, RET_EPERM);
     f[i + 4] = ins(RET_K, 0, 0, RET_ALLOW);
     i + 5
+}
+
+/// Writes "if the syscall is ioctl: ALLOW the clone/dedupe commands, EPERM
+/// any other command of the btrfs type, ALLOW the rest; otherwise fall
+/// through" at `i`. Nine instructions; every ioctl path returns, so the
+/// accumulator holding the command never reaches later checks.
+const fn deny_btrfs_ioctls(f: &mut [libc::sock_filter; LEN], i: usize) -> usize {
+    f[i] = ins(JEQ_K, 0, 8, libc::SYS_ioctl as u32);
+    f[i + 1] = ins(LD_W_ABS, 0, 0, OFF_ARG1);
+    f[i + 2] = ins(JEQ_K, 5, 0, ALLOWED_BTRFS_TYPE_IOCTLS[0]);
+    f[i + 3] = ins(JEQ_K, 4, 0, ALLOWED_BTRFS_TYPE_IOCTLS[1]);
+    f[i + 4] = ins(JEQ_K, 3, 0, ALLOWED_BTRFS_TYPE_IOCTLS[2]);
+    f[i + 5] = ins(AND_K, 0, 0, 0xff00);
+    f[i + 6] = ins(JEQ_K, 0, 1, BTRFS_IOCTL_TYPE);
+    f[i + 7] = ins(RET_K, 0, 0, RET_EPERM);
+    f[i + 8] = ins(RET_K, 0, 0, RET_ALLOW);
+    i + 9
 }
 
 const fn build() -> [libc::sock_filter; LEN] {
@@ -176,6 +211,7 @@ const fn build() -> [libc::sock_filter; LEN] {
         i += 2;
         d += 1;
     }
+    i = deny_btrfs_ioctls(&mut f, i);
     f[i] = ins(JEQ_K, 0, 1, libc::SYS_clone3 as u32);
     f[i + 1] = ins(RET_K, 0, 0, RET_ENOSYS);
     i += 2;
@@ -263,5 +299,60 @@ mod tests {
             assert_eq!(FILTER[at + 1].k, RET_EPERM, "syscall {nr}");
         }
         const { assert!(LEN < 4096, "classic BPF limit") };
+    }
+
+    /// Runs the filter on one syscall, as the kernel would.
+    fn verdict(nr: i64, arg0: u64, arg1: u64) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&(nr as u32).to_le_bytes());
+        data[4..8].copy_from_slice(&AUDIT_ARCH.to_le_bytes());
+        data[16..24].copy_from_slice(&arg0.to_le_bytes());
+        data[24..32].copy_from_slice(&arg1.to_le_bytes());
+        let (mut a, mut pc) = (0u32, 0usize);
+        loop {
+            let f = FILTER[pc];
+            pc += 1;
+            match f.code {
+                LD_W_ABS => {
+                    let k = f.k as usize;
+                    a = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
+                }
+                AND_K => a &= f.k,
+                RET_K => return f.k,
+                _ => {
+                    let taken = match f.code {
+                        JEQ_K => a == f.k,
+                        JGE_K => a >= f.k,
+                        JSET_K => a & f.k != 0,
+                        other => panic!("unexpected opcode {other:#x}"),
+                    };
+                    pc += if taken { f.jt } else { f.jf } as usize;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn btrfs_ioctls_are_denied_but_reflinks_are_not() {
+        let ioctl = libc::SYS_ioctl;
+        // BTRFS_IOC_SUBVOL_CREATE, SUBVOL_CREATE_V2, SNAP_CREATE_V2.
+        for cmd in [0x5000_940E_u64, 0x5000_9418, 0x5000_9417] {
+            assert_eq!(verdict(ioctl, 3, cmd), RET_EPERM, "{cmd:#x}");
+            // The kernel reads an unsigned int: high bits change nothing.
+            assert_eq!(verdict(ioctl, 3, cmd | 0xffff_ffff_0000_0000), RET_EPERM);
+        }
+        for cmd in ALLOWED_BTRFS_TYPE_IOCTLS {
+            assert_eq!(verdict(ioctl, 3, cmd as u64), RET_ALLOW, "{cmd:#x}");
+        }
+        // Other ioctls: TCGETS, FS_IOC_GETFLAGS.
+        assert_eq!(verdict(ioctl, 0, 0x5401), RET_ALLOW);
+        assert_eq!(verdict(ioctl, 3, 0x8008_6601), RET_ALLOW);
+        // The rest of the filter still sees syscall numbers.
+        assert_eq!(verdict(libc::SYS_mount, 0, 0), RET_EPERM);
+        assert_eq!(verdict(libc::SYS_read, 0x9400, 0x9400), RET_ALLOW);
+        assert_eq!(
+            verdict(libc::SYS_unshare, libc::CLONE_NEWUSER as u64, 0),
+            RET_EPERM
+        );
     }
 }

@@ -22,6 +22,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(suspend))
         .routes(routes!(resume))
         .routes(routes!(take_snapshot, list_snapshots))
+        .routes(routes!(delete_snapshot))
         .routes(routes!(reset))
         .routes(routes!(fork))
 }
@@ -132,6 +133,26 @@ async fn list_snapshots(
 ) -> ApiResult<ApiJson<SnapshotList>> {
     let snapshots = api.list_snapshots(&id).await?;
     Ok(ApiJson(SnapshotList { snapshots }))
+}
+
+/// Delete a snapshot and the disk space it holds (also after its sandbox
+/// is gone). Refused while a sandbox forked from it exists.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/snapshots/{snapshot}", tag = "lifecycle",
+    params(
+        ("id" = String, Path, description = "Sandbox id the snapshot was taken of"),
+        ("snapshot" = String, Path, description = "Snapshot id"),
+    ),
+    responses(
+        (status = 204),
+        (status = 404, body = ErrorBody, description = "No such snapshot of this sandbox"),
+        (status = 409, body = ErrorBody, description = "A sandbox forked from it still exists"),
+    ))]
+async fn delete_snapshot(
+    Api(api): Api,
+    ApiPath((id, snapshot)): ApiPath<(String, String)>,
+) -> ApiResult<StatusCode> {
+    api.delete_snapshot(&id, &snapshot).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Kill every process and restore the workspace to its seed state (milliseconds).

@@ -130,6 +130,17 @@ impl TestHub {
             .into_owned()
     }
 
+    /// Where the hub keeps its sandboxes' state dirs on the host: on the
+    /// disk volume when it has one.
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        // A state dir on btrfs with quotas on holds the volume's dirs itself.
+        let native = self.state_dir.join("volume");
+        disk_volume(&self.state_dir)
+            .or_else(|| native.is_dir().then_some(native))
+            .unwrap_or_else(|| self.state_dir.clone())
+            .join("sandboxes")
+    }
+
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -285,8 +296,39 @@ impl Drop for TestHub {
         }
         self.delete_everything();
         self.kill9();
-        kill_leftovers(&self.token(), &self.state_dir);
+        let volume = disk_volume(&self.state_dir);
+        kill_leftovers(&self.token(), &self.state_dir, volume.as_deref());
+        if let Some(volume) = volume {
+            detach_volume(&volume);
+        }
     }
+}
+
+/// Where the hub mounted the sandboxes' disk volume for `state_dir` (the
+/// hub's default `--disk-volume-dir`), if it is mounted.
+pub fn disk_volume(state_dir: &Path) -> Option<PathBuf> {
+    let state_dir = state_dir.canonicalize().ok()?;
+    let mount_point = sandhub::local::quota::plan::mount_point(
+        Path::new(sandhub::local::quota::DEFAULT_RUN_DIR),
+        &state_dir,
+    );
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    sandhub::local::quota::plan::find_mount(&mountinfo, &mount_point).map(|_| mount_point)
+}
+
+/// Unmounts a test hub's disk volume (the hub leaves it mounted when
+/// killed, as sandboxes may still use it); its loop device goes with the
+/// last user.
+pub fn detach_volume(mount_point: &Path) {
+    let Ok(path) = std::ffi::CString::new(mount_point.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: umount2 reads a NUL-terminated path and has no other effect
+    // on this process's memory.
+    unsafe {
+        libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+    }
+    let _ = std::fs::remove_dir(mount_point);
 }
 
 /// Host pids whose mount table mentions `needle`: every process of a local
@@ -340,14 +382,16 @@ pub fn kill_host_pids_with_mount(needle: &str) {
 }
 
 /// The last resort: nothing of this hub may outlive its test.
-fn kill_leftovers(token: &str, state_dir: &Path) {
+fn kill_leftovers(token: &str, state_dir: &Path, volume: Option<&Path>) {
     let leftovers = host_pids_with_mount(token);
     if !leftovers.is_empty() {
         eprintln!("cleanup: killing leftover sandbox processes {leftovers:?}");
         kill_host_pids_with_mount(token);
     }
-    // Cgroups are named after sandbox ids, which are the state dir's entries.
-    let Ok(ids) = std::fs::read_dir(state_dir.join("sandboxes")) else {
+    // Cgroups are named after sandbox ids, which are the entries of the
+    // sandboxes dir (on the disk volume, or in the state dir without one).
+    let sandboxes = volume.unwrap_or(state_dir).join("sandboxes");
+    let Ok(ids) = std::fs::read_dir(sandboxes) else {
         return;
     };
     let roots: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
