@@ -8,5 +8,7 @@ pub mod k8s;
 pub mod legacy;
 pub mod proto;
 pub mod sandboxd;
+#[cfg(feature = "sandboxd-token")]
+pub mod sandboxd_token;
 #[cfg(feature = "scoped-token")]
 pub mod scoped_token;

@@ -99,7 +99,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             )
         }
         BackendKind::Kubernetes => (
-            Arc::new(KubeTenancy::connect(&args.kube).await?),
+            // The same tenant quotas as the local backend (pool replicas).
+            Arc::new(KubeTenancy::connect(&args.kube, Policy::resolve(&args.local.policy)).await?),
             format!("kubernetes, namespace {}", args.kube.namespace),
         ),
     };

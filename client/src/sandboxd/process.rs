@@ -146,7 +146,8 @@ impl SandboxdClient {
                 ))
             }
         };
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // `timeout_of` bounds `t`; a deadline past the clock's end is none.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         // Fed concurrently: a process that writes much before reading its
         // input would otherwise block on output nobody reads.
         let feed = self.feed(pid, stdin);
@@ -264,10 +265,19 @@ fn config(
     }
 }
 
+/// Longest command timeout (a year, as a sandbox's longest lifetime): a
+/// deadline must fit the clock (`Instant + 1.8e19 s` overflows and panics).
+const MAX_TIMEOUT_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
 fn timeout_of(seconds: f64) -> Result<Duration> {
     if !(seconds.is_finite() && seconds > 0.0) {
         return Err(Error::invalid(format!(
             "timeout_seconds must be a positive number, not {seconds}"
+        )));
+    }
+    if seconds > MAX_TIMEOUT_SECONDS {
+        return Err(Error::invalid(format!(
+            "timeout_seconds must be at most {MAX_TIMEOUT_SECONDS}, not {seconds}"
         )));
     }
     Duration::try_from_secs_f64(seconds)
@@ -298,7 +308,8 @@ mod tests {
     #[test]
     fn timeouts_must_be_positive() {
         assert_eq!(timeout_of(1.5).unwrap(), Duration::from_millis(1500));
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        // 1.8e19 fits a Duration but not `Instant::now() + it` (it panicked).
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1.8e19, 1e300, 4e7] {
             assert_eq!(timeout_of(bad).unwrap_err().code, Code::InvalidArgument);
         }
     }
