@@ -43,6 +43,28 @@ pub fn is_dns_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+/// Label key prefixes (DNS domains, and their subdomains) a caller may not
+/// set: the agent-sandbox controllers' bookkeeping (`agents.x-k8s.io/...`,
+/// `extensions.agents.x-k8s.io/...`) and Kubernetes' (`kubernetes.io`,
+/// `k8s.io`). Both backends refuse them, so a label can never pose as a
+/// controller's. (`sandhub.io/` stays open: the MCP server tags its
+/// session's sandboxes with it, and the tenant label is always overwritten.)
+pub const RESERVED_LABEL_DOMAINS: [&str; 3] = ["agents.x-k8s.io", "kubernetes.io", "k8s.io"];
+
+/// Whether label `key` lies under a [`RESERVED_LABEL_DOMAINS`] prefix.
+pub fn is_reserved_label(key: &str) -> bool {
+    let Some((prefix, _)) = key.split_once('/') else {
+        return false;
+    };
+    let prefix = prefix.to_ascii_lowercase();
+    RESERVED_LABEL_DOMAINS.iter().any(|d| {
+        prefix == *d
+            || prefix
+                .strip_suffix(d)
+                .is_some_and(|head| head.ends_with('.'))
+    })
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum SandboxState {
@@ -345,6 +367,29 @@ pub struct ForkRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserved_label_prefixes_cover_their_subdomains_only() {
+        for key in [
+            "agents.x-k8s.io/sandbox-name-hash",
+            "extensions.agents.x-k8s.io/anything",
+            "Agents.X-K8s.io/created-by",
+            "kubernetes.io/metadata.name",
+            "node-role.kubernetes.io/x",
+            "k8s.io/x",
+        ] {
+            assert!(is_reserved_label(key), "{key}");
+        }
+        for key in [
+            "team",
+            "x-k8s.io/a",
+            "notagents.x-k8s.io/a",
+            "sandhub.io/mcp-session",
+            "example.com/agents.x-k8s.io",
+        ] {
+            assert!(!is_reserved_label(key), "{key}");
+        }
+    }
 
     #[test]
     fn dns_labels() {

@@ -9,5 +9,7 @@ pub mod legacy;
 pub mod limits;
 pub mod proto;
 pub mod sandboxd;
+#[cfg(feature = "sandboxd-token")]
+pub mod sandboxd_token;
 #[cfg(feature = "scoped-token")]
 pub mod scoped_token;

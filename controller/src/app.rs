@@ -109,12 +109,19 @@ pub async fn run(args: Vec<String>, matches: ArgMatches, flags: Flags) -> anyhow
         own_namespace.clone(),
         shared.clone(),
     ));
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        watch_client,
-        flags.clone(),
-        shared,
-    ));
+    let sandboxd_tokens = flags
+        .sandboxd_token_key_file
+        .as_deref()
+        .map(sandhub_api::sandboxd_token::SandboxdTokens::from_file)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--sandboxd-token-key-file: {e}"))?;
+    if sandboxd_tokens.is_some() {
+        tracing::info!("each sandbox Pod gets its own sandboxd token");
+    }
+    let ctx = Arc::new(
+        Context::new(client.clone(), watch_client, flags.clone(), shared)
+            .with_sandboxd_tokens(sandboxd_tokens),
+    );
 
     serve::spawn(
         serve::parse_bind_address(&flags.metrics_bind_address)?,

@@ -16,6 +16,7 @@ use crate::flags::Flags;
 use crate::metrics::Metrics;
 use crate::warmpool::refill::RefillGate;
 use sandhub_api::k8s::Sandbox;
+use sandhub_api::sandboxd_token::SandboxdTokens;
 
 /// Field manager / event reporter names, as upstream.
 pub const SANDBOX_CONTROLLER: &str = "sandbox-controller";
@@ -39,6 +40,8 @@ pub struct Context {
     pub sandbox_store: OnceLock<Store<Sandbox>>,
     /// Claims tell warm pools when they adopt; pools hold refills meanwhile.
     pub refill: RefillGate,
+    /// `--sandboxd-token-key-file`: each Pod gets its own token's digest.
+    pub sandboxd_tokens: Option<SandboxdTokens>,
 }
 
 impl Context {
@@ -60,7 +63,13 @@ impl Context {
                 flags.sandbox_warm_pool_max_refill_rate,
             ),
             flags,
+            sandboxd_tokens: None,
         }
+    }
+
+    pub fn with_sandboxd_tokens(mut self, tokens: Option<SandboxdTokens>) -> Self {
+        self.sandboxd_tokens = tokens;
+        self
     }
 
     /// `--watch-namespace`, if the controllers are restricted to one namespace.

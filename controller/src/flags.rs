@@ -218,6 +218,13 @@ pub struct Flags {
     /// Log format: `text` or `json`.
     #[arg(long, env = "SANDHUB_CONTROLLER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+
+    /// File with the key (32+ bytes) that derives each Sandbox's own sandboxd token; the
+    /// hub gets the same file (`sandhub serve --sandboxd-token-key-file`). Every Pod is then
+    /// given only the SHA-256 of its own token (`SANDBOXD_SANDBOX_TOKEN_SHA256`), so a
+    /// workload cannot open another sandbox's sandboxd. Unset: Pods get no token of their own.
+    #[arg(long, env = "SANDHUB_CONTROLLER_SANDBOXD_TOKEN_KEY_FILE")]
+    pub sandboxd_token_key_file: Option<std::path::PathBuf>,
 }
 
 impl Flags {

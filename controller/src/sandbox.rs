@@ -31,6 +31,7 @@ use sandhub_api::k8s::names::{self, name_hash};
 use sandhub_api::k8s::sandbox::{OperatingMode, ShutdownPolicy};
 use sandhub_api::k8s::validate::validate_volume_claim_templates;
 use sandhub_api::k8s::{Sandbox, SandboxStatus};
+use sandhub_api::sandboxd_token::SandboxdTokens;
 
 use crate::conditions as cond;
 use crate::context::{Context, SANDBOX_CONTROLLER};
@@ -226,11 +227,12 @@ async fn ensure_pod(
     sb: &Sandbox,
     hash: &str,
     named: Option<Pod>,
+    tokens: Option<&SandboxdTokens>,
 ) -> Result<(Option<Pod>, bool), ReconcileError> {
     let uid = sb.uid().unwrap_or_default();
     let want_meta = metadata::desired(sb, hash);
     let Some(have) = named else {
-        let want = pod::desired(sb, &want_meta);
+        let want = pod::desired(sb, &want_meta, tokens);
         let pp = PostParams {
             field_manager: Some(SANDBOX_CONTROLLER.into()),
             ..Default::default()
@@ -415,7 +417,15 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
     } else if error.is_some() {
         (seen.named, named_owned)
     } else {
-        match ensure_pod(&pods, &sb, &hash, seen.named.clone()).await {
+        match ensure_pod(
+            &pods,
+            &sb,
+            &hash,
+            seen.named.clone(),
+            ctx.sandboxd_tokens.as_ref(),
+        )
+        .await
+        {
             Ok(found) => found,
             Err(ReconcileError::Conflict(msg)) => {
                 error = Some(msg);

@@ -10,9 +10,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
-    NetworkPolicySpec,
+    NetworkPolicyPort, NetworkPolicySpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::{Resource, ResourceExt};
@@ -22,8 +25,17 @@ use sandhub_api::k8s::SandboxTemplate;
 
 use crate::context::{Context, SANDBOX_TEMPLATE_CONTROLLER};
 
-/// Where the sandbox-router runs: the only ingress the default policy admits.
+/// Where the sandbox-router runs.
 pub const ROUTER_NAMESPACE: &str = "agent-sandbox-system";
+/// The router's Pod labels: upstream's, and deploy/router's.
+pub const ROUTER_POD_LABELS: [(&str, &str); 2] = [
+    ("app", "sandbox-router"),
+    ("app.kubernetes.io/name", "sandbox-router"),
+];
+/// The hub's Pod label (deploy/hub); the hub runs in the sandboxes' namespace.
+pub const HUB_POD_LABEL: (&str, &str) = ("app.kubernetes.io/name", "sandhub-hub");
+/// sandboxd's REST and gRPC ports: all the hub talks to.
+pub const SANDBOXD_PORTS: [i32; 2] = [8080, 9090];
 
 pub fn policy_name(template: &str) -> String {
     format!("{template}-network-policy")
@@ -48,22 +60,57 @@ fn block(cidr: &str, except: &[&str]) -> NetworkPolicyPeer {
     }
 }
 
-/// Ingress only from the router; egress to the internet but no private, link-local or
-/// metadata ranges.
+/// Pods labelled `key=value` that are not sandbox Pods: every sandbox Pod
+/// carries the name-hash label (a reserved key no tenant can drop), so a
+/// sandbox that labels itself like the router or the hub still matches no
+/// peer.
+fn not_a_sandbox(key: &str, value: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: labels(&[(key, value)]),
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: names::SANDBOX_NAME_HASH.into(),
+            operator: "DoesNotExist".into(),
+            values: None,
+        }]),
+    }
+}
+
+/// Ingress only from the router (any port: it proxies to any of the Pod's ports) and
+/// from the hub (sandboxd's ports), never from another sandbox Pod; egress to the
+/// internet but no private, link-local or metadata ranges.
 pub fn default_rules() -> (Vec<NetworkPolicyIngressRule>, Vec<NetworkPolicyEgressRule>) {
-    let ingress = NetworkPolicyIngressRule {
+    let router = NetworkPolicyIngressRule {
+        from: Some(
+            ROUTER_POD_LABELS
+                .iter()
+                .map(|(k, v)| NetworkPolicyPeer {
+                    pod_selector: Some(not_a_sandbox(k, v)),
+                    namespace_selector: Some(LabelSelector {
+                        match_labels: labels(&[("kubernetes.io/metadata.name", ROUTER_NAMESPACE)]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    // No namespace selector: the hub's Pods in the policy's own namespace.
+    let hub = NetworkPolicyIngressRule {
         from: Some(vec![NetworkPolicyPeer {
-            pod_selector: Some(LabelSelector {
-                match_labels: labels(&[("app", "sandbox-router")]),
-                ..Default::default()
-            }),
-            namespace_selector: Some(LabelSelector {
-                match_labels: labels(&[("kubernetes.io/metadata.name", ROUTER_NAMESPACE)]),
-                ..Default::default()
-            }),
+            pod_selector: Some(not_a_sandbox(HUB_POD_LABEL.0, HUB_POD_LABEL.1)),
             ..Default::default()
         }]),
-        ..Default::default()
+        ports: Some(
+            SANDBOXD_PORTS
+                .iter()
+                .map(|p| NetworkPolicyPort {
+                    protocol: Some("TCP".into()),
+                    port: Some(IntOrString::Int(*p)),
+                    end_port: None,
+                })
+                .collect(),
+        ),
     };
     let egress = NetworkPolicyEgressRule {
         to: Some(vec![
@@ -80,7 +127,7 @@ pub fn default_rules() -> (Vec<NetworkPolicyIngressRule>, Vec<NetworkPolicyEgres
         ]),
         ..Default::default()
     };
-    (vec![ingress], vec![egress])
+    (vec![router, hub], vec![egress])
 }
 
 pub fn desired_policy(t: &SandboxTemplate) -> NetworkPolicy {
@@ -208,6 +255,82 @@ mod tests {
             ingress[0]["from"][0]["podSelector"]["matchLabels"]["app"],
             "sandbox-router"
         );
+    }
+
+    /// What a peer admits, in short: (namespace selector, pod selector labels,
+    /// whether sandbox Pods are excluded).
+    type Peer = (Option<String>, Vec<(String, String)>, bool);
+
+    fn peers(rule: &NetworkPolicyIngressRule) -> Vec<Peer> {
+        rule.from
+            .iter()
+            .flatten()
+            .map(|p| {
+                let pods = p.pod_selector.clone().expect("every peer selects Pods");
+                let excludes_sandboxes = pods
+                    .match_expressions
+                    .iter()
+                    .flatten()
+                    .any(|e| e.key == names::SANDBOX_NAME_HASH && e.operator == "DoesNotExist");
+                (
+                    p.namespace_selector
+                        .as_ref()
+                        .and_then(|n| n.match_labels.as_ref())
+                        .and_then(|l| l.get("kubernetes.io/metadata.name").cloned()),
+                    pods.match_labels.unwrap_or_default().into_iter().collect(),
+                    excludes_sandboxes,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn default_ingress_admits_exactly_the_router_and_the_hub_never_a_sandbox_pod() {
+        let (ingress, _) = default_rules();
+        assert_eq!(ingress.len(), 2);
+        let kv = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        // The router (upstream's label and ours), in its namespace, any port.
+        assert_eq!(
+            peers(&ingress[0]),
+            vec![
+                (
+                    Some(ROUTER_NAMESPACE.into()),
+                    kv("app", "sandbox-router"),
+                    true
+                ),
+                (
+                    Some(ROUTER_NAMESPACE.into()),
+                    kv("app.kubernetes.io/name", "sandbox-router"),
+                    true
+                ),
+            ]
+        );
+        assert!(ingress[0].ports.is_none());
+        // The hub, in the sandboxes' namespace, sandboxd's ports only.
+        assert_eq!(
+            peers(&ingress[1]),
+            vec![(None, kv("app.kubernetes.io/name", "sandhub-hub"), true)]
+        );
+        let ports: Vec<_> = ingress[1]
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.protocol.clone().unwrap(), p.port.clone().unwrap()))
+            .collect();
+        assert_eq!(
+            ports,
+            vec![
+                ("TCP".to_string(), IntOrString::Int(8080)),
+                ("TCP".to_string(), IntOrString::Int(9090)),
+            ]
+        );
+        // No peer is empty (an empty peer would admit every Pod).
+        for rule in &ingress {
+            assert!(rule.from.as_ref().is_some_and(|f| !f.is_empty()));
+            for p in rule.from.iter().flatten() {
+                assert!(p.ip_block.is_none());
+            }
+        }
     }
 
     #[test]

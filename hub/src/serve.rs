@@ -119,7 +119,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             )
         }
         BackendKind::Kubernetes => (
-            Arc::new(KubeTenancy::connect(&args.kube).await?),
+            // The same tenant quotas as the local backend (pool replicas).
+            Arc::new(KubeTenancy::connect(&args.kube, Policy::resolve(&args.local.policy)).await?),
             // No store on this backend: envs live in this hub's memory.
             Arc::default(),
             format!("kubernetes, namespace {}", args.kube.namespace),

@@ -124,7 +124,7 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
     }
 }
 
-fn check_labels(labels: &BTreeMap<String, String>) -> Result<()> {
+pub(crate) fn check_labels(labels: &BTreeMap<String, String>) -> Result<()> {
     if labels.len() > MAX_LABELS {
         return Err(invalid(format!("at most {MAX_LABELS} labels")));
     }
@@ -141,13 +141,19 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<()> {
                 "label {k}={v}: keys are [A-Za-z0-9-_./] (≤253), values [A-Za-z0-9-_.] (≤63)"
             )));
         }
+        if sandhub_api::hub::is_reserved_label(k) {
+            return Err(invalid(format!(
+                "label {k}: the prefixes {} are reserved",
+                sandhub_api::hub::RESERVED_LABEL_DOMAINS.join(", ")
+            )));
+        }
     }
     Ok(())
 }
 
 /// Environment for a sandbox's init: a key that is empty or holds `=` or
 /// NUL, or a value with NUL, cannot be set, and would only fail the start.
-fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
+pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
     for (k, v) in env {
         if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
             return Err(invalid(format!(

@@ -1,6 +1,12 @@
-//! Optional bearer-token auth. Only the SHA-256 of the token is kept in
+//! Optional bearer-token auth. Only the SHA-256 of a token is kept in
 //! memory, and a presented token is hashed and compared in constant time,
 //! so neither timing nor a memory dump reveals the token.
+//!
+//! Up to two tokens open one sandboxd: the operator's (`--auth-token-file`
+//! or `--auth-token-sha256`, the upstream SDK's `auth_token`, the same for
+//! every Pod that mounts it) and the sandbox's own
+//! (`--sandbox-token-sha256`, which sandhub-controller gives each Pod: a
+//! token that opens this Pod and no other).
 
 use std::path::Path;
 
@@ -11,7 +17,8 @@ use crate::error::Error;
 
 #[derive(Clone)]
 pub struct Auth {
-    digest: [u8; 32],
+    /// Each accepted token's SHA-256 (one or two).
+    digests: Vec<[u8; 32]>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -26,7 +33,7 @@ impl Auth {
             return Err("auth token is empty".into());
         }
         Ok(Auth {
-            digest: Sha256::digest(token.as_bytes()).into(),
+            digests: vec![Sha256::digest(token.as_bytes()).into()],
         })
     }
 
@@ -37,12 +44,18 @@ impl Auth {
     }
 
     pub fn from_sha256_hex(hex_digest: &str) -> Result<Self, String> {
-        let bytes = hex::decode(hex_digest.trim())
-            .map_err(|e| format!("--auth-token-sha256 is not hex: {e}"))?;
-        let digest: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| "--auth-token-sha256 must be 64 hex characters".to_string())?;
-        Ok(Auth { digest })
+        Ok(Auth {
+            digests: vec![parse_digest("--auth-token-sha256", hex_digest)?],
+        })
+    }
+
+    /// `self` (if any) plus the token whose hex SHA-256 is `hex_digest`
+    /// (`--sandbox-token-sha256`).
+    pub fn also_sha256_hex(auth: Option<Self>, hex_digest: &str) -> Result<Self, String> {
+        let digest = parse_digest("--sandbox-token-sha256", hex_digest)?;
+        let mut digests = auth.map(|a| a.digests).unwrap_or_default();
+        digests.push(digest);
+        Ok(Auth { digests })
     }
 
     /// Checks an `Authorization` header value (`Bearer <token>`).
@@ -57,12 +70,25 @@ impl Auth {
             .or_else(|| value.strip_prefix(b"bearer "))
             .ok_or_else(|| Error::Unauthenticated("Authorization must be a Bearer token".into()))?;
         let presented: [u8; 32] = Sha256::digest(token).into();
-        if bool::from(presented.ct_eq(&self.digest)) {
+        // Every digest is compared (no early exit), so timing does not say
+        // which one matched.
+        let matched = self
+            .digests
+            .iter()
+            .fold(subtle::Choice::from(0), |m, d| m | presented.ct_eq(d));
+        if bool::from(matched) {
             Ok(())
         } else {
             Err(Error::Unauthenticated("invalid bearer token".into()))
         }
     }
+}
+
+fn parse_digest(flag: &str, hex_digest: &str) -> Result<[u8; 32], String> {
+    let bytes = hex::decode(hex_digest.trim()).map_err(|e| format!("{flag} is not hex: {e}"))?;
+    bytes
+        .try_into()
+        .map_err(|_| format!("{flag} must be 64 hex characters"))
 }
 
 #[cfg(test)]
@@ -86,5 +112,24 @@ mod tests {
         assert!(a.check_header(Some(b"Bearer tok")).is_ok());
         assert!(Auth::from_sha256_hex("abcd").is_err());
         assert!(Auth::from_token("").is_err());
+    }
+
+    #[test]
+    fn the_sandbox_token_opens_alongside_the_operator_token() {
+        let sandbox = hex::encode(Sha256::digest(b"pod-a"));
+        let alone = Auth::also_sha256_hex(None, &sandbox).unwrap();
+        assert!(alone.check_header(Some(b"Bearer pod-a")).is_ok());
+        assert!(alone.check_header(Some(b"Bearer pod-b")).is_err());
+        assert!(alone.check_header(None).is_err());
+
+        let both =
+            Auth::also_sha256_hex(Some(Auth::from_token("shared").unwrap()), &sandbox).unwrap();
+        assert!(both.check_header(Some(b"Bearer pod-a")).is_ok());
+        assert!(both.check_header(Some(b"Bearer shared")).is_ok());
+        assert!(both.check_header(Some(b"Bearer pod-b")).is_err());
+        // The digest itself (what the Pod's environment shows) is no token.
+        let shown = format!("Bearer {sandbox}");
+        assert!(both.check_header(Some(shown.as_bytes())).is_err());
+        assert!(Auth::also_sha256_hex(None, "zz").is_err());
     }
 }

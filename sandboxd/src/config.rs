@@ -80,6 +80,13 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_AUTH_TOKEN_SHA256")]
     pub auth_token_sha256: Option<String>,
 
+    /// Hex SHA-256 of this sandbox's own token, accepted besides the token
+    /// above. sandhub-controller sets it in each Pod it builds: the token
+    /// derives from the Pod's Sandbox with a key only the hub and the
+    /// controller hold, so it opens this Pod and no other.
+    #[arg(long, env = "SANDBOXD_SANDBOX_TOKEN_SHA256")]
+    pub sandbox_token_sha256: Option<String>,
+
     /// Serve REST and gRPC on `rest.sock` and `grpc.sock` in this directory
     /// instead of TCP ports (the hub's local backend uses this).
     #[arg(long, env = "SANDBOXD_UNIX_SOCKET")]

@@ -49,6 +49,10 @@ impl Daemon {
             (None, Some(hex)) => Some(Auth::from_sha256_hex(hex).map_err(anyhow::Error::msg)?),
             (None, None) => None,
         };
+        let auth = match &config.sandbox_token_sha256 {
+            Some(hex) => Some(Auth::also_sha256_hex(auth, hex).map_err(anyhow::Error::msg)?),
+            None => auth,
+        };
         Ok(Arc::new(Daemon {
             watches: Arc::new(Semaphore::new(config.max_watches)),
             root: RwLock::new(Arc::new(root)),

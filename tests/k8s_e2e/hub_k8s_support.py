@@ -8,6 +8,8 @@ sets both); without them the tests skip, and under CI=true they fail.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 import signal
@@ -93,10 +95,19 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 class Cluster:
     kubeconfig: str
     ns: str
-    token_secret: str
+    # The key the controller and the hub derive each Sandbox's own sandboxd
+    # token from (--sandboxd-token-key-file); no Pod ever holds it.
+    token_key_file: Path
     logs: Path
     api: k8s.ApiClient
     procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def sandboxd_token(self, sandbox: str) -> str:
+        """Sandbox `sandbox`'s own token, derived as api/src/sandboxd_token.rs does."""
+        key = self.token_key_file.read_bytes().rstrip()
+        msg = b"".join(part + b"\0" for part in
+                       (b"sandhub-sandboxd-token/v1", self.ns.encode(), sandbox.encode()))
+        return hmac.new(key, msg, hashlib.sha256).hexdigest()
 
     @property
     def core(self) -> k8s.CoreV1Api:
@@ -141,7 +152,7 @@ class Cluster:
                 "--backend", "kubernetes",
                 "--kubeconfig", self.kubeconfig,
                 "--namespace", self.ns,
-                "--sandboxd-token-secret", self.token_secret,
+                "--sandboxd-token-key-file", str(self.token_key_file),
                 "--listen", f"{LOOPBACK}:{port}",
                 *extra,
             ],
@@ -203,11 +214,13 @@ def install_crds(api: k8s.ApiClient) -> None:
             )
 
 
-def template(token_secret: str) -> dict:
+def template(name: str = POOL) -> dict:
+    """sandboxd with no shared token: the controller gives each Pod the
+    digest of its own (SANDBOXD_SANDBOX_TOKEN_SHA256)."""
     return {
         "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
         "kind": "SandboxTemplate",
-        "metadata": {"name": POOL},
+        "metadata": {"name": name},
         "spec": {
             # No NetworkPolicy controller runs in the test cluster.
             "networkPolicyManagement": "Unmanaged",
@@ -220,14 +233,11 @@ def template(token_secret: str) -> dict:
                         "name": "sandboxd",
                         "image": IMAGE,
                         "imagePullPolicy": "IfNotPresent",
-                        "args": ["--listen-host", "0.0.0.0",
-                                 "--auth-token-file", "/etc/sandboxd/token"],
+                        "args": ["--listen-host", "0.0.0.0"],
                         "ports": [{"containerPort": 8080}, {"containerPort": 9090}],
-                        "volumeMounts": [{"name": "token", "mountPath": "/etc/sandboxd", "readOnly": True}],
                         "readinessProbe": {"httpGet": {"path": "/v1/health", "port": 8080},
                                            "periodSeconds": 1},
                     }],
-                    "volumes": [{"name": "token", "secret": {"secretName": token_secret}}],
                 },
             },
         },
@@ -244,14 +254,13 @@ def cluster() -> Iterator[Cluster]:
     ns = f"e2e-hub-{secrets.token_hex(3)}"
     k8s.CoreV1Api(api).create_namespace({"metadata": {"name": ns}})
     logs = Path(tempfile.mkdtemp(prefix="sandhub-e2e-"))
-    c = Cluster(kubeconfig=kubeconfig, ns=ns, token_secret="sandboxd-token", logs=logs, api=api)
+    key_file = logs / "sandboxd-token-key"
+    key_file.write_text(secrets.token_urlsafe(48) + "\n")
+    key_file.chmod(0o600)
+    c = Cluster(kubeconfig=kubeconfig, ns=ns, token_key_file=key_file, logs=logs, api=api)
     try:
         install_crds(api)
-        c.core.create_namespaced_secret(ns, {
-            "metadata": {"name": c.token_secret},
-            "stringData": {"token": secrets.token_urlsafe(24)},
-        })
-        c.custom.create_namespaced_custom_object(*EXT, ns, "sandboxtemplates", template(c.token_secret))
+        c.custom.create_namespaced_custom_object(*EXT, ns, "sandboxtemplates", template())
         c.custom.create_namespaced_custom_object(*EXT, ns, "sandboxwarmpools", {
             "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
             "kind": "SandboxWarmPool",
@@ -264,6 +273,7 @@ def cluster() -> Iterator[Cluster]:
             "--watch-namespace", ns, "--kubeconfig", kubeconfig,
             "--metrics-bind-address", f"{LOOPBACK}:0",
             "--health-probe-bind-address", f"{LOOPBACK}:0",
+            "--sandboxd-token-key-file", str(key_file),
         ])
         wait_for_pool(c, 2)
         yield c

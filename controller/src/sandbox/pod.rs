@@ -1,9 +1,10 @@
 //! The Sandbox's Pod: built from `spec.podTemplate`, one PVC volume per template entry.
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Pod, Volume};
+use k8s_openapi::api::core::v1::{EnvVar, PersistentVolumeClaimVolumeSource, Pod, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use sandhub_api::k8s::{names, Sandbox};
+use sandhub_api::sandboxd_token::{SandboxdTokens, DIGEST_ENV};
 
 use super::metadata::PodMeta;
 use super::owner::sandbox_ref;
@@ -19,9 +20,25 @@ pub fn pod_name(sb: &Sandbox) -> String {
         .unwrap_or_else(|| sb.name_any())
 }
 
-pub fn desired(sb: &Sandbox, meta: &PodMeta) -> Pod {
+/// The Pod `sb` wants. With `tokens`, every container is told the digest of
+/// this Sandbox's own sandboxd token (sandboxd reads it; other containers
+/// ignore it), replacing any value the template or a claim set, so no
+/// workload can pick a token of its own choosing for another Pod.
+pub fn desired(sb: &Sandbox, meta: &PodMeta, tokens: Option<&SandboxdTokens>) -> Pod {
     let mut spec = sb.spec.blueprint.pod_template.spec.clone();
     let sandbox = sb.name_any();
+    if let Some(tokens) = tokens {
+        let digest = tokens.digest(&sb.namespace().unwrap_or_default(), &sandbox);
+        for c in &mut spec.containers {
+            let env = c.env.get_or_insert_with(Vec::new);
+            env.retain(|e| e.name != DIGEST_ENV);
+            env.push(EnvVar {
+                name: DIGEST_ENV.into(),
+                value: Some(digest.clone()),
+                value_from: None,
+            });
+        }
+    }
     for vct in sb.spec.blueprint.volume_claim_templates.iter().flatten() {
         let volume = Volume {
             name: vct.metadata.name.clone(),
@@ -89,6 +106,7 @@ mod tests {
                 labels: BTreeMap::new(),
                 ..Default::default()
             },
+            None,
         );
         let vols = pod.spec.unwrap().volumes.unwrap();
         assert_eq!(vols.len(), 2);
@@ -104,5 +122,54 @@ mod tests {
             "legacy".to_string(),
         )]));
         assert_eq!(pod_name(&sb), "legacy");
+    }
+
+    #[test]
+    fn each_pod_gets_the_digest_of_its_own_sandboxes_token_only() {
+        let tokens = SandboxdTokens::new(vec![b'k'; 32]).unwrap();
+        let mut sb = Sandbox::new("pool-abcde", Default::default());
+        sb.metadata.namespace = Some("ns".into());
+        sb.spec.blueprint.pod_template.spec.containers = vec![
+            Container {
+                name: "sandboxd".into(),
+                // A template (or a claim's env) naming a digest of its own
+                // does not keep it.
+                env: Some(vec![EnvVar {
+                    name: DIGEST_ENV.into(),
+                    value: Some("0".repeat(64)),
+                    value_from: None,
+                }]),
+                ..Default::default()
+            },
+            Container {
+                name: "sidecar".into(),
+                ..Default::default()
+            },
+        ];
+        let pod = desired(&sb, &PodMeta::default(), Some(&tokens));
+        let digest = tokens.digest("ns", "pool-abcde");
+        for c in pod.spec.unwrap().containers {
+            let env = c.env.unwrap();
+            let set: Vec<_> = env.iter().filter(|e| e.name == DIGEST_ENV).collect();
+            assert_eq!(set.len(), 1, "{}", c.name);
+            assert_eq!(set[0].value.as_deref(), Some(digest.as_str()));
+            // The Pod holds the digest, never the token itself.
+            assert!(!env
+                .iter()
+                .any(|e| e.value.as_deref() == Some(&tokens.token("ns", "pool-abcde"))));
+        }
+        let other = {
+            let mut o = sb.clone();
+            o.metadata.name = Some("pool-fghij".into());
+            desired(&o, &PodMeta::default(), Some(&tokens))
+        };
+        let other_env = other.spec.unwrap().containers[0].env.clone().unwrap();
+        assert_ne!(other_env[0].value.as_deref(), Some(digest.as_str()));
+        // Without a key, the template's containers are left as they are.
+        let plain = desired(&sb, &PodMeta::default(), None);
+        assert_eq!(
+            plain.spec.unwrap().containers[0].env.as_ref().unwrap()[0].value,
+            Some("0".repeat(64))
+        );
     }
 }

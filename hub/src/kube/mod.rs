@@ -5,6 +5,7 @@
 //! finds every sandbox again and keeps nothing of its own.
 
 mod model;
+mod owner;
 mod reach;
 mod tenant;
 
@@ -30,8 +31,14 @@ pub use self::{
     model::{TEMPLATE_ANNOTATION, TENANT_LABEL},
     reach::SANDBOXD_TOKEN_HEADER,
 };
-use self::{reach::Reach, tenant::KubeTenant};
-use crate::tenancy::{Tenancy, TenantView};
+use self::{
+    reach::{Reach, SandboxdAuth},
+    tenant::KubeTenant,
+};
+use crate::{
+    policy::Policy,
+    tenancy::{Tenancy, TenantView},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Connect {
@@ -64,9 +71,18 @@ pub struct KubeArgs {
     pub router_scoped_token_secret_file: Option<PathBuf>,
 
     /// Secret (in --namespace) whose `token` key the pools' sandboxd require
-    /// (`sandboxd --auth-token-file`).
+    /// (`sandboxd --auth-token-file`): one token for every Pod that mounts
+    /// it, so any workload that reads it opens them all. Prefer
+    /// --sandboxd-token-key-file.
     #[arg(long, env = "SANDHUB_SANDBOXD_TOKEN_SECRET")]
     pub sandboxd_token_secret: Option<String>,
+
+    /// File with the key sandhub-controller derives each Sandbox's own
+    /// sandboxd token from (its --sandboxd-token-key-file): the hub presents
+    /// each Pod its own token, which opens that Pod and no other. Takes
+    /// precedence over --sandboxd-token-secret.
+    #[arg(long, env = "SANDHUB_SANDBOXD_TOKEN_KEY_FILE")]
+    pub sandboxd_token_key_file: Option<PathBuf>,
 
     /// How long `create` and `resume` wait for a claim to become Ready.
     #[arg(long, env = "SANDHUB_READY_TIMEOUT", default_value = "180s", value_parser = humantime::parse_duration)]
@@ -89,6 +105,11 @@ pub(crate) struct Shared {
     /// Claims this hub suspended or deleted lately: their cached copy may
     /// still name the old Pod, so calls read them from the API server.
     changed: Mutex<HashMap<String, Instant>>,
+    /// The operator's quotas (`--tenant-max-pool-replicas`).
+    policy: Policy,
+    /// Held from a pool quota check to the write it admitted, so two
+    /// concurrent puts of one hub cannot both take the last replicas.
+    pool_writes: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -162,7 +183,7 @@ pub struct KubeTenancy {
 }
 
 impl KubeTenancy {
-    pub async fn connect(args: &KubeArgs) -> anyhow::Result<Self> {
+    pub async fn connect(args: &KubeArgs, policy: Policy) -> anyhow::Result<Self> {
         let config = match &args.kubeconfig {
             Some(path) => {
                 let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -174,12 +195,23 @@ impl KubeTenancy {
                 .context("finding a kube config")?,
         };
         let client = kube::Client::try_from(config)?;
-        let sandboxd_token = match &args.sandboxd_token_secret {
-            Some(name) => Some(read_token(&client, &args.namespace, name).await?),
-            None => None,
+        let auth = match (&args.sandboxd_token_key_file, &args.sandboxd_token_secret) {
+            (Some(path), _) => SandboxdAuth::PerSandbox(
+                sandhub_api::sandboxd_token::SandboxdTokens::from_file(path)
+                    .map_err(|e| anyhow::anyhow!("--sandboxd-token-key-file: {e}"))?,
+            ),
+            (None, Some(name)) => {
+                tracing::warn!(
+                    secret = %name,
+                    "one sandboxd token for every Pod: a workload that reads it opens every \
+                     sandbox; --sandboxd-token-key-file gives each Pod its own"
+                );
+                SandboxdAuth::Shared(read_token(&client, &args.namespace, name).await?)
+            }
+            (None, None) => SandboxdAuth::None,
         };
         let reach = match args.connect {
-            Connect::Direct => Reach::Direct { sandboxd_token },
+            Connect::Direct => Reach::Direct { auth },
             Connect::Router => Reach::Router {
                 url: args
                     .router_url
@@ -195,7 +227,7 @@ impl KubeTenancy {
                     ),
                     None => None,
                 },
-                sandboxd_token,
+                auth,
             },
         };
         Ok(KubeTenancy {
@@ -206,6 +238,8 @@ impl KubeTenancy {
                 clients: Mutex::default(),
                 claim_cache: claim_cache(&client, &args.namespace),
                 changed: Mutex::default(),
+                policy,
+                pool_writes: tokio::sync::Mutex::default(),
                 client,
             }),
         })

@@ -41,6 +41,8 @@ pub fn selector(tenant: &str, labels: &BTreeMap<String, String>) -> String {
 }
 
 /// The claim for `request` in `pool`; `now` anchors `shutdown_after_seconds`.
+/// A deadline no clock can hold is INVALID_ARGUMENT (the caller range-checks
+/// first; this is the backstop that keeps `now + seconds` from panicking).
 pub fn claim_for(
     id: &str,
     tenant: &str,
@@ -48,7 +50,7 @@ pub fn claim_for(
     template: &str,
     request: &CreateSandbox,
     now: std::time::SystemTime,
-) -> SandboxClaim {
+) -> Result<SandboxClaim, sandhub_client::Error> {
     let mut labels = request.labels.clone();
     labels.insert(TENANT_LABEL.into(), tenant_label_value(tenant));
     labels.insert(names::CREATED_BY.into(), CREATED_BY_HUB.into());
@@ -59,11 +61,24 @@ pub fn claim_for(
             humantime::format_rfc3339_seconds(now).to_string(),
         ),
     ]);
-    let lifecycle = request.shutdown_after_seconds.map(|secs| ClaimLifecycle {
-        shutdown_time: time(now + std::time::Duration::from_secs(secs)),
-        ttl_seconds_after_finished: None,
-        shutdown_policy: ClaimShutdownPolicy::Delete,
-    });
+    let lifecycle = match request.shutdown_after_seconds {
+        None => None,
+        Some(secs) => {
+            let at = now
+                .checked_add(std::time::Duration::from_secs(secs))
+                .and_then(time)
+                .ok_or_else(|| {
+                    sandhub_client::Error::invalid(format!(
+                        "shutdown_after_seconds {secs} is beyond any date a claim can hold"
+                    ))
+                })?;
+            Some(ClaimLifecycle {
+                shutdown_time: Some(at),
+                ttl_seconds_after_finished: None,
+                shutdown_policy: ClaimShutdownPolicy::Delete,
+            })
+        }
+    };
     let env = (!request.env.is_empty()).then(|| {
         request
             .env
@@ -91,7 +106,7 @@ pub fn claim_for(
         annotations: Some(annotations),
         ..ObjectMeta::default()
     };
-    claim
+    Ok(claim)
 }
 
 fn time(t: std::time::SystemTime) -> Option<Time> {
@@ -228,7 +243,8 @@ mod tests {
             "python",
             &CreateSandbox::default(),
             std::time::SystemTime::UNIX_EPOCH,
-        );
+        )
+        .unwrap();
         c.status = Some(SandboxClaimStatus {
             conditions,
             sandbox: sandbox.map(|n| ClaimSandboxStatus {
@@ -262,7 +278,8 @@ mod tests {
             "tpl",
             &req,
             std::time::SystemTime::UNIX_EPOCH,
-        );
+        )
+        .unwrap();
         let labels = c.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["team"], "ml");
         assert_eq!(labels[TENANT_LABEL], tenant_label_value("t1"));
@@ -336,5 +353,17 @@ mod tests {
         assert_eq!(s.pool.as_deref(), Some("python"));
         assert!(!s.labels.contains_key(TENANT_LABEL));
         assert!(!s.labels.contains_key(names::CREATED_BY));
+    }
+
+    #[test]
+    fn a_deadline_beyond_the_clock_is_invalid_argument_not_a_panic() {
+        for secs in [u64::MAX, u64::MAX / 2, i64::MAX as u64, 1 << 60] {
+            let req = CreateSandbox {
+                shutdown_after_seconds: Some(secs),
+                ..Default::default()
+            };
+            let e = claim_for("sb", "t", "p", "p", &req, std::time::SystemTime::now()).unwrap_err();
+            assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{secs}");
+        }
     }
 }

@@ -5,6 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+use sandhub_api::sandboxd_token::SandboxdTokens;
 use sandhub_api::scoped_token::{Scope, ScopedTokens};
 use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
@@ -17,22 +18,45 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 /// the hub presents sandboxd's own token in this header there.
 pub const SANDBOXD_TOKEN_HEADER: &str = sandboxd::rest::ROUTED_AUTH_HEADER;
 
+/// What the hub presents to a sandboxd.
+pub enum SandboxdAuth {
+    /// The Pods' sandboxd ask for no token.
+    None,
+    /// One token every Pod accepts (`--sandboxd-token-secret`): the
+    /// upstream SDK's `auth_token`, for operators who want it. Any workload
+    /// that reads it opens every Pod that mounts it.
+    Shared(String),
+    /// Each Sandbox's own token (`--sandboxd-token-key-file`, the key
+    /// sandhub-controller also holds): it opens that Pod and no other.
+    PerSandbox(SandboxdTokens),
+}
+
+impl SandboxdAuth {
+    fn token(&self, target: &Target<'_>) -> Option<String> {
+        match self {
+            SandboxdAuth::None => None,
+            SandboxdAuth::Shared(t) => Some(t.clone()),
+            SandboxdAuth::PerSandbox(keys) => Some(keys.token(target.namespace, target.sandbox)),
+        }
+    }
+}
+
 pub enum Reach {
     Direct {
-        sandboxd_token: Option<String>,
+        auth: SandboxdAuth,
     },
     Router {
         url: String,
         tokens: Option<ScopedTokens>,
-        sandboxd_token: Option<String>,
+        auth: SandboxdAuth,
     },
 }
 
 /// The sandbox a client is for.
 pub struct Target<'a> {
     pub namespace: &'a str,
-    /// The Pod's name (the router's `X-Sandbox-ID`).
-    pub pod: &'a str,
+    /// The Sandbox's name (the router's `X-Sandbox-ID`, the Pod's name).
+    pub sandbox: &'a str,
     pub pod_ip: Option<&'a str>,
 }
 
@@ -46,9 +70,9 @@ fn header(value: &str) -> Result<HeaderValue> {
 impl Reach {
     pub fn client(&self, target: &Target<'_>) -> Result<SandboxdClient> {
         match self {
-            Reach::Direct { sandboxd_token } => {
+            Reach::Direct { auth } => {
                 let ip = target.pod_ip.ok_or_else(|| {
-                    Error::unavailable(format!("sandbox Pod {} has no IP yet", target.pod))
+                    Error::unavailable(format!("sandbox Pod {} has no IP yet", target.sandbox))
                 })?;
                 let host = if ip.contains(':') {
                     format!("[{ip}]")
@@ -59,19 +83,18 @@ impl Reach {
                     format!("http://{host}:{REST_PORT}"),
                     format!("http://{host}:{GRPC_PORT}"),
                 )?;
-                match sandboxd_token {
-                    Some(t) => client.with_token(t),
+                match auth.token(target) {
+                    Some(t) => client.with_token(&t),
                     None => Ok(client),
                 }
             }
-            Reach::Router {
-                url,
-                tokens,
-                sandboxd_token,
-            } => {
+            Reach::Router { url, tokens, auth } => {
                 let client = SandboxdClient::tcp(url.clone(), url.clone())?;
                 let mut rest = HeaderMap::new();
-                rest.insert(HeaderName::from_static("x-sandbox-id"), header(target.pod)?);
+                rest.insert(
+                    HeaderName::from_static("x-sandbox-id"),
+                    header(target.sandbox)?,
+                );
                 rest.insert(
                     HeaderName::from_static("x-sandbox-namespace"),
                     header(target.namespace)?,
@@ -83,7 +106,7 @@ impl Reach {
                         .unwrap_or(0);
                     let token = tokens.mint(&Scope {
                         namespace: target.namespace.into(),
-                        name: target.pod.into(),
+                        name: target.sandbox.into(),
                         exp,
                     });
                     rest.insert(
@@ -91,7 +114,7 @@ impl Reach {
                         header(&format!("Bearer {token}"))?,
                     );
                 }
-                if let Some(t) = sandboxd_token {
+                if let Some(t) = auth.token(target) {
                     rest.insert(
                         HeaderName::from_static(SANDBOXD_TOKEN_HEADER),
                         header(&format!("Bearer {t}"))?,
@@ -108,6 +131,44 @@ impl Reach {
                 );
                 Ok(client.with_headers(rest, grpc))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target<'a>(sandbox: &'a str) -> Target<'a> {
+        Target {
+            namespace: "ns",
+            sandbox,
+            pod_ip: Some("10.0.0.1"),
+        }
+    }
+
+    #[tokio::test]
+    async fn per_sandbox_auth_presents_each_sandbox_its_own_token() {
+        let keys = SandboxdTokens::new(vec![3; 32]).unwrap();
+        let auth = SandboxdAuth::PerSandbox(keys.clone());
+        let a = auth.token(&target("pool-aaaaa")).unwrap();
+        let b = auth.token(&target("pool-bbbbb")).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, keys.token("ns", "pool-aaaaa"));
+        // The shared token is the same everywhere; none is none.
+        let shared = SandboxdAuth::Shared("s".into());
+        assert_eq!(shared.token(&target("x")), shared.token(&target("y")));
+        assert_eq!(SandboxdAuth::None.token(&target("x")), None);
+        // Both ways build a client.
+        for reach in [
+            Reach::Direct { auth },
+            Reach::Router {
+                url: "http://127.0.0.1:1".into(),
+                tokens: None,
+                auth: SandboxdAuth::PerSandbox(keys),
+            },
+        ] {
+            assert!(reach.client(&target("pool-aaaaa")).is_ok());
         }
     }
 }

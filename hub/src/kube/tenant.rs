@@ -23,8 +23,16 @@ use sandhub_client::{
     StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
 
-use super::{model, reach::Target, Shared};
-use crate::{service::new_id, tenancy::TenantView};
+use super::{
+    model,
+    owner::{self, Owner},
+    reach::Target,
+    Shared,
+};
+use crate::{
+    service::{check_env, check_labels, new_id},
+    tenancy::TenantView,
+};
 
 pub struct KubeTenant {
     pub(super) shared: Arc<Shared>,
@@ -103,7 +111,53 @@ impl KubeTenant {
 
     async fn view(&self, claim: &SandboxClaim) -> Sandbox {
         let launch = self.launch_type(claim).await;
-        model::sandbox_of(claim, launch.as_deref())
+        self.hub_view(claim, launch.as_deref())
+    }
+
+    /// [`model::sandbox_of`], with the pool under the name this tenant knows.
+    fn hub_view(&self, claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
+        let mut s = model::sandbox_of(claim, launch);
+        s.pool = s.pool.map(|p| owner::pool_hub_name(&self.tenant, &p));
+        s
+    }
+
+    fn templates(&self) -> Api<SandboxTemplate> {
+        Api::namespaced(self.shared.client.clone(), &self.shared.namespace)
+    }
+
+    /// The object `name` means to this tenant: its own (cluster name
+    /// [`owner::object_name`]), else the operator's; never another tenant's.
+    async fn find<K>(&self, api: &Api<K>, kind: &str, name: &str) -> Result<(K, Owner)>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let not_found = || Error::not_found(format!("{kind} {name} not found"));
+        if !sandhub_api::hub::is_dns_label(name) {
+            return Err(not_found());
+        }
+        let read = |e| kube_error(&format!("reading {kind} {name}"), e);
+        if name.len() <= owner::MAX_TENANT_NAME {
+            let own = owner::object_name(&self.tenant, name);
+            if let Some(o) = api.get_opt(&own).await.map_err(read)? {
+                if owner::owner(o.meta(), &self.tenant) == Owner::Caller {
+                    return Ok((o, Owner::Caller));
+                }
+            }
+        }
+        match api.get_opt(name).await.map_err(read)? {
+            Some(o) if owner::owner(o.meta(), &self.tenant) == Owner::Operator => {
+                Ok((o, Owner::Operator))
+            }
+            _ => Err(not_found()),
+        }
+    }
+
+    fn pool_view(&self, p: &SandboxWarmPool) -> Pool {
+        let mut v = model::pool_of(p);
+        if let Some(name) = owner::hub_name(&p.metadata, &self.tenant) {
+            v.name = name;
+        }
+        v
     }
 
     /// Waits (a watch, not a poll) until the claim is Ready or can never be.
@@ -179,7 +233,7 @@ impl KubeTenant {
         }
         let client = self.shared.reach.client(&Target {
             namespace: &self.shared.namespace,
-            pod: &pod,
+            sandbox: &pod,
             pod_ip: pod_ip.as_deref(),
         })?;
         self.shared.cache_client(key, client.clone());
@@ -228,6 +282,10 @@ impl TenantView for KubeTenant {
 #[async_trait]
 impl Sandboxes for KubeTenant {
     async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
+        // The local backend's rules, shared: both backends refuse the same.
+        check_labels(&req.labels)?;
+        check_env(&req.env)?;
+        req.validate()?;
         if req.idle_timeout_seconds.is_some() {
             return Err(Error::invalid(
                 "idle_timeout_seconds is not available on the kubernetes backend; use shutdown_after_seconds",
@@ -238,7 +296,8 @@ impl Sandboxes for KubeTenant {
             .clone()
             .or_else(|| req.template.clone())
             .unwrap_or_else(|| sandhub_api::hub::DEFAULT_TEMPLATE.to_string());
-        let pool = self.get_pool(&pool_name).await?;
+        let (pool_object, _) = self.find(&self.pools(), "pool", &pool_name).await?;
+        let pool = self.pool_view(&pool_object);
         if let Some(t) = &req.template {
             if req.pool.is_some() && &pool.template != t {
                 return Err(Error::invalid(format!(
@@ -251,11 +310,11 @@ impl Sandboxes for KubeTenant {
         let claim = model::claim_for(
             &id,
             &self.tenant,
-            &pool_name,
+            &pool_object.metadata.name.clone().unwrap_or_default(),
             &pool.template,
             &req,
             SystemTime::now(),
-        );
+        )?;
         self.claims()
             .create(&PostParams::default(), &claim)
             .await
@@ -302,7 +361,7 @@ impl Sandboxes for KubeTenant {
                     .and_then(|s| s.sandbox.as_ref())
                     .map(|s| s.name.clone());
                 let l = bound.and_then(|b| launch.get(&b).cloned());
-                model::sandbox_of(&c, l.as_deref())
+                self.hub_view(&c, l.as_deref())
             })
             .collect())
     }
@@ -421,27 +480,24 @@ impl Sandboxes for KubeTenant {
     }
 
     async fn get_template(&self, name: &str) -> Result<NamedTemplate> {
-        let api: Api<SandboxTemplate> =
-            Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
-        match api.get_opt(name).await {
-            Ok(Some(_)) => Ok(NamedTemplate {
-                name: name.to_string(),
-                template: Template::default(),
-            }),
-            Ok(None) => Err(Error::not_found(format!("template {name} not found"))),
-            Err(e) => Err(kube_error(&format!("reading template {name}"), e)),
-        }
+        self.find(&self.templates(), "template", name).await?;
+        Ok(NamedTemplate {
+            name: name.to_string(),
+            template: Template::default(),
+        })
     }
 
     async fn list_templates(&self) -> Result<Vec<NamedTemplate>> {
-        let api: Api<SandboxTemplate> =
-            Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
-        Ok(api
+        let names: std::collections::BTreeSet<String> = self
+            .templates()
             .list(&ListParams::default())
             .await
             .map_err(|e| kube_error("listing templates", e))?
+            .iter()
+            .filter_map(|t| owner::hub_name(&t.metadata, &self.tenant))
+            .collect();
+        Ok(names
             .into_iter()
-            .filter_map(|t| t.metadata.name)
             .map(|name| NamedTemplate {
                 name,
                 template: Template::default(),
@@ -457,48 +513,134 @@ impl Sandboxes for KubeTenant {
     }
 
     async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool> {
-        let pool = serde_json::json!({
-            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
-            "kind": "SandboxWarmPool",
-            "metadata": {"name": name},
-            "spec": {"replicas": spec.replicas, "sandboxTemplateRef": {"name": spec.template}},
-        });
-        let applied = self
-            .pools()
-            .patch(
-                name,
-                &PatchParams::apply("sandhub").force(),
-                &Patch::Apply(&pool),
-            )
+        if !sandhub_api::hub::is_dns_label(name) || name.len() > owner::MAX_TENANT_NAME {
+            return Err(Error::invalid(format!(
+                "pool name `{name}` must be a DNS-1123 label of at most {} characters",
+                owner::MAX_TENANT_NAME
+            )));
+        }
+        let pools = self.pools();
+        let read = |e| kube_error(&format!("reading pool {name}"), e);
+        if pools
+            .get_opt(name)
             .await
-            .map_err(|e| kube_error(&format!("applying pool {name}"), e))?;
-        Ok(model::pool_of(&applied))
+            .map_err(read)?
+            .is_some_and(|p| owner::owner(&p.metadata, &self.tenant) == Owner::Operator)
+        {
+            return Err(operator_pool(name));
+        }
+        // Only the operator's templates and the caller's own.
+        let (template, _) = self
+            .find(&self.templates(), "template", &spec.template)
+            .await?;
+        let template = template.metadata.name.unwrap_or_default();
+        let object = owner::object_name(&self.tenant, name);
+
+        let _admission = self.shared.pool_writes.lock().await;
+        let others: u64 = pools
+            .list(&ListParams::default().labels(&owner::tenant_selector(&self.tenant)))
+            .await
+            .map_err(|e| kube_error("listing pools", e))?
+            .iter()
+            .filter(|p| owner::owner(&p.metadata, &self.tenant) == Owner::Caller)
+            .filter(|p| p.metadata.name.as_deref() != Some(object.as_str()))
+            .map(|p| p.spec.replicas.max(0) as u64)
+            .sum();
+        self.shared
+            .policy
+            .admit_replicas(others + spec.replicas as u64)?;
+
+        let conflict = |e: kube::Error| match &e {
+            kube::Error::Api(s) if s.code == 409 => Error::new(
+                Code::Conflict,
+                format!("pool {name} changed meanwhile; try again"),
+            ),
+            _ => kube_error(&format!("writing pool {name}"), e),
+        };
+        let want = owner::tenant_pool(&self.tenant, name, &template, spec.replicas);
+        let written = match pools.get_opt(&object).await.map_err(read)? {
+            // The name is ours by construction; anything else there (a
+            // 48-bit suffix collision, an operator's object) is left alone.
+            Some(have) if owner::owner(&have.metadata, &self.tenant) != Owner::Caller => {
+                return Err(Error::new(
+                    Code::Conflict,
+                    format!("pool {name}: the cluster name {object} is taken"),
+                ))
+            }
+            // The resourceVersion makes the patch fail if the pool changed
+            // since it was read: no write lands on what was not checked.
+            Some(have) => {
+                let patch = serde_json::json!({
+                    "metadata": {"resourceVersion": have.metadata.resource_version},
+                    "spec": {
+                        "replicas": want.spec.replicas,
+                        "sandboxTemplateRef": {"name": template},
+                    },
+                });
+                pools
+                    .patch(&object, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(conflict)?
+            }
+            None => pools
+                .create(&PostParams::default(), &want)
+                .await
+                .map_err(conflict)?,
+        };
+        Ok(self.pool_view(&written))
     }
 
     async fn get_pool(&self, name: &str) -> Result<Pool> {
-        match self.pools().get_opt(name).await {
-            Ok(Some(p)) => Ok(model::pool_of(&p)),
-            Ok(None) => Err(Error::not_found(format!("pool {name} not found"))),
-            Err(e) => Err(kube_error(&format!("reading pool {name}"), e)),
-        }
+        let (p, _) = self.find(&self.pools(), "pool", name).await?;
+        Ok(self.pool_view(&p))
     }
 
+    /// The caller's pools and the operator's; the caller's own wins a name
+    /// both have.
     async fn list_pools(&self) -> Result<Vec<Pool>> {
-        Ok(self
+        let mut listed = self
             .pools()
             .list(&ListParams::default())
             .await
             .map_err(|e| kube_error("listing pools", e))?
-            .iter()
-            .map(model::pool_of)
-            .collect())
+            .items;
+        listed.retain(|p| owner::owner(&p.metadata, &self.tenant) != Owner::Other);
+        listed.sort_by_key(|p| owner::owner(&p.metadata, &self.tenant) == Owner::Caller);
+        let mut by_name = BTreeMap::new();
+        for p in &listed {
+            let v = self.pool_view(p);
+            by_name.insert(v.name.clone(), v);
+        }
+        Ok(by_name.into_values().collect())
     }
 
     async fn delete_pool(&self, name: &str) -> Result<()> {
-        self.pools()
-            .delete(name, &DeleteParams::default())
-            .await
-            .map(|_| ())
-            .map_err(|e| kube_error(&format!("deleting pool {name}"), e))
+        match self.find(&self.pools(), "pool", name).await? {
+            (_, Owner::Operator) => Err(operator_pool(name)),
+            (p, _) => {
+                let params = DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: p.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                self.pools()
+                    .delete(&p.metadata.name.unwrap_or_default(), &params)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| kube_error(&format!("deleting pool {name}"), e))
+            }
+        }
     }
+}
+
+fn operator_pool(name: &str) -> Error {
+    Error::new(
+        Code::PermissionDenied,
+        format!(
+            "pool {name} is the operator's: sandboxes can be claimed from it, but it is \
+             changed only with kubectl or Helm"
+        ),
+    )
 }

@@ -27,7 +27,10 @@ async fn list_pools(Api(api): Api) -> ApiResult<ApiJson<PoolList>> {
 /// Create or resize a pool; it fills in the background.
 #[utoipa::path(put, path = "/v1/pools/{name}", tag = "pools", request_body = PoolSpec,
     params(("name" = String, Path, description = "DNS-1123 label")),
-    responses((status = 200, body = Pool), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = Pool), (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody, description = "An operator's pool (kubernetes backend)"),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "Over the tenant's warm-replica quota")))]
 async fn put_pool(
     Api(api): Api,
     ApiPath(name): ApiPath<String>,
@@ -47,7 +50,9 @@ async fn get_pool(Api(api): Api, ApiPath(name): ApiPath<String>) -> ApiResult<Ap
 /// Delete a pool and its unclaimed sandboxes.
 #[utoipa::path(delete, path = "/v1/pools/{name}", tag = "pools",
     params(("name" = String, Path, description = "Pool name")),
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204),
+        (status = 403, body = ErrorBody, description = "An operator's pool (kubernetes backend)"),
+        (status = 404, body = ErrorBody)))]
 async fn delete_pool(Api(api): Api, ApiPath(name): ApiPath<String>) -> ApiResult<StatusCode> {
     api.delete_pool(&name).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -1,0 +1,125 @@
+//! Per-sandbox sandboxd tokens. Each Sandbox's sandboxd accepts a token that
+//! opens that Sandbox and no other:
+//!
+//! ```text
+//! token  = hex(HMAC-SHA256(key, "sandhub-sandboxd-token/v1" NUL namespace NUL sandbox))
+//! digest = hex(SHA-256(token))
+//! ```
+//!
+//! sandhub-controller, holding `key`, puts `digest` into each Pod it builds
+//! (`SANDBOXD_SANDBOX_TOKEN_SHA256`); the hub, holding the same key,
+//! presents `token` to that Pod's sandboxd (directly, or through the router
+//! in `X-Sandboxd-Authorization`). The Pod holds only the digest: its
+//! workload can neither invert it nor derive another Sandbox's token. No
+//! Secret per Sandbox, nothing to garbage-collect, and the hub needs no
+//! right to read Secrets. The derivation lives here so the two programs
+//! cannot drift.
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+/// Where the controller puts a Pod's digest (sandboxd's `--sandbox-token-sha256`).
+pub const DIGEST_ENV: &str = "SANDBOXD_SANDBOX_TOKEN_SHA256";
+/// Shorter keys are refused: HMAC-SHA256 wants a full-strength key.
+pub const MIN_KEY_LEN: usize = 32;
+const DOMAIN: &[u8] = b"sandhub-sandboxd-token/v1";
+
+/// The HMAC key; never printed.
+#[derive(Clone)]
+pub struct SandboxdTokens {
+    key: Vec<u8>,
+}
+
+impl std::fmt::Debug for SandboxdTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SandboxdTokens { key: <redacted> }")
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl SandboxdTokens {
+    /// `key` without trailing whitespace (a file's final newline is not
+    /// part of it); at least [`MIN_KEY_LEN`] bytes.
+    pub fn new(mut key: Vec<u8>) -> Result<Self, String> {
+        while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
+            key.pop();
+        }
+        if key.len() < MIN_KEY_LEN {
+            return Err(format!(
+                "the sandboxd token key has {} bytes; at least {MIN_KEY_LEN} are required",
+                key.len()
+            ));
+        }
+        Ok(Self { key })
+    }
+
+    /// Reads the key from a file (a mounted Secret).
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let key = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        Self::new(key).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The token that opens Sandbox `sandbox` in `namespace`.
+    pub fn token(&self, namespace: &str, sandbox: &str) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes any key");
+        // NUL separators: names never hold NUL, so no two (namespace,
+        // sandbox) pairs feed the MAC the same bytes.
+        for part in [DOMAIN, namespace.as_bytes(), sandbox.as_bytes()] {
+            mac.update(part);
+            mac.update(&[0]);
+        }
+        hex(&mac.finalize().into_bytes())
+    }
+
+    /// What the Sandbox's sandboxd is given: the SHA-256 of its token, in hex.
+    pub fn digest(&self, namespace: &str, sandbox: &str) -> String {
+        hex(&Sha256::digest(self.token(namespace, sandbox).as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(byte: u8) -> SandboxdTokens {
+        SandboxdTokens::new(vec![byte; 32]).unwrap()
+    }
+
+    #[test]
+    fn each_sandbox_gets_its_own_token() {
+        let t = tokens(7);
+        let a = t.token("ns", "pool-abcde");
+        assert_eq!(a, t.token("ns", "pool-abcde"), "deterministic");
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, t.token("ns", "pool-abcdf"));
+        assert_ne!(a, t.token("ns2", "pool-abcde"));
+        // The separator keeps ("a", "bc") and ("ab", "c") apart.
+        assert_ne!(t.token("a", "bc"), t.token("ab", "c"));
+        assert_ne!(a, tokens(8).token("ns", "pool-abcde"), "another key");
+    }
+
+    #[test]
+    fn the_digest_is_the_sha256_of_the_token_and_not_the_token() {
+        let t = tokens(1);
+        let token = t.token("ns", "sb");
+        let digest = t.digest("ns", "sb");
+        assert_eq!(digest, hex(&Sha256::digest(token.as_bytes())));
+        assert_ne!(digest, token);
+    }
+
+    #[test]
+    fn short_keys_are_refused_and_the_key_is_never_printed() {
+        assert!(SandboxdTokens::new(vec![1; 31]).is_err());
+        // A file's trailing newline does not count.
+        let mut k = vec![b'k'; 31];
+        k.push(b'\n');
+        assert!(SandboxdTokens::new(k).is_err());
+        let t = SandboxdTokens::new(b"0123456789abcdef0123456789abcdef\n".to_vec()).unwrap();
+        let same = SandboxdTokens::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+        assert_eq!(t.token("n", "s"), same.token("n", "s"));
+        assert!(!format!("{t:?}").contains("0123"));
+    }
+}
