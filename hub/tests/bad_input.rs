@@ -14,24 +14,10 @@ use sandhub_client::Sandboxes;
 use serde_json::{json, Value};
 
 use common::{
+    error_body,
     mcp::{text, McpClient},
     HubOptions, TestHub, ALICE_KEY, BOB_KEY, WAIT,
 };
-
-/// An API error body: `{"code": ..., "message": ...}` with a non-empty message.
-async fn error_body(response: reqwest::Response, status: u16, code: &str) -> Value {
-    let got = response.status().as_u16();
-    let text = response.text().await.unwrap();
-    assert_eq!(got, status, "status of {text}");
-    let body: Value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {text}"));
-    assert_eq!(body["code"], code, "{body}");
-    assert!(
-        body["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "error without a message: {body}"
-    );
-    body
-}
 
 /// One HTTP/1.1 exchange with the bytes exactly as given: the answer's
 /// status and body. A reset after the answer arrived is not an error here

@@ -9,7 +9,6 @@
 mod common;
 
 use std::{
-    collections::BTreeMap,
     io::Write,
     os::{fd::AsFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
@@ -19,13 +18,13 @@ use std::{
 use sandhub::local::quota::{plan, DiskQuotas, VolumeOptions, MIB};
 use sandhub_api::{
     error::Code,
-    hub::{Command, CreateSandbox, ExecRequest, ExecResult, ForkRequest, Sandbox, Template},
+    hub::{CreateSandbox, ForkRequest, Sandbox, Template},
 };
 use sandhub_client::{http::HubClient, Sandboxes};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use common::{HubOptions, TestHub, ALICE_KEY, BOB_KEY};
+use common::{shell as sh, shell_ok as sh_ok, HubOptions, TestHub, ALICE_KEY, BOB_KEY};
 
 // ------------------------------------------------------------ the volume
 
@@ -275,28 +274,6 @@ fn a_state_dir_on_tmpfs_gets_a_volume_too() {
 }
 
 // ------------------------------------------------------------ the hub
-
-fn exec_request(script: &str) -> ExecRequest {
-    ExecRequest {
-        command: Command::Shell(script.into()),
-        env: BTreeMap::new(),
-        cwd: String::new(),
-        timeout_seconds: Some(120.0),
-        stdin: String::new(),
-    }
-}
-
-async fn sh(c: &HubClient, id: &str, script: &str) -> ExecResult {
-    c.exec(id, exec_request(script))
-        .await
-        .unwrap_or_else(|e| panic!("exec {script:?} in {id}: {e}"))
-}
-
-async fn sh_ok(c: &HubClient, id: &str, script: &str) -> String {
-    let r = sh(c, id, script).await;
-    assert_eq!(r.exit_code, 0, "{script:?} failed: {r:?}");
-    r.stdout
-}
 
 async fn sandbox_with_disk(c: &HubClient, disk_mb: Option<u64>) -> Sandbox {
     let template = format!(

@@ -20,8 +20,8 @@ use futures::{Stream, StreamExt};
 use sandhub_api::{
     error::Code,
     hub::{
-        Command, CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, PoolSpec, Sandbox,
-        SandboxState, Template,
+        Command, CreateSandbox, ExecRequest, ForkRequest, Launch, PoolSpec, Sandbox, SandboxState,
+        Template,
     },
 };
 use sandhub_client::{
@@ -30,7 +30,10 @@ use sandhub_client::{
 };
 use serde_json::{json, Value};
 
-use common::{eventually, HubOptions, TestHub, ALICE_KEY, BOB_KEY, WAIT};
+use common::{
+    error_body, eventually, shell as sh, shell_ok as sh_ok, HubOptions, TestHub, ALICE_KEY,
+    BOB_KEY, WAIT,
+};
 
 // ------------------------------------------------------------------ helpers
 
@@ -42,20 +45,6 @@ fn exec_request(command: Command) -> ExecRequest {
         timeout_seconds: Some(120.0),
         stdin: String::new(),
     }
-}
-
-/// Runs a shell script in the sandbox.
-async fn sh(c: &HubClient, id: &str, script: &str) -> ExecResult {
-    c.exec(id, exec_request(Command::Shell(script.into())))
-        .await
-        .unwrap_or_else(|e| panic!("exec {script:?} in {id}: {e}"))
-}
-
-/// Runs a shell script that must succeed; returns its stdout.
-async fn sh_ok(c: &HubClient, id: &str, script: &str) -> String {
-    let r = sh(c, id, script).await;
-    assert_eq!(r.exit_code, 0, "{script:?} failed: {r:?}");
-    r.stdout
 }
 
 async fn create(c: &HubClient, request: CreateSandbox) -> Sandbox {
@@ -79,21 +68,6 @@ async fn put_template(c: &HubClient, name: &str, template: Template) {
     c.put_template(name, template)
         .await
         .unwrap_or_else(|e| panic!("PUT template {name}: {e}"));
-}
-
-/// An API error body: `{"code": ..., "message": ...}` with a non-empty message.
-async fn error_body(response: reqwest::Response, status: u16, code: &str) -> Value {
-    let got = response.status().as_u16();
-    let text = response.text().await.unwrap();
-    assert_eq!(got, status, "status of {text}");
-    let body: Value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {text}"));
-    assert_eq!(body["code"], code, "{body}");
-    assert!(
-        body["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "error without a message: {body}"
-    );
-    body
 }
 
 fn err_code<T: std::fmt::Debug>(r: sandhub_client::Result<T>) -> Code {

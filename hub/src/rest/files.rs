@@ -158,10 +158,16 @@ async fn put_file(
             .map_err(|e| Error::invalid(format!("reading the request body: {e}"))),
     );
     let (data, tripped) = limits.cap_upload(data);
+    let (data, remainder) = crate::guard::drainable(data);
     let request = Request::from_parts(parts, Body::from_stream(data));
     let result = forward(api.as_ref(), &id, request).await;
     if tripped.is_set() {
         return Err(limits.upload_too_large().into());
+    }
+    // Refused before the body ended (no space left, say): the client is
+    // still sending, and must get this answer, not a reset.
+    if !result.as_ref().is_ok_and(|r| r.status().is_success()) {
+        remainder.drain(crate::guard::DRAIN_TIMEOUT).await;
     }
     result
 }

@@ -77,6 +77,21 @@ pub async fn shell_ok(c: &HubClient, id: &str, script: &str) -> String {
     r.stdout
 }
 
+/// An API error body: `{"code": ..., "message": ...}` with a non-empty message.
+pub async fn error_body(response: reqwest::Response, status: u16, code: &str) -> serde_json::Value {
+    let got = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    assert_eq!(got, status, "status of {text}");
+    let body: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {text}"));
+    assert_eq!(body["code"], code, "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "error without a message: {body}"
+    );
+    body
+}
+
 /// Polls `f` until it returns `Some`, or panics after `timeout`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
 where
