@@ -629,10 +629,17 @@ def test_test_cluster_block(tmp_path: Path) -> None:
         if os.environ.get(name):
             env[name] = os.environ[name]
     world = World(tmp_path, REPO_ROOT, env)
-    # /tmp of the block is private_tmp: its /tmp/k8s is this test's alone.
+    # /tmp of the block is private_tmp: its /tmp/k8s is this test's alone. A clone that
+    # itself lies under /tmp (as CI's may) is bound back at its own path inside it, or
+    # the block's `dev/k8s/cluster.sh` would vanish with the old /tmp.
+    repo = REPO_ROOT.resolve()
+    inside = str(repo.relative_to("/tmp")) if repo.is_relative_to("/tmp") else ""
     world.wrap = [
         "unshare", "--mount", "--propagation", "private", "--",
-        "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', str(private_tmp),
+        "sh", "-c",
+        'set -e; if [ -n "$1" ]; then mkdir -p "$0/$1"; mount --bind "$2" "$0/$1"; fi; '
+        'mount --rbind "$0" /tmp; shift 2; exec "$@"',
+        str(private_tmp), inside, str(repo),
     ]
     try:
         check(world.run(block, run.id), run)

@@ -35,7 +35,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
 
 /// Create an environment (and its first sandbox).
 #[utoipa::path(post, path = "/gym/v1/envs", tag = "gym", request_body = CreateEnv,
-    responses((status = 201, body = EnvCreated), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 201, body = EnvCreated), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "The template asks for what the operator does not allow (network: host)"),
+        (status = 404, body = ErrorBody), (status = 429, body = ErrorBody, description = "Over a tenant quota (sandboxes, memory, snapshots)")))]
 async fn create_env(
     State(state): State<AppState>,
     Api(api): Api,
@@ -64,7 +65,8 @@ async fn delete_env(
 #[utoipa::path(post, path = "/gym/v1/envs/{id}/reset", tag = "gym",
     params(("id" = String, Path, description = "Environment id")),
     request_body(content = Option<ResetRequest>, content_type = "application/json"),
-    responses((status = 200, body = ResetResult), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+    responses((status = 200, body = ResetResult), (status = 403, body = ErrorBody, description = "The template asks for what the operator does not allow (network: host)"), (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody), (status = 429, body = ErrorBody, description = "Over a tenant quota (sandboxes, memory, snapshots)")))]
 async fn reset_env(
     State(state): State<AppState>,
     Api(api): Api,

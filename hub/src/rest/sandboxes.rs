@@ -56,8 +56,10 @@ fn parse_selector(s: &str) -> ApiResult<BTreeMap<String, String>> {
     responses(
         (status = 201, body = Sandbox),
         (status = 400, body = ErrorBody, description = "Bad JSON, labels or lifetimes"),
+        (status = 403, body = ErrorBody, description = "The template asks for what the operator does not allow (network: host)"),
         (status = 404, body = ErrorBody, description = "Unknown template or pool"),
         (status = 413, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "Over a tenant quota (sandboxes, memory, snapshots)"),
     ))]
 async fn create_sandbox(
     Api(api): Api,
@@ -107,7 +109,8 @@ async fn suspend(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJs
 /// Start a suspended sandbox again on the same files.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "lifecycle",
     params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+    responses((status = 200, body = Sandbox), (status = 403, body = ErrorBody, description = "The template asks for what the operator does not allow (network: host)"),
+        (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
 async fn resume(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson<Sandbox>> {
     Ok(ApiJson(api.resume(&id).await?))
 }
@@ -115,7 +118,9 @@ async fn resume(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJso
 /// Keep a copy of the workspace's current state.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "lifecycle",
     params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 201, body = Snapshot), (status = 404, body = ErrorBody)))]
+    responses((status = 201, body = Snapshot), (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "The workspace's layer is not the sandbox's directory"),
+        (status = 429, body = ErrorBody, description = "Over a tenant quota (sandboxes, memory, snapshots)")))]
 async fn take_snapshot(
     Api(api): Api,
     ApiPath(id): ApiPath<String>,
@@ -167,7 +172,10 @@ async fn reset(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "lifecycle",
     params(("id" = String, Path, description = "Sandbox id")),
     request_body(content = Option<ForkRequest>, content_type = "application/json"),
-    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "The template asks for what the operator does not allow (network: host)"),
+        (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "The workspace's layer is not the sandbox's directory"),
+        (status = 429, body = ErrorBody, description = "Over a tenant quota (sandboxes, memory, snapshots)")))]
 async fn fork(
     Api(api): Api,
     ApiPath(id): ApiPath<String>,

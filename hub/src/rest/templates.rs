@@ -28,7 +28,7 @@ async fn list_templates(Api(api): Api) -> ApiResult<ApiJson<TemplateList>> {
 #[utoipa::path(put, path = "/v1/templates/{name}", tag = "templates", request_body = Template,
     params(("name" = String, Path, description = "DNS-1123 label")),
     responses((status = 200, body = NamedTemplate), (status = 400, body = ErrorBody),
-              (status = 403, body = ErrorBody, description = "root_fs or seed_dir outside --template-dirs")))]
+              (status = 403, body = ErrorBody, description = "root_fs or seed_dir outside --template-dirs, or network: host without --allow-host-network")))]
 async fn put_template(
     Api(api): Api,
     ApiPath(name): ApiPath<String>,
