@@ -189,7 +189,18 @@ impl Hub {
 
     /// Where the sandbox's sandboxd listens on the host.
     pub fn socket_dir(&self, id: &str) -> PathBuf {
-        self.state_dir.join("sandboxes").join(id).join("sock")
+        // A hub with disk quotas keeps its sandboxes on its quota volume
+        // (`/run/sandhub/volumes/<hash>/`, or `volume/` in a btrfs state
+        // dir); older hubs and --allow-no-disk-quota in the state dir.
+        let volumes = std::fs::read_dir("/run/sandhub/volumes")
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        std::iter::once(self.state_dir.clone())
+            .chain(std::iter::once(self.state_dir.join("volume")))
+            .chain(volumes)
+            .map(|root| root.join("sandboxes").join(id).join("sock"))
+            .find(|sock| sock.is_dir())
+            .unwrap_or_else(|| self.state_dir.join("sandboxes").join(id).join("sock"))
     }
 
     /// Deletes every env, pool and sandbox this run made (and any sandbox
