@@ -97,7 +97,7 @@ RUN: dict[str, Run] = {
 
 # Keyed by the block's whole text.
 NOT_RUN: dict[str, str] = {
-    "cargo run --release -p sandhub -- serve                 # run: the hub on 127.0.0.1:7070, local backend (run as root)\n"
+    "apt-get update -qq && apt-get install -y -qq btrfs-progs && cargo run --release -p sandhub -- serve   # run: the hub on 127.0.0.1:7070, local backend (as root; btrfs-progs makes its disk-quota volume)\n"
     "bash scripts/test.sh                                    # install test deps (apt + a Python venv), then run every test\n":
         "a release build of the workspace (~40 minutes on 2 cores), and scripts/test.sh is what "
         "runs this test (it would recurse); the quick tour runs the same `serve` from the debug build",
