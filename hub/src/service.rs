@@ -296,6 +296,20 @@ impl Hub {
             .clone()
     }
 
+    /// Fault injection for the crash-recovery tests: with
+    /// `SANDHUB_FAILPOINT_LAUNCHED_NOT_RECORDED_MS` set, every launch waits
+    /// that long between the sandbox running and its runtime being recorded,
+    /// the window in which a hub killed there leaves a sandbox it never
+    /// learnt of. Unset (always, outside tests) it costs one env lookup.
+    async fn failpoint_launched_not_recorded() {
+        if let Some(ms) = std::env::var("SANDHUB_FAILPOINT_LAUNCHED_NOT_RECORDED_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
+        }
+    }
+
     /// The view one API key has.
     pub fn tenant(self: &Arc<Self>, tenant: impl Into<String>) -> TenantHub {
         TenantHub {
@@ -389,6 +403,7 @@ impl Hub {
                 snapshot_layer,
             })
             .await?;
+        Self::failpoint_launched_not_recorded().await;
         row.runtime = Some(handle);
         row.state = SandboxState::Ready;
         self.store

@@ -21,6 +21,7 @@ fn two_tenants(extra_args: &'static [&'static str]) -> HubOptions {
     HubOptions {
         api_keys: true,
         extra_args,
+        ..Default::default()
     }
 }
 
@@ -381,34 +382,51 @@ async fn filling_tmpfs_gets_enospc_and_the_sandbox_lives() {
 }
 
 /// Row 9: after kill -9 of the hub during creates, sandboxes were recorded
-/// Finished while their processes kept running. Now a Finished sandbox
-/// never has a process, and only Ready sandboxes have any.
+/// Finished while their processes kept running: recovery's stop did
+/// nothing for a sandbox whose runtime was not recorded yet. The hub here
+/// holds every launch in exactly that window (a fault-injection delay), so
+/// the kill lands in it every time. Afterwards a Finished sandbox has no
+/// process, and only Ready sandboxes have any.
 #[tokio::test]
 async fn a_hub_killed_during_creates_leaves_no_process_behind() {
-    let mut hub = TestHub::start(two_tenants(&[])).await;
+    let mut hub = TestHub::start(HubOptions {
+        api_keys: true,
+        extra_env: &[("SANDHUB_FAILPOINT_LAUNCHED_NOT_RECORDED_MS", "60000")],
+        ..Default::default()
+    })
+    .await;
     let url = hub.url();
-    let creates: Vec<_> = (0..6)
+    let creates: Vec<_> = (0..3)
         .map(|_| {
             let c = HubClient::new(url.clone(), Some(BOB_KEY.into())).unwrap();
             tokio::spawn(async move { c.create(CreateSandbox::default()).await })
         })
         .collect();
-    // Kill as soon as the first sandbox directories appear: some launches
-    // are then half-way.
+    // Every launch is running and unrecorded once three sandboxes answer
+    // on their sockets.
     let dir = hub.sandboxes_dir();
-    common::eventually("a launch to begin", common::WAIT, || {
-        let n = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
-        async move { (n > 0).then_some(()) }
+    common::eventually("three launched sandboxes", common::WAIT, || {
+        let running = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().join("sock/rest.sock").exists())
+                    .filter(|e| {
+                        let id = e.file_name().to_string_lossy().into_owned();
+                        !common::host_pids_with_mount(&format!("/sandboxes/{id}/")).is_empty()
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        async move { (running >= 3).then_some(()) }
     })
     .await;
     hub.kill9();
     for c in creates {
         let _ = c.await;
     }
+    hub.options_mut().extra_env = &[];
     hub.restart().await;
     let bob = hub.client(Some(BOB_KEY));
-    // One reaper pass at least (300 ms in tests).
-    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
     // The probe sees a live sandbox's processes (so no answer below is
     // vacuous).
     let control = new_sandbox(&bob).await;
@@ -419,19 +437,23 @@ async fn a_hub_killed_during_creates_leaves_no_process_behind() {
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
+    assert!(ids.len() >= 4, "{ids:?}");
     for id in ids {
         // Mount roots name the sandbox's dir relative to its filesystem
         // (the disk volume), so the id is the needle.
         let pids = common::host_pids_with_mount(&format!("/sandboxes/{id}/"));
-        let ready = listed
-            .iter()
-            .any(|s| s.id == id && s.state == SandboxState::Ready);
+        let state = listed.iter().find(|s| s.id == id).map(|s| s.state);
         assert!(
-            ready || pids.is_empty(),
-            "{id} is not Ready ({:?}) yet has processes {pids:?}",
-            listed.iter().find(|s| s.id == id).map(|s| s.state)
+            state == Some(SandboxState::Ready) || pids.is_empty(),
+            "{id} is {state:?} yet has processes {pids:?}"
         );
     }
+    // The three interrupted launches are Finished, not running.
+    let finished = listed
+        .iter()
+        .filter(|s| s.state == SandboxState::Finished)
+        .count();
+    assert_eq!(finished, 3, "{listed:?}");
 }
 
 /// A direct attack that already failed and must keep failing: links a

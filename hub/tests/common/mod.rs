@@ -35,6 +35,8 @@ pub struct HubOptions {
     pub api_keys: bool,
     /// More `sandhub serve` flags (policy, quotas, upload cap, ...).
     pub extra_args: &'static [&'static str],
+    /// More environment for `sandhub serve` (fault injection).
+    pub extra_env: &'static [(&'static str, &'static str)],
 }
 
 pub struct TestHub {
@@ -191,6 +193,7 @@ impl TestHub {
                 .arg(self.dir.path().join("api-keys"));
         }
         cmd.args(self.options.extra_args);
+        cmd.envs(self.options.extra_env.iter().copied());
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -253,6 +256,11 @@ impl TestHub {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// The options the next (re)start uses.
+    pub fn options_mut(&mut self) -> &mut HubOptions {
+        &mut self.options
     }
 
     /// Starts the hub again on the same state dir.
