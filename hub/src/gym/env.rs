@@ -30,6 +30,10 @@ pub struct Env {
     /// Closed (deleted, or expired): every later call is NOT_FOUND, and
     /// nothing may start a sandbox for it again.
     pub closed: bool,
+    /// Whether its sandboxes get the env's idle timeout. Only where the
+    /// env is stored and swept (the local backend); the kubernetes backend
+    /// has no idle timeouts and refuses one.
+    pub sandbox_idle_timeout: bool,
 }
 
 /// Cuts to at most `max` bytes on a character boundary.
@@ -81,6 +85,7 @@ impl Env {
             termination,
             state: Episode::default(),
             closed: false,
+            sandbox_idle_timeout: true,
         })
     }
 
@@ -173,7 +178,9 @@ impl Env {
                 template: self.spec.template.clone(),
                 pool: self.spec.pool.clone(),
                 labels: BTreeMap::from([(ENV_LABEL.to_string(), self.id.clone())]),
-                idle_timeout_seconds: Some(self.idle_timeout_seconds()),
+                idle_timeout_seconds: self
+                    .sandbox_idle_timeout
+                    .then(|| self.idle_timeout_seconds()),
                 ..CreateSandbox::default()
             })
             .await?;

@@ -87,6 +87,7 @@ impl Gym {
     /// before the caller learns its id.
     pub async fn create(&self, api: &dyn TenantView, spec: CreateEnv) -> Result<EnvCreated> {
         let mut env = Env::new(new_id("env"), api.tenant().to_string(), spec)?;
+        env.sandbox_idle_timeout = self.store.is_some();
         env.prepare(api).await?;
         if let Some(store) = &self.store {
             if let Err(e) = store.insert(&env.row(now_ms())) {
