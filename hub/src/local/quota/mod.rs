@@ -488,29 +488,3 @@ fn mount_volume(dev: &Path, mount_point: &Path) -> io::Result<()> {
         )
     })
 }
-
-/// Bytes the files under `dir` take on disk (allocated blocks; a file with
-/// several links once), never following a link. For snapshots, which lie
-/// in hub-owned directories.
-pub fn tree_bytes(dir: &Path) -> io::Result<u64> {
-    let mut total = 0u64;
-    let mut seen = std::collections::HashSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&d)?;
-        total = total.saturating_add(meta.blocks().saturating_mul(512));
-        if !meta.is_dir() {
-            continue;
-        }
-        for entry in std::fs::read_dir(&d)? {
-            let entry = entry?;
-            let meta = entry.metadata()?;
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else if meta.nlink() <= 1 || seen.insert((meta.dev(), meta.ino())) {
-                total = total.saturating_add(meta.blocks().saturating_mul(512));
-            }
-        }
-    }
-    Ok(total)
-}
