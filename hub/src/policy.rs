@@ -81,14 +81,7 @@ pub struct Policy {
 
 /// This machine's memory in MiB and its CPUs.
 fn machine() -> (u64, usize) {
-    let mem_mb = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(4096, |kb| kb / 1024);
+    let mem_mb = crate::local::host_memory_kib() / 1024;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     (mem_mb, cpus)
 }

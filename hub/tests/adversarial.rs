@@ -25,6 +25,15 @@ fn two_tenants(extra_args: &'static [&'static str]) -> HubOptions {
     }
 }
 
+/// A root-owned host directory with a secret in it: what an attacker
+/// would point a link at (its path is visible in the sandbox's mountinfo).
+fn host_victim(hub: &TestHub) -> std::path::PathBuf {
+    let victim = hub.dir.path().join("host-victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("host-secret.txt"), "host data").unwrap();
+    victim
+}
+
 async fn new_sandbox(c: &HubClient) -> String {
     let sb = c
         .create(CreateSandbox::default())
@@ -91,9 +100,7 @@ async fn a_planted_socket_link_never_reaches_another_sandbox() {
 async fn a_swapped_upper_layer_never_becomes_a_fork_layer() {
     let hub = TestHub::start(two_tenants(&[])).await;
     let bob = hub.client(Some(BOB_KEY));
-    let victim = hub.dir.path().join("host-victim");
-    std::fs::create_dir(&victim).unwrap();
-    std::fs::write(victim.join("host-secret.txt"), "host data").unwrap();
+    let victim = host_victim(&hub);
     let b = new_sandbox(&bob).await;
     shell_ok(
         &bob,
@@ -133,9 +140,7 @@ async fn a_swapped_upper_layer_never_becomes_a_fork_layer() {
 async fn links_in_a_snapshot_stay_links_in_the_fork() {
     let hub = TestHub::start(two_tenants(&[])).await;
     let bob = hub.client(Some(BOB_KEY));
-    let victim = hub.dir.path().join("host-victim");
-    std::fs::create_dir(&victim).unwrap();
-    std::fs::write(victim.join("host-secret.txt"), "host data").unwrap();
+    let victim = host_victim(&hub);
     let b = new_sandbox(&bob).await;
     shell_ok(
         &bob,
@@ -171,8 +176,7 @@ async fn links_in_a_snapshot_stay_links_in_the_fork() {
 async fn suspend_and_resume_never_chown_through_a_swapped_layer() {
     let hub = TestHub::start(two_tenants(&[])).await;
     let bob = hub.client(Some(BOB_KEY));
-    let victim = hub.dir.path().join("host-victim");
-    std::fs::create_dir(&victim).unwrap();
+    let victim = host_victim(&hub);
     let b = new_sandbox(&bob).await;
     for name in ["upper", "work"] {
         shell_ok(

@@ -91,6 +91,7 @@ pub use error::RuntimeError;
 pub use hostetc::prepare_host_etc;
 pub use idmap::{IdMap, HOST_ID_BASE};
 pub use launch::{Launched, Runtime, SandboxSpec};
+pub use mounts::host_memory_kib;
 pub use probe::{probe, probe_at, Check, HostSupport};
 pub use quota::{DiskQuotas, VolumeOptions};
 pub use routes::RESET_ROUTE;

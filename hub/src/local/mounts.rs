@@ -76,7 +76,8 @@ impl TmpfsSizes {
     }
 }
 
-fn host_memory_kib() -> u64 {
+/// This machine's memory in KiB (`MemTotal`; 4 GiB if unreadable).
+pub fn host_memory_kib() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
