@@ -8,6 +8,10 @@ use serde_json::{json, Value};
 pub const NAMESPACE: &str = "agent-sandbox-system";
 pub const NAME: &str = "agent-sandbox-controller";
 pub const IMAGE: &str = "sandhub/controller:dev";
+/// The Secret (in [`NAMESPACE`], entry `key`) holding the key that derives each Sandbox's
+/// own sandboxd token; the hub is given the same key (`--sandboxd-token-key-file`).
+pub const TOKEN_KEY_SECRET: &str = "sandboxd-token-key";
+const TOKEN_KEY_DIR: &str = "/etc/sandhub/sandboxd-token-key";
 
 fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
     json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
@@ -102,6 +106,10 @@ pub fn deployment(extensions: bool) -> Value {
         "--metrics-bind-address=:8080",
         "--health-probe-bind-address=:8081",
     ];
+    // Secure by default: every Pod gets its own sandboxd token. The Secret is required
+    // (no `optional`), so a controller that would hand out no tokens never starts.
+    let key_flag = format!("--sandboxd-token-key-file={TOKEN_KEY_DIR}/key");
+    args.push(&key_flag);
     if extensions {
         args.insert(0, "--extensions");
     }
@@ -132,7 +140,9 @@ pub fn deployment(extensions: bool) -> Value {
                         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}},
                         "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                             "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "sandboxd-token-key", "mountPath": TOKEN_KEY_DIR, "readOnly": true}],
                     }],
+                    "volumes": [{"name": "sandboxd-token-key", "secret": {"secretName": TOKEN_KEY_SECRET}}],
                 },
             },
         },

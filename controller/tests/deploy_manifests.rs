@@ -78,6 +78,22 @@ fn manifests_hold_the_expected_objects() {
     assert_eq!(c["image"], "sandhub/controller:dev");
     assert_eq!(c["imagePullPolicy"], "IfNotPresent");
     assert_eq!(c["args"][0], "--extensions");
+    // Secure by default: the controller derives each Pod's own sandboxd token from a
+    // required Secret, so no shared token exists to set up or leak.
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.contains(&"--sandboxd-token-key-file=/etc/sandhub/sandboxd-token-key/key"),
+        "{args:?}"
+    );
+    let volumes = &dep["spec"]["template"]["spec"]["volumes"];
+    assert_eq!(volumes[0]["secret"]["secretName"], "sandboxd-token-key");
+    assert!(volumes[0]["secret"].get("optional").is_none());
+    assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/sandhub/sandboxd-token-key");
     let chart =
         std::fs::read_to_string(deploy_dir().join("helm/sandhub-controller/Chart.yaml")).unwrap();
     assert_eq!(documents(&chart)[0]["name"], "sandhub-controller");

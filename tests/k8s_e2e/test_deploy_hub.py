@@ -33,7 +33,26 @@ def test_hub_role_grants_only_what_the_backend_uses(cluster: Cluster):
         d for d in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()) if d and d["kind"] == "Role"
     )
     verbs = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert verbs[("", "secrets")] == {"get"}
-    secret_rule = next(r for r in role["rules"] if r["resources"] == ["secrets"])
-    assert secret_rule["resourceNames"] == ["sandboxd-token"], "the hub may read one Secret only"
+    # The sandboxd token key is mounted, so the hub reads no Secret through the API.
+    assert not any(r == "secrets" for (_, r) in verbs), verbs
     assert "update" not in set().union(*verbs.values()) and "*" not in set().union(*verbs.values())
+
+
+def test_hub_mounts_the_sandboxd_token_key_it_is_given():
+    """deploy/hub's flag names a file inside the mounted key Secret, the one the
+    controller mounts too (deploy/sandbox-with-extensions.yaml)."""
+    dep = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
+    pod = dep["spec"]["template"]["spec"]
+    hub = pod["containers"][0]
+    flag = next(a for a in hub["args"] if a.startswith("--sandboxd-token-key-file="))
+    path = Path(flag.split("=", 1)[1])
+    assert not any(a.startswith("--sandboxd-token-secret") for a in hub["args"]), hub["args"]
+    mount = next(m for m in hub["volumeMounts"] if path.parent == Path(m["mountPath"]))
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    controller = next(
+        d for d in yaml.safe_load_all((DEPLOY.parent / "sandbox-with-extensions.yaml").read_text())
+        if d and d["kind"] == "Deployment"
+    )
+    (controller_volume,) = controller["spec"]["template"]["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == controller_volume["secret"]["secretName"] == "sandboxd-token-key"

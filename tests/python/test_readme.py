@@ -34,6 +34,7 @@ Under CI=true a missing binary, tool or cluster fails these tests; otherwise the
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -554,7 +555,7 @@ def test_kubernetes_block(tmp_path: Path) -> None:
     examples = [REPO_ROOT / "docs/examples/kubernetes" / f for f in ("sandbox-warmpool.yaml", "sandbox-template.yaml")]
     cleanup_args = [a for f in examples for a in ("-f", str(f))]
     # A run that died before its cleanup may have left the Secret (create would refuse it).
-    kubectl(env, "delete", "secret", "sandboxd-token", "--ignore-not-found")
+    kubectl(env, "delete", "secret", "sandboxd-token-key", "-n", "agent-sandbox-system", "--ignore-not-found")
     world = World(tmp_path, REPO_ROOT, env)
     proc, log = world.start(block, run.id)
     url = f"http://{LOOPBACK}:{port}"
@@ -583,6 +584,13 @@ def test_kubernetes_block(tmp_path: Path) -> None:
         # The README's template and warm pool, seen by the hub it started.
         assert [(p["name"], p["template"]) for p in pools["pools"]] == [("default", "default")], pools
         assert proc.poll() is None, "the hub stopped after answering"
+        # The controller's Secret and the hub's file hold one key: each Pod's sandboxd
+        # token derives from it on both sides.
+        got = kubectl(env, "get", "secret", "sandboxd-token-key", "-n", "agent-sandbox-system", "-o", "json")
+        assert got.returncode == 0, got.stderr
+        key_file = home / ".config/sandhub/sandboxd-token.key"
+        assert base64.b64decode(json.loads(got.stdout)["data"]["key"]) == key_file.read_bytes()
+        assert key_file.stat().st_mode & 0o077 == 0, "the key file is readable by others"
         # Commands a comment offers instead (`# or: kubectl apply ...`) must work too.
         alternatives = re.findall(r"#\s*or:\s*(\S.*?)\s*$", block.text, re.M)
         for alt in alternatives:
@@ -594,7 +602,7 @@ def test_kubernetes_block(tmp_path: Path) -> None:
         print(f"--- block output ---\n{log.read_text(errors='replace')[-6000:]}")
         for args in (
             ("delete", "--ignore-not-found", "--wait=false", *cleanup_args),
-            ("delete", "secret", "sandboxd-token", "--ignore-not-found"),
+            ("delete", "secret", "sandboxd-token-key", "-n", "agent-sandbox-system", "--ignore-not-found"),
         ):
             kubectl(env, *args)
         kubectl(env, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
