@@ -93,7 +93,10 @@ fn manifests_hold_the_expected_objects() {
     let volumes = &dep["spec"]["template"]["spec"]["volumes"];
     assert_eq!(volumes[0]["secret"]["secretName"], "sandboxd-token-key");
     assert!(volumes[0]["secret"].get("optional").is_none());
-    assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/sandhub/sandboxd-token-key");
+    assert_eq!(
+        c["volumeMounts"][0]["mountPath"],
+        "/etc/sandhub/sandboxd-token-key"
+    );
     let chart =
         std::fs::read_to_string(deploy_dir().join("helm/sandhub-controller/Chart.yaml")).unwrap();
     assert_eq!(documents(&chart)[0]["name"], "sandhub-controller");
