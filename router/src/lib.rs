@@ -5,33 +5,46 @@
 //! the Pod (Pod-IP header, Pod cache, cluster DNS), and streams the exchange
 //! through: HTTP/1.1, upgrades such as WebSocket, and h2c gRPC.
 //!
+//! # Layout
+//!
 //! - [`config`]: flags, env and the YAML config file.
+//! - [`server`]: listeners, probes, graceful shutdown; hands each client
+//!   connection to the fast path or hyper's server.
+//! - [`proxy`]: the request path itself, one file per protocol (plain HTTP,
+//!   upgrades, gRPC) and the proxy's half of the fast path.
+//! - [`http1`]: the router's own HTTP/1.1 code, by side: `inbound` (the
+//!   fast-path server for clients), `outbound` (dialing, hyper's pooled
+//!   clients, the direct exchange to Pod IPs), their connection pool and
+//!   their shared wire codec.
 //! - [`routing`]: parsing and validating the target (pure).
 //! - [`authz`]: allow-all, TokenReview and scoped tokens.
 //! - [`cache`]: the Pod cache (a kube watch feeding a pure index).
-//! - [`upstream`]: dialing sandboxes with retries; pooled clients.
-//! - [`fast`]: the HTTP/1.1 path without hyper's server (plain and TLS listeners).
-//! - [`h1`]: the direct HTTP/1.1 path to Pod IPs (per-thread pool, no extra tasks).
-//! - [`proxy`]: the request path itself.
-//! - [`body`]: streaming bodies with byte counts and gRPC deadlines.
-//! - [`error`]: errors as `{"detail"}` JSON or gRPC trailers-only answers.
+//! - [`error`]: the router's failures as `{"detail"}` JSON or gRPC answers.
+//! - [`response`]: what the router answers with ([`response::ProxyBody`])
+//!   and its own small answers.
+//! - [`body`]: the request body and byte counting (a leaf).
+//! - [`grpc_status`]: gRPC status codes and `grpc-message` encoding (a leaf).
 //! - [`tls`]: TLS/mTLS with certificate hot reload.
 //! - [`metrics`]: Prometheus metrics with upstream's names.
-//! - [`server`]: listeners, probes, graceful shutdown.
+//!
+//! Arrows point down this list's layers, never back: `server` -> `proxy` ->
+//! `http1` -> (`body`, `metrics`); `proxy` -> `error` -> `response` ->
+//! (`http1`, `body`, `grpc_status`). `http1::inbound` never imports the proxy:
+//! the proxy implements its `Handler`.
 
 pub mod authz;
 pub mod body;
 pub mod cache;
 pub mod config;
 pub mod error;
-pub mod fast;
-pub mod h1;
+pub mod grpc_status;
+pub mod http1;
 pub mod metrics;
 pub mod proxy;
+pub mod response;
 pub mod routing;
 pub mod server;
 pub mod tls;
-pub mod upstream;
 
 /// `tracing` to stderr as text or JSON, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging(format: &str) {

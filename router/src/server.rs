@@ -21,15 +21,16 @@ use tokio::{
 
 use crate::{
     authz::{scoped, Authorizer, TokenReviewer},
-    body::ProxyBody,
     cache::PodCache,
     config::{parse_bind, Args, AuthzMode},
-    error::json_response,
-    fast,
+    http1::{
+        inbound,
+        outbound::{DialPolicy, Dialer, Upstreams},
+    },
     metrics::Metrics,
-    proxy::{Conn, Proxy, Settings},
+    proxy::{Conn, FastProxy, Proxy, Settings},
+    response::{json_response, ProxyBody},
     tls::{self, TlsFiles, TlsState},
-    upstream::{DialPolicy, Dialer, Upstreams},
 };
 
 /// How long an idle HTTP/1.1 client connection may wait between requests.
@@ -430,12 +431,16 @@ impl Handoff {
             builder,
         } = self;
         let io = if fast {
-            match fast::serve(io, &conn, &proxy, stop).await {
-                fast::Outcome::Closed => return,
-                fast::Outcome::Fallback(io) => io,
+            let handler = FastProxy {
+                proxy: &proxy,
+                conn: &conn,
+            };
+            match inbound::serve(io, &handler, stop).await {
+                inbound::Outcome::Closed => return,
+                inbound::Outcome::Fallback(io) => io,
             }
         } else {
-            fast::Prefixed::new(Default::default(), io)
+            inbound::Prefixed::new(Default::default(), io)
         };
         let service = service_fn(move |req: Request<Incoming>| {
             let p = proxy.clone();

@@ -9,7 +9,7 @@
 
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 
-use crate::{body::ProxyBody, config::SameSite};
+use crate::{config::SameSite, response::ProxyBody};
 
 pub const COOKIE_NAME: &str = "sandbox_router_session";
 pub const QUERY_TOKEN: &str = "sandbox_token";

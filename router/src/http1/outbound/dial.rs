@@ -1,7 +1,7 @@
 //! Connections to sandboxes: a dialer that retries failed dials with
 //! exponential backoff (and only dials: once a request may have reached the
-//! sandbox, nothing is retried), and two pooled clients over it, HTTP/1.1
-//! and h2c for gRPC.
+//! sandbox, nothing is retried). The direct path calls [`dial`]; hyper's
+//! pooled clients ([`super::clients`]) call it as their connector.
 
 use std::{
     future::Future,
@@ -14,13 +14,10 @@ use std::{
 };
 
 use http::Uri;
-use hyper_util::{
-    client::legacy::Client,
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::{body::RequestBody, metrics::Metrics};
+use crate::metrics::Metrics;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DialFailure {
@@ -68,7 +65,7 @@ pub struct DialPolicy {
 /// The connector behind both clients (hyper calls it only for new connections).
 #[derive(Clone)]
 pub struct Dialer {
-    policy: Arc<DialPolicy>,
+    pub(super) policy: Arc<DialPolicy>,
     metrics: Arc<Metrics>,
 }
 
@@ -187,36 +184,5 @@ pub async fn dial(
                 delay = (delay * 2).min(policy.max_delay);
             }
         }
-    }
-}
-
-/// Pooled clients to sandboxes.
-#[derive(Clone)]
-pub struct Upstreams {
-    pub http1: Client<Dialer, RequestBody>,
-    pub h2c: Client<Dialer, RequestBody>,
-    policy: Arc<DialPolicy>,
-}
-
-impl Upstreams {
-    pub fn dial_policy(&self) -> &DialPolicy {
-        &self.policy
-    }
-
-    pub fn new(dialer: Dialer) -> Self {
-        let policy = dialer.policy.clone();
-        let http1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .build(dialer.clone());
-        let h2c = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .http2_keep_alive_while_idle(false)
-            .build(dialer);
-        Self { http1, h2c, policy }
     }
 }

@@ -8,7 +8,7 @@ use http::Method;
 
 use crate::{
     authz::bearer_value,
-    h1::put_header,
+    http1::{inbound::Parsed, wire::put_header},
     proxy::{Conn, Proxy, Resolved},
     routing::{parse_headers, parse_path, visible_ascii, HeaderRules, HeaderSource, Target},
 };
@@ -41,7 +41,7 @@ const DROPPED: [&str; 15] = [
 ];
 
 /// One request the fast path will serve, decided from its head alone.
-pub(super) struct Plan {
+pub(crate) struct Plan {
     pub head_len: usize,
     pub method: Method,
     /// The method and path, when the access log is on.
@@ -55,15 +55,9 @@ pub(super) struct Plan {
     pub keep_alive: bool,
 }
 
-pub(super) enum Parsed {
-    Partial,
-    Fallback,
-    Serve(Box<Plan>),
-}
-
 /// Decides, from the bytes so far, whether the next request is served here
 /// (and if so writes its head for the sandbox into `up_head`).
-pub(super) fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Proxy) -> Parsed {
+pub(super) fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Proxy) -> Parsed<Plan> {
     if buf.is_empty() {
         return Parsed::Partial;
     }
@@ -265,9 +259,9 @@ mod tests {
     use crate::{
         authz::Authorizer,
         config,
+        http1::outbound::{DialPolicy, Dialer, Upstreams},
         metrics::Metrics,
         proxy::{headers::rewrite_request, Settings},
-        upstream::{DialPolicy, Dialer, Upstreams},
     };
 
     fn proxy(args: &[&str]) -> Proxy {
@@ -297,7 +291,7 @@ mod tests {
     const ROUTING: &str =
         "Host: router:8080\r\nX-Sandbox-ID: sb-1\r\nX-Sandbox-Pod-IP: 10.0.0.7\r\nX-Sandbox-Port: 8888\r\n";
 
-    fn run(p: &Proxy, raw: &str) -> (Parsed, BytesMut) {
+    fn run(p: &Proxy, raw: &str) -> (Parsed<Plan>, BytesMut) {
         let mut up = BytesMut::new();
         (plan(raw.as_bytes(), &mut up, &conn(), p), up)
     }

@@ -12,12 +12,17 @@
 //! hyper for the rest of its life: upgrades, h2c, chunked request bodies,
 //! `Expect`, path routing, DNS-named targets, HTTP/1.0, requests without a
 //! Host or an `X-Sandbox-ID`, and anything malformed (hyper then gives the
-//! client its usual error). Routing, authorization, metrics, the access log
-//! and the errors themselves are the same code as on the hyper path.
+//! client its usual error).
+//!
+//! This module is the server: the client connection, its bytes, timeouts,
+//! and the relay of the answer. Every decision (which requests it takes,
+//! where they go, whether they may, what is counted and logged) is the
+//! [`Handler`]'s, which the proxy implements (`proxy::fast`) with the same
+//! routing, authorization, metrics, access log and errors as its hyper path.
+//! So the arrows point one way: the proxy uses this module, never the reverse.
 
-mod plan;
 mod prefixed;
-mod wire;
+mod request;
 
 use std::{
     future::Future,
@@ -27,27 +32,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::{Buf, BufMut, BytesMut};
-use http::Method;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::Body;
+use prometheus_client::metrics::counter::Counter;
 use tokio::{
     io::{AsyncRead, AsyncWrite, AsyncWriteExt},
-    net::TcpStream,
     sync::watch,
     time::Sleep,
 };
 
-use crate::{
-    error::ProxyError,
-    h1::{self, ExchangeError, Outgoing},
-    metrics::{InflightGuard, MethodLabel},
-    proxy::{Conn, Proxy, Served},
+use crate::http1::{
+    outbound::Answer,
+    wire::{
+        poll_read_into, put_date, put_header, put_piece, read_some, status_line, write_piece,
+        LAST_CHUNK,
+    },
 };
-use h1::write_piece;
-use plan::{plan, Parsed, Plan};
 pub use prefixed::Prefixed;
-use wire::{put_date, put_piece, status_line, write_small};
+pub(crate) use request::FastRequest;
 
 /// Largest request head read here; a longer one goes to hyper, which decides.
 const MAX_HEAD: usize = 64 * 1024;
@@ -66,6 +70,50 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// A client connection's stream: plain TCP or TLS.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Unpin> ClientIo for T {}
+
+/// What the fast path asks of the proxy behind it, for one client connection.
+pub(crate) trait Handler {
+    /// One request the handler takes, decided from its head alone.
+    type Plan: Planned;
+
+    /// Decides, from the bytes so far, whether the next request is served
+    /// here (and if so writes its head for the sandbox into `up_head`).
+    fn plan(&self, buf: &[u8], up_head: &mut BytesMut) -> Parsed<Self::Plan>;
+
+    /// Held while a request is in flight.
+    fn in_flight(&self) -> impl Sized + '_;
+
+    /// Authorizes the planned request, sends `req` to the sandbox and reads
+    /// the response head; then counts and logs the request (begun at
+    /// `start`) by the status the client gets. `Err`: the router's own
+    /// answer, whole.
+    async fn exchange<S: ClientIo>(
+        &self,
+        plan: Self::Plan,
+        start: Instant,
+        req: &mut FastRequest<'_, S>,
+    ) -> Result<Answer, Response<Bytes>>;
+
+    /// Counts the response body's bytes.
+    fn rx_bytes(&self) -> &Counter;
+}
+
+/// What the server itself needs of a planned request: where its head ends,
+/// how its body is framed, and whether the client keeps the connection.
+pub(crate) trait Planned {
+    fn head_len(&self) -> usize;
+    fn content_length(&self) -> u64;
+    fn keep_alive(&self) -> bool;
+}
+
+/// What the bytes so far say about the next request.
+pub(crate) enum Parsed<P> {
+    /// Not a whole head yet.
+    Partial,
+    /// A request for hyper: the connection goes there.
+    Fallback,
+    Serve(Box<P>),
+}
 
 /// How a connection left the fast path.
 pub enum Outcome<S> {
@@ -87,10 +135,9 @@ struct Client<S> {
 }
 
 /// Serves `stream` until it closes or needs hyper.
-pub async fn serve<S: ClientIo>(
+pub(crate) async fn serve<S: ClientIo, H: Handler>(
     stream: S,
-    conn: &Conn,
-    proxy: &Proxy,
+    handler: &H,
     mut stop: watch::Receiver<bool>,
 ) -> Outcome<S> {
     let mut c = Client {
@@ -110,7 +157,7 @@ pub async fn serve<S: ClientIo>(
             deadline.as_mut().reset(now + HEAD_TIMEOUT);
         }
         let plan = loop {
-            match plan(&c.inbuf, &mut c.up_head, conn, proxy) {
+            match handler.plan(&c.inbuf, &mut c.up_head) {
                 Parsed::Serve(plan) => break plan,
                 Parsed::Fallback => return c.fallback(),
                 Parsed::Partial if c.inbuf.len() >= MAX_HEAD => return c.fallback(),
@@ -121,7 +168,7 @@ pub async fn serve<S: ClientIo>(
                 Ok(Fill::Eof | Fill::Timeout | Fill::Stop) | Err(_) => return Outcome::Closed,
             }
         };
-        match c.serve(*plan, conn, proxy).await {
+        match c.serve(*plan, handler).await {
             Ok(true) => {}
             Ok(false) | Err(_) => return Outcome::Closed,
         }
@@ -145,7 +192,7 @@ impl<S: ClientIo> Client<S> {
     ) -> io::Result<Fill> {
         let idle = self.inbuf.is_empty();
         std::future::poll_fn(|cx| {
-            if let Poll::Ready(n) = h1::poll_read_into(&mut self.stream, &mut self.inbuf, cx) {
+            if let Poll::Ready(n) = poll_read_into(&mut self.stream, &mut self.inbuf, cx) {
                 return Poll::Ready(n.map(|n| if n == 0 { Fill::Eof } else { Fill::Data }));
             }
             if deadline.as_mut().poll(cx).is_ready() {
@@ -165,71 +212,42 @@ impl<S: ClientIo> Client<S> {
     }
 
     /// Serves one planned request; `Ok(true)`: the connection stays open.
-    async fn serve(&mut self, plan: Plan, conn: &Conn, proxy: &Proxy) -> io::Result<bool> {
+    async fn serve<H: Handler>(&mut self, plan: H::Plan, handler: &H) -> io::Result<bool> {
         let start = Instant::now();
-        let _inflight = InflightGuard::new(&proxy.metrics.inflight);
-        self.inbuf.advance(plan.head_len);
-        let is_head = plan.method == Method::HEAD;
-        let mut req = FastRequest {
-            head: &self.up_head,
-            inbuf: &mut self.inbuf,
-            client: &mut self.stream,
-            buffered: 0,
-            remaining: plan.content_length,
-            sent: 0,
-        };
-        let buffered = (req.inbuf.len() as u64).min(plan.content_length) as usize;
-        req.buffered = buffered;
-        req.remaining -= buffered as u64;
-        let answer = exchange(proxy, &plan, &mut req, is_head)
-            .await
-            .and_then(|a| {
-                // Only an Upgrade (hyper's path) may switch protocols.
-                if a.head.status == 101 {
-                    proxy
-                        .metrics
-                        .upstream_error(&plan.target.namespace, "other");
-                    return Err(ProxyError::Upstream(plan.target.id.clone()));
-                }
-                Ok(a)
-            });
+        let _inflight = handler.in_flight();
+        let (head_len, keep_alive) = (plan.head_len(), plan.keep_alive());
+        self.inbuf.advance(head_len);
+        let mut req = FastRequest::new(
+            &self.up_head,
+            &mut self.inbuf,
+            &mut self.stream,
+            plan.content_length(),
+        );
+        // The handler counts the request once the head is known, before it
+        // is sent (as on hyper's path): a client that reads the metrics next
+        // sees its request.
+        let answer = handler.exchange(plan, start, &mut req).await;
         req.settle();
         let (buffered, remaining) = (req.buffered, req.remaining);
         let mut consumed = req.consumed();
-        let status = match &answer {
-            Ok(a) => a.head.status,
-            Err(e) => e.status().as_u16(),
-        };
-        // Counted once the head is known, before it is sent (as on hyper's
-        // path): a client that reads the metrics next sees its request.
-        proxy.record(&Served {
-            start,
-            method: MethodLabel::from(&plan.method),
-            logged: plan.logged,
-            status,
-            grpc_status: None,
-            namespace: &plan.target.namespace,
-            id: &plan.target.id,
-            remote: conn.remote,
-        });
         let keep_alive = match answer {
             Ok(answer) => {
                 // An answer means the whole body went to the sandbox.
-                let complete = self.relay(answer, plan.keep_alive, proxy).await?;
-                plan.keep_alive && complete
+                let complete = self.relay(answer, keep_alive, handler.rx_bytes()).await?;
+                keep_alive && complete
             }
-            Err(e) => {
+            Err(refusal) => {
                 // Answered before the body was read: a small body is read
                 // past afterwards, so the connection can carry the next
                 // request; a large one closes it.
                 let drain = !consumed && remaining <= DRAIN_MAX;
-                let announce_close = !plan.keep_alive || !(consumed || drain);
-                write_small(&mut self.out, e.to_http(), !announce_close);
+                let announce_close = !keep_alive || !(consumed || drain);
+                write_small(&mut self.out, refusal, !announce_close);
                 self.stream.write_all(&self.out).await?;
                 if drain {
                     consumed = self.discard(buffered, remaining).await;
                 }
-                plan.keep_alive && consumed
+                keep_alive && consumed
             }
         };
         if !consumed {
@@ -245,7 +263,7 @@ impl<S: ClientIo> Client<S> {
         let read = async {
             while remaining > 0 {
                 if self.inbuf.is_empty() {
-                    let n = h1::read_some(&mut self.stream, &mut self.inbuf).await?;
+                    let n = read_some(&mut self.stream, &mut self.inbuf).await?;
                     if n == 0 {
                         return Err(io::ErrorKind::UnexpectedEof.into());
                     }
@@ -273,7 +291,7 @@ impl<S: ClientIo> Client<S> {
         let _ = tokio::time::timeout(LINGER, async {
             while drained < LINGER_BYTES {
                 self.inbuf.clear();
-                match h1::read_some(&mut self.stream, &mut self.inbuf).await {
+                match read_some(&mut self.stream, &mut self.inbuf).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => drained += n,
                 }
@@ -285,20 +303,15 @@ impl<S: ClientIo> Client<S> {
     /// Copies the sandbox's response to the client: the head with its
     /// per-hop headers dropped, then the body, re-framed as chunked when the
     /// sandbox did not give its length. `Ok(false)`: the body ended early.
-    async fn relay(
-        &mut self,
-        answer: h1::Answer,
-        keep_alive: bool,
-        proxy: &Proxy,
-    ) -> io::Result<bool> {
-        let (head, mut body) = answer.into_body(&proxy.metrics.rx_bytes);
+    async fn relay(&mut self, answer: Answer, keep_alive: bool, rx: &Counter) -> io::Result<bool> {
+        let (head, mut body) = answer.into_body(rx);
         let out = &mut self.out;
         out.clear();
         status_line(out, head.status);
         let mut has_date = false;
         for (name, value) in head.headers() {
             has_date |= name.eq_ignore_ascii_case(b"date");
-            h1::put_header(out, name, value);
+            put_header(out, name, value);
         }
         if !has_date {
             put_date(out);
@@ -329,7 +342,7 @@ impl<S: ClientIo> Client<S> {
         }
         let finished = pending.is_none() && body.is_end_stream();
         if finished && chunked {
-            out.put_slice(h1::LAST_CHUNK);
+            out.put_slice(LAST_CHUNK);
         }
         self.stream.write_all(out).await?;
         if finished {
@@ -342,7 +355,7 @@ impl<S: ClientIo> Client<S> {
             match body.frame().await {
                 None => {
                     if chunked {
-                        self.stream.write_all(h1::LAST_CHUNK).await?;
+                        self.stream.write_all(LAST_CHUNK).await?;
                     }
                     return Ok(true);
                 }
@@ -362,93 +375,20 @@ impl<S: ClientIo> Client<S> {
     }
 }
 
-/// Authorizes the planned request, then sends it to the sandbox within
-/// the proxy budget and reads the response head.
-async fn exchange(
-    proxy: &Proxy,
-    plan: &Plan,
-    req: &mut FastRequest<'_, impl ClientIo>,
-    is_head: bool,
-) -> Result<h1::Answer, ProxyError> {
-    let t = &plan.target;
-    proxy.check_access(plan.token.as_deref(), t).await?;
-    let limit = proxy.settings.max_request_body_bytes;
-    if limit > 0 && plan.content_length > limit {
-        return Err(ProxyError::BodyTooLarge);
+/// One of the router's own answers (errors), whole, into `out`.
+fn write_small(out: &mut BytesMut, resp: Response<Bytes>, keep_alive: bool) {
+    use std::fmt::Write;
+    out.clear();
+    status_line(out, resp.status().as_u16());
+    for (name, value) in resp.headers() {
+        put_header(out, name.as_str().as_bytes(), value.as_bytes());
     }
-    let policy = proxy.upstreams.dial_policy();
-    let sent = h1::send(plan.addr, req, is_head, policy, &proxy.metrics);
-    let result = proxy.within(proxy.budget(t), t, sent).await?;
-    // A request that got an answer went out whole; a failed one as far as it got.
-    let tx = if result.is_ok() {
-        plan.content_length
-    } else {
-        req.sent
-    };
-    if tx > 0 {
-        proxy.metrics.tx_bytes.inc_by(tx);
+    let body = resp.into_body();
+    let _ = write!(out, "content-length: {}\r\n", body.len());
+    put_date(out);
+    if !keep_alive {
+        out.put_slice(b"connection: close\r\n");
     }
-    result.map_err(|e| proxy.exchange_failure(e, t, plan.cached_uid.as_deref()))
-}
-
-/// The request as it goes to the sandbox: the rewritten head, followed by
-/// the Content-Length body, partly already read (`buffered` bytes at the
-/// front of `inbuf`) and partly (`remaining`) still on the client socket.
-struct FastRequest<'a, S> {
-    head: &'a [u8],
-    inbuf: &'a mut BytesMut,
-    client: &'a mut S,
-    buffered: usize,
-    remaining: u64,
-    /// Body bytes streamed after the head.
-    sent: u64,
-}
-
-impl<S> FastRequest<'_, S> {
-    /// Takes a body that travelled whole with the head off the client's bytes.
-    fn settle(&mut self) {
-        if self.remaining == 0 {
-            self.inbuf.advance(self.buffered);
-            self.buffered = 0;
-        }
-    }
-
-    /// Whether the whole body has been taken from the client.
-    fn consumed(&self) -> bool {
-        self.buffered == 0 && self.remaining == 0
-    }
-}
-
-impl<S: ClientIo> Outgoing for FastRequest<'_, S> {
-    /// A body already read travels with the head, so only one still on the
-    /// client socket counts: until then a stale pooled connection can be
-    /// replaced and the head (body included) written again.
-    fn bodyless(&self) -> bool {
-        self.remaining == 0
-    }
-
-    fn head(&self, buf: &mut BytesMut) {
-        buf.put_slice(self.head);
-        buf.put_slice(&self.inbuf[..self.buffered]);
-    }
-
-    async fn send_body(&mut self, s: &mut TcpStream) -> Result<(), ExchangeError> {
-        self.inbuf.advance(self.buffered);
-        self.sent += self.buffered as u64;
-        self.buffered = 0;
-        while self.remaining > 0 {
-            if self.inbuf.is_empty() {
-                let n = h1::read_some(self.client, self.inbuf).await?;
-                if n == 0 {
-                    return Err(ExchangeError::Body("client closed mid-body".into()));
-                }
-            }
-            let take = (self.inbuf.len() as u64).min(self.remaining) as usize;
-            s.write_all(&self.inbuf[..take]).await?;
-            self.inbuf.advance(take);
-            self.remaining -= take as u64;
-            self.sent += take as u64;
-        }
-        Ok(())
-    }
+    out.put_slice(b"\r\n");
+    out.put_slice(&body);
 }

@@ -1,5 +1,7 @@
-//! After a 101: both upgraded connections spliced together, with no proxy
-//! timeout, and every byte counted as it passes.
+//! Upgrades (WebSocket and others): after the sandbox's 101, both upgraded
+//! connections spliced together, with no proxy timeout, and every byte
+//! counted as it passes. Only hyper's path carries them (the fast path hands
+//! any `Upgrade` to hyper).
 
 use std::{
     io,
@@ -7,10 +9,13 @@ use std::{
     task::{Context, Poll},
 };
 
-use hyper::upgrade::OnUpgrade;
+use http::Response;
+use hyper::{body::Incoming, upgrade::OnUpgrade};
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::{metrics::Metrics, response::ProxyBody};
 
 /// The sandbox side of a tunnel: reads are rx, writes are tx.
 struct Counted<S> {
@@ -73,4 +78,22 @@ pub async fn splice(client: OnUpgrade, sandbox: OnUpgrade, rx: Counter, tx: Coun
     if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await {
         tracing::debug!(error = %e, "upgraded connection ended with an error");
     }
+}
+
+/// The sandbox switched protocols: the tunnel starts in its own task (it
+/// outlives this request) and the client gets the 101 as the sandbox sent it.
+pub(super) fn switch(
+    client: OnUpgrade,
+    mut resp: Response<Incoming>,
+    metrics: &Metrics,
+) -> Response<ProxyBody> {
+    let sandbox = hyper::upgrade::on(&mut resp);
+    tokio::spawn(splice(
+        client,
+        sandbox,
+        metrics.rx_bytes.clone(),
+        metrics.tx_bytes.clone(),
+    ));
+    let (parts, _) = resp.into_parts();
+    Response::from_parts(parts, ProxyBody::empty())
 }
