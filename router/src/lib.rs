@@ -27,10 +27,11 @@
 //! - [`tls`]: TLS/mTLS with certificate hot reload.
 //! - [`metrics`]: Prometheus metrics with upstream's names.
 //!
-//! Arrows point down this list's layers, never back: `server` -> `proxy` ->
-//! `http1` -> (`body`, `metrics`); `proxy` -> `error` -> `response` ->
-//! (`http1`, `body`, `grpc_status`). `http1::inbound` never imports the proxy:
-//! the proxy implements its `Handler`.
+//! Arrows point one way: `server` -> `proxy` -> `http1`, and `proxy` ->
+//! `error` -> `response` -> `http1`; `http1` imports only `body` and
+//! `metrics` (its `inbound` server asks the proxy through the `Handler` trait
+//! the proxy implements, instead of importing it). `body`, `grpc_status`,
+//! `routing`, `metrics` and `config` import nothing of the crate.
 
 pub mod authz;
 pub mod body;

@@ -3,12 +3,12 @@
 //! authorization, budgets, the access log and metrics); each protocol has
 //! its own file.
 //!
-//! - [`plain`]: every request that is not gRPC, on hyper's path (header and
+//! - `plain`: every request that is not gRPC, on hyper's path (header and
 //!   path routing, browser sessions).
 //! - [`upgrade`]: upgraded connections (WebSocket and others) after the 101.
-//! - [`grpc`]: gRPC over h2c, with its deadline.
+//! - `grpc`: gRPC over h2c, with its deadline.
 //! - [`fast`]: the proxy's half of the HTTP/1.1 fast path.
-//! - [`failure`]: failed exchanges, classified and counted.
+//! - `failure`: failed exchanges, classified and counted.
 //! - [`headers`]: what the sandbox sees of the client's headers.
 //! - [`session`]: browser sessions and Origin checks for path-routed URLs.
 //! - [`grpc_timeout`]: the `grpc-timeout` header.

@@ -17,7 +17,7 @@
 //! This module is the server: the client connection, its bytes, timeouts,
 //! and the relay of the answer. Every decision (which requests it takes,
 //! where they go, whether they may, what is counted and logged) is the
-//! [`Handler`]'s, which the proxy implements (`proxy::fast`) with the same
+//! `Handler`'s, which the proxy implements (`proxy::fast`) with the same
 //! routing, authorization, metrics, access log and errors as its hyper path.
 //! So the arrows point one way: the proxy uses this module, never the reverse.
 

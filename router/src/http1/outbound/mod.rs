@@ -2,14 +2,14 @@
 //!
 //! The hot path for plain HTTP/1.1 to a Pod IP: the request is written and
 //! the response read by the task serving the client, over a connection from
-//! this worker thread's own pool ([`crate::http1::pool`]). No connection
-//! task, no channels between tasks, no locks: a request costs about what it
-//! costs nginx (two reads, two writes). Upgrades, gRPC and DNS-named
-//! upstreams use hyper's pooled clients ([`clients`]).
+//! this worker thread's own pool (`http1::pool`). No connection task, no
+//! channels between tasks, no locks: a request costs about what it costs
+//! nginx (two reads, two writes). Upgrades, gRPC and DNS-named upstreams use
+//! hyper's pooled clients ([`clients`]).
 //!
-//! - [`dial`]: dialing with retries and backoff (every outbound connection).
+//! - [`dial`](mod@dial): dialing with retries and backoff (every outbound connection).
 //! - [`clients`]: hyper's pooled HTTP/1.1 and h2c clients over that dialer.
-//! - [`head`]: reading the sandbox's response head.
+//! - `head`: reading the sandbox's response head.
 //! - [`body`]: the response body read straight off the connection.
 
 pub mod body;

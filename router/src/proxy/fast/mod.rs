@@ -1,5 +1,5 @@
 //! The proxy's half of the HTTP/1.1 fast path ([`crate::http1::inbound`]):
-//! which requests it takes and the head the sandbox gets ([`plan`]), then
+//! which requests it takes and the head the sandbox gets (`plan`), then
 //! authorization, the exchange within the proxy budget, and the metrics and
 //! access log, with the same code and errors as the hyper path.
 
