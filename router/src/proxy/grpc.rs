@@ -29,6 +29,7 @@ pub fn is_grpc<B>(req: &Request<B>) -> bool {
 }
 
 impl Proxy {
+    /// One gRPC call, from its routing metadata to the sandbox's answer.
     pub(super) async fn grpc(
         &self,
         req: Request<Incoming>,

@@ -24,6 +24,7 @@ use crate::{
 };
 
 impl Proxy {
+    /// One plain request, from its routing to the sandbox's answer.
     pub(super) async fn http(
         &self,
         mut req: Request<Incoming>,
