@@ -14,7 +14,7 @@ import requests
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from sandhub_gymnasium import SandhubEnv
-from sandhub_testing import LOOPBACK, binary, free_port, stop_process, wait_for
+from sandhub_testing import stop_process, wait_for
 from sandhub_testing.hub_k8s import POOL, Cluster, wait_for_pool
 
 REQUEST_TIMEOUT_S = 120.0
@@ -136,28 +136,21 @@ def test_hub_killed_and_restarted_finds_its_sandbox_and_leaks_nothing(cluster: C
 def test_mcp_through_the_router_with_scoped_tokens(cluster: Cluster, tmp_path: Path):
     secret = tmp_path / "scoped-secret"
     secret.write_bytes(base64.b64encode(secrets.token_bytes(32)))
-    port = free_port()
-    router = cluster.spawn("router", [
-        str(binary("sandhub-router")),
-        "--http-bind-address", f"{LOOPBACK}:{port}",
-        "--metrics-bind-address", f"{LOOPBACK}:{free_port()}",
-        "--health-probe-bind-address", f"{LOOPBACK}:{free_port()}",
+    router, router_url = cluster.start_router(
+        "router",
         "--authz-mode", "scoped-token",
         "--authz-scoped-token-secret-file", str(secret),
-        "--cache-enabled", "--cache-namespace", cluster.ns,
-        "--kubeconfig", cluster.kubeconfig,
-    ])
-    wait_for("the router", lambda: requests.get(f"http://{LOOPBACK}:{port}/healthz", timeout=2).ok, timeout=30)
+    )
     hub, url = cluster.start_hub(
         "--connect", "router",
-        "--router-url", f"http://{LOOPBACK}:{port}",
+        "--router-url", router_url,
         "--router-scoped-token-secret-file", str(secret),
     )
     try:
         bounded(mcp_round_trip, cluster, url)
         # A request without the hub's token is refused by the router.
         r = requests.get(
-            f"http://{LOOPBACK}:{port}/v1/health",
+            f"{router_url}/v1/health",
             headers={"X-Sandbox-ID": "anything", "X-Sandbox-Namespace": cluster.ns, "X-Sandbox-Port": "8080"},
             timeout=10,
         )

@@ -23,7 +23,7 @@ from kubernetes import client as k8s
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from sandhub_testing import LOOPBACK, binary, free_port, stop_process, wait_for
+from sandhub_testing import stop_process, wait_for
 from sandhub_testing.hub_k8s import CORE, EXT, POOL, Cluster, template
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,18 +126,8 @@ def test_nothing_a_workload_reads_opens_another_sandbox(cluster: Cluster):
 def test_through_an_open_router_a_stolen_token_still_opens_only_its_own_sandbox(cluster: Cluster):
     """The router at its weakest (allow-all, upstream's default): anyone who
     reaches it names any sandbox, so the sandboxd token is all that stands."""
-    port = free_port()
-    router = cluster.spawn("router-open", [
-        str(binary("sandhub-router")),
-        "--http-bind-address", f"{LOOPBACK}:{port}",
-        "--metrics-bind-address", f"{LOOPBACK}:{free_port()}",
-        "--health-probe-bind-address", f"{LOOPBACK}:{free_port()}",
-        "--authz-mode", "allow-all",
-        "--cache-enabled", "--cache-namespace", cluster.ns,
-        "--kubeconfig", cluster.kubeconfig,
-    ])
-    wait_for("the router", lambda: requests.get(f"http://{LOOPBACK}:{port}/healthz", timeout=2).ok, timeout=30)
-    hub, url = cluster.start_hub("--connect", "router", "--router-url", f"http://{LOOPBACK}:{port}")
+    router, router_url = cluster.start_router("router-open", "--authz-mode", "allow-all")
+    hub, url = cluster.start_hub("--connect", "router", "--router-url", router_url)
     try:
         a, b = create(url)["id"], create(url)["id"]
         a_name, _ = bound_sandbox(cluster, a)
@@ -150,7 +140,7 @@ def test_through_an_open_router_a_stolen_token_still_opens_only_its_own_sandbox(
                 timeout=30)
 
         def via_router(sandbox: str, token: str) -> int:
-            return requests.get(f"http://{LOOPBACK}:{port}/v1/files/x.txt", headers={
+            return requests.get(f"{router_url}/v1/files/x.txt", headers={
                 "X-Sandbox-ID": sandbox, "X-Sandbox-Namespace": cluster.ns, "X-Sandbox-Port": "8080",
                 "X-Sandboxd-Authorization": f"Bearer {token}",
             }, timeout=30).status_code

@@ -115,6 +115,30 @@ class Cluster:
         wait_for("the hub to answer /readyz", ready, timeout=30)
         return proc, url
 
+    def start_router(self, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
+        """`sandhub-router` with its Pod cache on this namespace, plus `extra`
+        flags; returns once it answers /healthz, with its URL."""
+        port = free_port()
+        proc = self.spawn(name, [
+            str(binary("sandhub-router")),
+            "--http-bind-address", f"{LOOPBACK}:{port}",
+            "--metrics-bind-address", f"{LOOPBACK}:{free_port()}",
+            "--health-probe-bind-address", f"{LOOPBACK}:{free_port()}",
+            *extra,
+            "--cache-enabled", "--cache-namespace", self.ns,
+            "--kubeconfig", self.kubeconfig,
+        ])
+        url = f"http://{LOOPBACK}:{port}"
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"router exited with {proc.returncode}; see {self.logs}/{name}.log")
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as r:
+                return r.status == 200
+
+        wait_for("the router", healthy, timeout=30)
+        return proc, url
+
     def hub_leftovers(self) -> list[str]:
         """Claims, Sandboxes and Pods the hub made that are still there."""
         left = [f"claim/{c['metadata']['name']}" for c in self.claims()
