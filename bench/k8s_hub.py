@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import grpc
@@ -24,9 +22,8 @@ import requests
 from k8s_agent_sandbox.commands._process_stubs import process_pb2, process_pb2_grpc
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "k8s_e2e"))
-import hub_k8s_support as support  # noqa: E402
+from sandhub_testing import hub_k8s as support
+from sandhub_testing import stop_process
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -67,10 +64,7 @@ async def measure(c: support.Cluster, url: str, creates: int, execs: int) -> Non
             # Direct: the same Pod's sandboxd over gRPC, with its token.
             claim = c.claim(name)
             ip = claim["status"]["sandbox"]["podIPs"][0]
-            token = c.core.read_namespaced_secret(c.token_secret, c.ns).data["token"]
-            import base64
-
-            token = base64.b64decode(token).decode()
+            token = c.sandboxd_token(claim["status"]["sandbox"]["name"])
             channel = grpc.insecure_channel(f"{ip}:9090")
             stub = process_pb2_grpc.ProcessServiceStub(channel)
             md = [("authorization", f"Bearer {token}")]
@@ -98,11 +92,7 @@ def main() -> None:
     ap.add_argument("--creates", type=int, default=8)
     ap.add_argument("--execs", type=int, default=200)
     args = ap.parse_args()
-    gen = support.cluster.__wrapped__() if hasattr(support.cluster, "__wrapped__") else None
-    if gen is None:
-        raise SystemExit("cannot reach the cluster fixture")
-    c = next(gen)
-    try:
+    with support.e2e_cluster() as c:
         # A warm pool as large as the burst, all Ready before timing starts.
         c.custom.patch_namespaced_custom_object(
             *support.EXT, c.ns, "sandboxwarmpools", support.POOL, {"spec": {"replicas": args.creates}}
@@ -112,12 +102,7 @@ def main() -> None:
         try:
             anyio.run(measure, c, url, args.creates, args.execs)
         finally:
-            support.stop(hub)
-    finally:
-        try:
-            next(gen)
-        except StopIteration:
-            pass
+            stop_process(hub)
 
 
 if __name__ == "__main__":

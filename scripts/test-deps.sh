@@ -6,6 +6,11 @@
 #  - A Python virtualenv at ${SANDHUB_CACHE:-$HOME/.cache/sandhub}/venv with the
 #    pins of tests/requirements.txt. A stamp file keyed on the hash of that file
 #    (and the interpreter version) makes a second run a fast no-op.
+#  - The repository's own Python packages (the test harness sandhub_testing, the
+#    Gymnasium adapter), installed editable into that venv, so the suites import
+#    them like any package and this checkout's edits count without a reinstall.
+#    A second stamp, keyed on the checkout's path and the packages' pyproject.toml,
+#    reinstalls them only when one of those changes.
 #
 # Prints the venv's python path on the last line of stdout as `SANDHUB_PYTHON=...`.
 set -euo pipefail
@@ -124,6 +129,25 @@ else
     "$venv_dir/bin/python" -c 'import pytest, requests, grpc, k8s_agent_sandbox' >&2
     echo "$want_stamp" >"$stamp_file"
     log "venv ready: $venv_dir"
+fi
+
+# ---------------------------------------------------------------- the repository's Python packages
+# Editable installs point at this checkout: a venv shared by several checkouts (one
+# $SANDHUB_CACHE) follows whichever ran this script last, so the stamp names the path.
+local_packages=(tests/support integrations/gymnasium)
+local_stamp_file="$venv_dir/.sandhub-local-stamp"
+want_local_stamp="$( (echo "$repo_root"; for p in "${local_packages[@]}"; do
+    echo "$p"; sha256sum "$repo_root/$p/pyproject.toml" | cut -d' ' -f1; done) | sha256sum | cut -d' ' -f1)"
+if [[ -f "$local_stamp_file" && "$(cat "$local_stamp_file")" == "$want_local_stamp" ]] \
+    && "$venv_dir/bin/python" -c 'import sandhub_testing, sandhub_gymnasium' >/dev/null 2>&1; then
+    log "project packages up to date: ${local_packages[*]}"
+else
+    log "installing project packages (editable): ${local_packages[*]}"
+    editable=()
+    for p in "${local_packages[@]}"; do editable+=(-e "$repo_root/$p"); done
+    "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check "${editable[@]}" >&2
+    "$venv_dir/bin/python" -c 'import sandhub_testing, sandhub_gymnasium' >&2
+    echo "$want_local_stamp" >"$local_stamp_file"
 fi
 
 [[ -z "${k8s_bin:-}" ]] || echo "K8S_BIN=$k8s_bin"

@@ -1,4 +1,3 @@
-"""Fixtures for the end-to-end tests; the helpers live in hub_k8s_support
-(a unique module name: several suites have a conftest.py of their own)."""
+"""Fixtures for the end-to-end tests: the cluster (sandhub_testing.hub_k8s)."""
 
-from hub_k8s_support import cluster  # noqa: F401 - a pytest fixture
+from sandhub_testing.hub_k8s import cluster  # noqa: F401 - a pytest fixture

@@ -9,7 +9,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import utils
 
-from hub_k8s_support import Cluster
+from sandhub_testing.hub_k8s import Cluster
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "hub"
 

@@ -7,18 +7,15 @@ from __future__ import annotations
 import base64
 import secrets
 import signal
-import sys
 from pathlib import Path
 
 import anyio
 import requests
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-
-from hub_k8s_support import LOOPBACK, POOL, Cluster, binary, free_port, stop, wait_for, wait_for_pool
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integrations" / "gymnasium"))
-from sandhub_gymnasium import SandhubEnv  # noqa: E402
+from sandhub_gymnasium import SandhubEnv
+from sandhub_testing import stop_process, wait_for
+from sandhub_testing.hub_k8s import POOL, Cluster, wait_for_pool
 
 REQUEST_TIMEOUT_S = 120.0
 
@@ -71,7 +68,7 @@ def test_mcp_agent_runs_in_a_real_pod_from_the_warm_pool(cluster: Cluster):
         bounded(mcp_round_trip, cluster, url)
         assert cluster.hub_leftovers() == []
     finally:
-        stop(hub)
+        stop_process(hub)
     # The pool refills what the claim took.
     wait_for_pool(cluster, 2)
 
@@ -106,7 +103,7 @@ def test_gym_episode_on_the_cluster(cluster: Cluster):
         env.close()
         wait_for("the gym's sandboxes to be deleted", lambda: cluster.hub_leftovers() == [], timeout=120)
     finally:
-        stop(hub)
+        stop_process(hub)
     wait_for_pool(cluster, 2)
 
 
@@ -117,7 +114,7 @@ def test_hub_killed_and_restarted_finds_its_sandbox_and_leaks_nothing(cluster: C
     sid = created.json()["id"]
     r = requests.post(f"{url}/v1/sandboxes/{sid}/exec", json={"command": "sh -c 'echo before > keep.txt'"}, timeout=60)
     assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
-    stop(hub, signal.SIGKILL)
+    stop_process(hub, signal.SIGKILL)
 
     hub, url = cluster.start_hub()
     try:
@@ -132,42 +129,35 @@ def test_hub_killed_and_restarted_finds_its_sandbox_and_leaks_nothing(cluster: C
         assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
         wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
     finally:
-        stop(hub)
+        stop_process(hub)
     wait_for_pool(cluster, 2)
 
 
 def test_mcp_through_the_router_with_scoped_tokens(cluster: Cluster, tmp_path: Path):
     secret = tmp_path / "scoped-secret"
     secret.write_bytes(base64.b64encode(secrets.token_bytes(32)))
-    port = free_port()
-    router = cluster.spawn("router", [
-        str(binary("SANDHUB_ROUTER_BIN", "sandhub-router")),
-        "--http-bind-address", f"{LOOPBACK}:{port}",
-        "--metrics-bind-address", f"{LOOPBACK}:{free_port()}",
-        "--health-probe-bind-address", f"{LOOPBACK}:{free_port()}",
+    router, router_url = cluster.start_router(
+        "router",
         "--authz-mode", "scoped-token",
         "--authz-scoped-token-secret-file", str(secret),
-        "--cache-enabled", "--cache-namespace", cluster.ns,
-        "--kubeconfig", cluster.kubeconfig,
-    ])
-    wait_for("the router", lambda: requests.get(f"http://{LOOPBACK}:{port}/healthz", timeout=2).ok, timeout=30)
+    )
     hub, url = cluster.start_hub(
         "--connect", "router",
-        "--router-url", f"http://{LOOPBACK}:{port}",
+        "--router-url", router_url,
         "--router-scoped-token-secret-file", str(secret),
     )
     try:
         bounded(mcp_round_trip, cluster, url)
         # A request without the hub's token is refused by the router.
         r = requests.get(
-            f"http://{LOOPBACK}:{port}/v1/health",
+            f"{router_url}/v1/health",
             headers={"X-Sandbox-ID": "anything", "X-Sandbox-Namespace": cluster.ns, "X-Sandbox-Port": "8080"},
             timeout=10,
         )
         assert r.status_code == 401, r.text
     finally:
-        stop(hub)
-        stop(router)
+        stop_process(hub)
+        stop_process(router)
     wait_for_pool(cluster, 2)
 
 
@@ -199,5 +189,5 @@ def test_exec_follows_suspend_resume_and_delete_at_once(cluster: Cluster):
         assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND", r.text
         wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
     finally:
-        stop(hub)
+        stop_process(hub)
     wait_for_pool(cluster, 2)

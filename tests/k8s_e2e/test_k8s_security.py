@@ -23,7 +23,8 @@ from kubernetes import client as k8s
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from hub_k8s_support import CORE, EXT, LOOPBACK, POOL, Cluster, binary, free_port, stop, template, wait_for
+from sandhub_testing import stop_process, wait_for
+from sandhub_testing.hub_k8s import CORE, EXT, POOL, Cluster, template
 
 REPO = Path(__file__).resolve().parents[2]
 NAME_HASH = "agents.x-k8s.io/sandbox-name-hash"
@@ -119,24 +120,14 @@ def test_nothing_a_workload_reads_opens_another_sandbox(cluster: Cluster):
         for sid in (a, b):
             assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
     finally:
-        stop(hub)
+        stop_process(hub)
 
 
 def test_through_an_open_router_a_stolen_token_still_opens_only_its_own_sandbox(cluster: Cluster):
     """The router at its weakest (allow-all, upstream's default): anyone who
     reaches it names any sandbox, so the sandboxd token is all that stands."""
-    port = free_port()
-    router = cluster.spawn("router-open", [
-        str(binary("SANDHUB_ROUTER_BIN", "sandhub-router")),
-        "--http-bind-address", f"{LOOPBACK}:{port}",
-        "--metrics-bind-address", f"{LOOPBACK}:{free_port()}",
-        "--health-probe-bind-address", f"{LOOPBACK}:{free_port()}",
-        "--authz-mode", "allow-all",
-        "--cache-enabled", "--cache-namespace", cluster.ns,
-        "--kubeconfig", cluster.kubeconfig,
-    ])
-    wait_for("the router", lambda: requests.get(f"http://{LOOPBACK}:{port}/healthz", timeout=2).ok, timeout=30)
-    hub, url = cluster.start_hub("--connect", "router", "--router-url", f"http://{LOOPBACK}:{port}")
+    router, router_url = cluster.start_router("router-open", "--authz-mode", "allow-all")
+    hub, url = cluster.start_hub("--connect", "router", "--router-url", router_url)
     try:
         a, b = create(url)["id"], create(url)["id"]
         a_name, _ = bound_sandbox(cluster, a)
@@ -149,7 +140,7 @@ def test_through_an_open_router_a_stolen_token_still_opens_only_its_own_sandbox(
                 timeout=30)
 
         def via_router(sandbox: str, token: str) -> int:
-            return requests.get(f"http://{LOOPBACK}:{port}/v1/files/x.txt", headers={
+            return requests.get(f"{router_url}/v1/files/x.txt", headers={
                 "X-Sandbox-ID": sandbox, "X-Sandbox-Namespace": cluster.ns, "X-Sandbox-Port": "8080",
                 "X-Sandboxd-Authorization": f"Bearer {token}",
             }, timeout=30).status_code
@@ -165,8 +156,8 @@ def test_through_an_open_router_a_stolen_token_still_opens_only_its_own_sandbox(
         for sid in (a, b):
             assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
     finally:
-        stop(hub)
-        stop(router)
+        stop_process(hub)
+        stop_process(router)
 
 
 @pytest.fixture
@@ -176,7 +167,7 @@ def two_tenants(cluster: Cluster, tmp_path: Path):
     keys_file.write_text("".join(f"{k} {t}\n" for t, k in keys.items()))
     hub, url = cluster.start_hub("--api-keys-file", str(keys_file), "--tenant-max-pool-replicas", "3")
     yield url, {t: {"Authorization": f"Bearer {k}"} for t, k in keys.items()}
-    stop(hub)
+    stop_process(hub)
 
 
 def test_pools_belong_to_their_tenant_and_operator_pools_to_nobody(cluster: Cluster, two_tenants):
@@ -327,4 +318,4 @@ def test_extreme_durations_are_invalid_argument_on_every_front_door(cluster: Clu
         assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
         wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
     finally:
-        stop(hub)
+        stop_process(hub)

@@ -15,17 +15,8 @@ the gRPC stubs and the requests session) is the SDK's own code, unmodified.
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
-import os
-import signal
-import socket
-import subprocess
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import kubernetes
 import pytest
@@ -34,200 +25,19 @@ from k8s_agent_sandbox.models import (
     SandboxdInClusterConnectionConfig,
     SandboxDirectConnectionConfig,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LOOPBACK = "127.0.0.1"
-STARTUP_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 10.0
+from sandhub_testing import LOOPBACK, Sandboxd
+from sandhub_testing.fixtures import sandboxd, sandboxd_bin, sandhub_bin  # noqa: F401 - fixtures
 
 wire_log = logging.getLogger("sdk.wire")
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-def sandboxd_binary() -> Path:
-    """SANDBOXD_BIN, else $CARGO_TARGET_DIR/debug/sandboxd, else target/debug/sandboxd."""
-    explicit = os.environ.get("SANDBOXD_BIN")
-    if explicit:
-        return Path(explicit)
-    target_dir = os.environ.get("CARGO_TARGET_DIR")
-    if target_dir:
-        candidate = Path(target_dir)
-        if not candidate.is_absolute():
-            candidate = REPO_ROOT / candidate
-        return candidate / "debug" / "sandboxd"
-    return REPO_ROOT / "target" / "debug" / "sandboxd"
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (all bound at once, then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-@dataclass
-class Sandboxd:
-    """One running sandboxd process."""
-
-    proc: subprocess.Popen[bytes]
-    root: Path  # the --root-dir (inside `outside`)
-    outside: Path  # the root dir's parent: traversal targets land here if confinement fails
-    rest_port: int
-    grpc_port: int
-    legacy_port: int
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def rest_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.rest_port}"
-
-    @property
-    def legacy_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.legacy_port}"
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "<no log>"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def rest(
-        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        """A raw HTTP/1.1 request; `path` goes on the wire exactly as given."""
-        conn = http.client.HTTPConnection(LOOPBACK, self.rest_port, timeout=10)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            resp = conn.getresponse()
-            data = resp.read()
-            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
-        finally:
-            conn.close()
-
-
-def _health_ok(port: int) -> bool:
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=1)
-    try:
-        conn.request("GET", "/v1/health")
-        resp = conn.getresponse()
-        body = resp.read()
-        return resp.status == 200 and json.loads(body).get("status") == "ok"
-    except (OSError, ValueError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> int | None:
-    if proc.poll() is not None:
-        return proc.returncode
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-        return None
-
-
-def _start(binary: Path, base: Path, extra_env: dict[str, str]) -> Sandboxd:
-    outside = base / "outside"
-    root = outside / "root"
-    root.mkdir(parents=True)
-    log_path = base / "sandboxd.log"
-    last_error = ""
-    for attempt in range(3):  # a chosen port may be taken between pick and bind
-        rest_port, grpc_port, legacy_port = free_ports(3)
-        argv = [
-            str(binary),
-            "--listen-host", LOOPBACK,
-            "--rest-port", str(rest_port),
-            "--grpc-port", str(grpc_port),
-            "--legacy-port", str(legacy_port),
-            "--root-dir", str(root),
-            "--shutdown-timeout", "2s",
-        ]
-        env = dict(os.environ)
-        env.setdefault("RUST_LOG", "info")
-        env.setdefault("NO_COLOR", "1")
-        env.update(extra_env)
-        with open(log_path, "ab") as log:
-            log.write(f"\n=== attempt {attempt}: {' '.join(argv)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                cwd=base,
-            )
-        daemon = Sandboxd(proc, root, outside, rest_port, grpc_port, legacy_port, log_path, extra_env)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            if _health_ok(rest_port) and _port_open(grpc_port) and _port_open(legacy_port):
-                return daemon
-            time.sleep(0.05)
-        rc = proc.poll()
-        if rc is None:
-            _stop(proc)
-            last_error = f"not healthy within {STARTUP_TIMEOUT_S}s"
-            break  # running but not serving: retrying with new ports won't help
-        last_error = f"exited with code {rc} during startup"
-        if "in use" not in daemon.log_tail(20).lower():
-            break
-    pytest.fail(
-        f"sandboxd {last_error}: {binary}\n--- sandboxd log ---\n{daemon.log_tail()}",
-        pytrace=False,
-    )
-
-
-@pytest.fixture(scope="session")
-def sandboxd_bin() -> Path:
-    binary = sandboxd_binary()
-    if not (binary.is_file() and os.access(binary, os.X_OK)):
-        msg = (
-            f"sandboxd binary not found at {binary} (set SANDBOXD_BIN or build it with "
-            "`cargo build -p sandboxd --bin sandboxd`)"
-        )
-        if in_ci():
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    return binary
-
 
 # The daemon's own environment: commands inherit it, and `env=` merges over it.
 DAEMON_ENV = {"SANDHUB_TEST_DAEMON_VAR": "from-daemon", "SANDHUB_TEST_OVERRIDE": "daemon-value"}
 
 
 @pytest.fixture
-def sandboxd(sandboxd_bin: Path, tmp_path: Path) -> Iterator[Sandboxd]:
-    """A fresh sandboxd with its own root dir and free ports; SIGTERM (then kill) after."""
-    daemon = _start(sandboxd_bin, tmp_path, DAEMON_ENV)
-    try:
-        yield daemon
-    finally:
-        rc = _stop(daemon.proc)
-        # Shown by pytest only when the test failed.
-        print(f"--- sandboxd exit code: {rc}; log tail ---\n{daemon.log_tail()}")
+def sandboxd_env() -> dict[str, str]:
+    """Every sandboxd of this suite runs with DAEMON_ENV."""
+    return dict(DAEMON_ENV)
 
 
 # --------------------------------------------------------------------------- SDK side
@@ -336,34 +146,3 @@ def sdk(request: pytest.FixtureRequest):
     """The SDK Sandbox handle in each connection mode (the mode is the test id)."""
     fixture = "sandboxd_mode_sdk" if request.param == "sandboxd_in_cluster_pod_ip" else "legacy_mode_sdk"
     return request.getfixturevalue(fixture)
-
-
-# --------------------------------------------------------------------------- the hub
-
-
-def sandhub_binary() -> Path:
-    """SANDHUB_BIN, else $CARGO_TARGET_DIR/debug/sandhub, else target/debug/sandhub."""
-    explicit = os.environ.get("SANDHUB_BIN")
-    if explicit:
-        return Path(explicit)
-    target_dir = os.environ.get("CARGO_TARGET_DIR")
-    if target_dir:
-        candidate = Path(target_dir)
-        if not candidate.is_absolute():
-            candidate = REPO_ROOT / candidate
-        return candidate / "debug" / "sandhub"
-    return REPO_ROOT / "target" / "debug" / "sandhub"
-
-
-@pytest.fixture(scope="session")
-def sandhub_bin() -> Path:
-    binary = sandhub_binary()
-    if not (binary.is_file() and os.access(binary, os.X_OK)):
-        msg = (
-            f"sandhub binary not found at {binary} (set SANDHUB_BIN or build it with "
-            "`cargo build -p sandhub --bin sandhub`)"
-        )
-        if in_ci():
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    return binary

@@ -3,67 +3,20 @@ sandhub_gymnasium adapter, against the real hub binary."""
 
 from __future__ import annotations
 
-import os
-import pathlib
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
+from pathlib import Path
+from typing import Iterator
 
+import gymnasium
 import pytest
-import requests
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "integrations" / "gymnasium"))
-
-import gymnasium  # noqa: E402
-from sandhub_gymnasium import SandhubEnv, SandhubError, step_many  # noqa: E402
-
-
-def _hub_bin() -> str:
-    path = os.environ.get("SANDHUB_BIN") or str(
-        pathlib.Path(os.environ.get("CARGO_TARGET_DIR", "target")).resolve() / "debug" / "sandhub"
-    )
-    if not os.access(path, os.X_OK):
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"sandhub binary not found at {path}")
-        pytest.skip(f"sandhub binary not found at {path}")
-    return path
+from sandhub_gymnasium import SandhubEnv, SandhubError, step_many
+from sandhub_testing import running_hub
 
 
 @pytest.fixture(scope="module")
-def hub():
-    exe = _hub_bin()
-    state = tempfile.mkdtemp(prefix="sandhub-gym-py-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(os.path.join(state, "hub.log"), "wb")
-    proc = subprocess.Popen(
-        [exe, "serve", "--listen", f"127.0.0.1:{port}", "--state-dir", os.path.join(state, "state")],
-        stdout=log,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while True:
-        try:
-            if requests.get(f"{url}/healthz", timeout=1).ok:
-                break
-        except requests.RequestException:
-            pass
-        assert proc.poll() is None, open(os.path.join(state, "hub.log")).read()
-        assert time.time() < deadline, "hub did not become healthy"
-        time.sleep(0.05)
-    yield url
-    for sb in requests.get(f"{url}/v1/sandboxes", timeout=30).json()["sandboxes"]:
-        requests.delete(f"{url}/v1/sandboxes/{sb['id']}", timeout=60)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def hub(sandhub_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a real `sandhub serve` with its own state dir."""
+    with running_hub(sandhub_bin, tmp_path_factory.mktemp("gym")) as hub:
+        yield hub.url
 
 
 def test_episode_loop_with_reward_and_termination(hub):

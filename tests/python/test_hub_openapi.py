@@ -15,26 +15,18 @@ directories: `seed_dir: "/"` would copy the host into the state dir.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
+from sandhub_testing import Hub, running_hub
 
-# Not imported from conftest: test.sh runs several suites in one pytest, and
-# `import conftest` then names whichever suite's conftest came last.
-LOOPBACK = "127.0.0.1"
-STARTUP_TIMEOUT_S = 30.0
 # The whole schemathesis run; the test adds a margin for start and teardown.
 FUZZ_BUDGET_S = int(os.environ.get("SANDHUB_FUZZ_SECONDS", "120"))
 
@@ -82,138 +74,16 @@ CHECKS = [
 ]
 
 
-class Hub:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, base: Path, log_path: Path):
-        self.proc = proc
-        self.port = port
-        self.base = base
-        self.log_path = log_path
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def request(self, method: str, path: str, body: object | None = None) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection(LOOPBACK, self.port, timeout=60)
-        try:
-            headers = {}
-            data = None
-            if body is not None:
-                data = json.dumps(body).encode()
-                headers["Content-Type"] = "application/json"
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
-
-    def log_tail(self, lines: int = 80) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "<no log>"
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def _healthy(port: int) -> bool:
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=1)
-    try:
-        conn.request("GET", "/healthz")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-def _pids_with_mount(needle: str) -> list[int]:
-    """Host processes whose mount table names `needle` (every process of a
-    local sandbox has its state dir mounted)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "mountinfo").read_text(errors="replace"):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
-def _delete_everything(hub: Hub) -> None:
-    try:
-        status, body = hub.request("GET", "/v1/pools")
-        if status == 200:
-            for pool in json.loads(body)["pools"]:
-                hub.request("DELETE", f"/v1/pools/{pool['name']}")
-        status, body = hub.request("GET", "/v1/sandboxes")
-        if status == 200:
-            for sandbox in json.loads(body)["sandboxes"]:
-                hub.request("DELETE", f"/v1/sandboxes/{sandbox['id']}")
-    except (OSError, http.client.HTTPException, ValueError) as e:
-        print(f"cleanup through the API failed: {e}")
-
-
 @pytest.fixture(scope="module")
 def hub(sandhub_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     """A real `sandhub serve` (no API keys) with its own state dir.
 
     Sandboxes outlive their hub by design: teardown deletes them through the
     API, stops the hub, then kills whatever still has this hub's directory
-    mounted.
+    mounted (sandhub_testing.stop_hub).
     """
-    # A unique directory name marks every process of this hub.
-    base = tmp_path_factory.mktemp(f"sandhub-openapi-{uuid.uuid4().hex[:8]}")
-    log_path = base / "hub.log"
-    proc = None
-    for _ in range(3):  # the chosen port may be taken between pick and bind
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((LOOPBACK, 0))
-            port = s.getsockname()[1]
-        argv = [
-            str(sandhub_bin), "serve",
-            "--listen", f"{LOOPBACK}:{port}",
-            "--state-dir", str(base / "state"),
-            "--reap-interval", "500ms",
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHUB_")}
-        env.setdefault("NO_COLOR", "1")
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=base
-            )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None and not _healthy(port):
-            time.sleep(0.05)
-        if proc.poll() is None and _healthy(port):
-            break
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc = None
-    if proc is None:
-        pytest.fail(f"sandhub serve did not start:\n{log_path.read_text(errors='replace')}", pytrace=False)
-    hub = Hub(proc, port, base, log_path)
-    try:
+    with running_hub(sandhub_bin, tmp_path_factory.mktemp("openapi"), "--reap-interval", "500ms") as hub:
         yield hub
-    finally:
-        _delete_everything(hub)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        deadline = time.monotonic() + 20
-        while (left := _pids_with_mount(base.name)) and time.monotonic() < deadline:
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
-        print(f"--- sandhub serve log tail ---\n{hub.log_tail()}")
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,10 +52,11 @@ from typing import Iterator
 
 import pytest
 import yaml
+from sandhub_testing import LOOPBACK, binary, free_port, need
+from sandhub_testing.k8s import cluster_kubeconfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 README = REPO_ROOT / "README.md"
-LOOPBACK = "127.0.0.1"
 # Generous bounds of waits, never timing assertions.
 BLOCK_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 20.0
@@ -187,35 +187,12 @@ def test_every_block_is_run_or_listed() -> None:
 # --------------------------------------------------------------------------- helpers
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-def need(condition: bool, message: str) -> None:
-    if not condition:
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-
-
-def target_binary(env: str, name: str) -> Path:
-    explicit = os.environ.get(env)
-    if explicit:
-        return Path(explicit)
-    target = Path(os.environ.get("CARGO_TARGET_DIR") or "target")
-    if not target.is_absolute():
-        target = REPO_ROOT / target
-    return target / "debug" / name
-
-
-def bin_dir(tmp: Path, names: dict[str, str]) -> Path:
+def bin_dir(tmp: Path, names: list[str]) -> Path:
     """A directory of symlinks that puts the debug builds on PATH under their names."""
     d = tmp / "bin"
     d.mkdir()
-    for name, env in names.items():
-        path = target_binary(env, name)
-        need(os.access(path, os.X_OK), f"{name} not found at {path} (set {env} or cargo build)")
-        (d / name).symlink_to(path)
+    for name in names:
+        (d / name).symlink_to(binary(name))
     return d
 
 
@@ -227,12 +204,6 @@ def need_tools(*tools: str) -> None:
 
 def need_root() -> None:
     need(os.geteuid() == 0, "the README's hub runs as root (namespaces, cgroups)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def k8s_bin() -> Path:
@@ -443,7 +414,7 @@ def local_results() -> Iterator[dict[str, Result]]:
     home, work = tmp / "home", tmp / "work"
     home.mkdir()
     work.mkdir()
-    bins = bin_dir(tmp, {"sandhub": "SANDHUB_BIN"})
+    bins = bin_dir(tmp, ["sandhub"])
     holder = subprocess.Popen(
         ["unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up && exec sleep infinity"],
         stdout=subprocess.PIPE, text=True,
@@ -461,9 +432,9 @@ def local_results() -> Iterator[dict[str, Result]]:
             "LANG": "C.UTF-8",
             "TERM": "dumb",
             "NO_COLOR": "1",
-            # Stands in for `pip install ./integrations/gymnasium`; the test's own
-            # interpreter has its dependencies.
-            "PYTHONPATH": str(REPO_ROOT / "integrations" / "gymnasium"),
+            # Python blocks run with the test's own interpreter, the test venv,
+            # where scripts/test-deps.sh did the README's
+            # `pip install ./integrations/gymnasium`.
         }
         results = {run.id: world.run(block, run.id) for run, block in blocks_for("local")}
         yield results
@@ -534,15 +505,14 @@ def test_kubernetes_block(tmp_path: Path) -> None:
     blocks = blocks_for("kubernetes")
     assert len(blocks) == 1, blocks
     run, block = blocks[0]
-    kubeconfig = os.environ.get("SANDHUB_TEST_KUBECONFIG", "")
-    need(bool(kubeconfig), "SANDHUB_TEST_KUBECONFIG is not set (scripts/test.sh starts the test cluster)")
+    kubeconfig = cluster_kubeconfig()
     need_tools("openssl")
     k8s = k8s_bin()
     need(os.access(k8s / "kubectl", os.X_OK), f"kubectl not found in {k8s} (bash dev/k8s/build-bins.sh)")
     home = tmp_path / "home"
     (home / ".kube").mkdir(parents=True)
     shutil.copy(kubeconfig, home / ".kube" / "config")
-    bins = bin_dir(tmp_path, {"sandhub": "SANDHUB_BIN", "sandhub-controller": "SANDHUB_CONTROLLER_BIN"})
+    bins = bin_dir(tmp_path, ["sandhub", "sandhub-controller"])
     port = free_port()
     env = {
         "PATH": f"{bins}:{k8s}:{SYSTEM_PATH}",

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # only for annotations: two suites each have a conftest
-    from conftest import Sandboxd
+from sandhub_testing import Sandboxd
 
 
 def _error(body: bytes) -> dict:

@@ -7,9 +7,7 @@ it Ready; terminate() deletes the claim, and with it the Sandbox and Pod.
 Nothing here talks to the Pod itself: on the fake node no sandboxd runs.
 """
 
-import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -18,58 +16,25 @@ import pytest
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client, config  # noqa: E402
 from k8s_agent_sandbox import SandboxClient  # noqa: E402
+from sandhub_testing import wait_for  # noqa: E402
+from sandhub_testing.fixtures import controller_bin  # noqa: E402,F401 - a fixture
+from sandhub_testing.k8s import cluster_kubeconfig, install_crds  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[3]
 GROUP = "extensions.agents.x-k8s.io"
 VERSION = "v1beta1"
 
 
-def _kubeconfig() -> str:
-    path = os.environ.get("SANDHUB_TEST_KUBECONFIG", "")
-    if not path:
-        if os.environ.get("CI") in ("true", "1"):
-            pytest.fail("SANDHUB_TEST_KUBECONFIG is not set and CI=true: start the test cluster")
-        pytest.skip("SANDHUB_TEST_KUBECONFIG is not set (bash dev/k8s/cluster.sh up DIR)")
-    return path
-
-
-def _controller_bin() -> str:
-    explicit = os.environ.get("SANDHUB_CONTROLLER_BIN")
-    if explicit:
-        return explicit
-    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    return str(target / "debug" / "sandhub-controller")
-
-
-def _wait(what: str, fn, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
-
-
 @pytest.fixture()
-def cluster(tmp_path):
-    kubeconfig = _kubeconfig()
+def cluster(tmp_path: Path, controller_bin: Path):
+    kubeconfig = cluster_kubeconfig()
     config.load_kube_config(config_file=kubeconfig)
-    crds = subprocess.run([_controller_bin(), "crd"], check=True, capture_output=True, text=True).stdout
-    subprocess.run(
-        ["kubectl", "--kubeconfig", kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-"],
-        input=crds, check=True, capture_output=True, text=True,
-    )
-    for crd in ("sandboxes.agents.x-k8s.io", "sandboxclaims.extensions.agents.x-k8s.io",
-                "sandboxtemplates.extensions.agents.x-k8s.io", "sandboxwarmpools.extensions.agents.x-k8s.io"):
-        subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "wait", "--for=condition=Established",
-                        f"crd/{crd}", "--timeout=60s"], check=True, capture_output=True)
+    install_crds(client.ApiClient())
     ns = f"sdk-{uuid.uuid4().hex[:8]}"
     core = client.CoreV1Api()
     core.create_namespace({"metadata": {"name": ns}})
     log = open(tmp_path / "controller.log", "wb")
     proc = subprocess.Popen(
-        [_controller_bin(), "--extensions", "--leader-elect=false", "--watch-namespace", ns,
+        [str(controller_bin), "--extensions", "--leader-elect=false", "--watch-namespace", ns,
          "--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0",
          "--kubeconfig", kubeconfig],
         stdout=subprocess.DEVNULL, stderr=log,
@@ -96,12 +61,12 @@ def test_sdk_create_sandbox_from_warm_pool_and_terminate(cluster):
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "SandboxWarmPool", "metadata": {"name": "pool"},
         "spec": {"replicas": 2, "sandboxTemplateRef": {"name": "tpl"}},
     })
-    _wait("a full warm pool", lambda: (objs.get_namespaced_custom_object(
+    wait_for("a full warm pool", lambda: (objs.get_namespaced_custom_object(
         GROUP, VERSION, ns, "sandboxwarmpools", "pool").get("status") or {}).get("readyReplicas") == 2)
 
     # The SDK's own way to target a given cluster (its default reads the
     # kubeconfig path kubernetes fixed at import time).
-    sdk = SandboxClient(api_client=config.new_client_from_config(config_file=_kubeconfig()))
+    sdk = SandboxClient(api_client=config.new_client_from_config(config_file=cluster_kubeconfig()))
     sandbox = sdk.create_sandbox(warmpool="pool", namespace=ns, sandbox_ready_timeout=60)
     # What the SDK resolved is what our controller produced.
     claim = objs.get_namespaced_custom_object(GROUP, VERSION, ns, "sandboxclaims", sandbox.claim_name)
@@ -127,5 +92,5 @@ def test_sdk_create_sandbox_from_warm_pool_and_terminate(cluster):
                 and not any(s["metadata"]["name"] == sandbox.sandbox_id for s in sandboxes)
                 and not any(p.metadata.name == sandbox.sandbox_id for p in pods))
 
-    _wait("claim, Sandbox and Pod gone after terminate()", gone)
+    wait_for("claim, Sandbox and Pod gone after terminate()", gone)
     assert sandbox.claim_name not in sdk.list_all_sandboxes(namespace=ns)

@@ -14,13 +14,9 @@ the `hub-http` variants locally and fails them in CI.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from contextlib import asynccontextmanager
@@ -31,43 +27,14 @@ from typing import AsyncIterator, Callable, Iterator
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from sandhub_testing import LOOPBACK, free_port, need, running_hub, stop_process, wait_for
+from sandhub_testing.fixtures import sandhub_bin, sandhub_mcp_bin  # noqa: F401 - fixtures
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-LOOPBACK = "127.0.0.1"
-HUB_START_TIMEOUT_S = 30.0
-HUB_STOP_TIMEOUT_S = 15.0
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
 # Every MCP request the tests make is bounded by this (the tools bound
 # their own waits well below it).
 REQUEST_TIMEOUT_S = 120.0
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-def _binary(env: str, name: str) -> Path:
-    explicit = os.environ.get(env)
-    if explicit:
-        return Path(explicit)
-    target = Path(os.environ.get("CARGO_TARGET_DIR") or "target")
-    if not target.is_absolute():
-        target = REPO_ROOT / target
-    return target / "debug" / name
-
-
-def _require(path: Path, what: str) -> Path:
-    if not os.access(path, os.X_OK):
-        message = f"{what} binary not found at {path} (build it with cargo build)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def _http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
@@ -82,6 +49,8 @@ def _http(method: str, url: str, body: bytes | None = None, timeout: float = 10.
 
 @dataclass
 class Hub:
+    """The suite's hub, and the `sandhub-mcp` binary that fronts it."""
+
     url: str
     log: Path
     mcp_bin: Path
@@ -91,59 +60,15 @@ class Hub:
         status, _ = _http("POST", f"{self.url}/mcp", b"{}")
         return status != 404
 
-    def delete_all_sandboxes(self) -> None:
-        status, body = _http("GET", f"{self.url}/v1/sandboxes")
-        if status != 200:
-            return
-        for sandbox in json.loads(body).get("sandboxes", []):
-            _http("DELETE", f"{self.url}/v1/sandboxes/{sandbox['id']}", timeout=60.0)
-
 
 @pytest.fixture(scope="session")
-def hub() -> Iterator[Hub]:
-    sandhub = _require(_binary("SANDHUB_BIN", "sandhub"), "sandhub")
-    mcp_bin = _require(_binary("SANDHUB_MCP_BIN", "sandhub-mcp"), "sandhub-mcp")
-    with tempfile.TemporaryDirectory(prefix="sandhub-mcp-test-") as tmp:
-        port = _free_port()
-        url = f"http://{LOOPBACK}:{port}"
-        log = Path(tmp) / "hub.log"
-        with open(log, "wb") as log_file:
-            process = subprocess.Popen(
-                [str(sandhub), "serve", "--listen", f"{LOOPBACK}:{port}", "--state-dir", f"{tmp}/state"],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            deadline = time.monotonic() + HUB_START_TIMEOUT_S
-            while True:
-                if process.poll() is not None:
-                    pytest.fail(f"sandhub serve exited with {process.returncode}:\n{log.read_text()}")
-                try:
-                    status, _ = _http("GET", f"{url}/v1/sandboxes", timeout=1.0)
-                    if status == 200:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"sandhub serve did not answer within {HUB_START_TIMEOUT_S}s:\n{log.read_text()}")
-                time.sleep(0.1)
-            yield Hub(url=url, log=log, mcp_bin=mcp_bin)
-        finally:
-            # Sandboxes outlive a hub (a restart re-attaches them), so the
-            # tests' leftovers are deleted before the hub goes.
-            if process.poll() is None:
-                try:
-                    Hub(url=url, log=log, mcp_bin=mcp_bin).delete_all_sandboxes()
-                except OSError:
-                    pass
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=HUB_STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=HUB_STOP_TIMEOUT_S)
+def hub(
+    sandhub_bin: Path, sandhub_mcp_bin: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Hub]:
+    # Sandboxes outlive a hub (a restart re-attaches them), so the tests'
+    # leftovers are deleted before the hub goes (sandhub_testing.stop_hub).
+    with running_hub(sandhub_bin, tmp_path_factory.mktemp("mcp")) as hub:
+        yield Hub(url=hub.url, log=hub.log_path, mcp_bin=sandhub_mcp_bin)
 
 
 @asynccontextmanager
@@ -173,7 +98,7 @@ async def http_session(url: str) -> AsyncIterator[ClientSession]:
 @pytest.fixture(scope="session")
 def gateway(hub: Hub) -> Iterator[str]:
     """`sandhub-mcp --listen`: the MCP endpoint URL it serves."""
-    port = _free_port()
+    port = free_port()
     url = f"http://{LOOPBACK}:{port}/mcp"
     with open(hub.log.with_name("sandhub-mcp-http.log"), "wb") as log_file:
         process = subprocess.Popen(
@@ -181,29 +106,19 @@ def gateway(hub: Hub) -> Iterator[str]:
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"sandhub-mcp --listen exited with {process.returncode}")
+        _http("POST", url, b"{}", timeout=1.0)
+        return True
+
     try:
-        deadline = time.monotonic() + HUB_START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"sandhub-mcp --listen exited with {process.returncode}")
-            try:
-                _http("POST", url, b"{}", timeout=1.0)
-                break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"sandhub-mcp --listen did not answer within {HUB_START_TIMEOUT_S}s")
-            time.sleep(0.1)
+        wait_for("sandhub-mcp --listen to answer", answers, timeout=START_TIMEOUT_S)
         yield url
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=HUB_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=HUB_STOP_TIMEOUT_S)
+        stop_process(process, signal.SIGINT, timeout=STOP_TIMEOUT_S)
 
 
 @pytest.fixture(params=["stdio", "http", "hub-http"])
@@ -214,9 +129,5 @@ def connect(request: pytest.FixtureRequest, hub: Hub) -> Callable[[], AsyncItera
     if request.param == "http":
         url = request.getfixturevalue("gateway")
         return lambda: http_session(url)
-    if not hub.serves_mcp():
-        message = f"the hub at {hub.url} does not serve /mcp (POST /mcp answered 404)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+    need(hub.serves_mcp(), f"the hub at {hub.url} does not serve /mcp (POST /mcp answered 404)")
     return lambda: http_session(f"{hub.url}/mcp")

@@ -11,14 +11,15 @@ with 127.0.0.1 as the Pod IP so the router reaches the test's own backends.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 
 import pytest
 import websocket
 
-from router_harness import LOOPBACK, mint, need
+from router_harness import mint
+from sandhub_testing import LOOPBACK, wait_for
+from sandhub_testing.k8s import cluster_kubeconfig
 
 NAME_HASH = "agents.x-k8s.io/sandbox-name-hash"
 WARM_POOL = "agents.x-k8s.io/warm-pool-sandbox"
@@ -34,9 +35,7 @@ def name_hash(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def kubeconfig() -> str:
-    path = os.environ.get("SANDHUB_TEST_KUBECONFIG", "")
-    need(bool(path) and os.path.isfile(path), "SANDHUB_TEST_KUBECONFIG is not set (no test cluster)")
-    return path
+    return cluster_kubeconfig()
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +74,7 @@ def make_pod(core, ns: str, name: str, ip: str = LOOPBACK, *, ready: bool = True
 def cache_router(make_router, kubeconfig, *extra):
     r = make_router("--cache-enabled", "--kubeconfig", kubeconfig, "--cluster-domain", "cluster.invalid",
                     "--upstream-max-retries", "0", *extra)
-    wait_for(lambda: readyz(r) == 200, "router /readyz (Pod cache synced)")
+    wait_for("router /readyz (Pod cache synced)", lambda: readyz(r) == 200)
     return r
 
 
@@ -87,16 +86,6 @@ def readyz(r) -> int:
         return c.getresponse().status
     finally:
         c.close()
-
-
-def wait_for(pred, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def execute(r, sandboxd, sandbox_id: str, ns: str, **extra) -> tuple[int, bytes]:
@@ -114,13 +103,13 @@ def routed(r, sandboxd, sandbox_id, ns, **extra) -> bool:
 def test_pod_cache_routes_ready_pods_by_name_uid_and_hash(core, ns, make_router, kubeconfig, sandboxd):
     r = cache_router(make_router, kubeconfig, "--cache-namespace", ns)
     make_pod(core, ns, "box-a")
-    wait_for(lambda: routed(r, sandboxd, "box-a", ns), "box-a routed through the cache")
+    wait_for("box-a routed through the cache", lambda: routed(r, sandboxd, "box-a", ns))
     # A Pod whose name differs from its sandbox's is found by the name hash.
     make_pod(core, ns, "pool-x7k2p", sandbox="my-sandbox")
-    wait_for(lambda: routed(r, sandboxd, "my-sandbox", ns), "my-sandbox routed by name hash")
+    wait_for("my-sandbox routed by name hash", lambda: routed(r, sandboxd, "my-sandbox", ns))
     # Unclaimed warm-pool Pods are not reachable by name, only by UID.
     warm_uid = make_pod(core, ns, "warm-1", warm=True)
-    wait_for(lambda: routed(r, sandboxd, "warm-1", ns, **{"X-Sandbox-UID": warm_uid}), "warm Pod by UID")
+    wait_for("warm Pod by UID", lambda: routed(r, sandboxd, "warm-1", ns, **{"X-Sandbox-UID": warm_uid}))
     assert execute(r, sandboxd, "warm-1", ns)[0] == 502
     # Not Ready: not routed.
     make_pod(core, ns, "not-ready", ready=False)
@@ -128,10 +117,10 @@ def test_pod_cache_routes_ready_pods_by_name_uid_and_hash(core, ns, make_router,
     assert execute(r, sandboxd, "not-ready", ns)[0] == 502
     # Readiness lost: dropped.
     core.patch_namespaced_pod_status("box-a", ns, {"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
-    wait_for(lambda: execute(r, sandboxd, "box-a", ns)[0] == 502, "box-a dropped when not Ready")
+    wait_for("box-a dropped when not Ready", lambda: execute(r, sandboxd, "box-a", ns)[0] == 502)
     # Deleted: dropped.
     core.delete_namespaced_pod("pool-x7k2p", ns, grace_period_seconds=0)
-    wait_for(lambda: execute(r, sandboxd, "my-sandbox", ns)[0] == 502, "deleted Pod dropped")
+    wait_for("deleted Pod dropped", lambda: execute(r, sandboxd, "my-sandbox", ns)[0] == 502)
 
 
 def test_pod_cache_namespace_scope(core, ns, make_router, kubeconfig, sandboxd):
@@ -141,11 +130,11 @@ def test_pod_cache_namespace_scope(core, ns, make_router, kubeconfig, sandboxd):
         r = cache_router(make_router, kubeconfig, "--cache-namespace", ns)
         make_pod(core, other, "outside")
         make_pod(core, ns, "inside")
-        wait_for(lambda: routed(r, sandboxd, "inside", ns), "inside routed")
+        wait_for("inside routed", lambda: routed(r, sandboxd, "inside", ns))
         assert execute(r, sandboxd, "outside", other)[0] == 502
         # Without --cache-namespace every namespace is watched.
         r_all = cache_router(make_router, kubeconfig)
-        wait_for(lambda: routed(r_all, sandboxd, "outside", other), "outside routed by a cluster-wide cache")
+        wait_for("outside routed by a cluster-wide cache", lambda: routed(r_all, sandboxd, "outside", other))
     finally:
         core.delete_namespace(other)
 
@@ -155,7 +144,7 @@ def test_unreachable_pod_is_evicted_refused_is_not(core, ns, make_router, kubeco
     # 192.0.2.0/24 (TEST-NET-1) is never routed: the dial times out or is unreachable.
     make_pod(core, ns, "lost", ip="192.0.2.10")
     make_pod(core, ns, "refusing")
-    wait_for(lambda: routed(r, sandboxd, "refusing", ns), "refusing routed while sandboxd runs")
+    wait_for("refusing routed while sandboxd runs", lambda: routed(r, sandboxd, "refusing", ns))
     status, body = execute(r, sandboxd, "lost", ns)
     assert status == 502, body
     assert r.metric("sandbox_router_cache_invalidations_total") == 1
@@ -172,7 +161,7 @@ def test_scoped_token_end_to_end_through_the_cache(core, ns, make_router, kubeco
     make_pod(core, ns, "mine")
     make_pod(core, ns, "theirs")
     auth = {"Authorization": f"Bearer {mint(ns, 'mine')}"}
-    wait_for(lambda: routed(r, sandboxd, "mine", ns, **auth), "mine routed with its token")
+    wait_for("mine routed with its token", lambda: routed(r, sandboxd, "mine", ns, **auth))
     status, body = execute(r, sandboxd, "theirs", ns, **auth)
     assert (status, json.loads(body)["detail"]) == (403, "Token is not valid for this sandbox.")
 
@@ -192,7 +181,7 @@ def test_path_routing_session_and_websocket_over_the_cache(core, ns, make_router
         status, _, body = r.request("GET", f"{base}/app/?x=1", headers={"Cookie": f"{cookie}; pref=1"})
         return json.loads(body) if status == 200 else None
 
-    seen = wait_for(echo_seen, "path-routed request reaches the backend")
+    seen = wait_for("path-routed request reaches the backend", echo_seen)
     assert seen["path"] == "/app/?x=1"  # prefix, namespace, id and port stripped
     assert seen["headers"]["cookie"] == "pref=1"  # the session cookie stays with the router
     # A cookie's Path covers one port, so the WebSocket port gets its own session.

@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from router_harness import LOOPBACK, Router, free_ports, need
+from sandhub_testing import LOOPBACK, Router, free_ports, need
 
 TIMEOUT = 5.0
 REF_ARGS = shlex.split(os.environ.get("FAST_PATH_REF_ARGS", "--http1-fast-path=false"))

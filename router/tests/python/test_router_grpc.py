@@ -13,7 +13,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 # The SDK's own generated process.v1 stubs.
 from k8s_agent_sandbox.commands._process_stubs import process_pb2, process_pb2_grpc
 
-from router_harness import LOOPBACK
+from sandhub_testing import LOOPBACK
 
 
 def md(sandboxd, port=None, sandbox_id="sb-grpc", **extra):

@@ -12,7 +12,8 @@ import urllib.parse
 import pytest
 import websocket
 
-from router_harness import LOOPBACK, mint
+from router_harness import mint
+from sandhub_testing import LOOPBACK
 
 
 def detail(body: bytes) -> str:

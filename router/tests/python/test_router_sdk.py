@@ -17,7 +17,7 @@ import pytest
 from k8s_agent_sandbox import SandboxClient
 from k8s_agent_sandbox.models import SandboxDirectConnectionConfig
 
-from router_harness import LOOPBACK
+from sandhub_testing import LOOPBACK
 
 SANDBOX = "sdk-sandbox"
 

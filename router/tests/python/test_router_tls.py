@@ -16,7 +16,7 @@ import grpc
 import pytest
 from k8s_agent_sandbox.commands._process_stubs import process_pb2, process_pb2_grpc
 
-from router_harness import LOOPBACK, need
+from sandhub_testing import LOOPBACK, need
 
 
 def openssl(*args: str, cwd: Path) -> None:

@@ -1,6 +1,7 @@
-"""Helpers and the cluster fixture for the end-to-end tests. End-to-end on the real test cluster: `sandhub serve --backend kubernetes`
-against our controller, with Pods that really run sandboxd on the real node
-(kubelet + containerd + runc, image `sandhub/sandboxd:dev`).
+"""The hub on the kubernetes backend, end to end on the real test cluster:
+`sandhub serve --backend kubernetes` against our controller, with Pods that
+really run sandboxd on the real node (kubelet + containerd + runc, image
+`sandhub/sandboxd:dev`). Used by tests/k8s_e2e and bench/k8s_hub.py.
 
 Needs SANDHUB_TEST_KUBECONFIG and SANDHUB_TEST_REAL_NODE=1 (scripts/test.sh
 sets both); without them the tests skip, and under CI=true they fail.
@@ -12,83 +13,29 @@ import hashlib
 import hmac
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LOOPBACK = "127.0.0.1"
+from .binaries import binary
+from .env import need
+from .k8s import cluster_kubeconfig, install_crds
+from .net import LOOPBACK, free_port
+from .procs import stop_process, wait_for
+
 POOL = "python"
 IMAGE = "sandhub/sandboxd:dev"
 EXT = ("extensions.agents.x-k8s.io", "v1beta1")
 CORE = ("agents.x-k8s.io", "v1beta1")
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-def need(condition: bool, message: str) -> None:
-    if not condition:
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-
-
-def binary(env: str, name: str) -> Path:
-    explicit = os.environ.get(env)
-    if explicit:
-        path = Path(explicit)
-    else:
-        target = Path(os.environ.get("CARGO_TARGET_DIR") or "target")
-        if not target.is_absolute():
-            target = REPO_ROOT / target
-        path = target / "debug" / name
-    need(os.access(path, os.X_OK), f"{name} not found at {path} (cargo build --workspace)")
-    return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what: str, check, timeout: float = 120.0, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except Exception as e:  # noqa: BLE001 - keep polling until the deadline
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass
@@ -147,7 +94,7 @@ class Cluster:
         proc = self.spawn(
             "hub",
             [
-                str(binary("SANDHUB_BIN", "sandhub")),
+                str(binary("sandhub")),
                 "serve",
                 "--backend", "kubernetes",
                 "--kubeconfig", self.kubeconfig,
@@ -168,6 +115,30 @@ class Cluster:
         wait_for("the hub to answer /readyz", ready, timeout=30)
         return proc, url
 
+    def start_router(self, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
+        """`sandhub-router` with its Pod cache on this namespace, plus `extra`
+        flags; returns once it answers /healthz, with its URL."""
+        port = free_port()
+        proc = self.spawn(name, [
+            str(binary("sandhub-router")),
+            "--http-bind-address", f"{LOOPBACK}:{port}",
+            "--metrics-bind-address", f"{LOOPBACK}:{free_port()}",
+            "--health-probe-bind-address", f"{LOOPBACK}:{free_port()}",
+            *extra,
+            "--cache-enabled", "--cache-namespace", self.ns,
+            "--kubeconfig", self.kubeconfig,
+        ])
+        url = f"http://{LOOPBACK}:{port}"
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"router exited with {proc.returncode}; see {self.logs}/{name}.log")
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as r:
+                return r.status == 200
+
+        wait_for("the router", healthy, timeout=30)
+        return proc, url
+
     def hub_leftovers(self) -> list[str]:
         """Claims, Sandboxes and Pods the hub made that are still there."""
         left = [f"claim/{c['metadata']['name']}" for c in self.claims()
@@ -183,35 +154,6 @@ class Cluster:
             if "agents.x-k8s.io/warm-pool-sandbox" not in labels and pod.metadata.deletion_timestamp is None:
                 left.append(f"pod/{pod.metadata.name}")
         return left
-
-
-def install_crds(api: k8s.ApiClient) -> None:
-    out = subprocess.run(
-        [str(binary("SANDHUB_CONTROLLER_BIN", "sandhub-controller")), "crd"],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    ext = k8s.ApiextensionsV1Api(api)
-    for doc in yaml.safe_load_all(out):
-        if not doc:
-            continue
-        try:
-            ext.create_custom_resource_definition(doc)
-        except ApiException as e:
-            if e.status != 409:
-                raise
-            current = ext.read_custom_resource_definition(doc["metadata"]["name"])
-            doc["metadata"]["resourceVersion"] = current.metadata.resource_version
-            ext.replace_custom_resource_definition(doc["metadata"]["name"], doc)
-    for doc in yaml.safe_load_all(out):
-        if doc:
-            wait_for(
-                f"CRD {doc['metadata']['name']} Established",
-                lambda n=doc["metadata"]["name"]: any(
-                    c.type == "Established" and c.status == "True"
-                    for c in (ext.read_custom_resource_definition(n).status.conditions or [])
-                ),
-                timeout=30,
-            )
 
 
 def template(name: str = POOL) -> dict:
@@ -244,10 +186,11 @@ def template(name: str = POOL) -> dict:
     }
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    kubeconfig = os.environ.get("SANDHUB_TEST_KUBECONFIG", "")
-    need(bool(kubeconfig), "SANDHUB_TEST_KUBECONFIG is not set (scripts/test.sh starts the test cluster)")
+@contextmanager
+def e2e_cluster() -> Iterator[Cluster]:
+    """A fresh namespace with our CRDs, the pool template, a warm pool of 2 and
+    the controller, with 2 warm sandboxes Ready; all gone afterwards."""
+    kubeconfig = cluster_kubeconfig()
     need(os.environ.get("SANDHUB_TEST_REAL_NODE") == "1",
          "SANDHUB_TEST_REAL_NODE is not 1 (scripts/test.sh starts the real node as root)")
     api = k8s_config.new_client_from_config(config_file=kubeconfig)
@@ -268,7 +211,7 @@ def cluster() -> Iterator[Cluster]:
             "spec": {"replicas": 2, "sandboxTemplateRef": {"name": POOL}},
         })
         c.spawn("controller", [
-            str(binary("SANDHUB_CONTROLLER_BIN", "sandhub-controller")),
+            str(binary("sandhub-controller")),
             "--extensions", "--leader-elect=false",
             "--watch-namespace", ns, "--kubeconfig", kubeconfig,
             "--metrics-bind-address", f"{LOOPBACK}:0",
@@ -279,11 +222,18 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         for p in reversed(c.procs):
-            stop(p)
+            stop_process(p)
         try:
             c.core.delete_namespace(ns)
         except ApiException:
             pass
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The e2e cluster, once per session (see e2e_cluster)."""
+    with e2e_cluster() as c:
+        yield c
 
 
 def wait_for_pool(c: Cluster, ready: int, timeout: float = 180.0) -> None:
