@@ -1,0 +1,72 @@
+//! The one tokio runtime every `Hub`, `AsyncHub` and `Sandboxd` shares, and
+//! the two ways a call crosses into it: blocking (GIL released, Ctrl-C
+//! checked between ticks) or as an asyncio awaitable.
+
+use std::{future::Future, time::Duration};
+
+use pyo3::{exceptions::PyRuntimeError, prelude::*, IntoPyObjectExt};
+use tokio::runtime::Runtime;
+
+use crate::errors::Failure;
+
+/// How often a blocking call wakes to let Python run signal handlers: short
+/// enough that Ctrl-C feels immediate, long enough to cost nothing.
+const SIGNAL_TICK: Duration = Duration::from_millis(50);
+
+/// pyo3-async-runtimes' runtime, so awaitables and blocking calls run on the
+/// same workers and share connection pools (no second, hidden runtime).
+pub fn rt() -> &'static Runtime {
+    pyo3_async_runtimes::tokio::get_runtime()
+}
+
+/// Runs `fut` to completion with the GIL released. Every [`SIGNAL_TICK`]
+/// the GIL is taken back just long enough to run signal handlers; when one
+/// raises (`KeyboardInterrupt`), the task is aborted, which drops its
+/// request (the hub sees the connection close) and leaves every handle the
+/// call borrowed intact for the next call.
+pub fn block_on<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    let mut task = rt().spawn(fut);
+    loop {
+        // The timer must be made inside the runtime, hence the async block.
+        let waited = py.detach(|| {
+            rt().block_on(async { tokio::time::timeout(SIGNAL_TICK, &mut task).await })
+        });
+        match waited {
+            Ok(Ok(result)) => return result.map_err(|f| f.into_py(py)),
+            Ok(Err(join)) => {
+                return Err(PyRuntimeError::new_err(format!(
+                    "sandhub: the request task failed: {join}"
+                )))
+            }
+            Err(_tick) => {
+                if let Err(interrupt) = py.check_signals() {
+                    task.abort();
+                    return Err(interrupt);
+                }
+            }
+        }
+    }
+}
+
+/// Sync or async, decided once per client: the value itself, or an
+/// awaitable whose cancellation drops the request.
+pub fn call<'py, T, F>(py: Python<'py>, asynchronous: bool, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+    F: Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    if asynchronous {
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            match fut.await {
+                Ok(v) => Ok(v),
+                Err(f) => Err(Python::attach(|py| f.into_py(py))),
+            }
+        })
+    } else {
+        block_on(py, fut)?.into_bound_py_any(py)
+    }
+}
