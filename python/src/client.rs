@@ -58,9 +58,8 @@ impl NativeClient {
     #[staticmethod]
     #[pyo3(signature = (url, api_key=None, asynchronous=false))]
     fn hub(url: &str, api_key: Option<String>, asynchronous: bool) -> PyResult<Self> {
-        let client = HubClient::new(url, api_key).map_err(|e| {
-            Python::attach(|py| Failure::from(e).into_py(py))
-        })?;
+        let client = HubClient::new(url, api_key)
+            .map_err(|e| Python::attach(|py| Failure::from(e).into_py(py)))?;
         Ok(NativeClient {
             backend: Backend::Hub(client),
             asynchronous,
@@ -142,7 +141,12 @@ impl NativeClient {
     }
 
     /// `suspend`, `resume` or `reset`: each answers the sandbox.
-    fn lifecycle<'py>(&self, py: Python<'py>, id: String, action: String) -> PyResult<Bound<'py, PyAny>> {
+    fn lifecycle<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        action: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
         run!(self, py, |b| {
             let hub = b.hub()?;
             let sandbox = match action.as_str() {
@@ -188,7 +192,9 @@ impl NativeClient {
                 Some(Ok(ProcessEvent::Started { pid })) => pid,
                 Some(Err(e)) => return Err(e.into()),
                 _ => {
-                    return Err(Error::internal("the process stream did not start with its pid").into())
+                    return Err(
+                        Error::internal("the process stream did not start with its pid").into(),
+                    )
                 }
             };
             Ok(ProcessStream::new(b, id, pid, asynchronous, events))
@@ -211,7 +217,13 @@ impl NativeClient {
         run!(self, py, |b| Ok(b.write_stdin(&id, pid, input).await?))
     }
 
-    fn signal<'py>(&self, py: Python<'py>, id: String, pid: i32, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    fn signal<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        pid: i32,
+        name: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let signal = signal_of(name);
         run!(self, py, |b| Ok(b.signal(&id, pid, signal?).await?))
     }
@@ -224,14 +236,22 @@ impl NativeClient {
         rows: u16,
         cols: u16,
     ) -> PyResult<Bound<'py, PyAny>> {
-        run!(self, py, |b| Ok(b.resize(&id, pid, PtySize { cols, rows }).await?))
+        run!(self, py, |b| Ok(b
+            .resize(&id, pid, PtySize { cols, rows })
+            .await?))
     }
 
     // -------------------------------------------------------------- files
 
     /// The whole file, refusing past `limit` bytes without keeping them.
     #[pyo3(signature = (id, path, limit=None))]
-    fn read<'py>(&self, py: Python<'py>, id: String, path: String, limit: Option<u64>) -> PyResult<Bound<'py, PyAny>> {
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+        limit: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         run!(self, py, |b| {
             let stream = b.read_file(&id, &path).await?;
             let state = tokio::sync::Mutex::new((Some(stream), 0));
@@ -244,7 +264,13 @@ impl NativeClient {
     }
 
     #[pyo3(signature = (id, path, limit=None))]
-    fn open_read<'py>(&self, py: Python<'py>, id: String, path: String, limit: Option<u64>) -> PyResult<Bound<'py, PyAny>> {
+    fn open_read<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+        limit: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let asynchronous = self.asynchronous;
         run!(self, py, |b| {
             let stream = b.read_file(&id, &path).await?;
@@ -264,7 +290,12 @@ impl NativeClient {
         )
     }
 
-    fn list_files<'py>(&self, py: Python<'py>, id: String, path: String) -> PyResult<Bound<'py, PyAny>> {
+    fn list_files<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
         run!(self, py, |b| Ok(json(&b.list_files(&id, &path).await?)?))
     }
 
@@ -278,13 +309,30 @@ impl NativeClient {
         })
     }
 
-    fn remove<'py>(&self, py: Python<'py>, id: String, path: String, recursive: bool) -> PyResult<Bound<'py, PyAny>> {
-        run!(self, py, |b| Ok(b.delete_file(&id, &path, recursive).await?))
+    fn remove<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+        recursive: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b
+            .delete_file(&id, &path, recursive)
+            .await?))
     }
 
-    fn watch<'py>(&self, py: Python<'py>, id: String, path: String, recursive: bool) -> PyResult<Bound<'py, PyAny>> {
+    fn watch<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+        recursive: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let asynchronous = self.asynchronous;
-        run!(self, py, |b| Ok(WatchStream::new(asynchronous, b.watch(&id, &path, recursive).await?)))
+        run!(self, py, |b| Ok(WatchStream::new(
+            asynchronous,
+            b.watch(&id, &path, recursive).await?
+        )))
     }
 
     // ------------------------------------------------------ direct sandboxd
@@ -306,17 +354,32 @@ impl NativeClient {
     // ------------------------------------------------- templates and pools
 
     /// `kind` is `template` or `pool`; `body` is its JSON spec.
-    fn put_named<'py>(&self, py: Python<'py>, kind: String, name: String, body: &str) -> PyResult<Bound<'py, PyAny>> {
+    fn put_named<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        name: String,
+        body: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
         if kind == "template" {
             let t: Template = parse("template", body)?;
-            run!(self, py, |b| Ok(json(&b.hub()?.put_template(&name, t).await?)?))
+            run!(self, py, |b| Ok(json(
+                &b.hub()?.put_template(&name, t).await?
+            )?))
         } else {
             let spec: PoolSpec = parse("pool", body)?;
-            run!(self, py, |b| Ok(json(&b.hub()?.put_pool(&name, spec).await?)?))
+            run!(self, py, |b| Ok(json(
+                &b.hub()?.put_pool(&name, spec).await?
+            )?))
         }
     }
 
-    fn get_named<'py>(&self, py: Python<'py>, kind: String, name: String) -> PyResult<Bound<'py, PyAny>> {
+    fn get_named<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        name: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
         run!(self, py, |b| {
             let hub = b.hub()?;
             if kind == "template" {
@@ -338,7 +401,12 @@ impl NativeClient {
         })
     }
 
-    fn delete_named<'py>(&self, py: Python<'py>, kind: String, name: String) -> PyResult<Bound<'py, PyAny>> {
+    fn delete_named<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        name: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
         run!(self, py, |b| {
             let hub = b.hub()?;
             if kind == "template" {
@@ -356,13 +424,27 @@ impl NativeClient {
         run!(self, py, |b| Ok(json(&b.hub()?.gym_create(&spec).await?)?))
     }
 
-    fn gym_reset<'py>(&self, py: Python<'py>, env_id: String, body: &str) -> PyResult<Bound<'py, PyAny>> {
+    fn gym_reset<'py>(
+        &self,
+        py: Python<'py>,
+        env_id: String,
+        body: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let request: ResetRequest = parse("reset", body)?;
-        run!(self, py, |b| Ok(json(&b.hub()?.gym_reset(&env_id, &request).await?)?))
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.gym_reset(&env_id, &request).await?
+        )?))
     }
 
-    fn gym_step<'py>(&self, py: Python<'py>, env_id: String, action: String) -> PyResult<Bound<'py, PyAny>> {
-        run!(self, py, |b| Ok(json(&b.hub()?.gym_step(&env_id, &action).await?)?))
+    fn gym_step<'py>(
+        &self,
+        py: Python<'py>,
+        env_id: String,
+        action: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.gym_step(&env_id, &action).await?
+        )?))
     }
 
     fn gym_close<'py>(&self, py: Python<'py>, env_id: String) -> PyResult<Bound<'py, PyAny>> {
@@ -371,6 +453,8 @@ impl NativeClient {
 
     fn gym_step_many<'py>(&self, py: Python<'py>, body: &str) -> PyResult<Bound<'py, PyAny>> {
         let batch: BatchStep = parse("step_many", body)?;
-        run!(self, py, |b| Ok(json(&b.hub()?.gym_step_many(&batch).await?)?))
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.gym_step_many(&batch).await?
+        )?))
     }
 }

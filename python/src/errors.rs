@@ -40,13 +40,16 @@ impl Failure {
         };
         let build = || -> PyResult<PyErr> {
             let module = py.import("sandhub.errors")?;
-            let exc = module
-                .getattr("_from_native")?
-                .call1((kind, code, message.as_str(), status))?;
+            let exc =
+                module
+                    .getattr("_from_native")?
+                    .call1((kind, code, message.as_str(), status))?;
             Ok(PyErr::from_value(exc))
         };
         build().unwrap_or_else(|e| {
-            PyRuntimeError::new_err(format!("{code}: {message} (and sandhub.errors failed: {e})"))
+            PyRuntimeError::new_err(format!(
+                "{code}: {message} (and sandhub.errors failed: {e})"
+            ))
         })
     }
 }

@@ -32,9 +32,8 @@ where
     let mut task = rt().spawn(fut);
     loop {
         // The timer must be made inside the runtime, hence the async block.
-        let waited = py.detach(|| {
-            rt().block_on(async { tokio::time::timeout(SIGNAL_TICK, &mut task).await })
-        });
+        let waited = py
+            .detach(|| rt().block_on(async { tokio::time::timeout(SIGNAL_TICK, &mut task).await }));
         match waited {
             Ok(Ok(result)) => return result.map_err(|f| f.into_py(py)),
             Ok(Err(join)) => {

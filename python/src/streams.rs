@@ -73,14 +73,20 @@ impl ProcessStream {
                 )),
             };
             match item {
-                Ok(ProcessEvent::Stdout { data }) => Ok(Some(PyEvent::Output("stdout", data.into()))),
-                Ok(ProcessEvent::Stderr { data }) => Ok(Some(PyEvent::Output("stderr", data.into()))),
+                Ok(ProcessEvent::Stdout { data }) => {
+                    Ok(Some(PyEvent::Output("stdout", data.into())))
+                }
+                Ok(ProcessEvent::Stderr { data }) => {
+                    Ok(Some(PyEvent::Output("stderr", data.into())))
+                }
                 Ok(ProcessEvent::Exited { exit_code }) => {
                     *guard = None;
                     Ok(Some(PyEvent::Exit("exit", exit_code)))
                 }
                 // Only the first event is `Started`, consumed by `start`.
-                Ok(ProcessEvent::Started { .. }) => Ok(Some(PyEvent::Output("stdout", Bytes::new()))),
+                Ok(ProcessEvent::Started { .. }) => {
+                    Ok(Some(PyEvent::Output("stdout", Bytes::new())))
+                }
                 Err(cause) => {
                     *guard = None;
                     if backend.vanished(&id, &cause).await {
