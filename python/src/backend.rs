@@ -17,7 +17,9 @@ use sandhub_client::{
 #[derive(Clone)]
 pub enum Backend {
     Hub(HubClient),
-    Direct(SandboxdClient),
+    /// Boxed: a sandboxd client is ten times a hub client's size, and
+    /// every call clones the backend into its task.
+    Direct(Box<SandboxdClient>),
 }
 
 /// Reads that change nothing are retried this many times when the

@@ -92,7 +92,7 @@ impl NativeClient {
         };
         let client = built.map_err(|e| Failure::from(e).into_py(py))?;
         Ok(NativeClient {
-            backend: Backend::Direct(client),
+            backend: Backend::Direct(Box::new(client)),
             asynchronous,
         })
     }
