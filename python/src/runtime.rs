@@ -2,7 +2,7 @@
 //! the two ways a call crosses into it: blocking (GIL released, Ctrl-C
 //! checked between ticks) or as an asyncio awaitable.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::OnceLock, time::Duration};
 
 use pyo3::{exceptions::PyRuntimeError, prelude::*, IntoPyObjectExt};
 use tokio::runtime::Runtime;
@@ -13,10 +13,30 @@ use crate::errors::Failure;
 /// enough that Ctrl-C feels immediate, long enough to cost nothing.
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
 
+/// The process that started the runtime. A child made by `fork()` inherits
+/// the runtime's memory but none of its threads, so a call there would
+/// wait forever for a worker that does not exist.
+static OWNER: OnceLock<u32> = OnceLock::new();
+
 /// pyo3-async-runtimes' runtime, so awaitables and blocking calls run on the
 /// same workers and share connection pools (no second, hidden runtime).
 pub fn rt() -> &'static Runtime {
+    OWNER.get_or_init(std::process::id);
     pyo3_async_runtimes::tokio::get_runtime()
+}
+
+/// Refuses calls in a process forked after the runtime started (a clear
+/// error instead of a hang).
+pub fn check_fork() -> PyResult<()> {
+    match OWNER.get() {
+        Some(&owner) if owner != std::process::id() => Err(PyRuntimeError::new_err(
+            "sandhub was already in use when this process was forked, and its threads \
+             did not survive the fork: use multiprocessing's 'spawn' or 'forkserver' \
+             start method (pickled Sandbox objects re-attach with hub.get), or create \
+             clients only after forking",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Runs `fut` to completion with the GIL released. Every [`SIGNAL_TICK`]
@@ -29,6 +49,7 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, Failure>> + Send + 'static,
 {
+    check_fork()?;
     let mut task = rt().spawn(fut);
     loop {
         // The timer must be made inside the runtime, hence the async block.
@@ -59,6 +80,8 @@ where
     F: Future<Output = Result<T, Failure>> + Send + 'static,
 {
     if asynchronous {
+        check_fork()?;
+        rt();
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             match fut.await {
                 Ok(v) => Ok(v),

@@ -185,3 +185,21 @@ def test_sandbox_deleted_under_a_running_call_is_lost(hub: sandhub.Hub):
         for _ in h.events():
             pass
     assert isinstance(err.value, sandhub.NotFoundError)
+
+
+def test_a_forked_child_gets_a_clear_error_not_a_hang(hub: sandhub.Hub):
+    with hub.create() as sb:
+        sb.commands.run("true")  # the runtime is running in this process
+        pid = os.fork()
+        if pid == 0:  # the child: must raise at once, never wait on a dead thread
+            code = 1
+            try:
+                sb.commands.run("true")
+            except RuntimeError as e:
+                code = 0 if "spawn" in str(e) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The parent is unaffected.
+        assert sb.commands.run("echo still").stdout == "still\n"
