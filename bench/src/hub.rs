@@ -316,6 +316,13 @@ async fn sdk(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<
         us(py.p50),
         Some(Target::RatioAtMost(1.15)),
     ));
+    let (rust, py) = sdk::concurrent(hub, &args.python, 64, 10).await?;
+    report.rows.push(Row::compare(
+        "64 concurrent sessions: Python AsyncHub vs Rust HubClient, calls/s",
+        Value::new(rust, Unit::PerSecond),
+        Value::new(py, Unit::PerSecond),
+        None,
+    ));
     Ok(())
 }
 
