@@ -16,33 +16,27 @@ from __future__ import annotations
 
 from ._async import (
     AsyncCommands,
-    AsyncEnv,
     AsyncFiles,
-    AsyncGym,
     AsyncHub,
-    AsyncPools,
     AsyncProcessHandle,
     AsyncSandbox,
     AsyncSandboxd,
-    AsyncTemplates,
     AsyncWatch,
     AsyncWatcher,
 )
+from ._async_services import AsyncEnv, AsyncGym, AsyncPools, AsyncTemplates
 from ._sandhub import __version__
 from ._sync import (
     Commands,
-    Env,
     Files,
-    Gym,
     Hub,
-    Pools,
     ProcessHandle,
     Sandbox,
     Sandboxd,
-    Templates,
     Watch,
     Watcher,
 )
+from ._sync_services import Env, Gym, Pools, Templates
 from .errors import (
     AlreadyExistsError,
     ConflictError,
