@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use pyo3::prelude::*;
 use sandhub_client::{ByteStream, Error, ProcessEvent, ProcessEvents, Result, WatchEvents};
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::{mpsc, Mutex, Notify};
 
 use crate::{
     backend::Backend,
@@ -261,6 +261,8 @@ impl FileWriter {
 pub struct WatchStream {
     asynchronous: bool,
     events: Arc<Mutex<Option<WatchEvents>>>,
+    /// `close()` from another thread or task ends a read that is waiting.
+    closed: Arc<Notify>,
 }
 
 impl WatchStream {
@@ -268,21 +270,27 @@ impl WatchStream {
         WatchStream {
             asynchronous,
             events: Arc::new(Mutex::new(Some(events))),
+            closed: Arc::new(Notify::new()),
         }
     }
 }
 
 #[pymethods]
 impl WatchStream {
-    /// The next batch as a JSON list, or None when the watch ended.
+    /// The next batch as a JSON list, or None when the watch ended or was closed.
     fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let events = self.events.clone();
+        let closed = self.closed.clone();
         call(py, self.asynchronous, async move {
             let mut guard = events.lock().await;
             let Some(stream) = guard.as_mut() else {
                 return Ok(None);
             };
-            match stream.next().await {
+            let item = tokio::select! {
+                item = stream.next() => item,
+                () = closed.notified() => None,
+            };
+            match item {
                 None => {
                     *guard = None;
                     Ok(None)
@@ -296,8 +304,11 @@ impl WatchStream {
         })
     }
 
-    /// Stops the watch (drops the stream and its connection).
+    /// Stops the watch: a waiting read returns None, and the stream (with
+    /// its connection) is dropped.
     fn close(&self) {
+        // A stored permit if no read is waiting: the next read sees it.
+        self.closed.notify_one();
         if let Ok(mut guard) = self.events.try_lock() {
             *guard = None;
         }

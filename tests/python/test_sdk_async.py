@@ -166,3 +166,19 @@ def test_cancelling_a_task_kills_the_command(hub_url: str):
 
         run(main())
         assert wait_gone(sb.commands.run, "4321.5") == []
+
+
+def test_closing_an_async_watch_ends_a_waiting_read(hub_url: str):
+    async def main() -> None:
+        async with await sandhub.AsyncHub(hub_url).create() as sb:
+            watch = await sb.watcher.watch(".")
+
+            async def drain() -> int:
+                return sum([len(b) async for b in watch])
+
+            task = asyncio.create_task(drain())
+            await asyncio.sleep(0)  # let the read start waiting
+            watch.close()
+            assert await asyncio.wait_for(task, 30) == 0
+
+    run(main())

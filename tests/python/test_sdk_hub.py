@@ -325,3 +325,15 @@ def test_blocking_calls_release_the_gil(sb: sandhub.Sandbox):
     for t in threads:
         t.join()
     assert time.monotonic() - start < 1.8
+
+
+def test_closing_a_watch_ends_a_waiting_read(sb: sandhub.Sandbox):
+    watch = sb.watcher.watch(".")
+    batches: list[list[sandhub.WatchEvent]] = []
+    reader = threading.Thread(target=lambda: batches.extend(watch))
+    reader.start()
+    watch.close()
+    reader.join(timeout=30)
+    assert not reader.is_alive()
+    assert batches == []
+    assert list(watch) == []  # closed stays closed
