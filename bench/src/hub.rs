@@ -19,6 +19,7 @@ mod gym;
 mod mcp;
 mod procs;
 mod rest;
+mod sdk;
 mod server;
 
 use std::{
@@ -32,7 +33,7 @@ use clap::ValueEnum;
 use self::{rest::Series, server::Hub};
 use crate::{
     machine::Machine,
-    report::{Progress, Report, Row, Unit, Value},
+    report::{Progress, Report, Row, Target, Unit, Value},
     stats::{summarize, Summary},
 };
 
@@ -125,6 +126,10 @@ pub struct Args {
     #[arg(long, env = "SANDHUB_BENCH_PHASE_TIMEOUT_SECS", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     phase_timeout_secs: u64,
+
+    /// The Python with the `sandhub` SDK installed, for the sdk phase.
+    #[arg(long, env = "SANDHUB_BENCH_PYTHON", default_value = "python3")]
+    python: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -136,6 +141,9 @@ enum Phase {
     Mcp,
     Gym,
     Memory,
+    /// The Python SDK vs the Rust HubClient (not in the default set: it
+    /// needs `sandhub` installed for --python).
+    Sdk,
 }
 
 impl Args {
@@ -210,6 +218,7 @@ async fn phases(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Resu
             Phase::Mcp => mcp(args, hub, report).await,
             Phase::Gym => gym(args, hub, report).await,
             Phase::Memory => memory(args, hub, report).await,
+            Phase::Sdk => sdk(args, hub, report).await,
         };
         if let Err(e) = r {
             eprintln!("{phase:?}: FAILED: {e:#}");
@@ -291,6 +300,27 @@ async fn exec(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result
         "exec `true` via hub vs direct sandboxd, p99",
         us(d.p99),
         us(h.p99),
+        None,
+    ));
+    Ok(())
+}
+
+/// `commands.run("true")` through the Python SDK vs the Rust HubClient.
+async fn sdk(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let (rust, py) = sdk::exec(hub, &args.python, args.exec_iterations, args.exec_warmup).await?;
+    let rust = summary(report, "exec true via Rust HubClient", rust)?;
+    let py = summary(report, "commands.run true via the Python SDK", py)?;
+    report.rows.push(Row::compare(
+        "run `true`: Python SDK vs Rust HubClient, p50",
+        us(rust.p50),
+        us(py.p50),
+        Some(Target::RatioAtMost(1.15)),
+    ));
+    let (rust, py) = sdk::concurrent(hub, &args.python, 64, 10).await?;
+    report.rows.push(Row::compare(
+        "64 concurrent sessions: Python AsyncHub vs Rust HubClient, calls/s",
+        Value::new(rust, Unit::PerSecond),
+        Value::new(py, Unit::PerSecond),
         None,
     ));
     Ok(())

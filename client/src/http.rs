@@ -3,6 +3,7 @@
 //! Every route is one line in the table `Sandboxes` is written to (see the
 //! method bodies); errors come back as the hub's `{code, message}` body.
 
+mod gym;
 mod lines;
 mod ndjson;
 mod sse;

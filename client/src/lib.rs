@@ -3,10 +3,15 @@
 //! [`Sandboxes`] is the whole model (sandboxes, processes, files, watches,
 //! lifecycle, templates, pools) as one async trait. The hub implements it
 //! in-process, [`http::HubClient`] implements it against a hub URL, and MCP,
-//! Gym, the CLI and the Python bindings are written against the trait, so
-//! they behave the same whichever side of the network they run on.
+//! Gym and the CLI are written against the trait, so they behave the same
+//! whichever side of the network they run on.
 //! [`sandboxd::SandboxdClient`] talks to one sandboxd directly (REST + gRPC),
 //! which is how the hub's local backend reaches its sandboxes.
+//!
+//! The Python SDK (`python/`, the `sandhub` package) is PyO3 bindings of
+//! [`http::HubClient`] (its `Hub` and `AsyncHub`) and of
+//! [`sandboxd::SandboxdClient`] (its `Sandboxd`), so Python callers get this
+//! crate's error mapping, timeouts and streaming, not a second client.
 
 pub mod error;
 pub mod http;

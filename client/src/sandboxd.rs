@@ -25,7 +25,7 @@ use sandhub_api::{
         process::v1::process_service_client::ProcessServiceClient,
         watcher::v1::file_watcher_service_client::FileWatcherServiceClient,
     },
-    sandboxd::{Health, GRPC_SOCKET, REST_SOCKET},
+    sandboxd::{Health, Metadata as SandboxMetadata, GRPC_SOCKET, REST_SOCKET},
 };
 use serde::de::DeserializeOwned;
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
@@ -128,6 +128,12 @@ impl SandboxdClient {
     /// `GET /v1/health`: answers without a token; UNAVAILABLE while draining.
     pub async fn health(&self) -> Result<Health> {
         let response = self.send(Method::GET, "/v1/health", empty()).await?;
+        json(response).await
+    }
+
+    /// `GET /v1/metadata`: the sandbox's environment, secrets redacted.
+    pub async fn metadata(&self) -> Result<SandboxMetadata> {
+        let response = self.send(Method::GET, "/v1/metadata", empty()).await?;
         json(response).await
     }
 

@@ -91,6 +91,7 @@ RUN: dict[str, Run] = {
         # `Content-Type: application/json` (curl -d sends a form's).
         forbid=(ERROR_BODY, r"Content-Type"),
     ),
+    "import sandhub": Run("python-sdk", "local", expect=(r"(?m)^hello from ", r"ProcessExitEvent\(exit_code=0")),
     "from sandhub_gymnasium import SandhubEnv": Run("rl-loop", "local"),
     "sandhub-controller crd | kubectl apply --server-side -f -": Run("kubernetes", "kubernetes"),
     "bash dev/k8s/cluster.sh up /tmp/k8s": Run("test-cluster", "cluster"),

@@ -1,9 +1,10 @@
 """Gymnasium environments whose actions run in Sandhub sandboxes.
 
-Each environment is one hub environment (``POST /gym/v1/envs``): actions
-are shell commands, observations their output, and the reward and
-termination rules run on the hub. ``VectorSandhubEnv`` steps many
-environments in one round trip (``POST /gym/v1/step``).
+Each environment is one hub environment (``hub.gym.make``): actions are
+shell commands, observations their output, and the reward and termination
+rules run on the hub. :func:`step_many` steps many environments in one
+round trip. Everything goes through the ``sandhub`` SDK (the Rust client),
+never raw HTTP.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import string
 from typing import Any
 
 import gymnasium as gym
-import requests
+import sandhub
+from sandhub import SandhubError
 
 __all__ = ["SandhubEnv", "SandhubError", "step_many"]
 
@@ -20,29 +22,10 @@ __all__ = ["SandhubEnv", "SandhubError", "step_many"]
 _CHARSET = frozenset(string.printable)
 
 
-class SandhubError(RuntimeError):
-    """A hub error: ``code`` is the upstream code word (``NOT_FOUND``, ...)."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.status, self.code, self.message = status, code, message
-
-
-def _call(session: requests.Session, method: str, url: str, **kw: Any) -> Any:
-    resp = session.request(method, url, timeout=kw.pop("timeout", 600), **kw)
-    if resp.status_code >= 400:
-        try:
-            body = resp.json()
-            raise SandhubError(resp.status_code, body.get("code", "UNKNOWN"), body.get("message", ""))
-        except ValueError:
-            raise SandhubError(resp.status_code, "UNKNOWN", resp.text) from None
-    return resp.json() if resp.content else None
-
-
 class SandhubEnv(gym.Env):
     """One sandbox-backed environment.
 
-    ``spec`` is the body of ``POST /gym/v1/envs``: ``template``, ``pool``,
+    ``spec`` is the environment's definition: ``template``, ``pool``,
     ``task``, ``reward``, ``termination``, ``max_episode_steps``, ...
     """
 
@@ -50,45 +33,44 @@ class SandhubEnv(gym.Env):
 
     def __init__(self, hub_url: str = "http://127.0.0.1:7070", api_key: str | None = None, **spec: Any):
         super().__init__()
-        self._base = hub_url.rstrip("/")
-        self._session = requests.Session()
-        if api_key:
-            self._session.headers["Authorization"] = f"Bearer {api_key}"
-        created = _call(self._session, "POST", f"{self._base}/gym/v1/envs", json=spec)
-        self.env_id: str = created["env_id"]
+        self._hub = sandhub.Hub(hub_url, api_key)
+        self._env: sandhub.Env | None = self._hub.gym.make(spec)
+        self.env_id: str | None = self._env.env_id
         self.observation_space = gym.spaces.Text(
-            max_length=created["observation_space"]["max_length"], min_length=0, charset=_CHARSET
+            max_length=self._env.observation_space["max_length"], min_length=0, charset=_CHARSET
         )
         self.action_space = gym.spaces.Text(
-            max_length=created["action_space"]["max_length"], min_length=1, charset=_CHARSET
+            max_length=self._env.action_space["max_length"], min_length=1, charset=_CHARSET
         )
 
     @property
     def base_url(self) -> str:
-        return self._base
+        return self._hub.url
+
+    @property
+    def hub(self) -> sandhub.Hub:
+        return self._hub
+
+    def _live(self) -> sandhub.Env:
+        if self._env is None:
+            raise sandhub.FailedPreconditionError("the environment is closed")
+        return self._env
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        body = {"seed": seed} if seed is not None else {}
-        if options is not None:
-            body["options"] = options
-        out = _call(self._session, "POST", f"{self._base}/gym/v1/envs/{self.env_id}/reset", json=body)
-        return out["observation"], out["info"]
+        return self._live().reset(seed=seed, options=options)
 
     def step(self, action: str):
-        out = _call(
-            self._session, "POST", f"{self._base}/gym/v1/envs/{self.env_id}/step", json={"action": action}
-        )
-        return out["observation"], out["reward"], out["terminated"], out["truncated"], out["info"]
+        return self._live().step(action).astuple()
 
     def close(self):
-        if getattr(self, "env_id", None):
+        if self._env is not None:
             try:
-                _call(self._session, "DELETE", f"{self._base}/gym/v1/envs/{self.env_id}")
+                self._env.close()
             except SandhubError:
                 pass
+            self._env = None
             self.env_id = None
-        self._session.close()
         super().close()
 
 
@@ -100,15 +82,6 @@ def step_many(envs: list[SandhubEnv], actions: list[str]):
     """
     if not envs:
         return []
-    base, session = envs[0].base_url, envs[0]._session
-    body = {"steps": [{"env_id": e.env_id, "action": a} for e, a in zip(envs, actions, strict=True)]}
-    out = _call(session, "POST", f"{base}/gym/v1/step", json=body)
-    results = []
-    for item in out["results"]:
-        if item.get("error"):
-            err = item["error"]
-            results.append(SandhubError(200, err["code"], err["message"]))
-        else:
-            r = item["result"]
-            results.append((r["observation"], r["reward"], r["terminated"], r["truncated"], r["info"]))
-    return results
+    pairs = [(e._live(), a) for e, a in zip(envs, actions, strict=True)]
+    results = envs[0].hub.gym.step_many(pairs)
+    return [r.astuple() if isinstance(r, sandhub.StepResult) else r for r in results]

@@ -1,0 +1,85 @@
+"""Sandhub's Python SDK: isolated sandboxes for AI agents and RL trainers.
+
+Bindings of the Rust ``sandhub-client`` (the same client the CLI, MCP and
+Gym front doors use), with a blocking :class:`Hub` and an asyncio
+:class:`AsyncHub` of the same shape, and :class:`Sandboxd` to drive one
+sandboxd directly::
+
+    import sandhub
+
+    with sandhub.Hub() as hub, hub.create() as sb:
+        print(sb.commands.run("echo hi").stdout)
+        sb.files.write("notes.txt", b"hello")
+"""
+
+from __future__ import annotations
+
+from ._async import (
+    AsyncCommands,
+    AsyncFiles,
+    AsyncHub,
+    AsyncProcessHandle,
+    AsyncSandbox,
+    AsyncSandboxd,
+    AsyncWatch,
+    AsyncWatcher,
+)
+from ._async_services import AsyncEnv, AsyncGym, AsyncPools, AsyncTemplates
+from ._sandhub import __version__
+from ._sync import (
+    Commands,
+    Files,
+    Hub,
+    ProcessHandle,
+    Sandbox,
+    Sandboxd,
+    Watch,
+    Watcher,
+)
+from ._sync_services import Env, Gym, Pools, Templates
+from .errors import (
+    AlreadyExistsError,
+    ConflictError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    ResponseTooLargeError,
+    SandboxLostError,
+    SandhubError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+    error_for,
+)
+from .types import (
+    CommandResult,
+    FileEntry,
+    Pool,
+    ProcessEvent,
+    ProcessExitEvent,
+    ProcessOutputEvent,
+    SandboxInfo,
+    Snapshot,
+    StepResult,
+    Template,
+    WatchEvent,
+)
+
+__all__ = [
+    "__version__",
+    "Hub", "Sandbox", "Sandboxd", "Commands", "ProcessHandle", "Files", "Watcher", "Watch",
+    "Gym", "Env", "Templates", "Pools",
+    "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
+    "AsyncWatcher", "AsyncWatch", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools",
+    "CommandResult", "FileEntry", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
+    "SandboxInfo", "Snapshot", "StepResult", "Template", "WatchEvent",
+    "SandhubError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",
+    "NotFoundError", "AlreadyExistsError", "ConflictError", "FailedPreconditionError",
+    "ResourceExhaustedError", "PayloadTooLargeError", "UnavailableError", "UnimplementedError",
+    "DeadlineExceededError", "InternalError", "ResponseTooLargeError", "SandboxLostError", "error_for",
+]

@@ -1,0 +1,133 @@
+"""The hub's services beside sandboxes, for asyncio: Gym environments,
+templates and warm pools (``hub.gym``, ``hub.templates``, ``hub.pools``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Mapping, Sequence
+
+from . import _common as c
+from ._sandhub import NativeClient
+from ._sync_services import _batch_body, _batch_results
+from .errors import DeadlineExceededError
+from .types import Pool, StepResult, Template
+
+__all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools"]
+
+
+class AsyncEnv:
+    """A Gym environment on the hub (async)."""
+
+    def __init__(self, native: NativeClient, created: dict[str, Any]) -> None:
+        self._native = native
+        self.env_id: str = created["env_id"]
+        self.observation_space: dict[str, Any] = created["observation_space"]
+        self.action_space: dict[str, Any] = created["action_space"]
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<AsyncEnv id={self.env_id!r}{' closed' if self.closed else ''}>"
+
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        return (str, (self.env_id,))
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {}
+        if seed is not None:
+            body["seed"] = seed
+        if options is not None:
+            body["options"] = options
+        out = c.loads(await self._native.gym_reset(self.env_id, c.dumps(body)))
+        return out["observation"], out["info"]
+
+    async def step(self, action: str) -> StepResult:
+        return StepResult._from(c.loads(await self._native.gym_step(self.env_id, action)))
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self._native.gym_close(self.env_id)
+
+    async def __aenter__(self) -> AsyncEnv:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncGym:
+    """The hub's Gym-style environments (async)."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<AsyncGym>"
+
+    async def make(self, spec: Mapping[str, Any] | None = None, **kwargs: Any) -> AsyncEnv:
+        body = {**(spec or {}), **kwargs}
+        return AsyncEnv(self._native, c.loads(await self._native.gym_make(c.dumps(body))))
+
+    async def step_many(self, steps: Sequence[tuple[AsyncEnv | str, str]]) -> list[StepResult | Exception]:
+        if not steps:
+            return []
+        pairs = [(e if isinstance(e, str) else e.env_id, a) for e, a in steps]
+        return _batch_results(await self._native.gym_step_many(_batch_body(pairs)))
+
+
+class AsyncTemplates:
+    """Named templates (async)."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<AsyncTemplates>"
+
+    async def put(self, name: str, spec: Mapping[str, Any]) -> Template:
+        return Template._from(c.loads(await self._native.put_named("template", name, c.dumps(dict(spec)))))
+
+    async def get(self, name: str) -> Template:
+        return Template._from(c.loads(await self._native.get_named("template", name)))
+
+    async def list(self) -> list[Template]:
+        return [Template._from(t) for t in c.loads(await self._native.list_named("template"))]
+
+    async def delete(self, name: str) -> None:
+        await self._native.delete_named("template", name)
+
+
+class AsyncPools:
+    """Warm pools (async)."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<AsyncPools>"
+
+    async def put(self, name: str, template: str, replicas: int) -> Pool:
+        body = c.dumps({"template": template, "replicas": replicas})
+        return Pool._from(c.loads(await self._native.put_named("pool", name, body)))
+
+    async def get(self, name: str) -> Pool:
+        return Pool._from(c.loads(await self._native.get_named("pool", name)))
+
+    async def list(self) -> list[Pool]:
+        return [Pool._from(p) for p in c.loads(await self._native.list_named("pool"))]
+
+    async def delete(self, name: str) -> None:
+        await self._native.delete_named("pool", name)
+
+    async def wait_ready(self, name: str, replicas: int | None = None, timeout: float = 120.0) -> Pool:
+        deadline = time.monotonic() + timeout
+        while True:
+            pool = await self.get(name)
+            if pool.ready >= (pool.replicas if replicas is None else replicas):
+                return pool
+            if time.monotonic() >= deadline:
+                raise DeadlineExceededError(f"pool {name}: {pool.ready} ready after {timeout}s")
+            await asyncio.sleep(0.1)

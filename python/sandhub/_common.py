@@ -1,0 +1,111 @@
+"""Helpers the sync and async faces share: request bodies, decoding, chunking."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import IO, Any, Iterator, Mapping, Sequence, Union
+
+from .types import ProcessExitEvent, ProcessOutputEvent
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+#: Upload chunk size: large enough that the per-chunk cost vanishes, small
+#: enough that a few queued chunks are all the memory a 1 GiB upload holds.
+CHUNK = 1 << 20
+
+Command = Union[str, Sequence[str]]
+Data = Union[bytes, bytearray, memoryview, str, IO[bytes]]
+
+
+def hub_url(url: str | None) -> str:
+    return url or os.environ.get("SANDHUB_URL") or DEFAULT_URL
+
+
+def api_key(key: str | None) -> str | None:
+    return key if key is not None else os.environ.get("SANDHUB_API_KEY") or None
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def loads(text: str) -> Any:
+    return json.loads(text)
+
+
+def exec_body(
+    cmd: Command,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    timeout: float | None,
+    stdin: str | bytes | None,
+) -> str:
+    body: dict[str, Any] = {"command": cmd if isinstance(cmd, str) else list(cmd)}
+    if cwd:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    if timeout is not None:
+        body["timeout_seconds"] = float(timeout)
+    if stdin is not None:
+        body["stdin"] = stdin.decode() if isinstance(stdin, bytes) else stdin
+    return dumps(body)
+
+
+def start_body(
+    cmd: Command,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    pty: bool,
+    rows: int,
+    cols: int,
+) -> str:
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    body: dict[str, Any] = {"command": argv}
+    if cwd:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    if pty:
+        body["pty"] = {"rows": rows, "cols": cols}
+    return dumps(body)
+
+
+def event(raw: tuple[str, Any]) -> ProcessOutputEvent | ProcessExitEvent:
+    kind, value = raw
+    if kind == "exit":
+        code = int(value)
+        signal = -code if code < 0 else (code - 128 if 128 < code <= 128 + 64 else None)
+        return ProcessExitEvent(exit_code=code, signal=signal)
+    return ProcessOutputEvent(stream=kind, data=value)  # type: ignore[arg-type]
+
+
+def signal_name(sig: str | int) -> str:
+    if isinstance(sig, int):
+        return str(int(sig))
+    return sig
+
+
+def chunks_of(data: Data) -> Iterator[bytes]:
+    """The upload body in chunks; a file object is read as it goes."""
+    if isinstance(data, str):
+        data = data.encode()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        view = memoryview(data).cast("B")
+        if len(view) == 0:
+            return
+        for start in range(0, len(view), CHUNK):
+            yield bytes(view[start : start + CHUNK])
+        return
+    read = getattr(data, "read", None)
+    if read is None:
+        raise TypeError(f"files.write takes bytes, str or a binary file object, not {type(data).__name__}")
+    while True:
+        chunk = read(CHUNK)
+        if not chunk:
+            return
+        yield chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+
+
+def sandbox_id(sandbox: Any) -> str:
+    return sandbox if isinstance(sandbox, str) else str(sandbox.id)

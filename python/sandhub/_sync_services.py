@@ -1,0 +1,156 @@
+"""The hub's services beside sandboxes, blocking: Gym environments,
+templates and warm pools (``hub.gym``, ``hub.templates``, ``hub.pools``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+from . import _common as c
+from ._sandhub import NativeClient
+from .errors import DeadlineExceededError
+from .types import Pool, StepResult, Template
+
+__all__ = ["Env", "Gym", "Templates", "Pools"]
+
+
+class Env:
+    """A Gym environment on the hub (``hub.gym.make``)."""
+
+    def __init__(self, native: NativeClient, created: dict[str, Any]) -> None:
+        self._native = native
+        self.env_id: str = created["env_id"]
+        self.observation_space: dict[str, Any] = created["observation_space"]
+        self.action_space: dict[str, Any] = created["action_space"]
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<Env id={self.env_id!r}{' closed' if self.closed else ''}>"
+
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        return (str, (self.env_id,))
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Starts an episode; returns ``(observation, info)``."""
+        body: dict[str, Any] = {}
+        if seed is not None:
+            body["seed"] = seed
+        if options is not None:
+            body["options"] = options
+        out = c.loads(self._native.gym_reset(self.env_id, c.dumps(body)))
+        return out["observation"], out["info"]
+
+    def step(self, action: str) -> StepResult:
+        """Runs one action; ``.astuple()`` gives gymnasium's 5-tuple."""
+        return StepResult._from(c.loads(self._native.gym_step(self.env_id, action)))
+
+    def close(self) -> None:
+        """Deletes the environment and its sandbox (twice is fine)."""
+        if not self.closed:
+            self.closed = True
+            self._native.gym_close(self.env_id)
+
+    def __enter__(self) -> Env:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _batch_body(steps: Sequence[tuple[Env | str, str]]) -> str:
+    items = [{"env_id": e if isinstance(e, str) else e.env_id, "action": a} for e, a in steps]
+    return c.dumps({"steps": items})
+
+
+def _batch_results(raw: str) -> list[StepResult | Exception]:
+    from .errors import error_for
+
+    out: list[StepResult | Exception] = []
+    for item in c.loads(raw)["results"]:
+        if item.get("error"):
+            out.append(error_for(item["error"]["code"], item["error"]["message"]))
+        else:
+            out.append(StepResult._from(item["result"]))
+    return out
+
+
+class Gym:
+    """The hub's Gym-style environments (``hub.gym``)."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<Gym>"
+
+    def make(self, spec: Mapping[str, Any] | None = None, **kwargs: Any) -> Env:
+        """Creates an environment: ``template``, ``pool``, ``task``, ``reward``,
+        ``termination``, ``max_episode_steps``... as in ``POST /gym/v1/envs``."""
+        body = {**(spec or {}), **kwargs}
+        return Env(self._native, c.loads(self._native.gym_make(c.dumps(body))))
+
+    def step_many(self, steps: Sequence[tuple[Env | str, str]]) -> list[StepResult | Exception]:
+        """One step in each ``(env, action)``, concurrently, in one round trip;
+        a failed step's place holds its exception."""
+        if not steps:
+            return []
+        return _batch_results(self._native.gym_step_many(_batch_body(steps)))
+
+
+class Templates:
+    """Named templates (``hub.templates``)."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<Templates>"
+
+    def put(self, name: str, spec: Mapping[str, Any]) -> Template:
+        """Creates or replaces a template."""
+        return Template._from(c.loads(self._native.put_named("template", name, c.dumps(dict(spec)))))
+
+    def get(self, name: str) -> Template:
+        return Template._from(c.loads(self._native.get_named("template", name)))
+
+    def list(self) -> list[Template]:
+        return [Template._from(t) for t in c.loads(self._native.list_named("template"))]
+
+    def delete(self, name: str) -> None:
+        self._native.delete_named("template", name)
+
+
+class Pools:
+    """Warm pools (``hub.pools``)."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<Pools>"
+
+    def put(self, name: str, template: str, replicas: int) -> Pool:
+        """Creates or resizes a pool of ``replicas`` warm sandboxes of ``template``."""
+        body = c.dumps({"template": template, "replicas": replicas})
+        return Pool._from(c.loads(self._native.put_named("pool", name, body)))
+
+    def get(self, name: str) -> Pool:
+        return Pool._from(c.loads(self._native.get_named("pool", name)))
+
+    def list(self) -> list[Pool]:
+        return [Pool._from(p) for p in c.loads(self._native.list_named("pool"))]
+
+    def delete(self, name: str) -> None:
+        """Deletes the pool and stops its warm sandboxes."""
+        self._native.delete_named("pool", name)
+
+    def wait_ready(self, name: str, replicas: int | None = None, timeout: float = 120.0) -> Pool:
+        """Waits until ``replicas`` (default: the pool's own count) are ready."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pool = self.get(name)
+            if pool.ready >= (pool.replicas if replicas is None else replicas):
+                return pool
+            if time.monotonic() >= deadline:
+                raise DeadlineExceededError(f"pool {name}: {pool.ready} of {replicas or pool.replicas} ready after {timeout}s")
+            time.sleep(0.1)

@@ -1,0 +1,184 @@
+"""Typed values the SDK hands back. All are frozen dataclasses built from
+the hub's JSON; unknown fields are ignored so a newer hub never breaks an
+older SDK."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "CommandResult",
+    "ProcessOutputEvent",
+    "ProcessExitEvent",
+    "ProcessEvent",
+    "FileEntry",
+    "WatchEvent",
+    "Snapshot",
+    "SandboxInfo",
+    "Template",
+    "Pool",
+    "StepResult",
+]
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """A finished command: its exit code and all of its output."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> CommandResult:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class ProcessOutputEvent:
+    """A chunk of a running process's output; ``stream`` is ``stdout`` or ``stderr``."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        """The chunk decoded as UTF-8 (invalid bytes replaced)."""
+        return self.data.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class ProcessExitEvent:
+    """The last event of a process. ``signal`` is set when a signal killed it
+    (the shell convention: exit code 128 + n)."""
+
+    exit_code: int
+    signal: int | None = None
+
+
+ProcessEvent = ProcessOutputEvent | ProcessExitEvent
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One directory entry (``type`` is ``file`` or ``directory``)."""
+
+    name: str
+    type: Literal["file", "directory"]
+    size: int
+    mode: str = ""
+    modified_at: str = ""
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "directory"
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> FileEntry:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """A change under a watched path (``type``: CREATE, WRITE, REMOVE, RENAME, CHMOD, ERROR)."""
+
+    type: str
+    path: str
+    is_dir: bool = False
+    old_path: str = ""
+    message: str = ""
+    timestamp_ms: int = 0
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> WatchEvent:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot of a sandbox's workspace (fork from it with ``fork(snapshot=...)``)."""
+
+    id: str
+    sandbox_id: str
+    created_at: str = ""
+    size_bytes: int | None = None
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> Snapshot:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """What the hub knows about a sandbox at the time of the call."""
+
+    id: str
+    template: str = ""
+    state: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    created_at: str = ""
+    shutdown_at: str | None = None
+    idle_timeout_seconds: int | None = None
+    pool: str | None = None
+    forked_from: str | None = None
+    launch: Any = None
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> SandboxInfo:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class Template:
+    """A named template: ``spec`` is its JSON body (image, command, env, resources...)."""
+
+    name: str
+    spec: dict[str, Any]
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> Template:
+        spec = dict(data)
+        name = spec.pop("name")
+        return cls(name=name, spec=spec)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A warm pool: ``ready`` of ``replicas`` sandboxes of ``template`` are waiting."""
+
+    name: str
+    template: str
+    replicas: int
+    ready: int = 0
+    total: int = 0
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> Pool:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One Gym step: ``(observation, reward, terminated, truncated, info)`` by name."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+    def astuple(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """The gymnasium ``step`` tuple."""
+        return (self.observation, self.reward, self.terminated, self.truncated, self.info)
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> StepResult:
+        return cls(**_known(cls, data))

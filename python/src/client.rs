@@ -1,0 +1,460 @@
+//! `NativeClient`: every call of the Python face, sync or async (decided
+//! at construction), over a hub or one sandboxd. Structured values cross
+//! as JSON text, which the pure-Python face turns into dataclasses; bytes
+//! cross as bytes.
+
+use std::collections::BTreeMap;
+
+use pyo3::{exceptions::PyValueError, prelude::*};
+use sandhub_api::{
+    gym::{BatchStep, CreateEnv, ResetRequest},
+    hub::{CreateSandbox, ExecRequest, ForkRequest, PoolSpec, Template},
+};
+use sandhub_client::{
+    http::HubClient, sandboxd::SandboxdClient, Error, ProcessEvent, PtySize, Result, Sandboxes,
+    Signal, StartProcess, StdinInput, WriteOptions,
+};
+use serde::de::DeserializeOwned;
+
+use crate::{
+    backend::{retry_read, Backend},
+    errors::Failure,
+    runtime::{call, rt},
+    streams::{json, next_chunk, FileReader, FileWriter, ProcessStream, WatchStream},
+};
+
+#[pyclass(module = "sandhub._sandhub", frozen)]
+pub struct NativeClient {
+    backend: Backend,
+    asynchronous: bool,
+}
+
+fn parse<T: DeserializeOwned>(what: &str, text: &str) -> PyResult<T> {
+    serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+}
+
+fn signal_of(name: &str) -> Result<Signal> {
+    match name.to_ascii_uppercase().as_str() {
+        "SIGINT" | "INT" | "2" => Ok(Signal::Sigint),
+        "SIGTERM" | "TERM" | "15" => Ok(Signal::Sigterm),
+        "SIGKILL" | "KILL" | "9" => Ok(Signal::Sigkill),
+        other => Err(Error::invalid(format!(
+            "signal {other}: expected SIGINT, SIGTERM or SIGKILL"
+        ))),
+    }
+}
+
+/// Runs `$body` (an async block using `b`, the backend) sync or async.
+macro_rules! run {
+    ($self:ident, $py:ident, |$b:ident| $body:expr) => {{
+        let $b = $self.backend.clone();
+        call($py, $self.asynchronous, async move { $body })
+    }};
+}
+
+#[pymethods]
+impl NativeClient {
+    /// A client of the hub at `url`.
+    #[staticmethod]
+    #[pyo3(signature = (url, api_key=None, asynchronous=false))]
+    fn hub(url: &str, api_key: Option<String>, asynchronous: bool) -> PyResult<Self> {
+        let client = HubClient::new(url, api_key)
+            .map_err(|e| Python::attach(|py| Failure::from(e).into_py(py)))?;
+        Ok(NativeClient {
+            backend: Backend::Hub(client),
+            asynchronous,
+        })
+    }
+
+    /// A client of one sandboxd: a directory holding its Unix sockets, or
+    /// its REST and gRPC URLs.
+    #[staticmethod]
+    #[pyo3(signature = (rest, grpc=None, auth_token=None, asynchronous=false))]
+    fn sandboxd(
+        py: Python<'_>,
+        rest: &str,
+        grpc: Option<&str>,
+        auth_token: Option<&str>,
+        asynchronous: bool,
+    ) -> PyResult<Self> {
+        // The gRPC channel spawns its worker on the current runtime.
+        let _guard = rt().enter();
+        let built = if rest.starts_with("http://") || rest.starts_with("https://") {
+            let grpc = grpc.map(str::to_string).unwrap_or_else(|| rest.to_string());
+            SandboxdClient::tcp(rest, grpc)
+        } else {
+            let dir = rest.strip_prefix("unix:").unwrap_or(rest);
+            Ok(SandboxdClient::unix(std::path::Path::new(dir)))
+        };
+        let built = match (built, auth_token) {
+            (Ok(c), Some(t)) => c.with_token(t),
+            (other, _) => other,
+        };
+        let client = built.map_err(|e| Failure::from(e).into_py(py))?;
+        Ok(NativeClient {
+            backend: Backend::Direct(Box::new(client)),
+            asynchronous,
+        })
+    }
+
+    #[getter]
+    fn url(&self) -> String {
+        match &self.backend {
+            Backend::Hub(h) => h.base_url().to_string(),
+            Backend::Direct(d) => format!("{d:?}"),
+        }
+    }
+
+    #[getter]
+    fn asynchronous(&self) -> bool {
+        self.asynchronous
+    }
+
+    // ---------------------------------------------------------------- hub
+
+    fn healthz<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b.hub()?.healthz().await?))
+    }
+
+    fn create<'py>(&self, py: Python<'py>, body: &str) -> PyResult<Bound<'py, PyAny>> {
+        let request: CreateSandbox = parse("create", body)?;
+        run!(self, py, |b| Ok(json(&b.hub()?.create(request).await?)?))
+    }
+
+    fn get<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            Ok(json(&retry_read(|| hub.get(&id)).await?)?)
+        })
+    }
+
+    fn list<'py>(&self, py: Python<'py>, labels: &str) -> PyResult<Bound<'py, PyAny>> {
+        let labels: BTreeMap<String, String> = parse("labels", labels)?;
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            Ok(json(&retry_read(|| hub.list(&labels)).await?)?)
+        })
+    }
+
+    fn delete<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b.hub()?.delete(&id).await?))
+    }
+
+    /// `suspend`, `resume` or `reset`: each answers the sandbox.
+    fn lifecycle<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        action: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            let sandbox = match action.as_str() {
+                "suspend" => hub.suspend(&id).await?,
+                "resume" => hub.resume(&id).await?,
+                "reset" => hub.reset(&id).await?,
+                other => return Err(Error::invalid(format!("no lifecycle action {other}")).into()),
+            };
+            Ok(json(&sandbox)?)
+        })
+    }
+
+    fn snapshot<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(&b.hub()?.snapshot(&id).await?)?))
+    }
+
+    fn fork<'py>(&self, py: Python<'py>, id: String, body: &str) -> PyResult<Bound<'py, PyAny>> {
+        let request: ForkRequest = parse("fork", body)?;
+        run!(self, py, |b| Ok(json(&b.hub()?.fork(&id, request).await?)?))
+    }
+
+    // ---------------------------------------------------------- processes
+
+    fn exec<'py>(&self, py: Python<'py>, id: String, body: &str) -> PyResult<Bound<'py, PyAny>> {
+        let request: ExecRequest = parse("run", body)?;
+        run!(self, py, |b| {
+            match b.exec(&id, request).await {
+                Ok(result) => Ok(json(&result)?),
+                Err(cause) if b.vanished(&id, &cause).await => Err(Failure::Lost { id, cause }),
+                Err(cause) => Err(cause.into()),
+            }
+        })
+    }
+
+    /// Starts a process; answers its event stream once `Started` arrived.
+    fn start<'py>(&self, py: Python<'py>, id: String, body: &str) -> PyResult<Bound<'py, PyAny>> {
+        let request: StartProcess = parse("start", body)?;
+        let asynchronous = self.asynchronous;
+        run!(self, py, |b| {
+            use futures::StreamExt;
+            let mut events = b.start(&id, request).await?;
+            let pid = match events.next().await {
+                Some(Ok(ProcessEvent::Started { pid })) => pid,
+                Some(Err(e)) => return Err(e.into()),
+                _ => {
+                    return Err(
+                        Error::internal("the process stream did not start with its pid").into(),
+                    )
+                }
+            };
+            Ok(ProcessStream::new(b, id, pid, asynchronous, events))
+        })
+    }
+
+    /// Writes to a process's stdin; `data=None` closes it.
+    #[pyo3(signature = (id, pid, data=None))]
+    fn write_stdin<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        pid: i32,
+        data: Option<&[u8]>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let input = match data {
+            Some(d) => StdinInput::Data(bytes::Bytes::copy_from_slice(d)),
+            None => StdinInput::Eof,
+        };
+        run!(self, py, |b| Ok(b.write_stdin(&id, pid, input).await?))
+    }
+
+    fn signal<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        pid: i32,
+        name: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let signal = signal_of(name);
+        run!(self, py, |b| Ok(b.signal(&id, pid, signal?).await?))
+    }
+
+    fn resize<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        pid: i32,
+        rows: u16,
+        cols: u16,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b
+            .resize(&id, pid, PtySize { cols, rows })
+            .await?))
+    }
+
+    // -------------------------------------------------------------- files
+
+    /// The whole file, refusing past `limit` bytes without keeping them.
+    #[pyo3(signature = (id, path, limit=None))]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+        limit: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let stream = b.read_file(&id, &path).await?;
+            let state = tokio::sync::Mutex::new((Some(stream), 0));
+            let mut all = Vec::new();
+            while let Some(chunk) = next_chunk(&state, &path, limit).await? {
+                all.extend_from_slice(&chunk);
+            }
+            Ok(bytes::Bytes::from(all))
+        })
+    }
+
+    #[pyo3(signature = (id, path, limit=None))]
+    fn open_read<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+        limit: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let asynchronous = self.asynchronous;
+        run!(self, py, |b| {
+            let stream = b.read_file(&id, &path).await?;
+            Ok(FileReader::new(asynchronous, path, limit, stream))
+        })
+    }
+
+    /// Starts an upload; the caller sends chunks and finishes it.
+    #[pyo3(signature = (id, path, mode=None, append=false))]
+    fn open_write(&self, id: String, path: String, mode: Option<u32>, append: bool) -> FileWriter {
+        FileWriter::start(
+            self.backend.clone(),
+            id,
+            path,
+            WriteOptions { append, mode },
+            self.asynchronous,
+        )
+    }
+
+    fn list_files<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(&b.list_files(&id, &path).await?)?))
+    }
+
+    /// The entry as JSON, or None when nothing is at `path`.
+    fn stat<'py>(&self, py: Python<'py>, id: String, path: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            match b.stat(&id, &path).await? {
+                Some(entry) => Ok(Some(json(&entry)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn remove<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+        recursive: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b
+            .delete_file(&id, &path, recursive)
+            .await?))
+    }
+
+    fn watch<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        path: String,
+        recursive: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let asynchronous = self.asynchronous;
+        run!(self, py, |b| Ok(WatchStream::new(
+            asynchronous,
+            b.watch(&id, &path, recursive).await?
+        )))
+    }
+
+    // ------------------------------------------------------ direct sandboxd
+
+    fn sandboxd_health<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let d = b.direct()?;
+            Ok(json(&retry_read(|| d.health()).await?)?)
+        })
+    }
+
+    fn sandboxd_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let d = b.direct()?;
+            Ok(json(&retry_read(|| d.metadata()).await?)?)
+        })
+    }
+
+    // ------------------------------------------------- templates and pools
+
+    /// `kind` is `template` or `pool`; `body` is its JSON spec.
+    fn put_named<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        name: String,
+        body: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if kind == "template" {
+            let t: Template = parse("template", body)?;
+            run!(self, py, |b| Ok(json(
+                &b.hub()?.put_template(&name, t).await?
+            )?))
+        } else {
+            let spec: PoolSpec = parse("pool", body)?;
+            run!(self, py, |b| Ok(json(
+                &b.hub()?.put_pool(&name, spec).await?
+            )?))
+        }
+    }
+
+    fn get_named<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        name: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            if kind == "template" {
+                Ok(json(&retry_read(|| hub.get_template(&name)).await?)?)
+            } else {
+                Ok(json(&retry_read(|| hub.get_pool(&name)).await?)?)
+            }
+        })
+    }
+
+    fn list_named<'py>(&self, py: Python<'py>, kind: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            if kind == "template" {
+                Ok(json(&retry_read(|| hub.list_templates()).await?)?)
+            } else {
+                Ok(json(&retry_read(|| hub.list_pools()).await?)?)
+            }
+        })
+    }
+
+    fn delete_named<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        name: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            if kind == "template" {
+                Ok(hub.delete_template(&name).await?)
+            } else {
+                Ok(hub.delete_pool(&name).await?)
+            }
+        })
+    }
+
+    // ---------------------------------------------------------------- gym
+
+    fn gym_make<'py>(&self, py: Python<'py>, body: &str) -> PyResult<Bound<'py, PyAny>> {
+        let spec: CreateEnv = parse("gym spec", body)?;
+        run!(self, py, |b| Ok(json(&b.hub()?.gym_create(&spec).await?)?))
+    }
+
+    fn gym_reset<'py>(
+        &self,
+        py: Python<'py>,
+        env_id: String,
+        body: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request: ResetRequest = parse("reset", body)?;
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.gym_reset(&env_id, &request).await?
+        )?))
+    }
+
+    fn gym_step<'py>(
+        &self,
+        py: Python<'py>,
+        env_id: String,
+        action: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.gym_step(&env_id, &action).await?
+        )?))
+    }
+
+    fn gym_close<'py>(&self, py: Python<'py>, env_id: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b.hub()?.gym_close(&env_id).await?))
+    }
+
+    fn gym_step_many<'py>(&self, py: Python<'py>, body: &str) -> PyResult<Bound<'py, PyAny>> {
+        let batch: BatchStep = parse("step_many", body)?;
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.gym_step_many(&batch).await?
+        )?))
+    }
+}

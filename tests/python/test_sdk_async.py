@@ -1,0 +1,184 @@
+"""The sandhub SDK's `AsyncHub` against a real hub: the same calls as the
+blocking client, plus what asyncio adds (several event loops in one
+process, cancellation that reaches the sandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import pickle
+import threading
+
+import pytest
+import sandhub
+from sdk_fixtures import PROC_LIST, hub_url, running_hub, wait_gone  # noqa: F401 (fixtures)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_sandbox_lifecycle_and_commands(hub_url: str):
+    async def main() -> None:
+        async with sandhub.AsyncHub(hub_url) as hub:
+            assert await hub.health() == "ok"
+            async with await hub.create(labels={"suite": "sdk-async"}) as sb:
+                assert sb.state == "Ready" and "AsyncSandbox" in repr(sb)
+                assert pickle.loads(pickle.dumps(sb)) == sb.id
+                assert (await hub.get(sb.id)).id == sb.id
+                assert [s.id for s in await hub.list(labels={"suite": "sdk-async"})] == [sb.id]
+                r = await sb.commands.run("echo $X; exit 2", env={"X": "y"})
+                assert (r.exit_code, r.stdout) == (2, "y\n")
+                assert (await sb.commands.run(["cat"], stdin="in")).stdout == "in"
+                h = await sb.commands.start("echo a; echo b >&2")
+                evs = [e async for e in h.events()]
+                assert isinstance(evs[-1], sandhub.ProcessExitEvent) and evs[-1].exit_code == 0
+                cat = await sb.commands.start(["cat"])
+                await cat.write_stdin("x")
+                await cat.close_stdin()
+                assert (await cat.wait()).stdout == "x"
+                sleeper = await sb.commands.start(["sleep", "300"])
+                await sleeper.signal("SIGKILL")
+                assert (await sleeper.wait()).exit_code != 0
+                pty = await sb.commands.start("stty size", pty=True, rows=11, cols=33)
+                await pty.resize(11, 33)
+                assert "11 33" in (await pty.wait()).stdout
+                snap = await sb.snapshot()
+                await sb.suspend()
+                assert sb.state == "Suspended"
+                await sb.resume()
+                async with await sb.fork(snapshot=snap) as child:
+                    assert child.id != sb.id
+                await sb.reset()
+                await sb.refresh()
+                with pytest.raises(sandhub.UnimplementedError):
+                    await sb.health()
+            with pytest.raises(sandhub.NotFoundError):
+                await hub.get(sb.id)
+
+    run(main())
+
+
+def test_files_watch_and_limits(hub_url: str, tmp_path):
+    async def main() -> None:
+        hub = sandhub.AsyncHub(hub_url, max_download_size=10)
+        async with await hub.create() as sb:
+            await sb.files.write("d/a", b"0123456789")
+            await sb.files.write("d/a", "+", append=True)
+            await sb.files.write("d/b", io.BytesIO(b"b" * 5), mode=0o640)
+            with pytest.raises(sandhub.ResponseTooLargeError):
+                await sb.files.read("d/a")
+            assert await sb.files.read("d/b") == b"bbbbb"
+            assert await sb.files.read_text("d/b") == "bbbbb"
+            assert await sb.files.read_to("d/b", tmp_path / "b") == 5
+            assert (await sb.files.stat("d/b")).mode == "0640"
+            assert sorted(e.name for e in await sb.files.list("d")) == ["a", "b"]
+            assert await sb.files.exists("d/a") and not await sb.files.exists("d/zz")
+            await sb.files.remove("d", recursive=True)
+            assert not await sb.files.exists("d")
+            watch = await sb.watcher.watch(".")
+            await sb.files.write("seen.txt", b"x")
+            async for batch in watch:
+                if any(e.path.endswith("seen.txt") for e in batch):
+                    break
+            watch.close()
+
+    run(main())
+
+
+def test_templates_pools_gym_and_errors(hub_url: str):
+    async def main() -> None:
+        hub = sandhub.AsyncHub(hub_url)
+        await hub.templates.put("sdk-async-t", {"env": {"T": "1"}})
+        assert (await hub.templates.get("sdk-async-t")).spec["env"] == {"T": "1"}
+        assert "sdk-async-t" in [t.name for t in await hub.templates.list()]
+        await hub.pools.put("sdk-async-p", "sdk-async-t", 1)
+        assert (await hub.pools.wait_ready("sdk-async-p", 1, timeout=60)).ready >= 1
+        assert "sdk-async-p" in [p.name for p in await hub.pools.list()]
+        await hub.pools.delete("sdk-async-p")
+        await hub.templates.delete("sdk-async-t")
+        with pytest.raises(sandhub.NotFoundError):
+            await hub.pools.get("sdk-async-p")
+        env = await hub.gym.make(reward=[{"kind": "exit_code"}])
+        await env.reset(seed=1)
+        assert (await env.step("echo $SANDHUB_SEED")).observation == "1\n"
+        (res,) = await hub.gym.step_many([(env, "true")])
+        assert isinstance(res, sandhub.StepResult)
+        await env.close()
+        with pytest.raises(sandhub.NotFoundError):
+            await hub.get("no-such-sandbox")
+        with pytest.raises(sandhub.UnavailableError) as err:
+            await sandhub.AsyncHub("http://127.0.0.1:1").list()
+        assert "127.0.0.1:1" in str(err.value)
+
+    run(main())
+
+
+def test_several_event_loops_share_one_runtime(hub_url: str):
+    hub = sandhub.AsyncHub(hub_url)
+    sid = run(hub.create()).id
+    try:
+        outs: list[str] = []
+
+        async def one(i: int) -> None:
+            sb = await hub.get(sid)
+            outs.append((await sb.commands.run(f"echo {i}")).stdout)
+
+        # Sequential loops, then loops on two threads at once.
+        run(one(0))
+        run(one(1))
+        threads = [threading.Thread(target=lambda i=i: run(one(i))) for i in (2, 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outs) == [f"{i}\n" for i in range(4)]
+    finally:
+        sandhub.Hub(hub_url).get(sid).delete()
+
+
+def test_uvloop_if_present(hub_url: str):
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> str:
+        async with await sandhub.AsyncHub(hub_url).create() as sb:
+            return (await sb.commands.run("echo uv")).stdout
+
+    assert uvloop.run(main()) == "uv\n"
+
+
+def test_cancelling_a_task_kills_the_command(hub_url: str):
+    hub = sandhub.Hub(hub_url)
+    with hub.create() as sb:
+
+        async def main() -> None:
+            ahub = sandhub.AsyncHub(hub_url)
+            asb = await ahub.get(sb.id)
+            task = asyncio.create_task(asb.commands.run("sleep 4321.5"))
+            # Wait until the command is running in the sandbox, then cancel.
+            while "sleep 4321.5" not in (await asb.commands.run(PROC_LIST)).stdout:
+                await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The same handle keeps working.
+            assert (await asb.commands.run("echo ok")).stdout == "ok\n"
+
+        run(main())
+        assert wait_gone(sb.commands.run, "4321.5") == []
+
+
+def test_closing_an_async_watch_ends_a_waiting_read(hub_url: str):
+    async def main() -> None:
+        async with await sandhub.AsyncHub(hub_url).create() as sb:
+            watch = await sb.watcher.watch(".")
+
+            async def drain() -> int:
+                return sum([len(b) async for b in watch])
+
+            task = asyncio.create_task(drain())
+            await asyncio.sleep(0)  # let the read start waiting
+            watch.close()
+            assert await asyncio.wait_for(task, 30) == 0
+
+    run(main())
