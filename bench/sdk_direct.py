@@ -5,25 +5,22 @@ in the same run: `commands.run("true")` p50 and a 256 MiB write + read.
     SANDBOXD_BIN=$CARGO_TARGET_DIR/debug/sandboxd python bench/sdk_direct.py
 
 Needs the test venv (the upstream SDK, kubernetes, pytest) with `sandhub`
-installed. The upstream SDK is attached the way tests/python/conftest.py
-does it: its Kubernetes look-up is stubbed to answer podIPs=[127.0.0.1].
+installed. The upstream SDK is attached as the tests attach it
+(sandhub_testing.upstream_sdk): its Kubernetes look-up is stubbed to answer podIPs=[127.0.0.1].
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "python"))
-
-import sandhub  # noqa: E402
-from conftest import DAEMON_ENV, _sdk_sandbox, _start, _stop, sandboxd_binary  # noqa: E402
-from k8s_agent_sandbox.models import SandboxdInClusterConnectionConfig  # noqa: E402
+import sandhub
+from k8s_agent_sandbox.models import SandboxdInClusterConnectionConfig
+from sandhub_testing import binary_path, start_sandboxd, stop_process
+from sandhub_testing.upstream_sdk import attach_upstream_sdk
 
 RUNS = 300
 WARMUP = 20
@@ -55,13 +52,13 @@ def round_trip(write: Callable[[str, bytes], object], read: Callable[[str], byte
 
 def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="sandhub-bench-direct-"))
-    daemon = _start(sandboxd_binary(), base, DAEMON_ENV)
+    daemon = start_sandboxd(binary_path("sandboxd"), base)
     try:
         ours = sandhub.Sandboxd(daemon.rest_url, grpc_url=f"http://127.0.0.1:{daemon.grpc_port}")
         config = SandboxdInClusterConnectionConfig(
             mode="in-cluster-pod-ip", rest_port=daemon.rest_port, grpc_port=daemon.grpc_port
         )
-        _client, _stub, upstream = _sdk_sandbox(config)
+        _client, _stub, upstream = attach_upstream_sdk(config)
         assert ours.commands.run("true").exit_code == 0
         assert upstream.commands.run("true").exit_code == 0
         up_run = p50(lambda: upstream.commands.run("true"))
@@ -71,7 +68,7 @@ def main() -> None:
         our_big = round_trip(ours.files.write, ours.files.read, payload)
         upstream.close_connection()
     finally:
-        _stop(daemon.proc)
+        stop_process(daemon.proc)
     print("| measurement | upstream k8s-agent-sandbox | sandhub.Sandboxd | ratio (target < 1.0) |")
     print("| --- | --- | --- | --- |")
     print(f"| run(\"true\") p50 | {up_run * 1e6:.0f} µs | {our_run * 1e6:.0f} µs | {our_run / up_run:.2f}× |")

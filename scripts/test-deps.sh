@@ -134,11 +134,10 @@ fi
 # ---------------------------------------------------------------- the sandhub Python SDK
 # python/ (PyO3 + maturin) built from this checkout into the venv on every run: cargo
 # rebuilds only what changed (CARGO_TARGET_DIR is honoured), and no test imports it by
-# path. maturin and mypy (the SDK's typing test) are installed here, next to it. The dev
+# path. maturin (its build backend) comes with tests/requirements.txt. The dev
 # profile reuses the dependencies the test build already compiled (pip's default, release
 # with LTO, is minutes more); set MATURIN_PEP517_ARGS to override.
 log "installing the sandhub Python SDK (python/) into $venv_dir"
-"$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.16,<1.17" "mypy>=1.10" >&2
 PATH="$venv_dir/bin:$PATH" MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:---profile dev}" \
     "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
     --force-reinstall --no-deps "$repo_root/python" >&2

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import sandhub
-from hub_k8s_support import POOL, Cluster, stop, wait_for, wait_for_pool
+from sandhub_testing import stop_process, wait_for
+from sandhub_testing.hub_k8s import POOL, Cluster, wait_for_pool
 
 
 def test_sdk_create_run_files_delete_in_a_pod(cluster: Cluster):
@@ -32,5 +33,5 @@ def test_sdk_create_run_files_delete_in_a_pod(cluster: Cluster):
         sb.delete()
         wait_for("the SDK's sandbox to be gone", lambda: cluster.hub_leftovers() == [], timeout=120)
     finally:
-        stop(hub_proc)
+        stop_process(hub_proc)
     wait_for_pool(cluster, 2)

@@ -7,95 +7,31 @@ here: the fixture must not depend on the SDK it tests.
 
 from __future__ import annotations
 
-import http.client
-import os
-import signal
-import socket
-import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-
-from conftest import sandhub_binary, in_ci
-
-STARTUP_TIMEOUT_S = 30.0
-
-
-@dataclass
-class RunningHub:
-    url: str
-    port: int
-    state: Path
-    proc: subprocess.Popen[bytes]
-    keys: dict[str, str]
-
-    def log_tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join((self.state / "hub.log").read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "<no log>"
+from sandhub_testing import Hub, binary
+from sandhub_testing import start_hub as _start_hub
+from sandhub_testing import stop_hub
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _healthy(port: int) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-    try:
-        conn.request("GET", "/healthz")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-def start_hub(keys: dict[str, str] | None = None) -> RunningHub:
-    binary = sandhub_binary()
-    if not (binary.is_file() and os.access(binary, os.X_OK)):
-        msg = f"sandhub binary not found at {binary} (set SANDHUB_BIN)"
-        if in_ci():
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    state = Path(tempfile.mkdtemp(prefix="sandhub-sdk-"))
-    port = _free_port()
-    argv = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--state-dir", str(state / "state")]
+def start_hub(keys: dict[str, str] | None = None) -> Hub:
+    """A hub on the local backend; `keys` (API key -> tenant) turns auth on."""
+    base = Path(tempfile.mkdtemp(prefix="sandhub-sdk-"))
+    args: list[str] = []
     if keys:
-        keys_file = state / "keys"
+        keys_file = base / "keys"
         keys_file.write_text("".join(f"{k} {t}\n" for k, t in keys.items()))
         keys_file.chmod(0o600)
-        argv += ["--api-keys-file", str(keys_file)]
-    log = open(state / "hub.log", "wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    hub = RunningHub(f"http://127.0.0.1:{port}", port, state, proc, keys or {})
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not _healthy(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_hub(hub)
-            pytest.fail(f"sandhub serve did not become healthy:\n{hub.log_tail()}", pytrace=False)
-        time.sleep(0.05)
-    return hub
-
-
-def stop_hub(hub: RunningHub) -> None:
-    if hub.proc.poll() is None:
-        hub.proc.send_signal(signal.SIGTERM)
-        try:
-            hub.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            hub.proc.kill()
-            hub.proc.wait()
+        args += ["--api-keys-file", str(keys_file)]
+    return _start_hub(binary("sandhub"), base, *args)
 
 
 @pytest.fixture(scope="module")
-def running_hub() -> Iterator[RunningHub]:
+def running_hub() -> Iterator[Hub]:
     hub = start_hub()
     try:
         yield hub
@@ -105,7 +41,7 @@ def running_hub() -> Iterator[RunningHub]:
 
 
 @pytest.fixture(scope="module")
-def hub_url(running_hub: RunningHub) -> str:
+def hub_url(running_hub: Hub) -> str:
     return running_hub.url
 
 

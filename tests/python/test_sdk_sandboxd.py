@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import sandhub
-from conftest import _start, _stop
+from sandhub_testing import start_sandboxd, stop_process
 
 TOKEN = "direct-mode-token-0123456789"
 
@@ -17,15 +17,15 @@ TOKEN = "direct-mode-token-0123456789"
 def guarded(sandboxd_bin: Path, tmp_path: Path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    daemon = _start(
+    daemon = start_sandboxd(
         sandboxd_bin,
-        tmp_path,
+        tmp_path / "sandboxd",
         {"SANDBOXD_AUTH_TOKEN_FILE": str(token_file), "SANDBOX_META_SDK": "yes"},
     )
     try:
         yield daemon
     finally:
-        _stop(daemon.proc)
+        stop_process(daemon.proc)
 
 
 def _client(daemon, token: str | None = TOKEN, **kw) -> sandhub.Sandboxd:

@@ -1,7 +1,7 @@
 """The unmodified upstream SDK (`k8s-agent-sandbox`) against our sandboxd.
 
 Two connection modes, both through `SandboxClient.get_sandbox()` with the SDK's
-Kubernetes helper replaced by `StubK8sLookup` (see conftest.py):
+Kubernetes helper replaced by `StubK8sLookup` (sandhub_testing.upstream_sdk):
 
 - sandboxd mode: `SandboxdInClusterConnectionConfig(mode="in-cluster-pod-ip")`:
   commands over gRPC `process.v1.ProcessService/Execute`, files over REST `/v1/files/...`;
