@@ -14,6 +14,7 @@ use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::Subscriber
 #[derive(Clone, Copy, Debug)]
 pub struct Logging<'a> {
     json: bool,
+    ansi: Option<bool>,
     default_level: Level,
     source: Source<'a>,
 }
@@ -30,6 +31,7 @@ impl<'a> Logging<'a> {
     pub fn new(format: &str) -> Self {
         Self {
             json: format == "json",
+            ansi: None,
             default_level: Level::INFO,
             source: Source::Env("RUST_LOG"),
         }
@@ -77,6 +79,13 @@ impl<'a> Logging<'a> {
         }
     }
 
+    /// Colour text logs or not (default: `tracing-subscriber`'s, which
+    /// colours unless `NO_COLOR` is set).
+    pub fn ansi(mut self, ansi: bool) -> Self {
+        self.ansi = Some(ansi);
+        self
+    }
+
     /// Installs the global subscriber. Panics if one is installed already.
     pub fn init(self) {
         if let Err(e) = self.try_init() {
@@ -87,7 +96,10 @@ impl<'a> Logging<'a> {
     /// Installs the global subscriber; fails if one is installed already.
     pub fn try_init(self) -> Result<(), tracing_subscriber::util::TryInitError> {
         let registry = tracing_subscriber::registry().with(self.filter());
-        let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let mut stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        if let Some(ansi) = self.ansi {
+            stderr = stderr.with_ansi(ansi);
+        }
         if self.json {
             registry.with(stderr.json()).try_init()
         } else {

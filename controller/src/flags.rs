@@ -27,14 +27,8 @@ pub enum Command {
     Run,
 }
 
-/// Parses Go-style durations: `0`, `500ms`, `5m`, `1m30s`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
+/// Go-style durations (`0`, `500ms`, `5m`, `1m30s`; a bare number is seconds).
+pub use sandhub_common::parse_duration;
 
 #[derive(Clone, Debug, Args)]
 pub struct Flags {

@@ -12,7 +12,6 @@ pub mod context;
 pub mod crdgen;
 pub mod flags;
 pub mod leader;
-pub mod logging;
 pub mod manifests;
 pub mod metrics;
 pub mod ratelimit;

@@ -2,7 +2,7 @@
 //! an environment variable, plus an optional YAML `--config` file.
 //! Precedence: command-line flags, then the file, then env, then defaults.
 
-use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context};
 use clap::{
@@ -218,40 +218,9 @@ pub enum Command {
     },
 }
 
-/// Go-style durations ("180s", "200ms", "1m30s"); a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("invalid duration {s:?}"));
-    }
-    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
-
-/// Go's listen-address forms: ":8080" (every interface), "host:port";
-/// empty or "0" disables the listener.
-pub fn parse_bind(s: &str) -> anyhow::Result<Option<SocketAddr>> {
-    let s = s.trim();
-    if s.is_empty() || s == "0" {
-        return Ok(None);
-    }
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_owned()
-    };
-    if let Ok(addr) = full.parse() {
-        return Ok(Some(addr));
-    }
-    use std::net::ToSocketAddrs;
-    full.to_socket_addrs()
-        .with_context(|| format!("bad listen address {s:?}"))?
-        .next()
-        .map(Some)
-        .with_context(|| format!("{s:?} resolves to no address"))
-}
+// Go-style durations (a bare number is seconds) and listen addresses (`:8080`,
+// host names resolved, `0` disables): the parsers every Sandhub binary uses.
+pub use sandhub_common::{parse_bind, parse_duration};
 
 /// Parses the process arguments, folding in the `--config` file.
 pub fn load() -> anyhow::Result<Args> {
