@@ -143,7 +143,7 @@ pub struct Flags {
     #[arg(
         long,
         env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_MAX_BATCH_SIZE",
-        default_value_t = 300
+        default_value_t = crate::warmpool::plan::DEFAULT_MAX_BATCH as u32
     )]
     pub sandbox_warm_pool_max_batch_size: u32,
 

@@ -307,23 +307,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_and_binds() {
-        assert_eq!(parse_duration("180s").unwrap(), Duration::from_secs(180));
-        assert_eq!(parse_duration("200ms").unwrap(), Duration::from_millis(200));
-        assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
-        assert_eq!(
-            parse_bind(":8080").unwrap().unwrap().to_string(),
-            "0.0.0.0:8080"
-        );
-        assert_eq!(
-            parse_bind("127.0.0.1:1").unwrap().unwrap().to_string(),
-            "127.0.0.1:1"
-        );
-        assert!(parse_bind("0").unwrap().is_none());
-        assert!(parse_bind("").unwrap().is_none());
-    }
-
-    #[test]
     fn flags_beat_file_and_file_beats_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("router.yaml");
