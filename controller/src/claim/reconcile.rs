@@ -8,6 +8,11 @@
 //!   neither adopt twice nor create a second Sandbox;
 //! - stuck claims (#1944): a status write that conflicts is retried on a fresh
 //!   read instead of dropped, and Sandbox owner changes requeue the claim.
+//!
+//! What each step means is decided in [`super::plan`]; this file holds the
+//! reads and writes, and stays a little over 600 lines so that every write
+//! of a claim pass (and the order the two races above depend on) reads in
+//! one place.
 
 use std::sync::Arc;
 use std::time::Duration;
