@@ -17,6 +17,11 @@ pub const DEFAULT_METADATA_ENV_PREFIX: &str = "SANDBOX_";
 pub const REST_SOCKET: &str = "rest.sock";
 pub const GRPC_SOCKET: &str = "grpc.sock";
 
+/// Where a client behind a router presents sandboxd's token: the router
+/// takes `Authorization` for itself and strips it, so the hub (which holds
+/// the token) and sandboxd (which checks it) meet on this header instead.
+pub const ROUTED_AUTH_HEADER: &str = "x-sandboxd-authorization";
+
 /// Substrings that mark an environment variable as secret; such variables
 /// never appear in `/v1/metadata`, whatever their prefix.
 pub const SECRET_NAME_MARKERS: &[&str] = &[

@@ -79,15 +79,6 @@ async fn effective_flags(
     Ok((cli.flags, cm))
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 pub async fn run(args: Vec<String>, matches: ArgMatches, flags: Flags) -> anyhow::Result<()> {
     let own_namespace = controller_namespace(&flags);
     // The ConfigMap may set the client's rate limit: read it with a bootstrap
@@ -124,13 +115,13 @@ pub async fn run(args: Vec<String>, matches: ArgMatches, flags: Flags) -> anyhow
     );
 
     serve::spawn(
-        serve::parse_bind_address(&flags.metrics_bind_address)?,
+        sandhub_common::parse_bind(&flags.metrics_bind_address)?,
         "metrics",
         serve::metrics_router(ctx.clone()),
     )
     .await?;
     serve::spawn(
-        serve::parse_bind_address(&flags.health_probe_bind_address)?,
+        sandhub_common::parse_bind(&flags.health_probe_bind_address)?,
         "health probes",
         serve::probes_router(ctx.clone()),
     )
@@ -152,7 +143,10 @@ pub async fn run(args: Vec<String>, matches: ArgMatches, flags: Flags) -> anyhow
     if let Some(elector) = &elector {
         tokio::select! {
             _ = elector.acquire() => {}
-            _ = shutdown_signal() => return Ok(()),
+            r = sandhub_common::terminated() => {
+                r.context("SIGTERM/SIGINT handler")?;
+                return Ok(());
+            }
         }
     }
 
@@ -178,6 +172,10 @@ pub async fn run(args: Vec<String>, matches: ArgMatches, flags: Flags) -> anyhow
         r = template::run(ctx.clone()) => r.context("sandboxtemplate controller stopped"),
         r = extensions => r.context("extension controllers stopped"),
         _ = lost_lease => anyhow::bail!("lost the leader Lease"),
-        _ = shutdown_signal() => { tracing::info!("shutting down"); Ok(()) }
+        r = sandhub_common::terminated() => {
+            r.context("SIGTERM/SIGINT handler")?;
+            tracing::info!("shutting down");
+            Ok(())
+        }
     }
 }

@@ -2,7 +2,9 @@
 //! warm from its pool or created cold, and mirrors that Sandbox's state.
 //!
 //! - [`index`]: the Sandbox watch that feeds the warm candidate index.
-//! - [`reconcile`]: one claim's pass (expiry, validation, get-or-create, status).
+//! - [`reconcile`]: one claim's pass (expiry, validation, get-or-create, status):
+//!   it reads, asks [`plan`], and applies the answer.
+//! - [`plan`]: what a pass decides, as pure functions (unit-tested without a cluster).
 //! - [`build`]: the cold Sandbox and the adoption patch (pure).
 //! - [`events`]: the background event publisher.
 //! - [`latency`]: the claim startup metrics, once per claim.
@@ -17,6 +19,7 @@ pub mod latency;
 pub mod lifecycle;
 pub mod memo;
 pub mod metadata;
+pub mod plan;
 pub mod reconcile;
 pub mod status;
 
@@ -31,7 +34,7 @@ use sandhub_api::k8s::names;
 use sandhub_api::k8s::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool};
 
 use crate::context::{Context, SANDBOX_CLAIM_CONTROLLER};
-use crate::warmpool::build::controlled_by_kind;
+use crate::object::controlled_by_kind;
 use crate::warmpool::queue::WarmIndex;
 use reconcile::ClaimCtx;
 

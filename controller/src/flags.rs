@@ -27,14 +27,8 @@ pub enum Command {
     Run,
 }
 
-/// Parses Go-style durations: `0`, `500ms`, `5m`, `1m30s`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
+/// Go-style durations (`0`, `500ms`, `5m`, `1m30s`; a bare number is seconds).
+pub use sandhub_common::parse_duration;
 
 #[derive(Clone, Debug, Args)]
 pub struct Flags {
@@ -149,7 +143,7 @@ pub struct Flags {
     #[arg(
         long,
         env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_MAX_BATCH_SIZE",
-        default_value_t = 300
+        default_value_t = crate::warmpool::plan::DEFAULT_MAX_BATCH as u32
     )]
     pub sandbox_warm_pool_max_batch_size: u32,
 

@@ -60,10 +60,6 @@ impl LeaderElector {
         }
     }
 
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     fn spec(&self, now: Timestamp, acquire: Option<MicroTime>, transitions: i32) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),

@@ -1,22 +1,48 @@
 //! sandhub-controller: level-triggered reconcilers for the upstream agent-sandbox CRDs.
 //!
-//! One reconciler per module (`sandbox`, `template`, `claim`, `warmpool`), all sharing one
-//! [`context::Context`]; `crdgen` prints the CRDs generated from `sandhub-api`'s types;
-//! `app` wires them up behind leader election (`leader`) with metrics and probes (`serve`).
+//! # Layout
+//!
+//! One reconciler per module, each reading the objects, deciding, then
+//! writing only differences:
+//! - `sandbox`: Sandbox → Pod, Service, PVCs and status;
+//! - `template`: SandboxTemplate → its NetworkPolicy;
+//! - `claim`: SandboxClaim → one Sandbox, adopted warm or created cold
+//!   (the decisions are pure, in `claim::plan`);
+//! - `warmpool`: SandboxWarmPool → N warm Sandboxes (`warmpool::plan`).
+//!
+//! Shared by all four:
+//! - `context`: the client, caches, flags, metrics and event recorder;
+//! - [`error`]: the one reconciler error, with its metric label;
+//! - `object`: conditions, controller references and readiness of objects;
+//! - `metrics`: Prometheus metrics with upstream's names.
+//!
+//! Around them: [`flags`] and `config` (flags, the tuning ConfigMap), [`app`]
+//! (start-up, leader election in `leader`, client rate limits in
+//! `ratelimit`), `serve` (`/metrics`, probes), [`crdgen`] and [`manifests`]
+//! (the CRDs and install manifests generated from `sandhub-api`'s types).
+//!
+//! The public surface is what the binary and the tests use: [`app::run`],
+//! [`flags::Cli`], [`crdgen`], [`manifests`], and the reconcilers' shared
+//! vocabulary ([`Error`], [`Context`], [`Metrics`]).
 
 pub mod app;
-pub mod claim;
-pub mod conditions;
-pub mod config;
-pub mod context;
 pub mod crdgen;
+pub mod error;
 pub mod flags;
-pub mod leader;
-pub mod logging;
 pub mod manifests;
-pub mod metrics;
-pub mod ratelimit;
-pub mod sandbox;
-pub mod serve;
-pub mod template;
-pub mod warmpool;
+
+mod claim;
+mod config;
+mod context;
+mod leader;
+mod metrics;
+mod object;
+mod ratelimit;
+mod sandbox;
+mod serve;
+mod template;
+mod warmpool;
+
+pub use context::Context;
+pub use error::Error;
+pub use metrics::Metrics;

@@ -3,7 +3,7 @@
 
 use clap::{CommandFactory, FromArgMatches};
 use sandhub_controller::flags::{Cli, Command};
-use sandhub_controller::{app, crdgen, logging};
+use sandhub_controller::{app, crdgen};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -15,7 +15,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Run) | None => {
-            logging::init(&cli.flags.log_format);
+            sandhub_common::Logging::new(&cli.flags.log_format).init();
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;

@@ -87,6 +87,7 @@ pub struct Metrics {
     resume_latency: HistFamily<3>,
     finished: Family<Labels<4>, Counter>,
     expired: Family<Labels<4>, Counter>,
+    reconcile_errors: Family<Labels<2>, Counter>,
 }
 
 impl Default for Metrics {
@@ -110,6 +111,7 @@ impl Metrics {
         let resume = Family::<Labels<4>, Counter>::default();
         let finished = Family::<Labels<4>, Counter>::default();
         let expired = Family::<Labels<4>, Counter>::default();
+        let reconcile_errors = Family::<Labels<2>, Counter>::default();
 
         registry.register(
             "agent_sandbox_claim_startup_latency_ms",
@@ -167,6 +169,12 @@ impl Metrics {
             "Sandboxes that reached spec.shutdownTime, by shutdown_policy",
             expired.clone(),
         );
+        // controller-runtime's name, with the error's kind as a second label.
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Reconciles that failed, by controller and error kind",
+            reconcile_errors.clone(),
+        );
         let build_info = Family::<Labels<6>, Gauge>::default();
         build_info
             .get_or_create(&[
@@ -207,6 +215,7 @@ impl Metrics {
             resume_latency: m_resume_lat,
             finished,
             expired,
+            reconcile_errors,
         }
     }
 
@@ -250,6 +259,16 @@ impl Metrics {
                 ("warmpool_name", c.warmpool_name.clone()),
                 ("pod_condition", c.pod_condition.clone()),
                 ("created_by", c.created_by.clone()),
+            ])
+            .inc();
+    }
+    /// `controller` is the lowercase kind (`sandbox`, `sandboxclaim`, ...);
+    /// `error` is [`crate::error::Error::metric_label`].
+    pub fn inc_reconcile_error(&self, controller: &str, error: &str) {
+        self.reconcile_errors
+            .get_or_create(&[
+                ("controller", controller.to_string()),
+                ("error", error.to_string()),
             ])
             .inc();
     }
@@ -316,6 +335,7 @@ mod tests {
         m.inc_expired(&l, "Retain");
         m.inc_suspend(&l, "success");
         m.observe_claim_startup("warm", "t", 42.0);
+        m.inc_reconcile_error("sandboxclaim", "lost_race");
         m.set_sandbox_counts([(
             SandboxGaugeKey {
                 namespace: "ns".into(),
@@ -330,6 +350,7 @@ mod tests {
             "agent_sandbox_claim_startup_latency_ms_bucket{le=\"50.0\",launch_type=\"warm\",sandbox_template=\"t\"} 1",
             "agent_sandboxes{namespace=\"ns\"",
             "agent_sandbox_build_info{",
+            "controller_runtime_reconcile_errors_total{controller=\"sandboxclaim\",error=\"lost_race\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -33,10 +33,12 @@ use sandhub_api::k8s::validate::validate_volume_claim_templates;
 use sandhub_api::k8s::{Sandbox, SandboxStatus};
 use sandhub_api::sandboxd_token::SandboxdTokens;
 
-use crate::conditions as cond;
 use crate::context::{Context, SANDBOX_CONTROLLER};
+use crate::error::Error;
 use crate::metrics::{SandboxGaugeKey, SandboxLabels};
-use owner::{ownership, sandbox_ref, Ownership};
+use crate::object::conditions as cond;
+use crate::object::controller_ref;
+use owner::{ownership, Ownership};
 use status::{Observed, PodView};
 
 /// How often a Sandbox whose Pod is still starting is looked at again.
@@ -47,15 +49,6 @@ const MIN_EXPIRY_REQUEUE: Duration = Duration::from_secs(2);
 /// Retry interval for user errors (conflicting children, invalid spec) that only a change
 /// of the objects can fix; the watches usually bring that change sooner.
 const USER_ERROR_REQUEUE: Duration = Duration::from_secs(30);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
-    /// A child exists that this Sandbox may not take over.
-    #[error("{0}")]
-    Conflict(String),
-}
 
 /// Runs the Sandbox controller until the process stops.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
@@ -77,7 +70,9 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn error_policy(sb: Arc<Sandbox>, err: &ReconcileError, _ctx: Arc<Context>) -> Action {
+fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .inc_reconcile_error("sandbox", err.metric_label());
     tracing::warn!(sandbox = %sb.name_any(), namespace = ?sb.namespace(), error = %err, "reconcile error");
     Action::requeue(Duration::from_secs(1))
 }
@@ -98,18 +93,14 @@ fn ms_since(t: &Timestamp) -> f64 {
     (Timestamp::now().as_millisecond() - t.as_millisecond()).max(0) as f64
 }
 
-async fn write_status(
-    api: &Api<Sandbox>,
-    name: &str,
-    new: &SandboxStatus,
-) -> Result<(), ReconcileError> {
+async fn write_status(api: &Api<Sandbox>, name: &str, new: &SandboxStatus) -> Result<(), Error> {
     let patch = status::patch(new);
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
 }
 
-async fn delete_owned<K>(api: &Api<K>, obj: &K) -> Result<(), ReconcileError>
+async fn delete_owned<K>(api: &Api<K>, obj: &K) -> Result<(), Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -131,11 +122,7 @@ where
 }
 
 /// Expiry: the first pass reports it, the next one cleans up (§2.1).
-async fn expire(
-    sb: &Sandbox,
-    ctx: &Context,
-    old: &SandboxStatus,
-) -> Result<Action, ReconcileError> {
+async fn expire(sb: &Sandbox, ctx: &Context, old: &SandboxStatus) -> Result<Action, Error> {
     let ns = sb.namespace().unwrap_or_default();
     let name = sb.name_any();
     let uid = sb.uid().unwrap_or_default();
@@ -200,11 +187,7 @@ struct PodsSeen {
     owned: Vec<Pod>,
 }
 
-async fn observe_pods(
-    api: &Api<Pod>,
-    sb: &Sandbox,
-    hash: &str,
-) -> Result<PodsSeen, ReconcileError> {
+async fn observe_pods(api: &Api<Pod>, sb: &Sandbox, hash: &str) -> Result<PodsSeen, Error> {
     let uid = sb.uid().unwrap_or_default();
     let lp = ListParams::default().labels(&format!("{}={hash}", names::SANDBOX_NAME_HASH));
     let listed = api.list(&lp).await?.items;
@@ -228,7 +211,7 @@ async fn ensure_pod(
     hash: &str,
     named: Option<Pod>,
     tokens: Option<&SandboxdTokens>,
-) -> Result<(Option<Pod>, bool), ReconcileError> {
+) -> Result<(Option<Pod>, bool), Error> {
     let uid = sb.uid().unwrap_or_default();
     let want_meta = metadata::desired(sb, hash);
     let Some(have) = named else {
@@ -264,7 +247,7 @@ async fn ensure_pod(
         Ownership::Adoptable => {
             let mut patch = metadata::drift_patch(&have.metadata, &want_meta)
                 .unwrap_or_else(|| serde_json::json!({"metadata": {}}));
-            patch["metadata"]["ownerReferences"] = serde_json::json!([sandbox_ref(sb)]);
+            patch["metadata"]["ownerReferences"] = serde_json::json!([controller_ref(sb)]);
             tracing::info!(pod = %name, sandbox = %sb.name_any(), "adopting Pod");
             Ok((
                 Some(
@@ -274,10 +257,10 @@ async fn ensure_pod(
                 true,
             ))
         }
-        Ownership::Foreign(owner) => Err(ReconcileError::Conflict(format!(
+        Ownership::Foreign(owner) => Err(Error::ChildConflict(format!(
             "Pod {name} is controlled by {owner}"
         ))),
-        Ownership::NotAdoptable => Err(ReconcileError::Conflict(format!(
+        Ownership::NotAdoptable => Err(Error::ChildConflict(format!(
             "Pod {name} exists, is not owned by this Sandbox and is not labelled {}=true",
             names::ADOPTABLE
         ))),
@@ -290,7 +273,7 @@ async fn ensure_service(
     api: &Api<Service>,
     sb: &Sandbox,
     hash: &str,
-) -> Result<Option<String>, ReconcileError> {
+) -> Result<Option<String>, Error> {
     let uid = sb.uid().unwrap_or_default();
     let name = sb.name_any();
     let have = api.get_opt(&name).await?;
@@ -321,10 +304,10 @@ async fn ensure_service(
                 Ownership::Owned => true,
                 Ownership::Adoptable => false,
                 Ownership::Foreign(owner) => {
-                    return Err(ReconcileError::Conflict(format!("Service {name} is controlled by {owner}")))
+                    return Err(Error::ChildConflict(format!("Service {name} is controlled by {owner}")))
                 }
                 Ownership::NotAdoptable => {
-                    return Err(ReconcileError::Conflict(format!(
+                    return Err(Error::ChildConflict(format!(
                         "Service {name} exists, is not owned by this Sandbox and is not labelled {}=true",
                         names::ADOPTABLE
                     )))
@@ -333,7 +316,7 @@ async fn ensure_service(
             if !owned || service::drifted(&s, &want) {
                 let spec = want.spec.as_ref().expect("desired service has a spec");
                 let patch = serde_json::json!({
-                    "metadata": {"ownerReferences": [sandbox_ref(sb)], "labels": {names::SANDBOX_NAME_HASH: hash}},
+                    "metadata": {"ownerReferences": [controller_ref(sb)], "labels": {names::SANDBOX_NAME_HASH: hash}},
                     "spec": {"selector": spec.selector, "ports": spec.ports},
                 });
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -344,7 +327,7 @@ async fn ensure_service(
     }
 }
 
-async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
     if sb.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -374,7 +357,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
     } else if let Err(e) = pvc::ensure(&ctx.api_in::<PersistentVolumeClaim>(&ns), &sb, &hash).await
     {
         match e {
-            ReconcileError::Conflict(msg) => error = Some(msg),
+            Error::ChildConflict(msg) => error = Some(msg),
             other => return Err(other),
         }
     }
@@ -427,7 +410,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
         .await
         {
             Ok(found) => found,
-            Err(ReconcileError::Conflict(msg)) => {
+            Err(Error::ChildConflict(msg)) => {
                 error = Some(msg);
                 (seen.named, false)
             }
@@ -437,7 +420,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
 
     let service_name = match ensure_service(&ctx.api_in::<Service>(&ns), &sb, &hash).await {
         Ok(s) => s,
-        Err(ReconcileError::Conflict(msg)) => {
+        Err(Error::ChildConflict(msg)) => {
             error.get_or_insert(msg);
             None
         }
@@ -449,7 +432,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Reconc
     let view = match (&pod, owned) {
         (None, _) => PodView::None,
         (Some(p), true) => PodView::Owned(p),
-        (Some(p), false) => PodView::NotOwned(p),
+        (Some(_), false) => PodView::NotOwned,
     };
     let observed = Observed {
         generation: sb.metadata.generation,

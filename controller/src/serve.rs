@@ -12,22 +12,6 @@ use tokio::net::TcpListener;
 
 use crate::context::Context;
 
-/// Go-style bind addresses: `:8080` means every interface, `0` disables the server.
-pub fn parse_bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
-    let s = s.trim();
-    if s.is_empty() || s == "0" {
-        return Ok(None);
-    }
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_string()
-    };
-    full.parse()
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("invalid bind address {s:?}: {e}"))
-}
-
 async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     crate::sandbox::refresh_gauge(&ctx);
     (

@@ -24,6 +24,8 @@ use sandhub_api::k8s::template::NetworkPolicyManagement;
 use sandhub_api::k8s::SandboxTemplate;
 
 use crate::context::{Context, SANDBOX_TEMPLATE_CONTROLLER};
+use crate::error::Error;
+use crate::object::controller_of;
 
 /// Where the sandbox-router runs.
 pub const ROUTER_NAMESPACE: &str = "agent-sandbox-system";
@@ -175,12 +177,14 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn error_policy(t: Arc<SandboxTemplate>, err: &kube::Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(t: Arc<SandboxTemplate>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .inc_reconcile_error("sandboxtemplate", err.metric_label());
     tracing::warn!(template = %t.name_any(), error = %err, "template reconcile error");
     Action::requeue(Duration::from_secs(2))
 }
 
-async fn reconcile(t: Arc<SandboxTemplate>, ctx: Arc<Context>) -> Result<Action, kube::Error> {
+async fn reconcile(t: Arc<SandboxTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
     if t.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -199,17 +203,14 @@ async fn reconcile(t: Arc<SandboxTemplate>, ctx: Arc<Context>) -> Result<Action,
     match t.spec.network_policy_management {
         NetworkPolicyManagement::Unmanaged => {
             let existing = policies.get_opt(&pname).await?;
-            let ours = existing.as_ref().and_then(|p| {
-                p.owner_references()
-                    .iter()
-                    .find(|r| r.controller == Some(true))
-                    .cloned()
-            });
+            let ours = existing
+                .as_ref()
+                .and_then(|p| controller_of(&p.metadata).cloned());
             if ours.is_some_and(|r| Some(r.uid) == t.uid()) {
                 match policies.delete(&pname, &DeleteParams::default()).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
         }

@@ -27,7 +27,7 @@ use sandhub_api::k8s::{Sandbox, SandboxTemplate, SandboxWarmPool};
 
 use crate::claim::cache;
 use crate::context::{Context, SANDBOX_WARM_POOL_CONTROLLER};
-use build::controlled_by_kind;
+use crate::object::controlled_by_kind;
 use expectations::Expectations;
 use reconcile::PoolCtx;
 

@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
         sandhub::local::init::main(std::env::args_os().skip(2).collect());
     }
     let cli = Cli::parse();
-    sandboxd::logging::init(&cli.log_format);
+    sandhub_common::Logging::new(&cli.log_format).init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -57,7 +57,7 @@ pub struct ServeArgs {
     pub max_upload_bytes: u64,
 
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
-    #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = sandhub_common::parse_duration)]
     pub reap_interval: Duration,
 }
 
@@ -148,7 +148,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %args.listen, backend = %where_, "sandhub serving");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            // Fails only without a signal driver; then serve until killed.
+            if let Err(e) = sandhub_common::terminated().await {
+                tracing::error!(error = %e, "no SIGTERM/SIGINT handler: serving until killed");
+                std::future::pending::<()>().await;
+            }
             // Open MCP event streams would hold the shutdown forever.
             mcp_stop.cancel();
         })
@@ -205,18 +209,4 @@ pub async fn embedded_hub(
         .await
         .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;
     Ok(hub)
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

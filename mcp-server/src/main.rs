@@ -55,11 +55,8 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // stdout is the protocol channel: logs go to stderr only.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+    sandhub_common::Logging::new("text")
+        .default_level(tracing::Level::WARN)
         .init();
     let client: Arc<dyn Sandboxes> = Arc::new(HubClient::new(args.hub, args.api_key)?);
     let options = McpOptions {
@@ -96,7 +93,11 @@ async fn serve_http(
     tracing::info!("serving MCP at http://{}/mcp", listener.local_addr()?);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            let _ = tokio::signal::ctrl_c().await;
+            // Fails only without a signal driver; then serve until killed.
+            if let Err(e) = sandhub_common::terminated().await {
+                tracing::error!(error = %e, "no SIGTERM/SIGINT handler: serving until killed");
+                std::future::pending::<()>().await;
+            }
             sessions.cancel();
         })
         .await?;

@@ -2,7 +2,7 @@
 //! an environment variable, plus an optional YAML `--config` file.
 //! Precedence: command-line flags, then the file, then env, then defaults.
 
-use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context};
 use clap::{
@@ -218,40 +218,9 @@ pub enum Command {
     },
 }
 
-/// Go-style durations ("180s", "200ms", "1m30s"); a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("invalid duration {s:?}"));
-    }
-    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
-
-/// Go's listen-address forms: ":8080" (every interface), "host:port";
-/// empty or "0" disables the listener.
-pub fn parse_bind(s: &str) -> anyhow::Result<Option<SocketAddr>> {
-    let s = s.trim();
-    if s.is_empty() || s == "0" {
-        return Ok(None);
-    }
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_owned()
-    };
-    if let Ok(addr) = full.parse() {
-        return Ok(Some(addr));
-    }
-    use std::net::ToSocketAddrs;
-    full.to_socket_addrs()
-        .with_context(|| format!("bad listen address {s:?}"))?
-        .next()
-        .map(Some)
-        .with_context(|| format!("{s:?} resolves to no address"))
-}
+// Go-style durations (a bare number is seconds) and listen addresses (`:8080`,
+// host names resolved, `0` disables): the parsers every Sandhub binary uses.
+pub use sandhub_common::{parse_bind, parse_duration};
 
 /// Parses the process arguments, folding in the `--config` file.
 pub fn load() -> anyhow::Result<Args> {
@@ -336,23 +305,6 @@ fn yaml_scalar(key: &str, v: &serde_yaml::Value) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_and_binds() {
-        assert_eq!(parse_duration("180s").unwrap(), Duration::from_secs(180));
-        assert_eq!(parse_duration("200ms").unwrap(), Duration::from_millis(200));
-        assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
-        assert_eq!(
-            parse_bind(":8080").unwrap().unwrap().to_string(),
-            "0.0.0.0:8080"
-        );
-        assert_eq!(
-            parse_bind("127.0.0.1:1").unwrap().unwrap().to_string(),
-            "127.0.0.1:1"
-        );
-        assert!(parse_bind("0").unwrap().is_none());
-        assert!(parse_bind("").unwrap().is_none());
-    }
 
     #[test]
     fn flags_beat_file_and_file_beats_defaults() {

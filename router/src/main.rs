@@ -6,7 +6,6 @@ use anyhow::Context;
 use sandhub_router::{
     authz::{scoped, Scope},
     config::{self, Command},
-    init_logging,
     server::Router,
 };
 
@@ -27,7 +26,7 @@ fn main() -> anyhow::Result<()> {
     {
         return mint_token(secret_file, namespace, name, *ttl);
     }
-    init_logging(&args.log_format);
+    sandhub_common::Logging::new(&args.log_format).init();
     // One crypto provider for both rustls users (our TLS listener, kube's client).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -245,7 +245,9 @@ impl Router {
                 health_endpoint(cache.as_deref(), req)
             })));
         }
-        wait_for_signal().await?;
+        sandhub_common::terminated()
+            .await
+            .context("SIGTERM/SIGINT handler")?;
         tracing::info!("shutting down: no new connections; draining");
         let _ = stop_tx.send(true);
         for t in tasks {
@@ -304,17 +306,6 @@ fn worker(
             let _ = t.await;
         }
     });
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
-    Ok(())
 }
 
 fn conn_builder() -> auto::Builder<TokioExecutor> {

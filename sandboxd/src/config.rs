@@ -35,11 +35,11 @@ pub struct Config {
     pub metadata_env_prefix: String,
 
     /// After SIGTERM, how long running processes may finish before their groups are killed.
-    #[arg(long, env = "SANDBOXD_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SANDBOXD_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = sandhub_common::parse_duration)]
     pub shutdown_timeout: Duration,
 
     /// An HTTP connection that sends no request for this long is closed.
-    #[arg(long, env = "SANDBOXD_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SANDBOXD_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = sandhub_common::parse_duration)]
     pub http_idle_timeout: Duration,
 
     /// Largest chunk of process output sent in one gRPC message, in bytes.

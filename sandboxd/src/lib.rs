@@ -11,7 +11,6 @@ pub mod daemon;
 pub mod error;
 pub mod files;
 pub mod legacy;
-pub mod logging;
 pub mod metrics;
 pub mod process;
 pub mod rest;

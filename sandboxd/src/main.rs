@@ -5,7 +5,7 @@ use sandboxd::{server, Config, Daemon};
 
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
-    sandboxd::logging::init(&config.log_format);
+    sandhub_common::Logging::new(&config.log_format).init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

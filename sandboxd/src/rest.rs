@@ -14,7 +14,7 @@ use axum::{
 use sandhub_api::{
     proto::watcher::v1::file_watcher_service_server::FileWatcherServiceServer,
     proto::{self, process::v1::process_service_server::ProcessServiceServer},
-    sandboxd::{is_secret_name, Health, Metadata},
+    sandboxd::{is_secret_name, Health, Metadata, ROUTED_AUTH_HEADER},
 };
 
 use crate::{
@@ -96,9 +96,6 @@ fn check_presented(auth: &crate::auth::Auth, headers: &http::HeaderMap) -> Resul
         other => other,
     }
 }
-
-/// Where a client behind a router presents sandboxd's token.
-pub const ROUTED_AUTH_HEADER: &str = "x-sandboxd-authorization";
 
 pub(crate) async fn require_token(
     State(daemon): State<Arc<Daemon>>,

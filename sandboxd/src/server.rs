@@ -99,7 +99,8 @@ async fn serve_until_signal(
     stop: CancellationToken,
     servers: Vec<tokio::task::JoinHandle<()>>,
 ) -> anyhow::Result<()> {
-    wait_for_signal().await?;
+    let signal = sandhub_common::terminated().await?;
+    tracing::info!("{signal} received");
     drain(&daemon).await;
     stop.cancel();
     for server in servers {
@@ -172,17 +173,6 @@ pub async fn drain(daemon: &Daemon) {
         );
         daemon.processes.kill_all();
     }
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
-    Ok(())
 }
 
 async fn bind_tcp(host: &str, port: u16) -> anyhow::Result<TcpListener> {

@@ -5,13 +5,15 @@
 use std::collections::BTreeMap;
 
 use kube::ResourceExt;
+use sandhub_api::k8s::common::PodMetadata;
 use sandhub_api::k8s::conditions::{created_by, launch_type};
 use sandhub_api::k8s::names::{self, name_hash};
 use sandhub_api::k8s::{Sandbox, SandboxClaim, SandboxSpec, SandboxTemplate};
 use serde_json::{json, Map, Value};
 
 use super::inject::{inject_env, merge_vcts, EnvRequest};
-use crate::warmpool::build::{apply_secure_defaults, controller_ref};
+use crate::object::controller_ref;
+use crate::warmpool::build::apply_secure_defaults;
 
 /// Why a cold Sandbox could not be built (each is a claim Ready reason).
 #[derive(Debug, PartialEq, Eq)]
@@ -50,6 +52,17 @@ pub fn claim_pod_metadata(
     let mut annotations = extra.annotations.unwrap_or_default();
     annotations.insert(names::CLAIM_NAME_ANNOTATION.into(), claim.name_any());
     (labels, annotations)
+}
+
+/// The template's own Pod labels and annotations (empty when it sets none).
+pub fn template_pod_metadata(template: &SandboxTemplate) -> PodMetadata {
+    template
+        .spec
+        .blueprint
+        .pod_template
+        .metadata
+        .clone()
+        .unwrap_or_default()
 }
 
 /// The Sandbox a claim creates when no warm one is taken: named exactly like
@@ -192,13 +205,7 @@ pub fn adoption_patch(sb: &Sandbox, claim: &SandboxClaim, template: &SandboxTemp
     }
     // The template's own pod metadata (it may have changed since the member
     // was built), then the claim's.
-    let tpl_meta = template
-        .spec
-        .blueprint
-        .pod_template
-        .metadata
-        .clone()
-        .unwrap_or_default();
+    let tpl_meta = template_pod_metadata(template);
     let (claim_labels, claim_annotations) = claim_pod_metadata(claim, template);
     for (k, v) in tpl_meta
         .labels
@@ -234,14 +241,15 @@ pub fn adoption_patch(sb: &Sandbox, claim: &SandboxClaim, template: &SandboxTemp
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Container;
-    use sandhub_api::k8s::claim::{ClaimEnvVar, PodMetadata};
+    use sandhub_api::k8s::claim::ClaimEnvVar;
     use sandhub_api::k8s::common::PersistentVolumeClaimTemplate;
     use sandhub_api::k8s::template::InjectionPolicy;
     use sandhub_api::k8s::{
         SandboxClaimSpec, SandboxTemplateSpec, SandboxWarmPool, SandboxWarmPoolSpec,
     };
 
-    use crate::warmpool::build::{controller_of, pool_sandbox};
+    use crate::object::controller_of;
+    use crate::warmpool::build::pool_sandbox;
 
     fn template() -> SandboxTemplate {
         let mut t = SandboxTemplate::new("tpl", SandboxTemplateSpec::default());

@@ -10,7 +10,7 @@ use kube::{Api, ResourceExt};
 use sandhub_api::k8s::names;
 use sandhub_api::k8s::{Sandbox, SandboxWarmPool};
 
-use crate::warmpool::build::{controlled_by_kind, sandbox_ready};
+use crate::object::{controlled_by_kind, sandbox_ready};
 use crate::warmpool::queue::{Candidate, WarmIndex};
 
 /// The pool and candidate view of `sb`, when it is an adoptable warm member:
@@ -96,7 +96,7 @@ mod tests {
     use super::*;
     use sandhub_api::k8s::{SandboxSpec, SandboxStatus, SandboxWarmPoolSpec};
 
-    use crate::warmpool::build::controller_ref;
+    use crate::object::controller_ref;
 
     fn member(pool: &str, owner: &str) -> Sandbox {
         let mut p = SandboxWarmPool::new(owner, SandboxWarmPoolSpec::default());

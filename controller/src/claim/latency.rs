@@ -14,7 +14,8 @@ use sandhub_api::k8s::names;
 use sandhub_api::k8s::{Sandbox, SandboxClaim, SandboxClaimStatus};
 
 use crate::metrics::{ClaimCreation, Metrics};
-use crate::warmpool::build::{condition, sandbox_ready};
+use crate::object::conditions::find as condition;
+use crate::object::sandbox_ready;
 
 /// What the metrics need to know about the claim's Sandbox.
 #[derive(Debug, Clone)]

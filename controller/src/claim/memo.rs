@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use sandhub_api::k8s::names;
 use sandhub_api::k8s::{Sandbox, SandboxClaim};
 
-use crate::warmpool::build::controlled_by_kind;
+use crate::object::controlled_by_kind;
 
 /// Longer than any cache lag seen under a full burst; a memo entry older than
 /// this is never used.

@@ -8,6 +8,11 @@
 //!   neither adopt twice nor create a second Sandbox;
 //! - stuck claims (#1944): a status write that conflicts is retried on a fresh
 //!   read instead of dropped, and Sandbox owner changes requeue the claim.
+//!
+//! What each step means is decided in [`super::plan`]; this file holds the
+//! reads and writes, and stays a little over 600 lines so that every write
+//! of a claim pass (and the order the two races above depend on) reads in
+//! one place.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,35 +25,28 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use sandhub_api::k8s::conditions::{claim as reason, events, messages, types};
 use sandhub_api::k8s::names;
-use sandhub_api::k8s::warmpool::UpdateStrategyType;
 use sandhub_api::k8s::{
     Sandbox, SandboxClaim, SandboxClaimStatus, SandboxTemplate, SandboxWarmPool,
 };
 use serde_json::json;
 
-use super::build::{adoption_patch, cold_sandbox, BuildError};
+use super::build::adoption_patch;
 use super::events::EventQueue;
 use super::memo::Memo;
+use super::plan::{
+    self, unbound, Named, Next, Outcome, Route, ADOPTION_ATTEMPTS, ALREADY_EXISTS_RETRY,
+    MISSING_REF_RETRY,
+};
 use super::status::{bound_status, finished_at, unbound_status};
-use super::{latency, lifecycle, metadata};
+use super::{latency, lifecycle};
 use crate::context::Context;
-use crate::warmpool::build::{controlled_by_kind, template_hash};
-use crate::warmpool::plan::is_stale;
-use crate::warmpool::queue::{Take, WarmIndex};
+use crate::error::{is_code, Error};
+use crate::object::conditions::find as condition;
+use crate::object::{controlled_by_kind, sandbox_ready};
+use crate::warmpool::queue::WarmIndex;
 
-/// How long a claim waits for a pending (IP-less) warm candidate, counted
-/// from its creation, before it starts cold.
-pub const PENDING_WAIT: Duration = Duration::from_secs(2);
-/// How often it looks again meanwhile (upstream v1.0.0 tuned 500 ms to 100 ms).
-pub const PENDING_RETRY: Duration = Duration::from_millis(100);
-/// Requeue after a create hit AlreadyExists: the cache lags the API server.
-pub const ALREADY_EXISTS_RETRY: Duration = Duration::from_millis(200);
-/// Requeue while the pool or its template is missing (their watches also requeue).
-pub const MISSING_REF_RETRY: Duration = Duration::from_secs(60);
 /// Recheck interval of a claim whose Sandbox is not Ready yet.
 pub const NOT_READY_RECHECK: Duration = Duration::from_millis(500);
-/// Warm candidates tried per reconcile before giving up with AdoptionConflict.
-pub const ADOPTION_ATTEMPTS: usize = 3;
 
 pub struct ClaimCtx {
     pub ctx: Arc<Context>,
@@ -60,47 +58,16 @@ pub struct ClaimCtx {
     pub memo: Memo,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// A write lost an optimistic-lock race twice in a row; retried soon.
-    #[error("conflict: {0}")]
-    Conflict(String),
-}
-
-pub fn error_policy(_claim: Arc<SandboxClaim>, err: &Error, _cx: Arc<ClaimCtx>) -> Action {
+pub fn error_policy(_claim: Arc<SandboxClaim>, err: &Error, cx: Arc<ClaimCtx>) -> Action {
+    cx.ctx
+        .metrics
+        .inc_reconcile_error("sandboxclaim", err.metric_label());
     match err {
-        Error::Conflict(_) => Action::requeue(Duration::from_millis(50)),
-        Error::Kube(e) => {
+        Error::LostRace(_) => Action::requeue(Duration::from_millis(50)),
+        e => {
             tracing::warn!(error = %e, "claim reconcile failed");
             Action::requeue(Duration::from_secs(1))
         }
-    }
-}
-
-fn is_code(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
-}
-
-/// What get-or-create found.
-enum Outcome {
-    Bound(Box<Sandbox>),
-    Unbound {
-        reason: &'static str,
-        message: String,
-        requeue: Option<Duration>,
-    },
-    /// Something changed under us (the fresh claim already names a Sandbox):
-    /// reconcile again right away from the new state, writing nothing now.
-    Again,
-}
-
-fn unbound(reason: &'static str, message: impl Into<String>, requeue: Option<Duration>) -> Outcome {
-    Outcome::Unbound {
-        reason,
-        message: message.into(),
-        requeue,
     }
 }
 
@@ -141,7 +108,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, cx: Arc<ClaimCtx>) -> Result<Ac
             // The Sandbox cache and the Sandbox trigger are two watches: a
             // trigger can arrive before the cache shows its change. While not
             // Ready, look again soon rather than trust the next trigger.
-            let ready = crate::warmpool::build::sandbox_ready(&sb);
+            let ready = sandbox_ready(&sb);
             (st, (!ready).then_some(NOT_READY_RECHECK))
         }
         Outcome::Unbound {
@@ -156,11 +123,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, cx: Arc<ClaimCtx>) -> Result<Ac
             )
         }
     };
-    if !cx.ctx.flags.disable_claim_observability_annotations
-        && !claim
-            .annotations()
-            .contains_key(names::CONTROLLER_FIRST_OBSERVED_AT)
-    {
+    if plan::needs_first_observed(&claim, cx.ctx.flags.disable_claim_observability_annotations) {
         let patch = json!({"metadata": {"annotations": {names::CONTROLLER_FIRST_OBSERVED_AT: now_rfc3339()}}});
         claim = claims
             .patch(
@@ -173,7 +136,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, cx: Arc<ClaimCtx>) -> Result<Ac
     }
     let was_ready = latency::ready(claim.status.as_ref());
     let now_ready = latency::ready(Some(&status));
-    let newly_bound = recorded_in_status(&claim).is_none() && status.sandbox.is_some();
+    let newly_bound = plan::recorded_in_status(&claim).is_none() && status.sandbox.is_some();
     if write_status(&claims, claim.clone(), status, &cx.memo).await? {
         if let Some(b) = &bound_to {
             if newly_bound {
@@ -230,7 +193,7 @@ async fn write_status(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(Error::Conflict(format!(
+    Err(Error::LostRace(format!(
         "status of claim {}",
         claim.name_any()
     )))
@@ -248,7 +211,7 @@ async fn expire(
     let already = claim
         .status
         .as_ref()
-        .and_then(|s| crate::warmpool::build::condition(&s.conditions, types::READY))
+        .and_then(|s| condition(&s.conditions, types::READY))
         .is_some_and(|c| c.reason == reason::CLAIM_EXPIRED);
     let name = claim.name_any();
     if !already {
@@ -318,11 +281,6 @@ fn sandboxes_of(claim: &SandboxClaim, cx: &ClaimCtx) -> Vec<Arc<Sandbox>> {
     })
 }
 
-fn owned_by(sb: &Sandbox, claim: &SandboxClaim) -> bool {
-    controlled_by_kind::<SandboxClaim>(&sb.metadata)
-        .is_some_and(|o| Some(&o.uid) == claim.uid().as_ref())
-}
-
 /// The Sandbox named `name`: the cache first, the API server when the cache
 /// has not seen it yet.
 async fn lookup(
@@ -334,7 +292,7 @@ async fn lookup(
     let ns = claim.namespace().unwrap_or_default();
     let cached = cx.sandboxes.get(&ObjectRef::new(name).within(&ns));
     if let Some(sb) = &cached {
-        if owned_by(sb, claim) {
+        if plan::owned_by(sb, claim) {
             return Ok(Some((**sb).clone()));
         }
     }
@@ -351,30 +309,8 @@ async fn lookup(
     }
 }
 
-fn recorded_in_status(claim: &SandboxClaim) -> Option<&str> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.sandbox.as_ref())
-        .map(|s| s.name.as_str())
-        .filter(|n| !n.is_empty())
-}
-
-/// The claim's recorded Sandbox: `status.sandbox.name`, else the
-/// `sandbox-name` annotation an adoption writes first.
-fn recorded(claim: &SandboxClaim) -> (Option<String>, bool) {
-    match recorded_in_status(claim) {
-        Some(n) => (Some(n.to_string()), true),
-        None => (
-            claim
-                .annotations()
-                .get(names::SANDBOX_NAME_ANNOTATION)
-                .cloned(),
-            false,
-        ),
-    }
-}
-
+/// Finds or makes the claim's Sandbox: each step reads, asks [`plan`] what
+/// the objects mean, and applies the answer.
 async fn get_or_create(
     claims: &Api<SandboxClaim>,
     claim: &mut SandboxClaim,
@@ -384,113 +320,29 @@ async fn get_or_create(
     let sandboxes: Api<Sandbox> = Api::namespaced(cx.ctx.client.clone(), &ns);
 
     // 1. A Sandbox the claim already names.
-    if let (Some(name), from_status) = recorded(claim) {
-        match lookup(&sandboxes, cx, claim, &name).await? {
-            Some(sb) if owned_by(&sb, claim) => return Ok(Outcome::Bound(Box::new(sb))),
-            Some(sb)
-                if !from_status
-                    && sb.metadata.deletion_timestamp.is_none()
-                    && controlled_by_kind::<SandboxWarmPool>(&sb.metadata)
-                        .is_some_and(|o| o.name == claim.spec.warm_pool_ref.name) =>
-            {
-                // An adoption that stopped between its two writes (restart).
-                let Some((_, template)) = resolve_refs(claim, cx).await?.ok() else {
-                    return Ok(Outcome::Again);
-                };
-                let patch = adoption_patch(&sb, claim, &template);
-                return match sandboxes
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(sb) => {
-                        cx.memo.wrote_sandbox(&sb);
-                        cx.index.adopted(&ns, &claim.spec.warm_pool_ref.name, &name);
-                        publish(
-                            cx,
-                            claim,
-                            EventType::Normal,
-                            events::SANDBOX_ADOPTED,
-                            format!("Adopted warm Sandbox {name}"),
-                        );
-                        Ok(Outcome::Bound(Box::new(sb)))
-                    }
-                    Err(e) if is_code(&e, 409) || is_code(&e, 404) => Ok(Outcome::Again),
-                    Err(e) => Err(e.into()),
-                };
-            }
-            found if from_status => {
-                let message = match found {
-                    Some(_) => format!(
-                        "Sandbox {name:?} is not controlled by claim {:?}",
-                        claim.name_any()
-                    ),
-                    None => format!("Sandbox {name:?} not found"),
-                };
-                return Ok(unbound(reason::SANDBOX_MISSING, message, None));
-            }
-            _ => {
-                // The annotation names a Sandbox this claim did not get (it
-                // went to another claim, or away): forget it and start over.
-                let patch = json!({"metadata": {
-                    "resourceVersion": claim.resource_version(),
-                    "annotations": {names::SANDBOX_NAME_ANNOTATION: null},
-                }});
-                return match claims
-                    .patch(
-                        &claim.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await
-                {
-                    Ok(updated) => {
-                        cx.memo.wrote_claim(&updated);
-                        Ok(Outcome::Again)
-                    }
-                    Err(e) if is_code(&e, 409) || is_code(&e, 404) => {
-                        cx.memo.forget_claim(claim);
-                        Ok(Outcome::Again)
-                    }
-                    Err(e) => Err(e.into()),
-                };
-            }
-        }
+    if let (Some(name), from_status) = plan::recorded(claim) {
+        let found = lookup(&sandboxes, cx, claim, &name).await?;
+        return match plan::decide_named(claim, &name, from_status, found) {
+            Named::Bound(sb) => Ok(Outcome::Bound(sb)),
+            Named::Missing(outcome) => Ok(outcome),
+            Named::FinishAdoption(sb) => finish_adoption(&sandboxes, claim, &sb, cx).await,
+            Named::Forget => forget_name(claims, claim, cx).await,
+        };
     }
 
     // 2. A cold Sandbox (named like the claim) from an earlier pass.
     // The cache only: a miss costs nothing here, as a create of an existing
     // name fails with AlreadyExists below.
-    if let Some(mine) = cx.memo.sandbox_of(
+    let memo = cx.memo.sandbox_of(
         &ns,
         &claim.name_any(),
         claim.uid().as_deref().unwrap_or_default(),
-    ) {
-        if !cx
-            .sandboxes
-            .get(&ObjectRef::new(&claim.name_any()).within(&ns))
-            .is_some_and(|sb| owned_by(&sb, claim))
-        {
-            return Ok(Outcome::Bound(Box::new(mine)));
-        }
-    }
-    if let Some(sb) = cx
+    );
+    let cached = cx
         .sandboxes
-        .get(&ObjectRef::new(&claim.name_any()).within(&ns))
-    {
-        if owned_by(&sb, claim) {
-            return Ok(Outcome::Bound(Box::new((*sb).clone())));
-        }
-        if controlled_by_kind::<SandboxWarmPool>(&sb.metadata).is_none() {
-            return Ok(unbound(
-                reason::RECONCILER_ERROR,
-                messages::reconciler_error(&format!(
-                    "Sandbox {:?} is not controlled by claim {:?}",
-                    sb.name_any(),
-                    claim.name_any()
-                )),
-                None,
-            ));
-        }
+        .get(&ObjectRef::new(&claim.name_any()).within(&ns));
+    if let Some(outcome) = plan::decide_earlier(claim, memo, cached.as_deref()) {
+        return Ok(outcome);
     }
 
     // 3. Pool and template.
@@ -499,57 +351,114 @@ async fn get_or_create(
         Err(outcome) => return Ok(outcome),
     };
 
-    // 4. The claim's extra Pod metadata.
-    let extra = claim
-        .spec
-        .additional_pod_metadata
-        .clone()
-        .unwrap_or_default();
-    let tpl_meta = template
-        .spec
-        .blueprint
-        .pod_template
-        .metadata
-        .clone()
-        .unwrap_or_default();
-    if let Err(msg) = metadata::validate(
-        &extra.labels.unwrap_or_default(),
-        &extra.annotations.unwrap_or_default(),
-        &tpl_meta.labels.unwrap_or_default(),
-        &tpl_meta.annotations.unwrap_or_default(),
-        &cx.ctx.shared.allowed_label_domains(),
-    ) {
-        return Ok(unbound(reason::INVALID_METADATA, msg, None));
-    }
-
-    // 5. Warm adoption, unless the claim changes the blueprint.
-    let cold_forced = claim.spec.env.as_ref().is_some_and(|e| !e.is_empty())
-        || claim
-            .spec
-            .volume_claim_templates
-            .as_ref()
-            .is_some_and(|v| !v.is_empty());
-    if !cold_forced {
-        if let Some(outcome) = adopt_warm(claims, &sandboxes, claim, &pool, &template, cx).await? {
-            return Ok(outcome);
+    // 4. The claim's extra Pod metadata; 5. warm adoption, unless the claim
+    // changes the blueprint.
+    match plan::decide_route(claim, &template, &cx.ctx.shared.allowed_label_domains()) {
+        Route::Refuse(outcome) => return Ok(outcome),
+        Route::Cold => {}
+        Route::Warm => {
+            if let Some(outcome) =
+                adopt_warm(claims, &sandboxes, claim, &pool, &template, cx).await?
+            {
+                return Ok(outcome);
+            }
         }
     }
 
     // 6. Cold create.
-    let sb = match cold_sandbox(claim, &template) {
+    let sb = match plan::decide_cold(claim, &template) {
         Ok(sb) => sb,
-        Err(BuildError::EnvVarsInjectionRejected(m)) => {
-            return Ok(unbound(reason::ENV_VARS_INJECTION_REJECTED, m, None))
-        }
-        Err(BuildError::VolumeClaimTemplatesError(m)) => {
-            return Ok(unbound(reason::VOLUME_CLAIM_TEMPLATES_ERROR, m, None))
-        }
+        Err(outcome) => return Ok(outcome),
     };
+    create_cold(claims, &sandboxes, claim, sb, cx).await
+}
+
+/// Finishes an adoption that stopped between its two writes.
+async fn finish_adoption(
+    sandboxes: &Api<Sandbox>,
+    claim: &SandboxClaim,
+    sb: &Sandbox,
+    cx: &ClaimCtx,
+) -> Result<Outcome, Error> {
+    let ns = claim.namespace().unwrap_or_default();
+    let name = sb.name_any();
+    let Some((_, template)) = resolve_refs(claim, cx).await?.ok() else {
+        return Ok(Outcome::Again);
+    };
+    let patch = adoption_patch(sb, claim, &template);
+    match sandboxes
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(sb) => {
+            cx.memo.wrote_sandbox(&sb);
+            cx.index.adopted(&ns, &claim.spec.warm_pool_ref.name, &name);
+            publish(
+                cx,
+                claim,
+                EventType::Normal,
+                events::SANDBOX_ADOPTED,
+                format!("Adopted warm Sandbox {name}"),
+            );
+            Ok(Outcome::Bound(Box::new(sb)))
+        }
+        Err(e) if is_code(&e, 409) || is_code(&e, 404) => Ok(Outcome::Again),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes the `sandbox-name` annotation of a Sandbox the claim did not get.
+async fn forget_name(
+    claims: &Api<SandboxClaim>,
+    claim: &SandboxClaim,
+    cx: &ClaimCtx,
+) -> Result<Outcome, Error> {
+    patch_claim(claims, claim, &plan::forget_patch(claim), cx).await?;
+    Ok(Outcome::Again)
+}
+
+/// A merge patch of the claim, guarded by the resourceVersion the patch
+/// names. `None`: it lost a race (409) or the claim is gone (404), and the
+/// memo forgets the claim so the next pass reads it afresh.
+async fn patch_claim(
+    claims: &Api<SandboxClaim>,
+    claim: &SandboxClaim,
+    patch: &serde_json::Value,
+    cx: &ClaimCtx,
+) -> Result<Option<SandboxClaim>, kube::Error> {
+    match claims
+        .patch(
+            &claim.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(updated) => {
+            cx.memo.wrote_claim(&updated);
+            Ok(Some(updated))
+        }
+        Err(e) if is_code(&e, 409) || is_code(&e, 404) => {
+            cx.memo.forget_claim(claim);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates the claim's cold Sandbox.
+async fn create_cold(
+    claims: &Api<SandboxClaim>,
+    sandboxes: &Api<Sandbox>,
+    claim: &mut SandboxClaim,
+    sb: Sandbox,
+    cx: &ClaimCtx,
+) -> Result<Outcome, Error> {
     // #2010: the cache may not show a Sandbox this claim already got; the
     // API server does.
     match claims.get_opt(&claim.name_any()).await? {
         Some(fresh) if fresh.uid() == claim.uid() => {
-            if recorded(&fresh).0.is_some() {
+            if plan::recorded(&fresh).0.is_some() {
                 return Ok(Outcome::Again);
             }
             *claim = fresh;
@@ -637,69 +546,24 @@ async fn adopt_warm(
 ) -> Result<Option<Outcome>, Error> {
     let ns = claim.namespace().unwrap_or_default();
     let pool_name = pool.name_any();
-    let recreate = pool.spec.update_strategy_type() == UpdateStrategyType::Recreate;
-    let cur_hash = template_hash(template);
-    let tpl_name = template.name_any();
-    let accept = |c: &crate::warmpool::queue::Candidate| {
-        !recreate
-            || !is_stale(
-                c.template_hash.as_deref(),
-                c.template_name.as_deref(),
-                &cur_hash,
-                &tpl_name,
-            )
-    };
+    let accept = plan::acceptable(pool, template);
     for _ in 0..ADOPTION_ATTEMPTS {
-        let cand = match cx.index.take(&ns, &pool_name, accept) {
-            Take::Got(c) => c,
-            Take::Pending => {
-                let age = claim
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| Timestamp::now().duration_since(t.0))
-                    .and_then(|d| Duration::try_from(d).ok())
-                    .unwrap_or_default();
-                if age < PENDING_WAIT {
-                    return Ok(Some(unbound(
-                        reason::SANDBOX_CREATE_PENDING,
-                        "Waiting for a warm Sandbox to get an IP",
-                        Some(PENDING_RETRY),
-                    )));
-                }
-                return Ok(None);
-            }
-            Take::Empty => return Ok(None),
+        let take = cx.index.take(&ns, &pool_name, &accept);
+        let cand = match plan::decide_take(take, plan::claim_age(claim, Timestamp::now())) {
+            Next::Adopt(c) => c,
+            Next::Wait(outcome) => return Ok(Some(outcome)),
+            Next::Cold => return Ok(None),
         };
         // First write: the claim names its Sandbox, under the claim's
         // resourceVersion. A claim read from a stale cache fails here.
-        let mut annotations = json!({names::SANDBOX_NAME_ANNOTATION: cand.name});
-        if !cx.ctx.flags.disable_claim_observability_annotations
-            && !claim
-                .annotations()
-                .contains_key(names::CONTROLLER_FIRST_OBSERVED_AT)
-        {
-            // Folded into this write: one round trip less on the warm path.
-            annotations[names::CONTROLLER_FIRST_OBSERVED_AT] = json!(now_rfc3339());
-        }
-        let patch = json!({"metadata": {
-            "resourceVersion": claim.resource_version(),
-            "annotations": annotations,
-        }});
-        match claims
-            .patch(
-                &claim.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(updated) => {
-                cx.memo.wrote_claim(&updated);
-                *claim = updated
-            }
-            Err(e) if is_code(&e, 409) || is_code(&e, 404) => {
-                cx.memo.forget_claim(claim);
+        let first_observed =
+            plan::needs_first_observed(claim, cx.ctx.flags.disable_claim_observability_annotations)
+                // Folded into this write: one round trip less on the warm path.
+                .then(now_rfc3339);
+        let patch = plan::naming_patch(claim, &cand.name, first_observed);
+        match patch_claim(claims, claim, &patch, cx).await {
+            Ok(Some(updated)) => *claim = updated,
+            Ok(None) => {
                 cx.index.release(&ns, &pool_name, &cand.name);
                 return Ok(Some(Outcome::Again));
             }
@@ -709,59 +573,68 @@ async fn adopt_warm(
             }
         }
         // Second write: the Sandbox changes hands, under its resourceVersion.
-        let Some(mut sb) = lookup(sandboxes, cx, claim, &cand.name).await? else {
+        let Some(sb) = lookup(sandboxes, cx, claim, &cand.name).await? else {
             cx.index.adopted(&ns, &pool_name, &cand.name);
             continue;
         };
-        for retry in 0..2 {
-            let still_ours = sb.metadata.deletion_timestamp.is_none()
-                && controlled_by_kind::<SandboxWarmPool>(&sb.metadata)
-                    .is_some_and(|o| o.name == pool_name);
-            if !still_ours {
-                break;
-            }
-            let patch = adoption_patch(&sb, claim, template);
-            match sandboxes
-                .patch(&cand.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(adopted) => {
-                    cx.memo.wrote_sandbox(&adopted);
-                    cx.index.adopted(&ns, &pool_name, &cand.name);
-                    cx.ctx
-                        .refill
-                        .adopted(&format!("{ns}/{pool_name}"), std::time::Instant::now());
-                    publish(
-                        cx,
-                        claim,
-                        EventType::Normal,
-                        events::SANDBOX_ADOPTED,
-                        format!("Adopted warm Sandbox {}", cand.name),
-                    );
-                    return Ok(Some(Outcome::Bound(Box::new(adopted))));
-                }
-                Err(e) if is_code(&e, 409) && retry == 0 => {
-                    match sandboxes.get_opt(&cand.name).await? {
-                        Some(fresh) => sb = fresh,
-                        None => break,
-                    }
-                }
-                Err(e) if is_code(&e, 409) || is_code(&e, 404) => break,
-                Err(e) => {
-                    cx.index.release(&ns, &pool_name, &cand.name);
-                    return Err(e.into());
-                }
-            }
+        if let Some(adopted) = take_over(sandboxes, claim, sb, &pool_name, template, cx).await? {
+            cx.ctx
+                .refill
+                .adopted(&format!("{ns}/{pool_name}"), std::time::Instant::now());
+            publish(
+                cx,
+                claim,
+                EventType::Normal,
+                events::SANDBOX_ADOPTED,
+                format!("Adopted warm Sandbox {}", cand.name),
+            );
+            return Ok(Some(Outcome::Bound(Box::new(adopted))));
         }
         // Lost this one (adopted elsewhere, deleted): the next candidate's
         // annotation write replaces the name.
         cx.index.adopted(&ns, &pool_name, &cand.name);
     }
-    Ok(Some(unbound(
-        reason::ADOPTION_CONFLICT,
-        format!("{ADOPTION_ATTEMPTS} warm Sandboxes were taken by others while adopting; retrying"),
-        Some(ALREADY_EXISTS_RETRY),
-    )))
+    Ok(Some(plan::adoption_exhausted()))
+}
+
+/// The adoption's second write, retried once on a fresh read after a
+/// conflict. `None`: the member is no longer the pool's to give.
+async fn take_over(
+    sandboxes: &Api<Sandbox>,
+    claim: &SandboxClaim,
+    mut sb: Sandbox,
+    pool_name: &str,
+    template: &SandboxTemplate,
+    cx: &ClaimCtx,
+) -> Result<Option<Sandbox>, Error> {
+    let ns = claim.namespace().unwrap_or_default();
+    let name = sb.name_any();
+    for retry in 0..2 {
+        if !plan::in_pool(&sb, pool_name) {
+            break;
+        }
+        let patch = adoption_patch(&sb, claim, template);
+        match sandboxes
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(adopted) => {
+                cx.memo.wrote_sandbox(&adopted);
+                cx.index.adopted(&ns, pool_name, &name);
+                return Ok(Some(adopted));
+            }
+            Err(e) if is_code(&e, 409) && retry == 0 => match sandboxes.get_opt(&name).await? {
+                Some(fresh) => sb = fresh,
+                None => break,
+            },
+            Err(e) if is_code(&e, 409) || is_code(&e, 404) => break,
+            Err(e) => {
+                cx.index.release(&ns, pool_name, &name);
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Queues an event about `claim` (see [`super::events`]).

@@ -7,7 +7,9 @@ use sandhub_api::k8s::claim::ClaimSandboxStatus;
 use sandhub_api::k8s::conditions::types;
 use sandhub_api::k8s::{Sandbox, SandboxClaimStatus};
 
-use crate::warmpool::build::condition;
+use crate::object::conditions::{
+    find as condition, remove as remove_condition, set as set_condition,
+};
 
 /// A condition stamped with the claim's generation.
 pub fn cond(
@@ -25,24 +27,6 @@ pub fn cond(
         observed_generation: generation,
         last_transition_time: Time(Timestamp::now()),
     }
-}
-
-/// Sets `c` in `conds`, keeping the old lastTransitionTime while the status
-/// stays the same (Kubernetes condition semantics).
-pub fn set_condition(conds: &mut Vec<Condition>, mut c: Condition) {
-    match conds.iter_mut().find(|o| o.type_ == c.type_) {
-        Some(old) => {
-            if old.status == c.status {
-                c.last_transition_time = old.last_transition_time.clone();
-            }
-            *old = c;
-        }
-        None => conds.push(c),
-    }
-}
-
-pub fn remove_condition(conds: &mut Vec<Condition>, type_: &str) {
-    conds.retain(|c| c.type_ != type_);
 }
 
 /// The claim status for a claim bound to `sb`: Ready forwarded (under the

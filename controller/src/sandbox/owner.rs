@@ -1,9 +1,10 @@
 //! Who owns a child object (Pod, Service, PVC), checked before any write to it.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::{Resource, ResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sandhub_api::k8s::names;
 use sandhub_api::k8s::Sandbox;
+
+use crate::object::controller_of;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ownership {
@@ -15,13 +16,6 @@ pub enum Ownership {
     NotAdoptable,
     /// Controlled by something else (kind/name given).
     Foreign(String),
-}
-
-pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
-    meta.owner_references
-        .as_ref()?
-        .iter()
-        .find(|r| r.controller == Some(true))
 }
 
 pub fn ownership(meta: &ObjectMeta, owner_uid: &str, name_hash: &str) -> Ownership {
@@ -45,18 +39,6 @@ pub fn ownership(meta: &ObjectMeta, owner_uid: &str, name_hash: &str) -> Ownersh
     }
 }
 
-/// The controller ownerReference pointing at `sb`.
-pub fn sandbox_ref(sb: &Sandbox) -> OwnerReference {
-    OwnerReference {
-        api_version: Sandbox::api_version(&()).into_owned(),
-        kind: Sandbox::kind(&()).into_owned(),
-        name: sb.name_any(),
-        uid: sb.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
 /// The kind of the Sandbox's controller (`SandboxClaim`, `SandboxWarmPool`) and its name.
 pub fn sandbox_owner(sb: &Sandbox) -> Option<(&str, &str)> {
     controller_of(&sb.metadata).map(|r| (r.kind.as_str(), r.name.as_str()))
@@ -73,6 +55,7 @@ pub fn owned_by_label(sb: &Sandbox) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use std::collections::BTreeMap;
 
     fn meta(owner: Option<&str>, labels: &[(&str, &str)]) -> ObjectMeta {

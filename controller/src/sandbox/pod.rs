@@ -7,8 +7,8 @@ use sandhub_api::k8s::{names, Sandbox};
 use sandhub_api::sandboxd_token::{SandboxdTokens, DIGEST_ENV};
 
 use super::metadata::PodMeta;
-use super::owner::sandbox_ref;
 use super::pvc::pvc_name;
+use crate::object::controller_ref;
 
 /// The Pod's name: the `pod-name` annotation if a Sandbox has one (older objects, or a
 /// claim adoption), else the Sandbox's name.
@@ -60,7 +60,7 @@ pub fn desired(sb: &Sandbox, meta: &PodMeta, tokens: Option<&SandboxdTokens>) ->
             namespace: sb.namespace(),
             labels: Some(meta.labels.clone()),
             annotations: (!meta.annotations.is_empty()).then(|| meta.annotations.clone()),
-            owner_references: Some(vec![sandbox_ref(sb)]),
+            owner_references: Some(vec![controller_ref(sb)]),
             ..Default::default()
         },
         spec: Some(spec),

@@ -8,9 +8,10 @@ use kube::{Api, ResourceExt};
 use sandhub_api::k8s::common::PersistentVolumeClaimTemplate;
 use sandhub_api::k8s::{names, Sandbox};
 
-use super::owner::{ownership, sandbox_ref, Ownership};
-use super::ReconcileError;
+use super::owner::{ownership, Ownership};
 use crate::context::SANDBOX_CONTROLLER;
+use crate::error::Error;
+use crate::object::controller_ref;
 
 pub fn pvc_name(vct: &str, sandbox: &str) -> String {
     format!("{vct}-{sandbox}")
@@ -29,7 +30,7 @@ pub fn desired(
             namespace: sb.namespace(),
             labels: Some(labels),
             annotations: vct.metadata.annotations.clone(),
-            owner_references: Some(vec![sandbox_ref(sb)]),
+            owner_references: Some(vec![controller_ref(sb)]),
             ..Default::default()
         },
         spec: Some(vct.spec.clone()),
@@ -41,7 +42,7 @@ pub async fn ensure(
     api: &Api<PersistentVolumeClaim>,
     sb: &Sandbox,
     name_hash: &str,
-) -> Result<(), ReconcileError> {
+) -> Result<(), Error> {
     let uid = sb.uid().unwrap_or_default();
     for vct in sb.spec.blueprint.volume_claim_templates.iter().flatten() {
         let want = desired(sb, vct, name_hash);
@@ -57,18 +58,18 @@ pub async fn ensure(
                 Ownership::Owned => {}
                 Ownership::Adoptable => {
                     let patch = serde_json::json!({"metadata": {
-                        "ownerReferences": [sandbox_ref(sb)],
+                        "ownerReferences": [controller_ref(sb)],
                         "labels": {names::SANDBOX_NAME_HASH: name_hash},
                     }});
                     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
                 }
                 Ownership::Foreign(owner) => {
-                    return Err(ReconcileError::Conflict(format!(
+                    return Err(Error::ChildConflict(format!(
                         "PersistentVolumeClaim {name} is controlled by {owner}"
                     )))
                 }
                 Ownership::NotAdoptable => {
-                    return Err(ReconcileError::Conflict(format!(
+                    return Err(Error::ChildConflict(format!(
                         "PersistentVolumeClaim {name} exists, is not owned by this Sandbox and is not labelled {}=true",
                         names::ADOPTABLE
                     )))

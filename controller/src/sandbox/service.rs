@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use sandhub_api::k8s::names;
 use sandhub_api::k8s::Sandbox;
 
-use super::owner::sandbox_ref;
+use crate::object::controller_ref;
 
 /// Ports of all containers plus restartable (sidecar) init containers, deduplicated by
 /// (port, protocol) keeping the first name seen, sorted, and named: a declared name is
@@ -68,7 +68,7 @@ pub fn desired(sb: &Sandbox, name_hash: &str) -> Service {
             name: Some(sb.name_any()),
             namespace: sb.namespace(),
             labels: Some(selector.clone()),
-            owner_references: Some(vec![sandbox_ref(sb)]),
+            owner_references: Some(vec![controller_ref(sb)]),
             ..Default::default()
         },
         spec: Some(ServiceSpec {

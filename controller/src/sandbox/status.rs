@@ -7,14 +7,15 @@ use sandhub_api::k8s::conditions::{
 };
 use sandhub_api::k8s::{names, SandboxStatus};
 
-use crate::conditions as cond;
+use crate::object::conditions as cond;
 
 /// The Pod the reconciler found under the Sandbox's Pod name.
 #[derive(Clone, Copy, Debug)]
 pub enum PodView<'a> {
     None,
     Owned(&'a Pod),
-    NotOwned(&'a Pod),
+    /// A Pod of that name that this Sandbox does not control.
+    NotOwned,
 }
 
 impl PodView<'_> {
@@ -108,7 +109,7 @@ pub fn compute(old: &SandboxStatus, o: &Observed) -> SandboxStatus {
         let (status, why) = match o.pod {
             PodView::None => ("True", suspended::POD_TERMINATED),
             PodView::Owned(_) => ("False", suspended::POD_TERMINATING),
-            PodView::NotOwned(_) => ("False", suspended::POD_NOT_OWNED),
+            PodView::NotOwned => ("False", suspended::POD_NOT_OWNED),
         };
         cond::set(&mut conds, cond::new(types::SUSPENDED, status, why, "", g));
     } else if cond::find(&conds, types::SUSPENDED).is_some() {
@@ -229,7 +230,7 @@ pub fn compute(old: &SandboxStatus, o: &Observed) -> SandboxStatus {
             }
             (None, _) => {
                 let msg = match o.pod {
-                    PodView::NotOwned(_) => {
+                    PodView::NotOwned => {
                         "Pod exists but is not owned by this Sandbox".to_string()
                     }
                     _ => messages::POD_DOES_NOT_EXIST.to_string(),

@@ -1,64 +1,22 @@
-//! Building the Sandboxes a pool keeps warm, and the helpers claims share
-//! with pools: secure defaults, ownership, readiness. Pure functions of the
-//! objects they read.
+//! Building the Sandboxes a pool keeps warm, and the secure defaults claims
+//! share with pools. Pure functions of the objects they read.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodDNSConfig;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference};
-use kube::{Resource, ResourceExt};
-use sandhub_api::k8s::conditions::{created_by, launch_type, types};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use sandhub_api::k8s::conditions::{created_by, launch_type};
 use sandhub_api::k8s::names::{self, name_hash};
 use sandhub_api::k8s::template::NetworkPolicyManagement;
 use sandhub_api::k8s::{Sandbox, SandboxSpec, SandboxTemplate, SandboxWarmPool};
 
 use super::plan::blueprint_hash;
+use crate::object::controller_ref;
 
 /// The nameservers of the default "secure" network policy: the Pod cannot
 /// reach cluster DNS, so it gets public resolvers.
 const SECURE_NAMESERVERS: [&str; 2] = ["8.8.8.8", "1.1.1.1"];
-
-/// The controller owner reference of `owner` (controller + blockOwnerDeletion).
-pub fn controller_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
-    OwnerReference {
-        api_version: K::api_version(&()).into_owned(),
-        kind: K::kind(&()).into_owned(),
-        name: owner.name_any(),
-        uid: owner.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
-/// The owner reference marked as controller, if any.
-pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-}
-
-/// Whether `meta`'s controller is a `K` (group and kind match; any version).
-pub fn controlled_by_kind<K: Resource<DynamicType = ()>>(
-    meta: &ObjectMeta,
-) -> Option<&OwnerReference> {
-    let group = K::group(&());
-    controller_of(meta).filter(|r| {
-        r.kind == K::kind(&())
-            && r.api_version.split_once('/').map(|(g, _)| g) == Some(group.as_ref())
-    })
-}
-
-pub fn condition<'a>(conds: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conds.iter().find(|c| c.type_ == type_)
-}
-
-pub fn sandbox_ready(sb: &Sandbox) -> bool {
-    sb.status
-        .as_ref()
-        .and_then(|s| condition(&s.conditions, types::READY))
-        .is_some_and(|c| c.status == "True")
-}
 
 /// The template's blueprint hash (the `sandbox-template-hash` label).
 pub fn template_hash(template: &SandboxTemplate) -> String {
@@ -155,6 +113,7 @@ pub fn pool_sandbox(pool: &SandboxWarmPool, template: &SandboxTemplate, eviction
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::object::{controlled_by_kind, controller_of};
     use k8s_openapi::api::core::v1::Container;
     use sandhub_api::k8s::{SandboxTemplateSpec, SandboxWarmPoolSpec};
 

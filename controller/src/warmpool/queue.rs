@@ -170,7 +170,8 @@ impl WarmIndex {
         st.pool_of.remove(&key(namespace, name));
     }
 
-    /// Unreserved members of a pool (for tests and metrics).
+    /// Unreserved members of a pool.
+    #[cfg(test)]
     pub fn available(&self, namespace: &str, pool: &str) -> usize {
         let st = self.state.lock().expect("warm index poisoned");
         st.pools.get(&key(namespace, pool)).map_or(0, |p| {

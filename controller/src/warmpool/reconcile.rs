@@ -19,12 +19,13 @@ use sandhub_api::k8s::warmpool::UpdateStrategyType;
 use sandhub_api::k8s::{Sandbox, SandboxTemplate, SandboxWarmPool, SandboxWarmPoolStatus};
 use serde_json::json;
 
-use super::build::{
-    condition, controller_of, controller_ref, pool_sandbox, sandbox_ready, template_hash,
-};
+use super::build::{pool_sandbox, template_hash};
 use super::expectations::{Expectations, Seen};
 use super::plan::{is_stale, plan, slow_start_batches, Inputs, Member, Strategy};
 use crate::context::Context;
+use crate::error::{is_code, Error};
+use crate::object::conditions::find as condition;
+use crate::object::{controller_of, controller_ref, sandbox_ready};
 
 /// How often a pool without its template looks again (the template watch
 /// also requeues it).
@@ -44,19 +45,12 @@ pub struct PoolCtx {
     pub not_progressing: Mutex<HashSet<String>>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-}
-
-pub fn error_policy(_pool: Arc<SandboxWarmPool>, err: &Error, _cx: Arc<PoolCtx>) -> Action {
+pub fn error_policy(_pool: Arc<SandboxWarmPool>, err: &Error, cx: Arc<PoolCtx>) -> Action {
+    cx.ctx
+        .metrics
+        .inc_reconcile_error("sandboxwarmpool", err.metric_label());
     tracing::warn!(error = %err, "warm pool reconcile failed");
     Action::requeue(Duration::from_secs(2))
-}
-
-fn is_code(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 fn pool_key(pool: &SandboxWarmPool) -> String {

@@ -50,15 +50,9 @@ pub fn parse_key_value(s: &str) -> std::result::Result<(String, String), String>
     }
 }
 
-/// `30s`, `5m`, `1h30m`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        return Duration::try_from_secs_f64(secs)
-            .map_err(|_| format!("{s:?} is not a non-negative number of seconds"));
-    }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. 30s, 5m, 1h)"))
-}
+/// `30s`, `5m`, `1h30m`, or a bare number of seconds: the parser every
+/// Sandhub binary uses for durations.
+pub use sandhub_common::parse_duration;
 
 /// Whole seconds for the hub's `*_seconds` fields, rounded up so that a
 /// short limit never becomes "none" (0).

@@ -85,7 +85,7 @@ pub struct KubeArgs {
     pub sandboxd_token_key_file: Option<PathBuf>,
 
     /// How long `create` and `resume` wait for a claim to become Ready.
-    #[arg(long, env = "SANDHUB_READY_TIMEOUT", default_value = "180s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SANDHUB_READY_TIMEOUT", default_value = "180s", value_parser = sandhub_common::parse_duration)]
     pub ready_timeout: Duration,
 }
 

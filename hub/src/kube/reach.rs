@@ -16,7 +16,7 @@ pub const GRPC_PORT: u16 = 9090;
 const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 /// sandboxd behind a router sees the router's `Authorization` stripped, so
 /// the hub presents sandboxd's own token in this header there.
-pub const SANDBOXD_TOKEN_HEADER: &str = sandboxd::rest::ROUTED_AUTH_HEADER;
+pub const SANDBOXD_TOKEN_HEADER: &str = sandhub_api::sandboxd::ROUTED_AUTH_HEADER;
 
 /// What the hub presents to a sandboxd.
 pub enum SandboxdAuth {

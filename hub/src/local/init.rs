@@ -285,9 +285,11 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! 
     for (k, v) in base_env(&cfg).into_iter().chain(cfg.env.clone()) {
         std::env::set_var(k, v);
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cfg.log_filter))
-        .with_writer(std::io::stderr)
+    // `Targets`, not `EnvFilter`: this process is the sandbox's sandboxd,
+    // and every sandbox would carry a regex engine in its resident memory.
+    let _ = sandhub_common::Logging::new("text")
+        .default_level(tracing::Level::WARN)
+        .directives(&cfg.log_filter)
         .try_init();
     // One thread: an idle sandbox should cost a few MiB, not a worker pool.
     let rt = match tokio::runtime::Builder::new_current_thread()

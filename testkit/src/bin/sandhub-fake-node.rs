@@ -8,7 +8,6 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use sandhub_testkit::cluster::client_from_kubeconfig;
 use sandhub_testkit::fake_node::{self, FakeNodeConfig, PodCidr};
-use tokio::signal::unix::{signal, SignalKind};
 
 /// Registers a Ready Node and takes the Pods bound to it to Running/Ready with a pod IP,
 /// finishes their deletions, and fails Pods annotated `sandhub.dev/fake-node-fail`
@@ -47,12 +46,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+    sandhub_common::Logging::new("text")
+        .ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     let client = match &args.kubeconfig {
@@ -68,10 +63,8 @@ async fn main() -> Result<()> {
         heartbeat: Duration::from_secs(args.heartbeat_seconds.max(1)),
         unschedulable: args.unschedulable,
     };
-    let mut term = signal(SignalKind::terminate())?;
     tokio::select! {
         r = fake_node::run(client, config) => r,
-        _ = term.recv() => Ok(()),
-        _ = tokio::signal::ctrl_c() => Ok(()),
+        r = sandhub_common::terminated() => r.map(drop).context("SIGTERM/SIGINT handler"),
     }
 }

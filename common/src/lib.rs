@@ -1,0 +1,17 @@
+//! sandhub-common: the plumbing every Sandhub binary shares, written once.
+//!
+//! - [`logging`]: `tracing` to stderr as text or JSON, filtered by `Targets`
+//!   directives (never `EnvFilter`: see the module).
+//! - [`parse`]: Go-style listen addresses and durations, as the upstream Go
+//!   programs take them on their command lines.
+//! - [`signal`]: the future that resolves when the process is told to stop.
+//!
+//! It depends on nothing in the workspace, so every crate may depend on it.
+
+pub mod logging;
+pub mod parse;
+pub mod signal;
+
+pub use logging::Logging;
+pub use parse::{parse_bind, parse_duration};
+pub use signal::{terminated, Terminated};
