@@ -119,7 +119,8 @@ impl Policy {
             pids: Some(self.default_pids),
             ..Template::default()
         };
-        crate::service::check_limits(&t).map_err(|e| anyhow::anyhow!("--default-*: {}", e.message))
+        sandhub_api::validate::template_limits(&t)
+            .map_err(|e| anyhow::anyhow!("--default-*: {}", e.message))
     }
 
     /// The template as sandboxes run it: the operator's defaults fill every

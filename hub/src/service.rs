@@ -16,11 +16,11 @@ use async_trait::async_trait;
 use sandhub_api::{
     error::Code,
     hub::{
-        is_dns_label, CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, NamedTemplate,
-        Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE, MAX_CPU,
-        MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS, MIN_CPU, MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS,
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, NamedTemplate, Pool, PoolSpec,
+        Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE,
     },
     sandboxd::{DirectoryListing, FileEntry},
+    validate,
 };
 use sandhub_client::{
     sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
@@ -34,7 +34,6 @@ use crate::{
     store::{found, Claim, PoolRow, SandboxRow, SnapshotRow, Store},
 };
 
-const MAX_LABELS: usize = 64;
 /// How long a Finished sandbox's row and files are kept (for `get` and a
 /// post-mortem look) before the reaper removes them.
 const FINISHED_TTL_MS: i64 = 3600 * 1000;
@@ -114,87 +113,10 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::new(Code::InvalidArgument, msg)
 }
 
-fn check_name(kind: &str, name: &str) -> Result<()> {
-    if is_dns_label(name) {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "{kind} name `{name}` must be a DNS-1123 label: 1-63 of [a-z0-9-], not starting or ending with `-`"
-        )))
-    }
-}
-
-pub(crate) fn check_labels(labels: &BTreeMap<String, String>) -> Result<()> {
-    if labels.len() > MAX_LABELS {
-        return Err(invalid(format!("at most {MAX_LABELS} labels")));
-    }
-    for (k, v) in labels {
-        let key_ok = !k.is_empty()
-            && k.len() <= 253
-            && k.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
-        let value_ok = v.len() <= 63
-            && v.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-        if !key_ok || !value_ok {
-            return Err(invalid(format!(
-                "label {k}={v}: keys are [A-Za-z0-9-_./] (≤253), values [A-Za-z0-9-_.] (≤63)"
-            )));
-        }
-        if sandhub_api::hub::is_reserved_label(k) {
-            return Err(invalid(format!(
-                "label {k}: the prefixes {} are reserved",
-                sandhub_api::hub::RESERVED_LABEL_DOMAINS.join(", ")
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Environment for a sandbox's init: a key that is empty or holds `=` or
-/// NUL, or a value with NUL, cannot be set, and would only fail the start.
-pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
-    for (k, v) in env {
-        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
-            return Err(invalid(format!(
-                "env {k:?}: names must be non-empty without `=` or NUL, values without NUL"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The resource limits a template may ask for.
-pub(crate) fn check_limits(t: &Template) -> Result<()> {
-    if let Some(cpu) = t.cpu {
-        if !(cpu.is_finite() && (MIN_CPU..=MAX_CPU).contains(&cpu)) {
-            return Err(invalid(format!("cpu must be {MIN_CPU} to {MAX_CPU} cores")));
-        }
-    }
-    // The kernel refuses larger limits: they would fail every start.
-    if t.memory_mb
-        .is_some_and(|m| !(MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&m))
-    {
-        return Err(invalid(format!(
-            "memory_mb must be {MIN_MEMORY_MB} to {MAX_MEMORY_MB}"
-        )));
-    }
-    if t.pids.is_some_and(|p| !(MIN_PIDS..=MAX_PIDS).contains(&p)) {
-        return Err(invalid(format!("pids must be {MIN_PIDS} to {MAX_PIDS}")));
-    }
-    if t.disk_mb
-        .is_some_and(|d| !(MIN_DISK_MB..=MAX_DISK_MB).contains(&d))
-    {
-        return Err(invalid(format!(
-            "disk_mb must be {MIN_DISK_MB} to {MAX_DISK_MB}"
-        )));
-    }
-    Ok(())
-}
-
+/// The shared rules ([`Template::validate`]) and this host's: the
+/// directories a template names must exist and be allowed.
 fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<()> {
-    check_limits(t)?;
-    check_env(&t.env)?;
+    t.validate()?;
     for (what, dir) in [("root_fs", &t.root_fs), ("seed_dir", &t.seed_dir)] {
         if let Some(dir) = dir {
             let p = std::path::Path::new(dir);
@@ -720,8 +642,6 @@ impl crate::tenancy::Tenancy for Arc<Hub> {
 #[async_trait]
 impl Sandboxes for TenantHub {
     async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
-        check_labels(&req.labels)?;
-        check_env(&req.env)?;
         // The guard in front checks this too; the model never trusts it.
         req.validate()?;
         let hub = &self.hub;
@@ -956,7 +876,7 @@ impl Sandboxes for TenantHub {
     }
 
     async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox> {
-        check_labels(&request.labels)?;
+        request.validate()?;
         let source = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
         let snapshot = match request.snapshot {
             Some(snap) => {
@@ -1002,7 +922,7 @@ impl Sandboxes for TenantHub {
     }
 
     async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
-        check_name("template", name)?;
+        validate::name("template", name)?;
         check_template(&template, &self.hub.template_dirs)?;
         self.hub.policy.admit_template(&template)?;
         self.hub.store.put_template(&self.tenant, name, &template)?;
@@ -1063,11 +983,8 @@ impl Sandboxes for TenantHub {
     }
 
     async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool> {
-        check_name("pool", name)?;
-        const MAX_REPLICAS: u32 = 1000;
-        if spec.replicas > MAX_REPLICAS {
-            return Err(invalid(format!("replicas must be at most {MAX_REPLICAS}")));
-        }
+        validate::name("pool", name)?;
+        spec.validate()?;
         self.hub.effective_template(&self.tenant, &spec.template)?;
         let others: u64 = self
             .hub
