@@ -4,12 +4,11 @@
 pub mod backend;
 pub mod cli;
 pub mod guard;
-pub mod gym;
+pub mod http;
 pub mod kube;
 pub mod local;
 pub mod mcp;
 pub mod policy;
-pub mod rest;
 pub mod serve;
 pub mod service;
 pub mod store;

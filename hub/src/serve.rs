@@ -8,10 +8,9 @@ use clap::{Args, ValueEnum};
 
 use crate::{
     backend::{disk::DiskArgs, Backend},
-    gym::Gym,
+    http::{self, gym::Gym, ApiKeys, AppState},
     kube::{KubeArgs, KubeTenancy},
     policy::{Policy, PolicyArgs},
-    rest::{self, ApiKeys, AppState},
     service::Hub,
     store::Store,
     tenancy::Tenancy,
@@ -126,12 +125,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             format!("kubernetes, namespace {}", args.kube.namespace),
         ),
     };
-    let (app, mcp_stop) = rest::app(
+    let (app, mcp_stop) = http::app(
         AppState {
             hub,
             metrics: Arc::default(),
             gym,
-            limits: rest::Limits {
+            limits: http::Limits {
                 max_upload_bytes: args.max_upload_bytes,
             },
         },

@@ -24,13 +24,10 @@ use sandhub_client::{
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{
-    error::{ApiPath, ApiQuery},
-    Api, ApiError, ApiJson, ApiResult, AppState,
-};
+use crate::http::{Api, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState};
 
 /// Stdin chunks and exec stdin are capped like other JSON bodies.
-const MAX_STDIN_CHUNK: usize = super::MAX_JSON_BODY;
+const MAX_STDIN_CHUNK: usize = crate::http::MAX_JSON_BODY;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
