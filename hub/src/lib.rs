@@ -10,6 +10,3 @@ pub mod local;
 pub mod mcp;
 pub mod policy;
 pub mod serve;
-pub mod service;
-pub mod store;
-pub mod tenancy;

@@ -67,7 +67,7 @@ fn main() -> anyhow::Result<()> {
         .nth(1)
         .is_some_and(|a| a == "__sandbox-init")
     {
-        sandhub::local::init::main(std::env::args_os().skip(2).collect());
+        sandhub::local::runtime::init::main(std::env::args_os().skip(2).collect());
     }
     let cli = Cli::parse();
     sandboxd::logging::init(&cli.log_format);

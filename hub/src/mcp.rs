@@ -24,7 +24,7 @@ pub struct McpArgs {
 
     /// The embedded hub's local backend (as `sandhub serve`).
     #[command(flatten)]
-    pub local: crate::serve::LocalArgs,
+    pub local: crate::local::LocalArgs,
 
     /// Embedded hub: largest file `upload_file` may write (as `sandhub serve`).
     #[arg(long, env = "SANDHUB_MAX_UPLOAD_BYTES", default_value_t = sandhub_api::limits::DEFAULT_MAX_UPLOAD_BYTES)]
@@ -40,8 +40,7 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         }
         None => {
             let hub =
-                crate::serve::embedded_hub(args.state_dir, &args.local, args.max_upload_bytes)
-                    .await?;
+                crate::local::open(args.state_dir, &args.local, args.max_upload_bytes).await?;
             // Deadlines and pools still need minding while this process runs.
             hub.spawn_background(std::time::Duration::from_secs(1));
             let limits = crate::guard::Limits {

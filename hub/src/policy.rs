@@ -81,7 +81,7 @@ pub struct Policy {
 
 /// This machine's memory in MiB and its CPUs.
 fn machine() -> (u64, usize) {
-    let mem_mb = crate::local::host_memory_kib() / 1024;
+    let mem_mb = crate::local::runtime::host_memory_kib() / 1024;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     (mem_mb, cpus)
 }

@@ -7,7 +7,7 @@ use sandhub_client::{Error, Sandboxes};
 use tokio_util::sync::CancellationToken;
 
 use super::{Tenant, OPEN_TENANT};
-use crate::tenancy::Tenancy;
+use crate::backend::Tenancy;
 
 /// Each MCP call acts as the tenant its HTTP request authenticated as.
 pub struct TenantSandboxes(pub Arc<dyn Tenancy>);

@@ -35,7 +35,7 @@ pub use json::{ApiJson, ApiJsonOrDefault};
 
 pub use crate::guard::Limits;
 
-use crate::tenancy::{Tenancy, TenantView};
+use crate::backend::{Tenancy, TenantView};
 
 /// JSON request bodies (exec, create, templates) are small; a larger one
 /// is a mistake and gets 413 before it is read.

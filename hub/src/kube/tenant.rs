@@ -30,7 +30,7 @@ use super::{
     reach::Target,
     Shared,
 };
-use crate::{service::new_id, tenancy::TenantView};
+use crate::backend::{new_id, TenantView};
 
 pub struct KubeTenant {
     pub(super) shared: Arc<Shared>,

@@ -55,7 +55,7 @@ struct FilePath {
 }
 
 async fn forward(
-    api: &dyn crate::tenancy::TenantView,
+    api: &dyn crate::backend::TenantView,
     id: &str,
     request: Request,
 ) -> ApiResult<Response> {

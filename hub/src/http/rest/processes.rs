@@ -313,7 +313,7 @@ async fn pty(
 
 async fn run_pty(
     socket: WebSocket,
-    api: std::sync::Arc<dyn crate::tenancy::TenantView>,
+    api: std::sync::Arc<dyn crate::backend::TenantView>,
     id: String,
     mut events: sandhub_client::ProcessEvents,
 ) {
