@@ -89,7 +89,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         BackendKind::Kubernetes => (
             // The same tenant quotas as the local backend (pool replicas).
-            Arc::new(KubeTenancy::connect(&args.kube, Policy::resolve(&args.local.policy)).await?),
+            Arc::new(
+                KubeTenancy::connect(
+                    &args.kube,
+                    Policy::resolve(&args.local.policy, local::runtime::host_memory_kib()),
+                )
+                .await?,
+            ),
             // No store on this backend: envs live in this hub's memory.
             Arc::default(),
             format!("kubernetes, namespace {}", args.kube.namespace),

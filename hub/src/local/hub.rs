@@ -30,6 +30,8 @@ use crate::{
     policy::Policy,
 };
 
+/// The local hub. Its parts are `pub(super)`: `tenant.rs`, `lifecycle.rs`
+/// and `pools.rs` are this one type's other files.
 pub struct Hub {
     pub store: Store,
     pub(super) template_dirs: Vec<PathBuf>,

@@ -76,7 +76,7 @@ pub async fn open(
     local: &LocalArgs,
     max_upload_bytes: u64,
 ) -> anyhow::Result<Arc<Hub>> {
-    let policy = Policy::resolve(&local.policy);
+    let policy = Policy::resolve(&local.policy, runtime::host_memory_kib());
     policy.validate()?;
     let template_dirs = local
         .template_dirs
