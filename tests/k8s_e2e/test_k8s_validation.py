@@ -17,7 +17,8 @@ ENV_SYNTAX = "names must be non-empty without `=` or NUL, values without NUL"
 
 @pytest.fixture(scope="module")
 def url(cluster: Cluster):
-    hub, url = cluster.start_hub()
+    # A quota above the 1000-replica cap, so the cap is what answers.
+    hub, url = cluster.start_hub("--tenant-max-pool-replicas", "100000")
     try:
         yield url
         # Nothing refused left anything on the cluster.
@@ -98,7 +99,7 @@ def test_more_than_1000_replicas_are_refused(url: str, cluster: Cluster):
     refused(r, "replicas must be at most 1000")
     pools = cluster.custom.list_namespaced_custom_object(
         "extensions.agents.x-k8s.io", "v1beta1", cluster.ns, "sandboxwarmpools")["items"]
-    assert [p["metadata"]["name"] for p in pools] == [POOL]
+    assert not [p["metadata"]["name"] for p in pools if p["metadata"]["name"].startswith("huge")]
 
 
 def test_a_fork_with_reserved_labels_is_refused_as_locally(url: str):
