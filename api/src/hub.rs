@@ -132,16 +132,6 @@ pub struct CreateSandbox {
     pub idle_timeout_seconds: Option<u64>,
 }
 
-impl CreateSandbox {
-    /// Refuses lifetimes outside [`limits::MIN_LIFETIME_SECONDS`] to
-    /// [`limits::MAX_LIFETIME_SECONDS`] (a deadline past the clock's end
-    /// would overflow it).
-    pub fn validate(&self) -> Result<(), ErrorBody> {
-        limits::optional_lifetime("shutdown_after_seconds", self.shutdown_after_seconds)?;
-        limits::optional_lifetime("idle_timeout_seconds", self.idle_timeout_seconds)
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Sandbox {

@@ -13,3 +13,4 @@ pub mod sandboxd;
 pub mod sandboxd_token;
 #[cfg(feature = "scoped-token")]
 pub mod scoped_token;
+pub mod validate;

@@ -32,7 +32,7 @@ use sandhub_client::{
     StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
 
-use crate::tenancy::{Tenancy, TenantView};
+use crate::backend::{Tenancy, TenantView};
 
 /// What the operator bounds for every tenant (`sandhub serve` flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,16 +1,43 @@
 //! The Sandhub hub: one model of sandboxes behind REST, MCP and Gym, on the
 //! embedded local backend or on Kubernetes.
+//!
+//! # Layout
+//!
+//! Commands (`main.rs` dispatches):
+//! - [`serve`]: `sandhub serve`, the hub service on either backend.
+//! - [`mcp`]: `sandhub mcp`, MCP on stdio (a hub URL, or a local hub in-process).
+//! - [`cli`]: the client commands (`create`, `exec`, `cp`, `pool`, ...).
+//!
+//! Front doors:
+//! - [`http`]: the HTTP app: state, auth, extractors; its children `rest/`
+//!   (`/v1`, probes, metrics), `gym/` (`/gym/v1`) and the `/mcp` mount.
+//! - [`guard`]: the operator's limits, checked in front of every backend.
+//!
+//! The seam and the two backends behind it:
+//! - [`backend`]: [`Tenancy`] and [`TenantView`], what the front doors need.
+//! - [`local`]: the local backend: model, tenant view, lifecycle, pools, the
+//!   pure decisions (`local::plan`), the SQLite store, and the namespace
+//!   runtime in `local::runtime`.
+//! - [`kube`]: the kubernetes backend (SandboxClaims, the controller's pools).
+//! - [`policy`]: the operator's sandbox defaults and tenant quotas, for both.
+//!
+//! Request validation is not here: it is part of the API contract
+//! (`sandhub_api::validate`), so both backends refuse the same requests.
+//! Arrows point down this list and never back: the front doors use the
+//! seam, the backends implement it, and no two sibling modules import each
+//! other.
 
 pub mod backend;
 pub mod cli;
 pub mod guard;
-pub mod gym;
+pub mod http;
 pub mod kube;
 pub mod local;
 pub mod mcp;
 pub mod policy;
-pub mod rest;
 pub mod serve;
-pub mod service;
-pub mod store;
-pub mod tenancy;
+
+pub use backend::{Tenancy, TenantView};
+pub use http::{app, AppState, Limits};
+pub use kube::KubeTenancy;
+pub use local::{Hub, TenantHub};

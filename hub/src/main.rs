@@ -67,7 +67,7 @@ fn main() -> anyhow::Result<()> {
         .nth(1)
         .is_some_and(|a| a == "__sandbox-init")
     {
-        sandhub::local::init::main(std::env::args_os().skip(2).collect());
+        sandhub::local::runtime::init::main(std::env::args_os().skip(2).collect());
     }
     let cli = Cli::parse();
     sandhub_common::Logging::new(&cli.log_format).init();

@@ -79,17 +79,13 @@ pub struct Policy {
     pub tenant_max_memory_mb: u64,
 }
 
-/// This machine's memory in MiB and its CPUs.
-fn machine() -> (u64, usize) {
-    let mem_mb = crate::local::host_memory_kib() / 1024;
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (mem_mb, cpus)
-}
-
 impl Policy {
-    pub fn resolve(args: &PolicyArgs) -> Self {
-        let (mem_mb, cpus) = machine();
-        Self::resolve_for(args, mem_mb, cpus)
+    /// Defaults sized to this machine: `host_memory_kib` is its MemTotal
+    /// (the caller reads it with `local::runtime::host_memory_kib`, so
+    /// this module, which both backends use, depends on neither).
+    pub fn resolve(args: &PolicyArgs, host_memory_kib: u64) -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::resolve_for(args, host_memory_kib / 1024, cpus)
     }
 
     fn resolve_for(args: &PolicyArgs, mem_mb: u64, cpus: usize) -> Self {
@@ -119,7 +115,8 @@ impl Policy {
             pids: Some(self.default_pids),
             ..Template::default()
         };
-        crate::service::check_limits(&t).map_err(|e| anyhow::anyhow!("--default-*: {}", e.message))
+        sandhub_api::validate::template_limits(&t)
+            .map_err(|e| anyhow::anyhow!("--default-*: {}", e.message))
     }
 
     /// The template as sandboxes run it: the operator's defaults fill every

@@ -1,4 +1,4 @@
-//! `sandhub serve`: the hub service on the embedded local backend.
+//! `sandhub serve`: the hub service, on the local backend or on Kubernetes.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -7,14 +7,11 @@ use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
 
 use crate::{
-    backend::{disk::DiskArgs, Backend},
-    gym::Gym,
+    backend::Tenancy,
+    http::{self, gym::Gym, ApiKeys, AppState},
     kube::{KubeArgs, KubeTenancy},
-    policy::{Policy, PolicyArgs},
-    rest::{self, ApiKeys, AppState},
-    service::Hub,
-    store::Store,
-    tenancy::Tenancy,
+    local::{self, default_state_dir, LocalArgs},
+    policy::Policy,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -61,34 +58,6 @@ pub struct ServeArgs {
     pub reap_interval: Duration,
 }
 
-/// The embedded local backend's settings (`sandhub serve`, `sandhub mcp`).
-#[derive(Debug, Clone, Default, Args)]
-pub struct LocalArgs {
-    /// Run sandboxes without cpu/memory/pids limits where no cgroup can be
-    /// delegated (rootless without systemd delegation).
-    #[arg(long, env = "SANDHUB_ALLOW_NO_CGROUP_LIMITS")]
-    pub allow_no_cgroup_limits: bool,
-
-    /// Host directories templates may use as `root_fs` or `seed_dir`
-    /// (comma-separated); none by default, so a tenant can never name `/`.
-    #[arg(long, env = "SANDHUB_TEMPLATE_DIRS", value_delimiter = ',')]
-    pub template_dirs: Vec<PathBuf>,
-
-    #[command(flatten)]
-    pub policy: PolicyArgs,
-
-    #[command(flatten)]
-    pub disk: DiskArgs,
-}
-
-pub fn default_state_dir() -> PathBuf {
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(x).join("sandhub");
-    }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    PathBuf::from(home).join(".local/share/sandhub")
-}
-
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let keys = match &args.api_keys_file {
         Some(path) => Some(Arc::new(ApiKeys::load(path)?)),
@@ -103,7 +72,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (hub, gym, where_): (Arc<dyn Tenancy>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub =
-                embedded_hub(args.state_dir.clone(), &args.local, args.max_upload_bytes).await?;
+                local::open(args.state_dir.clone(), &args.local, args.max_upload_bytes).await?;
             hub.spawn_background(args.reap_interval);
             local_hub = Some(hub.clone());
             // Gym envs live in the same store as their sandboxes, so a
@@ -120,18 +89,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         BackendKind::Kubernetes => (
             // The same tenant quotas as the local backend (pool replicas).
-            Arc::new(KubeTenancy::connect(&args.kube, Policy::resolve(&args.local.policy)).await?),
+            Arc::new(
+                KubeTenancy::connect(
+                    &args.kube,
+                    Policy::resolve(&args.local.policy, local::runtime::host_memory_kib()),
+                )
+                .await?,
+            ),
             // No store on this backend: envs live in this hub's memory.
             Arc::default(),
             format!("kubernetes, namespace {}", args.kube.namespace),
         ),
     };
-    let (app, mcp_stop) = rest::app(
+    let (app, mcp_stop) = http::app(
         AppState {
             hub,
             metrics: Arc::default(),
             gym,
-            limits: rest::Limits {
+            limits: http::Limits {
                 max_upload_bytes: args.max_upload_bytes,
             },
         },
@@ -164,49 +139,4 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("sandhub stopped; sandboxes keep running");
     Ok(())
-}
-
-/// The hub on the local backend, re-attached to the sandboxes it had.
-/// Background work (pools, reaping) is the caller's to start.
-pub async fn embedded_hub(
-    state_dir: Option<PathBuf>,
-    local: &LocalArgs,
-    max_upload_bytes: u64,
-) -> anyhow::Result<Arc<Hub>> {
-    let policy = Policy::resolve(&local.policy);
-    policy.validate()?;
-    let template_dirs = local
-        .template_dirs
-        .iter()
-        .map(|d| {
-            d.canonicalize()
-                .with_context(|| format!("--template-dirs {}", d.display()))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let state_dir = state_dir.unwrap_or_else(default_state_dir);
-    std::fs::create_dir_all(&state_dir)
-        .with_context(|| format!("creating state dir {}", state_dir.display()))?;
-    let store = Store::open(&state_dir.join("sandhub.db"))
-        .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
-    let backend: Arc<dyn Backend> = Arc::new(
-        crate::backend::local::LocalBackend::new(
-            &state_dir,
-            local.allow_no_cgroup_limits,
-            max_upload_bytes,
-            &local.disk,
-        )
-        .context("starting the local backend")?,
-    );
-    tracing::info!(?policy, "sandbox limits and tenant quotas");
-    let hub = Hub::new(store, backend, template_dirs, policy);
-    hub.set_max_snapshot_bytes(
-        local
-            .disk
-            .max_snapshot_mb_per_tenant
-            .saturating_mul(1 << 20),
-    );
-    hub.recover()
-        .await
-        .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;
-    Ok(hub)
 }

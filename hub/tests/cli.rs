@@ -192,7 +192,7 @@ impl Drop for Hub {
 /// A killed hub leaves its sandboxes' disk volume mounted (sandboxes may
 /// still use it); a test's must go with the test.
 fn detach_disk_volume(state_dir: &std::path::Path) {
-    use sandhub::local::quota::{plan, DEFAULT_RUN_DIR};
+    use sandhub::local::runtime::quota::{plan, DEFAULT_RUN_DIR};
     let Ok(state_dir) = state_dir.canonicalize() else {
         return;
     };

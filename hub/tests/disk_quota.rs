@@ -1,5 +1,5 @@
 //! Disk quotas (issue #12 row 6) and snapshot deletion, against the real
-//! thing: the quota volume (`sandhub::local::quota`) on a real loop device,
+//! thing: the quota volume (`sandhub::local::runtime::quota`) on a real loop device,
 //! and `sandhub serve` through [`TestHub`]. Needs root, loop devices and
 //! mkfs.btrfs (btrfs-progs), as the hub does.
 //!
@@ -15,7 +15,7 @@ use std::{
     time::Instant,
 };
 
-use sandhub::local::quota::{plan, DiskQuotas, VolumeOptions, MIB};
+use sandhub::local::runtime::quota::{plan, DiskQuotas, VolumeOptions, MIB};
 use sandhub_api::{
     error::Code,
     hub::{CreateSandbox, ForkRequest, Sandbox, Template},

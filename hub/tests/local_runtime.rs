@@ -11,7 +11,7 @@ use std::{
 };
 
 use hyper_util::rt::TokioIo;
-use sandhub::local::{
+use sandhub::local::runtime::{
     probe, Launched, Runtime, RuntimeError, SandboxSpec, HOST_ID_BASE, RESET_ROUTE,
 };
 use sandhub_api::{
@@ -458,7 +458,7 @@ fn confined(argv: &[&str], hook: bool) -> std::process::Output {
     if hook {
         use std::os::unix::process::CommandExt;
         // SAFETY: child_setup is async-signal-safe (no allocation).
-        unsafe { cmd.pre_exec(sandhub::local::child_setup) };
+        unsafe { cmd.pre_exec(sandhub::local::runtime::child_setup) };
     }
     cmd.output().unwrap()
 }

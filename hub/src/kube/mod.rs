@@ -36,8 +36,8 @@ use self::{
     tenant::KubeTenant,
 };
 use crate::{
+    backend::{Tenancy, TenantView},
     policy::Policy,
-    tenancy::{Tenancy, TenantView},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

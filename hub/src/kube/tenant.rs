@@ -17,6 +17,7 @@ use sandhub_api::{
     },
     k8s::{names, Sandbox as SandboxCr, SandboxClaim, SandboxTemplate, SandboxWarmPool},
     sandboxd::{DirectoryListing, FileEntry},
+    validate,
 };
 use sandhub_client::{
     sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
@@ -29,10 +30,7 @@ use super::{
     reach::Target,
     Shared,
 };
-use crate::{
-    service::{check_env, check_labels, new_id},
-    tenancy::TenantView,
-};
+use crate::backend::{new_id, TenantView};
 
 pub struct KubeTenant {
     pub(super) shared: Arc<Shared>,
@@ -282,9 +280,7 @@ impl TenantView for KubeTenant {
 #[async_trait]
 impl Sandboxes for KubeTenant {
     async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
-        // The local backend's rules, shared: both backends refuse the same.
-        check_labels(&req.labels)?;
-        check_env(&req.env)?;
+        // The shared rules (api's validate): both backends refuse the same.
         req.validate()?;
         if req.idle_timeout_seconds.is_some() {
             return Err(Error::invalid(
@@ -468,11 +464,19 @@ impl Sandboxes for KubeTenant {
         Err(unimplemented("reset"))
     }
 
-    async fn fork(&self, _id: &str, _request: ForkRequest) -> Result<Sandbox> {
+    async fn fork(&self, _id: &str, request: ForkRequest) -> Result<Sandbox> {
+        // A bad request is refused as the local backend refuses it, before
+        // saying this backend has no forks.
+        request.validate()?;
         Err(unimplemented("fork"))
     }
 
-    async fn put_template(&self, _name: &str, _template: Template) -> Result<NamedTemplate> {
+    async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
+        // The shared rules first, so a template out of range gets the same
+        // answer on both backends; only a valid one learns it must go
+        // through kubectl here.
+        validate::name("template", name)?;
+        template.validate()?;
         Err(Error::new(
             Code::Unimplemented,
             "on the kubernetes backend templates are SandboxTemplates: apply them with kubectl",
@@ -513,7 +517,10 @@ impl Sandboxes for KubeTenant {
     }
 
     async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool> {
-        if !sandhub_api::hub::is_dns_label(name) || name.len() > owner::MAX_TENANT_NAME {
+        validate::name("pool", name)?;
+        // Shorter than the shared rule: the cluster object's name adds the
+        // tenant's digest to it.
+        if name.len() > owner::MAX_TENANT_NAME {
             return Err(Error::invalid(format!(
                 "pool name `{name}` must be a DNS-1123 label of at most {} characters",
                 owner::MAX_TENANT_NAME
@@ -549,6 +556,10 @@ impl Sandboxes for KubeTenant {
         self.shared
             .policy
             .admit_replicas(others + spec.replicas as u64)?;
+        // The shared cap comes after the tenant's quota here: a request
+        // over the quota has always been 429 on this backend (and
+        // tests/k8s_e2e/test_k8s_security.py pins that).
+        spec.validate()?;
 
         let conflict = |e: kube::Error| match &e {
             kube::Error::Api(s) if s.code == 409 => Error::new(

@@ -1,99 +1,113 @@
-//! The local backend's sandbox runtime: each sandbox is the `sandboxd`
-//! library running in fresh namespaces and a cgroup on this machine.
+//! The local backend: sandboxes as namespaced process trees on this
+//! machine, with the hub's own model of them in SQLite. Its sibling is
+//! `kube/`; both implement the seam in `crate::backend`.
 //!
-//! # API
+//! # Layout
 //!
 //! ```text
-//! Runtime::new(exe, state_root, allow_no_cgroup_limits) -> Runtime
-//!   checks the host (probe), prepares <state_root>/host-etc and the cgroup parent
-//! runtime.with_disk_quotas(Arc<DiskQuotas>)      launch makes each state dir a
-//!                                               subvolume limited to spec.disk_mb
-//!                                               (see [`quota`])
-//! runtime.launch(&SandboxSpec) -> Launched      blocks until sandboxd answers
-//! runtime.is_alive(&Launched) -> bool           shim pid + start time still match
-//! runtime.stop(id, &Launched)                   kill all, remove cgroup, keep files
-//! runtime.remove(&SandboxSpec, Option<&Launched>)   stop + delete the state dir
-//! runtime.processes(id), cgroup_dirs(id), prepare_layer(dir)
-//!
-//! probe() -> HostSupport                        per-feature report
-//! prepare_host_etc(state_root)                  (Runtime::new calls it)
-//! runtime.snapshot(state_dir, dest, max_bytes)  copy an upper layer without
-//!                                               following links (fork = new
-//!                                               sandbox with [snapshot, ...seed])
-//!
-//! Inside the sandbox (for sandboxd):
-//! child_setup()      pre_exec hook of every workload: oom_score_adj 0,
-//!                    no_new_privs, seccomp (install_seccomp)
-//! reset_workspace(&WorkspaceLayout::discover()?)   drop the upper layer
-//! (both are wired into the sandboxd every sandbox runs; RESET_ROUTE,
-//! `POST /v1/_sandhub/reset`, is how the hub asks for a reset)
-//!
-//! init::main(args)   `sandhub __sandbox-init`, dispatched by main.rs
-//!                    before any runtime thread exists
+//! mod.rs             LocalArgs (the operator's flags) and open(): the constructor
+//!                    `sandhub serve` and `sandhub mcp` start a local hub with
+//! hub.rs             Hub: the model (admission, cold start, templates, clients)
+//! tenant.rs          TenantHub: one tenant's Sandboxes; Tenancy for Arc<Hub>
+//! lifecycle.rs       locks, recovery after a restart, the reaper
+//! pools.rs           warm pools: the refiller
+//! plan.rs            the pure decisions lifecycle and pools apply (unit-tested)
+//! store.rs, store/   the SQLite store (sandboxes, templates, pools, snapshots, gym envs)
+//! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
+//! disk.rs            disk-quota flags and opening the quota volume
+//! runtime/           the namespace runtime itself (see its docs)
 //! ```
-//!
-//! # How a sandbox is built
-//!
-//! `launch` re-executes the `sandhub` binary as `__sandbox-init` (see
-//! [`init`] for the stages and `channel.rs` for the handshake). The sandbox
-//! gets new user, mount, PID, UTS, IPC and cgroup namespaces (and network,
-//! unless `network_host`); its ids 0..65536 map to host ids from
-//! [`HOST_ID_BASE`] ([`idmap`]); its root filesystem is described in
-//! `mounts.rs`, its workspace in [`workspace`]; its cgroup lives at
-//! `<mount>/sandhub/<id>` (`cgroup.rs`). sandboxd serves on
-//! `<state_dir>/sock/{rest,grpc}.sock`, bound by stage 1 on the host before
-//! it leaves the hub's user namespace and inherited by sandboxd as fds: the
-//! sandbox never sees that directory. The per-sandbox state dir and the
-//! rules for touching it are in [`statedir`].
-//!
-//! With disk quotas, `<state_dir>` itself is a btrfs subvolume on the
-//! quota volume whose qgroup limit is the sandbox's `disk_mb`: all of the
-//! above counts.
-//!
-//! # What keeps a workload in
-//!
-//! - Root inside is host uid [`HOST_ID_BASE`]: no capability outside the
-//!   sandbox's user namespace, no access to host files it does not own.
-//! - Host directories are bound read-only; the root tmpfs is read-only.
-//!   A read-only bind made inside a user namespace could be remounted
-//!   writable by root there, so workloads must not mount: the seccomp
-//!   filter (`seccomp.rs`) denies every mount syscall, new user namespaces,
-//!   `setns` and other host-level calls, under `no_new_privs`. sandboxd
-//!   itself is not filtered (it remounts the workspace on reset) and
-//!   starts nothing unfiltered.
-//! - Only the sandbox's own processes, hostname, IPC objects and (unless
-//!   `network_host`) network exist inside; the cgroup caps memory, pids
-//!   and CPU.
-//! - Visible but harmless: host paths in `/proc/self/mountinfo` (the
-//!   sources of the binds) and the layer dirs under `/.sandhub`. The
-//!   overlay dir is writable inside, so the hub, as root, never resolves a
-//!   path in it by name: see [`statedir`] and [`treecopy`].
 
-mod cgroup;
-mod channel;
-mod error;
-mod hostetc;
-pub mod idmap;
-pub mod init;
-mod launch;
-mod mounts;
-mod probe;
-mod procfs;
-pub mod quota;
-mod routes;
-mod seccomp;
-mod statedir;
-mod sys;
-pub mod treecopy;
-pub mod workspace;
+pub mod disk;
+mod hub;
+mod lifecycle;
+pub mod plan;
+mod pools;
+pub mod runtime;
+mod runtime_adapter;
+pub mod store;
+mod tenant;
 
-pub use error::RuntimeError;
-pub use hostetc::prepare_host_etc;
-pub use idmap::{IdMap, HOST_ID_BASE};
-pub use launch::{Launched, Runtime, SandboxSpec};
-pub use mounts::host_memory_kib;
-pub use probe::{probe, probe_at, Check, HostSupport};
-pub use quota::{DiskQuotas, VolumeOptions};
-pub use routes::RESET_ROUTE;
-pub use seccomp::{child_setup, install_seccomp};
-pub use workspace::{reset_workspace, WorkspaceLayout};
+use std::{path::PathBuf, sync::Arc};
+
+use anyhow::Context;
+use clap::Args;
+
+pub use disk::DiskArgs;
+pub use hub::Hub;
+pub use runtime_adapter::{LaunchRequest, LocalBackend};
+pub use store::Store;
+pub use tenant::TenantHub;
+
+use crate::policy::{Policy, PolicyArgs};
+
+/// The embedded local backend's settings (`sandhub serve`, `sandhub mcp`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct LocalArgs {
+    /// Run sandboxes without cpu/memory/pids limits where no cgroup can be
+    /// delegated (rootless without systemd delegation).
+    #[arg(long, env = "SANDHUB_ALLOW_NO_CGROUP_LIMITS")]
+    pub allow_no_cgroup_limits: bool,
+
+    /// Host directories templates may use as `root_fs` or `seed_dir`
+    /// (comma-separated); none by default, so a tenant can never name `/`.
+    #[arg(long, env = "SANDHUB_TEMPLATE_DIRS", value_delimiter = ',')]
+    pub template_dirs: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+
+    #[command(flatten)]
+    pub disk: DiskArgs,
+}
+
+pub fn default_state_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("sandhub");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".local/share/sandhub")
+}
+
+/// The hub on the local backend, re-attached to the sandboxes it had.
+/// Background work (pools, reaping) is the caller's to start.
+pub async fn open(
+    state_dir: Option<PathBuf>,
+    local: &LocalArgs,
+    max_upload_bytes: u64,
+) -> anyhow::Result<Arc<Hub>> {
+    let policy = Policy::resolve(&local.policy, runtime::host_memory_kib());
+    policy.validate()?;
+    let template_dirs = local
+        .template_dirs
+        .iter()
+        .map(|d| {
+            d.canonicalize()
+                .with_context(|| format!("--template-dirs {}", d.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let state_dir = state_dir.unwrap_or_else(default_state_dir);
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating state dir {}", state_dir.display()))?;
+    let store = Store::open(&state_dir.join("sandhub.db"))
+        .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
+    let backend = LocalBackend::new(
+        &state_dir,
+        local.allow_no_cgroup_limits,
+        max_upload_bytes,
+        &local.disk,
+    )
+    .context("starting the local backend")?;
+    tracing::info!(?policy, "sandbox limits and tenant quotas");
+    let hub = Hub::new(store, backend, template_dirs, policy);
+    hub.set_max_snapshot_bytes(
+        local
+            .disk
+            .max_snapshot_mb_per_tenant
+            .saturating_mul(1 << 20),
+    );
+    hub.recover()
+        .await
+        .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;
+    Ok(hub)
+}

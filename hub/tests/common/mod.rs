@@ -331,12 +331,12 @@ impl Drop for TestHub {
 /// hub's default `--disk-volume-dir`), if it is mounted.
 pub fn disk_volume(state_dir: &Path) -> Option<PathBuf> {
     let state_dir = state_dir.canonicalize().ok()?;
-    let mount_point = sandhub::local::quota::plan::mount_point(
-        Path::new(sandhub::local::quota::DEFAULT_RUN_DIR),
+    let mount_point = sandhub::local::runtime::quota::plan::mount_point(
+        Path::new(sandhub::local::runtime::quota::DEFAULT_RUN_DIR),
         &state_dir,
     );
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    sandhub::local::quota::plan::find_mount(&mountinfo, &mount_point).map(|_| mount_point)
+    sandhub::local::runtime::quota::plan::find_mount(&mountinfo, &mount_point).map(|_| mount_point)
 }
 
 /// Unmounts a test hub's disk volume (the hub leaves it mounted when

@@ -44,8 +44,9 @@ pub struct CreateSandboxParams {
     /// Seconds to wait for the sandbox to become ready. Default 180.
     #[serde(default)]
     pub sandbox_ready_timeout: Option<f64>,
-    /// Labels to put on the sandbox. Keys: letters, digits and - _ . / ; values: letters,
-    /// digits and - _ . (at most 63 characters).
+    /// Labels to put on the sandbox, at most 64. Keys: letters, digits and - _ . / (at most
+    /// 253 characters; the prefixes agents.x-k8s.io/, kubernetes.io/ and k8s.io/ are
+    /// reserved); values: letters, digits and - _ . (at most 63 characters).
     #[serde(default)]
     pub labels: Option<BTreeMap<String, String>>,
     /// Seconds after which the sandbox is deleted automatically. Default 300.
@@ -174,6 +175,9 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
                  leave it out of labels"
             )));
         }
+        // The hub's own rules (sandhub_api::validate), answered here
+        // before any round trip, in the same words.
+        sandhub_api::validate::labels(&labels).map_err(|e| ToolError::invalid(e.message))?;
         labels.extend(self.session.selector());
         let name = p
             .warmpool

@@ -1,5 +1,5 @@
 //! The operator's disk-quota settings for the local backend, and opening
-//! the quota volume they describe (see [`crate::local::quota`]).
+//! the quota volume they describe (see [`super::runtime::quota`]).
 
 use std::{path::Path, sync::Arc};
 
@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use sandhub_api::hub::{MAX_DISK_MB, MIN_DISK_MB};
 
-use crate::local::{quota, DiskQuotas, VolumeOptions};
+use super::runtime::{quota, DiskQuotas, VolumeOptions};
 
 /// 10 GiB: room for a checkout, its dependencies and build outputs.
 pub const DEFAULT_DISK_MB: u64 = 10240;

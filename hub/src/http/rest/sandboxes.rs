@@ -10,9 +10,8 @@ use sandhub_api::{
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{
-    error::{ApiPath, ApiQuery},
-    Api, ApiError, ApiJson, ApiJsonOrDefault, ApiResult, AppState,
+use crate::http::{
+    Api, ApiError, ApiJson, ApiJsonOrDefault, ApiPath, ApiQuery, ApiResult, AppState,
 };
 
 pub fn routes() -> OpenApiRouter<AppState> {

@@ -2,7 +2,10 @@
 //! code word implies.
 
 use axum::{
-    extract::rejection::{PathRejection, QueryRejection},
+    extract::{
+        rejection::{PathRejection, QueryRejection},
+        Request,
+    },
     http::StatusCode,
     response::{IntoResponse, Response},
     Json,
@@ -85,3 +88,25 @@ pub struct ApiPath<T>(pub T);
 #[derive(Debug, Clone, axum::extract::FromRequestParts)]
 #[from_request(via(axum::extract::Query), rejection(ApiError))]
 pub struct ApiQuery<T>(pub T);
+
+/// The app's fallback: a JSON `NOT_FOUND` for a path no route has.
+pub async fn not_found(request: Request) -> ApiError {
+    ApiError::new(
+        Code::NotFound,
+        format!("no route for {}", request.uri().path()),
+    )
+}
+
+/// A JSON 405 for a method the path's route does not take.
+pub async fn method_not_allowed(request: Request) -> ApiError {
+    let mut e = ApiError::new(
+        Code::InvalidArgument,
+        format!(
+            "method {} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    );
+    e.status = Some(StatusCode::METHOD_NOT_ALLOWED);
+    e
+}

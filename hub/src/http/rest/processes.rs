@@ -24,13 +24,10 @@ use sandhub_client::{
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{
-    error::{ApiPath, ApiQuery},
-    Api, ApiError, ApiJson, ApiResult, AppState,
-};
+use crate::http::{Api, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState};
 
 /// Stdin chunks and exec stdin are capped like other JSON bodies.
-const MAX_STDIN_CHUNK: usize = super::MAX_JSON_BODY;
+const MAX_STDIN_CHUNK: usize = crate::http::MAX_JSON_BODY;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -316,7 +313,7 @@ async fn pty(
 
 async fn run_pty(
     socket: WebSocket,
-    api: std::sync::Arc<dyn crate::tenancy::TenantView>,
+    api: std::sync::Arc<dyn crate::backend::TenantView>,
     id: String,
     mut events: sandhub_client::ProcessEvents,
 ) {

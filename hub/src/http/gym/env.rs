@@ -15,8 +15,8 @@ use sandhub_client::{write_bytes, Error, Result, WriteOptions};
 
 use super::matcher::{compile, Compiled, StepOutput};
 use crate::{
-    store::{Episode, GymEnvRow},
-    tenancy::TenantView,
+    backend::TenantView,
+    local::store::{Episode, GymEnvRow},
 };
 
 pub struct Env {

@@ -17,9 +17,11 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::env::Env;
 use crate::{
-    service::{new_id, now_ms, Hub},
-    store::{Episode, GymEnvRow},
-    tenancy::{Tenancy, TenantView},
+    backend::{new_id, now_ms, Tenancy, TenantView},
+    local::{
+        store::{Episode, GymEnvRow},
+        Hub,
+    },
 };
 
 /// Where environments are kept across restarts.

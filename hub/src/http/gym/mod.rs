@@ -18,7 +18,7 @@ use sandhub_api::{
 use sandhub_client::Error;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::rest::{Api, ApiJson, ApiJsonOrDefault, ApiResult, AppState};
+use crate::http::{Api, ApiJson, ApiJsonOrDefault, ApiResult, AppState};
 pub use registry::{EnvStore, Gym};
 
 /// Most steps one batch request may carry.

@@ -7,7 +7,7 @@ use sandhub_api::{
 };
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{error::ApiPath, Api, ApiJson, ApiResult, AppState};
+use crate::http::{Api, ApiJson, ApiPath, ApiResult, AppState};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -11,12 +11,14 @@ use std::{collections::BTreeMap, path::Path, sync::Mutex};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use sandhub_api::{
     error::Code,
-    hub::{Launch, SandboxState, Template},
+    hub::{Launch, SandboxState},
 };
 use sandhub_client::{Error, Result};
 use serde::{Deserialize, Serialize};
 
+mod catalog;
 mod gym;
+mod snapshots;
 pub use gym::{Episode, GymEnvRow};
 
 /// One sandbox as stored. Times are Unix milliseconds.
@@ -353,173 +355,6 @@ impl Store {
                 .map(|_| ())
         })
     }
-
-    pub fn put_template(&self, tenant: &str, name: &str, t: &Template) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO templates (tenant, name, spec) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (tenant, name) DO UPDATE SET spec = excluded.spec",
-                params![tenant, name, json(t)],
-            )
-            .map(|_| ())
-        })
-    }
-
-    pub fn get_template(&self, tenant: &str, name: &str) -> Result<Option<Template>> {
-        let spec: Option<String> = self.with(|c| {
-            c.query_row(
-                "SELECT spec FROM templates WHERE tenant = ?1 AND name = ?2",
-                params![tenant, name],
-                |r| r.get(0),
-            )
-            .optional()
-        })?;
-        spec.map(|s| {
-            serde_json::from_str(&s)
-                .map_err(|e| Error::internal(format!("stored template {name}: {e}")))
-        })
-        .transpose()
-    }
-
-    pub fn list_templates(&self, tenant: &str) -> Result<Vec<(String, Template)>> {
-        let rows: Vec<(String, String)> = self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT name, spec FROM templates WHERE tenant = ?1 ORDER BY name",
-            )?;
-            let rows = stmt.query_map(params![tenant], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            rows.collect()
-        })?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(n, s)| serde_json::from_str(&s).ok().map(|t| (n, t)))
-            .collect())
-    }
-
-    pub fn delete_template(&self, tenant: &str, name: &str) -> Result<bool> {
-        self.with(|c| {
-            c.execute(
-                "DELETE FROM templates WHERE tenant = ?1 AND name = ?2",
-                params![tenant, name],
-            )
-            .map(|n| n > 0)
-        })
-    }
-
-    pub fn put_pool(&self, p: &PoolRow) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO pools (tenant, name, template, replicas) VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT (tenant, name) DO UPDATE SET template = excluded.template, \
-                 replicas = excluded.replicas",
-                params![p.tenant, p.name, p.template, p.replicas],
-            )
-            .map(|_| ())
-        })
-    }
-
-    pub fn get_pool(&self, tenant: &str, name: &str) -> Result<Option<PoolRow>> {
-        self.with(|c| {
-            c.query_row(
-                "SELECT tenant, name, template, replicas FROM pools WHERE tenant = ?1 AND name = ?2",
-                params![tenant, name],
-                pool_from_row,
-            )
-            .optional()
-        })
-    }
-
-    pub fn list_pools(&self, tenant: Option<&str>) -> Result<Vec<PoolRow>> {
-        self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT tenant, name, template, replicas FROM pools \
-                 WHERE ?1 IS NULL OR tenant = ?1 ORDER BY tenant, name",
-            )?;
-            let rows = stmt.query_map(params![tenant], pool_from_row)?;
-            rows.collect()
-        })
-    }
-
-    pub fn delete_pool(&self, tenant: &str, name: &str) -> Result<bool> {
-        self.with(|c| {
-            c.execute(
-                "DELETE FROM pools WHERE tenant = ?1 AND name = ?2",
-                params![tenant, name],
-            )
-            .map(|n| n > 0)
-        })
-    }
-
-    pub fn insert_snapshot(&self, s: &SnapshotRow) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO snapshots (id, tenant, sandbox_id, created_at, size_bytes) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![
-                    s.id,
-                    s.tenant,
-                    s.sandbox_id,
-                    s.created_at,
-                    s.size_bytes.map(|b| b.min(i64::MAX as u64) as i64)
-                ],
-            )
-            .map(|_| ())
-        })
-    }
-
-    pub fn get_snapshot(&self, tenant: &str, id: &str) -> Result<Option<SnapshotRow>> {
-        self.with(|c| {
-            c.query_row(
-                &format!("SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = ?1 AND tenant = ?2"),
-                params![id, tenant],
-                snapshot_from_row,
-            )
-            .optional()
-        })
-    }
-
-    pub fn list_snapshots(&self, tenant: &str, sandbox_id: &str) -> Result<Vec<SnapshotRow>> {
-        self.with(|c| {
-            let mut stmt = c.prepare_cached(&format!(
-                "SELECT {SNAPSHOT_COLUMNS} FROM snapshots \
-                 WHERE tenant = ?1 AND sandbox_id = ?2 ORDER BY created_at, id"
-            ))?;
-            let rows = stmt.query_map(params![tenant, sandbox_id], snapshot_from_row)?;
-            rows.collect()
-        })
-    }
-
-    /// Deletes a tenant's snapshot row; false when there was none.
-    pub fn delete_snapshot(&self, tenant: &str, id: &str) -> Result<bool> {
-        self.with(|c| {
-            c.execute(
-                "DELETE FROM snapshots WHERE id = ?1 AND tenant = ?2",
-                params![id, tenant],
-            )
-            .map(|n| n > 0)
-        })
-    }
-
-    /// Sandboxes (any state, any tenant) whose workspace sits on snapshot `id`.
-    pub fn forks_of(&self, snapshot_id: &str) -> Result<Vec<String>> {
-        self.with(|c| {
-            let mut stmt =
-                c.prepare_cached("SELECT id FROM sandboxes WHERE forked_from = ?1 ORDER BY id")?;
-            let rows = stmt.query_map(params![snapshot_id], |r| r.get(0))?;
-            rows.collect()
-        })
-    }
-
-    /// Bytes a tenant's snapshots take (what counts toward its disk use).
-    pub fn snapshot_bytes(&self, tenant: &str) -> Result<u64> {
-        self.with(|c| {
-            c.query_row(
-                "SELECT COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE tenant = ?1",
-                params![tenant],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n.max(0) as u64)
-        })
-    }
 }
 
 /// What a warm claim writes onto the sandbox it takes.
@@ -532,25 +367,6 @@ pub struct Claim<'a> {
     pub now: i64,
 }
 
-fn pool_from_row(r: &Row<'_>) -> rusqlite::Result<PoolRow> {
-    Ok(PoolRow {
-        tenant: r.get(0)?,
-        name: r.get(1)?,
-        template: r.get(2)?,
-        replicas: r.get::<_, i64>(3)? as u32,
-    })
-}
-
-fn snapshot_from_row(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
-    Ok(SnapshotRow {
-        id: r.get(0)?,
-        tenant: r.get(1)?,
-        sandbox_id: r.get(2)?,
-        created_at: r.get(3)?,
-        size_bytes: r.get::<_, Option<i64>>(4)?.map(|n| n.max(0) as u64),
-    })
-}
-
 /// Maps "nothing there" to the NOT_FOUND every API answers with.
 pub fn found<T>(v: Option<T>, what: &str, name: &str) -> Result<T> {
     v.ok_or_else(|| Error::new(Code::NotFound, format!("{what} {name} not found")))
@@ -558,6 +374,8 @@ pub fn found<T>(v: Option<T>, what: &str, name: &str) -> Result<T> {
 
 #[cfg(test)]
 mod tests {
+    use sandhub_api::hub::Template;
+
     use super::*;
 
     fn row(id: &str, tenant: &str, pool: Option<&str>, claimed: bool) -> SandboxRow {

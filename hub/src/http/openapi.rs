@@ -1,62 +1,8 @@
-//! The hub's REST API (`/v1/...`), described by `GET /openapi.json`.
+//! The OpenAPI document's frame: its title, tags and bearer scheme, and
+//! what the route annotations leave implicit (descriptions, and the 400,
+//! 401, 413 and 415 every route shares).
 
-mod auth;
-mod error;
-mod files;
-mod json;
-mod pools;
-mod processes;
-mod sandboxes;
-mod service;
-mod templates;
-
-use std::sync::Arc;
-
-use axum::{
-    extract::{DefaultBodyLimit, FromRequestParts},
-    http::request::Parts,
-    middleware, Router,
-};
-use sandhub_api::error::Code;
 use utoipa::OpenApi;
-use utoipa_axum::router::OpenApiRouter;
-
-pub use auth::{ApiKeys, Tenant, OPEN_TENANT};
-pub use error::{ApiError, ApiResult};
-pub use json::{ApiJson, ApiJsonOrDefault};
-
-pub use crate::guard::Limits;
-
-use crate::tenancy::{Tenancy, TenantView};
-
-/// JSON request bodies (exec, create, templates) are small; a larger one
-/// is a mistake and gets 413 before it is read.
-pub const MAX_JSON_BODY: usize = 1 << 20;
-
-#[derive(Clone)]
-pub struct AppState {
-    pub hub: Arc<dyn Tenancy>,
-    pub metrics: Arc<service::Metrics>,
-    pub gym: Arc<crate::gym::Gym>,
-    /// What the operator bounds for every tenant; [`app`] puts the checks
-    /// in front of `hub`.
-    pub limits: Limits,
-}
-
-/// The hub as the request's tenant sees it.
-pub struct Api(pub Arc<dyn TenantView>);
-
-impl FromRequestParts<AppState> for Api {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let tenant = parts
-            .extensions
-            .get::<Tenant>()
-            .ok_or_else(|| ApiError::new(Code::Unauthenticated, "no tenant"))?;
-        Ok(Api(state.hub.tenant(&tenant.0)))
-    }
-}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -77,7 +23,7 @@ impl FromRequestParts<AppState> for Api {
         (name = "service", description = "Health, readiness, metrics")
     )
 )]
-struct ApiDoc;
+pub struct ApiDoc;
 
 struct BearerAuth;
 
@@ -94,28 +40,13 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-/// Every route, and the OpenAPI document built from their annotations.
-pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let (router, mut openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .merge(sandboxes::routes())
-        .merge(processes::routes())
-        .merge(files::routes())
-        .merge(templates::routes())
-        .merge(pools::routes())
-        .merge(service::routes())
-        .merge(crate::gym::routes())
-        .split_for_parts();
-    complete_responses(&mut openapi);
-    (router, openapi)
-}
-
 /// What the route annotations leave implicit: every response gets a
 /// description (OpenAPI requires one), every operation behind the bearer
 /// key documents its 401, and every operation with a body its 400 (bad or
-/// unknown JSON), 413 (over [`MAX_JSON_BODY`]) and 415 (a content type
+/// unknown JSON), 413 (over [`super::MAX_JSON_BODY`]) and 415 (a content type
 /// that is not JSON), which the extractors and the body limit answer for
 /// every route alike.
-fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
+pub fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::{
         path::Operation,
         response::{Response, ResponseBuilder},
@@ -180,39 +111,4 @@ fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
             }
         }
     }
-}
-
-/// The whole HTTP app: routes, OpenAPI, MCP at `/mcp`, auth, limits and
-/// metrics; plus the token that ends MCP's open streams at shutdown.
-pub fn app(
-    state: AppState,
-    keys: Option<Arc<ApiKeys>>,
-) -> (Router, tokio_util::sync::CancellationToken) {
-    let (router, openapi) = routes();
-    let openapi = Arc::new(openapi);
-    // Every front door below (REST, Gym, MCP) acts through this one view.
-    let state = AppState {
-        hub: crate::guard::Guarded::wrap(state.hub, state.limits),
-        ..state
-    };
-    let (mcp, mcp_stop) = crate::mcp::http_service(state.hub.clone(), keys.is_some());
-    let app = router
-        .nest_service("/mcp", mcp)
-        .route(
-            "/openapi.json",
-            axum::routing::get(move || {
-                let doc = openapi.clone();
-                async move { axum::Json(doc.as_ref().clone()) }
-            }),
-        )
-        .fallback(service::not_found)
-        .method_not_allowed_fallback(service::method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
-        .layer(middleware::from_fn_with_state(keys, auth::authenticate))
-        .layer(middleware::from_fn_with_state(
-            state.metrics.clone(),
-            service::count_requests,
-        ))
-        .with_state(state);
-    (app, mcp_stop)
 }

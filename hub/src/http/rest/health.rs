@@ -1,10 +1,11 @@
-//! Probes, metrics, and the JSON answers for unknown routes.
+//! Health: the probes (`/healthz`, `/readyz`) and the metrics (`/metrics`,
+//! and the middleware that counts every request).
 
 use std::sync::Arc;
 
 use axum::{
     extract::{Request, State},
-    http::{header, StatusCode},
+    http::header,
     middleware::Next,
     response::{IntoResponse, Response},
 };
@@ -16,7 +17,7 @@ use prometheus_client::{
 use sandhub_api::error::{Code, ErrorBody};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::{ApiError, AppState};
+use crate::http::{ApiError, AppState};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -135,24 +136,4 @@ pub async fn count_requests(
         })
         .inc();
     response
-}
-
-pub async fn not_found(request: Request) -> ApiError {
-    ApiError::new(
-        Code::NotFound,
-        format!("no route for {}", request.uri().path()),
-    )
-}
-
-pub async fn method_not_allowed(request: Request) -> ApiError {
-    let mut e = ApiError::new(
-        Code::InvalidArgument,
-        format!(
-            "method {} is not allowed on {}",
-            request.method(),
-            request.uri().path()
-        ),
-    );
-    e.status = Some(StatusCode::METHOD_NOT_ALLOWED);
-    e
 }

@@ -1,5 +1,5 @@
-//! The embedded local backend: sandboxes are namespaced process trees on
-//! this machine, run by [`crate::local::Runtime`], reached over the Unix
+//! The local backend's hands: sandboxes are namespaced process trees on
+//! this machine, run by [`super::runtime::Runtime`], reached over the Unix
 //! sockets of their sandboxd.
 
 use std::{
@@ -8,16 +8,26 @@ use std::{
     sync::Arc,
 };
 
-use async_trait::async_trait;
 use http::Method;
-use sandhub_api::{error::Code, hub::Network};
+use sandhub_api::{
+    error::Code,
+    hub::{Network, Template},
+};
 use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
-use super::{disk::DiskArgs, Backend, LaunchRequest};
-use crate::{
-    local::{DiskQuotas, Launched, Runtime, RuntimeError, SandboxSpec, RESET_ROUTE},
+use super::{
+    disk::DiskArgs,
+    runtime::{DiskQuotas, Launched, Runtime, RuntimeError, SandboxSpec, RESET_ROUTE},
     store::SandboxRow,
 };
+
+/// What to start: the stored row, its template, and the layers that seed
+/// its workspace (a fork's snapshot first).
+pub struct LaunchRequest<'a> {
+    pub row: &'a SandboxRow,
+    pub template: &'a Template,
+    pub snapshot_layer: Option<PathBuf>,
+}
 
 pub struct LocalBackend {
     runtime: Arc<Runtime>,
@@ -208,9 +218,12 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-#[async_trait]
-impl Backend for LocalBackend {
-    async fn launch(&self, request: LaunchRequest<'_>) -> Result<serde_json::Value> {
+/// What the hub asks of its sandboxes, each a row of its store.
+impl LocalBackend {
+    /// Starts a sandbox and returns once its sandboxd answers; the value is
+    /// the backend's handle, stored with the row so a restarted hub can
+    /// find the sandbox again.
+    pub async fn launch(&self, request: LaunchRequest<'_>) -> Result<serde_json::Value> {
         let spec = self.spec(&request)?;
         let runtime = self.runtime.clone();
         let launched = tokio::task::spawn_blocking(move || runtime.launch(&spec))
@@ -220,11 +233,14 @@ impl Backend for LocalBackend {
         serde_json::to_value(&launched).map_err(|e| Error::internal(e.to_string()))
     }
 
-    fn connect(&self, row: &SandboxRow) -> Result<SandboxdClient> {
+    /// A client for the sandbox's sandboxd.
+    pub fn connect(&self, row: &SandboxRow) -> Result<SandboxdClient> {
         Ok(SandboxdClient::unix(&Self::launched(row)?.socket_dir))
     }
 
-    async fn stop(&self, row: &SandboxRow) -> Result<()> {
+    /// Stops every process; the workspace stays (suspend). Also when the
+    /// row has no runtime recorded (a launch the hub died during).
+    pub async fn stop(&self, row: &SandboxRow) -> Result<()> {
         let launched = Self::launched(row).ok();
         let (runtime, id) = (self.runtime.clone(), row.id.clone());
         tokio::task::spawn_blocking(move || match launched {
@@ -237,7 +253,8 @@ impl Backend for LocalBackend {
         .map_err(runtime_error)
     }
 
-    async fn destroy(&self, row: &SandboxRow) -> Result<()> {
+    /// Stops and removes everything the sandbox had.
+    pub async fn destroy(&self, row: &SandboxRow) -> Result<()> {
         let launched = Self::launched(row).ok();
         let spec = SandboxSpec::new(row.id.clone(), self.spec_dir(&row.id));
         let runtime = self.runtime.clone();
@@ -264,7 +281,8 @@ impl Backend for LocalBackend {
         .map_err(runtime_error)
     }
 
-    async fn reset(&self, row: &SandboxRow) -> Result<()> {
+    /// Kills every process and restores the workspace to its seed state.
+    pub async fn reset(&self, row: &SandboxRow) -> Result<()> {
         let client = self.connect(row)?;
         let response = client
             .forward(
@@ -294,7 +312,9 @@ impl Backend for LocalBackend {
         }
     }
 
-    async fn snapshot(&self, row: &SandboxRow, snapshot_id: &str) -> Result<u64> {
+    /// Keeps a copy of the workspace's changes under `snapshot_id`;
+    /// returns the bytes the copy takes on disk.
+    pub async fn snapshot(&self, row: &SandboxRow, snapshot_id: &str) -> Result<u64> {
         let state_dir = self.spec_dir(&row.id);
         let dest = self.snapshots.join(snapshot_id);
         let runtime = self.runtime.clone();
@@ -317,7 +337,8 @@ impl Backend for LocalBackend {
         Ok(stats.bytes)
     }
 
-    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+    /// Deletes a snapshot's stored layer (one already gone is fine).
+    pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
         let dir = self.snapshot_dir(snapshot_id);
         tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
             // remove_dir_all never follows the links a layer may hold.
@@ -329,13 +350,16 @@ impl Backend for LocalBackend {
         .map_err(|e| Error::internal(format!("deleting snapshot {snapshot_id}: {e}")))
     }
 
-    fn snapshot_layer(&self, snapshot_id: &str) -> Option<PathBuf> {
+    /// Where a snapshot's layer lives, if the backend has it.
+    pub fn snapshot_layer(&self, snapshot_id: &str) -> Option<PathBuf> {
         // Only a real directory that the hub made: never a link.
         let dir = self.snapshot_dir(snapshot_id);
         self.runtime.check_layer(&dir).ok().map(|()| dir)
     }
 
-    fn shutdown(&self) {
+    /// The hub is stopping: let go of what only a running hub needs (the
+    /// disk volume's mount). Sandboxes keep running.
+    pub fn shutdown(&self) {
         if let Some(q) = &self.quotas {
             if let Err(e) = q.detach() {
                 tracing::warn!(error = %e, "detaching the disk volume");
@@ -343,15 +367,19 @@ impl Backend for LocalBackend {
         }
     }
 
-    fn is_alive(&self, row: &SandboxRow) -> bool {
+    /// Whether the sandbox described by the row still runs.
+    pub fn is_alive(&self, row: &SandboxRow) -> bool {
         Self::launched(row).is_ok_and(|l| self.runtime.is_alive(&l))
     }
 
-    fn has_processes(&self, row: &SandboxRow) -> bool {
+    /// Whether any process of the sandbox (its own machinery included)
+    /// still exists, with or without a recorded runtime.
+    pub fn has_processes(&self, row: &SandboxRow) -> bool {
         self.runtime.processes(&row.id).is_ok_and(|p| !p.is_empty()) || self.is_alive(row)
     }
 
-    fn busy(&self, row: &SandboxRow) -> bool {
+    /// Whether any workload process runs (an idle timeout must not fire).
+    pub fn busy(&self, row: &SandboxRow) -> bool {
         // The shim, PID 1 and sandboxd are the sandbox itself; anything
         // more is a workload.
         self.runtime.processes(&row.id).is_ok_and(|p| p.len() > 3)

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use super::{error::ApiPath, Api, ApiResult, AppState};
+use crate::http::{Api, ApiPath, ApiResult, AppState};
 
 /// Request headers sandboxd acts on; everything else (notably the hub's
 /// own `Authorization`) stays here.
@@ -55,7 +55,7 @@ struct FilePath {
 }
 
 async fn forward(
-    api: &dyn crate::tenancy::TenantView,
+    api: &dyn crate::backend::TenantView,
     id: &str,
     request: Request,
 ) -> ApiResult<Response> {

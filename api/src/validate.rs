@@ -1,0 +1,302 @@
+//! What a request must satisfy before any backend acts on it, stated once so
+//! the local and the kubernetes backend refuse the same requests with the
+//! same `{code, message}`: names, labels, environment, lifetimes, template
+//! limits and pool sizes. Pure checks: no I/O, nothing about the host (a
+//! template's host directories are the local backend's own business).
+
+use std::collections::BTreeMap;
+
+use crate::{
+    error::{Code, ErrorBody},
+    hub::{
+        is_dns_label, is_reserved_label, CreateSandbox, ForkRequest, PoolSpec, Template, MAX_CPU,
+        MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS, MIN_CPU, MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS,
+        RESERVED_LABEL_DOMAINS,
+    },
+    limits,
+};
+
+/// Most labels one sandbox may carry.
+pub const MAX_LABELS: usize = 64;
+/// Most warm members one pool may ask for.
+pub const MAX_REPLICAS: u32 = 1000;
+
+fn invalid(message: String) -> ErrorBody {
+    ErrorBody::new(Code::InvalidArgument, message)
+}
+
+/// A template's or pool's name: a DNS-1123 label, so it can name cluster
+/// objects and directories alike. `kind` ("template", "pool") starts the
+/// message.
+pub fn name(kind: &str, name: &str) -> Result<(), ErrorBody> {
+    if is_dns_label(name) {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "{kind} name `{name}` must be a DNS-1123 label: 1-63 of [a-z0-9-], not starting or ending with `-`"
+    )))
+}
+
+/// Labels: at most [`MAX_LABELS`], in the character sets both backends can
+/// store (Kubernetes' label syntax, loosely), and none under a
+/// [`RESERVED_LABEL_DOMAINS`] prefix.
+pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), ErrorBody> {
+    if labels.len() > MAX_LABELS {
+        return Err(invalid(format!("at most {MAX_LABELS} labels")));
+    }
+    for (k, v) in labels {
+        let key_ok = !k.is_empty()
+            && k.len() <= 253
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
+        let value_ok = v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !key_ok || !value_ok {
+            return Err(invalid(format!(
+                "label {k}={v}: keys are [A-Za-z0-9-_./] (≤253), values [A-Za-z0-9-_.] (≤63)"
+            )));
+        }
+        if is_reserved_label(k) {
+            return Err(invalid(format!(
+                "label {k}: the prefixes {} are reserved",
+                RESERVED_LABEL_DOMAINS.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Environment for a sandbox's processes: a key that is empty or holds `=`
+/// or NUL, or a value with NUL, cannot be set, and would only fail the start.
+pub fn env(env: &BTreeMap<String, String>) -> Result<(), ErrorBody> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return Err(invalid(format!(
+                "env {k:?}: names must be non-empty without `=` or NUL, values without NUL"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The resource limits a template may ask for: below them a sandbox cannot
+/// start its own daemon, above them no kernel enforces the value.
+pub fn template_limits(t: &Template) -> Result<(), ErrorBody> {
+    if let Some(cpu) = t.cpu {
+        if !(cpu.is_finite() && (MIN_CPU..=MAX_CPU).contains(&cpu)) {
+            return Err(invalid(format!("cpu must be {MIN_CPU} to {MAX_CPU} cores")));
+        }
+    }
+    if t.memory_mb
+        .is_some_and(|m| !(MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&m))
+    {
+        return Err(invalid(format!(
+            "memory_mb must be {MIN_MEMORY_MB} to {MAX_MEMORY_MB}"
+        )));
+    }
+    if t.pids.is_some_and(|p| !(MIN_PIDS..=MAX_PIDS).contains(&p)) {
+        return Err(invalid(format!("pids must be {MIN_PIDS} to {MAX_PIDS}")));
+    }
+    if t.disk_mb
+        .is_some_and(|d| !(MIN_DISK_MB..=MAX_DISK_MB).contains(&d))
+    {
+        return Err(invalid(format!(
+            "disk_mb must be {MIN_DISK_MB} to {MAX_DISK_MB}"
+        )));
+    }
+    Ok(())
+}
+
+impl CreateSandbox {
+    /// Refuses lifetimes outside [`limits::MIN_LIFETIME_SECONDS`] to
+    /// [`limits::MAX_LIFETIME_SECONDS`] (a deadline past the clock's end
+    /// would overflow it), then bad [`labels`] and [`env`].
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        limits::optional_lifetime("shutdown_after_seconds", self.shutdown_after_seconds)?;
+        limits::optional_lifetime("idle_timeout_seconds", self.idle_timeout_seconds)?;
+        labels(&self.labels)?;
+        env(&self.env)
+    }
+}
+
+impl Template {
+    /// Its [`template_limits`] and its [`env`]. Host directories
+    /// (`root_fs`, `seed_dir`) are checked by the backend that has a host.
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        template_limits(self)?;
+        env(&self.env)
+    }
+}
+
+impl ForkRequest {
+    /// The fork's own [`labels`], if it brings any.
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        labels(&self.labels)
+    }
+}
+
+impl PoolSpec {
+    /// At most [`MAX_REPLICAS`] members.
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        if self.replicas > MAX_REPLICAS {
+            return Err(invalid(format!("replicas must be at most {MAX_REPLICAS}")));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn refused(r: Result<(), ErrorBody>) -> String {
+        let e = r.unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        e.message
+    }
+
+    #[test]
+    fn names_are_dns_labels() {
+        assert!(name("pool", "warm-1").is_ok());
+        for bad in ["", "-a", "a-", "A", "a_b", &"a".repeat(64)] {
+            let m = refused(name("pool", bad));
+            assert!(m.starts_with(&format!("pool name `{bad}`")), "{m}");
+        }
+    }
+
+    #[test]
+    fn labels_refuse_bad_characters_lengths_counts_and_reserved_prefixes() {
+        assert!(labels(&map(&[("app", "web"), ("a.b/c", "x_y-z.1")])).is_ok());
+        let long_value = "v".repeat(64);
+        let long_key = "k".repeat(254);
+        for bad in [
+            map(&[("", "x")]),
+            map(&[("a b", "x")]),
+            map(&[("app", "a b")]),
+            map(&[("app", &long_value)]),
+            map(&[(&long_key, "x")]),
+        ] {
+            assert!(refused(labels(&bad)).contains("keys are [A-Za-z0-9-_./]"));
+        }
+        let m = refused(labels(&map(&[("kubernetes.io/x", "y")])));
+        assert!(m.contains("are reserved"), "{m}");
+        let many: BTreeMap<_, _> = (0..=MAX_LABELS)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect();
+        assert_eq!(refused(labels(&many)), "at most 64 labels");
+    }
+
+    #[test]
+    fn env_refuses_unsettable_names_and_values() {
+        assert!(env(&map(&[("PATH", "/bin"), ("EMPTY", "")])).is_ok());
+        for bad in [
+            map(&[("", "x")]),
+            map(&[("A=B", "x")]),
+            map(&[("A\0", "x")]),
+            map(&[("A", "x\0")]),
+        ] {
+            assert!(refused(env(&bad)).contains("names must be non-empty"));
+        }
+    }
+
+    #[test]
+    fn create_checks_lifetimes_first_then_labels_then_env() {
+        let req = CreateSandbox {
+            shutdown_after_seconds: Some(0),
+            labels: map(&[("k8s.io/x", "y")]),
+            env: map(&[("", "")]),
+            ..Default::default()
+        };
+        assert!(refused(req.validate()).starts_with("shutdown_after_seconds"));
+        let req = CreateSandbox {
+            shutdown_after_seconds: None,
+            ..req
+        };
+        assert!(refused(req.validate()).starts_with("label k8s.io/x"));
+        let req = CreateSandbox {
+            labels: BTreeMap::new(),
+            ..req
+        };
+        assert!(refused(req.validate()).starts_with("env"));
+        assert!(CreateSandbox::default().validate().is_ok());
+    }
+
+    #[test]
+    fn template_limits_name_their_range() {
+        assert!(Template::default().validate().is_ok());
+        let cases = [
+            (
+                Template {
+                    cpu: Some(0.01),
+                    ..Default::default()
+                },
+                "cpu must be 0.05 to 1024 cores",
+            ),
+            (
+                Template {
+                    cpu: Some(f64::NAN),
+                    ..Default::default()
+                },
+                "cpu must be",
+            ),
+            (
+                Template {
+                    memory_mb: Some(1),
+                    ..Default::default()
+                },
+                "memory_mb must be 32 to",
+            ),
+            (
+                Template {
+                    pids: Some(1 << 40),
+                    ..Default::default()
+                },
+                "pids must be 16 to",
+            ),
+            (
+                Template {
+                    disk_mb: Some(0),
+                    ..Default::default()
+                },
+                "disk_mb must be 16 to",
+            ),
+            (
+                Template {
+                    env: map(&[("=", "")]),
+                    ..Default::default()
+                },
+                "env",
+            ),
+        ];
+        for (t, want) in cases {
+            let m = refused(t.validate());
+            assert!(m.starts_with(want), "{m}");
+        }
+    }
+
+    #[test]
+    fn pools_and_forks() {
+        let spec = |replicas| PoolSpec {
+            template: "t".into(),
+            replicas,
+        };
+        assert!(spec(MAX_REPLICAS).validate().is_ok());
+        assert_eq!(
+            refused(spec(MAX_REPLICAS + 1).validate()),
+            "replicas must be at most 1000"
+        );
+        let fork = ForkRequest {
+            snapshot: None,
+            labels: map(&[("agents.x-k8s.io/a", "b")]),
+        };
+        assert!(refused(fork.validate()).contains("reserved"));
+    }
+}

@@ -1,0 +1,60 @@
+//! The seam between the front doors (REST, MCP, Gym) and the two backends,
+//! `local/` and `kube/`: one view of the sandboxes per tenant
+//! ([`TenantView`]) and the backend as a whole ([`Tenancy`]). Both backends
+//! provide it, so every front door works unchanged on either. Also the few
+//! conventions both share: ids, and times as Unix milliseconds.
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use async_trait::async_trait;
+use sandhub_api::hub::Snapshot;
+use sandhub_client::{sandboxd::SandboxdClient, Result, Sandboxes};
+
+/// One tenant's sandboxes: the whole [`Sandboxes`] API, plus what the REST
+/// layer needs beyond it.
+#[async_trait]
+pub trait TenantView: Sandboxes {
+    fn tenant(&self) -> &str;
+    /// The sandboxd of a Ready sandbox, for routes that forward raw HTTP.
+    async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient>;
+    /// Snapshots taken of a sandbox this tenant owns.
+    async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>>;
+}
+
+/// A backend as the front doors see it.
+#[async_trait]
+pub trait Tenancy: Send + Sync + 'static {
+    /// The view one API key has; `session` tags what an MCP session creates.
+    fn tenant(&self, tenant: &str) -> Arc<dyn TenantView>;
+    /// Readiness: the state behind the hub answers.
+    async fn ready(&self) -> Result<()>;
+    /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.
+    async fn sandbox_count(&self) -> Result<usize>;
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub fn rfc3339(ms: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// `prefix-` plus 10 random `[a-z0-9]`: a DNS-1123 label, unguessable
+/// enough that ids leak nothing about other tenants.
+pub fn new_id(prefix: &str) -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..10)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("{prefix}-{suffix}")
+}

@@ -1,0 +1,112 @@
+//! The hub's HTTP app. This module owns what every front door shares: the
+//! [`AppState`], auth ([`Tenant`], [`ApiKeys`]), the JSON extractors and
+//! error answers, and [`app`], which merges the routers of its children:
+//!
+//! - `rest/`: the REST API (`/v1/...`) with its probes and metrics;
+//! - `gym/`: Gym-style environments (`/gym/v1/...`);
+//! - `mcp.rs`: the MCP tool set, mounted at `/mcp`.
+//!
+//! The children use this module's state and extractors; none imports a
+//! sibling. Every front door acts through one guarded [`Tenancy`] view, so
+//! they work unchanged on either backend.
+
+mod auth;
+mod error;
+pub mod gym;
+mod json;
+pub mod mcp;
+mod openapi;
+pub mod rest;
+
+use std::sync::Arc;
+
+use axum::{
+    extract::{DefaultBodyLimit, FromRequestParts},
+    http::request::Parts,
+    middleware, Router,
+};
+use sandhub_api::error::Code;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+pub use auth::{ApiKeys, Tenant, OPEN_TENANT};
+pub use error::{ApiError, ApiPath, ApiQuery, ApiResult};
+pub use json::{ApiJson, ApiJsonOrDefault};
+
+pub use crate::guard::Limits;
+
+use crate::backend::{Tenancy, TenantView};
+
+/// JSON request bodies (exec, create, templates) are small; a larger one
+/// is a mistake and gets 413 before it is read.
+pub const MAX_JSON_BODY: usize = 1 << 20;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub hub: Arc<dyn Tenancy>,
+    pub metrics: Arc<rest::health::Metrics>,
+    pub gym: Arc<gym::Gym>,
+    /// What the operator bounds for every tenant; [`app`] puts the checks
+    /// in front of `hub`.
+    pub limits: Limits,
+}
+
+/// The hub as the request's tenant sees it.
+pub struct Api(pub Arc<dyn TenantView>);
+
+impl FromRequestParts<AppState> for Api {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let tenant = parts
+            .extensions
+            .get::<Tenant>()
+            .ok_or_else(|| ApiError::new(Code::Unauthenticated, "no tenant"))?;
+        Ok(Api(state.hub.tenant(&tenant.0)))
+    }
+}
+
+/// Every route, and the OpenAPI document built from their annotations.
+pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let (router, mut openapi) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .merge(rest::routes())
+        .merge(gym::routes())
+        .split_for_parts();
+    openapi::complete_responses(&mut openapi);
+    (router, openapi)
+}
+
+/// The whole HTTP app: routes, OpenAPI, MCP at `/mcp`, auth, limits and
+/// metrics; plus the token that ends MCP's open streams at shutdown.
+pub fn app(
+    state: AppState,
+    keys: Option<Arc<ApiKeys>>,
+) -> (Router, tokio_util::sync::CancellationToken) {
+    let (router, openapi) = routes();
+    let openapi = Arc::new(openapi);
+    // Every front door below (REST, Gym, MCP) acts through this one view.
+    let state = AppState {
+        hub: crate::guard::Guarded::wrap(state.hub, state.limits),
+        ..state
+    };
+    let (mcp, mcp_stop) = mcp::http_service(state.hub.clone(), keys.is_some());
+    let app = router
+        .nest_service("/mcp", mcp)
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let doc = openapi.clone();
+                async move { axum::Json(doc.as_ref().clone()) }
+            }),
+        )
+        .fallback(error::not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(middleware::from_fn_with_state(keys, auth::authenticate))
+        .layer(middleware::from_fn_with_state(
+            state.metrics.clone(),
+            rest::health::count_requests,
+        ))
+        .with_state(state);
+    (app, mcp_stop)
+}

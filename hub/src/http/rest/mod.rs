@@ -1,0 +1,24 @@
+//! The hub's REST API (`/v1/...`), described by `GET /openapi.json`, and
+//! the service's own probes and metrics (`health`).
+
+mod files;
+pub mod health;
+mod pools;
+mod processes;
+mod sandboxes;
+mod templates;
+
+use utoipa_axum::router::OpenApiRouter;
+
+use super::AppState;
+
+/// The REST routes, for [`super::routes`] to merge.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .merge(sandboxes::routes())
+        .merge(processes::routes())
+        .merge(files::routes())
+        .merge(templates::routes())
+        .merge(pools::routes())
+        .merge(health::routes())
+}

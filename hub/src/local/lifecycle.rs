@@ -1,0 +1,171 @@
+//! Lifecycle of the local backend's sandboxes: the per-sandbox locks that
+//! keep a change and the reaper apart, recovery after a restart, and the
+//! reaper, which applies [`plan::verdict`] to each sandbox.
+
+use std::{sync::Arc, time::Duration};
+
+use sandhub_api::hub::SandboxState;
+use sandhub_client::Result;
+
+use super::{
+    hub::Hub,
+    plan::{self, Verdict},
+    store::{found, SandboxRow},
+};
+use crate::backend::now_ms;
+
+impl Hub {
+    /// The lifecycle lock of a sandbox that exists (unknown ids get none,
+    /// so made-up ids leave nothing behind).
+    pub(super) async fn lock_existing(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<tokio::sync::OwnedMutexGuard<()>> {
+        found(self.store.get_sandbox(tenant, id)?, "sandbox", id)?;
+        Ok(self.lifecycle(id).lock_owned().await)
+    }
+
+    pub(super) fn lifecycle(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.lifecycle
+            .lock()
+            .unwrap()
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// After a restart: keep what still runs, mark what died.
+    pub async fn recover(&self) -> Result<()> {
+        for row in self.store.all_sandboxes()? {
+            if row.state != SandboxState::Ready && row.state != SandboxState::Pending {
+                continue;
+            }
+            if row.runtime.is_some() && self.backend.is_alive(&row) {
+                tracing::info!(id = %row.id, "re-attached to running sandbox");
+                continue;
+            }
+            // Stopped even without a recorded runtime: a hub killed mid-launch
+            // leaves a sandbox whose processes it never learnt of (the
+            // backend sweeps by id).
+            tracing::warn!(id = %row.id, "sandbox died or was never finished while the hub was away");
+            if let Err(e) = self.backend.stop(&row).await {
+                tracing::warn!(id = %row.id, error = %e, "stopping the remains of a sandbox");
+            }
+            if row.claimed {
+                self.finish(&row.id, now_ms())?;
+            } else {
+                // A dead warm member is worth nothing; the refiller replaces it.
+                let _ = self.remove(&row).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// One pass of the lifecycle: deadlines, idle timeouts, dead sandboxes,
+    /// and Finished ones (which must have no process left, and go after
+    /// [`plan::FINISHED_TTL_MS`]).
+    pub async fn reap(&self) -> Result<()> {
+        let now = now_ms();
+        for row in self.store.all_sandboxes()? {
+            if row.state == SandboxState::Finished {
+                self.reap_finished(&row, now).await;
+                continue;
+            }
+            if !row.claimed {
+                continue;
+            }
+            // A sandbox in the middle of a change is judged on a later pass,
+            // and on its row as it is now, not as the listing read it.
+            let Ok(_guard) = self.lifecycle(&row.id).try_lock_owned() else {
+                continue;
+            };
+            let Some(row) = self.store.get_any(&row.id)? else {
+                continue;
+            };
+            let verdict = plan::verdict(
+                &row,
+                now,
+                || self.backend.busy(&row),
+                || self.backend.is_alive(&row),
+            );
+            match verdict {
+                Verdict::Expire | Verdict::Idle => {
+                    tracing::info!(id = %row.id, ?verdict, "sandbox reached its end of life");
+                    match self.remove(&row).await {
+                        Ok(()) => {
+                            self.lifecycle.lock().unwrap().remove(&row.id);
+                        }
+                        Err(e) => {
+                            tracing::warn!(id = %row.id, error = %e, "removing an expired sandbox")
+                        }
+                    }
+                }
+                Verdict::Dead => {
+                    tracing::warn!(id = %row.id, "sandbox died");
+                    self.forget_client(&row.id);
+                    let _ = self.backend.stop(&row).await;
+                    self.finish(&row.id, now)?;
+                }
+                // A running process is activity: an idle clock restarts.
+                Verdict::Touch => {
+                    let _ = self.store.touch(&row.id, now);
+                }
+                Verdict::Keep => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks a sandbox Finished; its finishing time is its last activity.
+    pub(super) fn finish(&self, id: &str, now: i64) -> Result<()> {
+        self.store.set_state(id, SandboxState::Finished)?;
+        self.store.touch(id, now)
+    }
+
+    /// A Finished sandbox has no process: any found is killed (a stop that
+    /// failed earlier). After its time to live it is removed.
+    pub(super) async fn reap_finished(&self, row: &SandboxRow, now: i64) {
+        let Ok(_guard) = self.lifecycle(&row.id).try_lock_owned() else {
+            return;
+        };
+        if self.backend.has_processes(row) {
+            tracing::warn!(id = %row.id, "a Finished sandbox still had processes; stopping them");
+            if let Err(e) = self.backend.stop(row).await {
+                tracing::warn!(id = %row.id, error = %e, "stopping a Finished sandbox");
+            }
+        }
+        if plan::finished_is_due(row, now) {
+            tracing::info!(id = %row.id, "removing a Finished sandbox past its time to live");
+            if self.remove(row).await.is_ok() {
+                self.lifecycle.lock().unwrap().remove(&row.id);
+            }
+        }
+    }
+
+    /// Runs the refiller and the reaper until the process ends.
+    pub fn spawn_background(self: &Arc<Self>, reap_every: Duration) {
+        let hub = self.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = hub.refill_pools().await {
+                    tracing::warn!(error = %e, "refilling pools");
+                }
+                tokio::select! {
+                    _ = hub.pools_changed.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+            }
+        });
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(reap_every);
+            loop {
+                tick.tick().await;
+                if let Err(e) = hub.reap().await {
+                    tracing::warn!(error = %e, "reaping sandboxes");
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,501 @@
+//! [`TenantHub`]: the local backend as one tenant sees it, the whole
+//! [`Sandboxes`] API over the [`Hub`]; and the hub as the front doors'
+//! [`Tenancy`].
+
+use std::{
+    collections::BTreeMap,
+    sync::{atomic::Ordering, Arc},
+};
+
+use async_trait::async_trait;
+use sandhub_api::{
+    error::Code,
+    hub::{
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, NamedTemplate, Pool, PoolSpec,
+        Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE,
+    },
+    sandboxd::{DirectoryListing, FileEntry},
+    validate,
+};
+use sandhub_client::{
+    sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
+    StartProcess, StdinInput, WatchEvents, WriteOptions,
+};
+
+use super::{
+    hub::{check_template, invalid, snapshot_to_api, to_api, Hub},
+    store::{found, Claim, PoolRow, SandboxRow, SnapshotRow},
+};
+use crate::backend::{new_id, now_ms, Tenancy, TenantView};
+
+impl Hub {
+    /// The view one API key has.
+    pub fn tenant(self: &Arc<Self>, tenant: impl Into<String>) -> TenantHub {
+        TenantHub {
+            hub: self.clone(),
+            tenant: tenant.into(),
+        }
+    }
+}
+
+/// The hub as one tenant sees it.
+#[derive(Clone)]
+pub struct TenantHub {
+    hub: Arc<Hub>,
+    tenant: String,
+}
+
+impl TenantHub {
+    fn pool_status(&self, p: &PoolRow) -> Result<Pool> {
+        let members = self.hub.store.pool_members(&p.tenant, &p.name)?;
+        let ready = members
+            .iter()
+            .filter(|m| m.state == SandboxState::Ready)
+            .count() as u32;
+        Ok(Pool {
+            name: p.name.clone(),
+            template: p.template.clone(),
+            replicas: p.replicas,
+            ready,
+            total: members.len() as u32,
+        })
+    }
+}
+
+#[async_trait]
+impl TenantView for TenantHub {
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
+        self.hub.running(&self.tenant, id, op).map(|(_, c)| c)
+    }
+
+    async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
+        let rows = self.hub.store.list_snapshots(&self.tenant, id)?;
+        // Snapshots outlive their sandbox (and stay listed, to be deleted);
+        // with none, an unknown sandbox is NOT_FOUND.
+        if rows.is_empty() {
+            self.get(id).await?;
+        }
+        Ok(rows.into_iter().map(snapshot_to_api).collect())
+    }
+}
+
+#[async_trait]
+impl Tenancy for Arc<Hub> {
+    fn tenant(&self, tenant: &str) -> Arc<dyn TenantView> {
+        Arc::new(Hub::tenant(self, tenant))
+    }
+
+    async fn ready(&self) -> Result<()> {
+        self.store.list_pools(Some("")).map(|_| ())
+    }
+
+    async fn sandbox_count(&self) -> Result<usize> {
+        Ok(self.store.all_sandboxes()?.len())
+    }
+}
+
+#[async_trait]
+impl Sandboxes for TenantHub {
+    async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
+        // The guard in front checks this too; the model never trusts it.
+        req.validate()?;
+        let hub = &self.hub;
+        let pool = match (&req.pool, &req.template) {
+            (Some(p), _) => Some(found(hub.store.get_pool(&self.tenant, p)?, "pool", p)?),
+            // A pool named like the template is the template's warm supply.
+            (None, Some(t)) => hub.store.get_pool(&self.tenant, t)?,
+            (None, None) => hub.store.get_pool(&self.tenant, DEFAULT_TEMPLATE)?,
+        };
+        let template = match (&pool, &req.template) {
+            (Some(p), Some(t)) if &p.template != t => {
+                return Err(invalid(format!(
+                    "pool {} serves template {}, not {t}",
+                    p.name, p.template
+                )))
+            }
+            (Some(p), _) => p.template.clone(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => DEFAULT_TEMPLATE.to_string(),
+        };
+        // Fails early with NOT_FOUND for an unknown template, and
+        // PERMISSION_DENIED for one the operator no longer allows.
+        hub.effective_template(&self.tenant, &template)?;
+        let now = now_ms();
+        let shutdown_at = req.shutdown_after_seconds.map(|s| now + (s as i64) * 1000);
+        // Extra environment means a different process tree: never warm.
+        if let (Some(pool), true) = (&pool, req.env.is_empty()) {
+            let claim = Claim {
+                tenant: &self.tenant,
+                pool: &pool.name,
+                labels: &req.labels,
+                shutdown_at,
+                idle_timeout_seconds: req.idle_timeout_seconds,
+                now,
+            };
+            if let Some(row) = hub.store.claim_warm(&claim)? {
+                hub.pools_changed.notify_one();
+                return Ok(to_api(&row));
+            }
+        }
+        let row = SandboxRow {
+            id: new_id("sb"),
+            tenant: self.tenant.clone(),
+            template,
+            state: SandboxState::Pending,
+            labels: req.labels,
+            env: req.env,
+            launch: Launch::Cold,
+            created_at: now,
+            shutdown_at,
+            idle_timeout_seconds: req.idle_timeout_seconds,
+            last_activity: now,
+            pool: None,
+            claimed: true,
+            forked_from: None,
+            runtime: None,
+        };
+        let row = hub.create_cold(row).await?;
+        Ok(to_api(&row))
+    }
+
+    async fn get(&self, id: &str) -> Result<Sandbox> {
+        let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        Ok(to_api(&row))
+    }
+
+    async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Sandbox>> {
+        Ok(self
+            .hub
+            .store
+            .list_sandboxes(&self.tenant)?
+            .iter()
+            .filter(|r| labels.iter().all(|(k, v)| r.labels.get(k) == Some(v)))
+            .map(to_api)
+            .collect())
+    }
+
+    async fn delete(&self, id: &str) -> Result<()> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
+        let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        self.hub.remove(&row).await?;
+        self.hub.lifecycle.lock().unwrap().remove(id);
+        Ok(())
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
+        let (_, client) = self.hub.running(&self.tenant, id, "exec")?;
+        client.exec(request).await
+    }
+
+    async fn start(&self, id: &str, request: StartProcess) -> Result<ProcessEvents> {
+        let (_, client) = self.hub.running(&self.tenant, id, "starting a process")?;
+        client.start(request).await
+    }
+
+    async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {
+        let (_, client) = self.hub.running(&self.tenant, id, "stdin")?;
+        client.write_stdin(pid, input).await
+    }
+
+    async fn signal(&self, id: &str, pid: i32, signal: Signal) -> Result<()> {
+        let (_, client) = self.hub.running(&self.tenant, id, "signal")?;
+        client.signal(pid, signal).await
+    }
+
+    async fn resize(&self, id: &str, pid: i32, size: PtySize) -> Result<()> {
+        let (_, client) = self.hub.running(&self.tenant, id, "resize")?;
+        client.resize(pid, size).await
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+        let (_, client) = self.hub.running(&self.tenant, id, "reading files")?;
+        client.read_file(path).await
+    }
+
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<()> {
+        let (_, client) = self.hub.running(&self.tenant, id, "writing files")?;
+        client.write_file(path, data, options).await
+    }
+
+    async fn list_files(&self, id: &str, path: &str) -> Result<DirectoryListing> {
+        let (_, client) = self.hub.running(&self.tenant, id, "listing files")?;
+        client.list_files(path).await
+    }
+
+    async fn stat(&self, id: &str, path: &str) -> Result<Option<FileEntry>> {
+        let (_, client) = self.hub.running(&self.tenant, id, "stat")?;
+        client.stat(path).await
+    }
+
+    async fn delete_file(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
+        let (_, client) = self.hub.running(&self.tenant, id, "deleting files")?;
+        client.delete_file(path, recursive).await
+    }
+
+    async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<WatchEvents> {
+        let (_, client) = self.hub.running(&self.tenant, id, "watching")?;
+        client.watch(path, recursive).await
+    }
+
+    async fn suspend(&self, id: &str) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
+        let (mut row, _) = self.hub.running(&self.tenant, id, "suspend")?;
+        self.hub.forget_client(id);
+        self.hub.backend.stop(&row).await?;
+        row.state = SandboxState::Suspended;
+        self.hub
+            .store
+            .set_runtime(id, SandboxState::Suspended, row.runtime.as_ref())?;
+        Ok(to_api(&row))
+    }
+
+    async fn resume(&self, id: &str) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
+        let mut row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        if row.state != SandboxState::Suspended {
+            return Err(Error::new(
+                Code::FailedPrecondition,
+                format!("sandbox {id} is {}, not Suspended", row.state.as_str()),
+            ));
+        }
+        self.hub.start(&mut row).await?;
+        let _ = self.hub.store.touch(id, now_ms());
+        Ok(to_api(&row))
+    }
+
+    async fn snapshot(&self, id: &str) -> Result<Snapshot> {
+        let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        let limit = self.hub.max_snapshot_bytes.load(Ordering::Relaxed);
+        if limit > 0 {
+            let used = self.hub.store.snapshot_bytes(&self.tenant)?;
+            if used >= limit {
+                return Err(Error::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "snapshots take {used} bytes, at the limit of {limit} bytes per tenant; \
+                         delete some (DELETE /v1/sandboxes/{{id}}/snapshots/{{snapshot}})"
+                    ),
+                ));
+            }
+        }
+        let mut snap = SnapshotRow {
+            id: new_id("snap"),
+            tenant: self.tenant.clone(),
+            sandbox_id: id.to_string(),
+            created_at: now_ms(),
+            size_bytes: None,
+        };
+        snap.size_bytes = Some(self.hub.backend.snapshot(&row, &snap.id).await?);
+        self.hub.store.insert_snapshot(&snap)?;
+        Ok(snapshot_to_api(snap))
+    }
+
+    async fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<()> {
+        let snap = self
+            .hub
+            .store
+            .get_snapshot(&self.tenant, snapshot)?
+            .filter(|s| s.sandbox_id == id)
+            .ok_or_else(|| {
+                Error::not_found(format!("snapshot {snapshot} of sandbox {id} not found"))
+            })?;
+        // A fork's workspace lies on the snapshot (its lower layer), also
+        // while suspended: deleting it would pull the floor from under it.
+        let forks = self.hub.store.forks_of(&snap.id)?;
+        if !forks.is_empty() {
+            return Err(Error::new(
+                Code::Conflict,
+                format!(
+                    "snapshot {snapshot} is the base of sandbox {}; delete the fork first",
+                    forks.join(", ")
+                ),
+            ));
+        }
+        // The layer first: a failure leaves the row, so a retry finishes.
+        self.hub.backend.delete_snapshot(&snap.id).await?;
+        self.hub.store.delete_snapshot(&self.tenant, &snap.id)?;
+        Ok(())
+    }
+
+    async fn reset(&self, id: &str) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
+        let (row, _) = self.hub.running(&self.tenant, id, "reset")?;
+        self.hub.backend.reset(&row).await?;
+        Ok(to_api(&row))
+    }
+
+    async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox> {
+        request.validate()?;
+        let source = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        let snapshot = match request.snapshot {
+            Some(snap) => {
+                let s = found(
+                    self.hub.store.get_snapshot(&self.tenant, &snap)?,
+                    "snapshot",
+                    &snap,
+                )?;
+                if s.sandbox_id != id {
+                    return Err(invalid(format!(
+                        "snapshot {snap} was taken of {}, not {id}",
+                        s.sandbox_id
+                    )));
+                }
+                s.id
+            }
+            None => self.snapshot(id).await?.id,
+        };
+        let now = now_ms();
+        let row = SandboxRow {
+            id: new_id("sb"),
+            tenant: self.tenant.clone(),
+            template: source.template.clone(),
+            state: SandboxState::Pending,
+            labels: if request.labels.is_empty() {
+                source.labels.clone()
+            } else {
+                request.labels
+            },
+            env: source.env.clone(),
+            launch: Launch::Cold,
+            created_at: now,
+            shutdown_at: None,
+            idle_timeout_seconds: source.idle_timeout_seconds,
+            last_activity: now,
+            pool: None,
+            claimed: true,
+            forked_from: Some(snapshot),
+            runtime: None,
+        };
+        let row = self.hub.create_cold(row).await?;
+        Ok(to_api(&row))
+    }
+
+    async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
+        validate::name("template", name)?;
+        check_template(&template, &self.hub.template_dirs)?;
+        self.hub.policy.admit_template(&template)?;
+        self.hub.store.put_template(&self.tenant, name, &template)?;
+        Ok(NamedTemplate {
+            name: name.to_string(),
+            template,
+        })
+    }
+
+    async fn get_template(&self, name: &str) -> Result<NamedTemplate> {
+        Ok(NamedTemplate {
+            name: name.to_string(),
+            template: self.hub.template(&self.tenant, name)?,
+        })
+    }
+
+    async fn list_templates(&self) -> Result<Vec<NamedTemplate>> {
+        let mut out: Vec<NamedTemplate> = self
+            .hub
+            .store
+            .list_templates(&self.tenant)?
+            .into_iter()
+            .map(|(name, template)| NamedTemplate { name, template })
+            .collect();
+        if !out.iter().any(|t| t.name == DEFAULT_TEMPLATE) {
+            out.insert(
+                0,
+                NamedTemplate {
+                    name: DEFAULT_TEMPLATE.into(),
+                    template: Template::default(),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    async fn delete_template(&self, name: &str) -> Result<()> {
+        let in_use = self
+            .hub
+            .store
+            .list_pools(Some(&self.tenant))?
+            .into_iter()
+            .find(|p| p.template == name);
+        if let Some(p) = in_use {
+            return Err(Error::new(
+                Code::Conflict,
+                format!(
+                    "template {name} is used by pool {}; delete the pool first",
+                    p.name
+                ),
+            ));
+        }
+        if self.hub.store.delete_template(&self.tenant, name)? {
+            Ok(())
+        } else {
+            Err(Error::not_found(format!("template {name} not found")))
+        }
+    }
+
+    async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool> {
+        validate::name("pool", name)?;
+        spec.validate()?;
+        self.hub.effective_template(&self.tenant, &spec.template)?;
+        let others: u64 = self
+            .hub
+            .store
+            .list_pools(Some(&self.tenant))?
+            .iter()
+            .filter(|p| p.name != name)
+            .map(|p| p.replicas as u64)
+            .sum();
+        self.hub
+            .policy
+            .admit_replicas(others + spec.replicas as u64)?;
+        let row = PoolRow {
+            tenant: self.tenant.clone(),
+            name: name.to_string(),
+            template: spec.template,
+            replicas: spec.replicas,
+        };
+        // A template change makes existing members stale: replace them.
+        if let Some(old) = self.hub.store.get_pool(&self.tenant, name)? {
+            if old.template != row.template {
+                for m in self.hub.store.pool_members(&self.tenant, name)? {
+                    let _ = self.hub.remove(&m).await;
+                }
+            }
+        }
+        self.hub.store.put_pool(&row)?;
+        self.hub.pools_changed.notify_one();
+        self.pool_status(&row)
+    }
+
+    async fn get_pool(&self, name: &str) -> Result<Pool> {
+        let p = found(self.hub.store.get_pool(&self.tenant, name)?, "pool", name)?;
+        self.pool_status(&p)
+    }
+
+    async fn list_pools(&self) -> Result<Vec<Pool>> {
+        self.hub
+            .store
+            .list_pools(Some(&self.tenant))?
+            .iter()
+            .map(|p| self.pool_status(p))
+            .collect()
+    }
+
+    async fn delete_pool(&self, name: &str) -> Result<()> {
+        if !self.hub.store.delete_pool(&self.tenant, name)? {
+            return Err(Error::not_found(format!("pool {name} not found")));
+        }
+        for m in self.hub.store.pool_members(&self.tenant, name)? {
+            let _ = self.hub.remove(&m).await;
+        }
+        Ok(())
+    }
+}
