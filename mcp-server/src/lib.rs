@@ -35,7 +35,6 @@ mod process;
 mod provider;
 mod server;
 mod session;
-mod tools;
 mod transport;
 
 pub use provider::SandboxesProvider;

@@ -26,9 +26,8 @@ use sandhub_api::sandboxd::{DirectoryListing, EntryType, FileEntry};
 
 use crate::{
     confine::{kind_of, Kind, RelPath, Root},
-    daemon::Daemon,
     error::{Error, Result},
-    transfer,
+    transfer, Daemon,
 };
 
 const PREFIX: &str = "/v1/files";

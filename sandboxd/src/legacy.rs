@@ -22,11 +22,10 @@ use sandhub_api::{
 
 use crate::{
     confine::{kind_of, Kind, RelPath},
-    daemon::Daemon,
     error::{Error, Result},
     files::{self, BodyStream},
     process::{self, Spec},
-    rest,
+    rest, Daemon,
 };
 
 /// `POST /execute` bodies are small JSON; anything bigger is a mistake.

@@ -7,7 +7,6 @@
 pub mod auth;
 pub mod config;
 pub mod confine;
-pub mod daemon;
 pub mod error;
 pub mod files;
 pub mod legacy;
@@ -19,4 +18,96 @@ pub mod transfer;
 pub mod watcher;
 
 pub use config::Config;
-pub use daemon::Daemon;
+
+// ---------------------------------------------------------------- the shared state
+// `Daemon` is what every handler shares, so it lives here, in the parent of
+// the modules that use it: `process` both holds a table in it and reads it,
+// and as a sibling module it would import `process` back.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, RwLock,
+    },
+    time::Instant,
+};
+
+use tokio::sync::Semaphore;
+
+use crate::{auth::Auth, confine::Root, metrics::Metrics, process::ProcessTable};
+
+/// Runs in every child between fork and exec (async-signal-safe code only).
+/// The hub's local backend uses it to confine workloads (seccomp,
+/// `no_new_privs`) without confining sandboxd itself.
+pub type ChildSetup = fn() -> std::io::Result<()>;
+
+pub struct Daemon {
+    pub config: Config,
+    /// Swapped when the workspace under the root is replaced (a reset
+    /// mounts a fresh overlay on the same path).
+    root: RwLock<Arc<Root>>,
+    pub child_setup: Option<ChildSetup>,
+    pub auth: Option<Auth>,
+    pub metrics: Metrics,
+    pub processes: ProcessTable,
+    /// One permit per concurrent WatchDir stream.
+    pub watches: Arc<Semaphore>,
+    pub started: Instant,
+    draining: AtomicBool,
+}
+
+impl Daemon {
+    /// Builds the daemon from its flags: opens the root and loads the token.
+    pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        Self::with_child_setup(config, None)
+    }
+
+    pub fn with_child_setup(
+        config: Config,
+        child_setup: Option<ChildSetup>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let root = Root::open(&config.root_dir)
+            .map_err(|e| anyhow::anyhow!("opening root dir {}: {e}", config.root_dir.display()))?;
+        let auth = match (&config.auth_token_file, &config.auth_token_sha256) {
+            (Some(file), _) => Some(Auth::from_file(file).map_err(anyhow::Error::msg)?),
+            (None, Some(hex)) => Some(Auth::from_sha256_hex(hex).map_err(anyhow::Error::msg)?),
+            (None, None) => None,
+        };
+        let auth = match &config.sandbox_token_sha256 {
+            Some(hex) => Some(Auth::also_sha256_hex(auth, hex).map_err(anyhow::Error::msg)?),
+            None => auth,
+        };
+        Ok(Arc::new(Daemon {
+            watches: Arc::new(Semaphore::new(config.max_watches)),
+            root: RwLock::new(Arc::new(root)),
+            child_setup,
+            auth,
+            metrics: Metrics::default(),
+            processes: ProcessTable::new(config.max_processes),
+            started: Instant::now(),
+            draining: AtomicBool::new(false),
+            config,
+        }))
+    }
+
+    /// The root every path resolves against.
+    pub fn root(&self) -> Arc<Root> {
+        self.root.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reopens the root directory, after something mounted over it.
+    pub fn reload_root(&self) -> std::io::Result<()> {
+        let fresh = Arc::new(Root::open(&self.config.root_dir)?);
+        *self.root.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(())
+    }
+
+    /// Health answers 503 from now on; work already running may finish.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}

@@ -38,8 +38,8 @@ use self::table::Registration;
 pub use self::table::{ProcessTable, MAX_STDIN_WRITERS};
 use crate::{
     confine::{RelPath, Root},
-    daemon::Daemon,
     error::{Error, Result},
+    Daemon,
 };
 
 /// How long `Execute` and `run` keep reading output after the process

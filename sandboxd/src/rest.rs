@@ -18,12 +18,12 @@ use sandhub_api::{
 };
 
 use crate::{
-    daemon::Daemon,
     error::Error,
     files,
     metrics::{RequestLabels, RpcLabels},
     process::ProcessService,
     watcher::WatcherService,
+    Daemon,
 };
 
 /// Paths that answer without a token, so that probes need no secret.

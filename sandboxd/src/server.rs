@@ -14,7 +14,7 @@ use hyper_util::{
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use crate::{config::Config, daemon::Daemon, legacy, rest};
+use crate::{config::Config, legacy, rest, Daemon};
 
 /// How long open connections get to finish after the listeners close.
 const CONNECTION_GRACE: Duration = Duration::from_secs(2);

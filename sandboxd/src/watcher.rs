@@ -34,7 +34,7 @@ use self::{
     batch::Batch,
     tree::{Step, Tree},
 };
-use crate::{confine::RelPath, daemon::Daemon, error::Error};
+use crate::{confine::RelPath, error::Error, Daemon};
 
 /// How long events gather before they are sent together.
 const WINDOW: Duration = Duration::from_millis(250);

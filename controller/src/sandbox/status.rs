@@ -230,9 +230,7 @@ pub fn compute(old: &SandboxStatus, o: &Observed) -> SandboxStatus {
             }
             (None, _) => {
                 let msg = match o.pod {
-                    PodView::NotOwned => {
-                        "Pod exists but is not owned by this Sandbox".to_string()
-                    }
+                    PodView::NotOwned => "Pod exists but is not owned by this Sandbox".to_string(),
                     _ => messages::POD_DOES_NOT_EXIST.to_string(),
                 };
                 cond::new(

@@ -16,8 +16,8 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
 use super::{signal_group, Control};
 use crate::{
-    daemon::Daemon,
     error::{Error, Result},
+    Daemon,
 };
 
 /// Every running process by pid (which is also its process group id).

@@ -23,8 +23,12 @@ use crate::{
     process::ProcessTable,
     provider::SandboxesProvider,
     session::{Session, SESSION_LABEL},
-    tools,
 };
+
+// The tool implementations are `impl SandhubMcp` blocks (rmcp's routers), so
+// they live under the server they extend: a child, not a sibling that would
+// import its parent back.
+mod tools;
 
 /// Limits that keep one session from flooding the model or the server.
 #[derive(Debug, Clone)]
