@@ -1,5 +1,9 @@
 //! One tenant's sandboxes on Kubernetes: [`Sandboxes`] over SandboxClaims,
 //! with processes and files sent to the Pod's sandboxd.
+//!
+//! A little over 600 lines on purpose: it is one `impl Sandboxes` (a method
+//! per trait member, most of them a few lines that reach the Pod), and one
+//! trait impl split over several files reads worse than one long file.
 
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
 

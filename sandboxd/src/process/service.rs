@@ -1,0 +1,205 @@
+//! The gRPC face of [`super`]: `process.v1.ProcessService` over the
+//! daemon's process table (Execute, Start, WriteStdin, SendSignal,
+//! ResizeTTY, ...). What it runs and how is the parent's.
+
+use super::*;
+
+pub struct ProcessService {
+    pub daemon: Arc<Daemon>,
+}
+
+impl ProcessService {
+    fn control(&self, pid: i32) -> Result<Arc<Control>> {
+        self.daemon
+            .processes
+            .lookup(pid)
+            .ok_or_else(|| Error::NotFound(format!("process {pid} not found")))
+    }
+
+    fn start_process(&self, req: pb::StartRequest) -> Result<ReceiverStream<Event>> {
+        let config = req.config.unwrap_or_default();
+        let launch = Launch::from(&config);
+        let mut cmd = launch.command(&self.daemon)?;
+        cmd.stdin(Stdio::piped());
+        let slot = self.daemon.processes.reserve()?;
+        let started = Instant::now();
+        let (child, pid, input, output) = match req.pty {
+            None => {
+                cmd.process_group(0)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                let (mut child, pid) = spawn(&mut cmd, &launch)?;
+                let input = Input::Pipe(Mutex::new(child.stdin.take()));
+                let stdout = child.stdout.take().expect("stdout is piped");
+                let stderr = child.stderr.take().expect("stderr is piped");
+                (child, pid, input, Output::Pipes(stdout, stderr))
+            }
+            Some(size) => {
+                let (master, slave) = pty::open(size.cols, size.rows)
+                    .map_err(|e| Error::Internal(format!("allocating a terminal: {e}")))?;
+                let copy = |fd: &std::os::fd::OwnedFd| {
+                    fd.try_clone()
+                        .map_err(|e| Error::Internal(format!("duplicating the terminal: {e}")))
+                };
+                cmd.stdin(Stdio::from(copy(&slave)?))
+                    .stdout(Stdio::from(copy(&slave)?))
+                    .stderr(Stdio::from(slave));
+                // SAFETY: only async-signal-safe calls (setsid, ioctl) run
+                // between fork and exec. Stdio is already on 0/1/2 then.
+                // No process_group here: setsid makes the child a group
+                // leader, and setpgid on a session leader fails.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        if libc::setsid() < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+                let (child, pid) = spawn(&mut cmd, &launch)?;
+                let master = Arc::new(master);
+                (child, pid, Input::Pty(master.clone()), Output::Pty(master))
+            }
+        };
+        // The command holds our copies of the terminal's slave end; they
+        // must be closed for EIO to mark the end of output.
+        drop(cmd);
+        let control = Arc::new(Control { pgid: pid, input });
+        let reg = Registration::new(self.daemon.clone(), slot, pid, started, Some(control));
+        let (tx, rx) = mpsc::channel(START_QUEUE);
+        // A fresh channel has room, so `init` is always the first event.
+        let _ = tx.try_send(event(pb::start_response::Event::Init(pb::InitEvent {
+            process_id: pid,
+        })));
+        tokio::spawn(drive(
+            reg,
+            child,
+            output,
+            tx,
+            self.daemon.config.stream_chunk_size,
+        ));
+        Ok(ReceiverStream::new(rx))
+    }
+
+    async fn write_stdin(&self, req: pb::WriteStdinRequest) -> Result<()> {
+        use pb::write_stdin_request::Payload;
+        let pid = req.process_id;
+        let control = self.control(pid)?;
+        let _writing = self.daemon.processes.writing()?;
+        let closed = || Error::FailedPrecondition(format!("stdin of process {pid} is closed"));
+        match (&control.input, req.payload) {
+            (Input::Pipe(stdin), Some(Payload::Eof(()))) => {
+                // Dropping the pipe closes it; a second EOF is a no-op, as
+                // upstream (the process may have closed it first anyway).
+                stdin.lock().await.take();
+                Ok(())
+            }
+            (Input::Pipe(stdin), data) => {
+                let data = match data {
+                    Some(Payload::Input(d)) => d,
+                    _ => Bytes::new(),
+                };
+                let mut stdin = stdin.lock().await;
+                let pipe = stdin.as_mut().ok_or_else(closed)?;
+                pipe.write_all(&data).await.map_err(|e| match e.kind() {
+                    io::ErrorKind::BrokenPipe => Error::FailedPrecondition(format!(
+                        "process {pid} no longer reads its stdin"
+                    )),
+                    _ => Error::Internal(format!("writing stdin of process {pid}: {e}")),
+                })
+            }
+            (Input::Pty(master), payload) => {
+                let written = match payload {
+                    Some(Payload::Eof(())) => master.send_eof().await,
+                    Some(Payload::Input(d)) => master.write_all(&d).await,
+                    None => Ok(()),
+                };
+                written
+                    .map_err(|e| Error::Internal(format!("writing to the terminal of {pid}: {e}")))
+            }
+        }
+    }
+
+    fn send_signal(&self, req: pb::SendSignalRequest) -> Result<()> {
+        let control = self.control(req.process_id)?;
+        let sig = match pb::Signal::try_from(req.signal) {
+            Ok(pb::Signal::Sigint) => Signal::INT,
+            Ok(pb::Signal::Sigterm) => Signal::TERM,
+            Ok(pb::Signal::Sigkill) => Signal::KILL,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "unsupported or unspecified signal: {}",
+                    req.signal
+                )))
+            }
+        };
+        signal_group(control.pgid, sig)
+            .map_err(|e| Error::Internal(format!("signalling process {}: {e}", req.process_id)))
+    }
+
+    fn resize_tty(&self, req: pb::ResizeTtyRequest) -> Result<()> {
+        let pid = req.process_id;
+        let Input::Pty(master) = &self.control(pid)?.input else {
+            return Err(Error::FailedPrecondition(format!(
+                "process {pid} has no terminal"
+            )));
+        };
+        master
+            .resize(req.cols, req.rows)
+            .map_err(|e| Error::FailedPrecondition(format!("resizing the terminal of {pid}: {e}")))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::process_service_server::ProcessService for ProcessService {
+    type StartStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::StartResponse, Status>> + Send>>;
+
+    async fn start(
+        &self,
+        request: Request<pb::StartRequest>,
+    ) -> Result<Response<Self::StartStream>, Status> {
+        let stream = self.start_process(request.into_inner())?;
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn execute(
+        &self,
+        request: Request<pb::ExecuteRequest>,
+    ) -> Result<Response<pb::ExecuteResponse>, Status> {
+        let config = request.into_inner().config.unwrap_or_default();
+        let done = collect(&self.daemon, Launch::from(&config), None, None).await?;
+        Ok(Response::new(pb::ExecuteResponse {
+            exit_code: done.exit_code,
+            stdout: done.stdout.into(),
+            stderr: done.stderr.into(),
+        }))
+    }
+
+    async fn write_stdin(
+        &self,
+        request: Request<pb::WriteStdinRequest>,
+    ) -> Result<Response<pb::WriteStdinResponse>, Status> {
+        ProcessService::write_stdin(self, request.into_inner()).await?;
+        Ok(Response::new(pb::WriteStdinResponse {}))
+    }
+
+    async fn send_signal(
+        &self,
+        request: Request<pb::SendSignalRequest>,
+    ) -> Result<Response<pb::SendSignalResponse>, Status> {
+        ProcessService::send_signal(self, request.into_inner())?;
+        Ok(Response::new(pb::SendSignalResponse {}))
+    }
+
+    async fn resize_tty(
+        &self,
+        request: Request<pb::ResizeTtyRequest>,
+    ) -> Result<Response<pb::ResizeTtyResponse>, Status> {
+        ProcessService::resize_tty(self, request.into_inner())?;
+        Ok(Response::new(pb::ResizeTtyResponse {}))
+    }
+}
