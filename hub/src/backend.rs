@@ -1,6 +1,6 @@
 //! The seam between the front doors (REST, MCP, Gym) and the two backends,
 //! `local/` and `kube/`: one view of the sandboxes per tenant
-//! ([`TenantView`]) and the backend as a whole ([`Tenancy`]). Both backends
+//! ([`TenantView`]) and the backend as a whole ([`Backend`]). Both backends
 //! provide it, so every front door works unchanged on either. Also the few
 //! conventions both share: ids, and times as Unix milliseconds.
 
@@ -26,7 +26,7 @@ pub trait TenantView: Sandboxes {
 
 /// A backend as the front doors see it.
 #[async_trait]
-pub trait Tenancy: Send + Sync + 'static {
+pub trait Backend: Send + Sync + 'static {
     /// The view one API key has; `session` tags what an MCP session creates.
     fn tenant(&self, tenant: &str) -> Arc<dyn TenantView>;
     /// Readiness: the state behind the hub answers.

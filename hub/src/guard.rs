@@ -32,7 +32,7 @@ use sandhub_client::{
     StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
 
-use crate::backend::{Tenancy, TenantView};
+use crate::backend::{Backend, TenantView};
 
 /// What the operator bounds for every tenant (`sandhub serve` flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,18 +161,18 @@ impl Remainder {
 
 /// A backend with the shared checks in front of it.
 pub struct Guarded {
-    inner: Arc<dyn Tenancy>,
+    inner: Arc<dyn Backend>,
     limits: Limits,
 }
 
 impl Guarded {
-    pub fn wrap(inner: Arc<dyn Tenancy>, limits: Limits) -> Arc<dyn Tenancy> {
+    pub fn wrap(inner: Arc<dyn Backend>, limits: Limits) -> Arc<dyn Backend> {
         Arc::new(Guarded { inner, limits })
     }
 }
 
 #[async_trait]
-impl Tenancy for Guarded {
+impl Backend for Guarded {
     fn tenant(&self, tenant: &str) -> Arc<dyn TenantView> {
         Arc::new(GuardedView {
             inner: self.inner.tenant(tenant),

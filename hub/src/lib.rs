@@ -14,7 +14,7 @@
 //! - [`guard`]: the operator's limits, checked in front of every backend.
 //!
 //! The seam and the two backends behind it:
-//! - [`backend`]: [`Tenancy`] and [`TenantView`], what the front doors need.
+//! - [`backend`]: [`Backend`] and [`TenantView`], what the front doors need.
 //! - [`local`]: the local backend: model, tenant view, lifecycle, pools, the
 //!   pure decisions (`local::plan`), the SQLite store, and the namespace
 //!   runtime in `local::runtime`.
@@ -37,7 +37,7 @@ pub mod mcp;
 pub mod policy;
 pub mod serve;
 
-pub use backend::{Tenancy, TenantView};
+pub use backend::{Backend, TenantView};
 pub use http::{app, AppState, Limits};
 pub use kube::KubeTenancy;
 pub use local::{Hub, TenantHub};

@@ -7,7 +7,7 @@ use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
 
 use crate::{
-    backend::Tenancy,
+    backend::Backend,
     http::{self, gym::Gym, ApiKeys, AppState},
     kube::{KubeArgs, KubeTenancy},
     local::{self, default_state_dir, LocalArgs},
@@ -69,7 +69,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     // The local hub, kept to let go of its disk volume at the end.
     let mut local_hub = None;
-    let (hub, gym, where_): (Arc<dyn Tenancy>, Arc<Gym>, String) = match args.backend {
+    let (hub, gym, where_): (Arc<dyn Backend>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub =
                 local::open(args.state_dir.clone(), &args.local, args.max_upload_bytes).await?;
@@ -78,11 +78,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             // Gym envs live in the same store as their sandboxes, so a
             // restart keeps both; idle ones are closed on the reaper's beat.
             let gym = Arc::new(Gym::persistent(hub.clone()));
-            let tenancy: Arc<dyn Tenancy> = Arc::new(hub);
-            gym.spawn_sweeper(tenancy.clone(), args.reap_interval);
+            let backend: Arc<dyn Backend> = Arc::new(hub);
+            gym.spawn_sweeper(backend.clone(), args.reap_interval);
             let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
             (
-                tenancy,
+                backend,
                 gym,
                 format!("local, state in {}", state_dir.display()),
             )

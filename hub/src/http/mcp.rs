@@ -7,10 +7,10 @@ use sandhub_client::{Error, Sandboxes};
 use tokio_util::sync::CancellationToken;
 
 use super::{Tenant, OPEN_TENANT};
-use crate::backend::Tenancy;
+use crate::backend::Backend;
 
 /// Each MCP call acts as the tenant its HTTP request authenticated as.
-pub struct TenantSandboxes(pub Arc<dyn Tenancy>);
+pub struct TenantSandboxes(pub Arc<dyn Backend>);
 
 fn tenant_of(parts: Option<&http::request::Parts>) -> &str {
     parts
@@ -34,7 +34,7 @@ impl sandhub_mcp::SandboxesProvider for TenantSandboxes {
 /// The streamable HTTP service for `/mcp`, and the token that ends its
 /// open streams at shutdown.
 pub fn http_service(
-    hub: Arc<dyn Tenancy>,
+    hub: Arc<dyn Backend>,
     authenticated: bool,
 ) -> (sandhub_mcp::McpService<TenantSandboxes>, CancellationToken) {
     let mut config = sandhub_mcp::StreamableHttpServerConfig::default();

@@ -7,7 +7,7 @@
 //! - `mcp.rs`: the MCP tool set, mounted at `/mcp`.
 //!
 //! The children use this module's state and extractors; none imports a
-//! sibling. Every front door acts through one guarded [`Tenancy`] view, so
+//! sibling. Every front door acts through one guarded [`Backend`] view, so
 //! they work unchanged on either backend.
 
 mod auth;
@@ -35,7 +35,7 @@ pub use json::{ApiJson, ApiJsonOrDefault};
 
 pub use crate::guard::Limits;
 
-use crate::backend::{Tenancy, TenantView};
+use crate::backend::{Backend, TenantView};
 
 /// JSON request bodies (exec, create, templates) are small; a larger one
 /// is a mistake and gets 413 before it is read.
@@ -43,7 +43,7 @@ pub const MAX_JSON_BODY: usize = 1 << 20;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub hub: Arc<dyn Tenancy>,
+    pub hub: Arc<dyn Backend>,
     pub metrics: Arc<rest::health::Metrics>,
     pub gym: Arc<gym::Gym>,
     /// What the operator bounds for every tenant; [`app`] puts the checks

@@ -36,7 +36,7 @@ use self::{
     tenant::KubeTenant,
 };
 use crate::{
-    backend::{Tenancy, TenantView},
+    backend::{Backend, TenantView},
     policy::Policy,
 };
 
@@ -261,7 +261,7 @@ async fn read_token(client: &kube::Client, namespace: &str, name: &str) -> anyho
 }
 
 #[async_trait]
-impl Tenancy for KubeTenancy {
+impl Backend for KubeTenancy {
     fn tenant(&self, tenant: &str) -> Arc<dyn TenantView> {
         Arc::new(KubeTenant {
             shared: self.shared.clone(),

@@ -8,7 +8,7 @@
 //! mod.rs             LocalArgs (the operator's flags) and open(): the constructor
 //!                    `sandhub serve` and `sandhub mcp` start a local hub with
 //! hub.rs             Hub: the model (admission, cold start, templates, clients)
-//! tenant.rs          TenantHub: one tenant's Sandboxes; Tenancy for Arc<Hub>
+//! tenant.rs          TenantHub: one tenant's Sandboxes; Backend for Arc<Hub>
 //! lifecycle.rs       locks, recovery after a restart, the reaper
 //! pools.rs           warm pools: the refiller
 //! plan.rs            the pure decisions lifecycle and pools apply (unit-tested)

@@ -1,6 +1,6 @@
 //! [`TenantHub`]: the local backend as one tenant sees it, the whole
 //! [`Sandboxes`] API over the [`Hub`]; and the hub as the front doors'
-//! [`Tenancy`].
+//! [`Backend`].
 
 use std::{
     collections::BTreeMap,
@@ -26,7 +26,7 @@ use super::{
     hub::{check_template, invalid, snapshot_to_api, to_api, Hub},
     store::{found, Claim, PoolRow, SandboxRow, SnapshotRow},
 };
-use crate::backend::{new_id, now_ms, Tenancy, TenantView};
+use crate::backend::{new_id, now_ms, Backend, TenantView};
 
 impl Hub {
     /// The view one API key has.
@@ -84,7 +84,7 @@ impl TenantView for TenantHub {
 }
 
 #[async_trait]
-impl Tenancy for Arc<Hub> {
+impl Backend for Arc<Hub> {
     fn tenant(&self, tenant: &str) -> Arc<dyn TenantView> {
         Arc::new(Hub::tenant(self, tenant))
     }

@@ -17,7 +17,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::env::Env;
 use crate::{
-    backend::{new_id, now_ms, Tenancy, TenantView},
+    backend::{new_id, now_ms, Backend, TenantView},
     local::{
         store::{Episode, GymEnvRow},
         Hub,
@@ -59,7 +59,7 @@ impl EnvStore for Hub {
 }
 
 struct Slot {
-    /// Outside the lock: tenancy is checked without waiting for a step.
+    /// Outside the lock: backend is checked without waiting for a step.
     tenant: String,
     env: Arc<tokio::sync::Mutex<Env>>,
 }
@@ -200,7 +200,7 @@ impl Gym {
     /// Closes every environment unused for its idle timeout at `now`, with
     /// its sandbox, whether or not the sandbox still runs something (a
     /// server an agent left behind keeps a sandbox busy, never an env).
-    pub async fn sweep(&self, tenancy: &dyn Tenancy, now: i64) -> Result<()> {
+    pub async fn sweep(&self, backend: &dyn Backend, now: i64) -> Result<()> {
         let Some(store) = &self.store else {
             return Ok(());
         };
@@ -233,21 +233,21 @@ impl Gym {
                 continue;
             }
             tracing::info!(env = %id, tenant = %tenant, "gym environment idle for its timeout; closing it");
-            let api = tenancy.tenant(&tenant);
+            let api = backend.tenant(&tenant);
             self.close(api.as_ref(), &mut env).await?;
         }
         Ok(())
     }
 
     /// Sweeps idle environments every `every`, until the process ends.
-    pub fn spawn_sweeper(self: &Arc<Self>, tenancy: Arc<dyn Tenancy>, every: Duration) {
+    pub fn spawn_sweeper(self: &Arc<Self>, backend: Arc<dyn Backend>, every: Duration) {
         let gym = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                if let Err(e) = gym.sweep(tenancy.as_ref(), now_ms()).await {
+                if let Err(e) = gym.sweep(backend.as_ref(), now_ms()).await {
                     tracing::warn!(error = %e, "sweeping idle gym environments");
                 }
             }
