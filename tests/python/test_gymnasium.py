@@ -85,3 +85,26 @@ def test_unknown_template_is_a_clear_error(hub):
         SandhubEnv(hub, template="no-such-template")
     assert err.value.code == "NOT_FOUND"
     assert err.value.status == 404
+
+
+def test_check_env_passes_and_info_holds_only_state(hub):
+    """gymnasium's own checker (spaces, seeding, step determinism, data reuse)
+    passes on the raw env; which sandbox ran and how long it took stay on the
+    env, out of `info`."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = SandhubEnv(hub, reward=[{"kind": "exit_code"}], max_episode_steps=5)
+    try:
+        # check_env runs actions sampled from the Text space (random shell
+        # text): a seeded space makes them the same on every run.
+        env.action_space.seed(0)
+        check_env(env, skip_render_check=True)
+        _, info = env.reset(seed=3)
+        _, _, _, _, step_info = env.step("echo hi")
+        for key in ("sandbox_id", "elapsed_ms"):
+            assert key not in info and key not in step_info, (info, step_info)
+        assert "episode" not in step_info and info["episode"] >= 1
+        assert step_info["stdout"] == "hi\n" and step_info["exit_code"] == 0
+        assert env.sandbox_id and env.last_elapsed_ms is not None and env.last_elapsed_ms >= 0
+    finally:
+        env.close()

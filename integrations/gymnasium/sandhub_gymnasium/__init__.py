@@ -21,6 +21,22 @@ __all__ = ["SandhubEnv", "SandhubError", "step_many"]
 # Shell output is text: printable ASCII plus the whitespace a terminal emits.
 _CHARSET = frozenset(string.printable)
 
+# What the hub reports that is no function of (state, action): which sandbox
+# ran the episode and how long a call took. Gymnasium's determinism contract
+# (check_env) compares `info`, so these stay on the env (`sandbox_id`,
+# `last_elapsed_ms`) and out of it. A step's `info` also drops the episode
+# number, which every reset advances; the reset's `info` keeps it.
+_NOT_STATE = ("sandbox_id", "elapsed_ms")
+
+
+def _split_info(info: dict[str, Any], *, keep_episode: bool) -> tuple[dict[str, Any], str | None, int | None]:
+    info = dict(info)
+    sandbox_id = info.pop("sandbox_id", None)
+    elapsed_ms = info.pop("elapsed_ms", None)
+    if not keep_episode:
+        info.pop("episode", None)
+    return info, sandbox_id, elapsed_ms
+
 
 class SandhubEnv(gym.Env):
     """One sandbox-backed environment.
@@ -36,6 +52,10 @@ class SandhubEnv(gym.Env):
         self._hub = sandhub.Hub(hub_url, api_key)
         self._env: sandhub.Env | None = self._hub.gym.make(spec)
         self.env_id: str | None = self._env.env_id
+        #: The sandbox of the current episode, and how long the last call took
+        #: on the hub (kept out of ``info``; see ``_NOT_STATE``).
+        self.sandbox_id: str | None = None
+        self.last_elapsed_ms: int | None = None
         self.observation_space = gym.spaces.Text(
             max_length=self._env.observation_space["max_length"], min_length=0, charset=_CHARSET
         )
@@ -58,10 +78,19 @@ class SandhubEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        return self._live().reset(seed=seed, options=options)
+        obs, info = self._live().reset(seed=seed, options=options)
+        return obs, self._keep(info, keep_episode=True)
 
     def step(self, action: str):
-        return self._live().step(action).astuple()
+        obs, reward, terminated, truncated, info = self._live().step(action).astuple()
+        return obs, reward, terminated, truncated, self._keep(info, keep_episode=False)
+
+    def _keep(self, info: dict[str, Any], *, keep_episode: bool) -> dict[str, Any]:
+        info, sandbox_id, elapsed_ms = _split_info(info, keep_episode=keep_episode)
+        if sandbox_id is not None:
+            self.sandbox_id = sandbox_id
+        self.last_elapsed_ms = elapsed_ms
+        return info
 
     def close(self):
         if self._env is not None:
@@ -84,4 +113,10 @@ def step_many(envs: list[SandhubEnv], actions: list[str]):
         return []
     pairs = [(e._live(), a) for e, a in zip(envs, actions, strict=True)]
     results = envs[0].hub.gym.step_many(pairs)
-    return [r.astuple() if isinstance(r, sandhub.StepResult) else r for r in results]
+    out: list[Any] = []
+    for env, r in zip(envs, results, strict=True):
+        if isinstance(r, sandhub.StepResult):
+            obs, reward, terminated, truncated, info = r.astuple()
+            r = (obs, reward, terminated, truncated, env._keep(info, keep_episode=False))
+        out.append(r)
+    return out
