@@ -11,6 +11,7 @@ installed. The upstream SDK is attached as the tests attach it
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import tempfile
 import time
@@ -69,6 +70,7 @@ def main() -> None:
         upstream.close_connection()
     finally:
         stop_process(daemon.proc)
+        shutil.rmtree(base, ignore_errors=True)
     print("| measurement | upstream k8s-agent-sandbox | sandhub.Sandboxd | ratio (target < 1.0) |")
     print("| --- | --- | --- | --- |")
     print(f"| run(\"true\") p50 | {up_run * 1e6:.0f} µs | {our_run * 1e6:.0f} µs | {our_run / up_run:.2f}× |")

@@ -47,7 +47,15 @@ pub struct RequestBody {
     inner: Incoming,
     remaining: u64,
     count: ByteCount,
+    /// Past the limit: bytes read and dropped since (see [`DRAIN_CAP`]).
+    draining: Option<u64>,
 }
+
+/// How much of a too-large body is still read (and dropped) before the 413.
+/// A client still sending when the router answers and closes would get a
+/// reset instead of the answer; reading the rest first lets it read the
+/// 413. Bounded, so a huge or endless body still ends the connection.
+pub const DRAIN_CAP: u64 = 1 << 20;
 
 /// Returned (as the body error) when a streaming body passes the limit.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +70,7 @@ impl RequestBody {
             inner,
             remaining,
             count: ByteCount::new(tx),
+            draining: None,
         }
     }
 }
@@ -75,12 +84,30 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        if let Some(drained) = this.draining.as_mut() {
+            // Whatever ends the drain (the body's end, an error, the cap),
+            // the answer is the same: too large.
+            loop {
+                match Pin::new(&mut this.inner).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        *drained += frame.data_ref().map_or(0, |d| d.len() as u64);
+                        if *drained <= DRAIN_CAP {
+                            continue;
+                        }
+                    }
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(_) => {}
+                }
+                return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+            }
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
                     if n > this.remaining {
-                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+                        this.draining = Some(0);
+                        return self.poll_frame(cx);
                     }
                     this.remaining -= n;
                     this.count.add(data.len());

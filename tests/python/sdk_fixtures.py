@@ -7,6 +7,7 @@ here: the fixture must not depend on the SDK it tests.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Iterator
 import pytest
 from sandhub_testing import Hub, binary
 from sandhub_testing import start_hub as _start_hub
-from sandhub_testing import stop_hub
+from sandhub_testing import stop_hub as _stop_hub
 
 
 def start_hub(keys: dict[str, str] | None = None) -> Hub:
@@ -28,6 +29,13 @@ def start_hub(keys: dict[str, str] | None = None) -> Hub:
         keys_file.chmod(0o600)
         args += ["--api-keys-file", str(keys_file)]
     return _start_hub(binary("sandhub"), base, *args)
+
+
+def stop_hub(hub: Hub) -> None:
+    """Stops the hub, then removes its directory: the streaming tests write
+    gigabytes there, and a temp dir left per run fills the disk."""
+    _stop_hub(hub)
+    shutil.rmtree(hub.base.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -175,6 +175,29 @@ def test_request_body_limit(make_router, http_echo):
     c.close()
 
 
+def test_request_body_limit_answers_a_client_still_sending(make_router, http_echo):
+    """Past the limit the router reads (and drops) the rest of a bounded body
+    before it answers, so a client still sending gets the 413, not a reset.
+    The pauses make sure the client is mid-body when the limit is crossed."""
+    import http.client
+    import time
+
+    r = make_router("--allow-loopback-pod-ip", "--max-request-body-bytes", "1000")
+
+    def slow_chunks():
+        for i in range(30):
+            if i >= 10:
+                time.sleep(0.02)
+            yield b"z" * 200
+
+    for _ in range(3):
+        c = http.client.HTTPConnection(LOOPBACK, r.port, timeout=10)
+        c.request("POST", "/", body=slow_chunks(), headers=to_echo(http_echo), encode_chunked=True)
+        resp = c.getresponse()
+        assert (resp.status, detail(resp.read())) == (413, "Request body too large.")
+        c.close()
+
+
 # --------------------------------------------------------------------------- WebSocket
 
 
