@@ -40,8 +40,11 @@ def test_sandbox_lifecycle_and_commands(hub_url: str):
                 sleeper = await sb.commands.start(["sleep", "300"])
                 await sleeper.signal("SIGKILL")
                 assert (await sleeper.wait()).exit_code != 0
-                pty = await sb.commands.start("stty size", pty=True, rows=11, cols=33)
+                # The command waits for a line, so the resize reaches a live
+                # process (a bare `stty size` may exit first: NOT_FOUND).
+                pty = await sb.commands.start("read x; stty size", pty=True, rows=20, cols=60)
                 await pty.resize(11, 33)
+                await pty.write_stdin("\n")
                 assert "11 33" in (await pty.wait()).stdout
                 snap = await sb.snapshot()
                 await sb.suspend()
