@@ -6,6 +6,7 @@
 mod gym;
 mod lines;
 mod ndjson;
+mod ports;
 mod sse;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
