@@ -465,3 +465,7 @@ pub struct ListeningPort {
 pub struct PortList {
     pub ports: Vec<ListeningPort>,
 }
+
+/// The `Upgrade` protocol of `GET /v1/sandboxes/{id}/port-forward/{port}`:
+/// after 101 the connection carries raw TCP to that port in the sandbox.
+pub const PORT_FORWARD_UPGRADE: &str = "sandhub-tcp";

@@ -445,7 +445,10 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let timeout = std::time::Duration::try_from_secs_f64(timeout)
             .map_err(|e| PyValueError::new_err(format!("timeout: {e}")))?;
-        run!(self, py, |b| Ok(b.hub()?.wait_port(&id, port, timeout).await?))
+        run!(self, py, |b| Ok(b
+            .hub()?
+            .wait_port(&id, port, timeout)
+            .await?))
     }
 
     // ---------------------------------------------------------------- gym

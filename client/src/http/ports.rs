@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use reqwest::header;
 use reqwest::Method;
 use sandhub_api::{
     error::Code,
-    hub::{ListeningPort, PortList},
+    hub::{ListeningPort, PortList, PORT_FORWARD_UPGRADE},
 };
 
 use super::{HubClient, QUICK};
@@ -57,5 +58,27 @@ impl HubClient {
             tokio::time::sleep(pause.min(deadline - now)).await;
             pause = (pause * 2).min(POLL_MAX);
         }
+    }
+
+    /// A raw TCP connection to `port` inside the sandbox, tunnelled through
+    /// the hub (`GET /v1/sandboxes/{id}/port-forward/{port}`, upgraded to
+    /// `sandhub-tcp`): what `sandhub port-forward` carries each local
+    /// connection over. The stream is tokio's `AsyncRead + AsyncWrite`.
+    pub async fn port_forward(&self, id: &str, port: u16) -> Result<reqwest::Upgraded> {
+        let request = self
+            .sandbox(Method::GET, id, &format!("/port-forward/{port}"))
+            .header(header::CONNECTION, "upgrade")
+            .header(header::UPGRADE, PORT_FORWARD_UPGRADE);
+        // No request timeout: it would also bound the tunnel's life.
+        let response = tokio::time::timeout(QUICK, request.send())
+            .await
+            .map_err(|_| Error::new(Code::DeadlineExceeded, "the hub did not answer in time"))?
+            .map_err(super::transport_error)?;
+        if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            let status = response.status().as_u16();
+            let body = response.bytes().await.unwrap_or_default();
+            return Err(Error::from_http(status, &body));
+        }
+        response.upgrade().await.map_err(super::transport_error)
     }
 }

@@ -12,10 +12,13 @@ use axum::{
     extract::Request,
     http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri},
     response::Response,
-    routing::any,
+    routing::{any, get},
 };
 use hyper_util::rt::TokioIo;
-use sandhub_api::{error::Code, error::ErrorBody, hub::PortList};
+use sandhub_api::{
+    error::{Code, ErrorBody},
+    hub::{PortList, PORT_FORWARD_UPGRADE},
+};
 use serde::Deserialize;
 use utoipa::OpenApi;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -25,7 +28,7 @@ use crate::http::{Api, ApiError, ApiJson, ApiPath, ApiResult, AppState};
 /// The proxy routes need a catch-all segment, which OpenAPI cannot spell:
 /// routed by hand, documented from the handler's annotation.
 #[derive(OpenApi)]
-#[openapi(paths(proxy_port))]
+#[openapi(paths(proxy_port, port_forward))]
 struct PortsDoc;
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -34,6 +37,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .route("/v1/sandboxes/{id}/ports/{port}", any(proxy_port))
         .route("/v1/sandboxes/{id}/ports/{port}/", any(proxy_port))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(proxy_port))
+        .route("/v1/sandboxes/{id}/port-forward/{port}", get(port_forward))
 }
 
 /// TCP ports listening inside the sandbox (any address, IPv4 and IPv6).
@@ -124,6 +128,60 @@ async fn proxy_port(
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, switched);
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// A raw TCP tunnel to a port (what `sandhub port-forward` uses): the
+/// request upgrades to `sandhub-tcp` and, after 101, its bytes go to the
+/// port and back as they are.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/port-forward/{port}", tag = "ports",
+    params(("id" = String, Path), ("port" = u16, Path, description = "TCP port, 1 to 65535")),
+    responses(
+        (status = 101, description = "Switched to `sandhub-tcp`: raw TCP from here on"),
+        (status = 400, body = ErrorBody, description = "Bad port, or not an upgrade to `sandhub-tcp`"),
+        (status = 403, body = ErrorBody, description = "Cross-origin upgrade"),
+        (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
+        (status = 503, body = ErrorBody, description = "Nothing accepts connections on the port"),
+    ))]
+async fn port_forward(
+    Api(api): Api,
+    ApiPath(PortPath { id, port }): ApiPath<PortPath>,
+    mut request: Request,
+) -> ApiResult<Response> {
+    let port = parse_port(&port)?;
+    let h = request.headers();
+    let wanted = is_upgrade(h)
+        && h.get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case(PORT_FORWARD_UPGRADE));
+    if !wanted {
+        return Err(ApiError::new(
+            Code::InvalidArgument,
+            format!(
+                "port-forward needs `Connection: upgrade` and `Upgrade: {PORT_FORWARD_UPGRADE}`"
+            ),
+        ));
+    }
+    if !same_origin(h) {
+        return Err(ApiError::new(
+            Code::PermissionDenied,
+            "cross-origin upgrade refused: Origin must match the hub's host",
+        ));
+    }
+    let mut stream = api.connect_port(&id, port).await?;
+    let client = hyper::upgrade::on(&mut request);
+    tokio::spawn(async move {
+        let Ok(client) = client.await else {
+            return;
+        };
+        let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut stream).await;
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "upgrade")
+        .header(header::UPGRADE, PORT_FORWARD_UPGRADE)
+        .body(Body::empty())
+        .map_err(|e| ApiError::new(Code::Internal, e.to_string()))
 }
 
 fn unavailable(port: u16, e: hyper::Error) -> ApiError {
