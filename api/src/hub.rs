@@ -449,3 +449,23 @@ pub struct PoolList {
 pub struct SnapshotList {
     pub snapshots: Vec<Snapshot>,
 }
+
+/// One TCP socket listening inside a sandbox's network namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ListeningPort {
+    pub port: u16,
+    /// The address it is bound to (`0.0.0.0`, `127.0.0.1`, `::`, ...).
+    pub address: String,
+}
+
+/// `GET /v1/sandboxes/{id}/ports`: what listens inside the sandbox, by port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PortList {
+    pub ports: Vec<ListeningPort>,
+}
+
+/// The `Upgrade` protocol of `GET /v1/sandboxes/{id}/port-forward/{port}`:
+/// after 101 the connection carries raw TCP to that port in the sandbox.
+pub const PORT_FORWARD_UPGRADE: &str = "sandhub-tcp";

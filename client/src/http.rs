@@ -6,6 +6,7 @@
 mod gym;
 mod lines;
 mod ndjson;
+mod ports;
 mod sse;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -207,6 +208,10 @@ fn transport_error(e: reqwest::Error) -> Error {
 
 #[async_trait]
 impl Sandboxes for HubClient {
+    fn hub_url(&self) -> Option<String> {
+        Some(self.base.to_string())
+    }
+
     async fn create(&self, request: CreateSandbox) -> Result<Sandbox> {
         self.call(
             self.request(Method::POST, "/v1/sandboxes")

@@ -36,6 +36,12 @@ use sandhub_api::{
 
 #[async_trait]
 pub trait Sandboxes: Send + Sync {
+    /// The hub's URL when this client reaches one over HTTP (what a
+    /// sandbox port's URL starts with); `None` for in-process views.
+    fn hub_url(&self) -> Option<String> {
+        None
+    }
+
     // Sandboxes.
     async fn create(&self, request: CreateSandbox) -> Result<Sandbox>;
     async fn get(&self, id: &str) -> Result<Sandbox>;

@@ -10,7 +10,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use sandhub_api::hub::Snapshot;
+use sandhub_api::hub::{ListeningPort, Snapshot};
 use sandhub_client::{sandboxd::SandboxdClient, Result, Sandboxes};
 
 /// One tenant's sandboxes: the whole [`Sandboxes`] API, plus what the REST
@@ -22,6 +22,11 @@ pub trait TenantView: Sandboxes {
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient>;
     /// Snapshots taken of a sandbox this tenant owns.
     async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>>;
+    /// A TCP connection to `port` inside a Ready sandbox (its own network,
+    /// reached without publishing anything on the host).
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream>;
+    /// The TCP ports listening inside a Ready sandbox.
+    async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>>;
 }
 
 /// A backend as the front doors see it.

@@ -207,6 +207,14 @@ impl TenantView for GuardedView {
     async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
         self.inner.list_snapshots(id).await
     }
+
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream> {
+        self.inner.connect_port(id, port).await
+    }
+
+    async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
+        self.inner.list_ports(id).await
+    }
 }
 
 /// Everything not checked here goes straight through.

@@ -43,6 +43,8 @@ enum Command {
     Shell(cli::shell::ShellArgs),
     /// Copy files between here and a sandbox (`ID:path` on one side).
     Cp(cli::cp::CpArgs),
+    /// Forward a local TCP port to a port inside a sandbox (LOCAL:REMOTE).
+    PortForward(cli::port_forward::PortForwardArgs),
     /// Warm pools: set, ls, get, rm.
     Pool(cli::pool::PoolArgs),
     /// Templates: set, ls, get, rm.
@@ -84,6 +86,7 @@ fn main() -> anyhow::Result<()> {
             Command::Exec(args) => cli::exit(cli::exec::run(args).await),
             Command::Shell(args) => cli::exit(cli::shell::run(args).await),
             Command::Cp(args) => cli::exit(cli::cp::run(args).await),
+            Command::PortForward(args) => cli::exit(cli::port_forward::run(args).await),
             Command::Pool(args) => cli::exit(cli::pool::run(args).await),
             Command::Template(args) => cli::exit(cli::template::run(args).await),
             Command::Suspend(args) => cli::exit(cli::sandbox::suspend(args).await),

@@ -30,6 +30,13 @@ pub trait SandboxesProvider: Send + Sync + 'static {
     fn principal(&self, _parts: &http::request::Parts) -> Option<String> {
         None
     }
+
+    /// The hub's URL as this call's client should use it (what
+    /// `expose_port` puts before `/v1/sandboxes/{id}/ports/{port}/`).
+    /// By default the client's own ([`Sandboxes::hub_url`]).
+    fn hub_url(&self, parts: Option<&http::request::Parts>) -> Option<String> {
+        Sandboxes::hub_url(self.sandboxes(parts).ok()?.as_ref())
+    }
 }
 
 /// One fixed client for every call (stdio against a hub URL, tests).

@@ -38,6 +38,7 @@ const OURS: &[&str] = &[
     "reset_sandbox",
     "snapshot_sandbox",
     "watch_directory",
+    "expose_port",
 ];
 
 #[test]

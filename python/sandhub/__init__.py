@@ -18,6 +18,7 @@ from ._async import (
     AsyncCommands,
     AsyncFiles,
     AsyncHub,
+    AsyncPorts,
     AsyncProcessHandle,
     AsyncSandbox,
     AsyncSandboxd,
@@ -30,6 +31,7 @@ from ._sync import (
     Commands,
     Files,
     Hub,
+    Ports,
     ProcessHandle,
     Sandbox,
     Sandboxd,
@@ -59,6 +61,7 @@ from .errors import (
 from .types import (
     CommandResult,
     FileEntry,
+    ListeningPort,
     Pool,
     ProcessEvent,
     ProcessExitEvent,
@@ -72,11 +75,11 @@ from .types import (
 
 __all__ = [
     "__version__",
-    "Hub", "Sandbox", "Sandboxd", "Commands", "ProcessHandle", "Files", "Watcher", "Watch",
+    "Hub", "Sandbox", "Sandboxd", "Commands", "ProcessHandle", "Files", "Watcher", "Watch", "Ports",
     "Gym", "Env", "Templates", "Pools",
     "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
-    "AsyncWatcher", "AsyncWatch", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools",
-    "CommandResult", "FileEntry", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
+    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools",
+    "CommandResult", "FileEntry", "ListeningPort", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
     "SandboxInfo", "Snapshot", "StepResult", "Template", "WatchEvent",
     "SandhubError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",
     "NotFoundError", "AlreadyExistsError", "ConflictError", "FailedPreconditionError",

@@ -19,6 +19,7 @@ from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
     FileEntry,
+    ListeningPort,
     ProcessExitEvent,
     ProcessOutputEvent,
     SandboxInfo,
@@ -35,6 +36,7 @@ __all__ = [
     "AsyncFiles",
     "AsyncWatcher",
     "AsyncWatch",
+    "AsyncPorts",
 ]
 
 
@@ -224,6 +226,29 @@ class AsyncWatcher:
         return AsyncWatch(await self._native.watch(self._sid, path, recursive), path)
 
 
+class AsyncPorts:
+    """TCP servers inside the sandbox, reached through the hub (async)."""
+
+    def __init__(self, native: NativeClient, sandbox_id: str) -> None:
+        self._native, self._sid = native, sandbox_id
+
+    def __repr__(self) -> str:
+        return f"<AsyncPorts sandbox={self._sid!r}>"
+
+    def url(self, port: int) -> str:
+        """The URL reaching ``port`` (ends in ``/``; no request is made)."""
+        return self._native.port_url(self._sid, port)
+
+    async def list(self) -> list[ListeningPort]:
+        """What listens inside the sandbox, by port."""
+        return [ListeningPort._from(p) for p in c.loads(await self._native.list_ports(self._sid))]
+
+    async def wait(self, port: int, timeout: float = 30.0) -> str:
+        """Waits until something listens on ``port``; returns its URL."""
+        url: str = await self._native.wait_port(self._sid, port, timeout)
+        return url
+
+
 class AsyncSandbox:
     """One sandbox on a hub (async). ``async with`` deletes it on exit; pickles to its id."""
 
@@ -234,6 +259,7 @@ class AsyncSandbox:
         self.commands = AsyncCommands(hub._native, info.id, hub.timeout)
         self.files = AsyncFiles(hub._native, info.id, hub.max_download_size)
         self.watcher = AsyncWatcher(hub._native, info.id)
+        self.ports = AsyncPorts(hub._native, info.id)
 
     @property
     def state(self) -> str:

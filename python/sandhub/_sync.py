@@ -19,6 +19,7 @@ from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
     FileEntry,
+    ListeningPort,
     ProcessExitEvent,
     ProcessOutputEvent,
     SandboxInfo,
@@ -35,6 +36,7 @@ __all__ = [
     "Files",
     "Watcher",
     "Watch",
+    "Ports",
 ]
 
 
@@ -254,6 +256,32 @@ class Watcher:
         return Watch(self._native.watch(self._sid, path, recursive), path)
 
 
+class Ports:
+    """TCP servers inside the sandbox, reached through the hub
+    (``/v1/sandboxes/{id}/ports/{port}/...``: HTTP, SSE, WebSocket; send the
+    hub's API key as a bearer token)."""
+
+    def __init__(self, native: NativeClient, sandbox_id: str) -> None:
+        self._native, self._sid = native, sandbox_id
+
+    def __repr__(self) -> str:
+        return f"<Ports sandbox={self._sid!r}>"
+
+    def url(self, port: int) -> str:
+        """The URL reaching ``port`` (ends in ``/``; append the server's path)."""
+        return self._native.port_url(self._sid, port)
+
+    def list(self) -> list[ListeningPort]:
+        """What listens inside the sandbox, by port."""
+        return [ListeningPort._from(p) for p in c.loads(self._native.list_ports(self._sid))]
+
+    def wait(self, port: int, timeout: float = 30.0) -> str:
+        """Waits until something listens on ``port``; returns its URL.
+        Raises ``DeadlineExceededError`` after ``timeout`` seconds."""
+        url: str = self._native.wait_port(self._sid, port, timeout)
+        return url
+
+
 class Sandbox:
     """One sandbox on a hub. ``with hub.create() as sb:`` deletes it on exit.
 
@@ -266,6 +294,7 @@ class Sandbox:
         self.commands = Commands(hub._native, info.id, hub.timeout)
         self.files = Files(hub._native, info.id, hub.max_download_size)
         self.watcher = Watcher(hub._native, info.id)
+        self.ports = Ports(hub._native, info.id)
 
     @property
     def state(self) -> str:

@@ -16,6 +16,7 @@ __all__ = [
     "FileEntry",
     "WatchEvent",
     "Snapshot",
+    "ListeningPort",
     "SandboxInfo",
     "Template",
     "Pool",
@@ -113,6 +114,18 @@ class Snapshot:
 
     @classmethod
     def _from(cls, data: dict[str, Any]) -> Snapshot:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class ListeningPort:
+    """A TCP port something listens on inside a sandbox (``sandbox.ports.list()``)."""
+
+    port: int
+    address: str = ""
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> ListeningPort:
         return cls(**_known(cls, data))
 
 

@@ -417,6 +417,40 @@ impl NativeClient {
         })
     }
 
+    // ---------------------------------------------------------------- ports
+
+    /// The URL reaching `port` inside sandbox `id` through the hub.
+    fn port_url(&self, py: Python<'_>, id: &str, port: u16) -> PyResult<String> {
+        let hub = self
+            .backend
+            .hub()
+            .map_err(|e| Failure::from(e).into_py(py))?;
+        Ok(hub.port_url(id, port))
+    }
+
+    fn list_ports<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            Ok(json(&retry_read(|| hub.list_ports(&id)).await?)?)
+        })
+    }
+
+    /// Waits for a listener on `port`; returns its URL.
+    fn wait_port<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        port: u16,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = std::time::Duration::try_from_secs_f64(timeout)
+            .map_err(|e| PyValueError::new_err(format!("timeout: {e}")))?;
+        run!(self, py, |b| Ok(b
+            .hub()?
+            .wait_port(&id, port, timeout)
+            .await?))
+    }
+
     // ---------------------------------------------------------------- gym
 
     fn gym_make<'py>(&self, py: Python<'py>, body: &str) -> PyResult<Bound<'py, PyAny>> {

@@ -34,6 +34,10 @@ EXCLUDED_PATHS = [
     "/v1/sandboxes/{id}/pty",  # WebSocket
     "/v1/sandboxes/{id}/watch",  # Server-Sent Events, endless
     "/v1/sandboxes/{id}/processes",  # NDJSON stream
+    # A proxy: its answers are the sandbox server's, and nothing listening
+    # is UNAVAILABLE (503) by contract (hub/tests/ports.rs checks both).
+    "/v1/sandboxes/{id}/ports/{port}/{path}",
+    "/v1/sandboxes/{id}/port-forward/{port}",  # Upgrade to raw TCP
 ]
 
 # Loaded by schemathesis (SCHEMATHESIS_HOOKS): a generated template that

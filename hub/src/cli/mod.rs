@@ -13,6 +13,7 @@ pub mod cp;
 pub mod exec;
 mod output;
 pub mod pool;
+pub mod port_forward;
 pub mod sandbox;
 pub mod shell;
 pub mod snapshot;

@@ -29,6 +29,19 @@ impl sandhub_mcp::SandboxesProvider for TenantSandboxes {
     fn principal(&self, parts: &http::request::Parts) -> Option<String> {
         Some(tenant_of(Some(parts)).to_string())
     }
+
+    /// The hub as the MCP client reached it: its Host (and the scheme a
+    /// TLS-terminating proxy says it used).
+    fn hub_url(&self, parts: Option<&http::request::Parts>) -> Option<String> {
+        let h = &parts?.headers;
+        let host = h.get(http::header::HOST)?.to_str().ok()?;
+        let proto = h
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .filter(|p| matches!(*p, "http" | "https"))
+            .unwrap_or("http");
+        Some(format!("{proto}://{host}"))
+    }
 }
 
 /// The streamable HTTP service for `/mcp`, and the token that ends its

@@ -19,6 +19,7 @@ use utoipa::OpenApi;
         (name = "lifecycle", description = "Suspend, resume, snapshot, reset, fork"),
         (name = "templates", description = "What a sandbox is"),
         (name = "pools", description = "Warm sandboxes, claimed in milliseconds"),
+        (name = "ports", description = "TCP servers inside a sandbox, proxied (HTTP, SSE, WebSocket)"),
         (name = "gym", description = "Gym-style environments for RL trainers"),
         (name = "service", description = "Health, readiness, metrics")
     )

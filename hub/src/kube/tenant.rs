@@ -279,6 +279,24 @@ impl TenantView for KubeTenant {
         self.claim(id).await?;
         Ok(Vec::new())
     }
+
+    // Ports through sandhub-router (or the Pod IP in direct mode) are not
+    // built yet on this backend (issue #16 A, kubernetes part).
+    async fn connect_port(&self, id: &str, _port: u16) -> Result<tokio::net::TcpStream> {
+        self.claim(id).await?;
+        Err(Error::new(
+            sandhub_api::error::Code::Unimplemented,
+            "sandbox ports are not available on the kubernetes backend yet",
+        ))
+    }
+
+    async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
+        self.claim(id).await?;
+        Err(Error::new(
+            sandhub_api::error::Code::Unimplemented,
+            "sandbox ports are not available on the kubernetes backend yet",
+        ))
+    }
 }
 
 #[async_trait]

@@ -11,6 +11,7 @@
 //! tenant.rs          TenantHub: one tenant's Sandboxes; Backend for Arc<Hub>
 //! lifecycle.rs       locks, recovery after a restart, the reaper
 //! pools.rs           warm pools: the refiller
+//! ports.rs           a sandbox's TCP ports, reached inside its network namespace
 //! plan.rs            the pure decisions lifecycle and pools apply (unit-tested)
 //! store.rs, store/   the SQLite store (sandboxes, templates, pools, snapshots, gym envs)
 //! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
@@ -23,6 +24,7 @@ mod hub;
 mod lifecycle;
 pub mod plan;
 mod pools;
+mod ports;
 pub mod runtime;
 mod runtime_adapter;
 pub mod store;

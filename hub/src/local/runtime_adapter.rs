@@ -108,7 +108,7 @@ impl LocalBackend {
         Ok(backend)
     }
 
-    fn launched(row: &SandboxRow) -> Result<Launched> {
+    pub(super) fn launched(row: &SandboxRow) -> Result<Launched> {
         let value = row
             .runtime
             .clone()

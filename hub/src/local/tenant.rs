@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use sandhub_api::{
     error::Code,
     hub::{
-        CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, NamedTemplate, Pool, PoolSpec,
-        Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE,
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, ListeningPort, NamedTemplate,
+        Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE,
     },
     sandboxd::{DirectoryListing, FileEntry},
     validate,
@@ -80,6 +80,16 @@ impl TenantView for TenantHub {
             self.get(id).await?;
         }
         Ok(rows.into_iter().map(snapshot_to_api).collect())
+    }
+
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream> {
+        let (row, _) = self.hub.running(&self.tenant, id, "port access")?;
+        super::ports::connect(&row, port).await
+    }
+
+    async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>> {
+        let (row, _) = self.hub.running(&self.tenant, id, "listing ports")?;
+        super::ports::listening(&row).await
     }
 }
 

@@ -106,7 +106,8 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             + Self::exec_router()
             + Self::files_router()
             + Self::process_router()
-            + Self::lifecycle_router();
+            + Self::lifecycle_router()
+            + Self::ports_router();
         for route in router.map.values_mut() {
             unwrap_descriptions(Arc::make_mut(&mut route.attr.input_schema));
             if let Some(output) = route.attr.output_schema.as_mut() {
@@ -202,6 +203,22 @@ impl<P: SandboxesProvider> FromContextPart<ToolCallContext<'_, SandhubMcp<P>>> f
         context: &mut ToolCallContext<'_, SandhubMcp<P>>,
     ) -> Result<Self, ErrorData> {
         Ok(Hub(context.service.sandboxes_for(&context.request_context)))
+    }
+}
+
+/// The hub's URL as seen by the client of this call (for port URLs);
+/// `None` when it cannot be known.
+pub(crate) struct HubUrl(pub Option<String>);
+
+impl<P: SandboxesProvider> FromContextPart<ToolCallContext<'_, SandhubMcp<P>>> for HubUrl {
+    fn from_context_part(
+        context: &mut ToolCallContext<'_, SandhubMcp<P>>,
+    ) -> Result<Self, ErrorData> {
+        let parts = context
+            .request_context
+            .extensions
+            .get::<http::request::Parts>();
+        Ok(HubUrl(context.service.provider.hub_url(parts)))
     }
 }
 

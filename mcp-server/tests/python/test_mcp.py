@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import urllib.request
 from typing import Any, Awaitable, Callable
 
 import anyio
@@ -36,6 +37,7 @@ EXTRA_TOOLS = {
     "reset_sandbox",
     "snapshot_sandbox",
     "watch_directory",
+    "expose_port",
 }
 
 Connect = Callable[[], Any]
@@ -415,5 +417,33 @@ def test_a_client_that_probes_for_the_newest_protocol_gets_a_session(hub: Any) -
             result = await client.call_tool("list_sandboxes", {})
             assert not result.is_error
             assert result.structured_content == {"sandboxes": []}
+
+    run(scenario)
+
+
+def test_expose_port_returns_a_working_url(connect: Connect) -> None:
+    async def scenario() -> None:
+        async with connect() as session:
+            name = await new_sandbox(session)
+            try:
+                await call(session, "upload_file", sandbox_claim_name=name, path="site/hi.txt", content="hi there")
+                server = await call(
+                    session,
+                    "start_process",
+                    sandbox_claim_name=name,
+                    command="cd site && exec python3 -u -m http.server 8000 --bind 127.0.0.1",
+                )
+                await read_until(session, name, server["process_id"], "Serving HTTP")
+                exposed = await call(session, "expose_port", sandbox_claim_name=name, port=8000)
+                assert exposed["port"] == 8000
+                assert exposed["url"].endswith(f"/v1/sandboxes/{name}/ports/8000/"), exposed
+                body = await anyio.to_thread.run_sync(
+                    lambda: urllib.request.urlopen(exposed["url"] + "hi.txt", timeout=30).read()
+                )
+                assert body == b"hi there"
+                message = await fails(session, "expose_port", sandbox_claim_name=name, port=0)
+                assert "INVALID_ARGUMENT" in message
+            finally:
+                await call(session, "delete_sandbox", sandbox_claim_name=name)
 
     run(scenario)

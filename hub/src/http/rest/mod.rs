@@ -4,6 +4,7 @@
 mod files;
 pub mod health;
 mod pools;
+mod ports;
 mod processes;
 mod sandboxes;
 mod templates;
@@ -20,5 +21,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(files::routes())
         .merge(templates::routes())
         .merge(pools::routes())
+        .merge(ports::routes())
         .merge(health::routes())
 }

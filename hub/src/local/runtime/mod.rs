@@ -14,6 +14,9 @@
 //! runtime.stop(id, &Launched)                   kill all, remove cgroup, keep files
 //! runtime.remove(&SandboxSpec, Option<&Launched>)   stop + delete the state dir
 //! runtime.processes(id), cgroup_dirs(id), prepare_layer(dir)
+//! NetNs::of(&Launched) -> NetNs                  the sandbox's network namespace:
+//!   .sockets(), .listening()                    sockets made inside it, what listens
+//!                                               (see [`netns`]; how ports are reached)
 //!
 //! probe() -> HostSupport                        per-feature report
 //! prepare_host_etc(state_root)                  (Runtime::new calls it)
@@ -77,6 +80,7 @@ pub mod idmap;
 pub mod init;
 mod launch;
 mod mounts;
+mod netns;
 mod probe;
 mod procfs;
 pub mod quota;
@@ -92,6 +96,7 @@ pub use hostetc::prepare_host_etc;
 pub use idmap::{IdMap, HOST_ID_BASE};
 pub use launch::{Launched, Runtime, SandboxSpec};
 pub use mounts::host_memory_kib;
+pub use netns::{NetNs, NsSockets};
 pub use probe::{probe, probe_at, Check, HostSupport};
 pub use quota::{DiskQuotas, VolumeOptions};
 pub use routes::RESET_ROUTE;

@@ -32,7 +32,7 @@ pub(crate) fn stat(pid: i32) -> io::Result<Stat> {
 
 /// Parses a stat line. The command name (field 2) may contain spaces and
 /// parentheses, so fields are counted from the last `)`.
-fn parse_stat(raw: &[u8]) -> Option<Stat> {
+pub(crate) fn parse_stat(raw: &[u8]) -> Option<Stat> {
     let close = raw.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(&raw[close + 1..]).ok()?;
     let mut fields = rest.split_ascii_whitespace();

@@ -1,0 +1,251 @@
+//! Reaching a sandbox's TCP ports without changing its isolation: the
+//! sandbox keeps a network namespace with only `lo`, and nothing is
+//! published on the host. The hub makes its sockets *inside* that namespace
+//! instead: a short-lived thread `setns()`es into it, creates the socket
+//! (a socket belongs to the namespace it was created in, for good) or reads
+//! `/proc/thread-self/net/tcp{,6}`, and exits. The tokio threads never
+//! change namespace.
+//!
+//! The namespace is opened through `/proc/<shim pid>` as a directory fd:
+//! once that process is gone, `openat` on the fd fails instead of reaching a
+//! reused pid, and the shim's start time is checked through the same fd.
+//! Nothing the sandbox can write is resolved.
+
+use std::{
+    io::{self, Read},
+    net::{Ipv4Addr, Ipv6Addr},
+    os::fd::{AsRawFd, OwnedFd},
+};
+
+use rustix::fs::{self as rfs, Mode, OFlags};
+use sandhub_api::hub::ListeningPort;
+
+use super::{procfs, Launched};
+
+/// An open handle on one sandbox's network namespace.
+pub struct NetNs(OwnedFd);
+
+/// The two sockets (IPv4 and IPv6) a connection may use, both made inside
+/// the sandbox's namespace, not yet connected.
+pub struct NsSockets {
+    pub v4: std::net::TcpStream,
+    pub v6: Option<std::net::TcpStream>,
+}
+
+impl NetNs {
+    /// The network namespace of the sandbox `l` describes, if it still runs
+    /// and has one of its own (a `network_host` sandbox shares the hub's,
+    /// where "its" ports would be the host's: refused).
+    /// Errors: `NotFound` when the sandbox's process is gone, `Unsupported`
+    /// for a `network_host` sandbox.
+    pub fn of(l: &Launched) -> io::Result<NetNs> {
+        let gone = || {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("sandbox process {} is gone", l.shim_pid),
+            )
+        };
+        let dir = rfs::open(
+            format!("/proc/{}", l.shim_pid),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|_| gone())?;
+        let stat = rfs::openat(
+            &dir,
+            "stat",
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|_| gone())?;
+        let mut raw = Vec::new();
+        std::fs::File::from(stat)
+            .read_to_end(&mut raw)
+            .map_err(|_| gone())?;
+        match procfs::parse_stat(&raw) {
+            Some(s) if s.start_time == l.start_time && s.is_running() => {}
+            _ => return Err(gone()),
+        }
+        let ns = rfs::openat(
+            &dir,
+            "ns/net",
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|_| gone())?;
+        let own = rfs::stat("/proc/self/ns/net")?;
+        let theirs = rfs::fstat(&ns)?;
+        if (own.st_dev, own.st_ino) == (theirs.st_dev, theirs.st_ino) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the sandbox shares the host's network (network_host); connect to its ports directly",
+            ));
+        }
+        Ok(NetNs(ns))
+    }
+
+    /// Runs `f` on a fresh thread that has entered this namespace.
+    fn inside<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let fd = self.0.try_clone()?;
+        std::thread::Builder::new()
+            .name("sandhub-netns".into())
+            .spawn(move || {
+                // SAFETY: setns on this thread only; fd is a namespace fd we own.
+                if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                f()
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the namespace thread panicked"))?
+    }
+
+    /// Unconnected non-blocking TCP sockets inside the namespace.
+    pub fn sockets(&self) -> io::Result<NsSockets> {
+        self.inside(|| {
+            let v4 = tcp_socket(libc::AF_INET)?;
+            // IPv6 may be disabled; then only IPv4 is tried.
+            let v6 = tcp_socket(libc::AF_INET6).ok();
+            Ok(NsSockets { v4, v6 })
+        })
+    }
+
+    /// The TCP sockets listening in the namespace, one entry per port
+    /// (IPv4 first), sorted by port.
+    pub fn listening(&self) -> io::Result<Vec<ListeningPort>> {
+        let (v4, v6) = self.inside(|| {
+            let v4 = std::fs::read_to_string("/proc/thread-self/net/tcp")?;
+            let v6 = std::fs::read_to_string("/proc/thread-self/net/tcp6").unwrap_or_default();
+            Ok((v4, v6))
+        })?;
+        let mut all = parse_listening(&v4);
+        for p in parse_listening(&v6) {
+            if !all.iter().any(|q| q.port == p.port) {
+                all.push(p);
+            }
+        }
+        all.sort_by_key(|p| p.port);
+        Ok(all)
+    }
+}
+
+fn tcp_socket(family: libc::c_int) -> io::Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket(2); the fd is owned by the TcpStream at once.
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unsafe { std::net::TcpStream::from_raw_fd(fd) })
+}
+
+/// `st` of a listening socket in `/proc/net/tcp`.
+const TCP_LISTEN: &str = "0A";
+
+/// The listening sockets of a `/proc/net/tcp` or `tcp6` table. Lines that
+/// do not parse are skipped: the table is the kernel's, but a bad line must
+/// never take the hub down.
+pub fn parse_listening(table: &str) -> Vec<ListeningPort> {
+    let mut out: Vec<ListeningPort> = Vec::new();
+    for line in table.lines().skip(1) {
+        let mut f = line.split_ascii_whitespace();
+        let (Some(_sl), Some(local), Some(_remote), Some(st)) =
+            (f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        if st != TCP_LISTEN {
+            continue;
+        }
+        let Some((addr, port)) = local.split_once(':') else {
+            continue;
+        };
+        let (Ok(port), Some(address)) = (u16::from_str_radix(port, 16), parse_addr(addr)) else {
+            continue;
+        };
+        if port != 0 && !out.iter().any(|p| p.port == port) {
+            out.push(ListeningPort { port, address });
+        }
+    }
+    out
+}
+
+/// The kernel prints addresses as 32-bit words in host byte order.
+fn parse_addr(hex: &str) -> Option<String> {
+    let word = |i: usize| -> Option<[u8; 4]> {
+        let w = u32::from_str_radix(hex.get(i * 8..i * 8 + 8)?, 16).ok()?;
+        Some(w.to_ne_bytes())
+    };
+    match hex.len() {
+        8 => Some(Ipv4Addr::from(word(0)?).to_string()),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            Some(Ipv6Addr::from(b).to_string())
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 00000000:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0
+   2: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0 100 0 0 10 0
+   garbage line
+   3: ZZZZ:0050 00000000:0000 0A
+";
+
+    #[test]
+    fn listening_sockets_only_with_their_addresses() {
+        let ports = parse_listening(TCP);
+        let expected_lo = if cfg!(target_endian = "little") {
+            "127.0.0.1"
+        } else {
+            "1.0.0.127"
+        };
+        assert_eq!(
+            ports,
+            vec![
+                ListeningPort {
+                    port: 8080,
+                    address: expected_lo.into()
+                },
+                ListeningPort {
+                    port: 80,
+                    address: "0.0.0.0".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn ipv6_any_and_loopback() {
+        let table = "header\n 0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 0\n";
+        assert_eq!(parse_listening(table)[0].address, "::");
+        if cfg!(target_endian = "little") {
+            let lo = "header\n 0: 00000000000000000000000001000000:0016 00000000000000000000000000000000:0000 0A 0\n";
+            assert_eq!(parse_listening(lo)[0].address, "::1");
+        }
+    }
+
+    #[test]
+    fn empty_and_hostile_tables_give_nothing() {
+        assert!(parse_listening("").is_empty());
+        assert!(parse_listening("h\n0: :: :: 0A\n0: 01:FFFFF x 0A\n").is_empty());
+    }
+}

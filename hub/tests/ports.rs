@@ -1,0 +1,297 @@
+//! Sandbox ports end to end (issue #16 A, local backend): servers inside a
+//! real sandbox, reached through `/v1/sandboxes/{id}/ports/...` of the real
+//! `sandhub serve` (as root), while the sandbox keeps its own network.
+
+mod common;
+
+use futures::{SinkExt, StreamExt};
+use sandhub_api::hub::{CreateSandbox, PortList, SandboxState};
+use sandhub_client::{http::HubClient, ProcessEvents, Sandboxes, StartProcess};
+use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+
+use common::{
+    error_body, eventually, shell, shell_ok, HubOptions, TestHub, ALICE_KEY, BOB_KEY, WAIT,
+};
+
+/// One stdlib-only Python server: `GET /sse` streams three events (chunked),
+/// `POST /echo` answers its body, `GET /ws` is a WebSocket echo (text frames
+/// up to 125 bytes, enough here), anything else is `http.server`'s file
+/// listing of the cwd.
+const SERVER: &str = r#"
+import base64, hashlib, http.server, sys
+class H(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Seen-Host", self.headers.get("Host", ""))
+        self.send_header("X-Seen-Auth", self.headers.get("Authorization", "none"))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/sse":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(3):
+                data = f"data: event {i}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        if self.path == "/ws":
+            key = self.headers["Sec-WebSocket-Key"]
+            accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", accept)
+            self.end_headers()
+            while True:
+                head = self.rfile.read(2)
+                if len(head) < 2:
+                    return
+                op, n = head[0] & 0x0F, head[1] & 0x7F
+                mask = self.rfile.read(4)
+                data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(n)))
+                if op == 8:
+                    self.wfile.write(b"\x88\x00"); self.wfile.flush()
+                    return
+                self.wfile.write(bytes([0x80 | op, len(data)]) + data)
+                self.wfile.flush()
+        return super().do_GET()
+http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()
+"#;
+
+const PORT: u16 = 8000;
+
+async fn hub_with_server() -> (TestHub, HubClient, String, ProcessEvents) {
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
+    let c = hub.client(Some(ALICE_KEY));
+    let sb = c.create(CreateSandbox::default()).await.unwrap();
+    assert_eq!(sb.state, SandboxState::Ready);
+    shell_ok(
+        &c,
+        &sb.id,
+        &format!("cat > server.py <<'EOF'\n{SERVER}\nEOF\necho hello > hello.txt"),
+    )
+    .await;
+    let events = c
+        .start(
+            &sb.id,
+            StartProcess {
+                command: vec![
+                    "python3".into(),
+                    "server.py".into(),
+                    "127.0.0.1".into(),
+                    PORT.to_string(),
+                ],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let http = hub.http();
+    let url = format!("{}/v1/sandboxes/{}/ports", hub.url(), sb.id);
+    eventually("the server to listen", WAIT, || {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.ok()?;
+            let list: PortList = r.json().await.ok()?;
+            list.ports.iter().any(|p| p.port == PORT).then_some(())
+        }
+    })
+    .await;
+    (hub, c, sb.id, events)
+}
+
+#[tokio::test]
+async fn http_sse_and_bodies_reach_a_server_inside_the_sandbox() {
+    let (hub, _c, id, _server) = hub_with_server().await;
+    let http = hub.http();
+    let base = format!("{}/v1/sandboxes/{id}/ports/{PORT}", hub.url());
+
+    let list: PortList = http
+        .get(format!("{}/v1/sandboxes/{id}/ports", hub.url()))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let p = list.ports.iter().find(|p| p.port == PORT).unwrap();
+    assert_eq!(p.address, "127.0.0.1");
+
+    let r = http
+        .get(format!("{base}/hello.txt"))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "hello\n");
+
+    // A directory listing at the port's root, with and without the slash.
+    for root in [base.clone(), format!("{base}/")] {
+        let r = http.get(&root).bearer_auth(ALICE_KEY).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.text().await.unwrap().contains("server.py"));
+    }
+
+    // A body goes in; the hub's key never reaches the sandbox.
+    let body = "x".repeat(200_000);
+    let r = http
+        .post(format!("{base}/echo?q=1"))
+        .bearer_auth(ALICE_KEY)
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-seen-auth"], "none");
+    assert_eq!(r.headers()["x-seen-host"], format!("localhost:{PORT}"));
+    assert_eq!(r.text().await.unwrap(), body);
+
+    // Server-sent events, chunked, arrive whole and in order.
+    let r = http
+        .get(format!("{base}/sse"))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    assert_eq!(
+        r.text().await.unwrap(),
+        "data: event 0\n\ndata: event 1\n\ndata: event 2\n\n"
+    );
+}
+
+fn ws_request(
+    hub: &TestHub,
+    id: &str,
+    origin: Option<&str>,
+) -> tokio_tungstenite::tungstenite::handshake::client::Request {
+    let mut req = format!(
+        "ws://127.0.0.1:{}/v1/sandboxes/{id}/ports/{PORT}/ws",
+        hub.port
+    )
+    .into_client_request()
+    .unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {ALICE_KEY}").parse().unwrap(),
+    );
+    if let Some(o) = origin {
+        req.headers_mut().insert("origin", o.parse().unwrap());
+    }
+    req
+}
+
+#[tokio::test]
+async fn websockets_are_spliced_and_cross_origin_upgrades_refused() {
+    let (hub, _c, id, _server) = hub_with_server().await;
+    let own = format!("http://127.0.0.1:{}", hub.port);
+    for origin in [None, Some(own.as_str())] {
+        let (mut ws, response) = tokio_tungstenite::connect_async(ws_request(&hub, &id, origin))
+            .await
+            .unwrap_or_else(|e| panic!("ws with origin {origin:?}: {e}"));
+        assert_eq!(response.status(), 101);
+        for text in ["one", "two"] {
+            ws.send(Message::text(text)).await.unwrap();
+            let got = tokio::time::timeout(WAIT, ws.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(got, Message::text(text));
+        }
+        ws.close(None).await.unwrap();
+    }
+
+    match tokio_tungstenite::connect_async(ws_request(&hub, &id, Some("http://evil.example"))).await
+    {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status(), 403);
+            let body: serde_json::Value =
+                serde_json::from_slice(r.body().as_deref().unwrap()).unwrap();
+            assert_eq!(body["code"], "PERMISSION_DENIED");
+        }
+        other => panic!(
+            "a cross-origin upgrade went through: {:?}",
+            other.map(|(_, r)| r)
+        ),
+    }
+}
+
+#[tokio::test]
+async fn other_tenants_bad_ports_and_silent_ports_get_errors() {
+    let (hub, _c, id, _server) = hub_with_server().await;
+    let http = hub.http();
+    let sb = format!("{}/v1/sandboxes/{id}", hub.url());
+
+    for url in [
+        format!("{sb}/ports"),
+        format!("{sb}/ports/{PORT}/hello.txt"),
+    ] {
+        let r = http.get(&url).bearer_auth(BOB_KEY).send().await.unwrap();
+        error_body(r, 404, "NOT_FOUND").await;
+    }
+    let r = http.get(format!("{sb}/ports")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+
+    for bad in ["0", "65536", "99999999999999", "http", "-1"] {
+        let r = http
+            .get(format!("{sb}/ports/{bad}/x"))
+            .bearer_auth(ALICE_KEY)
+            .send()
+            .await
+            .unwrap();
+        error_body(r, 400, "INVALID_ARGUMENT").await;
+    }
+    let r = http
+        .get(format!("{sb}/ports/9/x"))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 503, "UNAVAILABLE").await;
+
+    let r = http
+        .get(format!(
+            "{}/v1/sandboxes/no-such-sandbox/ports/80/",
+            hub.url()
+        ))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 404, "NOT_FOUND").await;
+}
+
+#[tokio::test]
+async fn the_sandbox_still_cannot_reach_the_hosts_loopback() {
+    let (hub, c, id, _server) = hub_with_server().await;
+    // A server on the host's loopback, next to the hub.
+    let host = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let host_port = host.local_addr().unwrap().port();
+    let probe = |port: u16| {
+        format!(
+            "python3 -c 'import socket,sys\ntry:\n socket.create_connection((\"127.0.0.1\", {port}), 3)\n print(\"connected\")\nexcept OSError as e:\n print(\"refused\", e)'"
+        )
+    };
+    let out = shell(&c, &id, &probe(host_port)).await;
+    assert!(out.stdout.starts_with("refused"), "{out:?}");
+    let out = shell(&c, &id, &probe(hub.port)).await;
+    assert!(out.stdout.starts_with("refused"), "{out:?}");
+    // ...while its own server is reachable from inside.
+    let out = shell(&c, &id, &probe(PORT)).await;
+    assert!(out.stdout.starts_with("connected"), "{out:?}");
+    drop(host);
+}
