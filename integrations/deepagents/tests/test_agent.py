@@ -55,6 +55,7 @@ def test_deep_agent_drives_the_sandbox_through_its_own_tools(hub: sandhub.Hub) -
         assert state["messages"][-1].content == "done"
 
         # What the agent did is in the sandbox itself, seen by a plain command.
-        files = backend.execute("cat /tmp/proj/app.py; ls /tmp/proj")
+        # `*.py`: the agent's `import app` left a __pycache__ beside them.
+        files = backend.execute("cat /tmp/proj/app.py; cd /tmp/proj && ls *.py")
         assert files.output == "def greet():\n    return 'hello, sandhub'\napp.py\nseed.py\n"
         assert backend.sandbox.commands.run(["python3", "/tmp/proj/seed.py"]).stdout == "42\n"
