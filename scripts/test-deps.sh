@@ -11,7 +11,7 @@
 #    them like any package and this checkout's edits count without a reinstall.
 #    A second stamp, keyed on the checkout's path and the packages' pyproject.toml,
 #    reinstalls them only when one of those changes.
-#  - A venv per framework that pins its own stack ($SANDHUB_CACHE/venv-nemo-gym), with
+#  - A venv per framework that pins its own stack ($SANDHUB_CACHE/venv-deepagents, venv-nemo-gym), with
 #    the SDK, the adapter and the harness; its python is printed as SANDHUB_<NAME>_PYTHON=...
 #
 # Prints the venv's python path on the last line of stdout as `SANDHUB_PYTHON=...`.
@@ -216,8 +216,7 @@ framework_venv() {
     have="$(echo "$name" | tr '[:lower:]-' '[:upper:]_')"
     echo "SANDHUB_${have}_PYTHON=$fw_venv/bin/python"
 }
-# integrations/deepagents is not run here yet: its suite fails (large payloads past the
-# hub's exec limits, the agent test); see the adapter's README.
+framework_venv deepagents integrations/deepagents langchain_sandhub "$python_bin"
 
 # nemo-gym 0.7.0 declares Python >= 3.13.14 and a heavy dependency set (ray, mlflow, wandb);
 # its sandbox API runs on any 3.13 with a few light deps, so where no 3.13.14+ exists it is
