@@ -141,9 +141,10 @@ fi
 # minutes more); set MATURIN_PEP517_ARGS to override. The wheel is abi3 (CPython >= 3.11),
 # so it is built once, here, and installed into every venv below (the framework venvs
 # run other interpreters: building per venv would rebuild pyo3 for each).
-sdk_wheel_dir="$cache_dir/sdk-wheel"
-rm -rf "$sdk_wheel_dir"
-mkdir -p "$sdk_wheel_dir"
+# A directory per run: checkouts sharing one $SANDHUB_CACHE may run this at the same time.
+mkdir -p "$cache_dir"
+sdk_wheel_dir="$(mktemp -d "$cache_dir/sdk-wheel.XXXXXX")"
+trap 'rm -rf "$sdk_wheel_dir"' EXIT
 log "building the sandhub Python SDK (python/) into $sdk_wheel_dir"
 PATH="$venv_dir/bin:$PATH" MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:---profile dev}" \
     "$venv_dir/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation \
