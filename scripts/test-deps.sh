@@ -11,6 +11,8 @@
 #    them like any package and this checkout's edits count without a reinstall.
 #    A second stamp, keyed on the checkout's path and the packages' pyproject.toml,
 #    reinstalls them only when one of those changes.
+#  - A venv per framework that pins its own stack ($SANDHUB_CACHE/venv-deepagents, venv-nemo-gym), with
+#    the SDK, the adapter and the harness; its python is printed as SANDHUB_<NAME>_PYTHON=...
 #
 # Prints the venv's python path on the last line of stdout as `SANDHUB_PYTHON=...`.
 set -euo pipefail
@@ -132,15 +134,26 @@ else
 fi
 
 # ---------------------------------------------------------------- the sandhub Python SDK
-# python/ (PyO3 + maturin) built from this checkout into the venv on every run: cargo
-# rebuilds only what changed (CARGO_TARGET_DIR is honoured), and no test imports it by
-# path. maturin (its build backend) comes with tests/requirements.txt. The dev
-# profile reuses the dependencies the test build already compiled (pip's default, release
-# with LTO, is minutes more); set MATURIN_PEP517_ARGS to override.
-log "installing the sandhub Python SDK (python/) into $venv_dir"
+# python/ (PyO3 + maturin) built from this checkout on every run: cargo rebuilds only
+# what changed (CARGO_TARGET_DIR is honoured), and no test imports it by path. maturin
+# (its build backend) comes with tests/requirements.txt. The dev profile reuses the
+# dependencies the test build already compiled (pip's default, release with LTO, is
+# minutes more); set MATURIN_PEP517_ARGS to override. The wheel is abi3 (CPython >= 3.11),
+# so it is built once, here, and installed into every venv below (the framework venvs
+# run other interpreters: building per venv would rebuild pyo3 for each).
+# A directory per run: checkouts sharing one $SANDHUB_CACHE may run this at the same time.
+mkdir -p "$cache_dir"
+sdk_wheel_dir="$(mktemp -d "$cache_dir/sdk-wheel.XXXXXX")"
+trap 'rm -rf "$sdk_wheel_dir"' EXIT
+log "building the sandhub Python SDK (python/) into $sdk_wheel_dir"
 PATH="$venv_dir/bin:$PATH" MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:---profile dev}" \
-    "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
-    --force-reinstall --no-deps "$repo_root/python" >&2
+    "$venv_dir/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation \
+    --no-deps --wheel-dir "$sdk_wheel_dir" "$repo_root/python" >&2
+sdk_wheels=("$sdk_wheel_dir"/sandhub-*.whl)
+[[ ${#sdk_wheels[@]} -eq 1 && -f "${sdk_wheels[0]}" ]] || { log "no single SDK wheel in $sdk_wheel_dir"; exit 1; }
+sdk_wheel="${sdk_wheels[0]}"
+log "installing the sandhub Python SDK ($(basename "$sdk_wheel")) into $venv_dir"
+"$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$sdk_wheel" >&2
 "$venv_dir/bin/python" -c 'import sandhub' >&2
 
 # ---------------------------------------------------------------- the repository's Python packages
@@ -161,6 +174,74 @@ else
     "$venv_dir/bin/python" -c 'import sandhub_testing, sandhub_gymnasium' >&2
     echo "$want_local_stamp" >"$local_stamp_file"
 fi
+
+# ---------------------------------------------------------------- framework venvs
+# An adapter whose framework pins its own stack (NeMo Gym: CPython 3.13) is tested in a
+# venv of its own: the framework's pins from the adapter's tests/requirements.txt (stamped
+# like the main venv's), the SDK from this checkout, and the adapter plus the test harness
+# (tests/support, its plain helpers need only pytest) editable. Prints NAME_PYTHON=path.
+#   framework_venv NAME ADAPTER_DIR IMPORT_CHECK PYTHON [PIP ARGS of a second, separate install]
+framework_venv() {
+    local name=$1 adapter=$2 import_check=$3 fw_python=$4
+    shift 4
+    local fw_venv="$cache_dir/venv-$name" fw_req="$repo_root/$adapter/tests/requirements.txt"
+    local fw_stamp="$fw_venv/.sandhub-deps-stamp" fw_local_stamp="$fw_venv/.sandhub-local-stamp"
+    local want have
+    want="$( (sha256sum "$fw_req" | cut -d' ' -f1; echo "$*"; "$fw_python" -c 'import sys; print(sys.version)') \
+        | sha256sum | cut -d' ' -f1)"
+    if [[ -x "$fw_venv/bin/python" && -f "$fw_stamp" && "$(cat "$fw_stamp")" == "$want" ]]; then
+        log "$name venv up to date: $fw_venv"
+    else
+        log "creating the $name venv $fw_venv ($("$fw_python" --version 2>&1)) from ${fw_req#"$repo_root"/}"
+        rm -rf "$fw_venv"
+        "$fw_python" -m venv "$fw_venv"
+        "$fw_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$fw_req" >&2
+        if (($#)); then
+            "$fw_venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2
+        fi
+        echo "$want" >"$fw_stamp"
+    fi
+    log "installing the sandhub Python SDK ($(basename "$sdk_wheel")) into $fw_venv"
+    "$fw_venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$sdk_wheel" >&2
+    want="$( (echo "$repo_root"; for p in tests/support "$adapter"; do
+        echo "$p"; sha256sum "$repo_root/$p/pyproject.toml" | cut -d' ' -f1; done) | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$fw_local_stamp" && "$(cat "$fw_local_stamp")" == "$want" ]] \
+        && "$fw_venv/bin/python" -c "import sandhub_testing, $import_check" >/dev/null 2>&1; then
+        log "$name project packages up to date"
+    else
+        "$fw_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+            -e "$repo_root/tests/support" -e "$repo_root/$adapter" >&2
+        "$fw_venv/bin/python" -c "import sandhub_testing, $import_check" >&2
+        echo "$want" >"$fw_local_stamp"
+    fi
+    have="$(echo "$name" | tr '[:lower:]-' '[:upper:]_')"
+    echo "SANDHUB_${have}_PYTHON=$fw_venv/bin/python"
+}
+framework_venv deepagents integrations/deepagents langchain_sandhub "$python_bin"
+
+# nemo-gym 0.7.0 declares Python >= 3.13.14 and a heavy dependency set (ray, mlflow, wandb);
+# its sandbox API runs on any 3.13 with a few light deps, so where no 3.13.14+ exists it is
+# installed with --no-deps --ignore-requires-python (its tests/requirements.txt has the rest).
+# The first CPython 3.13 that runs: $SANDHUB_PYTHON313, python3.13 on PATH, then pyenv's
+# versions (newest first). Each candidate is run, not just found: a pyenv shim is on PATH
+# even when its version is not the active one, and then fails.
+nemo_python=""
+nemo_candidates=("${SANDHUB_PYTHON313:-}" "$(command -v python3.13 || true)")
+while IFS= read -r cand; do nemo_candidates+=("$cand"); done < <(
+    ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13 2>/dev/null | sort -rV)
+for cand in "${nemo_candidates[@]}"; do
+    if [[ -n "$cand" && -x "$cand" ]] \
+        && "$cand" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 13) else 1)' >/dev/null 2>&1; then
+        nemo_python="$cand"
+        break
+    fi
+done
+if [[ -z "$nemo_python" ]]; then
+    log "no working CPython 3.13 found (tried: ${nemo_candidates[*]}; set SANDHUB_PYTHON313): the NeMo Gym adapter needs one"
+    exit 1
+fi
+framework_venv nemo-gym integrations/nemo_gym sandhub_nemo_gym "$nemo_python" \
+    --no-deps --ignore-requires-python nemo-gym==0.7.0
 
 [[ -z "${k8s_bin:-}" ]] || echo "K8S_BIN=$k8s_bin"
 echo "SANDHUB_PYTHON=$venv_dir/bin/python"

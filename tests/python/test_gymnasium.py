@@ -108,3 +108,87 @@ def test_check_env_passes_and_info_holds_only_state(hub):
         assert env.sandbox_id and env.last_elapsed_ms is not None and env.last_elapsed_ms >= 0
     finally:
         env.close()
+
+
+def test_make_registers_the_shell_env_and_check_env_passes(hub):
+    """`gymnasium.make` finds the env through the module prefix (importing
+    sandhub_gymnasium registers it), and gymnasium's checker passes on the
+    wrapped env that `make` returns."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = gymnasium.make(
+        "sandhub_gymnasium:Sandhub/Shell-v0",
+        hub_url=hub,
+        task={"files": {"n": "41\n"}, "prompt": "add one"},
+        reward=[{"kind": "exit_code"}],
+    )
+    try:
+        assert env.spec is not None and env.spec.id == "Sandhub/Shell-v0"
+        assert isinstance(env.unwrapped, SandhubEnv)
+        env.action_space.seed(0)
+        check_env(env, skip_render_check=True)
+        obs, info = env.reset(seed=1)
+        assert obs == "add one"
+        obs, reward, terminated, truncated, info = env.step("echo $(( $(cat n) + 1 ))")
+        assert (obs, reward, terminated, truncated) == ("42\n", 1.0, False, False)
+        assert "sandbox_id" not in info and "elapsed_ms" not in info
+    finally:
+        env.close()
+
+
+def test_make_vec_steps_eight_sandboxes_in_one_call_and_autoresets(hub):
+    """`gymnasium.make_vec` builds the Sandhub vector env (its registered
+    vector entry point); one `step` steps all eight, each in its own sandbox,
+    and an episode the hub ended restarts on the next step."""
+    from sandhub_gymnasium import SandhubVectorEnv
+
+    envs = gymnasium.make_vec(
+        "sandhub_gymnasium:Sandhub/Shell-v0",
+        num_envs=8,
+        hub_url=hub,
+        task={"files": {"steps": ""}, "prompt": "go"},
+        reward=[{"kind": "exit_code"}],
+        max_episode_steps=2,
+    )
+    try:
+        assert isinstance(envs, SandhubVectorEnv) and envs.num_envs == 8
+        assert isinstance(envs.single_action_space, gymnasium.spaces.Text)
+        obs, infos = envs.reset(seed=10)
+        assert obs == ("go",) * 8
+        assert list(infos["episode"]) == [1] * 8
+        actions = ["echo x >> steps; echo $SANDHUB_SEED"] * 7 + ["exit 3"]
+        obs, rewards, terminations, truncations, infos = envs.step(actions)
+        assert obs[:7] == tuple(f"{10 + i}\n" for i in range(7))
+        assert list(rewards) == [1.0] * 7 + [0.0]
+        assert not terminations.any() and not truncations.any()
+        assert list(infos["exit_code"]) == [0] * 7 + [3]
+        for key in ("sandbox_id", "elapsed_ms"):
+            assert key not in infos
+        # Eight distinct sandboxes: each appended to its own file.
+        assert len(set(envs.sandbox_ids)) == 8 and None not in envs.sandbox_ids
+        # The second step reaches the hub's limit: every episode is truncated.
+        # The first step appended one line in seven sandboxes, none in the eighth.
+        obs, rewards, terminations, truncations, infos = envs.step(["wc -l < steps"] * 8)
+        assert obs == ("1\n",) * 7 + ("0\n",)
+        assert truncations.all() and not terminations.any()
+        # NEXT_STEP autoreset: this step's actions are ignored, every env starts over.
+        obs, rewards, terminations, truncations, infos = envs.step(["touch ignored"] * 8)
+        assert obs == ("go",) * 8 and not rewards.any()
+        assert list(infos["episode"]) == [2] * 8
+        obs, *_ = envs.step(["echo x >> steps; test -e ignored && echo leaked; wc -l < steps"] * 8)
+        assert obs == ("1\n",) * 8
+    finally:
+        envs.close()
+
+
+def test_vector_env_close_deletes_every_environment(hub):
+    import sandhub
+    from sandhub_gymnasium import SandhubVectorEnv
+
+    envs = SandhubVectorEnv(num_envs=3, hub_url=hub)
+    envs.reset()
+    env_ids = envs.env_ids
+    envs.close()
+    with sandhub.Hub(hub) as client:
+        results = client.gym.step_many([(env_id, "true") for env_id in env_ids])
+    assert [getattr(r, "code", r) for r in results] == ["NOT_FOUND"] * 3

@@ -1,0 +1,156 @@
+"""What the sync and async sandboxes share: the shell scripts they run and
+how their answers turn into deepagents' responses. No I/O here.
+
+File transfers go through a shell in the sandbox, not through the files
+API: deepagents names files by absolute paths *as the sandbox's processes
+see them* (``/tmp/x``), while the files API only reaches the workspace.
+Content crosses as base64 because a command's stdin and stdout are text.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Sequence
+
+from deepagents.backends.protocol import (
+    FILE_NOT_FOUND,
+    INVALID_PATH,
+    IS_DIRECTORY,
+    PERMISSION_DENIED,
+    ExecuteResponse,
+    FileDownloadResponse,
+    FileUploadResponse,
+)
+from sandhub import CommandResult
+
+#: Seconds a command may run when the caller gives no ``timeout``.
+DEFAULT_TIMEOUT_SECONDS = 30 * 60
+#: Characters of combined output kept before ``truncated`` is set.
+DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
+
+_ERROR_WORDS = {FILE_NOT_FOUND, PERMISSION_DENIED, IS_DIRECTORY, INVALID_PATH}
+
+# `exec 2>&1` first: stderr then shares stdout's pipe, so the two arrive
+# interleaved in the order the command wrote them (the hub keeps them apart).
+_EXECUTE_PREFIX = "exec 2>&1\n"
+
+# $1 is the path; stdin the content in base64. The first stdout line is
+# `ok` or one of deepagents' error words.
+_UPLOAD = r"""p=$1
+if [ -d "$p" ]; then echo is_directory; exit 0; fi
+d=$(dirname -- "$p")
+if ! err=$(mkdir -p -- "$d" 2>&1); then
+  case $err in *"Not a directory"*|*"File exists"*) echo invalid_path;; *) echo permission_denied;; esac
+  exit 0
+fi
+if ! base64 -d > "$p" 2>/dev/null; then
+  if [ -e "$p" ] && [ ! -w "$p" ] || [ ! -w "$d" ]; then echo permission_denied; else echo invalid_path; fi
+  exit 0
+fi
+echo ok
+"""
+
+# $1 is the path. The first stdout line is `ok` (then the content in
+# base64) or one of deepagents' error words.
+_DOWNLOAD = r"""p=$1
+if [ -d "$p" ]; then echo is_directory; exit 0; fi
+if [ ! -e "$p" ]; then echo file_not_found; exit 0; fi
+if [ ! -r "$p" ]; then echo permission_denied; exit 0; fi
+if ! out=$(base64 < "$p" 2>/dev/null); then echo permission_denied; exit 0; fi
+echo ok
+printf '%s\n' "$out"
+"""
+
+
+def execute_argv(command: str) -> list[str]:
+    """``sh -c`` with stderr folded into stdout, in write order."""
+    return ["/bin/sh", "-c", _EXECUTE_PREFIX + command]
+
+
+def execute_response(result: CommandResult, timeout: float, max_output_chars: int) -> ExecuteResponse:
+    output = result.stdout + result.stderr  # stderr is empty but for the hub's own notes
+    truncated = len(output) > max_output_chars
+    if truncated:
+        output = output[:max_output_chars]
+    if result.timed_out:
+        output += f"\n[sandhub: the command timed out after {timeout:g} s and was killed]"
+    return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=truncated)
+
+
+def path_error(path: object) -> str | None:
+    """deepagents' word for a path no sandbox could take, else None."""
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        return INVALID_PATH
+    return None
+
+
+def upload_argv(path: str) -> list[str]:
+    return ["/bin/sh", "-c", _UPLOAD, "sh", path]
+
+
+def upload_stdin(content: bytes) -> str:
+    return base64.b64encode(content).decode("ascii")
+
+
+def upload_response(path: str, result: CommandResult) -> FileUploadResponse:
+    word = _first_line(result.stdout)
+    if word == "ok" and result.exit_code == 0:
+        return FileUploadResponse(path=path, error=None)
+    return FileUploadResponse(path=path, error=word if word in _ERROR_WORDS else _unknown(result))
+
+
+def download_argv(path: str) -> list[str]:
+    return ["/bin/sh", "-c", _DOWNLOAD, "sh", path]
+
+
+def download_response(path: str, result: CommandResult) -> FileDownloadResponse:
+    word, _, rest = result.stdout.partition("\n")
+    if word == "ok" and result.exit_code == 0:
+        try:
+            content = base64.b64decode(rest, validate=False)
+        except (binascii.Error, ValueError):
+            return FileDownloadResponse(path=path, content=None, error=_unknown(result))
+        return FileDownloadResponse(path=path, content=content, error=None)
+    return FileDownloadResponse(path=path, content=None, error=word if word in _ERROR_WORDS else _unknown(result))
+
+
+def refused_upload(path: str, error: str) -> FileUploadResponse:
+    return FileUploadResponse(path=path, error=error)
+
+
+def refused_download(path: str, error: str) -> FileDownloadResponse:
+    return FileDownloadResponse(path=path, content=None, error=error)
+
+
+def sdk_error(err: Exception) -> str:
+    """A failed SDK call as a backend-specific error string (deepagents
+    allows those beside its four words); never raised to the agent."""
+    code = getattr(err, "code", type(err).__name__)
+    return f"sandhub {code}: {getattr(err, 'message', err)}"
+
+
+def _first_line(text: str) -> str:
+    return text.partition("\n")[0].strip()
+
+
+def _unknown(result: CommandResult) -> str:
+    detail = (result.stderr or result.stdout).strip().splitlines()
+    return f"sandhub: exit {result.exit_code}: {detail[-1] if detail else 'no output'}"
+
+
+__all__: Sequence[str] = [
+    "DEFAULT_MAX_OUTPUT_CHARS",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "download_argv",
+    "download_response",
+    "execute_argv",
+    "execute_response",
+    "path_error",
+    "refused_download",
+    "refused_upload",
+    "sdk_error",
+    "upload_argv",
+    "upload_response",
+    "upload_stdin",
+]
