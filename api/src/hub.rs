@@ -232,6 +232,13 @@ pub enum Network {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Template {
+    /// Image reference (`name:tag` or `sha256:<id>`) whose filesystem is
+    /// the sandbox's read-only root; its config's `Env` is the default
+    /// environment (the template's `env` wins per key). On the local
+    /// backend the image must be in the hub's store (`sandhub image
+    /// import`). Not together with `root_fs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Host directory used as the read-only root filesystem instead of the
     /// host's allowlisted `/usr`, `/bin`, `/lib*`, `/sbin` and stripped `/etc`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -125,6 +125,14 @@ impl Template {
     /// (`root_fs`, `seed_dir`) are checked by the backend that has a host.
     pub fn validate(&self) -> Result<(), ErrorBody> {
         template_limits(self)?;
+        if let Some(image) = &self.image {
+            image_reference(image)?;
+            if self.root_fs.is_some() {
+                return Err(invalid(
+                    "a template names its root once: `image` or `root_fs`, not both".into(),
+                ));
+            }
+        }
         env(&self.env)
     }
 }

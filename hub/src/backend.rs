@@ -33,6 +33,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn ready(&self) -> Result<()>;
     /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.
     async fn sandbox_count(&self) -> Result<usize>;
+    /// The image store (local backend only: on Kubernetes the nodes
+    /// hold images).
+    fn images(&self) -> Option<crate::local::image::Images> {
+        None
+    }
 }
 
 pub fn now_ms() -> i64 {

@@ -3,6 +3,7 @@
 
 mod files;
 pub mod health;
+pub mod images;
 mod pools;
 mod processes;
 mod sandboxes;
@@ -20,5 +21,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(files::routes())
         .merge(templates::routes())
         .merge(pools::routes())
+        .merge(images::routes())
         .merge(health::routes())
 }

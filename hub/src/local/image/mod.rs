@@ -5,6 +5,8 @@
 //! layers/<hex>/        one unpacked layer per layer blob, shared by every
 //!                      image that has it; overlay format, owners shifted
 //! images/<hex>.json    one image (by config digest): tags, layers, config
+//! mnt/<hex>/           an image's root: its layers as one read-only overlay
+//! empty/               the bottom layer of every such overlay
 //! tmp/                 work in progress; emptied when the store opens
 //! ```
 //!
@@ -19,10 +21,12 @@
 //! ingest.rs  archive -> blobs -> (config, layers, tag)
 //! format.rs  the OCI / docker JSON the store reads (pure)
 //! unpack.rs  one layer tar -> one directory, fd-relative and confined
+//! mount.rs   an image's layers -> one read-only overlay (its root)
 //! ```
 
 mod format;
 mod ingest;
+mod mount;
 pub mod unpack;
 
 use std::{
@@ -34,7 +38,7 @@ use std::{
         unix::fs::{DirBuilderExt, PermissionsExt},
     },
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use sandhub_api::{
@@ -82,6 +86,86 @@ impl Blobs {
     }
 }
 
+/// What the images the hub's templates use are: their ids.
+pub type InUse = Arc<dyn Fn() -> Result<HashSet<String>, ErrorBody> + Send + Sync>;
+
+/// The store and who uses its images, for the front doors. The blocking
+/// store calls run on blocking threads.
+#[derive(Clone)]
+pub struct Images {
+    pub store: Arc<ImageStore>,
+    in_use: InUse,
+}
+
+impl Images {
+    pub fn new(store: Arc<ImageStore>, in_use: InUse) -> Self {
+        Images { store, in_use }
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&ImageStore, &InUse) -> Result<T, ErrorBody> + Send + 'static,
+    ) -> Result<T, ErrorBody> {
+        let (store, in_use) = (self.store.clone(), self.in_use.clone());
+        tokio::task::spawn_blocking(move || f(&store, &in_use))
+            .await
+            .map_err(|e| internal("image task", e))?
+    }
+
+    pub async fn list(&self) -> Result<Vec<Image>, ErrorBody> {
+        self.blocking(|s, _| s.list()).await
+    }
+
+    pub async fn remove(&self, reference: String) -> Result<Image, ErrorBody> {
+        self.blocking(move |s, u| s.remove(&reference, &u()?)).await
+    }
+
+    pub async fn prune(&self) -> Result<PruneResult, ErrorBody> {
+        self.blocking(|s, u| s.prune(&u()?)).await
+    }
+
+    /// Imports from a reader that blocks (see [`ChannelReader`]).
+    pub async fn import(
+        &self,
+        input: impl Read + Send + 'static,
+        tag: Option<String>,
+    ) -> Result<Image, ErrorBody> {
+        self.blocking(move |s, _| s.import(input, tag.as_deref()))
+            .await
+    }
+}
+
+/// A blocking `Read` over chunks sent from async code: the request body
+/// streams into an import without being buffered whole.
+pub struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>,
+    chunk: bytes::Bytes,
+}
+
+impl ChannelReader {
+    pub fn new(rx: tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>) -> Self {
+        ChannelReader {
+            rx,
+            chunk: bytes::Bytes::new(),
+        }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(c)) => self.chunk = c,
+                Some(Err(e)) => return Err(e),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
+}
+
 pub struct ImageStore {
     root: PathBuf,
     blobs: Blobs,
@@ -96,7 +180,7 @@ impl ImageStore {
         let root = state_dir.join("images");
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true).mode(0o700);
-        for d in ["blobs/sha256", "layers", "images", "tmp"] {
+        for d in ["blobs/sha256", "layers", "images", "tmp", "mnt", "empty"] {
             b.create(root.join(d))?;
         }
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
@@ -353,6 +437,7 @@ impl ImageStore {
         }
         std::fs::remove_file(self.record_path(&hex))
             .map_err(|e| internal("removing an image record", e))?;
+        self.unmount(&hex);
         self.collect(&mut PruneResult::default())?;
         Ok(image)
     }
@@ -367,6 +452,7 @@ impl ImageStore {
                 if let Some(hex) = format::sha256_hex(&image.id) {
                     std::fs::remove_file(self.record_path(hex))
                         .map_err(|e| internal("removing an image record", e))?;
+                    self.unmount(hex);
                     result.images.push(image.id);
                 }
             }
