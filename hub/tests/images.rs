@@ -182,6 +182,24 @@ fn upper_layer() -> Vec<u8> {
     ])
 }
 
+/// Unmounts the image roots a hub mounted: the test hub ends with
+/// `kill -9`, which skips the hub's own unmount at shutdown.
+struct ImageMounts(std::path::PathBuf);
+
+impl ImageMounts {
+    fn of(hub: &TestHub) -> Self {
+        ImageMounts(hub.state_dir.join("images/mnt"))
+    }
+}
+
+impl Drop for ImageMounts {
+    fn drop(&mut self) {
+        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let _ = rustix::mount::unmount(&e.path(), rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
 async fn import(hub: &TestHub, archive: Vec<u8>, tag: &str) -> reqwest::Response {
     hub.http()
         .post(format!("{}/v1/images/import?tag={tag}", hub.url()))
@@ -194,6 +212,7 @@ async fn import(hub: &TestHub, archive: Vec<u8>, tag: &str) -> reqwest::Response
 #[tokio::test]
 async fn an_image_is_a_sandbox_root_with_whiteouts_owners_env_and_workspace_layers() {
     let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
     let r = import(
         &hub,
         oci_archive(&[base_layer(), upper_layer()], &config()),
@@ -278,6 +297,7 @@ async fn an_image_is_a_sandbox_root_with_whiteouts_owners_env_and_workspace_laye
 #[tokio::test]
 async fn docker_save_imports_and_unused_images_are_removed() {
     let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
     let r = import(&hub, docker_archive(&[base_layer()], &config(), "dk:2"), "").await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let list: Value = hub
@@ -327,6 +347,7 @@ async fn docker_save_imports_and_unused_images_are_removed() {
 #[tokio::test]
 async fn hostile_layers_are_refused_and_change_nothing_outside_the_store() {
     let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
     let victim = hub.dir.path().join("victim");
     std::fs::write(&victim, b"host\n").unwrap();
     let v = victim.to_str().unwrap().to_string();
@@ -362,4 +383,32 @@ async fn hostile_layers_are_refused_and_change_nothing_outside_the_store() {
     assert_eq!(std::fs::read_dir(images.join("images")).unwrap().count(), 0);
     let r = import(&hub, b"not a tar".to_vec(), "x:1").await;
     error_body(r, 400, "INVALID_ARGUMENT").await;
+}
+
+/// `sandhub image import DIR` (an OCI layout directory, tarred by the
+/// CLI), then `ls`, `rm`, `prune`.
+#[tokio::test]
+async fn the_cli_imports_a_layout_directory_lists_and_removes() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
+    let layout = hub.dir.path().join("layout");
+    let archive = oci_archive(&[base_layer(), upper_layer()], &config());
+    tar::Archive::new(&archive[..]).unpack(&layout).unwrap();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(common::EXE)
+            .args(args)
+            .args(["--hub", &hub.url()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let id = cli(&["image", "import", layout.to_str().unwrap(), "--tag", "cli:1"]);
+    assert!(id.starts_with("sha256:"), "{id}");
+    let ls = cli(&["image", "ls"]);
+    assert!(ls.contains("cli:1"), "{ls}");
+    cli(&["image", "rm", "cli:1"]);
+    assert!(!cli(&["image", "ls"]).contains("cli:1"));
+    let pruned = cli(&["image", "prune"]);
+    assert!(pruned.contains("removed"), "{pruned}");
 }

@@ -23,7 +23,7 @@ pub struct TemplateArgs {
 #[derive(Debug, Subcommand)]
 enum TemplateCommand {
     /// Create or replace a template, from flags or a JSON file.
-    Set(SetArgs),
+    Set(Box<SetArgs>),
     /// List templates.
     Ls,
     /// Show one template.
@@ -103,7 +103,7 @@ pub async fn run(args: TemplateArgs) -> Result<i32> {
             let name = set.name.clone();
             let template = match &set.file {
                 Some(path) => read_file(path, &name)?,
-                None => from_flags(set),
+                None => from_flags(*set),
             };
             let named = hub.put_template(&name, template).await?;
             output::show(format, &named, || &named.name)?;
