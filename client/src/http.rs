@@ -17,9 +17,8 @@ use sandhub_api::{
     error::Code,
     hub::{
         CreateSandbox, ExecRequest, ExecResult, ForkRequest, Image, ImageList, NamedTemplate, Pool,
-        PoolList, PruneResult,
-        PoolSpec, ResizeRequest, Sandbox, SandboxList, SignalRequest, Snapshot, SnapshotList,
-        Template, TemplateList,
+        PoolList, PoolSpec, PruneResult, ResizeRequest, Sandbox, SandboxList, SignalRequest,
+        Snapshot, SnapshotList, Template, TemplateList,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };

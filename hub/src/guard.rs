@@ -188,7 +188,7 @@ impl Backend for Guarded {
         self.inner.sandbox_count().await
     }
 
-    fn images(&self) -> Option<crate::local::image::Images> {
+    fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         self.inner.images()
     }
 }

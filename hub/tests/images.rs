@@ -195,7 +195,7 @@ impl ImageMounts {
 impl Drop for ImageMounts {
     fn drop(&mut self) {
         for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
-            let _ = rustix::mount::unmount(&e.path(), rustix::mount::UnmountFlags::DETACH);
+            let _ = rustix::mount::unmount(e.path(), rustix::mount::UnmountFlags::DETACH);
         }
     }
 }
@@ -383,6 +383,18 @@ async fn hostile_layers_are_refused_and_change_nothing_outside_the_store() {
     assert_eq!(std::fs::read_dir(images.join("images")).unwrap().count(), 0);
     let r = import(&hub, b"not a tar".to_vec(), "x:1").await;
     error_body(r, 400, "INVALID_ARGUMENT").await;
+    // A web page's preflight-free POST cannot import.
+    let r = hub
+        .http()
+        .post(format!("{}/v1/images/import", hub.url()))
+        .header("origin", "https://evil.example")
+        .header("content-type", "text/plain")
+        .body(oci_archive(&[base_layer()], &config()))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 415, "INVALID_ARGUMENT").await;
+    assert_eq!(std::fs::read_dir(images.join("images")).unwrap().count(), 0);
 }
 
 /// `sandhub image import DIR` (an OCI layout directory, tarred by the
@@ -403,7 +415,13 @@ async fn the_cli_imports_a_layout_directory_lists_and_removes() {
         assert!(out.status.success(), "{args:?}: {out:?}");
         String::from_utf8(out.stdout).unwrap()
     };
-    let id = cli(&["image", "import", layout.to_str().unwrap(), "--tag", "cli:1"]);
+    let id = cli(&[
+        "image",
+        "import",
+        layout.to_str().unwrap(),
+        "--tag",
+        "cli:1",
+    ]);
     assert!(id.starts_with("sha256:"), "{id}");
     let ls = cli(&["image", "ls"]);
     assert!(ls.contains("cli:1"), "{ls}");
@@ -411,4 +429,44 @@ async fn the_cli_imports_a_layout_directory_lists_and_removes() {
     assert!(!cli(&["image", "ls"]).contains("cli:1"));
     let pruned = cli(&["image", "prune"]);
     assert!(pruned.contains("removed"), "{pruned}");
+}
+
+/// `kill -9` of the hub in the middle of an import: the restarted hub
+/// keeps no half of it, and the same import then completes.
+#[tokio::test]
+async fn a_hub_killed_mid_import_leaves_no_half_image() {
+    let mut hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
+    let archive = oci_archive(&[base_layer(), upper_layer()], &config());
+    let half = archive.len() / 2;
+    // Half the archive, then a body that never ends.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    tx.send(Ok(archive[..half].to_vec())).await.unwrap();
+    let stream =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let url = format!("{}/v1/images/import?tag=half:1", hub.url());
+    let client = hub.http();
+    let pending = tokio::spawn(async move {
+        client
+            .post(url)
+            .body(reqwest::Body::wrap_stream(stream))
+            .send()
+            .await
+    });
+    let tmp = hub.state_dir.join("images/tmp");
+    common::eventually("the import to be under way", common::WAIT, || async {
+        (std::fs::read_dir(&tmp).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
+    })
+    .await;
+    hub.kill9();
+    assert!(pending.await.unwrap().is_err(), "the killed hub answered");
+    drop(tx);
+    hub.restart().await;
+    let images = hub.state_dir.join("images");
+    assert_eq!(std::fs::read_dir(images.join("tmp")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(images.join("layers")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(images.join("images")).unwrap().count(), 0);
+    let r = import(&hub, archive, "half:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(std::fs::read_dir(images.join("layers")).unwrap().count(), 2);
 }

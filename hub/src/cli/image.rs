@@ -93,8 +93,8 @@ fn table(images: &[Image]) -> String {
 /// A file streams as it is; a directory is tarred on the fly (symlinks
 /// kept as links), so neither is read whole into memory.
 async fn archive_body(path: PathBuf) -> Result<reqwest::Body> {
-    let meta = std::fs::metadata(&path)
-        .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
+    let meta =
+        std::fs::metadata(&path).map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
     if meta.is_file() {
         let file = tokio::fs::File::open(&path)
             .await

@@ -19,6 +19,7 @@ use utoipa::OpenApi;
         (name = "lifecycle", description = "Suspend, resume, snapshot, reset, fork"),
         (name = "templates", description = "What a sandbox is"),
         (name = "pools", description = "Warm sandboxes, claimed in milliseconds"),
+        (name = "images", description = "The local image store: import, list, remove, prune"),
         (name = "gym", description = "Gym-style environments for RL trainers"),
         (name = "service", description = "Health, readiness, metrics")
     )

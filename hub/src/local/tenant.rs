@@ -97,7 +97,7 @@ impl Backend for Arc<Hub> {
         Ok(self.store.all_sandboxes()?.len())
     }
 
-    fn images(&self) -> Option<super::image::Images> {
+    fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         let hub = self.clone();
         let store = self.backend.images.clone();
         let in_use_store = store.clone();
@@ -111,7 +111,7 @@ impl Backend for Arc<Hub> {
                 .map(|i| i.id)
                 .collect())
         };
-        Some(super::image::Images::new(store, Arc::new(in_use)))
+        Some(Arc::new(super::image::Images::new(store, Arc::new(in_use))))
     }
 }
 

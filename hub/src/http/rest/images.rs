@@ -18,8 +18,8 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use sandhub_client::Error;
 
 use crate::{
+    backend::ImageService,
     http::{Api, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState},
-    local::image::{ChannelReader, Images},
 };
 
 fn api(e: ErrorBody) -> ApiError {
@@ -34,7 +34,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(delete_image))
 }
 
-fn images(state: &AppState) -> Result<Images, ApiError> {
+fn images(state: &AppState) -> Result<std::sync::Arc<dyn ImageService>, ApiError> {
     state.hub.images().ok_or_else(|| {
         ApiError::new(
             Code::Unimplemented,
@@ -75,6 +75,7 @@ async fn import_image(
     request: Request,
 ) -> ApiResult<ApiJson<Image>> {
     let images = images(&state)?;
+    refuse_simple_cross_origin(request.headers())?;
     let limits = state.limits;
     let declared = request
         .headers()
@@ -86,7 +87,7 @@ async fn import_image(
     }
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let tag = q.tag.filter(|t| !t.is_empty());
-    let import = images.import(ChannelReader::new(rx), tag);
+    let import = images.import(Box::new(ChannelReader::new(rx)), tag);
     let max = limits.max_upload_bytes;
     let feed = async move {
         let mut body = Body::into_data_stream(request.into_body());
@@ -117,6 +118,35 @@ async fn import_image(
     Ok(ApiJson(result.map_err(api)?))
 }
 
+/// A web page may send a "simple" request (form or text content types)
+/// without a CORS preflight; an import from one is refused, so a page the
+/// operator visits cannot fill a loopback hub's store.
+fn refuse_simple_cross_origin(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    if !headers.contains_key(header::ORIGIN) {
+        return Ok(());
+    }
+    let essence = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    if matches!(
+        essence.as_str(),
+        "" | "text/plain" | "application/x-www-form-urlencoded" | "multipart/form-data"
+    ) {
+        let mut e = ApiError::new(
+            Code::InvalidArgument,
+            "an import from a web page (it carries an Origin header) must say \
+             Content-Type: application/x-tar",
+        );
+        e.status = Some(StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        return Err(e);
+    }
+    Ok(())
+}
+
 /// Remove a tag, or an image by id or by its last tag. An image a template
 /// uses is `CONFLICT`.
 #[utoipa::path(delete, path = "/v1/images/{reference}", tag = "images",
@@ -145,4 +175,35 @@ async fn prune_images(
         StatusCode::OK,
         ApiJson(images(&state)?.prune().await.map_err(api)?),
     ))
+}
+
+/// A blocking `Read` over chunks sent from async code: the request body
+/// streams into an import without being buffered whole.
+pub struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>,
+    chunk: bytes::Bytes,
+}
+
+impl ChannelReader {
+    pub fn new(rx: tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>) -> Self {
+        ChannelReader {
+            rx,
+            chunk: bytes::Bytes::new(),
+        }
+    }
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(c)) => self.chunk = c,
+                Some(Err(e)) => return Err(e),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
 }

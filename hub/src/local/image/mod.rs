@@ -47,7 +47,7 @@ use sandhub_api::{
     validate,
 };
 
-use crate::local::runtime::IdMap;
+use crate::{backend::ImageService, local::runtime::IdMap};
 
 fn internal(what: &str, e: impl std::fmt::Display) -> ErrorBody {
     ErrorBody::new(Code::Internal, format!("{what}: {e}"))
@@ -111,23 +111,25 @@ impl Images {
             .await
             .map_err(|e| internal("image task", e))?
     }
+}
 
-    pub async fn list(&self) -> Result<Vec<Image>, ErrorBody> {
+#[async_trait::async_trait]
+impl ImageService for Images {
+    async fn list(&self) -> Result<Vec<Image>, ErrorBody> {
         self.blocking(|s, _| s.list()).await
     }
 
-    pub async fn remove(&self, reference: String) -> Result<Image, ErrorBody> {
+    async fn remove(&self, reference: String) -> Result<Image, ErrorBody> {
         self.blocking(move |s, u| s.remove(&reference, &u()?)).await
     }
 
-    pub async fn prune(&self) -> Result<PruneResult, ErrorBody> {
+    async fn prune(&self) -> Result<PruneResult, ErrorBody> {
         self.blocking(|s, u| s.prune(&u()?)).await
     }
 
-    /// Imports from a reader that blocks (see [`ChannelReader`]).
-    pub async fn import(
+    async fn import(
         &self,
-        input: impl Read + Send + 'static,
+        input: Box<dyn Read + Send>,
         tag: Option<String>,
     ) -> Result<Image, ErrorBody> {
         self.blocking(move |s, _| s.import(input, tag.as_deref()))
@@ -135,36 +137,11 @@ impl Images {
     }
 }
 
-/// A blocking `Read` over chunks sent from async code: the request body
-/// streams into an import without being buffered whole.
-pub struct ChannelReader {
-    rx: tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>,
-    chunk: bytes::Bytes,
-}
-
-impl ChannelReader {
-    pub fn new(rx: tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>) -> Self {
-        ChannelReader {
-            rx,
-            chunk: bytes::Bytes::new(),
-        }
-    }
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.chunk.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(Ok(c)) => self.chunk = c,
-                Some(Err(e)) => return Err(e),
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.chunk.len());
-        buf[..n].copy_from_slice(&self.chunk.split_to(n));
-        Ok(n)
-    }
-}
+/// A layer may unpack to at most this many times its blob's size (real
+/// layers: 2-5x), so a gzip bomb within `--max-upload-bytes` cannot fill
+/// the disk; but to at least [`MIN_UNPACK_BUDGET`].
+const MAX_EXPANSION: u64 = 32;
+const MIN_UNPACK_BUDGET: u64 = 512 << 20;
 
 pub struct ImageStore {
     root: PathBuf,
@@ -323,17 +300,21 @@ impl ImageStore {
             .blobs
             .open(hex)
             .map_err(|e| internal("opening a layer blob", e))?;
-        let stats =
-            unpack::unpack_layer(decompress(BufReader::new(blob))?, root.as_fd(), &self.idmap)
-                .map_err(|e| match e {
-                    unpack::UnpackError::Io(e) => {
-                        internal(&format!("unpacking layer sha256:{hex}"), e)
-                    }
-                    e => ErrorBody::new(
-                        Code::InvalidArgument,
-                        format!("layer sha256:{hex} refused: {e}"),
-                    ),
-                })?;
+        let packed = blob.metadata().map(|m| m.len()).unwrap_or(0);
+        let max_bytes = packed.saturating_mul(MAX_EXPANSION).max(MIN_UNPACK_BUDGET);
+        let stats = unpack::unpack_layer(
+            decompress(BufReader::new(blob))?,
+            root.as_fd(),
+            &self.idmap,
+            max_bytes,
+        )
+        .map_err(|e| match e {
+            unpack::UnpackError::Io(e) => internal(&format!("unpacking layer sha256:{hex}"), e),
+            e => ErrorBody::new(
+                Code::InvalidArgument,
+                format!("layer sha256:{hex} refused: {e}"),
+            ),
+        })?;
         let tmp = tmp.keep();
         if let Err(e) = std::fs::rename(&tmp, &dest) {
             let _ = std::fs::remove_dir_all(&tmp);

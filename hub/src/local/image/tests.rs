@@ -160,7 +160,12 @@ fn unpack(
     let t = tempfile::tempdir().unwrap();
     std::fs::create_dir(t.path().join("layer")).unwrap();
     let fd = crate::local::runtime::open_hub_dir(&t.path().join("layer")).unwrap();
-    let res = unpack::unpack_layer(&tar_of(entries)[..], fd.as_fd(), &IdMap::for_current_user());
+    let res = unpack::unpack_layer(
+        &tar_of(entries)[..],
+        fd.as_fd(),
+        &IdMap::for_current_user(),
+        1 << 20,
+    );
     (t, res)
 }
 
@@ -252,6 +257,14 @@ fn hostile_entries_are_refused_and_write_nothing_outside() {
         assert_eq!(std::fs::metadata(&victim).unwrap().nlink(), 1, "{what}");
     }
     assert!(!Path::new("/tmp/x-escape").exists());
+}
+
+#[test]
+fn a_layer_past_its_unpack_budget_is_refused() {
+    let big = vec![0u8; 2 << 20];
+    let (_t, res) = unpack(&[file("bomb", &big)]);
+    let err = res.unwrap_err().to_string();
+    assert!(err.contains("more than"), "{err}");
 }
 
 #[test]

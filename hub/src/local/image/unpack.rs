@@ -68,17 +68,32 @@ pub struct UnpackStats {
     pub bytes: u64,
 }
 
-/// Unpacks the (uncompressed) tar `input` into the empty directory `root`.
+/// What one entry costs against the unpack budget beyond its data: an
+/// inode and a directory entry (a layer of a million empty files is a
+/// bomb too).
+const ENTRY_COST: u64 = 512;
+
+/// Unpacks the (uncompressed) tar `input` into the empty directory `root`,
+/// refusing it once file data plus [`ENTRY_COST`] per entry passes
+/// `max_bytes` (a gzip bomb).
 pub fn unpack_layer(
     input: impl Read,
     root: BorrowedFd<'_>,
     idmap: &IdMap,
+    max_bytes: u64,
 ) -> Result<UnpackStats, UnpackError> {
     let mut archive = tar::Archive::new(input);
     let mut stats = UnpackStats::default();
     for entry in archive.entries().map_err(UnpackError::Corrupt)? {
         let mut entry = entry.map_err(UnpackError::Corrupt)?;
         let path = entry.path().map_err(UnpackError::Corrupt)?.into_owned();
+        let used = stats.bytes + stats.entries * ENTRY_COST;
+        if used.saturating_add(entry.size()).saturating_add(ENTRY_COST) > max_bytes {
+            return Err(hostile(
+                &path,
+                format!("the layer unpacks to more than {max_bytes} bytes"),
+            ));
+        }
         let Some(rel) = confined(&path)? else {
             // `./` itself: the layer root, which we made.
             continue;
