@@ -232,6 +232,13 @@ pub enum Network {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Template {
+    /// Image reference (`name:tag` or `sha256:<id>`) whose filesystem is
+    /// the sandbox's read-only root; its config's `Env` is the default
+    /// environment (the template's `env` wins per key). On the local
+    /// backend the image must be in the hub's store (`sandhub image
+    /// import`). Not together with `root_fs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Host directory used as the read-only root filesystem instead of the
     /// host's allowlisted `/usr`, `/bin`, `/lib*`, `/sbin` and stripped `/etc`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -469,3 +476,56 @@ pub struct PortList {
 /// The `Upgrade` protocol of `GET /v1/sandboxes/{id}/port-forward/{port}`:
 /// after 101 the connection carries raw TCP to that port in the sandbox.
 pub const PORT_FORWARD_UPGRADE: &str = "sandhub-tcp";
+
+/// What an image's config says a sandbox runs with (OCI `config`), the
+/// defaults a template with `image:` falls back on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImageRunConfig {
+    /// `KEY=value` entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entrypoint: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cmd: Vec<String>,
+}
+
+/// An image in the local store (`GET /v1/images`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Image {
+    /// `sha256:<hex>` of the image config: the image's identity.
+    pub id: String,
+    /// `name:tag` references naming it.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Layer digests, bottom first.
+    pub layers: Vec<String>,
+    /// Bytes of the layers' compressed blobs.
+    pub size_bytes: u64,
+    #[serde(default)]
+    pub config: ImageRunConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImageList {
+    pub items: Vec<Image>,
+}
+
+/// What `POST /v1/images/prune` removed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PruneResult {
+    /// Ids of the untagged images removed.
+    pub images: Vec<String>,
+    /// Unpacked layers removed (no image uses them any more).
+    pub layers: u64,
+    /// Blobs removed.
+    pub blobs: u64,
+}

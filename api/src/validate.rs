@@ -125,6 +125,14 @@ impl Template {
     /// (`root_fs`, `seed_dir`) are checked by the backend that has a host.
     pub fn validate(&self) -> Result<(), ErrorBody> {
         template_limits(self)?;
+        if let Some(image) = &self.image {
+            image_reference(image)?;
+            if self.root_fs.is_some() {
+                return Err(invalid(
+                    "a template names its root once: `image` or `root_fs`, not both".into(),
+                ));
+            }
+        }
         env(&self.env)
     }
 }
@@ -298,5 +306,64 @@ mod tests {
             labels: map(&[("agents.x-k8s.io/a", "b")]),
         };
         assert!(refused(fork.validate()).contains("reserved"));
+    }
+}
+
+/// Longest image reference accepted (Docker's own limit on a name is 255).
+pub const MAX_IMAGE_REF: usize = 255;
+
+/// An image reference: `name[:tag]`, `name@sha256:<hex>` or an image id
+/// `sha256:<hex>`, in the character set registries use. Checked the same
+/// on both backends; it never names a file.
+pub fn image_reference(r: &str) -> Result<(), ErrorBody> {
+    let ok = !r.is_empty()
+        && r.len() <= MAX_IMAGE_REF
+        && r.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && r.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/:@".contains(&b))
+        && !r.contains("..")
+        && !r.contains("//")
+        && !r.ends_with([':', '/', '@']);
+    if ok {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "image reference `{}` must be 1-{MAX_IMAGE_REF} of [A-Za-z0-9._-/:@], like `name:tag`",
+        r.chars().take(80).collect::<String>()
+    )))
+}
+
+/// `name` as `name:latest`; a reference with a tag, a digest or an id as
+/// it is.
+pub fn normalize_image_reference(r: &str) -> String {
+    let last = r.rsplit('/').next().unwrap_or(r);
+    if r.contains('@') || last.contains(':') {
+        r.to_string()
+    } else {
+        format!("{r}:latest")
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    #[test]
+    fn image_references() {
+        for good in ["busybox", "a/b:1.0", "localhost:5000/x/y:tag", "sha256:abc"] {
+            image_reference(good).unwrap();
+        }
+        for bad in ["", "../x", "/abs", "a b", "x:", "a//b", &"a".repeat(300)] {
+            assert_eq!(
+                image_reference(bad).unwrap_err().code,
+                Code::InvalidArgument
+            );
+        }
+        assert_eq!(normalize_image_reference("busybox"), "busybox:latest");
+        assert_eq!(
+            normalize_image_reference("host:5000/b"),
+            "host:5000/b:latest"
+        );
+        assert_eq!(normalize_image_reference("b:1"), "b:1");
     }
 }

@@ -17,9 +17,9 @@ use reqwest::{header, Method, RequestBuilder, Response};
 use sandhub_api::{
     error::Code,
     hub::{
-        CreateSandbox, ExecRequest, ExecResult, ForkRequest, NamedTemplate, Pool, PoolList,
-        PoolSpec, ResizeRequest, Sandbox, SandboxList, SignalRequest, Snapshot, SnapshotList,
-        Template, TemplateList,
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, Image, ImageList, NamedTemplate, Pool,
+        PoolList, PoolSpec, PruneResult, ResizeRequest, Sandbox, SandboxList, SignalRequest,
+        Snapshot, SnapshotList, Template, TemplateList,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -105,6 +105,43 @@ impl HubClient {
             .call(self.sandbox(Method::GET, id, "/snapshots").timeout(QUICK))
             .await?;
         Ok(list.snapshots)
+    }
+
+    /// `GET /v1/images`: the hub's image store (local backend).
+    pub async fn list_images(&self) -> Result<Vec<Image>> {
+        let list: ImageList = self
+            .call(self.request(Method::GET, "/v1/images").timeout(QUICK))
+            .await?;
+        Ok(list.items)
+    }
+
+    /// `POST /v1/images/import`: an OCI layout or `docker save` archive
+    /// (uncompressed tar), streamed; `tag` names it.
+    pub async fn import_image(&self, archive: reqwest::Body, tag: Option<&str>) -> Result<Image> {
+        let mut builder = self
+            .request(Method::POST, "/v1/images/import")
+            .header(header::CONTENT_TYPE, "application/x-tar")
+            .body(archive);
+        if let Some(tag) = tag {
+            builder = builder.query(&[("tag", tag)]);
+        }
+        self.call(builder).await
+    }
+
+    /// `DELETE /v1/images/{reference}`.
+    pub async fn remove_image(&self, reference: &str) -> Result<Image> {
+        let path = format!(
+            "/v1/images/{}",
+            percent_encoding::utf8_percent_encode(reference, percent_encoding::NON_ALPHANUMERIC)
+        );
+        self.call(self.request(Method::DELETE, &path).timeout(QUICK))
+            .await
+    }
+
+    /// `POST /v1/images/prune`.
+    pub async fn prune_images(&self) -> Result<PruneResult> {
+        self.call(self.request(Method::POST, "/v1/images/prune"))
+            .await
     }
 
     /// Sends and checks the status; non-2xx becomes the body's error.

@@ -10,7 +10,10 @@ use std::{
 };
 
 use async_trait::async_trait;
-use sandhub_api::hub::{ListeningPort, Snapshot};
+use sandhub_api::{
+    error::ErrorBody,
+    hub::{Image, ListeningPort, PruneResult, Snapshot},
+};
 use sandhub_client::{sandboxd::SandboxdClient, Result, Sandboxes};
 
 /// One tenant's sandboxes: the whole [`Sandboxes`] API, plus what the REST
@@ -38,6 +41,26 @@ pub trait Backend: Send + Sync + 'static {
     async fn ready(&self) -> Result<()>;
     /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.
     async fn sandbox_count(&self) -> Result<usize>;
+    /// The image store (local backend only: on Kubernetes the nodes
+    /// hold images).
+    fn images(&self) -> Option<Arc<dyn ImageService>> {
+        None
+    }
+}
+
+/// An image store as the front doors use it. Blocking work runs on
+/// blocking threads behind it; `import` reads its archive from a reader
+/// that may block.
+#[async_trait]
+pub trait ImageService: Send + Sync {
+    async fn list(&self) -> std::result::Result<Vec<Image>, ErrorBody>;
+    async fn import(
+        &self,
+        input: Box<dyn std::io::Read + Send>,
+        tag: Option<String>,
+    ) -> std::result::Result<Image, ErrorBody>;
+    async fn remove(&self, reference: String) -> std::result::Result<Image, ErrorBody>;
+    async fn prune(&self) -> std::result::Result<PruneResult, ErrorBody>;
 }
 
 pub fn now_ms() -> i64 {

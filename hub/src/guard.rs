@@ -187,6 +187,10 @@ impl Backend for Guarded {
     async fn sandbox_count(&self) -> Result<usize> {
         self.inner.sandbox_count().await
     }
+
+    fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
+        self.inner.images()
+    }
 }
 
 struct GuardedView {

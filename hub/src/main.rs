@@ -49,6 +49,8 @@ enum Command {
     Pool(cli::pool::PoolArgs),
     /// Templates: set, ls, get, rm.
     Template(cli::template::TemplateArgs),
+    /// Images in the hub's store (local backend): import, ls, rm, prune.
+    Image(cli::image::ImageArgs),
     /// Stop a sandbox's processes, keeping its files.
     Suspend(cli::sandbox::IdArgs),
     /// Start a suspended sandbox again on the same files.
@@ -89,6 +91,7 @@ fn main() -> anyhow::Result<()> {
             Command::PortForward(args) => cli::exit(cli::port_forward::run(args).await),
             Command::Pool(args) => cli::exit(cli::pool::run(args).await),
             Command::Template(args) => cli::exit(cli::template::run(args).await),
+            Command::Image(args) => cli::exit(cli::image::run(args).await),
             Command::Suspend(args) => cli::exit(cli::sandbox::suspend(args).await),
             Command::Resume(args) => cli::exit(cli::sandbox::resume(args).await),
             Command::Reset(args) => cli::exit(cli::sandbox::reset(args).await),

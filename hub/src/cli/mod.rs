@@ -11,6 +11,7 @@
 pub mod args;
 pub mod cp;
 pub mod exec;
+pub mod image;
 mod output;
 pub mod pool;
 pub mod port_forward;

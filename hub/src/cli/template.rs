@@ -23,7 +23,7 @@ pub struct TemplateArgs {
 #[derive(Debug, Subcommand)]
 enum TemplateCommand {
     /// Create or replace a template, from flags or a JSON file.
-    Set(SetArgs),
+    Set(Box<SetArgs>),
     /// List templates.
     Ls,
     /// Show one template.
@@ -46,8 +46,18 @@ struct SetArgs {
     /// The template as JSON (the body of `PUT /v1/templates/{name}`); `-`
     /// reads stdin.
     #[arg(long, value_name = "PATH", env = "SANDHUB_TEMPLATE_FILE",
-          conflicts_with_all = ["root_fs", "seed_dir", "cpu", "memory_mb", "pids", "disk_mb", "network", "env"])]
+          conflicts_with_all = ["image", "root_fs", "seed_dir", "cpu", "memory_mb", "pids", "disk_mb", "network", "env"])]
     file: Option<PathBuf>,
+
+    /// Image (`name:tag`, in the hub's image store) whose filesystem is the
+    /// read-only root; its Env is the default environment.
+    #[arg(
+        long,
+        value_name = "REF",
+        env = "SANDHUB_TEMPLATE_IMAGE",
+        conflicts_with = "root_fs"
+    )]
+    image: Option<String>,
 
     /// Host directory to use as the read-only root filesystem (default:
     /// the host's, allowlisted).
@@ -93,7 +103,7 @@ pub async fn run(args: TemplateArgs) -> Result<i32> {
             let name = set.name.clone();
             let template = match &set.file {
                 Some(path) => read_file(path, &name)?,
-                None => from_flags(set),
+                None => from_flags(*set),
             };
             let named = hub.put_template(&name, template).await?;
             output::show(format, &named, || &named.name)?;
@@ -120,6 +130,7 @@ pub async fn run(args: TemplateArgs) -> Result<i32> {
 
 fn from_flags(set: SetArgs) -> Template {
     Template {
+        image: set.image,
         root_fs: set.root_fs,
         seed_dir: set.seed_dir,
         env: to_map(set.env),

@@ -16,11 +16,13 @@
 //! store.rs, store/   the SQLite store (sandboxes, templates, pools, snapshots, gym envs)
 //! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
 //! disk.rs            disk-quota flags and opening the quota volume
+//! image/             the image store: import, layers, ls/rm/prune (see its docs)
 //! runtime/           the namespace runtime itself (see its docs)
 //! ```
 
 pub mod disk;
 mod hub;
+pub mod image;
 mod lifecycle;
 pub mod plan;
 mod pools;

@@ -8,6 +8,7 @@ use std::{
     sync::Arc,
 };
 
+use anyhow::Context;
 use http::Method;
 use sandhub_api::{
     error::Code,
@@ -44,6 +45,8 @@ pub struct LocalBackend {
     seeds: PathBuf,
     quotas: Option<Arc<DiskQuotas>>,
     default_disk_mb: u64,
+    /// Images templates name (`image:`), under `<state_dir>/images`.
+    pub images: Arc<super::image::ImageStore>,
 }
 
 fn runtime_error(e: RuntimeError) -> Error {
@@ -101,6 +104,13 @@ impl LocalBackend {
             seeds: state_dir.join("seeds"),
             quotas,
             default_disk_mb: disk.default_disk_mb,
+            images: Arc::new(
+                super::image::ImageStore::open(
+                    state_dir,
+                    super::runtime::IdMap::for_current_user(),
+                )
+                .context("opening the image store")?,
+            ),
         };
         for dir in [&backend.sandboxes, &backend.snapshots, &backend.seeds] {
             std::fs::create_dir_all(dir)?;
@@ -189,7 +199,26 @@ impl LocalBackend {
         if let Some(seed) = &t.seed_dir {
             lower_layers.push(self.seed_layer(&row.tenant, &row.template, Path::new(seed))?);
         }
-        let mut env: BTreeMap<String, String> = t.env.clone();
+        // The image's Env, then the template's, then the sandbox's: the
+        // most specific wins per key.
+        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        let mut root_fs = t.root_fs.as_ref().map(PathBuf::from);
+        if let Some(reference) = &t.image {
+            let (image, root) = self.images.root_of(reference).map_err(Error::from)?;
+            // An image's config is untrusted: no empty names, no NULs.
+            env.extend(
+                image
+                    .config
+                    .env
+                    .iter()
+                    .filter(|kv| !kv.contains('\0'))
+                    .filter_map(|kv| kv.split_once('='))
+                    .filter(|(k, _)| !k.is_empty())
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
+            root_fs = Some(root);
+        }
+        env.extend(t.env.clone());
         env.extend(row.env.clone());
         let state_dir = self.spec_dir(&row.id);
         let disk_mb = self
@@ -199,7 +228,7 @@ impl LocalBackend {
             id: row.id.clone(),
             state_dir,
             lower_layers,
-            root_fs: t.root_fs.as_ref().map(PathBuf::from),
+            root_fs,
             env,
             cpu: t.cpu,
             memory_mb: t.memory_mb,
@@ -360,6 +389,7 @@ impl LocalBackend {
     /// The hub is stopping: let go of what only a running hub needs (the
     /// disk volume's mount). Sandboxes keep running.
     pub fn shutdown(&self) {
+        self.images.unmount_all();
         if let Some(q) = &self.quotas {
             if let Err(e) = q.detach() {
                 tracing::warn!(error = %e, "detaching the disk volume");

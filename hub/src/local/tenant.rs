@@ -106,6 +106,23 @@ impl Backend for Arc<Hub> {
     async fn sandbox_count(&self) -> Result<usize> {
         Ok(self.store.all_sandboxes()?.len())
     }
+
+    fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
+        let hub = self.clone();
+        let store = self.backend.images.clone();
+        let in_use_store = store.clone();
+        // Every image a template names (any tenant's); a sandbox runs its
+        // template's, and a template in use by a pool cannot go.
+        let in_use = move || {
+            let refs = hub.store.template_images().map_err(|e| e.body())?;
+            Ok(refs
+                .iter()
+                .filter_map(|r| in_use_store.get(r).ok())
+                .map(|i| i.id)
+                .collect())
+        };
+        Some(Arc::new(super::image::Images::new(store, Arc::new(in_use))))
+    }
 }
 
 #[async_trait]
@@ -393,6 +410,11 @@ impl Sandboxes for TenantHub {
     async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
         validate::name("template", name)?;
         check_template(&template, &self.hub.template_dirs)?;
+        if let Some(image) = &template.image {
+            // Named images must be here: a sandbox of it starts in
+            // milliseconds, never with a surprise download.
+            self.hub.backend.images.get(image)?;
+        }
         self.hub.policy.admit_template(&template)?;
         self.hub.store.put_template(&self.tenant, name, &template)?;
         Ok(NamedTemplate {

@@ -3,6 +3,7 @@
 
 mod files;
 pub mod health;
+pub mod images;
 mod pools;
 mod ports;
 mod processes;
@@ -22,5 +23,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(templates::routes())
         .merge(pools::routes())
         .merge(ports::routes())
+        .merge(images::routes())
         .merge(health::routes())
 }

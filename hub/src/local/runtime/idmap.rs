@@ -96,6 +96,25 @@ impl IdMap {
         }
     }
 
+    /// The host owner an image file owned by `uid:gid` gets: the same
+    /// ids inside the sandbox when mapped, else the overflow id 65534
+    /// (`nobody`) inside, so no image id can ever name a host id outside
+    /// the range. Rootless, everything belongs to the one mapped id.
+    pub fn image_owner(&self, uid: u64, gid: u64) -> (u32, u32) {
+        match *self {
+            IdMap::Range { base, count } => {
+                let shift = |id: u64| {
+                    base + u32::try_from(id)
+                        .ok()
+                        .filter(|i| *i < count)
+                        .unwrap_or(65_534.min(count - 1))
+                };
+                (shift(uid), shift(gid))
+            }
+            IdMap::Single { uid, gid } => (uid, gid),
+        }
+    }
+
     /// Chowns everything under `dir` (not following symlinks) from host
     /// ids `0..65536` into the sandbox range, so a layer prepared by host
     /// root is owned by root inside the sandbox instead of `nobody`

@@ -101,4 +101,5 @@ pub use probe::{probe, probe_at, Check, HostSupport};
 pub use quota::{DiskQuotas, VolumeOptions};
 pub use routes::RESET_ROUTE;
 pub use seccomp::{child_setup, install_seccomp};
+pub(crate) use statedir::open_hub_dir;
 pub use workspace::{reset_workspace, WorkspaceLayout};

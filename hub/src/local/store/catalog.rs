@@ -49,6 +49,21 @@ impl Store {
             .collect())
     }
 
+    /// The `image` of every tenant's templates: what the image store must
+    /// keep.
+    pub fn template_images(&self) -> Result<Vec<String>> {
+        let specs: Vec<String> = self.with(|c| {
+            let mut stmt = c.prepare_cached("SELECT spec FROM templates")?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            rows.collect()
+        })?;
+        Ok(specs
+            .iter()
+            .filter_map(|s| serde_json::from_str::<Template>(s).ok())
+            .filter_map(|t| t.image)
+            .collect())
+    }
+
     pub fn delete_template(&self, tenant: &str, name: &str) -> Result<bool> {
         self.with(|c| {
             c.execute(

@@ -1,0 +1,370 @@
+//! The store and the unpacker against archives built here, byte by byte
+//! where the tar crate would refuse to write the hostile entry itself.
+
+use std::{
+    collections::HashSet,
+    os::unix::fs::{FileTypeExt, MetadataExt},
+    path::Path,
+};
+
+use sandhub_api::error::Code;
+use sha2::{Digest, Sha256};
+
+use std::os::fd::AsFd;
+
+use super::*;
+
+/// One tar entry, with its name and link name written raw (no checks).
+pub(crate) struct E<'a> {
+    pub path: &'a str,
+    pub kind: tar::EntryType,
+    pub data: &'a [u8],
+    pub link: &'a str,
+    pub uid: u64,
+    pub mode: u32,
+}
+
+pub(crate) fn file<'a>(path: &'a str, data: &'a [u8]) -> E<'a> {
+    E {
+        path,
+        kind: tar::EntryType::Regular,
+        data,
+        link: "",
+        uid: 0,
+        mode: 0o644,
+    }
+}
+
+pub(crate) fn dir(path: &str) -> E<'_> {
+    E {
+        path,
+        kind: tar::EntryType::Directory,
+        data: b"",
+        link: "",
+        uid: 0,
+        mode: 0o755,
+    }
+}
+
+pub(crate) fn link<'a>(path: &'a str, kind: tar::EntryType, target: &'a str) -> E<'a> {
+    E {
+        path,
+        kind,
+        data: b"",
+        link: target,
+        uid: 0,
+        mode: 0o777,
+    }
+}
+
+pub(crate) fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_old();
+        let old = h.as_old_mut();
+        old.name[..e.path.len()].copy_from_slice(e.path.as_bytes());
+        old.linkname[..e.link.len()].copy_from_slice(e.link.as_bytes());
+        h.set_entry_type(e.kind);
+        h.set_size(e.data.len() as u64);
+        h.set_mode(e.mode);
+        h.set_uid(e.uid);
+        h.set_gid(e.uid);
+        h.set_mtime(1_700_000_000);
+        h.set_cksum();
+        b.append(&h, e.data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn sha(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+/// An OCI layout archive of `layers` (bottom first) with `config`.
+pub(crate) fn oci_archive(layers: &[Vec<u8>], config: &serde_json::Value) -> Vec<u8> {
+    let config = serde_json::to_vec(config).unwrap();
+    let mut blobs: Vec<(String, Vec<u8>)> = vec![(sha(&config), config.clone())];
+    let mut descs = Vec::new();
+    for l in layers {
+        descs.push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar",
+            "digest": format!("sha256:{}", sha(l)), "size": l.len()}));
+        blobs.push((sha(l), l.clone()));
+    }
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": format!("sha256:{}", sha(&config)), "size": config.len()},
+        "layers": descs}))
+    .unwrap();
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "digest": format!("sha256:{}", sha(&manifest)), "size": manifest.len()}]}))
+    .unwrap();
+    blobs.push((sha(&manifest), manifest));
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+    add("index.json", &index);
+    for (h, data) in &blobs {
+        add(&format!("blobs/sha256/{h}"), data);
+    }
+    b.into_inner().unwrap()
+}
+
+/// A legacy `docker save` archive (layers as `<n>/layer.tar`).
+pub(crate) fn docker_archive(layers: &[Vec<u8>], config: &serde_json::Value, tag: &str) -> Vec<u8> {
+    let config = serde_json::to_vec(config).unwrap();
+    let cname = format!("{}.json", sha(&config));
+    let lnames: Vec<String> = (0..layers.len())
+        .map(|i| format!("l{i}/layer.tar"))
+        .collect();
+    let manifest = serde_json::to_vec(&serde_json::json!([
+        {"Config": cname, "RepoTags": [tag], "Layers": lnames}]))
+    .unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    add("manifest.json", &manifest);
+    add(&cname, &config);
+    for (n, l) in lnames.iter().zip(layers) {
+        add(n, l);
+    }
+    b.into_inner().unwrap()
+}
+
+fn config() -> serde_json::Value {
+    serde_json::json!({"os": "linux", "architecture": "amd64",
+        "config": {"Env": ["PATH=/bin", "GREETING=hi"], "WorkingDir": "/srv", "Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": []}})
+}
+
+fn unpack(
+    entries: &[E<'_>],
+) -> (
+    tempfile::TempDir,
+    Result<unpack::UnpackStats, unpack::UnpackError>,
+) {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("layer")).unwrap();
+    let fd = crate::local::runtime::open_hub_dir(&t.path().join("layer")).unwrap();
+    let res = unpack::unpack_layer(
+        &tar_of(entries)[..],
+        fd.as_fd(),
+        &IdMap::for_current_user(),
+        1 << 20,
+    );
+    (t, res)
+}
+
+#[test]
+fn whiteouts_and_opaque_dirs_become_overlay_format() {
+    let (t, res) = unpack(&[
+        dir("etc"),
+        file("etc/.wh.hidden", b""),
+        dir("var/cache"),
+        file("var/cache/.wh..wh..opq", b""),
+        file("var/cache/kept", b"k"),
+    ]);
+    res.unwrap();
+    let l = t.path().join("layer");
+    let wh = std::fs::symlink_metadata(l.join("etc/hidden")).unwrap();
+    assert!(wh.file_type().is_char_device());
+    assert_eq!(wh.rdev(), 0);
+    assert!(!l.join("etc/.wh.hidden").exists());
+    let v = rustix::fs::getxattr(l.join("var/cache"), "trusted.overlay.opaque", &mut [0u8; 4]);
+    assert_eq!(v.ok(), Some(1), "opaque xattr set");
+    assert!(!l.join("var/cache/.wh..wh..opq").exists());
+    assert_eq!(std::fs::read(l.join("var/cache/kept")).unwrap(), b"k");
+}
+
+#[test]
+fn owners_are_shifted_into_the_sandbox_range() {
+    let idmap = IdMap::for_current_user();
+    let mut user = file("home/u/f", b"x");
+    user.uid = 1000;
+    let (t, res) = unpack(&[file("rootfile", b"r"), user]);
+    res.unwrap();
+    let l = t.path().join("layer");
+    let (root_uid, _) = idmap.image_owner(0, 0);
+    let (user_uid, _) = idmap.image_owner(1000, 1000);
+    assert_eq!(
+        std::fs::metadata(l.join("rootfile")).unwrap().uid(),
+        root_uid
+    );
+    assert_eq!(
+        std::fs::metadata(l.join("home/u/f")).unwrap().uid(),
+        user_uid
+    );
+}
+
+/// Each classic escape is refused, and the file it aimed at is untouched.
+#[test]
+fn hostile_entries_are_refused_and_write_nothing_outside() {
+    let t = tempfile::tempdir().unwrap();
+    let victim = t.path().join("victim");
+    std::fs::write(&victim, b"host").unwrap();
+    let v = victim.to_str().unwrap().to_string();
+    let cases: Vec<(&str, Vec<E<'_>>)> = vec![
+        (
+            "dotdot",
+            vec![file("../../../../../../../../tmp/x-escape", b"pwned")],
+        ),
+        ("absolute", vec![file(&v, b"pwned")]),
+        (
+            "symlink then write through",
+            vec![
+                link("esc", tar::EntryType::Symlink, t.path().to_str().unwrap()),
+                file("esc/victim", b"pwned"),
+            ],
+        ),
+        (
+            "hard link to a host file",
+            vec![link("h", tar::EntryType::Link, &v)],
+        ),
+        (
+            "hard link up and out",
+            vec![link("h", tar::EntryType::Link, "../../../../../etc/passwd")],
+        ),
+        (
+            "hard link through a symlink",
+            vec![
+                link("d", tar::EntryType::Symlink, t.path().to_str().unwrap()),
+                link("h", tar::EntryType::Link, "d/victim"),
+            ],
+        ),
+    ];
+    for (what, entries) in cases {
+        let (_l, res) = unpack(&entries);
+        let err = res.expect_err(what);
+        assert!(
+            matches!(err, unpack::UnpackError::Hostile { .. }),
+            "{what}: {err}"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"host", "{what}");
+        assert_eq!(std::fs::metadata(&victim).unwrap().nlink(), 1, "{what}");
+    }
+    assert!(!Path::new("/tmp/x-escape").exists());
+}
+
+#[test]
+fn a_layer_past_its_unpack_budget_is_refused() {
+    let big = vec![0u8; 2 << 20];
+    let (_t, res) = unpack(&[file("bomb", &big)]);
+    let err = res.unwrap_err().to_string();
+    assert!(err.contains("more than"), "{err}");
+}
+
+#[test]
+fn hard_links_inside_the_layer_work() {
+    let (t, res) = unpack(&[file("a", b"same"), link("b", tar::EntryType::Link, "./a")]);
+    res.unwrap();
+    let l = t.path().join("layer");
+    assert_eq!(std::fs::metadata(l.join("b")).unwrap().nlink(), 2);
+}
+
+fn store() -> (tempfile::TempDir, ImageStore) {
+    let t = tempfile::tempdir().unwrap();
+    let s = ImageStore::open(t.path(), IdMap::for_current_user()).unwrap();
+    (t, s)
+}
+
+#[test]
+fn oci_and_docker_archives_import_and_share_layers() {
+    let (_t, s) = store();
+    let base = tar_of(&[dir("bin"), file("bin/tool", b"v1")]);
+    let top = tar_of(&[file("etc-note", b"top")]);
+    let a = s
+        .import(
+            &oci_archive(&[base.clone(), top.clone()], &config())[..],
+            Some("a:1"),
+        )
+        .unwrap();
+    assert_eq!(a.tags, vec!["a:1".to_string()]);
+    assert_eq!(a.layers.len(), 2);
+    assert_eq!(a.config.workdir.as_deref(), Some("/srv"));
+    assert!(a.config.env.contains(&"GREETING=hi".to_string()));
+    let mut other = config();
+    other["config"]["WorkingDir"] = "/other".into();
+    let b = s
+        .import(
+            &docker_archive(std::slice::from_ref(&base), &other, "b:2")[..],
+            None,
+        )
+        .unwrap();
+    assert_eq!(b.tags, vec!["b:2".to_string()]);
+    // One unpacked copy of the shared base layer.
+    assert_eq!(a.layers[0], b.layers[0]);
+    assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 2);
+    assert_eq!(s.get("a:1").unwrap().id, a.id);
+    assert_eq!(s.get(&b.id).unwrap().id, b.id);
+    assert_eq!(s.list().unwrap().len(), 2);
+
+    // In use: refused. Not in use: gone, and the shared layer stays.
+    let in_use: HashSet<String> = [a.id.clone()].into();
+    assert_eq!(s.remove("a:1", &in_use).unwrap_err().code, Code::Conflict);
+    s.remove("a:1", &HashSet::new()).unwrap();
+    assert_eq!(s.get("a:1").unwrap_err().code, Code::NotFound);
+    assert!(s
+        .layer_dir(b.layers[0].trim_start_matches("sha256:"))
+        .is_dir());
+    assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 1);
+}
+
+#[test]
+fn a_hostile_layer_leaves_no_image_and_no_layer() {
+    let (_t, s) = store();
+    let bad = tar_of(&[file("../escape", b"x")]);
+    let err = s
+        .import(&oci_archive(&[bad], &config())[..], Some("bad:1"))
+        .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
+    assert!(err.message.contains("`..`"), "{}", err.message);
+    assert!(s.list().unwrap().is_empty());
+    assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(s.root.join("tmp")).unwrap().count(), 0);
+    // Prune drops the orphaned blobs of the refused import.
+    let r = s.prune(&HashSet::new()).unwrap();
+    assert!(r.blobs >= 3, "{r:?}");
+}
+
+#[test]
+fn a_blob_that_lies_about_its_digest_is_refused() {
+    let (_t, s) = store();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(3);
+    h.set_cksum();
+    b.append_data(
+        &mut h,
+        format!("blobs/sha256/{}", "0".repeat(64)),
+        &b"abc"[..],
+    )
+    .unwrap();
+    let err = s.import(&b.into_inner().unwrap()[..], None).unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(err.message.contains("digest"), "{}", err.message);
+    let err = s.import(&b"not a tar at all"[..], None).unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
+}
+
+#[test]
+fn leftovers_of_a_killed_import_are_cleared_on_open() {
+    let (t, s) = store();
+    std::fs::create_dir_all(s.root.join("tmp/layer-abc/half")).unwrap();
+    drop(s);
+    let s = ImageStore::open(t.path(), IdMap::for_current_user()).unwrap();
+    assert_eq!(std::fs::read_dir(s.root.join("tmp")).unwrap().count(), 0);
+}

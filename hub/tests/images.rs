@@ -1,0 +1,472 @@
+//! Container images on the local backend (issue #15), against the real
+//! `sandhub serve` as root: archives built here from the host's static
+//! busybox, imported over REST, run as a template's root filesystem.
+
+mod common;
+
+use std::{collections::BTreeMap, os::unix::fs::MetadataExt};
+
+use sandhub_api::hub::{CreateSandbox, ForkRequest, Template};
+use sandhub_client::Sandboxes;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use common::{error_body, shell_ok, HubOptions, TestHub};
+
+/// One tar entry, its names written raw (the tar crate refuses to write
+/// the hostile ones itself).
+struct E<'a> {
+    path: &'a str,
+    kind: tar::EntryType,
+    data: Vec<u8>,
+    link: &'a str,
+    uid: u64,
+    mode: u32,
+}
+
+fn file<'a>(path: &'a str, data: &[u8]) -> E<'a> {
+    E {
+        path,
+        kind: tar::EntryType::Regular,
+        data: data.to_vec(),
+        link: "",
+        uid: 0,
+        mode: 0o644,
+    }
+}
+
+fn dir(path: &str) -> E<'_> {
+    E {
+        path,
+        kind: tar::EntryType::Directory,
+        data: Vec::new(),
+        link: "",
+        uid: 0,
+        mode: 0o755,
+    }
+}
+
+fn symlink<'a>(path: &'a str, target: &'a str) -> E<'a> {
+    E {
+        path,
+        kind: tar::EntryType::Symlink,
+        data: Vec::new(),
+        link: target,
+        uid: 0,
+        mode: 0o777,
+    }
+}
+
+fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_old();
+        let old = h.as_old_mut();
+        old.name[..e.path.len()].copy_from_slice(e.path.as_bytes());
+        old.linkname[..e.link.len()].copy_from_slice(e.link.as_bytes());
+        h.set_entry_type(e.kind);
+        h.set_size(e.data.len() as u64);
+        h.set_mode(e.mode);
+        h.set_uid(e.uid);
+        h.set_gid(e.uid);
+        h.set_mtime(1_700_000_000);
+        h.set_cksum();
+        b.append(&h, &e.data[..]).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn sha(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+fn add(b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]) {
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append_data(&mut h, name, data).unwrap();
+}
+
+/// An OCI image layout, as one tar, of `layers` (bottom first).
+fn oci_archive(layers: &[Vec<u8>], config: &Value) -> Vec<u8> {
+    let config = serde_json::to_vec(config).unwrap();
+    let mut blobs = vec![config.clone()];
+    let descs: Vec<Value> = layers
+        .iter()
+        .map(|l| {
+            blobs.push(l.clone());
+            json!({"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                   "digest": format!("sha256:{}", sha(l)), "size": l.len()})
+        })
+        .collect();
+    let manifest = serde_json::to_vec(&json!({"schemaVersion": 2,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": format!("sha256:{}", sha(&config)), "size": config.len()},
+        "layers": descs}))
+    .unwrap();
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json",
+         "digest": format!("sha256:{}", sha(&manifest)), "size": manifest.len()}]}))
+    .unwrap();
+    blobs.push(manifest);
+    let mut b = tar::Builder::new(Vec::new());
+    add(&mut b, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+    add(&mut b, "index.json", &index);
+    for blob in &blobs {
+        add(&mut b, &format!("blobs/sha256/{}", sha(blob)), blob);
+    }
+    b.into_inner().unwrap()
+}
+
+/// A `docker save` archive (legacy layout: `<dir>/layer.tar`).
+fn docker_archive(layers: &[Vec<u8>], config: &Value, tag: &str) -> Vec<u8> {
+    let config = serde_json::to_vec(config).unwrap();
+    let cname = format!("{}.json", sha(&config));
+    let names: Vec<String> = (0..layers.len())
+        .map(|i| format!("l{i}/layer.tar"))
+        .collect();
+    let manifest =
+        serde_json::to_vec(&json!([{"Config": cname, "RepoTags": [tag], "Layers": names}]))
+            .unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    add(&mut b, "manifest.json", &manifest);
+    add(&mut b, &cname, &config);
+    for (n, l) in names.iter().zip(layers) {
+        add(&mut b, n, l);
+    }
+    b.into_inner().unwrap()
+}
+
+fn config() -> Value {
+    json!({"os": "linux", "architecture": "amd64",
+        "config": {"Env": ["PATH=/bin", "IMG_VAR=from-image", "SHARED=image"],
+                   "WorkingDir": "/srv", "Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": []}})
+}
+
+/// Busybox and its applet links, a root-owned and a user-owned file, and
+/// what the upper layer hides.
+fn base_layer() -> Vec<u8> {
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static at /bin/busybox");
+    let mut bb = file("bin/busybox", &busybox);
+    bb.mode = 0o755;
+    let mut user = file("home/u/f", b"mine\n");
+    user.uid = 1000;
+    let mut entries = vec![dir("bin"), bb];
+    for applet in ["sh", "cat", "ls", "stat", "echo", "test"] {
+        entries.push(symlink(
+            Box::leak(format!("bin/{applet}").into_boxed_str()),
+            "busybox",
+        ));
+    }
+    entries.extend([
+        dir("etc"),
+        file("etc/gone", b"lower\n"),
+        file("etc/kept", b"kept\n"),
+        dir("opq"),
+        file("opq/old", b"old\n"),
+        dir("home"),
+        dir("home/u"),
+        user,
+        dir("srv"),
+    ]);
+    tar_of(&entries)
+}
+
+fn upper_layer() -> Vec<u8> {
+    tar_of(&[
+        file("etc/.wh.gone", b""),
+        file("opq/.wh..wh..opq", b""),
+        file("opq/new", b"new\n"),
+    ])
+}
+
+/// Unmounts the image roots a hub mounted: the test hub ends with
+/// `kill -9`, which skips the hub's own unmount at shutdown.
+struct ImageMounts(std::path::PathBuf);
+
+impl ImageMounts {
+    fn of(hub: &TestHub) -> Self {
+        ImageMounts(hub.state_dir.join("images/mnt"))
+    }
+}
+
+impl Drop for ImageMounts {
+    fn drop(&mut self) {
+        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let _ = rustix::mount::unmount(e.path(), rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+async fn import(hub: &TestHub, archive: Vec<u8>, tag: &str) -> reqwest::Response {
+    hub.http()
+        .post(format!("{}/v1/images/import?tag={tag}", hub.url()))
+        .body(archive)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_image_is_a_sandbox_root_with_whiteouts_owners_env_and_workspace_layers() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
+    let r = import(
+        &hub,
+        oci_archive(&[base_layer(), upper_layer()], &config()),
+        "bb:1",
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let image: Value = r.json().await.unwrap();
+    assert_eq!(image["tags"], json!(["bb:1"]), "{image}");
+
+    let c = hub.client(None);
+    let mut env = BTreeMap::new();
+    env.insert("SHARED".to_string(), "template".to_string());
+    c.put_template(
+        "bb",
+        Template {
+            image: Some("bb:1".into()),
+            env,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("template with an image");
+    let sb = c
+        .create(CreateSandbox {
+            template: Some("bb".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("sandbox of the image");
+    let out = shell_ok(
+        &c,
+        &sb.id,
+        "test -e /etc/gone && echo gone-visible; cat /etc/kept; ls /opq; \
+         stat -c %u /bin/busybox /etc/kept; stat -c %u:%g /home/u/f; \
+         echo $IMG_VAR $SHARED; test -e /usr && echo host-usr; echo ok",
+    )
+    .await;
+    assert_eq!(
+        out, "kept\nnew\n0\n0\n1000:1000\nfrom-image template\nok\n",
+        "whiteout, opaque dir, owners, env"
+    );
+
+    // The workspace overlay is as it always is: reset, snapshot, fork.
+    shell_ok(&c, &sb.id, "echo one > /workspace/a").await;
+    let snap = c.snapshot(&sb.id).await.expect("snapshot");
+    c.reset(&sb.id).await.expect("reset");
+    assert_eq!(
+        shell_ok(
+            &c,
+            &sb.id,
+            "test -e /workspace/a && echo still; cat /etc/kept"
+        )
+        .await,
+        "kept\n"
+    );
+    let fork = c
+        .fork(
+            &sb.id,
+            ForkRequest {
+                snapshot: Some(snap.id.clone()),
+                labels: BTreeMap::new(),
+            },
+        )
+        .await
+        .expect("fork");
+    assert_eq!(
+        shell_ok(&c, &fork.id, "cat /workspace/a; ls /opq").await,
+        "one\nnew\n"
+    );
+
+    // In use by the template: refused; unused: removed.
+    let r = hub
+        .http()
+        .delete(format!("{}/v1/images/bb:1", hub.url()))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 409, "CONFLICT").await;
+}
+
+#[tokio::test]
+async fn docker_save_imports_and_unused_images_are_removed() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
+    let r = import(&hub, docker_archive(&[base_layer()], &config(), "dk:2"), "").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let list: Value = hub
+        .http()
+        .get(format!("{}/v1/images", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["items"][0]["tags"], json!(["dk:2"]), "{list}");
+    assert_eq!(list["items"][0]["config"]["workdir"], "/srv", "{list}");
+    let r = hub
+        .http()
+        .delete(format!("{}/v1/images/dk:2", hub.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let layers = hub.state_dir.join("images/layers");
+    assert_eq!(std::fs::read_dir(layers).unwrap().count(), 0);
+    let r = hub
+        .http()
+        .delete(format!("{}/v1/images/dk:2", hub.url()))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 404, "NOT_FOUND").await;
+    // A template naming an image the store lacks is refused up front.
+    let err = hub
+        .client(None)
+        .put_template(
+            "missing",
+            Template {
+                image: Some("nope:1".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, sandhub_api::error::Code::NotFound, "{err}");
+}
+
+/// Each classic layer escape gets `INVALID_ARGUMENT` with the reason, and
+/// the host file it aims at is untouched.
+#[tokio::test]
+async fn hostile_layers_are_refused_and_change_nothing_outside_the_store() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
+    let victim = hub.dir.path().join("victim");
+    std::fs::write(&victim, b"host\n").unwrap();
+    let v = victim.to_str().unwrap().to_string();
+    let parent = hub.dir.path().to_str().unwrap().to_string();
+    let hardlink = E {
+        kind: tar::EntryType::Link,
+        ..symlink("h", &v)
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "dotdot",
+            tar_of(&[file("../../../../../../victim", b"x")]),
+            "`..`",
+        ),
+        ("absolute", tar_of(&[file(&v, b"x")]), "absolute"),
+        (
+            "symlink then write",
+            tar_of(&[symlink("esc", &parent), file("esc/victim", b"x")]),
+            "symlink",
+        ),
+        ("hard link to a host file", tar_of(&[hardlink]), "absolute"),
+    ];
+    for (what, layer, why) in cases {
+        let r = import(&hub, oci_archive(&[layer], &config()), "bad:1").await;
+        let body = error_body(r, 400, "INVALID_ARGUMENT").await;
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(why), "{what}: {message}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"host\n", "{what}");
+        assert_eq!(std::fs::metadata(&victim).unwrap().nlink(), 1, "{what}");
+    }
+    let images = hub.state_dir.join("images");
+    assert_eq!(std::fs::read_dir(images.join("layers")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(images.join("images")).unwrap().count(), 0);
+    let r = import(&hub, b"not a tar".to_vec(), "x:1").await;
+    error_body(r, 400, "INVALID_ARGUMENT").await;
+    // A web page's preflight-free POST cannot import.
+    let r = hub
+        .http()
+        .post(format!("{}/v1/images/import", hub.url()))
+        .header("origin", "https://evil.example")
+        .header("content-type", "text/plain")
+        .body(oci_archive(&[base_layer()], &config()))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 415, "INVALID_ARGUMENT").await;
+    assert_eq!(std::fs::read_dir(images.join("images")).unwrap().count(), 0);
+}
+
+/// `sandhub image import DIR` (an OCI layout directory, tarred by the
+/// CLI), then `ls`, `rm`, `prune`.
+#[tokio::test]
+async fn the_cli_imports_a_layout_directory_lists_and_removes() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
+    let layout = hub.dir.path().join("layout");
+    let archive = oci_archive(&[base_layer(), upper_layer()], &config());
+    tar::Archive::new(&archive[..]).unpack(&layout).unwrap();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(common::EXE)
+            .args(args)
+            .args(["--hub", &hub.url()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let id = cli(&[
+        "image",
+        "import",
+        layout.to_str().unwrap(),
+        "--tag",
+        "cli:1",
+    ]);
+    assert!(id.starts_with("sha256:"), "{id}");
+    let ls = cli(&["image", "ls"]);
+    assert!(ls.contains("cli:1"), "{ls}");
+    cli(&["image", "rm", "cli:1"]);
+    assert!(!cli(&["image", "ls"]).contains("cli:1"));
+    let pruned = cli(&["image", "prune"]);
+    assert!(pruned.contains("removed"), "{pruned}");
+}
+
+/// `kill -9` of the hub in the middle of an import: the restarted hub
+/// keeps no half of it, and the same import then completes.
+#[tokio::test]
+async fn a_hub_killed_mid_import_leaves_no_half_image() {
+    let mut hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
+    let archive = oci_archive(&[base_layer(), upper_layer()], &config());
+    let half = archive.len() / 2;
+    // Half the archive, then a body that never ends.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    tx.send(Ok(archive[..half].to_vec())).await.unwrap();
+    let stream =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let url = format!("{}/v1/images/import?tag=half:1", hub.url());
+    let client = hub.http();
+    let pending = tokio::spawn(async move {
+        client
+            .post(url)
+            .body(reqwest::Body::wrap_stream(stream))
+            .send()
+            .await
+    });
+    let tmp = hub.state_dir.join("images/tmp");
+    common::eventually("the import to be under way", common::WAIT, || async {
+        (std::fs::read_dir(&tmp).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
+    })
+    .await;
+    hub.kill9();
+    assert!(pending.await.unwrap().is_err(), "the killed hub answered");
+    drop(tx);
+    hub.restart().await;
+    let images = hub.state_dir.join("images");
+    assert_eq!(std::fs::read_dir(images.join("tmp")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(images.join("layers")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(images.join("images")).unwrap().count(), 0);
+    let r = import(&hub, archive, "half:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(std::fs::read_dir(images.join("layers")).unwrap().count(), 2);
+}
