@@ -167,23 +167,30 @@ def apt_update() -> None:
     subprocess.run([*sudo(), "apt-get", "update", "-qq"], check=True, stdout=sys.stderr)
 
 
-def apt_show(name: str) -> dict[str, str]:
-    """The candidate version's control fields (`apt-cache show --no-all-versions`)."""
+def apt_show(names: list[str]) -> dict[str, dict[str, str]]:
+    """Name -> the candidate version's control fields (one `apt-cache show
+    --no-all-versions` for all: each call parses the package lists, seconds where
+    apt's binary cache is disabled, as in Debian's container images)."""
     for attempt in range(2):
-        r = subprocess.run(["apt-cache", "show", "--no-all-versions", name], capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip():
+        r = subprocess.run(["apt-cache", "show", "--no-all-versions", *names], capture_output=True, text=True)
+        found: dict[str, dict[str, str]] = {}
+        for stanza in r.stdout.split("\n\n"):
             fields: dict[str, str] = {}
             key = ""
-            for line in r.stdout.split("\n\n", 1)[0].splitlines():
+            for line in stanza.splitlines():
                 if line.startswith((" ", "\t")) and key:
                     fields[key] += "\n" + line.strip()
                 elif ":" in line:
                     key, _, value = line.partition(":")
                     fields[key] = value.strip()
-            return fields
+            if "Package" in fields:
+                found.setdefault(fields["Package"], fields)
+        missing = [n for n in names if n not in found]
+        if r.returncode == 0 and not missing:
+            return found
         if attempt == 0:
             apt_update()
-    raise SystemExit(f"test-image: apt-cache knows no package {name!r}: {r.stderr.strip()}")
+    raise SystemExit(f"test-image: apt-cache knows no package {missing}: {r.stderr.strip()}")
 
 
 def dep_names(fields: dict[str, str]) -> list[str]:
@@ -200,15 +207,51 @@ def dep_names(fields: dict[str, str]) -> list[str]:
 def closure(roots: list[str], exclude: set[str]) -> dict[str, dict[str, str]]:
     """Package name -> control fields, for the roots and everything they depend on."""
     found: dict[str, dict[str, str]] = {}
-    todo = list(roots)
-    while todo:
-        name = todo.pop()
-        if name in found or name in exclude or name in SKIP_PACKAGES:
-            continue
-        fields = apt_show(name)
-        found[name] = fields
-        todo.extend(dep_names(fields))
-    return found
+    level = list(roots)
+    while level:
+        shown = apt_show(sorted(set(level)))
+        found.update(shown)
+        level = [
+            d
+            for fields in shown.values()
+            for d in dep_names(fields)
+            if d not in found and d not in exclude and d not in SKIP_PACKAGES
+        ]
+    return {n: {"Version": f["Version"], "Architecture": f["Architecture"]} for n, f in found.items()}
+
+
+def apt_lists_fingerprint() -> str:
+    """Changes whenever `apt-get update` changes what apt-cache would answer."""
+    h = hashlib.sha256()
+    lists = Path("/var/lib/apt/lists")
+    for p in sorted(lists.iterdir()) if lists.is_dir() else []:
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    for p in sorted(Path("/etc/apt").rglob("*")):
+        if p.is_file():
+            h.update(f"{p} {p.stat().st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def resolve(cache: Path) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """The base and python package sets, memoized in cache/resolved.json while this
+    file and apt's package lists stay the same (resolving takes seconds)."""
+    memo = cache / "resolved.json"
+    key = hashlib.sha256(Path(__file__).read_bytes() + apt_lists_fingerprint().encode()).hexdigest()
+    try:
+        saved = json.loads(memo.read_text())
+        if saved["key"] == key:
+            return saved["base"], saved["python"]
+    except (OSError, ValueError, KeyError):
+        pass
+    base = closure(BASE_ROOTS, set())
+    python = closure(PYTHON_ROOTS, set(base))
+    if not _updated:  # after an update the lists changed: the next run memoizes
+        tmp = memo.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "base": base, "python": python}, sort_keys=True))
+        os.replace(tmp, memo)
+    return base, python
 
 
 def deb_file(debs: Path, name: str, fields: dict[str, str]) -> Path:
@@ -466,8 +509,8 @@ def main() -> None:
     if arch != "amd64":
         raise SystemExit(f"test-image: the test image is linux/amd64, built from this machine's packages ({arch})")
 
-    base_fields = closure(BASE_ROOTS, set())
-    python_fields = closure(PYTHON_ROOTS, set(base_fields))
+    args.cache.mkdir(parents=True, exist_ok=True)
+    base_fields, python_fields = resolve(args.cache)
     versions = {n: f["Version"] for n, f in sorted({**base_fields, **python_fields}.items())}
     key_src = Path(__file__).read_bytes() + canonical(versions) + zlib_version().encode()
     key = hashlib.sha256(key_src).hexdigest()[:16]
