@@ -37,9 +37,13 @@ find_go() {
     command -v go >/dev/null 2>&1 || die "go not found: install Go >= 1.23 (https://go.dev/dl) to build the test registry"
 }
 
+htpasswd_fresh() {
+    [[ -x "$htpasswd_bin" && "$htpasswd_bin" -nt "$here/htpasswd/main.go" && "$htpasswd_bin" -nt "$here/htpasswd/go.mod" ]]
+}
+
 cmd_build() {
-    if [[ -x "$registry_bin" && -x "$htpasswd_bin" \
-        && "$(cat "$bin_dir/.registry-version" 2>/dev/null)" == "$REGISTRY_VERSION" ]]; then
+    if [[ -x "$registry_bin" && "$(cat "$bin_dir/.registry-version" 2>/dev/null)" == "$REGISTRY_VERSION" ]] \
+        && htpasswd_fresh; then
         log "up to date: $registry_bin ($REGISTRY_VERSION)"
         echo "REGISTRY_BIN=$registry_bin"
         return
@@ -56,7 +60,7 @@ cmd_build() {
         GOBIN="$bin_dir" go install "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
         echo "$REGISTRY_VERSION" >"$bin_dir/.registry-version"
     fi
-    if [[ ! -x "$htpasswd_bin" || "$here/htpasswd/main.go" -nt "$htpasswd_bin" || "$here/htpasswd/go.mod" -nt "$htpasswd_bin" ]]; then
+    if ! htpasswd_fresh; then
         log "building the bcrypt htpasswd helper (dev/registry/htpasswd)"
         (cd "$here/htpasswd" && GOBIN="$bin_dir" go install .)
         mv "$bin_dir/registry-htpasswd" "$htpasswd_bin"
@@ -69,8 +73,9 @@ running_pid() {
     local dir=$1 pid
     [[ -f "$dir/pid" ]] || return 0
     pid="$(cat "$dir/pid")"
+    # The pid is still this DIR's registry (not a reused pid): its command line names DIR's config.
     if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
-        && [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$(readlink -f "$registry_bin")" ]]; then
+        && [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" == *" serve $dir/config.yml "* ]]; then
         echo "$pid"
     fi
 }
@@ -185,6 +190,8 @@ YAML
 cmd_down() {
     [[ $# -eq 1 ]] || usage
     local dir=$1 pid i
+    [[ -d "$dir" ]] || die "no directory $dir"
+    dir="$(cd "$dir" && pwd)"
     pid="$(running_pid "$dir")"
     if [[ -z "$pid" ]]; then
         log "not running: $dir"

@@ -18,6 +18,7 @@ import shutil
 import struct
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -42,7 +43,7 @@ def sha256(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def pushed(tmp_path_factory: pytest.TempPathFactory) -> Registry:
+def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """A registry without auth holding every reference of the test layout."""
     registry_binary()
     with Registry(tmp_path_factory.mktemp("registry")) as reg:
@@ -202,8 +203,10 @@ def apply_layer(root: Path, layer: tarfile.TarFile) -> None:
             elif target.exists() or target.is_symlink():
                 target.unlink()
     keep = [m for m in members if not PurePosixPath(m.name).name.startswith(".wh.")]
-    kwargs = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
-    layer.extractall(root, members=keep, numeric_owner=True, **kwargs)
+    if hasattr(tarfile, "fully_trusted_filter"):  # 3.11.4+: say so, or 3.14 applies "data"
+        layer.extractall(root, members=keep, numeric_owner=True, filter="fully_trusted")
+    else:
+        layer.extractall(root, members=keep, numeric_owner=True)
 
 
 def resolve_in(root: Path, path: str) -> Path:

@@ -1,6 +1,7 @@
 // htpasswd prints one bcrypt htpasswd line, `USER:$2a$...`, for the test registry's
 // htpasswd auth (CNCF distribution accepts bcrypt entries only). Test infrastructure:
-// built by dev/registry/registry.sh into $SANDHUB_CACHE/registry/bin.
+// built by dev/registry/registry.sh into $SANDHUB_CACHE/registry/bin. The cost is bcrypt's
+// minimum: the registry checks the hash on every request, and this guards test data only.
 //
 //	htpasswd USER PASSWORD
 package main
@@ -18,7 +19,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: htpasswd USER PASSWORD (USER non-empty, without ':')")
 		os.Exit(2)
 	}
-	hash, err := bcrypt.GenerateFromPassword([]byte(os.Args[2]), bcrypt.DefaultCost)
+	hash, err := bcrypt.GenerateFromPassword([]byte(os.Args[2]), bcrypt.MinCost)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "htpasswd:", err)
 		os.Exit(1)

@@ -69,7 +69,8 @@ def _run(argv: list[str], timeout: float, what: str) -> str:
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{what}: timed out after {timeout}s\n{e.stderr or ''}", pytrace=False)
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        pytest.fail(f"{what}: timed out after {timeout}s\n{stderr}", pytrace=False)
     if r.returncode != 0:
         pytest.fail(f"{what} failed (exit {r.returncode}):\n{r.stderr}", pytrace=False)
     return r.stdout
@@ -77,12 +78,12 @@ def _run(argv: list[str], timeout: float, what: str) -> str:
 
 class Registry:
     """One registry process on 127.0.0.1, with its state in `dir` (config.yml, data/,
-    registry.log, pid, addr). A context manager: started on enter, stopped on exit.
-    Without `dir` it lives in a temporary directory removed by `stop()`."""
+    registry.log, pid, addr; made if missing). A context manager: started on enter, stopped on exit.
+    Without `directory` it lives in a temporary directory removed by `stop()`."""
 
-    def __init__(self, dir: Path | None = None, auth: tuple[str, str] | None = None) -> None:
-        self._own_dir = dir is None
-        self.dir: Path = Path(tempfile.mkdtemp(prefix="sandhub-registry-")) if dir is None else Path(dir)
+    def __init__(self, directory: Path | str | None = None, auth: tuple[str, str] | None = None) -> None:
+        self._own_dir = directory is None
+        self.dir: Path = Path(tempfile.mkdtemp(prefix="sandhub-registry-") if directory is None else directory)
         self.username: str | None = auth[0] if auth else None
         self.password: str | None = auth[1] if auth else None
         self.addr: str = ""  # 127.0.0.1:PORT once started
