@@ -84,9 +84,11 @@ free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# HTTP status of GET http://ADDR/v2/ (000 when nothing answers).
+# HTTP status of GET http://ADDR/v2/ [with Basic USER:PASS] (000 when nothing answers).
 v2_status() {
-    curl -s -o /dev/null -m 2 -w '%{http_code}' "http://$1/v2/" || true
+    local creds=()
+    [[ -z "${2:-}" ]] || creds=(-u "$2")
+    curl -s -o /dev/null -m 2 -w '%{http_code}' "${creds[@]}" "http://$1/v2/" || true
 }
 
 cmd_up() {
@@ -111,6 +113,8 @@ cmd_up() {
     pid="$(running_pid "$dir")"
     if [[ -n "$pid" ]]; then
         [[ -f "$dir/addr" ]] || die "a registry (pid $pid) runs for $dir but $dir/addr is missing: \`registry.sh down $dir\` first"
+        [[ "$(v2_status "$(cat "$dir/addr")" "$auth")" == 200 ]] \
+            || die "the registry running for $dir (pid $pid) has other auth settings than asked: \`registry.sh down $dir\` first"
         log "already running (pid $pid) at $(cat "$dir/addr")"
         echo "ADDR=$(cat "$dir/addr")"
         return
@@ -125,12 +129,12 @@ cmd_up() {
         auth_yaml="auth:
   htpasswd:
     realm: sandhub-test-registry
-    path: $dir/htpasswd"
+    path: \"$dir/htpasswd\""
     else
         rm -f "$dir/htpasswd"
     fi
 
-    local attempt port status waited
+    local attempt port status waited log_start
     for attempt in 1 2 3 4 5; do
         port="$(free_port)"
         cat >"$dir/config.yml" <<YAML
@@ -141,7 +145,7 @@ log:
   formatter: text
 storage:
   filesystem:
-    rootdirectory: $dir/data
+    rootdirectory: "$dir/data"
   delete:
     enabled: true
   maintenance:
@@ -152,6 +156,7 @@ http:
   secret: sandhub-test-registry-$port
 $auth_yaml
 YAML
+        log_start="$(stat -c %s "$dir/registry.log" 2>/dev/null || echo 0)"
         # setsid without a fork (a background job of a non-interactive shell is no group
         # leader): $! is the registry, leader of its own group. OTEL off: no exporter dials out.
         OTEL_SDK_DISABLED=true OTEL_TRACES_EXPORTER=none \
@@ -169,7 +174,7 @@ YAML
             fi
             if ! kill -0 "$pid" 2>/dev/null; then
                 rm -f "$dir/pid"
-                if grep -q 'address already in use' "$dir/registry.log"; then
+                if tail -c "+$((log_start + 1))" "$dir/registry.log" | grep -q 'address already in use'; then
                     log "port $port was taken before the registry bound it (attempt $attempt); retrying"
                     continue 2
                 fi
@@ -190,7 +195,7 @@ YAML
 cmd_down() {
     [[ $# -eq 1 ]] || usage
     local dir=$1 pid i
-    [[ -d "$dir" ]] || die "no directory $dir"
+    [[ -d "$dir" ]] || { log "not running: no directory $dir"; return; }
     dir="$(cd "$dir" && pwd)"
     pid="$(running_pid "$dir")"
     if [[ -z "$pid" ]]; then
