@@ -28,7 +28,8 @@ log() { echo "[test-deps] $*" >&2; }
 # ---------------------------------------------------------------- Debian packages
 # python3 + venv (ensurepip) for the virtualenv; a C toolchain for Rust's linker
 # and build scripts; ca-certificates for pip over https; openssl and curl for the
-# Kubernetes test cluster's certificates and readiness checks (dev/k8s/cluster.sh);
+# Kubernetes test cluster's certificates and readiness checks (dev/k8s/cluster.sh) and the
+# test registry's (dev/registry/registry.sh);
 # containerd, runc, the CNI plugins and busybox-static for its real node and images.
 # nginx and wrk: the baseline and the load generator of the router benchmark
 # (scripts/bench.sh router). jq and iproute2: the README's commands use jq, and
@@ -102,6 +103,23 @@ if [[ "${SANDHUB_TEST_CLUSTER:-1}" != 0 ]]; then
     k8s_bin="$(SANDHUB_CACHE="$cache_dir" bash "$repo_root/dev/k8s/build-bins.sh" | sed -n 's/^K8S_BIN=//p' | tail -n1)"
     [[ -n "$k8s_bin" ]] || { log "dev/k8s/build-bins.sh did not report K8S_BIN"; exit 1; }
     log "test cluster binaries in $k8s_bin"
+fi
+
+# ---------------------------------------------------------------- OCI test registry
+# CNCF distribution (registry v3.0.0) and a bcrypt htpasswd helper built from Go modules
+# into $SANDHUB_CACHE/registry/bin, and the registry test images (an OCI layout made from
+# Debian packages fetched with apt-get download) into $SANDHUB_CACHE/registry/images: the
+# image store's tests run a real registry on loopback (dev/registry/README.md). Both build
+# once; later runs return at once.
+if [[ "${SANDHUB_TEST_REGISTRY:-1}" != 0 ]]; then
+    registry_bin="$(SANDHUB_CACHE="$cache_dir" bash "$repo_root/dev/registry/registry.sh" build \
+        | sed -n 's/^REGISTRY_BIN=//p' | tail -n1)"
+    [[ -n "$registry_bin" ]] || { log "dev/registry/registry.sh build did not report REGISTRY_BIN"; exit 1; }
+    log "test registry: $registry_bin"
+    test_layout="$(SANDHUB_CACHE="$cache_dir" bash "$repo_root/dev/registry/registry.sh" build-test-image \
+        | python3 -c 'import json, sys; print(json.load(sys.stdin)["layout"])')"
+    [[ -n "$test_layout" ]] || { log "dev/registry/registry.sh build-test-image did not report its layout"; exit 1; }
+    log "registry test images: $test_layout"
 fi
 
 # ---------------------------------------------------------------- Python venv

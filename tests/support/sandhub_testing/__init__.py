@@ -11,6 +11,7 @@ from .env import REPO_ROOT, in_ci, need
 from .hub import Hub, running_hub, start_hub, stop_hub
 from .net import LOOPBACK, free_port, free_ports, port_open
 from .procs import stop_process, tail, wait_for
+from .registry import Registry, test_image_layout, test_image_summary
 from .router import Router, start_router
 from .sandboxd import Sandboxd, start_sandboxd
 
@@ -19,6 +20,7 @@ __all__ = [
     "LOOPBACK",
     "REPO_ROOT",
     "Hub",
+    "Registry",
     "Router",
     "Sandboxd",
     "binary",
@@ -35,5 +37,7 @@ __all__ = [
     "stop_hub",
     "stop_process",
     "tail",
+    "test_image_layout",
+    "test_image_summary",
     "wait_for",
 ]
