@@ -53,14 +53,17 @@ pub trait Backend: Send + Sync + 'static {
 /// that may block.
 #[async_trait]
 pub trait ImageService: Send + Sync {
-    async fn list(&self) -> std::result::Result<Vec<Image>, ErrorBody>;
+    /// The images `tenant` holds (imported or pulled), with its tags.
+    async fn list(&self, tenant: &str) -> std::result::Result<Vec<Image>, ErrorBody>;
     async fn import(
         &self,
+        tenant: &str,
         input: Box<dyn std::io::Read + Send>,
         tag: Option<String>,
     ) -> std::result::Result<Image, ErrorBody>;
-    async fn remove(&self, reference: String) -> std::result::Result<Image, ErrorBody>;
-    async fn prune(&self) -> std::result::Result<PruneResult, ErrorBody>;
+    async fn remove(&self, tenant: &str, reference: String)
+        -> std::result::Result<Image, ErrorBody>;
+    async fn prune(&self, tenant: &str) -> std::result::Result<PruneResult, ErrorBody>;
 }
 
 pub fn now_ms() -> i64 {

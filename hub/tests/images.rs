@@ -90,6 +90,11 @@ fn add(b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]) {
 
 /// An OCI image layout, as one tar, of `layers` (bottom first).
 fn oci_archive(layers: &[Vec<u8>], config: &Value) -> Vec<u8> {
+    // A real config pins its layers by the sha256 of each tar.
+    let mut config = config.clone();
+    config["rootfs"] = json!({"type": "layers",
+        "diff_ids": layers.iter().map(|l| format!("sha256:{}", sha(l))).collect::<Vec<_>>()});
+    let config = &config;
     let config = serde_json::to_vec(config).unwrap();
     let mut blobs = vec![config.clone()];
     let descs: Vec<Value> = layers
@@ -121,6 +126,11 @@ fn oci_archive(layers: &[Vec<u8>], config: &Value) -> Vec<u8> {
 
 /// A `docker save` archive (legacy layout: `<dir>/layer.tar`).
 fn docker_archive(layers: &[Vec<u8>], config: &Value, tag: &str) -> Vec<u8> {
+    // A real config pins its layers by the sha256 of each tar.
+    let mut config = config.clone();
+    config["rootfs"] = json!({"type": "layers",
+        "diff_ids": layers.iter().map(|l| format!("sha256:{}", sha(l))).collect::<Vec<_>>()});
+    let config = &config;
     let config = serde_json::to_vec(config).unwrap();
     let cname = format!("{}.json", sha(&config));
     let names: Vec<String> = (0..layers.len())
@@ -469,4 +479,127 @@ async fn a_hub_killed_mid_import_leaves_no_half_image() {
     let r = import(&hub, archive, "half:1").await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     assert_eq!(std::fs::read_dir(images.join("layers")).unwrap().count(), 2);
+}
+
+async fn import_as(hub: &TestHub, key: &str, archive: Vec<u8>, tag: &str) -> reqwest::Response {
+    hub.http()
+        .post(format!("{}/v1/images/import?tag={tag}", hub.url()))
+        .bearer_auth(key)
+        .body(archive)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn delete_as(hub: &TestHub, key: &str, reference: &str) -> reqwest::Response {
+    hub.http()
+        .delete(format!("{}/v1/images/{reference}", hub.url()))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Tenants share layers but nothing they can name: bob sees none of
+/// alice's images, cannot remove one by id, and his own `bb:1` does not
+/// re-point hers. A running sandbox keeps its image after its template
+/// is gone; once the sandbox is deleted the image can go.
+#[tokio::test]
+async fn tenants_own_their_tags_and_a_running_sandbox_pins_its_image() {
+    use common::{ALICE_KEY, BOB_KEY};
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
+    let _mounts = ImageMounts::of(&hub);
+    let r = import_as(&hub, ALICE_KEY, oci_archive(&[base_layer()], &config()), "bb:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let alices: Value = r.json().await.unwrap();
+
+    let listed: Value = hub
+        .http()
+        .get(format!("{}/v1/images", hub.url()))
+        .bearer_auth(BOB_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["items"], json!([]), "{listed}");
+    let id = alices["id"].as_str().unwrap();
+    error_body(delete_as(&hub, BOB_KEY, id).await, 404, "NOT_FOUND").await;
+
+    // Bob's bb:1: the same base plus a marker layer, so another image.
+    let marker = tar_of(&[file("etc/owner", b"bob\n")]);
+    let r = import_as(
+        &hub,
+        BOB_KEY,
+        oci_archive(&[base_layer(), marker], &config()),
+        "bb:1",
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let bobs: Value = r.json().await.unwrap();
+    assert_ne!(bobs["id"], alices["id"]);
+    // One unpacked copy of the shared base.
+    let layers = std::fs::read_dir(hub.state_dir.join("images/layers")).unwrap();
+    assert_eq!(layers.count(), 2);
+
+    let alice = hub.client(Some(ALICE_KEY));
+    alice
+        .put_template(
+            "bb",
+            Template {
+                image: Some("bb:1".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("alice's template");
+    let sb = alice
+        .create(CreateSandbox {
+            template: Some("bb".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("alice's sandbox");
+    let out = shell_ok(&alice, &sb.id, "cat /etc/owner 2>/dev/null || echo alices").await;
+    assert_eq!(out.trim(), "alices", "bob's tag leaked into alice's sandbox");
+
+    // Template gone, sandbox running: the image stays.
+    alice.delete_template("bb").await.unwrap();
+    error_body(delete_as(&hub, ALICE_KEY, "bb:1").await, 409, "CONFLICT").await;
+    let pruned: Value = hub
+        .http()
+        .post(format!("{}/v1/images/prune", hub.url()))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(pruned["images"], json!([]), "{pruned}");
+    let out = shell_ok(&alice, &sb.id, "cat /etc/kept").await;
+    assert!(!out.is_empty());
+
+    alice.delete(&sb.id).await.unwrap();
+    let r = delete_as(&hub, ALICE_KEY, "bb:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // Bob's image (and the shared base) are untouched.
+    let layers = std::fs::read_dir(hub.state_dir.join("images/layers")).unwrap();
+    assert_eq!(layers.count(), 2);
+    let bob_list: Value = hub
+        .http()
+        .get(format!("{}/v1/images", hub.url()))
+        .bearer_auth(BOB_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(bob_list["items"][0]["id"], bobs["id"], "{bob_list}");
 }

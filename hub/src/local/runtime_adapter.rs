@@ -204,7 +204,10 @@ impl LocalBackend {
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         let mut root_fs = t.root_fs.as_ref().map(PathBuf::from);
         if let Some(reference) = &t.image {
-            let (image, root) = self.images.root_of(reference).map_err(Error::from)?;
+            let (image, root) = self
+                .images
+                .root_of(&row.tenant, reference, &row.id)
+                .map_err(Error::from)?;
             // An image's config is untrusted: no empty names, no NULs.
             env.extend(
                 image
@@ -307,7 +310,12 @@ impl LocalBackend {
         })
         .await
         .map_err(join_error)?
-        .map_err(runtime_error)
+        .map_err(runtime_error)?;
+        // Gone: its image may be removed now.
+        let (images, id) = (self.images.clone(), row.id.clone());
+        tokio::task::spawn_blocking(move || images.unpin(&id))
+            .await
+            .map_err(join_error)
     }
 
     /// Kills every process and restores the workspace to its seed state.

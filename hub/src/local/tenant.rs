@@ -109,19 +109,20 @@ impl Backend for Arc<Hub> {
 
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         let hub = self.clone();
-        let store = self.backend.images.clone();
-        let in_use_store = store.clone();
-        // Every image a template names (any tenant's); a sandbox runs its
-        // template's, and a template in use by a pool cannot go.
+        // What uses images: every tenant's templates, and every sandbox the
+        // hub holds (the store keeps a pin per sandbox that runs an image).
         let in_use = move || {
-            let refs = hub.store.template_images().map_err(|e| e.body())?;
-            Ok(refs
-                .iter()
-                .filter_map(|r| in_use_store.get(r).ok())
-                .map(|i| i.id)
-                .collect())
+            let templates = hub.store.template_images().map_err(|e| e.body())?;
+            let sandboxes = hub.store.all_sandboxes().map_err(|e| e.body())?;
+            Ok(super::image::Users {
+                templates,
+                sandboxes: sandboxes.into_iter().map(|r| r.id).collect(),
+            })
         };
-        Some(Arc::new(super::image::Images::new(store, Arc::new(in_use))))
+        Some(Arc::new(super::image::Images::new(
+            self.backend.images.clone(),
+            Arc::new(in_use),
+        )))
     }
 }
 
@@ -413,7 +414,7 @@ impl Sandboxes for TenantHub {
         if let Some(image) = &template.image {
             // Named images must be here: a sandbox of it starts in
             // milliseconds, never with a surprise download.
-            self.hub.backend.images.get(image)?;
+            self.hub.backend.images.get(&self.tenant, image)?;
         }
         self.hub.policy.admit_template(&template)?;
         self.hub.store.put_template(&self.tenant, name, &template)?;

@@ -1,5 +1,6 @@
 //! Images in the local backend's store: import, list, remove, prune.
-//! The store is the hub's, shared by its tenants; on Kubernetes these
+//! Layers are shared by content, but each tenant sees, names and removes
+//! only the images it imported or pulled itself; on Kubernetes these
 //! routes answer `UNIMPLEMENTED` (the nodes hold images).
 
 use axum::{
@@ -48,10 +49,10 @@ fn images(state: &AppState) -> Result<std::sync::Arc<dyn ImageService>, ApiError
     responses((status = 200, body = ImageList), (status = 501, body = ErrorBody)))]
 async fn list_images(
     State(state): State<AppState>,
-    Api(_tenant): Api,
+    Api(view): Api,
 ) -> ApiResult<ApiJson<ImageList>> {
     Ok(ApiJson(ImageList {
-        items: images(&state)?.list().await.map_err(api)?,
+        items: images(&state)?.list(view.tenant()).await.map_err(api)?,
     }))
 }
 
@@ -70,7 +71,7 @@ struct ImportQuery {
               (status = 413, body = ErrorBody), (status = 501, body = ErrorBody)))]
 async fn import_image(
     State(state): State<AppState>,
-    Api(_tenant): Api,
+    Api(view): Api,
     ApiQuery(q): ApiQuery<ImportQuery>,
     request: Request,
 ) -> ApiResult<ApiJson<Image>> {
@@ -87,7 +88,7 @@ async fn import_image(
     }
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let tag = q.tag.filter(|t| !t.is_empty());
-    let import = images.import(Box::new(ChannelReader::new(rx)), tag);
+    let import = images.import(view.tenant(), Box::new(ChannelReader::new(rx)), tag);
     let max = limits.max_upload_bytes;
     let feed = async move {
         let mut body = Body::into_data_stream(request.into_body());
@@ -155,11 +156,11 @@ fn refuse_simple_cross_origin(headers: &axum::http::HeaderMap) -> Result<(), Api
               (status = 409, body = ErrorBody), (status = 501, body = ErrorBody)))]
 async fn delete_image(
     State(state): State<AppState>,
-    Api(_tenant): Api,
+    Api(view): Api,
     ApiPath(reference): ApiPath<String>,
 ) -> ApiResult<ApiJson<Image>> {
     Ok(ApiJson(
-        images(&state)?.remove(reference).await.map_err(api)?,
+        images(&state)?.remove(view.tenant(), reference).await.map_err(api)?,
     ))
 }
 
@@ -169,11 +170,11 @@ async fn delete_image(
     responses((status = 200, body = PruneResult), (status = 501, body = ErrorBody)))]
 async fn prune_images(
     State(state): State<AppState>,
-    Api(_tenant): Api,
+    Api(view): Api,
 ) -> ApiResult<(StatusCode, ApiJson<PruneResult>)> {
     Ok((
         StatusCode::OK,
-        ApiJson(images(&state)?.prune().await.map_err(api)?),
+        ApiJson(images(&state)?.prune(view.tenant()).await.map_err(api)?),
     ))
 }
 

@@ -54,6 +54,17 @@ pub struct ImageConfigFile {
     pub config: Option<RunConfig>,
     #[serde(default)]
     pub os: Option<String>,
+    #[serde(default)]
+    pub rootfs: Option<RootFs>,
+}
+
+/// `rootfs.diff_ids`: the sha256 of each layer's uncompressed tar, bottom
+/// first. The config's digest is the image's id, so these pin the content
+/// of every layer an id stands for.
+#[derive(Debug, Default, Deserialize)]
+pub struct RootFs {
+    #[serde(default)]
+    pub diff_ids: Vec<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -235,19 +235,35 @@ impl Ingested {
 
 /// Copies `input` to `out` while hashing it; the hex sha256.
 pub fn copy_hashed(input: &mut impl Read, out: &mut impl Write) -> io::Result<(String, u64)> {
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 128 << 10];
-    let mut total = 0u64;
-    loop {
-        let n = match input.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-        out.write_all(&buf[..n])?;
-        total += n as u64;
+    let mut input = Hashing::new(input);
+    let total = io::copy(&mut input, out)?;
+    Ok((input.hex(), total))
+}
+
+/// A reader that hashes (sha256) what passes through it.
+pub struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Hashing<R> {
+    pub fn new(inner: R) -> Self {
+        Hashing {
+            inner,
+            hasher: Sha256::new(),
+        }
     }
-    Ok((hex::encode(hasher.finalize()), total))
+
+    /// The hex sha256 of everything read so far.
+    pub fn hex(&self) -> String {
+        hex::encode(self.hasher.clone().finalize())
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
 }

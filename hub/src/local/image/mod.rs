@@ -2,9 +2,13 @@
 //!
 //! ```text
 //! blobs/sha256/<hex>   every file of an imported archive, by content
-//! layers/<hex>/        one unpacked layer per layer blob, shared by every
-//!                      image that has it; overlay format, owners shifted
-//! images/<hex>.json    one image (by config digest): tags, layers, config
+//! layers/<hex>/        one unpacked layer per diff id (the sha256 of its
+//!                      tar, checked as it unpacks), shared by every image
+//!                      that has it; overlay format, owners shifted
+//! images/<hex>.json    one image (by config digest): layers, config, and
+//!                      each tenant holding it with that tenant's tags
+//! pins/<sandbox id>    the image a sandbox runs (tenant, id): never removed
+//!                      while that sandbox exists
 //! mnt/<hex>/           an image's root: its layers as one read-only overlay
 //! empty/               the bottom layer of every such overlay
 //! tmp/                 work in progress; emptied when the store opens
@@ -15,6 +19,13 @@
 //! a directory under `layers/` is always a whole layer. One lock
 //! serializes imports, removals and prunes; reads take it too (they are
 //! cheap), so no one sees an image whose layers are being removed.
+//!
+//! Tenancy: layers and blobs are shared by content (an image two tenants
+//! import is stored once), but everything a tenant can name is its own. A
+//! tag belongs to one tenant, so no tenant can re-point another's
+//! `app:1`; an image is listed, resolved (even by id) and removable only
+//! by a tenant that imported or pulled it; and it leaves the disk only
+//! when no tenant holds it, no template names it and no sandbox runs it.
 //!
 //! ```text
 //! mod.rs     ImageStore: import, list, get, remove, prune
@@ -30,7 +41,7 @@ mod mount;
 pub mod unpack;
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, BTreeSet, HashSet},
     fs::File,
     io::{self, BufReader, Read},
     os::{
@@ -86,8 +97,48 @@ impl Blobs {
     }
 }
 
-/// What the images the hub's templates use are: their ids.
-pub type InUse = Arc<dyn Fn() -> Result<HashSet<String>, ErrorBody> + Send + Sync>;
+/// What uses images, as the hub knows it: its templates and sandboxes.
+#[derive(Debug, Default)]
+pub struct Users {
+    /// `(tenant, reference)` of every template with `image:`.
+    pub templates: Vec<(String, String)>,
+    /// Every sandbox the hub holds, in any state: a pin of any other
+    /// sandbox is stale (a hub died between destroy and unpin).
+    pub sandboxes: HashSet<String>,
+}
+
+/// Asks the hub what uses images (read before the store's lock is taken).
+pub type InUse = Arc<dyn Fn() -> Result<Users, ErrorBody> + Send + Sync>;
+
+/// `(tenant, image id)`: a tenant's template or sandbox uses the image.
+type Used = HashSet<(String, String)>;
+
+/// An image as stored: the image, and the tenants holding it with their
+/// tags for it (`Image::tags` itself is kept empty on disk).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    #[serde(flatten)]
+    image: Image,
+    #[serde(default)]
+    tenants: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Record {
+    /// The image as `tenant` sees it: with its own tags only.
+    fn view(&self, tenant: &str) -> Image {
+        let mut image = self.image.clone();
+        image.tags = self
+            .tenants
+            .get(tenant)
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default();
+        image
+    }
+
+    fn hex(&self) -> Result<&str, ErrorBody> {
+        format::sha256_hex(&self.image.id).ok_or_else(|| internal("image id", &self.image.id))
+    }
+}
 
 /// The store and who uses its images, for the front doors. The blocking
 /// store calls run on blocking threads.
@@ -115,24 +166,30 @@ impl Images {
 
 #[async_trait::async_trait]
 impl ImageService for Images {
-    async fn list(&self) -> Result<Vec<Image>, ErrorBody> {
-        self.blocking(|s, _| s.list()).await
+    async fn list(&self, tenant: &str) -> Result<Vec<Image>, ErrorBody> {
+        let tenant = tenant.to_string();
+        self.blocking(move |s, _| s.list(&tenant)).await
     }
 
-    async fn remove(&self, reference: String) -> Result<Image, ErrorBody> {
-        self.blocking(move |s, u| s.remove(&reference, &u()?)).await
+    async fn remove(&self, tenant: &str, reference: String) -> Result<Image, ErrorBody> {
+        let tenant = tenant.to_string();
+        self.blocking(move |s, u| s.remove(&tenant, &reference, &u()?))
+            .await
     }
 
-    async fn prune(&self) -> Result<PruneResult, ErrorBody> {
-        self.blocking(|s, u| s.prune(&u()?)).await
+    async fn prune(&self, tenant: &str) -> Result<PruneResult, ErrorBody> {
+        let tenant = tenant.to_string();
+        self.blocking(move |s, u| s.prune(&tenant, &u()?)).await
     }
 
     async fn import(
         &self,
+        tenant: &str,
         input: Box<dyn Read + Send>,
         tag: Option<String>,
     ) -> Result<Image, ErrorBody> {
-        self.blocking(move |s, _| s.import(input, tag.as_deref()))
+        let tenant = tenant.to_string();
+        self.blocking(move |s, _| s.import(&tenant, input, tag.as_deref()))
             .await
     }
 }
@@ -157,7 +214,7 @@ impl ImageStore {
         let root = state_dir.join("images");
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true).mode(0o700);
-        for d in ["blobs/sha256", "layers", "images", "tmp", "mnt", "empty"] {
+        for d in ["blobs/sha256", "layers", "images", "pins", "tmp", "mnt", "empty"] {
             b.create(root.join(d))?;
         }
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
@@ -193,22 +250,37 @@ impl ImageStore {
     }
 
     /// Imports an OCI layout or `docker save` archive (one tar stream,
-    /// uncompressed). `tag` names it, else the archive's own tag does.
-    /// Blocking: call from a blocking thread.
-    pub fn import(&self, input: impl Read, tag: Option<&str>) -> Result<Image, ErrorBody> {
+    /// uncompressed) for `tenant`. `tag` names it, else the archive's own
+    /// tag does. Blocking: call from a blocking thread.
+    pub fn import(
+        &self,
+        tenant: &str,
+        input: impl Read,
+        tag: Option<&str>,
+    ) -> Result<Image, ErrorBody> {
         if let Some(t) = tag {
             validate::image_reference(t)?;
         }
         let _g = self.guard();
         let files = ingest::ingest(input, &self.blobs)?;
         let described = files.describe(&self.blobs)?;
-        let config = self.read_config(&described.config)?;
+        let (config, diff_ids) = self.read_config(&described.config)?;
+        if diff_ids.len() != described.layers.len() {
+            return Err(ErrorBody::new(
+                Code::InvalidArgument,
+                format!(
+                    "image config names {} layers (rootfs.diff_ids) but the manifest {}",
+                    diff_ids.len(),
+                    described.layers.len()
+                ),
+            ));
+        }
         let mut size = 0;
-        for hex in &described.layers {
-            size += std::fs::metadata(self.blobs.path(hex))
+        for (blob, diff_id) in described.layers.iter().zip(&diff_ids) {
+            size += std::fs::metadata(self.blobs.path(blob))
                 .map(|m| m.len())
                 .unwrap_or(0);
-            self.ensure_layer(hex)?;
+            self.ensure_layer(blob, diff_id)?;
         }
         let tag = match tag.or(described.tag.as_deref()) {
             Some(t) => {
@@ -217,37 +289,41 @@ impl ImageStore {
             }
             None => None,
         };
-        let mut image = self
+        let mut record = self
             .read_record(&described.config)?
-            .unwrap_or_else(|| Image {
-                id: format!("sha256:{}", described.config),
-                tags: Vec::new(),
-                layers: described
-                    .layers
-                    .iter()
-                    .map(|h| format!("sha256:{h}"))
-                    .collect(),
-                size_bytes: size,
-                config,
+            .unwrap_or_else(|| Record {
+                image: Image {
+                    id: format!("sha256:{}", described.config),
+                    tags: Vec::new(),
+                    layers: diff_ids.iter().map(|h| format!("sha256:{h}")).collect(),
+                    size_bytes: size,
+                    config,
+                },
+                tenants: BTreeMap::new(),
             });
-        if let Some(tag) = tag {
-            // A tag names one image: take it from any other.
+        if let Some(tag) = &tag {
+            // A tag names one of the tenant's images: take it from any other.
             for mut other in self.records()? {
-                if other.id != image.id && other.tags.contains(&tag) {
-                    other.tags.retain(|t| t != &tag);
-                    self.write_record(&other)?;
+                if other.image.id == record.image.id {
+                    continue;
+                }
+                if let Some(tags) = other.tenants.get_mut(tenant) {
+                    if tags.remove(tag) {
+                        self.write_record(&other)?;
+                    }
                 }
             }
-            if !image.tags.contains(&tag) {
-                image.tags.push(tag);
-            }
         }
-        self.write_record(&image)?;
-        tracing::info!(id = %image.id, tags = ?image.tags, layers = image.layers.len(), "image imported");
+        let tags = record.tenants.entry(tenant.to_string()).or_default();
+        tags.extend(tag);
+        self.write_record(&record)?;
+        let image = record.view(tenant);
+        tracing::info!(id = %image.id, %tenant, tags = ?image.tags, layers = image.layers.len(), "image imported");
         Ok(image)
     }
 
-    fn read_config(&self, hex: &str) -> Result<ImageRunConfig, ErrorBody> {
+    /// The run config and the layers' diff ids (hex) of a config blob.
+    fn read_config(&self, hex: &str) -> Result<(ImageRunConfig, Vec<String>), ErrorBody> {
         let mut buf = Vec::new();
         self.blobs
             .open(hex)
@@ -267,20 +343,38 @@ impl ImageStore {
                 format!("image is for {os}, not linux"),
             ));
         }
+        let diff_ids = file
+            .rootfs
+            .unwrap_or_default()
+            .diff_ids
+            .iter()
+            .map(|d| {
+                format::sha256_hex(d).map(str::to_string).ok_or_else(|| {
+                    ErrorBody::new(
+                        Code::InvalidArgument,
+                        format!("image config has a bad diff id `{d}`"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let c = file.config.unwrap_or_default();
-        Ok(ImageRunConfig {
+        let run = ImageRunConfig {
             env: c.env.unwrap_or_default(),
             workdir: c.working_dir.filter(|w| !w.is_empty()),
             user: c.user.filter(|u| !u.is_empty()),
             entrypoint: c.entrypoint.unwrap_or_default(),
             cmd: c.cmd.unwrap_or_default(),
-        })
+        };
+        Ok((run, diff_ids))
     }
 
-    /// Unpacks a layer blob unless it already is: into `tmp/`, then one
-    /// rename, so `layers/<hex>` only ever holds a whole layer.
-    fn ensure_layer(&self, hex: &str) -> Result<(), ErrorBody> {
-        let dest = self.layer_dir(hex);
+    /// Unpacks layer blob `hex` unless layer `diff_id` already is: into
+    /// `tmp/`, then one rename, so `layers/<diff id>` only ever holds a
+    /// whole layer whose tar hashed to its name. Keyed by diff id, not by
+    /// blob, an image id (its config's digest) names its content exactly:
+    /// no tenant can plant other content under an id another will import.
+    fn ensure_layer(&self, hex: &str, diff_id: &str) -> Result<(), ErrorBody> {
+        let dest = self.layer_dir(diff_id);
         if dest.is_dir() {
             return Ok(());
         }
@@ -302,19 +396,27 @@ impl ImageStore {
             .map_err(|e| internal("opening a layer blob", e))?;
         let packed = blob.metadata().map(|m| m.len()).unwrap_or(0);
         let max_bytes = packed.saturating_mul(MAX_EXPANSION).max(MIN_UNPACK_BUDGET);
-        let stats = unpack::unpack_layer(
-            decompress(BufReader::new(blob))?,
-            root.as_fd(),
-            &self.idmap,
-            max_bytes,
-        )
-        .map_err(|e| match e {
-            unpack::UnpackError::Io(e) => internal(&format!("unpacking layer sha256:{hex}"), e),
-            e => ErrorBody::new(
+        let mut tar = ingest::Hashing::new(decompress(BufReader::new(blob))?);
+        let stats = unpack::unpack_layer(&mut tar, root.as_fd(), &self.idmap, max_bytes)
+            .map_err(|e| match e {
+                unpack::UnpackError::Io(e) => {
+                    internal(&format!("unpacking layer sha256:{hex}"), e)
+                }
+                e => ErrorBody::new(
+                    Code::InvalidArgument,
+                    format!("layer sha256:{hex} refused: {e}"),
+                ),
+            })?;
+        // The tar's end-of-archive padding counts too; bounded like the rest.
+        io::copy(&mut (&mut tar).take(max_bytes), &mut io::sink())
+            .map_err(|e| internal(&format!("reading layer sha256:{hex}"), e))?;
+        let got = tar.hex();
+        if got != diff_id {
+            return Err(ErrorBody::new(
                 Code::InvalidArgument,
-                format!("layer sha256:{hex} refused: {e}"),
-            ),
-        })?;
+                format!("layer sha256:{hex} unpacks to sha256:{got}, but the image config says sha256:{diff_id}"),
+            ));
+        }
         let tmp = tmp.keep();
         if let Err(e) = std::fs::rename(&tmp, &dest) {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -330,7 +432,7 @@ impl ImageStore {
         self.root.join("images").join(format!("{hex}.json"))
     }
 
-    fn read_record(&self, hex: &str) -> Result<Option<Image>, ErrorBody> {
+    fn read_record(&self, hex: &str) -> Result<Option<Record>, ErrorBody> {
         match std::fs::read(self.record_path(hex)) {
             Ok(b) => serde_json::from_slice(&b)
                 .map(Some)
@@ -340,11 +442,11 @@ impl ImageStore {
         }
     }
 
-    fn write_record(&self, image: &Image) -> Result<(), ErrorBody> {
-        let hex = format::sha256_hex(&image.id).ok_or_else(|| internal("image id", &image.id))?;
+    fn write_record(&self, record: &Record) -> Result<(), ErrorBody> {
+        let hex = record.hex()?;
         let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))
             .map_err(|e| internal("writing an image record", e))?;
-        serde_json::to_writer(tmp.as_file(), image)
+        serde_json::to_writer(tmp.as_file(), record)
             .map_err(|e| internal("writing an image record", e))?;
         tmp.as_file()
             .sync_all()
@@ -354,7 +456,7 @@ impl ImageStore {
         Ok(())
     }
 
-    fn records(&self) -> Result<Vec<Image>, ErrorBody> {
+    fn records(&self) -> Result<Vec<Record>, ErrorBody> {
         let mut out = Vec::new();
         let dir = std::fs::read_dir(self.root.join("images"))
             .map_err(|e| internal("listing images", e))?;
@@ -367,86 +469,187 @@ impl ImageStore {
                 out.push(img);
             }
         }
+        out.sort_by(|a, b| a.image.id.cmp(&b.image.id));
+        Ok(out)
+    }
+
+    /// The images `tenant` holds, by tag then id.
+    pub fn list(&self, tenant: &str) -> Result<Vec<Image>, ErrorBody> {
+        let _g = self.guard();
+        let mut out: Vec<Image> = self
+            .records()?
+            .iter()
+            .filter(|r| r.tenants.contains_key(tenant))
+            .map(|r| r.view(tenant))
+            .collect();
         out.sort_by(|a, b| a.tags.cmp(&b.tags).then(a.id.cmp(&b.id)));
         Ok(out)
     }
 
-    pub fn list(&self) -> Result<Vec<Image>, ErrorBody> {
-        let _g = self.guard();
-        self.records()
-    }
-
-    fn find(&self, reference: &str) -> Result<Image, ErrorBody> {
+    /// The record a tenant's reference names: one of its tags, or the id
+    /// of an image it holds. Another tenant's image is `NOT_FOUND`, even by
+    /// id, so ids say nothing about what others hold.
+    fn find(&self, tenant: &str, reference: &str) -> Result<Record, ErrorBody> {
         validate::image_reference(reference)?;
         if let Some(hex) = format::sha256_hex(reference) {
-            return self.read_record(hex)?.ok_or_else(|| not_found(reference));
+            return self
+                .read_record(hex)?
+                .filter(|r| r.tenants.contains_key(tenant))
+                .ok_or_else(|| not_found(reference));
         }
         let tag = validate::normalize_image_reference(reference);
         self.records()?
             .into_iter()
-            .find(|i| i.tags.contains(&tag))
+            .find(|r| r.tenants.get(tenant).is_some_and(|t| t.contains(&tag)))
             .ok_or_else(|| not_found(reference))
     }
 
-    /// The image a reference (tag or id) names.
-    pub fn get(&self, reference: &str) -> Result<Image, ErrorBody> {
+    /// The image a tenant's reference (tag or id) names.
+    pub fn get(&self, tenant: &str, reference: &str) -> Result<Image, ErrorBody> {
         let _g = self.guard();
-        self.find(reference)
+        Ok(self.find(tenant, reference)?.view(tenant))
     }
 
-    /// Removes a tag, or the whole image when named by id or by its only
-    /// tag. `in_use` holds the ids of images templates or sandboxes use:
-    /// those are refused with `CONFLICT`.
-    pub fn remove(&self, reference: &str, in_use: &HashSet<String>) -> Result<Image, ErrorBody> {
+    fn pin_path(&self, sandbox: &str) -> Result<PathBuf, ErrorBody> {
+        // Sandbox ids are the hub's own (`prefix-` and [a-z0-9]); a name
+        // that could leave pins/ is a bug, not an input.
+        if sandbox.is_empty() || sandbox.starts_with('.') || sandbox.contains(['/', '\0']) {
+            return Err(internal("pinning an image", format!("bad sandbox id {sandbox:?}")));
+        }
+        Ok(self.root.join("pins").join(sandbox))
+    }
+
+    /// Records that `sandbox` (of `tenant`) runs image `id`. Called with
+    /// the lock held, by [`ImageStore::root_of`].
+    fn pin(&self, sandbox: &str, tenant: &str, id: &str) -> Result<(), ErrorBody> {
+        let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))
+            .map_err(|e| internal("pinning an image", e))?;
+        std::fs::write(tmp.path(), format!("{tenant}\n{id}\n"))
+            .map_err(|e| internal("pinning an image", e))?;
+        tmp.persist(self.pin_path(sandbox)?)
+            .map_err(|e| internal("pinning an image", e.error))?;
+        Ok(())
+    }
+
+    /// Forgets what a destroyed sandbox ran.
+    pub fn unpin(&self, sandbox: &str) {
         let _g = self.guard();
-        let mut image = self.find(reference)?;
-        let hex = format::sha256_hex(&image.id)
-            .ok_or_else(|| internal("image id", &image.id))?
-            .to_string();
+        if let Ok(path) = self.pin_path(sandbox) {
+            if let Err(e) = std::fs::remove_file(&path) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(%sandbox, error = %e, "removing an image pin");
+                }
+            }
+        }
+    }
+
+    /// `(tenant, image id)` of everything in use: every template's image
+    /// (resolved in its tenant) and every live sandbox's pin. Stale pins
+    /// (of sandboxes the hub no longer holds) are dropped on the way.
+    fn used(&self, users: &Users) -> Result<Used, ErrorBody> {
+        let mut used = Used::new();
+        for (tenant, reference) in &users.templates {
+            if let Ok(r) = self.find(tenant, reference) {
+                used.insert((tenant.clone(), r.image.id));
+            }
+        }
+        let dir = std::fs::read_dir(self.root.join("pins"))
+            .map_err(|e| internal("listing image pins", e))?;
+        for e in dir {
+            let e = e.map_err(|e| internal("listing image pins", e))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !users.sandboxes.contains(&name) {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            if let Some((tenant, id)) = text.trim_end().split_once('\n') {
+                used.insert((tenant.to_string(), id.to_string()));
+            }
+        }
+        Ok(used)
+    }
+
+    /// Removes one of `tenant`'s tags, or (named by id or by its last tag)
+    /// the tenant's hold on the image. An image the tenant's templates or
+    /// sandboxes use is refused with `CONFLICT`. The image leaves the disk
+    /// when no tenant holds it any more.
+    pub fn remove(
+        &self,
+        tenant: &str,
+        reference: &str,
+        users: &Users,
+    ) -> Result<Image, ErrorBody> {
+        let _g = self.guard();
+        let mut record = self.find(tenant, reference)?;
+        let image = record.view(tenant);
         let by_id = format::sha256_hex(reference).is_some();
         if !by_id && image.tags.len() > 1 {
             let tag = validate::normalize_image_reference(reference);
-            image.tags.retain(|t| *t != tag);
-            self.write_record(&image)?;
-            return Ok(image);
+            if let Some(tags) = record.tenants.get_mut(tenant) {
+                tags.remove(&tag);
+            }
+            self.write_record(&record)?;
+            return Ok(record.view(tenant));
         }
-        if in_use.contains(&image.id) {
+        let used = self.used(users)?;
+        if used.contains(&(tenant.to_string(), record.image.id.clone())) {
             return Err(ErrorBody::new(
                 Code::Conflict,
                 format!("image `{reference}` is in use by a template or a sandbox"),
             ));
         }
-        std::fs::remove_file(self.record_path(&hex))
-            .map_err(|e| internal("removing an image record", e))?;
-        self.unmount(&hex);
+        record.tenants.remove(tenant);
+        self.release(&record, &used, &mut PruneResult::default())?;
         self.collect(&mut PruneResult::default())?;
         Ok(image)
     }
 
-    /// Removes untagged images nobody uses, then every layer and blob no
-    /// image refers to.
-    pub fn prune(&self, in_use: &HashSet<String>) -> Result<PruneResult, ErrorBody> {
+    /// Drops `tenant`'s holds on its untagged images it does not use, then
+    /// removes every image no tenant holds and nothing uses, and every
+    /// layer and blob no image needs.
+    pub fn prune(&self, tenant: &str, users: &Users) -> Result<PruneResult, ErrorBody> {
         let _g = self.guard();
+        let used = self.used(users)?;
         let mut result = PruneResult::default();
-        for image in self.records()? {
-            if image.tags.is_empty() && !in_use.contains(&image.id) {
-                if let Some(hex) = format::sha256_hex(&image.id) {
-                    std::fs::remove_file(self.record_path(hex))
-                        .map_err(|e| internal("removing an image record", e))?;
-                    self.unmount(hex);
-                    result.images.push(image.id);
+        for mut record in self.records()? {
+            let untagged = record.tenants.get(tenant).is_some_and(|t| t.is_empty());
+            if untagged && !used.contains(&(tenant.to_string(), record.image.id.clone())) {
+                record.tenants.remove(tenant);
+                if !record.tenants.is_empty() {
+                    // Still another tenant's: to this one it is gone.
+                    result.images.push(record.image.id.clone());
                 }
+            } else if !record.tenants.is_empty() {
+                continue;
             }
+            self.release(&record, &used, &mut result)?;
         }
         self.collect(&mut result)?;
         Ok(result)
+    }
+
+    /// Writes a record whose holders changed, or deletes it when no tenant
+    /// holds it and no sandbox runs it.
+    fn release(&self, record: &Record, used: &Used, result: &mut PruneResult) -> Result<(), ErrorBody> {
+        let hex = record.hex()?;
+        let running = used.iter().any(|(_, id)| *id == record.image.id);
+        if !record.tenants.is_empty() || running {
+            return self.write_record(record);
+        }
+        std::fs::remove_file(self.record_path(hex))
+            .map_err(|e| internal("removing an image record", e))?;
+        self.unmount(hex);
+        result.images.push(record.image.id.clone());
+        Ok(())
     }
 
     /// Removes layers and blobs no image record refers to. Called with
     /// the lock held, so no import is between writing blobs and its record.
     fn collect(&self, result: &mut PruneResult) -> Result<(), ErrorBody> {
         let mut keep = HashSet::new();
-        for image in self.records()? {
+        for record in self.records()? {
+            let image = &record.image;
             for d in image.layers.iter().chain(std::iter::once(&image.id)) {
                 if let Some(h) = format::sha256_hex(d) {
                     keep.insert(h.to_string());

@@ -33,13 +33,21 @@ impl ImageStore {
         self.root.join("mnt").join(hex)
     }
 
-    /// The image a reference names and its root filesystem, mounted if it
-    /// is not yet (after a hub restart, say).
-    pub fn root_of(&self, reference: &str) -> Result<(Image, PathBuf), ErrorBody> {
+    /// The image a tenant's reference names and its root filesystem,
+    /// mounted if it is not yet (after a hub restart, say). `sandbox` is
+    /// pinned to the image, in the same locked step, so no removal or
+    /// prune can take the image from under it.
+    pub fn root_of(
+        &self,
+        tenant: &str,
+        reference: &str,
+        sandbox: &str,
+    ) -> Result<(Image, PathBuf), ErrorBody> {
         let _g = self.guard();
-        let image = self.find(reference)?;
+        let image = self.find(tenant, reference)?.view(tenant);
         let hex =
             format::sha256_hex(&image.id).ok_or_else(|| super::internal("image id", &image.id))?;
+        self.pin(sandbox, tenant, &image.id)?;
         let target = self.mount_point(hex);
         if is_mounted(&target) {
             return Ok((image, target));

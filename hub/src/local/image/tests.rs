@@ -2,7 +2,6 @@
 //! where the tar crate would refuse to write the hostile entry itself.
 
 use std::{
-    collections::HashSet,
     os::unix::fs::{FileTypeExt, MetadataExt},
     path::Path,
 };
@@ -82,6 +81,11 @@ fn sha(b: &[u8]) -> String {
 
 /// An OCI layout archive of `layers` (bottom first) with `config`.
 pub(crate) fn oci_archive(layers: &[Vec<u8>], config: &serde_json::Value) -> Vec<u8> {
+    // A real config pins its layers by the sha256 of each tar.
+    let mut config = config.clone();
+    config["rootfs"] = serde_json::json!({"type": "layers",
+        "diff_ids": layers.iter().map(|l| format!("sha256:{}", sha(l))).collect::<Vec<_>>()});
+    let config = &config;
     let config = serde_json::to_vec(config).unwrap();
     let mut blobs: Vec<(String, Vec<u8>)> = vec![(sha(&config), config.clone())];
     let mut descs = Vec::new();
@@ -121,6 +125,11 @@ pub(crate) fn oci_archive(layers: &[Vec<u8>], config: &serde_json::Value) -> Vec
 
 /// A legacy `docker save` archive (layers as `<n>/layer.tar`).
 pub(crate) fn docker_archive(layers: &[Vec<u8>], config: &serde_json::Value, tag: &str) -> Vec<u8> {
+    // A real config pins its layers by the sha256 of each tar.
+    let mut config = config.clone();
+    config["rootfs"] = serde_json::json!({"type": "layers",
+        "diff_ids": layers.iter().map(|l| format!("sha256:{}", sha(l))).collect::<Vec<_>>()});
+    let config = &config;
     let config = serde_json::to_vec(config).unwrap();
     let cname = format!("{}.json", sha(&config));
     let lnames: Vec<String> = (0..layers.len())
@@ -288,6 +297,7 @@ fn oci_and_docker_archives_import_and_share_layers() {
     let top = tar_of(&[file("etc-note", b"top")]);
     let a = s
         .import(
+            "t1",
             &oci_archive(&[base.clone(), top.clone()], &config())[..],
             Some("a:1"),
         )
@@ -300,6 +310,7 @@ fn oci_and_docker_archives_import_and_share_layers() {
     other["config"]["WorkingDir"] = "/other".into();
     let b = s
         .import(
+            "t1",
             &docker_archive(std::slice::from_ref(&base), &other, "b:2")[..],
             None,
         )
@@ -308,15 +319,18 @@ fn oci_and_docker_archives_import_and_share_layers() {
     // One unpacked copy of the shared base layer.
     assert_eq!(a.layers[0], b.layers[0]);
     assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 2);
-    assert_eq!(s.get("a:1").unwrap().id, a.id);
-    assert_eq!(s.get(&b.id).unwrap().id, b.id);
-    assert_eq!(s.list().unwrap().len(), 2);
+    assert_eq!(s.get("t1", "a:1").unwrap().id, a.id);
+    assert_eq!(s.get("t1", &b.id).unwrap().id, b.id);
+    assert_eq!(s.list("t1").unwrap().len(), 2);
 
     // In use: refused. Not in use: gone, and the shared layer stays.
-    let in_use: HashSet<String> = [a.id.clone()].into();
-    assert_eq!(s.remove("a:1", &in_use).unwrap_err().code, Code::Conflict);
-    s.remove("a:1", &HashSet::new()).unwrap();
-    assert_eq!(s.get("a:1").unwrap_err().code, Code::NotFound);
+    let in_use = Users {
+        templates: vec![("t1".into(), "a:1".into())],
+        ..Users::default()
+    };
+    assert_eq!(s.remove("t1", "a:1", &in_use).unwrap_err().code, Code::Conflict);
+    s.remove("t1", "a:1", &Users::default()).unwrap();
+    assert_eq!(s.get("t1", "a:1").unwrap_err().code, Code::NotFound);
     assert!(s
         .layer_dir(b.layers[0].trim_start_matches("sha256:"))
         .is_dir());
@@ -328,15 +342,15 @@ fn a_hostile_layer_leaves_no_image_and_no_layer() {
     let (_t, s) = store();
     let bad = tar_of(&[file("../escape", b"x")]);
     let err = s
-        .import(&oci_archive(&[bad], &config())[..], Some("bad:1"))
+        .import("t1", &oci_archive(&[bad], &config())[..], Some("bad:1"))
         .unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
     assert!(err.message.contains("`..`"), "{}", err.message);
-    assert!(s.list().unwrap().is_empty());
+    assert!(s.list("t1").unwrap().is_empty());
     assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(s.root.join("tmp")).unwrap().count(), 0);
     // Prune drops the orphaned blobs of the refused import.
-    let r = s.prune(&HashSet::new()).unwrap();
+    let r = s.prune("t1", &Users::default()).unwrap();
     assert!(r.blobs >= 3, "{r:?}");
 }
 
@@ -353,10 +367,10 @@ fn a_blob_that_lies_about_its_digest_is_refused() {
         &b"abc"[..],
     )
     .unwrap();
-    let err = s.import(&b.into_inner().unwrap()[..], None).unwrap_err();
+    let err = s.import("t1", &b.into_inner().unwrap()[..], None).unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument);
     assert!(err.message.contains("digest"), "{}", err.message);
-    let err = s.import(&b"not a tar at all"[..], None).unwrap_err();
+    let err = s.import("t1", &b"not a tar at all"[..], None).unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
 }
 
@@ -367,4 +381,152 @@ fn leftovers_of_a_killed_import_are_cleared_on_open() {
     drop(s);
     let s = ImageStore::open(t.path(), IdMap::for_current_user()).unwrap();
     assert_eq!(std::fs::read_dir(s.root.join("tmp")).unwrap().count(), 0);
+}
+
+/// Tags are a tenant's own: another tenant can neither see, resolve (even
+/// by id), re-point nor remove them; a shared image is stored once and
+/// leaves the disk only when its last holder lets go.
+#[test]
+fn tenants_share_layers_but_not_names() {
+    let (_t, s) = store();
+    let archive = oci_archive(&[tar_of(&[file("mark", b"one")])], &config());
+    let a = s.import("alice", &archive[..], Some("app:1")).unwrap();
+    assert!(s.list("bob").unwrap().is_empty());
+    assert_eq!(s.get("bob", "app:1").unwrap_err().code, Code::NotFound);
+    assert_eq!(s.get("bob", &a.id).unwrap_err().code, Code::NotFound);
+    assert_eq!(
+        s.remove("bob", &a.id, &Users::default()).unwrap_err().code,
+        Code::NotFound
+    );
+
+    // Bob's own app:1 is another image; alice's tag still names hers.
+    let other = oci_archive(&[tar_of(&[file("mark", b"two")])], &config());
+    let b = s.import("bob", &other[..], Some("app:1")).unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!(s.get("alice", "app:1").unwrap().id, a.id);
+    assert_eq!(s.get("bob", "app:1").unwrap().id, b.id);
+
+    // The same archive from bob: one record, one layer, each with own tags.
+    let again = s.import("bob", &archive[..], Some("mine:2")).unwrap();
+    assert_eq!(again.id, a.id);
+    assert_eq!(again.tags, vec!["mine:2".to_string()]);
+    assert_eq!(s.get("alice", &a.id).unwrap().tags, vec!["app:1".to_string()]);
+    assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 2);
+
+    // Alice lets go: bob still has it on disk; then bob lets go too.
+    s.remove("alice", "app:1", &Users::default()).unwrap();
+    assert!(s.list("alice").unwrap().is_empty());
+    assert_eq!(s.get("bob", "mine:2").unwrap().id, a.id);
+    s.remove("bob", "mine:2", &Users::default()).unwrap();
+    assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 1);
+    // Prune by one tenant never touches another's untagged image.
+    let c = s.import("alice", &archive[..], None).unwrap();
+    let r = s.prune("bob", &Users::default()).unwrap();
+    assert!(r.images.is_empty(), "{r:?}");
+    assert_eq!(s.get("alice", &c.id).unwrap().id, c.id);
+}
+
+/// A running sandbox pins its image: neither remove nor prune takes it
+/// while the sandbox exists; a pin of a sandbox the hub no longer holds
+/// is stale and dropped.
+#[test]
+fn a_pinned_image_stays_until_its_sandbox_is_gone() {
+    let (_t, s) = store();
+    let archive = oci_archive(&[tar_of(&[file("mark", b"one")])], &config());
+    let a = s.import("alice", &archive[..], None).unwrap();
+    s.pin("sbx-1", "alice", &a.id).unwrap();
+    let live = Users {
+        sandboxes: ["sbx-1".to_string()].into(),
+        ..Users::default()
+    };
+    assert_eq!(
+        s.remove("alice", &a.id, &live).unwrap_err().code,
+        Code::Conflict
+    );
+    assert!(s.prune("alice", &live).unwrap().images.is_empty());
+    assert_eq!(s.get("alice", &a.id).unwrap().id, a.id);
+    // The sandbox is gone (no unpin: a hub that died): the pin is stale.
+    let r = s.prune("alice", &Users::default()).unwrap();
+    assert_eq!(r.images, vec![a.id.clone()]);
+    assert_eq!(s.get("alice", &a.id).unwrap_err().code, Code::NotFound);
+    assert_eq!(std::fs::read_dir(s.root.join("pins")).unwrap().count(), 0);
+    assert!(s.pin("../x", "alice", &a.id).is_err());
+}
+
+/// An image id is its config's digest, and the config pins each layer by
+/// the sha256 of its tar: an archive that pairs a config with other
+/// layers (to plant content under an id another tenant will import) is
+/// refused, and the real image still imports with its own content.
+#[test]
+fn a_config_paired_with_other_layers_is_refused() {
+    let (_t, s) = store();
+    let real = tar_of(&[file("mark", b"real")]);
+    let fake = tar_of(&[file("mark", b"planted")]);
+    let mut cfg = config();
+    cfg["rootfs"] = serde_json::json!({"type": "layers",
+        "diff_ids": [format!("sha256:{}", sha(&real))]});
+    // oci_archive fills diff_ids from its layers; build the lie by hand.
+    let lie = oci_archive(std::slice::from_ref(&fake), &cfg);
+    let lie = retarget_config(&lie, &cfg);
+    let err = s.import("mallory", &lie[..], Some("x:1")).unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
+    assert!(err.message.contains("unpacks to"), "{}", err.message);
+    assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 0);
+    let a = s
+        .import("alice", &oci_archive(&[real], &config())[..], Some("a:1"))
+        .unwrap();
+    let hex = a.layers[0].trim_start_matches("sha256:").to_string();
+    assert_eq!(std::fs::read(s.layer_dir(&hex).join("mark")).unwrap(), b"real");
+}
+
+/// An OCI archive whose config blob is replaced by `config` (verbatim,
+/// diff ids and all) and whose manifest points at it.
+fn retarget_config(archive: &[u8], config: &serde_json::Value) -> Vec<u8> {
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut ar = tar::Archive::new(archive);
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        let name = e.path().unwrap().to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+        files.push((name, data));
+    }
+    let config = serde_json::to_vec(config).unwrap();
+    let mut manifest_name = String::new();
+    let mut manifest: serde_json::Value = serde_json::Value::Null;
+    for (name, data) in &files {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
+            if v.get("config").is_some() && v.get("layers").is_some() {
+                manifest_name = name.clone();
+                manifest = v;
+            }
+        }
+    }
+    manifest["config"]["digest"] = format!("sha256:{}", sha(&config)).into();
+    manifest["config"]["size"] = config.len().into();
+    let manifest = serde_json::to_vec(&manifest).unwrap();
+    let old_manifest = manifest_name.rsplit('/').next().unwrap().to_string();
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "digest": format!("sha256:{}", sha(&manifest)), "size": manifest.len()}]}))
+    .unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    for (name, data) in &files {
+        if name.ends_with(&old_manifest) || name == "index.json" {
+            continue;
+        }
+        add(name, data);
+    }
+    add(&format!("blobs/sha256/{}", sha(&config)), &config);
+    add(&format!("blobs/sha256/{}", sha(&manifest)), &manifest);
+    add("index.json", &index);
+    b.into_inner().unwrap()
 }

@@ -49,18 +49,20 @@ impl Store {
             .collect())
     }
 
-    /// The `image` of every tenant's templates: what the image store must
-    /// keep.
-    pub fn template_images(&self) -> Result<Vec<String>> {
-        let specs: Vec<String> = self.with(|c| {
-            let mut stmt = c.prepare_cached("SELECT spec FROM templates")?;
-            let rows = stmt.query_map([], |r| r.get(0))?;
+    /// `(tenant, image)` of every template naming an image: what the
+    /// image store must keep.
+    pub fn template_images(&self) -> Result<Vec<(String, String)>> {
+        let specs: Vec<(String, String)> = self.with(|c| {
+            let mut stmt = c.prepare_cached("SELECT tenant, spec FROM templates")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             rows.collect()
         })?;
         Ok(specs
-            .iter()
-            .filter_map(|s| serde_json::from_str::<Template>(s).ok())
-            .filter_map(|t| t.image)
+            .into_iter()
+            .filter_map(|(tenant, s)| {
+                let image = serde_json::from_str::<Template>(&s).ok()?.image?;
+                Some((tenant, image))
+            })
             .collect())
     }
 
