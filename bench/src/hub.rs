@@ -10,12 +10,15 @@
 //! 5. MCP `execute_command` of `true` over streamable HTTP;
 //! 6. Gym reset latency and batch-step throughput;
 //! 7. memory per idle sandbox, summed over all sandbox processes at 100
-//!    sandboxes.
+//!    sandboxes;
+//! 8. (opt-in, `image`) cold create from a cached image vs from the host
+//!    root, interleaved.
 //!
 //! At the end it deletes everything it made through the API, SIGTERMs the
 //! hub and kills any sandbox process that outlived both.
 
 mod gym;
+mod image;
 mod mcp;
 mod procs;
 mod rest;
@@ -106,6 +109,11 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     gym_resets: u32,
 
+    /// Timed cold creates of each kind in the image phase.
+    #[arg(long, env = "SANDHUB_BENCH_IMAGE_CREATES", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    image_creates: u32,
+
     /// Envs stepped together in each Gym batch.
     #[arg(long, env = "SANDHUB_BENCH_GYM_ENVS", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -144,6 +152,10 @@ enum Phase {
     /// The Python SDK vs the Rust HubClient (not in the default set: it
     /// needs `sandhub` installed for --python).
     Sdk,
+    /// Cold create from a cached image vs from the host root (not in the
+    /// default set: it builds the test registry's image from Debian
+    /// packages first).
+    Image,
 }
 
 impl Args {
@@ -219,6 +231,7 @@ async fn phases(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Resu
             Phase::Gym => gym(args, hub, report).await,
             Phase::Memory => memory(args, hub, report).await,
             Phase::Sdk => sdk(args, hub, report).await,
+            Phase::Image => image_root(args, hub, report).await,
         };
         if let Err(e) = r {
             eprintln!("{phase:?}: FAILED: {e:#}");
@@ -321,6 +334,39 @@ async fn sdk(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<
         "64 concurrent sessions: Python AsyncHub vs Rust HubClient, calls/s",
         Value::new(rust, Unit::PerSecond),
         Value::new(py, Unit::PerSecond),
+        None,
+    ));
+    Ok(())
+}
+
+/// Cold create, image root vs host root (issue #15's target: ≤ 1.2×).
+async fn image_root(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the bench crate's parent is the repository")?;
+    let work = tempfile::Builder::new()
+        .prefix("sandhub-bench-image-")
+        .tempdir_in(&args.work_dir)?;
+    let import = image::prepare(hub, &args.sandhub_bin(), repo, work.path()).await?;
+    report.detail(
+        "import of the 3-layer python3 test image (OCI layout)",
+        format!("{} ms", import.as_millis()),
+    );
+    let result = image::cold_creates(hub, args.image_creates, args.deadline()).await;
+    image::cleanup(hub).await;
+    let (host, img) = result?;
+    let host = summary(report, "cold create, host root", host)?;
+    let img = summary(report, "cold create, image root", img)?;
+    report.rows.push(Row::compare(
+        "cold create: cached image root vs host root, p50",
+        us(host.p50),
+        us(img.p50),
+        Some(Target::RatioAtMost(1.2)),
+    ));
+    report.rows.push(Row::compare(
+        "cold create: cached image root vs host root, p99",
+        us(host.p99),
+        us(img.p99),
         None,
     ));
     Ok(())

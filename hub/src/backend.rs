@@ -61,8 +61,11 @@ pub trait ImageService: Send + Sync {
         input: Box<dyn std::io::Read + Send>,
         tag: Option<String>,
     ) -> std::result::Result<Image, ErrorBody>;
-    async fn remove(&self, tenant: &str, reference: String)
-        -> std::result::Result<Image, ErrorBody>;
+    async fn remove(
+        &self,
+        tenant: &str,
+        reference: String,
+    ) -> std::result::Result<Image, ErrorBody>;
     async fn prune(&self, tenant: &str) -> std::result::Result<PruneResult, ErrorBody>;
 }
 

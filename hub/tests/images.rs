@@ -513,7 +513,13 @@ async fn tenants_own_their_tags_and_a_running_sandbox_pins_its_image() {
     })
     .await;
     let _mounts = ImageMounts::of(&hub);
-    let r = import_as(&hub, ALICE_KEY, oci_archive(&[base_layer()], &config()), "bb:1").await;
+    let r = import_as(
+        &hub,
+        ALICE_KEY,
+        oci_archive(&[base_layer()], &config()),
+        "bb:1",
+    )
+    .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let alices: Value = r.json().await.unwrap();
 
@@ -566,7 +572,11 @@ async fn tenants_own_their_tags_and_a_running_sandbox_pins_its_image() {
         .await
         .expect("alice's sandbox");
     let out = shell_ok(&alice, &sb.id, "cat /etc/owner 2>/dev/null || echo alices").await;
-    assert_eq!(out.trim(), "alices", "bob's tag leaked into alice's sandbox");
+    assert_eq!(
+        out.trim(),
+        "alices",
+        "bob's tag leaked into alice's sandbox"
+    );
 
     // Template gone, sandbox running: the image stays.
     alice.delete_template("bb").await.unwrap();

@@ -26,7 +26,7 @@ pub struct Series {
 }
 
 impl Series {
-    fn new(n: u32) -> Self {
+    pub(super) fn new(n: u32) -> Self {
         Series {
             samples: Vec::with_capacity(n as usize),
             stopped_early: false,
@@ -34,7 +34,7 @@ impl Series {
     }
 
     /// True (and noted) when the phase must stop.
-    fn past(&mut self, phase: &str, deadline: Instant) -> bool {
+    pub(super) fn past(&mut self, phase: &str, deadline: Instant) -> bool {
         if Instant::now() >= deadline {
             eprintln!(
                 "{phase}: phase deadline reached after {} samples",

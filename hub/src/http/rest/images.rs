@@ -160,7 +160,10 @@ async fn delete_image(
     ApiPath(reference): ApiPath<String>,
 ) -> ApiResult<ApiJson<Image>> {
     Ok(ApiJson(
-        images(&state)?.remove(view.tenant(), reference).await.map_err(api)?,
+        images(&state)?
+            .remove(view.tenant(), reference)
+            .await
+            .map_err(api)?,
     ))
 }
 

@@ -214,7 +214,15 @@ impl ImageStore {
         let root = state_dir.join("images");
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true).mode(0o700);
-        for d in ["blobs/sha256", "layers", "images", "pins", "tmp", "mnt", "empty"] {
+        for d in [
+            "blobs/sha256",
+            "layers",
+            "images",
+            "pins",
+            "tmp",
+            "mnt",
+            "empty",
+        ] {
             b.create(root.join(d))?;
         }
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
@@ -397,15 +405,17 @@ impl ImageStore {
         let packed = blob.metadata().map(|m| m.len()).unwrap_or(0);
         let max_bytes = packed.saturating_mul(MAX_EXPANSION).max(MIN_UNPACK_BUDGET);
         let mut tar = ingest::Hashing::new(decompress(BufReader::new(blob))?);
-        let stats = unpack::unpack_layer(&mut tar, root.as_fd(), &self.idmap, max_bytes)
-            .map_err(|e| match e {
-                unpack::UnpackError::Io(e) => {
-                    internal(&format!("unpacking layer sha256:{hex}"), e)
+        let stats =
+            unpack::unpack_layer(&mut tar, root.as_fd(), &self.idmap, max_bytes).map_err(|e| {
+                match e {
+                    unpack::UnpackError::Io(e) => {
+                        internal(&format!("unpacking layer sha256:{hex}"), e)
+                    }
+                    e => ErrorBody::new(
+                        Code::InvalidArgument,
+                        format!("layer sha256:{hex} refused: {e}"),
+                    ),
                 }
-                e => ErrorBody::new(
-                    Code::InvalidArgument,
-                    format!("layer sha256:{hex} refused: {e}"),
-                ),
             })?;
         // The tar's end-of-archive padding counts too; bounded like the rest.
         io::copy(&mut (&mut tar).take(max_bytes), &mut io::sink())
@@ -514,7 +524,10 @@ impl ImageStore {
         // Sandbox ids are the hub's own (`prefix-` and [a-z0-9]); a name
         // that could leave pins/ is a bug, not an input.
         if sandbox.is_empty() || sandbox.starts_with('.') || sandbox.contains(['/', '\0']) {
-            return Err(internal("pinning an image", format!("bad sandbox id {sandbox:?}")));
+            return Err(internal(
+                "pinning an image",
+                format!("bad sandbox id {sandbox:?}"),
+            ));
         }
         Ok(self.root.join("pins").join(sandbox))
     }
@@ -574,12 +587,7 @@ impl ImageStore {
     /// the tenant's hold on the image. An image the tenant's templates or
     /// sandboxes use is refused with `CONFLICT`. The image leaves the disk
     /// when no tenant holds it any more.
-    pub fn remove(
-        &self,
-        tenant: &str,
-        reference: &str,
-        users: &Users,
-    ) -> Result<Image, ErrorBody> {
+    pub fn remove(&self, tenant: &str, reference: &str, users: &Users) -> Result<Image, ErrorBody> {
         let _g = self.guard();
         let mut record = self.find(tenant, reference)?;
         let image = record.view(tenant);
@@ -631,7 +639,12 @@ impl ImageStore {
 
     /// Writes a record whose holders changed, or deletes it when no tenant
     /// holds it and no sandbox runs it.
-    fn release(&self, record: &Record, used: &Used, result: &mut PruneResult) -> Result<(), ErrorBody> {
+    fn release(
+        &self,
+        record: &Record,
+        used: &Used,
+        result: &mut PruneResult,
+    ) -> Result<(), ErrorBody> {
         let hex = record.hex()?;
         let running = used.iter().any(|(_, id)| *id == record.image.id);
         if !record.tenants.is_empty() || running {

@@ -328,7 +328,10 @@ fn oci_and_docker_archives_import_and_share_layers() {
         templates: vec![("t1".into(), "a:1".into())],
         ..Users::default()
     };
-    assert_eq!(s.remove("t1", "a:1", &in_use).unwrap_err().code, Code::Conflict);
+    assert_eq!(
+        s.remove("t1", "a:1", &in_use).unwrap_err().code,
+        Code::Conflict
+    );
     s.remove("t1", "a:1", &Users::default()).unwrap();
     assert_eq!(s.get("t1", "a:1").unwrap_err().code, Code::NotFound);
     assert!(s
@@ -367,7 +370,9 @@ fn a_blob_that_lies_about_its_digest_is_refused() {
         &b"abc"[..],
     )
     .unwrap();
-    let err = s.import("t1", &b.into_inner().unwrap()[..], None).unwrap_err();
+    let err = s
+        .import("t1", &b.into_inner().unwrap()[..], None)
+        .unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument);
     assert!(err.message.contains("digest"), "{}", err.message);
     let err = s.import("t1", &b"not a tar at all"[..], None).unwrap_err();
@@ -410,7 +415,10 @@ fn tenants_share_layers_but_not_names() {
     let again = s.import("bob", &archive[..], Some("mine:2")).unwrap();
     assert_eq!(again.id, a.id);
     assert_eq!(again.tags, vec!["mine:2".to_string()]);
-    assert_eq!(s.get("alice", &a.id).unwrap().tags, vec!["app:1".to_string()]);
+    assert_eq!(
+        s.get("alice", &a.id).unwrap().tags,
+        vec!["app:1".to_string()]
+    );
     assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 2);
 
     // Alice lets go: bob still has it on disk; then bob lets go too.
@@ -476,7 +484,10 @@ fn a_config_paired_with_other_layers_is_refused() {
         .import("alice", &oci_archive(&[real], &config())[..], Some("a:1"))
         .unwrap();
     let hex = a.layers[0].trim_start_matches("sha256:").to_string();
-    assert_eq!(std::fs::read(s.layer_dir(&hex).join("mark")).unwrap(), b"real");
+    assert_eq!(
+        std::fs::read(s.layer_dir(&hex).join("mark")).unwrap(),
+        b"real"
+    );
 }
 
 /// An OCI archive whose config blob is replaced by `config` (verbatim,
