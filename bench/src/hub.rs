@@ -344,10 +344,7 @@ async fn image_root(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("the bench crate's parent is the repository")?;
-    let work = tempfile::Builder::new()
-        .prefix("sandhub-bench-image-")
-        .tempdir_in(&args.work_dir)?;
-    let import = image::prepare(hub, &args.sandhub_bin(), repo, work.path()).await?;
+    let import = image::prepare(hub, &args.sandhub_bin(), repo).await?;
     report.detail(
         "import of the 3-layer python3 test image (OCI layout)",
         format!("{} ms", import.as_millis()),

@@ -117,13 +117,23 @@ impl HubClient {
 
     /// `POST /v1/images/import`: an OCI layout or `docker save` archive
     /// (uncompressed tar), streamed; `tag` names it.
-    pub async fn import_image(&self, archive: reqwest::Body, tag: Option<&str>) -> Result<Image> {
+    /// `pick` names one image of an OCI layout that holds several (its
+    /// `org.opencontainers.image.ref.name`).
+    pub async fn import_image(
+        &self,
+        archive: reqwest::Body,
+        tag: Option<&str>,
+        pick: Option<&str>,
+    ) -> Result<Image> {
         let mut builder = self
             .request(Method::POST, "/v1/images/import")
             .header(header::CONTENT_TYPE, "application/x-tar")
             .body(archive);
         if let Some(tag) = tag {
             builder = builder.query(&[("tag", tag)]);
+        }
+        if let Some(pick) = pick {
+            builder = builder.query(&[("ref", pick)]);
         }
         self.call(builder).await
     }

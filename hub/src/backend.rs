@@ -60,6 +60,7 @@ pub trait ImageService: Send + Sync {
         tenant: &str,
         input: Box<dyn std::io::Read + Send>,
         tag: Option<String>,
+        pick: Option<String>,
     ) -> std::result::Result<Image, ErrorBody>;
     async fn remove(
         &self,

@@ -16,10 +16,8 @@ use crate::report::Progress;
 const TAG: &str = "bench/python:1";
 const TEMPLATE: &str = "bench-image";
 
-/// Builds (or finds cached) the test image layout, and copies it into
-/// `work` with index.json naming only the amd64 python3 image (the layout
-/// also holds the multi-arch index and the hostile images); the copy's path.
-fn test_image_layout(repo: &Path, work: &Path) -> anyhow::Result<String> {
+/// Builds (or finds cached) the test image layout; its path.
+fn test_image_layout(repo: &Path) -> anyhow::Result<String> {
     let out = Command::new("bash")
         .arg(repo.join("dev/registry/registry.sh"))
         .arg("build-test-image")
@@ -33,39 +31,20 @@ fn test_image_layout(repo: &Path, work: &Path) -> anyhow::Result<String> {
     }
     let summary: Value =
         serde_json::from_slice(&out.stdout).context("build-test-image printed no JSON summary")?;
-    let layout = summary["layout"]
+    summary["layout"]
         .as_str()
-        .context("build-test-image summary has no layout")?;
-    let copy = work.join("image-layout");
-    let status = Command::new("cp")
-        .args(["-a", layout])
-        .arg(&copy)
-        .status()?;
-    anyhow::ensure!(status.success(), "copying the layout failed");
-    let index_path = copy.join("index.json");
-    let mut index: Value = serde_json::from_slice(&std::fs::read(&index_path)?)?;
-    let manifests = index["manifests"]
-        .as_array_mut()
-        .context("index.json has no manifests")?;
-    manifests.retain(|m| {
-        m["annotations"]["org.opencontainers.image.ref.name"] == json!("sandhub/test:amd64")
-    });
-    anyhow::ensure!(manifests.len() == 1, "no sandhub/test:amd64 in the layout");
-    std::fs::write(&index_path, serde_json::to_vec(&index)?)?;
-    Ok(copy.to_string_lossy().into_owned())
+        .map(str::to_string)
+        .context("build-test-image summary has no layout")
 }
 
 /// Imports the image and makes a template of it; the import's wall time.
-pub async fn prepare(
-    hub: &Hub,
-    bin: &Path,
-    repo: &Path,
-    work: &Path,
-) -> anyhow::Result<std::time::Duration> {
-    let layout = test_image_layout(repo, work)?;
+pub async fn prepare(hub: &Hub, bin: &Path, repo: &Path) -> anyhow::Result<std::time::Duration> {
+    let layout = test_image_layout(repo)?;
     let t = Instant::now();
     let out = tokio::process::Command::new(bin)
-        .args(["image", "import", &layout, "--tag", TAG, "--hub", &hub.url])
+        .args(["image", "import", &layout, "--hub", &hub.url])
+        // The layout also holds the multi-arch index and hostile images.
+        .args(["--ref", "sandhub/test:amd64", "--tag", TAG])
         .output()
         .await
         .context("running sandhub image import")?;

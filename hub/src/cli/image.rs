@@ -27,6 +27,10 @@ enum ImageCommand {
         /// `name:tag` for the image (default: the archive's own tag).
         #[arg(long, env = "SANDHUB_IMAGE_TAG")]
         tag: Option<String>,
+        /// Which image of an OCI layout holding several (its
+        /// `org.opencontainers.image.ref.name`, e.g. `app:1`).
+        #[arg(long = "ref", env = "SANDHUB_IMAGE_REF")]
+        pick: Option<String>,
     },
     /// List images.
     Ls,
@@ -43,9 +47,11 @@ pub async fn run(args: ImageArgs) -> Result<i32> {
     let hub = args.client.connect()?;
     let format = args.client.output;
     match args.command {
-        ImageCommand::Import { path, tag } => {
+        ImageCommand::Import { path, tag, pick } => {
             let body = archive_body(path).await?;
-            let image = hub.import_image(body, tag.as_deref()).await?;
+            let image = hub
+                .import_image(body, tag.as_deref(), pick.as_deref())
+                .await?;
             output::show(format, &image, || image.id.clone())?;
         }
         ImageCommand::Ls => {

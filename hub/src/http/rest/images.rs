@@ -60,6 +60,11 @@ async fn list_images(
 struct ImportQuery {
     /// `name:tag` for the image (else the archive's own tag, if any).
     tag: Option<String>,
+    /// Which image of an OCI layout holding several: its
+    /// `org.opencontainers.image.ref.name`.
+    #[serde(rename = "ref")]
+    #[param(rename = "ref")]
+    pick: Option<String>,
 }
 
 /// Import an OCI layout or `docker save` archive (an uncompressed tar;
@@ -88,7 +93,8 @@ async fn import_image(
     }
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let tag = q.tag.filter(|t| !t.is_empty());
-    let import = images.import(view.tenant(), Box::new(ChannelReader::new(rx)), tag);
+    let pick = q.pick.filter(|p| !p.is_empty());
+    let import = images.import(view.tenant(), Box::new(ChannelReader::new(rx)), tag, pick);
     let max = limits.max_upload_bytes;
     let feed = async move {
         let mut body = Body::into_data_stream(request.into_body());

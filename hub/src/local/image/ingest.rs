@@ -154,9 +154,16 @@ impl Ingested {
 
     /// The image the archive holds: an OCI layout (`index.json`) first,
     /// then a `docker save` (`manifest.json`).
-    pub fn describe(&self, blobs: &Blobs) -> Result<Described, ErrorBody> {
+    /// The image the archive holds; in an OCI layout holding several,
+    /// the one whose `org.opencontainers.image.ref.name` is `pick`.
+    pub fn describe(&self, blobs: &Blobs, pick: Option<&str>) -> Result<Described, ErrorBody> {
         if let Some(hex) = self.lookup("index.json") {
-            return self.describe_oci(blobs, hex);
+            return self.describe_oci(blobs, hex, pick);
+        }
+        if pick.is_some() {
+            return Err(invalid(
+                "`ref` picks an image of an OCI layout; this archive is a docker save",
+            ));
         }
         if let Some(hex) = self.lookup("manifest.json") {
             return self.describe_docker(blobs, hex);
@@ -166,13 +173,45 @@ impl Ingested {
         ))
     }
 
-    fn describe_oci(&self, blobs: &Blobs, index_hex: &str) -> Result<Described, ErrorBody> {
+    fn describe_oci(
+        &self,
+        blobs: &Blobs,
+        index_hex: &str,
+        pick: Option<&str>,
+    ) -> Result<Described, ErrorBody> {
         let index: Index = self.json(blobs, index_hex, "index.json")?;
-        let mut desc = match index.manifests.as_slice() {
-            [only] => only.clone(),
-            _ => format::pick_for_platform(&index)
+        let ref_name = |d: &format::Descriptor| {
+            d.annotations
+                .get("org.opencontainers.image.ref.name")
                 .cloned()
-                .ok_or_else(|| invalid("index.json names no image for this platform"))?,
+        };
+        let names = || {
+            let names: Vec<String> = index.manifests.iter().filter_map(ref_name).collect();
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        };
+        let mut desc = match (pick, index.manifests.as_slice()) {
+            (Some(want), _) => index
+                .manifests
+                .iter()
+                .find(|d| ref_name(d).as_deref() == Some(want))
+                .cloned()
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "index.json has no image named `{want}` (it names: {})",
+                        names()
+                    ))
+                })?,
+            (None, [only]) => only.clone(),
+            (None, _) => format::pick_for_platform(&index).cloned().ok_or_else(|| {
+                invalid(format!(
+                    "index.json holds several images; pick one with `ref` (it names: {})",
+                    names()
+                ))
+            })?,
         };
         let tag = desc
             .annotations

@@ -187,9 +187,10 @@ impl ImageService for Images {
         tenant: &str,
         input: Box<dyn Read + Send>,
         tag: Option<String>,
+        pick: Option<String>,
     ) -> Result<Image, ErrorBody> {
         let tenant = tenant.to_string();
-        self.blocking(move |s, _| s.import(&tenant, input, tag.as_deref()))
+        self.blocking(move |s, _| s.import(&tenant, input, tag.as_deref(), pick.as_deref()))
             .await
     }
 }
@@ -265,13 +266,14 @@ impl ImageStore {
         tenant: &str,
         input: impl Read,
         tag: Option<&str>,
+        pick: Option<&str>,
     ) -> Result<Image, ErrorBody> {
         if let Some(t) = tag {
             validate::image_reference(t)?;
         }
         let _g = self.guard();
         let files = ingest::ingest(input, &self.blobs)?;
-        let described = files.describe(&self.blobs)?;
+        let described = files.describe(&self.blobs, pick)?;
         let (config, diff_ids) = self.read_config(&described.config)?;
         if diff_ids.len() != described.layers.len() {
             return Err(ErrorBody::new(

@@ -300,6 +300,7 @@ fn oci_and_docker_archives_import_and_share_layers() {
             "t1",
             &oci_archive(&[base.clone(), top.clone()], &config())[..],
             Some("a:1"),
+            None,
         )
         .unwrap();
     assert_eq!(a.tags, vec!["a:1".to_string()]);
@@ -312,6 +313,7 @@ fn oci_and_docker_archives_import_and_share_layers() {
         .import(
             "t1",
             &docker_archive(std::slice::from_ref(&base), &other, "b:2")[..],
+            None,
             None,
         )
         .unwrap();
@@ -345,7 +347,12 @@ fn a_hostile_layer_leaves_no_image_and_no_layer() {
     let (_t, s) = store();
     let bad = tar_of(&[file("../escape", b"x")]);
     let err = s
-        .import("t1", &oci_archive(&[bad], &config())[..], Some("bad:1"))
+        .import(
+            "t1",
+            &oci_archive(&[bad], &config())[..],
+            Some("bad:1"),
+            None,
+        )
         .unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
     assert!(err.message.contains("`..`"), "{}", err.message);
@@ -371,11 +378,13 @@ fn a_blob_that_lies_about_its_digest_is_refused() {
     )
     .unwrap();
     let err = s
-        .import("t1", &b.into_inner().unwrap()[..], None)
+        .import("t1", &b.into_inner().unwrap()[..], None, None)
         .unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument);
     assert!(err.message.contains("digest"), "{}", err.message);
-    let err = s.import("t1", &b"not a tar at all"[..], None).unwrap_err();
+    let err = s
+        .import("t1", &b"not a tar at all"[..], None, None)
+        .unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
 }
 
@@ -395,7 +404,9 @@ fn leftovers_of_a_killed_import_are_cleared_on_open() {
 fn tenants_share_layers_but_not_names() {
     let (_t, s) = store();
     let archive = oci_archive(&[tar_of(&[file("mark", b"one")])], &config());
-    let a = s.import("alice", &archive[..], Some("app:1")).unwrap();
+    let a = s
+        .import("alice", &archive[..], Some("app:1"), None)
+        .unwrap();
     assert!(s.list("bob").unwrap().is_empty());
     assert_eq!(s.get("bob", "app:1").unwrap_err().code, Code::NotFound);
     assert_eq!(s.get("bob", &a.id).unwrap_err().code, Code::NotFound);
@@ -406,13 +417,13 @@ fn tenants_share_layers_but_not_names() {
 
     // Bob's own app:1 is another image; alice's tag still names hers.
     let other = oci_archive(&[tar_of(&[file("mark", b"two")])], &config());
-    let b = s.import("bob", &other[..], Some("app:1")).unwrap();
+    let b = s.import("bob", &other[..], Some("app:1"), None).unwrap();
     assert_ne!(a.id, b.id);
     assert_eq!(s.get("alice", "app:1").unwrap().id, a.id);
     assert_eq!(s.get("bob", "app:1").unwrap().id, b.id);
 
     // The same archive from bob: one record, one layer, each with own tags.
-    let again = s.import("bob", &archive[..], Some("mine:2")).unwrap();
+    let again = s.import("bob", &archive[..], Some("mine:2"), None).unwrap();
     assert_eq!(again.id, a.id);
     assert_eq!(again.tags, vec!["mine:2".to_string()]);
     assert_eq!(
@@ -428,7 +439,7 @@ fn tenants_share_layers_but_not_names() {
     s.remove("bob", "mine:2", &Users::default()).unwrap();
     assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 1);
     // Prune by one tenant never touches another's untagged image.
-    let c = s.import("alice", &archive[..], None).unwrap();
+    let c = s.import("alice", &archive[..], None, None).unwrap();
     let r = s.prune("bob", &Users::default()).unwrap();
     assert!(r.images.is_empty(), "{r:?}");
     assert_eq!(s.get("alice", &c.id).unwrap().id, c.id);
@@ -441,7 +452,7 @@ fn tenants_share_layers_but_not_names() {
 fn a_pinned_image_stays_until_its_sandbox_is_gone() {
     let (_t, s) = store();
     let archive = oci_archive(&[tar_of(&[file("mark", b"one")])], &config());
-    let a = s.import("alice", &archive[..], None).unwrap();
+    let a = s.import("alice", &archive[..], None, None).unwrap();
     s.pin("sbx-1", "alice", &a.id).unwrap();
     let live = Users {
         sandboxes: ["sbx-1".to_string()].into(),
@@ -476,12 +487,19 @@ fn a_config_paired_with_other_layers_is_refused() {
     // oci_archive fills diff_ids from its layers; build the lie by hand.
     let lie = oci_archive(std::slice::from_ref(&fake), &cfg);
     let lie = retarget_config(&lie, &cfg);
-    let err = s.import("mallory", &lie[..], Some("x:1")).unwrap_err();
+    let err = s
+        .import("mallory", &lie[..], Some("x:1"), None)
+        .unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
     assert!(err.message.contains("unpacks to"), "{}", err.message);
     assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 0);
     let a = s
-        .import("alice", &oci_archive(&[real], &config())[..], Some("a:1"))
+        .import(
+            "alice",
+            &oci_archive(&[real], &config())[..],
+            Some("a:1"),
+            None,
+        )
         .unwrap();
     let hex = a.layers[0].trim_start_matches("sha256:").to_string();
     assert_eq!(
@@ -539,5 +557,72 @@ fn retarget_config(archive: &[u8], config: &serde_json::Value) -> Vec<u8> {
     add(&format!("blobs/sha256/{}", sha(&config)), &config);
     add(&format!("blobs/sha256/{}", sha(&manifest)), &manifest);
     add("index.json", &index);
+    b.into_inner().unwrap()
+}
+
+/// An OCI layout may hold several images; `ref` picks one by its ref
+/// name, and without it the error names what there is.
+#[test]
+fn a_layout_with_several_images_is_picked_by_ref_name() {
+    let (_t, s) = store();
+    let one = oci_archive(&[tar_of(&[file("mark", b"one")])], &config());
+    let two = oci_archive(&[tar_of(&[file("mark", b"two")])], &config());
+    let merged = merge_layouts(&[(&one, "app:one"), (&two, "app:two")]);
+    let err = s.import("t1", &merged[..], None, None).unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(err.message.contains("app:one, app:two"), "{}", err.message);
+    let err = s
+        .import("t1", &merged[..], None, Some("app:three"))
+        .unwrap_err();
+    assert!(
+        err.message.contains("no image named `app:three`"),
+        "{}",
+        err.message
+    );
+    let img = s.import("t1", &merged[..], None, Some("app:two")).unwrap();
+    assert_eq!(img.tags, vec!["app:two".to_string()]);
+    let hex = img.layers[0].trim_start_matches("sha256:").to_string();
+    assert_eq!(
+        std::fs::read(s.layer_dir(&hex).join("mark")).unwrap(),
+        b"two"
+    );
+}
+
+/// One OCI layout holding the images of several single-image layouts,
+/// each index entry named by its ref name.
+fn merge_layouts(layouts: &[(&[u8], &str)]) -> Vec<u8> {
+    let mut blobs: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+    let mut manifests = Vec::new();
+    for (archive, name) in layouts {
+        let mut ar = tar::Archive::new(*archive);
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            if path == "index.json" {
+                let index: serde_json::Value = serde_json::from_slice(&data).unwrap();
+                let mut m = index["manifests"][0].clone();
+                m["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": name});
+                manifests.push(m);
+            } else if path.starts_with("blobs/") {
+                blobs.insert(path, data);
+            }
+        }
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+    for (path, data) in &blobs {
+        add(path, data);
+    }
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": manifests});
+    add("index.json", &serde_json::to_vec(&index).unwrap());
     b.into_inner().unwrap()
 }
