@@ -13,6 +13,8 @@ use super::runtime::{quota, DiskQuotas, VolumeOptions};
 pub const DEFAULT_DISK_MB: u64 = 10240;
 /// Four default sandboxes' worth of snapshots per tenant.
 pub const DEFAULT_MAX_SNAPSHOT_MB: u64 = 4 * DEFAULT_DISK_MB;
+/// 20 GiB of (compressed) image layers per tenant: a few dozen task images.
+pub const DEFAULT_MAX_IMAGE_MB: u64 = 20480;
 
 #[derive(Debug, Clone, Args)]
 pub struct DiskArgs {
@@ -28,6 +30,13 @@ pub struct DiskArgs {
     /// without naming one) is RESOURCE_EXHAUSTED until some are deleted.
     #[arg(long, env = "SANDHUB_MAX_SNAPSHOT_MB_PER_TENANT", default_value_t = DEFAULT_MAX_SNAPSHOT_MB)]
     pub max_snapshot_mb_per_tenant: u64,
+
+    /// Most MiB of images one tenant may hold in the image store, counted
+    /// as the compressed size of each image's layers (0: no limit). An
+    /// image several tenants hold counts for each. Past this, an import or
+    /// pull is RESOURCE_EXHAUSTED until some are removed.
+    #[arg(long, env = "SANDHUB_MAX_IMAGE_MB_PER_TENANT", default_value_t = DEFAULT_MAX_IMAGE_MB)]
+    pub max_image_mb_per_tenant: u64,
 
     /// Size in MiB of the sparse disk volume the hub makes for sandboxes
     /// on first start, unless the state dir is on btrfs with quotas on
@@ -52,6 +61,7 @@ impl Default for DiskArgs {
         DiskArgs {
             default_disk_mb: DEFAULT_DISK_MB,
             max_snapshot_mb_per_tenant: DEFAULT_MAX_SNAPSHOT_MB,
+            max_image_mb_per_tenant: DEFAULT_MAX_IMAGE_MB,
             disk_volume_mb: None,
             disk_volume_dir: quota::DEFAULT_RUN_DIR.into(),
             allow_no_disk_quota: false,

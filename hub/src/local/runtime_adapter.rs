@@ -109,7 +109,8 @@ impl LocalBackend {
                     state_dir,
                     super::runtime::IdMap::for_current_user(),
                 )
-                .context("opening the image store")?,
+                .context("opening the image store")?
+                .with_tenant_quota(disk.max_image_mb_per_tenant.saturating_mul(1 << 20)),
             ),
         };
         for dir in [&backend.sandboxes, &backend.snapshots, &backend.seeds] {

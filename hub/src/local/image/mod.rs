@@ -206,6 +206,9 @@ pub struct ImageStore {
     blobs: Blobs,
     idmap: IdMap,
     lock: Mutex<()>,
+    /// Most bytes (compressed layers) of images one tenant may hold; 0:
+    /// no limit.
+    max_tenant_bytes: u64,
 }
 
 impl ImageStore {
@@ -246,7 +249,45 @@ impl ImageStore {
             root,
             idmap,
             lock: Mutex::new(()),
+            max_tenant_bytes: 0,
         })
+    }
+
+    /// Bounds what one tenant's images may take (`bytes` of compressed
+    /// layers; 0: no limit).
+    pub fn with_tenant_quota(mut self, bytes: u64) -> Self {
+        self.max_tenant_bytes = bytes;
+        self
+    }
+
+    /// Refuses a new image of `size` bytes that would take `tenant` past
+    /// its quota. Called with the lock held, before any layer is unpacked.
+    fn admit(&self, tenant: &str, id: &str, size: u64) -> Result<(), ErrorBody> {
+        if self.max_tenant_bytes == 0 {
+            return Ok(());
+        }
+        let mut held = 0u64;
+        for r in self.records()? {
+            if r.tenants.contains_key(tenant) {
+                if r.image.id == id {
+                    return Ok(()); // already counted: a new tag costs nothing
+                }
+                held = held.saturating_add(r.image.size_bytes);
+            }
+        }
+        if held.saturating_add(size) > self.max_tenant_bytes {
+            return Err(ErrorBody::new(
+                Code::ResourceExhausted,
+                format!(
+                    "this image ({} MiB) would take the tenant's images past {} MiB \
+                     (held now: {} MiB); remove some (`sandhub image rm`, `prune`)",
+                    size.div_ceil(1 << 20),
+                    self.max_tenant_bytes >> 20,
+                    held.div_ceil(1 << 20),
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -285,11 +326,22 @@ impl ImageStore {
                 ),
             ));
         }
-        let mut size = 0;
+        let size = described
+            .layers
+            .iter()
+            .map(|blob| {
+                std::fs::metadata(self.blobs.path(blob))
+                    .map(|m| m.len())
+                    .unwrap_or(0)
+            })
+            .sum();
+        let id = format!("sha256:{}", described.config);
+        if let Err(e) = self.admit(tenant, &id, size) {
+            // The archive's blobs are nobody's: drop them now.
+            self.collect(&mut PruneResult::default())?;
+            return Err(e);
+        }
         for (blob, diff_id) in described.layers.iter().zip(&diff_ids) {
-            size += std::fs::metadata(self.blobs.path(blob))
-                .map(|m| m.len())
-                .unwrap_or(0);
             self.ensure_layer(blob, diff_id)?;
         }
         let tag = match tag.or(described.tag.as_deref()) {

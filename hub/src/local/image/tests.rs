@@ -626,3 +626,36 @@ fn merge_layouts(layouts: &[(&[u8], &str)]) -> Vec<u8> {
     add("index.json", &serde_json::to_vec(&index).unwrap());
     b.into_inner().unwrap()
 }
+
+/// A tenant's images are bounded (compressed layer bytes): past the
+/// quota an import is RESOURCE_EXHAUSTED and keeps nothing; a new tag of
+/// an image it holds costs nothing; another tenant has its own quota.
+#[test]
+fn a_tenant_past_its_image_quota_is_refused_and_nothing_is_kept() {
+    let layer = |mark: &[u8]| tar_of(&[file("mark", mark), file("pad", &[b'x'; 2000])]);
+    // Room for two such images, not three.
+    let quota = layer(b"one").len() as u64 * 5 / 2;
+    let t = tempfile::tempdir().unwrap();
+    let s = ImageStore::open(t.path(), IdMap::for_current_user())
+        .unwrap()
+        .with_tenant_quota(quota);
+    let one = oci_archive(&[layer(b"one")], &config());
+    let two = oci_archive(&[layer(b"two")], &config());
+    let three = oci_archive(&[layer(b"three")], &config());
+    s.import("alice", &one[..], Some("a:1"), None).unwrap();
+    s.import("alice", &two[..], Some("a:2"), None).unwrap();
+    s.import("alice", &one[..], Some("a:1b"), None).unwrap();
+    let err = s
+        .import("alice", &three[..], Some("a:3"), None)
+        .unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted, "{}", err.message);
+    assert_eq!(s.list("alice").unwrap().len(), 2);
+    assert_eq!(std::fs::read_dir(s.root.join("layers")).unwrap().count(), 2);
+    let blobs = std::fs::read_dir(s.root.join("blobs/sha256")).unwrap();
+    let refused = sha(&layer(b"three"));
+    assert!(
+        blobs.flatten().all(|b| b.file_name().to_string_lossy() != refused),
+        "the refused layer's blob was kept"
+    );
+    s.import("bob", &three[..], Some("b:3"), None).unwrap();
+}
