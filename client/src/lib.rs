@@ -15,6 +15,7 @@
 
 pub mod error;
 pub mod http;
+mod image_archive;
 mod paths;
 pub mod sandboxd;
 pub mod types;

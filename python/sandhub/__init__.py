@@ -25,7 +25,7 @@ from ._async import (
     AsyncWatch,
     AsyncWatcher,
 )
-from ._async_services import AsyncEnv, AsyncGym, AsyncPools, AsyncTemplates
+from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates
 from ._sandhub import __version__
 from ._sync import (
     Commands,
@@ -38,7 +38,7 @@ from ._sync import (
     Watch,
     Watcher,
 )
-from ._sync_services import Env, Gym, Pools, Templates
+from ._sync_services import Env, Gym, Images, Pools, Templates
 from .errors import (
     AlreadyExistsError,
     ConflictError,
@@ -61,11 +61,13 @@ from .errors import (
 from .types import (
     CommandResult,
     FileEntry,
+    Image,
     ListeningPort,
     Pool,
     ProcessEvent,
     ProcessExitEvent,
     ProcessOutputEvent,
+    PruneResult,
     SandboxInfo,
     Snapshot,
     StepResult,
@@ -76,10 +78,10 @@ from .types import (
 __all__ = [
     "__version__",
     "Hub", "Sandbox", "Sandboxd", "Commands", "ProcessHandle", "Files", "Watcher", "Watch", "Ports",
-    "Gym", "Env", "Templates", "Pools",
+    "Gym", "Env", "Templates", "Pools", "Images",
     "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
-    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools",
-    "CommandResult", "FileEntry", "ListeningPort", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
+    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages",
+    "CommandResult", "FileEntry", "Image", "PruneResult", "ListeningPort", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
     "SandboxInfo", "Snapshot", "StepResult", "Template", "WatchEvent",
     "SandhubError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",
     "NotFoundError", "AlreadyExistsError", "ConflictError", "FailedPreconditionError",

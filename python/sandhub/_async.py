@@ -13,7 +13,7 @@ from typing import IO, Any, AsyncIterator, Mapping
 
 from . import _common as c
 from ._sandhub import NativeClient
-from ._async_services import AsyncEnv, AsyncGym, AsyncPools, AsyncTemplates
+from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates
 from ._sync import _grpc_default
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
@@ -352,6 +352,7 @@ class AsyncHub:
         self.gym = AsyncGym(self._native)
         self.templates = AsyncTemplates(self._native)
         self.pools = AsyncPools(self._native)
+        self.images = AsyncImages(self._native)
 
     def __repr__(self) -> str:
         return f"<AsyncHub url={self.url!r}>"

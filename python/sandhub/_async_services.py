@@ -1,9 +1,11 @@
 """The hub's services beside sandboxes, for asyncio: Gym environments,
-templates and warm pools (``hub.gym``, ``hub.templates``, ``hub.pools``)."""
+templates, warm pools and images (``hub.gym``, ``hub.templates``,
+``hub.pools``, ``hub.images``)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any, Mapping, Sequence
 
@@ -11,9 +13,9 @@ from . import _common as c
 from ._sandhub import NativeClient
 from ._sync_services import _batch_body, _batch_results
 from .errors import DeadlineExceededError
-from .types import Pool, StepResult, Template
+from .types import Image, Pool, PruneResult, StepResult, Template
 
-__all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools"]
+__all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools", "AsyncImages"]
 
 
 class AsyncEnv:
@@ -131,3 +133,25 @@ class AsyncPools:
             if time.monotonic() >= deadline:
                 raise DeadlineExceededError(f"pool {name}: {pool.ready} ready after {timeout}s")
             await asyncio.sleep(0.1)
+
+
+class AsyncImages:
+    """The hub's image store (async; local backend)."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<AsyncImages>"
+
+    async def list(self) -> list[Image]:
+        return [Image._from(i) for i in c.loads(await self._native.images_list())]
+
+    async def import_(self, path: str | os.PathLike[str], *, tag: str | None = None, ref: str | None = None) -> Image:
+        return Image._from(c.loads(await self._native.images_import(os.fspath(path), tag, ref)))
+
+    async def remove(self, reference: str) -> Image:
+        return Image._from(c.loads(await self._native.images_remove(reference)))
+
+    async def prune(self) -> PruneResult:
+        return PruneResult._from(c.loads(await self._native.images_prune()))

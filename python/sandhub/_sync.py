@@ -14,7 +14,7 @@ from typing import IO, Any, Iterator, Mapping
 
 from . import _common as c
 from ._sandhub import NativeClient
-from ._sync_services import Env, Gym, Pools, Templates
+from ._sync_services import Env, Gym, Images, Pools, Templates
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
@@ -398,6 +398,7 @@ class Hub:
         self.gym = Gym(self._native)
         self.templates = Templates(self._native)
         self.pools = Pools(self._native)
+        self.images = Images(self._native)
 
     def __repr__(self) -> str:
         return f"<Hub url={self.url!r}>"

@@ -1,17 +1,19 @@
 """The hub's services beside sandboxes, blocking: Gym environments,
-templates and warm pools (``hub.gym``, ``hub.templates``, ``hub.pools``)."""
+templates, warm pools and images (``hub.gym``, ``hub.templates``,
+``hub.pools``, ``hub.images``)."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Mapping, Sequence
 
 from . import _common as c
 from ._sandhub import NativeClient
 from .errors import DeadlineExceededError
-from .types import Pool, StepResult, Template
+from .types import Image, Pool, PruneResult, StepResult, Template
 
-__all__ = ["Env", "Gym", "Templates", "Pools"]
+__all__ = ["Env", "Gym", "Templates", "Pools", "Images"]
 
 
 class Env:
@@ -154,3 +156,31 @@ class Pools:
             if time.monotonic() >= deadline:
                 raise DeadlineExceededError(f"pool {name}: {pool.ready} of {replicas or pool.replicas} ready after {timeout}s")
             time.sleep(0.1)
+
+
+class Images:
+    """The hub's image store (``hub.images``; local backend). Each tenant
+    sees and names only the images it imported itself."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<Images>"
+
+    def list(self) -> list[Image]:
+        return [Image._from(i) for i in c.loads(self._native.images_list())]
+
+    def import_(self, path: str | os.PathLike[str], *, tag: str | None = None, ref: str | None = None) -> Image:
+        """Imports an OCI layout directory, an OCI layout tar or a ``docker
+        save`` tar; ``ref`` picks one image of a layout that holds several."""
+        return Image._from(c.loads(self._native.images_import(os.fspath(path), tag, ref)))
+
+    def remove(self, reference: str) -> Image:
+        """Removes a tag, or (by id or last tag) the image; one a template or
+        sandbox uses is a ``ConflictError``."""
+        return Image._from(c.loads(self._native.images_remove(reference)))
+
+    def prune(self) -> PruneResult:
+        """Removes untagged images nothing uses, and layers no image needs."""
+        return PruneResult._from(c.loads(self._native.images_prune()))

@@ -20,6 +20,8 @@ __all__ = [
     "SandboxInfo",
     "Template",
     "Pool",
+    "Image",
+    "PruneResult",
     "StepResult",
 ]
 
@@ -175,6 +177,36 @@ class Pool:
 
     @classmethod
     def _from(cls, data: dict[str, Any]) -> Pool:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image in the hub's store, as this tenant sees it: ``id`` is the
+    config digest, ``tags`` this tenant's names for it, ``layers`` the diff
+    ids bottom first, ``config`` the image's Env/workdir/user/entrypoint/cmd."""
+
+    id: str
+    tags: list[str] = field(default_factory=list)
+    layers: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> Image:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What ``images.prune()`` removed: image ids, and counts of layers and blobs."""
+
+    images: list[str] = field(default_factory=list)
+    layers: int = 0
+    blobs: int = 0
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> PruneResult:
         return cls(**_known(cls, data))
 
 

@@ -417,6 +417,45 @@ impl NativeClient {
         })
     }
 
+    // --------------------------------------------------------------- images
+
+    fn images_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            Ok(json(&retry_read(|| hub.list_images()).await?)?)
+        })
+    }
+
+    /// Imports the OCI layout directory or archive file at `path`.
+    #[pyo3(signature = (path, tag=None, pick=None))]
+    fn images_import<'py>(
+        &self,
+        py: Python<'py>,
+        path: std::path::PathBuf,
+        tag: Option<String>,
+        pick: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(
+            &b.hub()?
+                .import_image_path(&path, tag.as_deref(), pick.as_deref())
+                .await?
+        )?))
+    }
+
+    fn images_remove<'py>(
+        &self,
+        py: Python<'py>,
+        reference: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.remove_image(&reference).await?
+        )?))
+    }
+
+    fn images_prune<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(&b.hub()?.prune_images().await?)?))
+    }
+
     // ---------------------------------------------------------------- ports
 
     /// The URL reaching `port` inside sandbox `id` through the hub.

@@ -1,11 +1,11 @@
 //! `sandhub image import|ls|rm|prune`: the hub's image store (local
 //! backend).
 
-use std::{io::Write, path::PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use sandhub_api::hub::Image;
-use sandhub_client::{Error, Result};
+use sandhub_client::Result;
 
 use super::{output, ClientArgs};
 
@@ -48,9 +48,8 @@ pub async fn run(args: ImageArgs) -> Result<i32> {
     let format = args.client.output;
     match args.command {
         ImageCommand::Import { path, tag, pick } => {
-            let body = archive_body(path).await?;
             let image = hub
-                .import_image(body, tag.as_deref(), pick.as_deref())
+                .import_image_path(&path, tag.as_deref(), pick.as_deref())
                 .await?;
             output::show(format, &image, || image.id.clone())?;
         }
@@ -94,46 +93,4 @@ fn table(images: &[Image]) -> String {
         })
         .collect();
     output::table(&["TAGS", "ID", "LAYERS", "SIZE_BYTES"], &rows)
-}
-
-/// A file streams as it is; a directory is tarred on the fly (symlinks
-/// kept as links), so neither is read whole into memory.
-async fn archive_body(path: PathBuf) -> Result<reqwest::Body> {
-    let meta =
-        std::fs::metadata(&path).map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
-    if meta.is_file() {
-        let file = tokio::fs::File::open(&path)
-            .await
-            .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
-        return Ok(reqwest::Body::from(file));
-    }
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(4);
-    std::thread::spawn(move || {
-        let errors = tx.clone();
-        let mut b = tar::Builder::new(ChannelWriter(tx));
-        b.follow_symlinks(false);
-        let done = b.append_dir_all(".", &path).and_then(|()| b.finish());
-        if let Err(e) = done {
-            let _ = errors.blocking_send(Err(e));
-        }
-    });
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|chunk| (chunk, rx))
-    });
-    Ok(reqwest::Body::wrap_stream(stream))
-}
-
-struct ChannelWriter(tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>);
-
-impl Write for ChannelWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .blocking_send(Ok(buf.to_vec()))
-            .map_err(|_| std::io::Error::other("the upload stopped"))?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }

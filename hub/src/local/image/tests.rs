@@ -654,7 +654,9 @@ fn a_tenant_past_its_image_quota_is_refused_and_nothing_is_kept() {
     let blobs = std::fs::read_dir(s.root.join("blobs/sha256")).unwrap();
     let refused = sha(&layer(b"three"));
     assert!(
-        blobs.flatten().all(|b| b.file_name().to_string_lossy() != refused),
+        blobs
+            .flatten()
+            .all(|b| b.file_name().to_string_lossy() != refused),
         "the refused layer's blob was kept"
     );
     s.import("bob", &three[..], Some("b:3"), None).unwrap();
