@@ -248,6 +248,10 @@ pub struct Template {
     pub seed_dir: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Absolute path where commands run when they name no `cwd`; with an
+    /// image, its config's `WorkingDir` when unset; else `/workspace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
     /// CPU limit in cores (e.g. 0.5), [`MIN_CPU`] to [`MAX_CPU`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 0.05, maximum = 1024))]

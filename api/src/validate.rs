@@ -133,8 +133,22 @@ impl Template {
                 ));
             }
         }
+        if let Some(dir) = &self.workdir {
+            workdir(dir)?;
+        }
         env(&self.env)
     }
+}
+
+/// A working directory: an absolute path of at most 4096 bytes, no NUL.
+pub fn workdir(dir: &str) -> Result<(), ErrorBody> {
+    if !dir.starts_with('/') || dir.len() > 4096 || dir.contains('\0') {
+        return Err(invalid(format!(
+            "workdir must be an absolute path of at most 4096 bytes, not {:?}",
+            dir.chars().take(64).collect::<String>()
+        )));
+    }
+    Ok(())
 }
 
 impl ForkRequest {

@@ -703,15 +703,60 @@ async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
         "python3 -c 'print(6*7)'; \
          test -e /etc/hidden-by-upper && echo whiteout-ignored; ls /opt/opaque; \
          stat -c %u:%a /root-owned; stat -c %u /home/app/mine; id -u; \
-         echo $SANDHUB_IMAGE_MARK",
+         echo $SANDHUB_IMAGE_MARK; pwd",
     )
     .await;
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines,
-        ["42", "new", "0:600", "1000", "0", "from-image"],
+        ["42", "new", "0:600", "1000", "0", "from-image", "/srv/work"],
         "{out}"
     );
+    // A template's workdir wins over the image's; a cwd wins over both
+    // (and stays confined to /workspace).
+    c.put_template(
+        "py-tmp",
+        Template {
+            image: Some("py:1".into()),
+            workdir: Some("/tmp".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let tmp = c
+        .create(CreateSandbox {
+            template: Some("py-tmp".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(shell_ok(&c, &tmp.id, "pwd").await, "/tmp\n");
+    let r = c
+        .exec(
+            &tmp.id,
+            sandhub_api::hub::ExecRequest {
+                command: sandhub_api::hub::Command::Argv(vec!["pwd".into()]),
+                env: BTreeMap::new(),
+                cwd: "/workspace".into(),
+                timeout_seconds: None,
+                stdin: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "/workspace\n");
+    let err = c
+        .put_template(
+            "bad",
+            Template {
+                workdir: Some("relative".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("workdir"), "{err}");
 
     // /workspace on an image root: reset, snapshot and fork.
     shell_ok(&c, &sb.id, "echo one > /workspace/f").await;

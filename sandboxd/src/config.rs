@@ -29,6 +29,13 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_ROOT_DIR", default_value = "/workspace")]
     pub root_dir: PathBuf,
 
+    /// Working directory of processes started without one (default: the
+    /// root dir). Unlike a request's `cwd` it may lie outside the root: it
+    /// is the operator's setting (an image's WorkingDir), not a caller's.
+    /// One that is not a directory when a process starts falls back to the root.
+    #[arg(long, env = "SANDBOXD_DEFAULT_CWD")]
+    pub default_cwd: Option<PathBuf>,
+
     /// Environment variables with this prefix are published by `/v1/metadata`
     /// (secret-looking names never are).
     #[arg(long, env = "SANDBOXD_METADATA_ENV_PREFIX", default_value = wire::DEFAULT_METADATA_ENV_PREFIX)]

@@ -142,7 +142,10 @@ impl Launch<'_> {
             return Err(Error::InvalidArgument("command[0] is empty".into()));
         }
         let mut cmd = Command::new(program);
-        let (cwd, cwd_fd) = resolve_cwd(&daemon.root(), self.cwd)?;
+        let (cwd, cwd_fd) = match (self.cwd, &daemon.config.default_cwd) {
+            (None | Some(""), Some(default)) if default.is_dir() => (default.clone(), None),
+            (cwd, _) => resolve_cwd(&daemon.root(), cwd)?,
+        };
         cmd.args(args);
         match &cwd_fd {
             None => {

@@ -46,7 +46,7 @@ struct SetArgs {
     /// The template as JSON (the body of `PUT /v1/templates/{name}`); `-`
     /// reads stdin.
     #[arg(long, value_name = "PATH", env = "SANDHUB_TEMPLATE_FILE",
-          conflicts_with_all = ["image", "root_fs", "seed_dir", "cpu", "memory_mb", "pids", "disk_mb", "network", "env"])]
+          conflicts_with_all = ["image", "root_fs", "seed_dir", "workdir", "cpu", "memory_mb", "pids", "disk_mb", "network", "env"])]
     file: Option<PathBuf>,
 
     /// Image (`name:tag`, in the hub's image store) whose filesystem is the
@@ -88,6 +88,11 @@ struct SetArgs {
     /// `none` (loopback only) or `host`.
     #[arg(long, env = "SANDHUB_TEMPLATE_NETWORK", value_parser = ["none", "host"])]
     network: Option<String>,
+
+    /// Where commands naming no cwd run (absolute; default: the image's
+    /// WorkingDir, else /workspace).
+    #[arg(long, value_name = "DIR", env = "SANDHUB_TEMPLATE_WORKDIR")]
+    workdir: Option<String>,
 
     /// Environment for every process, repeatable (env: one per line).
     #[arg(long = "env", value_name = "KEY=VALUE", env = "SANDHUB_TEMPLATE_ENV",
@@ -134,6 +139,7 @@ fn from_flags(set: SetArgs) -> Template {
         root_fs: set.root_fs,
         seed_dir: set.seed_dir,
         env: to_map(set.env),
+        workdir: set.workdir,
         cpu: set.cpu,
         memory_mb: set.memory_mb,
         pids: set.pids,

@@ -13,6 +13,7 @@ use http::Method;
 use sandhub_api::{
     error::Code,
     hub::{Network, Template},
+    validate,
 };
 use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
@@ -204,6 +205,7 @@ impl LocalBackend {
         // most specific wins per key.
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         let mut root_fs = t.root_fs.as_ref().map(PathBuf::from);
+        let mut workdir = t.workdir.clone();
         if let Some(reference) = &t.image {
             let (image, root) = self
                 .images
@@ -221,6 +223,11 @@ impl LocalBackend {
                     .map(|(k, v)| (k.to_string(), v.to_string())),
             );
             root_fs = Some(root);
+            // The image's WorkingDir is untrusted too: used only if sane.
+            workdir = workdir.or(image
+                .config
+                .workdir
+                .filter(|w| validate::workdir(w).is_ok()));
         }
         env.extend(t.env.clone());
         env.extend(row.env.clone());
@@ -234,6 +241,7 @@ impl LocalBackend {
             lower_layers,
             root_fs,
             env,
+            workdir,
             cpu: t.cpu,
             memory_mb: t.memory_mb,
             pids: t.pids,

@@ -41,6 +41,9 @@ pub(crate) struct InitConfig {
     /// The sanitized copy of the host's `/etc` (unused with `root_fs`).
     pub host_etc: PathBuf,
     pub env: BTreeMap<String, String>,
+    /// sandboxd's `--default-cwd`.
+    #[serde(default)]
+    pub workdir: Option<String>,
     pub network_host: bool,
     /// The sandbox's memory limit: its tmpfs mounts are sized below it.
     pub memory_mb: Option<u64>,

@@ -266,7 +266,7 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! 
     // variables in it cannot reconfigure the daemon.
     use clap::Parser as _;
     let max_upload = cfg.max_upload_bytes.to_string();
-    let config = match sandboxd::Config::try_parse_from([
+    let mut flags = vec![
         "sandboxd",
         "--legacy-port",
         "0",
@@ -274,7 +274,11 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! 
         WORKSPACE,
         "--max-upload-bytes",
         &max_upload,
-    ]) {
+    ];
+    if let Some(dir) = &cfg.workdir {
+        flags.extend(["--default-cwd", dir]);
+    }
+    let config = match sandboxd::Config::try_parse_from(flags) {
         Ok(c) => c,
         Err(e) => fail(&chan, format!("sandboxd flags: {e}")),
     };

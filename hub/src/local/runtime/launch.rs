@@ -54,6 +54,10 @@ pub struct SandboxSpec {
     pub root_fs: Option<PathBuf>,
     /// Added to sandboxd's (and so every process's) environment.
     pub env: BTreeMap<String, String>,
+    /// Where processes started without a `cwd` run (an absolute path in
+    /// the sandbox); `None`: `/workspace`.
+    #[serde(default)]
+    pub workdir: Option<String>,
     /// CPUs (e.g. 0.5); memory in MiB; most tasks (processes and threads,
     /// sandboxd's own included).
     pub cpu: Option<f64>,
@@ -80,6 +84,7 @@ impl SandboxSpec {
             lower_layers: Vec::new(),
             root_fs: None,
             env: BTreeMap::new(),
+            workdir: None,
             cpu: None,
             memory_mb: None,
             pids: None,
@@ -304,6 +309,7 @@ impl Runtime {
             root_fs: spec.root_fs.as_deref().map(abs),
             host_etc: self.host_etc.clone(),
             env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
             network_host: spec.network_host,
             memory_mb: spec.memory_mb,
             max_upload_bytes: spec.max_upload_bytes,
