@@ -8,6 +8,8 @@
 //! mnt/<hex>/           an image's root: its layers as one read-only overlay
 //! empty/               the bottom layer of every such overlay
 //! tmp/                 work in progress; emptied when the store opens
+//! partial/<hex>        blobs being pulled; kept across restarts, so a
+//!                      pull resumes where it stopped (see pull.rs)
 //! ```
 //!
 //! Everything lands in `tmp/` first and is renamed into place only when
@@ -18,6 +20,8 @@
 //!
 //! ```text
 //! mod.rs     ImageStore: import, list, get, remove, prune
+//! pull.rs    registry -> partial/ -> blobs (resumable, checked, coalesced)
+//! registry_auth.rs  credentials from a Docker config.json (pure)
 //! ingest.rs  archive -> blobs -> (config, layers, tag)
 //! format.rs  the OCI / docker JSON the store reads (pure)
 //! unpack.rs  one layer tar -> one directory, fd-relative and confined
@@ -27,6 +31,8 @@
 mod format;
 mod ingest;
 mod mount;
+pub mod pull;
+mod registry_auth;
 pub mod unpack;
 
 use std::{
@@ -43,7 +49,7 @@ use std::{
 
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{Image, ImageRunConfig, PruneResult},
+    hub::{Image, ImageRunConfig, PrepullResult, PruneResult, PullEvent, PullRequest},
     validate,
 };
 
@@ -135,6 +141,23 @@ impl ImageService for Images {
         self.blocking(move |s, _| s.import(input, tag.as_deref()))
             .await
     }
+
+    async fn pull(
+        &self,
+        tenant: &str,
+        request: PullRequest,
+        progress: Option<tokio::sync::mpsc::UnboundedSender<PullEvent>>,
+    ) -> Result<Image, ErrorBody> {
+        pull::pull_request(&self.store, tenant, request, progress).await
+    }
+
+    async fn prepull(
+        &self,
+        tenant: &str,
+        references: Vec<String>,
+    ) -> Result<PrepullResult, ErrorBody> {
+        pull::prepull(&self.store, tenant, references).await
+    }
 }
 
 /// A layer may unpack to at most this many times its blob's size (real
@@ -148,6 +171,8 @@ pub struct ImageStore {
     blobs: Blobs,
     idmap: IdMap,
     lock: Mutex<()>,
+    /// Registry pulls: settings, pulls under way, blobs being fetched.
+    pulls: pull::Pulls,
 }
 
 impl ImageStore {
@@ -180,6 +205,7 @@ impl ImageStore {
             root,
             idmap,
             lock: Mutex::new(()),
+            pulls: pull::Pulls::default(),
         })
     }
 
@@ -202,15 +228,46 @@ impl ImageStore {
         let _g = self.guard();
         let files = ingest::ingest(input, &self.blobs)?;
         let described = files.describe(&self.blobs)?;
-        let config = self.read_config(&described.config)?;
+        self.register_locked(
+            "",
+            &described.config,
+            &described.layers,
+            tag.or(described.tag.as_deref()),
+        )
+    }
+
+    /// Makes an image of blobs already in `blobs/`: reads its config,
+    /// unpacks each layer not yet unpacked, and writes its record with
+    /// `tag`. Import and pull both end here.
+    // The tenant the tag belongs to (tags become per-tenant).
+    pub fn register(
+        &self,
+        tenant: &str,
+        config_hex: &str,
+        layers: &[String],
+        tag: Option<&str>,
+    ) -> Result<Image, ErrorBody> {
+        let _g = self.guard();
+        self.register_locked(tenant, config_hex, layers, tag)
+    }
+
+    /// [`Self::register`] with the store's lock already held.
+    fn register_locked(
+        &self,
+        _tenant: &str,
+        config_hex: &str,
+        layers: &[String],
+        tag: Option<&str>,
+    ) -> Result<Image, ErrorBody> {
+        let config = self.read_config(config_hex)?;
         let mut size = 0;
-        for hex in &described.layers {
+        for hex in layers {
             size += std::fs::metadata(self.blobs.path(hex))
                 .map(|m| m.len())
                 .unwrap_or(0);
             self.ensure_layer(hex)?;
         }
-        let tag = match tag.or(described.tag.as_deref()) {
+        let tag = match tag {
             Some(t) => {
                 validate::image_reference(t)?;
                 Some(validate::normalize_image_reference(t))
@@ -218,15 +275,11 @@ impl ImageStore {
             None => None,
         };
         let mut image = self
-            .read_record(&described.config)?
+            .read_record(config_hex)?
             .unwrap_or_else(|| Image {
-                id: format!("sha256:{}", described.config),
+                id: format!("sha256:{config_hex}"),
                 tags: Vec::new(),
-                layers: described
-                    .layers
-                    .iter()
-                    .map(|h| format!("sha256:{h}"))
-                    .collect(),
+                layers: layers.iter().map(|h| format!("sha256:{h}")).collect(),
                 size_bytes: size,
                 config,
             });
@@ -243,7 +296,7 @@ impl ImageStore {
             }
         }
         self.write_record(&image)?;
-        tracing::info!(id = %image.id, tags = ?image.tags, layers = image.layers.len(), "image imported");
+        tracing::info!(id = %image.id, tags = ?image.tags, layers = image.layers.len(), "image stored");
         Ok(image)
     }
 
