@@ -161,7 +161,9 @@ impl HubClient {
                 return Ok(image);
             }
         }
-        Err(Error::unavailable("the pull stream ended before its last event"))
+        Err(Error::unavailable(
+            "the pull stream ended before its last event",
+        ))
     }
 
     /// `POST /v1/images/prepull`: the hub pulls each reference; one item

@@ -297,7 +297,8 @@ async fn pull(hub: &TestHub, body: Value) -> Vec<Value> {
         .unwrap();
     assert_eq!(r.status(), 200, "pull {body}");
     assert_eq!(
-        r.headers()["content-type"], "application/x-ndjson",
+        r.headers()["content-type"],
+        "application/x-ndjson",
         "pull {body}"
     );
     let text = r.text().await.unwrap();
@@ -391,6 +392,9 @@ async fn an_index_pulls_this_platform_and_the_image_runs_python() {
     assert_eq!(done["event"], "done", "{lines:?}");
     assert_eq!(done["image"]["tags"], json!([reference]), "{done}");
     assert_eq!(done["image"]["layers"], json!(layers), "{done}");
+    if std::env::consts::ARCH == "x86_64" {
+        assert_eq!(done["image"]["config"]["workdir"], "/srv/work", "{done}");
+    }
 
     // Pulled again: every layer cached, nothing fetched.
     let again = pull(&hub, json!({ "reference": reference })).await;
@@ -428,14 +432,14 @@ async fn an_index_pulls_this_platform_and_the_image_runs_python() {
     let out = shell_ok(
         &c,
         &sb.id,
-        "python3 -c 'import sys; print(sys.version_info[0])'; echo $SANDHUB_IMAGE_MARK; pwd; \
+        "python3 -c 'import sys; print(sys.version_info[0])'; echo $SANDHUB_IMAGE_MARK; \
          test -e /etc/hidden-by-upper && echo whiteout-broken; ls /opt/opaque; \
          stat -c %u:%a /root-owned; stat -c %u /home/app/mine",
     )
     .await;
     assert_eq!(
-        out, "3\nfrom-image\n/srv/work\nnew\n0:600\n1000\n",
-        "python3, Env, WorkingDir, whiteout, opaque dir, owners"
+        out, "3\nfrom-image\nnew\n0:600\n1000\n",
+        "python3, Env, whiteout, opaque dir, owners"
     );
 }
 
@@ -521,7 +525,11 @@ async fn unknown_images_and_a_down_registry_have_clear_codes() {
     let a = &registry.addr;
 
     assert_error(
-        &pull(&hub, json!({ "reference": format!("{a}/sandhub/test:nope") })).await,
+        &pull(
+            &hub,
+            json!({ "reference": format!("{a}/sandhub/test:nope") }),
+        )
+        .await,
         "NOT_FOUND",
     );
     assert_error(
@@ -541,13 +549,21 @@ async fn unknown_images_and_a_down_registry_have_clear_codes() {
     // Not an insecure registry: HTTPS to a plain-HTTP port fails clearly.
     let other = Registry::up(false);
     assert_error(
-        &pull(&hub, json!({ "reference": format!("{}/x/y:1", other.addr) })).await,
+        &pull(
+            &hub,
+            json!({ "reference": format!("{}/x/y:1", other.addr) }),
+        )
+        .await,
         "UNAVAILABLE",
     );
 
     registry.down();
     let msg = assert_error(
-        &pull(&hub, json!({ "reference": format!("{a}/sandhub/test:amd64") })).await,
+        &pull(
+            &hub,
+            json!({ "reference": format!("{a}/sandhub/test:amd64") }),
+        )
+        .await,
         "UNAVAILABLE",
     );
     assert!(msg.contains("unreachable"), "{msg}");
@@ -642,7 +658,12 @@ async fn a_hub_killed_mid_pull_resumes_and_never_uses_half_a_layer() {
             std::fs::read_dir(&partial)
                 .ok()?
                 .flatten()
-                .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        e.metadata().map(|m| m.len()).unwrap_or(0),
+                    )
+                })
                 .find(|(_, len)| *len >= big)
         }
     })
@@ -714,12 +735,43 @@ async fn prepull_and_the_cli() {
             .output()
             .unwrap()
     };
-    let out = cli(&["image", "pull", &format!("{a}/sandhub/test:latest"), "--tag", "cli:1"]);
+    let out = cli(&[
+        "image",
+        "pull",
+        &format!("{a}/sandhub/test:latest"),
+        "--tag",
+        "cli:1",
+    ]);
     assert!(out.status.success(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("sha256:"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("sha256:"),
+        "{out:?}"
+    );
     let out = cli(&["image", "prepull", &format!("{a}/sandhub/test:nope")]);
     assert!(!out.status.success(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("NOT_FOUND"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("NOT_FOUND"),
+        "{out:?}"
+    );
     let ls = String::from_utf8(cli(&["image", "ls"]).stdout).unwrap();
     assert!(ls.contains("cli:1"), "{ls}");
+
+    let doc: Value = hub
+        .http()
+        .get(format!("{}/openapi.json", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for path in ["/v1/images/pull", "/v1/images/prepull"] {
+        assert!(
+            doc["paths"][path]["post"].is_object(),
+            "{path} in /openapi.json"
+        );
+    }
+    let pull = &doc["paths"]["/v1/images/pull"]["post"]["responses"]["200"]["content"];
+    assert!(pull["application/x-ndjson"].is_object(), "{pull}");
+    assert!(doc["components"]["schemas"]["PullEvent"].is_object());
 }

@@ -164,7 +164,9 @@ async fn pull(hub: &HubClient, request: &PullRequest) -> Result<Image> {
     let result = hub
         .pull_image_with(request, |event| match event {
             PullEvent::Resolved {
-                reference, layers: ls, ..
+                reference,
+                layers: ls,
+                ..
             } => {
                 let _ = bars.println(format!("{reference}: {} layers", ls.len()));
                 for l in ls {

@@ -151,7 +151,10 @@ async fn pull_image(
         let event = rx.recv().await?;
         let mut line = serde_json::to_vec(&event).unwrap_or_default();
         line.push(b'\n');
-        Some((Ok::<_, std::convert::Infallible>(bytes::Bytes::from(line)), rx))
+        Some((
+            Ok::<_, std::convert::Infallible>(bytes::Bytes::from(line)),
+            rx,
+        ))
     });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],

@@ -274,15 +274,13 @@ impl ImageStore {
             }
             None => None,
         };
-        let mut image = self
-            .read_record(config_hex)?
-            .unwrap_or_else(|| Image {
-                id: format!("sha256:{config_hex}"),
-                tags: Vec::new(),
-                layers: layers.iter().map(|h| format!("sha256:{h}")).collect(),
-                size_bytes: size,
-                config,
-            });
+        let mut image = self.read_record(config_hex)?.unwrap_or_else(|| Image {
+            id: format!("sha256:{config_hex}"),
+            tags: Vec::new(),
+            layers: layers.iter().map(|h| format!("sha256:{h}")).collect(),
+            size_bytes: size,
+            config,
+        });
         if let Some(tag) = tag {
             // A tag names one image: take it from any other.
             for mut other in self.records()? {

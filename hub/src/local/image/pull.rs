@@ -77,7 +77,11 @@ pub struct RegistryArgs {
     /// A registry (`HOST:PORT`, as in image references) reached over plain
     /// HTTP instead of HTTPS; repeat it, or comma-separate the env var.
     /// For test registries: loopback is not implied.
-    #[arg(long = "insecure-registry", env = "SANDHUB_INSECURE_REGISTRIES", value_delimiter = ',')]
+    #[arg(
+        long = "insecure-registry",
+        env = "SANDHUB_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
     pub insecure_registries: Vec<String>,
 
     /// Largest image (its config and layer blobs, compressed) a pull
@@ -603,7 +607,19 @@ impl ImageStore {
         let (manifest, digest) = client
             .pull_image_manifest(target, &auth)
             .await
-            .map_err(|e| registry_error(reference, e))?;
+            .map_err(|e| {
+                let mut body = registry_error(reference, e);
+                let registry = target.resolve_registry();
+                if body.code == Code::Unavailable
+                    && !args.insecure_registries.iter().any(|r| r == registry)
+                {
+                    body.message.push_str(&format!(
+                        " (over HTTPS: a plain-HTTP registry needs the hub's \
+                         --insecure-registry {registry})"
+                    ));
+                }
+                body
+            })?;
         let config = Blob::of(&manifest.config, "config")?;
         if config.size > MAX_CONFIG_BYTES {
             return Err(invalid(format!(
@@ -648,26 +664,24 @@ impl ImageStore {
         self.fetch_blob(&client, reference, target, &config, &|_| {})
             .await?;
         let client = &client;
-        let fetches = layers.iter().cloned().map(|layer| {
-            async move {
-                let digest = layer.digest();
-                let total = layer.size;
-                let progress = |downloaded| {
-                    flight.emit(PullEvent::Layer {
-                        digest: digest.clone(),
-                        downloaded,
-                        total,
-                    })
-                };
-                let cached = self
-                    .fetch_blob(client, reference, target, &layer, &progress)
-                    .await?;
-                flight.emit(PullEvent::LayerDone {
+        let fetches = layers.iter().cloned().map(|layer| async move {
+            let digest = layer.digest();
+            let total = layer.size;
+            let progress = |downloaded| {
+                flight.emit(PullEvent::Layer {
                     digest: digest.clone(),
-                    cached,
-                });
-                Ok::<_, ErrorBody>(())
-            }
+                    downloaded,
+                    total,
+                })
+            };
+            let cached = self
+                .fetch_blob(client, reference, target, &layer, &progress)
+                .await?;
+            flight.emit(PullEvent::LayerDone {
+                digest: digest.clone(),
+                cached,
+            });
+            Ok::<_, ErrorBody>(())
         });
         futures::stream::iter(fetches)
             .buffer_unordered(PARALLEL_LAYERS)
@@ -677,11 +691,9 @@ impl ImageStore {
         let store = self.clone();
         let (tenant, tag) = (tenant.to_string(), tag.to_string());
         let layer_hexes: Vec<String> = layers.iter().map(|l| l.hex.clone()).collect();
-        tokio::task::spawn_blocking(move || {
-            store.commit(&tenant, &config.hex, &layer_hexes, &tag)
-        })
-        .await
-        .map_err(|e| internal("the image task", e))?
+        tokio::task::spawn_blocking(move || store.commit(&tenant, &config.hex, &layer_hexes, &tag))
+            .await
+            .map_err(|e| internal("the image task", e))?
     }
 
     /// Refuses a pull whose missing blobs cannot fit on the store's disk.
@@ -914,10 +926,9 @@ pub async fn pull_request(
 ) -> Result<Image, ErrorBody> {
     let credentials = match (request.username, request.password) {
         (None, None) => None,
-        (Some(username), Some(password)) if !username.is_empty() => Some(Credentials {
-            username,
-            password,
-        }),
+        (Some(username), Some(password)) if !username.is_empty() => {
+            Some(Credentials { username, password })
+        }
         _ => {
             let e = invalid("give both username and password, or neither");
             if let Some(tx) = &progress {

@@ -133,13 +133,13 @@ mod tests {
         );
         let c = DockerConfig::parse(json.as_bytes()).unwrap();
         let a = c.credentials("127.0.0.1:5000").unwrap().unwrap();
-        assert_eq!((a.username.as_str(), a.password.as_str()), ("alice", "s3:cr3t"));
+        assert_eq!(
+            (a.username.as_str(), a.password.as_str()),
+            ("alice", "s3:cr3t")
+        );
         let b = c.credentials("docker.io").unwrap().unwrap();
         assert_eq!(b.username, "bob");
-        assert_eq!(
-            c.credentials("registry-1.docker.io").unwrap().unwrap(),
-            b
-        );
+        assert_eq!(c.credentials("registry-1.docker.io").unwrap().unwrap(), b);
         assert_eq!(c.credentials("127.0.0.1:5001").unwrap(), None);
         assert_eq!(c.credentials("empty.example").unwrap(), None);
         assert!(!format!("{a:?}").contains("s3:cr3t"));
