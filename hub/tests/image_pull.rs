@@ -557,6 +557,20 @@ async fn unknown_images_and_a_down_registry_have_clear_codes() {
         "UNAVAILABLE",
     );
 
+    // An image over the hub's --max-image-bytes: refused before a byte of
+    // a layer is fetched.
+    let small = hub_for(&[a], &["--max-image-bytes".into(), "100000".into()]).await;
+    let msg = assert_error(
+        &pull(
+            &small,
+            json!({ "reference": format!("{a}/sandhub/test:amd64") }),
+        )
+        .await,
+        "RESOURCE_EXHAUSTED",
+    );
+    assert!(msg.contains("--max-image-bytes"), "{msg}");
+    assert_eq!(dir_count(&small.state_dir.join("images/partial")), 0);
+
     registry.down();
     let msg = assert_error(
         &pull(
