@@ -533,3 +533,110 @@ pub struct PruneResult {
     /// Blobs removed.
     pub blobs: u64,
 }
+
+/// `POST /v1/images/pull`: pull an image from an OCI / Docker v2 registry
+/// into the hub's store.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PullRequest {
+    /// `[registry/]repository[:tag|@sha256:<hex>]`, e.g.
+    /// `ghcr.io/org/app:1.2` (no registry: Docker Hub).
+    pub reference: String,
+    /// `name:tag` to give the image in the store (default: `reference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Registry credentials for this pull (else the hub's
+    /// `--registry-config`, else anonymous).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for PullRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PullRequest")
+            .field("reference", &self.reference)
+            .field("tag", &self.tag)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// A blob an image is made of: its digest and its size in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PullLayer {
+    pub digest: String,
+    pub size: u64,
+}
+
+/// One line of `POST /v1/images/pull`'s NDJSON stream. The last line is
+/// `done` or `error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum PullEvent {
+    /// The reference resolved to this platform's manifest.
+    Resolved {
+        /// The reference as the registry knows it (`registry/repo:tag`).
+        reference: String,
+        /// The manifest's digest.
+        digest: String,
+        /// Layers, bottom first.
+        layers: Vec<PullLayer>,
+    },
+    /// Download progress of one layer (at most every 256 KiB or 100 ms).
+    Layer {
+        digest: String,
+        downloaded: u64,
+        total: u64,
+    },
+    /// A layer is in the store: downloaded and checked, or `cached`
+    /// (already there, nothing fetched).
+    LayerDone { digest: String, cached: bool },
+    /// The image is in the store.
+    Done { image: Image },
+    /// The pull failed; nothing of it is in the store's image list.
+    Error { code: Code, message: String },
+}
+
+impl PullEvent {
+    /// Whether this is the stream's last line.
+    pub fn is_final(&self) -> bool {
+        matches!(self, PullEvent::Done { .. } | PullEvent::Error { .. })
+    }
+}
+
+/// Most references one `POST /v1/images/prepull` takes.
+pub const MAX_PREPULL_REFERENCES: usize = 256;
+
+/// `POST /v1/images/prepull`: pull these images (a few at a time), to warm
+/// a machine before a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PrepullRequest {
+    pub references: Vec<String>,
+}
+
+/// What `POST /v1/images/prepull` did with one reference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PrepullItem {
+    pub reference: String,
+    pub ok: bool,
+    /// The image's id, when pulled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Why not, when not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// One item per reference, in the request's order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PrepullResult {
+    pub items: Vec<PrepullItem>,
+}

@@ -7,6 +7,7 @@ mod gym;
 mod lines;
 mod ndjson;
 mod ports;
+mod pull;
 mod sse;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -18,8 +19,9 @@ use sandhub_api::{
     error::Code,
     hub::{
         CreateSandbox, ExecRequest, ExecResult, ForkRequest, Image, ImageList, NamedTemplate, Pool,
-        PoolList, PoolSpec, PruneResult, ResizeRequest, Sandbox, SandboxList, SignalRequest,
-        Snapshot, SnapshotList, Template, TemplateList,
+        PoolList, PoolSpec, PrepullRequest, PrepullResult, PruneResult, PullEvent, PullRequest,
+        ResizeRequest, Sandbox, SandboxList, SignalRequest, Snapshot, SnapshotList, Template,
+        TemplateList,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -136,6 +138,52 @@ impl HubClient {
             builder = builder.query(&[("ref", pick)]);
         }
         self.call(builder).await
+    }
+
+    /// `POST /v1/images/pull`: the hub pulls from a registry; its progress
+    /// events, ending with `done` (an `error` event is the stream's `Err`).
+    pub async fn pull_image(
+        &self,
+        request: &PullRequest,
+    ) -> Result<futures::stream::BoxStream<'static, Result<PullEvent>>> {
+        let builder = self
+            .request(Method::POST, "/v1/images/pull")
+            .header(header::ACCEPT, "application/x-ndjson")
+            .json(request);
+        let response = self.send_streaming(builder).await?;
+        let body = Box::pin(response.bytes_stream().map_err(transport_error));
+        Ok(Box::pin(lines::decode(body, pull::PullLines::default())))
+    }
+
+    /// [`Self::pull_image`] to the end: `on_event` sees each event; the
+    /// pulled image.
+    pub async fn pull_image_with(
+        &self,
+        request: &PullRequest,
+        mut on_event: impl FnMut(&PullEvent),
+    ) -> Result<Image> {
+        use futures::StreamExt;
+        let mut events = self.pull_image(request).await?;
+        while let Some(event) = events.next().await {
+            let event = event?;
+            on_event(&event);
+            if let PullEvent::Done { image } = event {
+                return Ok(image);
+            }
+        }
+        Err(Error::unavailable(
+            "the pull stream ended before its last event",
+        ))
+    }
+
+    /// `POST /v1/images/prepull`: the hub pulls each reference; one item
+    /// per reference. Waits as long as the pulls take.
+    pub async fn prepull_images(&self, references: &[String]) -> Result<PrepullResult> {
+        let body = PrepullRequest {
+            references: references.to_vec(),
+        };
+        self.call(self.request(Method::POST, "/v1/images/prepull").json(&body))
+            .await
     }
 
     /// `DELETE /v1/images/{reference}`.

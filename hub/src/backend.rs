@@ -12,7 +12,7 @@ use std::{
 use async_trait::async_trait;
 use sandhub_api::{
     error::ErrorBody,
-    hub::{Image, ListeningPort, PruneResult, Snapshot},
+    hub::{Image, ListeningPort, PrepullResult, PruneResult, PullEvent, PullRequest, Snapshot},
 };
 use sandhub_client::{sandboxd::SandboxdClient, Result, Sandboxes};
 
@@ -68,6 +68,31 @@ pub trait ImageService: Send + Sync {
         reference: String,
     ) -> std::result::Result<Image, ErrorBody>;
     async fn prune(&self, tenant: &str) -> std::result::Result<PruneResult, ErrorBody>;
+    /// Pulls an image from its registry for `tenant`. Events go to
+    /// `progress` as they happen; the last is `done` or `error`.
+    async fn pull(
+        &self,
+        _tenant: &str,
+        _request: PullRequest,
+        _progress: Option<tokio::sync::mpsc::UnboundedSender<PullEvent>>,
+    ) -> std::result::Result<Image, ErrorBody> {
+        Err(no_pull())
+    }
+    /// Pulls each reference (a few at a time): one item per reference.
+    async fn prepull(
+        &self,
+        _tenant: &str,
+        _references: Vec<String>,
+    ) -> std::result::Result<PrepullResult, ErrorBody> {
+        Err(no_pull())
+    }
+}
+
+fn no_pull() -> ErrorBody {
+    ErrorBody::new(
+        sandhub_api::error::Code::Unimplemented,
+        "this image store cannot pull from registries",
+    )
 }
 
 pub fn now_ms() -> i64 {

@@ -38,6 +38,10 @@ EXCLUDED_PATHS = [
     # is UNAVAILABLE (503) by contract (hub/tests/ports.rs checks both).
     "/v1/sandboxes/{id}/ports/{port}/{path}",
     "/v1/sandboxes/{id}/port-forward/{port}",  # Upgrade to raw TCP
+    # Registry pulls: a generated reference names some registry on the
+    # internet (hub/tests/image_pull.rs runs them against a real one).
+    "/v1/images/pull",
+    "/v1/images/prepull",
 ]
 
 # Loaded by schemathesis (SCHEMATHESIS_HOOKS): a generated template that

@@ -63,6 +63,9 @@ pub struct LocalArgs {
 
     #[command(flatten)]
     pub disk: DiskArgs,
+
+    #[command(flatten)]
+    pub registry: image::pull::RegistryArgs,
 }
 
 pub fn default_state_dir() -> PathBuf {
@@ -102,6 +105,8 @@ pub async fn open(
         &local.disk,
     )
     .context("starting the local backend")?;
+    local.registry.check()?;
+    backend.images.configure_pulls(local.registry.clone());
     tracing::info!(?policy, "sandbox limits and tenant quotas");
     let hub = Hub::new(store, backend, template_dirs, policy);
     hub.set_max_snapshot_bytes(

@@ -1,17 +1,19 @@
-//! Images in the local backend's store: import, list, remove, prune.
-//! Layers are shared by content, but each tenant sees, names and removes
-//! only the images it imported or pulled itself; on Kubernetes these
+//! Images in the local backend's store: import, pull (streamed NDJSON
+//! progress), prepull, list, remove, prune. Layers are shared by content,
+//! but each tenant sees, names and removes only the images it imported or
+//! pulled itself; on Kubernetes these
 //! routes answer `UNIMPLEMENTED` (the nodes hold images).
 
 use axum::{
     body::Body,
     extract::{Request, State},
     http::{header, StatusCode},
+    response::{IntoResponse, Response},
 };
 use futures::StreamExt;
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{Image, ImageList, PruneResult},
+    hub::{Image, ImageList, PrepullRequest, PrepullResult, PruneResult, PullEvent, PullRequest},
 };
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -31,6 +33,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_images))
         .routes(routes!(import_image))
+        .routes(routes!(pull_image))
+        .routes(routes!(prepull_images))
         .routes(routes!(prune_images))
         .routes(routes!(delete_image))
 }
@@ -123,6 +127,67 @@ async fn import_image(
         return Err(limits.upload_too_large().into());
     }
     Ok(ApiJson(result.map_err(api)?))
+}
+
+/// Pull an image from an OCI / Docker v2 registry, streaming progress as
+/// NDJSON: `resolved`, then `layer` / `layer_done` per layer, and last
+/// `done` (with the image) or `error` (`{code, message}`; nothing of the
+/// image is listed). A bad request is refused before the stream starts.
+/// Credentials in the body are for this pull only; without them the
+/// hub's `--registry-config` is used, else none.
+#[utoipa::path(post, path = "/v1/images/pull", tag = "images", request_body = PullRequest,
+    responses(
+        (status = 200, content_type = "application/x-ndjson", body = PullEvent,
+         description = "One event per line; the last is `done` or `error`"),
+        (status = 400, body = ErrorBody), (status = 501, body = ErrorBody)))]
+async fn pull_image(
+    State(state): State<AppState>,
+    Api(tenant): Api,
+    ApiJson(request): ApiJson<PullRequest>,
+) -> ApiResult<Response> {
+    let images = images(&state)?;
+    crate::local::image::pull::check_request(&request).map_err(api)?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let tenant = tenant.tenant().to_string();
+    // The pull goes on if the client goes away: others may be waiting on
+    // it, and what it fetched is kept for the next one.
+    tokio::spawn(async move {
+        let _ = images.pull(&tenant, request, Some(tx)).await;
+    });
+    let lines = futures::stream::unfold(rx, |mut rx| async move {
+        let event = rx.recv().await?;
+        let mut line = serde_json::to_vec(&event).unwrap_or_default();
+        line.push(b'\n');
+        Some((
+            Ok::<_, std::convert::Infallible>(bytes::Bytes::from(line)),
+            rx,
+        ))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+/// Pull several images (four at a time) with the hub's credentials, to
+/// warm a machine before a run: one item per reference, `ok` or its
+/// `error`. A malformed reference refuses the whole request.
+#[utoipa::path(post, path = "/v1/images/prepull", tag = "images", request_body = PrepullRequest,
+    responses((status = 200, body = PrepullResult), (status = 400, body = ErrorBody),
+              (status = 501, body = ErrorBody)))]
+async fn prepull_images(
+    State(state): State<AppState>,
+    Api(tenant): Api,
+    ApiJson(request): ApiJson<PrepullRequest>,
+) -> ApiResult<ApiJson<PrepullResult>> {
+    let images = images(&state)?;
+    Ok(ApiJson(
+        images
+            .prepull(tenant.tenant(), request.references)
+            .await
+            .map_err(api)?,
+    ))
 }
 
 /// A web page may send a "simple" request (form or text content types)

@@ -12,6 +12,8 @@
 //! mnt/<hex>/           an image's root: its layers as one read-only overlay
 //! empty/               the bottom layer of every such overlay
 //! tmp/                 work in progress; emptied when the store opens
+//! partial/<hex>        blobs being pulled; kept across restarts, so a
+//!                      pull resumes where it stopped (see pull.rs)
 //! ```
 //!
 //! Everything lands in `tmp/` first and is renamed into place only when
@@ -29,6 +31,8 @@
 //!
 //! ```text
 //! mod.rs     ImageStore: import, list, get, remove, prune
+//! pull.rs    registry -> partial/ -> blobs (resumable, checked, coalesced)
+//! registry_auth.rs  credentials from a Docker config.json (pure)
 //! ingest.rs  archive -> blobs -> (config, layers, tag)
 //! format.rs  the OCI / docker JSON the store reads (pure)
 //! unpack.rs  one layer tar -> one directory, fd-relative and confined
@@ -38,6 +42,8 @@
 mod format;
 mod ingest;
 mod mount;
+pub mod pull;
+mod registry_auth;
 pub mod unpack;
 
 use std::{
@@ -54,7 +60,7 @@ use std::{
 
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{Image, ImageRunConfig, PruneResult},
+    hub::{Image, ImageRunConfig, PrepullResult, PruneResult, PullEvent, PullRequest},
     validate,
 };
 
@@ -193,6 +199,23 @@ impl ImageService for Images {
         self.blocking(move |s, _| s.import(&tenant, input, tag.as_deref(), pick.as_deref()))
             .await
     }
+
+    async fn pull(
+        &self,
+        tenant: &str,
+        request: PullRequest,
+        progress: Option<tokio::sync::mpsc::UnboundedSender<PullEvent>>,
+    ) -> Result<Image, ErrorBody> {
+        pull::pull_request(&self.store, tenant, request, progress).await
+    }
+
+    async fn prepull(
+        &self,
+        tenant: &str,
+        references: Vec<String>,
+    ) -> Result<PrepullResult, ErrorBody> {
+        pull::prepull(&self.store, tenant, references).await
+    }
 }
 
 /// A layer may unpack to at most this many times its blob's size (real
@@ -209,6 +232,8 @@ pub struct ImageStore {
     /// Most bytes (compressed layers) of images one tenant may hold; 0:
     /// no limit.
     max_tenant_bytes: u64,
+    /// Registry pulls: settings, pulls under way, blobs being fetched.
+    pulls: pull::Pulls,
 }
 
 impl ImageStore {
@@ -250,6 +275,7 @@ impl ImageStore {
             idmap,
             lock: Mutex::new(()),
             max_tenant_bytes: 0,
+            pulls: pull::Pulls::default(),
         })
     }
 
@@ -315,54 +341,75 @@ impl ImageStore {
         let _g = self.guard();
         let files = ingest::ingest(input, &self.blobs)?;
         let described = files.describe(&self.blobs, pick)?;
-        let (config, diff_ids) = self.read_config(&described.config)?;
-        if diff_ids.len() != described.layers.len() {
+        let layers: Vec<(String, u64)> = described
+            .layers
+            .iter()
+            .map(|blob| {
+                let size = std::fs::metadata(self.blobs.path(blob))
+                    .map(|m| m.len())
+                    .unwrap_or(0);
+                (blob.clone(), size)
+            })
+            .collect();
+        self.register_locked(
+            tenant,
+            &described.config,
+            &layers,
+            tag.or(described.tag.as_deref()),
+        )
+    }
+
+    /// Makes an image of `tenant` from blobs in `blobs/`: reads the config,
+    /// admits its size against the tenant's quota, unpacks each layer not
+    /// yet unpacked (checked against the config's diff ids), and writes
+    /// the record with `tag`. Import and pull both end here, with the
+    /// store's lock held. `layers` are `(blob hex, compressed size)`,
+    /// bottom first; the blob of a layer already unpacked may be absent.
+    fn register_locked(
+        &self,
+        tenant: &str,
+        config_hex: &str,
+        layers: &[(String, u64)],
+        tag: Option<&str>,
+    ) -> Result<Image, ErrorBody> {
+        let (config, diff_ids) = self.read_config(config_hex)?;
+        if diff_ids.len() != layers.len() {
             return Err(ErrorBody::new(
                 Code::InvalidArgument,
                 format!(
                     "image config names {} layers (rootfs.diff_ids) but the manifest {}",
                     diff_ids.len(),
-                    described.layers.len()
+                    layers.len()
                 ),
             ));
         }
-        let size = described
-            .layers
-            .iter()
-            .map(|blob| {
-                std::fs::metadata(self.blobs.path(blob))
-                    .map(|m| m.len())
-                    .unwrap_or(0)
-            })
-            .sum();
-        let id = format!("sha256:{}", described.config);
+        let size = layers.iter().map(|(_, size)| size).sum();
+        let id = format!("sha256:{config_hex}");
         if let Err(e) = self.admit(tenant, &id, size) {
-            // The archive's blobs are nobody's: drop them now.
+            // The new blobs are nobody's: drop them now.
             self.collect(&mut PruneResult::default())?;
             return Err(e);
         }
-        for (blob, diff_id) in described.layers.iter().zip(&diff_ids) {
+        for ((blob, _), diff_id) in layers.iter().zip(&diff_ids) {
             self.ensure_layer(blob, diff_id)?;
         }
-        let tag = match tag.or(described.tag.as_deref()) {
+        let tag = match tag {
             Some(t) => {
                 validate::image_reference(t)?;
                 Some(validate::normalize_image_reference(t))
             }
             None => None,
         };
-        let mut record = self
-            .read_record(&described.config)?
-            .unwrap_or_else(|| Record {
-                image: Image {
-                    id: format!("sha256:{}", described.config),
-                    tags: Vec::new(),
-                    layers: diff_ids.iter().map(|h| format!("sha256:{h}")).collect(),
-                    size_bytes: size,
-                    config,
-                },
-                tenants: BTreeMap::new(),
-            });
+        let mut record = self.read_record(config_hex)?.unwrap_or_else(|| Record {
+            image: Image {
+                id,
+                tags: Vec::new(),
+                layers: diff_ids.iter().map(|h| format!("sha256:{h}")).collect(),
+                size_bytes: size,
+                config,
+            },
+            tenants: BTreeMap::new(),
+        });
         if let Some(tag) = &tag {
             // A tag names one of the tenant's images: take it from any other.
             for mut other in self.records()? {
@@ -380,7 +427,7 @@ impl ImageStore {
         tags.extend(tag);
         self.write_record(&record)?;
         let image = record.view(tenant);
-        tracing::info!(id = %image.id, %tenant, tags = ?image.tags, layers = image.layers.len(), "image imported");
+        tracing::info!(id = %image.id, %tenant, tags = ?image.tags, layers = image.layers.len(), "image stored");
         Ok(image)
     }
 
