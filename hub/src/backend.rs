@@ -11,8 +11,8 @@ use std::{
 
 use async_trait::async_trait;
 use sandhub_api::{
-    error::ErrorBody,
-    hub::{Image, ListeningPort, PruneResult, Snapshot},
+    error::{Code, ErrorBody},
+    hub::{Image, ListeningPort, PrepullRequest, PrepullResult, PruneResult, Snapshot},
 };
 use sandhub_client::{sandboxd::SandboxdClient, Result, Sandboxes};
 
@@ -41,8 +41,8 @@ pub trait Backend: Send + Sync + 'static {
     async fn ready(&self) -> Result<()>;
     /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.
     async fn sandbox_count(&self) -> Result<usize>;
-    /// The image store (local backend only: on Kubernetes the nodes
-    /// hold images).
+    /// The images side: the local backend's store, or on Kubernetes
+    /// pre-pull onto the nodes (which hold the images).
     fn images(&self) -> Option<Arc<dyn ImageService>> {
         None
     }
@@ -67,6 +67,19 @@ pub trait ImageService: Send + Sync {
         reference: String,
     ) -> std::result::Result<Image, ErrorBody>;
     async fn prune(&self, tenant: &str) -> std::result::Result<PruneResult, ErrorBody>;
+    /// Pulls `req.references` where `tenant`'s sandboxes will run, before
+    /// they are needed (`POST /v1/images/prepull`).
+    async fn prepull(
+        &self,
+        tenant: &str,
+        req: PrepullRequest,
+    ) -> std::result::Result<PrepullResult, ErrorBody> {
+        let _ = (tenant, req);
+        Err(ErrorBody::new(
+            Code::Unimplemented,
+            "pre-pull is not available on this backend yet",
+        ))
+    }
 }
 
 pub fn now_ms() -> i64 {
