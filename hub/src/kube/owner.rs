@@ -48,7 +48,7 @@ pub fn object_name(tenant: &str, name: &str) -> String {
     format!("{name}-{}", &tenant_label_value(tenant)[..SUFFIX_HEX])
 }
 
-/// The hub name of the pool a claim of `tenant`'s names (its own pools'
+/// The hub name of the pool (or template) a claim of `tenant`'s names (its own objects'
 /// cluster names carry the tenant suffix; operator pools' do not).
 pub fn pool_hub_name(tenant: &str, object: &str) -> String {
     let suffix = format!("-{}", &tenant_label_value(tenant)[..SUFFIX_HEX]);

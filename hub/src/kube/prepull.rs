@@ -139,8 +139,8 @@ pub fn daemonset(
             drop: Some(vec!["ALL".into()]),
             add: None,
         }),
-        run_as_user: Some(65534),
-        run_as_group: Some(65534),
+        // No runAsUser: images need not let any other user in (the
+        // sandboxd and pause images dev/k8s builds keep `/` at 0700).
         ..Default::default()
     });
     let mut inits = vec![Container {

@@ -120,6 +120,7 @@ impl KubeTenant {
     fn hub_view(&self, claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
         let mut s = model::sandbox_of(claim, launch);
         s.pool = s.pool.map(|p| owner::pool_hub_name(&self.tenant, &p));
+        s.template = owner::pool_hub_name(&self.tenant, &s.template);
         s
     }
 
@@ -159,6 +160,8 @@ impl KubeTenant {
         if let Some(name) = owner::hub_name(&p.metadata, &self.tenant) {
             v.name = name;
         }
+        // The tenant's own templates by the name it gave them.
+        v.template = owner::pool_hub_name(&self.tenant, &v.template);
         v
     }
 
