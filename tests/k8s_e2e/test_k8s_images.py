@@ -5,8 +5,10 @@ registry), so every Pod pulls `IfNotPresent` from the node's own store."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -165,3 +167,38 @@ def test_prepull_refuses_bad_requests_and_other_tenants_templates(url: str):
         assert r.status_code == code, (body, r.text)
     r = requests.get(f"{url}/v1/images", timeout=60)
     assert r.status_code == 501 and r.json()["code"] == "UNIMPLEMENTED", r.text
+
+
+def test_templates_and_prepull_are_each_tenants_own(cluster: Cluster, tmp_path: Path):
+    keys = {"alice": secrets.token_hex(16), "bob": secrets.token_hex(16)}
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("".join(f"{k} {t}\n" for t, k in keys.items()))
+    hub, url = cluster.start_hub("--api-keys-file", str(keys_file), "--base-template", POOL)
+    alice, bob = ({"Authorization": f"Bearer {keys[t]}"} for t in ("alice", "bob"))
+    try:
+        ok(requests.put(f"{url}/v1/templates/mine", json={"image": TEST_IMAGE}, headers=alice, timeout=60))
+        # Invisible to bob: not listed, not found, not usable for a pool or a pre-pull.
+        assert requests.get(f"{url}/v1/templates/mine", headers=bob, timeout=60).status_code == 404
+        names = {t["name"] for t in ok(requests.get(f"{url}/v1/templates", headers=bob, timeout=60))["templates"]}
+        assert "mine" not in names and POOL in names
+        r = requests.put(f"{url}/v1/pools/p", json={"template": "mine", "replicas": 0}, headers=bob, timeout=60)
+        assert r.status_code == 404, r.text
+        r = requests.post(f"{url}/v1/images/prepull", json={"references": [TEST_IMAGE], "template": "mine"},
+                          headers=bob, timeout=60)
+        assert r.status_code == 404, r.text
+        assert requests.delete(f"{url}/v1/templates/mine", headers=bob, timeout=60).status_code == 404
+        # Bob's own `mine` is another object; alice's stays as she wrote it.
+        ok(requests.put(f"{url}/v1/templates/mine", json={"env": {"WHO": "bob"}}, headers=bob, timeout=60))
+        assert ok(requests.get(f"{url}/v1/templates/mine", headers=alice, timeout=60))["image"] == TEST_IMAGE
+        assert "image" not in ok(requests.get(f"{url}/v1/templates/mine", headers=bob, timeout=60))
+        objects = [t["metadata"]["name"] for t in
+                   cluster.custom.list_namespaced_custom_object(*EXT, cluster.ns, "sandboxtemplates")["items"]
+                   if t["metadata"]["name"].startswith("mine-")]
+        assert len(objects) == 2, objects
+        # A replaced template loses what it no longer says (server-side apply, one manager).
+        ok(requests.put(f"{url}/v1/templates/mine", json={}, headers=alice, timeout=60))
+        assert "image" not in ok(requests.get(f"{url}/v1/templates/mine", headers=alice, timeout=60))
+        for who in (alice, bob):
+            ok(requests.delete(f"{url}/v1/templates/mine", headers=who, timeout=60), 204)
+    finally:
+        stop_process(hub)
