@@ -58,6 +58,14 @@ impl ImageService for KubeImages {
 
     async fn prepull(&self, tenant: &str, req: PrepullRequest) -> Result<PrepullResult, ErrorBody> {
         req.validate()?;
+        // One pre-pull per tenant at a time: DaemonSets are a resource a
+        // tenant could otherwise grow without bound.
+        let running = Running::claim(&self.shared, tenant).ok_or_else(|| {
+            ErrorBody::new(
+                Code::ResourceExhausted,
+                "a pre-pull of yours is still running; wait for its answer",
+            )
+        })?;
         let placement = match &req.template {
             None => Placement::default(),
             Some(name) => {
@@ -93,10 +101,47 @@ impl ImageService for KubeImages {
         let tenant = tenant.to_string();
         // Its own task: a caller that hangs up does not strand DaemonSets
         // half way (they are still waited for and deleted).
+        let shared = self.shared.clone();
         tokio::spawn(async move {
-            prepull::run(api, &tenant, &req.references, &placement, &with, &options).await
+            let _running = running;
+            prepull::run(
+                api,
+                &tenant,
+                &req.references,
+                &placement,
+                &with,
+                &options,
+                &shared.prepull_slots,
+            )
+            .await
         })
         .await
         .map_err(|e| ErrorBody::new(Code::Internal, format!("pre-pull task: {e}")))
+    }
+}
+
+/// A tenant's running pre-pull, released when dropped.
+struct Running {
+    shared: Arc<Shared>,
+    tenant: String,
+}
+
+impl Running {
+    fn claim(shared: &Arc<Shared>, tenant: &str) -> Option<Self> {
+        shared
+            .prepulls
+            .lock()
+            .unwrap()
+            .insert(tenant.to_string())
+            .then(|| Running {
+                shared: shared.clone(),
+                tenant: tenant.to_string(),
+            })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shared.prepulls.lock().unwrap().remove(&self.tenant);
     }
 }

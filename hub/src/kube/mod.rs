@@ -116,6 +116,11 @@ pub struct KubeArgs {
         default_value = "registry.k8s.io/pause:3.10"
     )]
     pub prepull_pause_image: String,
+
+    /// Pre-pull DaemonSets this hub runs at once, over all tenants (each
+    /// tenant runs one pre-pull at a time).
+    #[arg(long, env = "SANDHUB_MAX_PREPULL_DAEMONSETS", default_value_t = 16)]
+    pub max_prepull_daemonsets: usize,
 }
 
 /// A cached sandboxd client is rebuilt after this long (router tokens
@@ -143,6 +148,10 @@ pub(crate) struct Shared {
     prepull_images: prepull::Images,
     /// `--base-template`.
     base_template: String,
+    /// Pre-pull DaemonSets in flight over all tenants (`--max-prepull-daemonsets`).
+    prepull_slots: tokio::sync::Semaphore,
+    /// Tenants with a pre-pull running (one each).
+    prepulls: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
@@ -278,6 +287,8 @@ impl KubeTenancy {
                     pause: args.prepull_pause_image.clone(),
                 },
                 base_template: args.base_template.clone(),
+                prepull_slots: tokio::sync::Semaphore::new(args.max_prepull_daemonsets.max(1)),
+                prepulls: Mutex::default(),
                 client,
             }),
         })

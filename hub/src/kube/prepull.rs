@@ -230,6 +230,7 @@ pub fn completed(ds: &DaemonSet) -> bool {
 
 /// Runs the pre-pull of `references` for `tenant`: DaemonSets made, waited
 /// for (at most `options.max_parallel` at a time) and deleted if asked.
+/// `slots` bounds the DaemonSets in flight over every pre-pull of this hub.
 pub async fn run(
     api: Api<DaemonSet>,
     tenant: &str,
@@ -237,6 +238,7 @@ pub async fn run(
     placement: &Placement,
     with: &Images,
     options: &Options,
+    slots: &tokio::sync::Semaphore,
 ) -> PrepullResult {
     let run = crate::backend::new_id("prepull");
     let deadline = Instant::now() + options.timeout;
@@ -248,7 +250,7 @@ pub async fn run(
     let outcomes: Vec<PrepullDaemonSet> = futures::stream::iter(sets)
         .map(|(name, images)| {
             let ds = daemonset(tenant, &run, &name, &images, placement, with);
-            one(&api, ds, images, deadline, options.delete_when_done)
+            one(&api, ds, images, deadline, options.delete_when_done, slots)
         })
         .buffered(options.max_parallel.max(1))
         .collect()
@@ -294,6 +296,7 @@ async fn one(
     images: Vec<String>,
     deadline: Instant,
     delete_when_done: bool,
+    slots: &tokio::sync::Semaphore,
 ) -> PrepullDaemonSet {
     let name = ds.metadata.name.clone().unwrap_or_default();
     let started = Instant::now();
@@ -301,6 +304,16 @@ async fn one(
         name: name.clone(),
         images,
         ..Default::default()
+    };
+    let _slot = match tokio::time::timeout_at(deadline.into(), slots.acquire()).await {
+        Ok(Ok(permit)) => permit,
+        _ => {
+            out.error = Some(format!(
+                "DaemonSet {name} was never started: the hub's other pre-pulls held every slot \
+                 until the timeout"
+            ));
+            return out;
+        }
     };
     if let Err(e) = api.create(&PostParams::default(), &ds).await {
         out.error = Some(format!("creating DaemonSet {name}: {e}"));
