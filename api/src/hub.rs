@@ -609,34 +609,129 @@ impl PullEvent {
     }
 }
 
-/// Most references one `POST /v1/images/prepull` takes.
-pub const MAX_PREPULL_REFERENCES: usize = 256;
-
-/// `POST /v1/images/prepull`: pull these images (a few at a time), to warm
-/// a machine before a run.
+/// `POST /v1/images/prepull`: pull images onto the machines that run
+/// sandboxes before they are needed (on Kubernetes, every node the
+/// template's Pods may run on, by DaemonSets).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PrepullRequest {
+    /// Image references, e.g. `docker.io/library/python:3.12`; 1 to
+    /// [`MAX_PREPULL_REFERENCES`].
     pub references: Vec<String>,
+    /// A template whose placement the pulls follow (on Kubernetes: its Pod
+    /// template's tolerations, node selector and runtime class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Images pulled by one DaemonSet (Kubernetes), 1 to
+    /// [`MAX_PREPULL_IMAGES_PER_POD`]; default [`DEFAULT_PREPULL_IMAGES_PER_POD`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
+    pub images_per_pod: Option<u32>,
+    /// DaemonSets in flight at once (Kubernetes), 1 to
+    /// [`MAX_PREPULL_PARALLEL`]; default [`DEFAULT_PREPULL_PARALLEL`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 64))]
+    pub max_parallel: Option<u32>,
+    /// Delete each DaemonSet once its pulls are done (Kubernetes); default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_when_done: Option<bool>,
+    /// How long the whole pre-pull may take, in seconds; default
+    /// [`DEFAULT_PREPULL_TIMEOUT_SECONDS`], at most [`MAX_PREPULL_TIMEOUT_SECONDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 86400))]
+    pub timeout_seconds: Option<u64>,
 }
 
-/// What `POST /v1/images/prepull` did with one reference.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct PrepullItem {
-    pub reference: String,
-    pub ok: bool,
-    /// The image's id, when pulled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// Why not, when not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorBody>,
+pub const MAX_PREPULL_REFERENCES: usize = 1000;
+pub const DEFAULT_PREPULL_IMAGES_PER_POD: u32 = 25;
+pub const MAX_PREPULL_IMAGES_PER_POD: u32 = 100;
+pub const DEFAULT_PREPULL_PARALLEL: u32 = 4;
+pub const MAX_PREPULL_PARALLEL: u32 = 64;
+pub const DEFAULT_PREPULL_TIMEOUT_SECONDS: u64 = 1800;
+pub const MAX_PREPULL_TIMEOUT_SECONDS: u64 = 86400;
+
+impl PrepullRequest {
+    /// Each reference's syntax and every knob's range.
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        let invalid = |m: String| Err(ErrorBody::new(Code::InvalidArgument, m));
+        if self.references.is_empty() || self.references.len() > MAX_PREPULL_REFERENCES {
+            return invalid(format!(
+                "references must name 1 to {MAX_PREPULL_REFERENCES} images"
+            ));
+        }
+        for r in &self.references {
+            crate::validate::image_reference(r)?;
+        }
+        if self
+            .images_per_pod
+            .is_some_and(|n| n == 0 || n > MAX_PREPULL_IMAGES_PER_POD)
+        {
+            return invalid(format!(
+                "images_per_pod must be 1 to {MAX_PREPULL_IMAGES_PER_POD}"
+            ));
+        }
+        if self
+            .max_parallel
+            .is_some_and(|n| n == 0 || n > MAX_PREPULL_PARALLEL)
+        {
+            return invalid(format!("max_parallel must be 1 to {MAX_PREPULL_PARALLEL}"));
+        }
+        if self
+            .timeout_seconds
+            .is_some_and(|n| n == 0 || n > MAX_PREPULL_TIMEOUT_SECONDS)
+        {
+            return invalid(format!(
+                "timeout_seconds must be 1 to {MAX_PREPULL_TIMEOUT_SECONDS}"
+            ));
+        }
+        Ok(())
+    }
 }
 
-/// One item per reference, in the request's order.
+/// What `POST /v1/images/prepull` did: every reference's outcome, and on
+/// Kubernetes each DaemonSet's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PrepullResult {
-    pub items: Vec<PrepullItem>,
+    /// True when every image was pulled everywhere it was meant to be.
+    pub ok: bool,
+    pub images: Vec<PrepullImage>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub daemonsets: Vec<PrepullDaemonSet>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PrepullImage {
+    pub reference: String,
+    pub ok: bool,
+    /// The image's id in the hub's store (local backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The DaemonSet that pulled it (Kubernetes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemonset: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One pre-pull DaemonSet (Kubernetes).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PrepullDaemonSet {
+    pub name: String,
+    pub images: Vec<String>,
+    /// Nodes it was scheduled on (`desiredNumberScheduled`).
+    pub nodes: i32,
+    /// Nodes where every image is pulled (`numberReady`).
+    pub ready: i32,
+    /// Every scheduled node had pulled every image.
+    pub completed: bool,
+    /// Deleted afterwards (`delete_when_done`).
+    pub deleted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Seconds from creation to completion (or to giving up).
+    pub seconds: f64,
 }

@@ -181,6 +181,7 @@ impl HubClient {
     pub async fn prepull_images(&self, references: &[String]) -> Result<PrepullResult> {
         let body = PrepullRequest {
             references: references.to_vec(),
+            ..Default::default()
         };
         self.call(self.request(Method::POST, "/v1/images/prepull").json(&body))
             .await

@@ -11,8 +11,11 @@ use std::{
 
 use async_trait::async_trait;
 use sandhub_api::{
-    error::ErrorBody,
-    hub::{Image, ListeningPort, PrepullResult, PruneResult, PullEvent, PullRequest, Snapshot},
+    error::{Code, ErrorBody},
+    hub::{
+        Image, ListeningPort, PrepullRequest, PrepullResult, PruneResult, PullEvent, PullRequest,
+        Snapshot,
+    },
 };
 use sandhub_client::{sandboxd::SandboxdClient, Result, Sandboxes};
 
@@ -41,8 +44,8 @@ pub trait Backend: Send + Sync + 'static {
     async fn ready(&self) -> Result<()>;
     /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.
     async fn sandbox_count(&self) -> Result<usize>;
-    /// The image store (local backend only: on Kubernetes the nodes
-    /// hold images).
+    /// The images side: the local backend's store, or on Kubernetes
+    /// pre-pull onto the nodes (which hold the images).
     fn images(&self) -> Option<Arc<dyn ImageService>> {
         None
     }
@@ -78,19 +81,24 @@ pub trait ImageService: Send + Sync {
     ) -> std::result::Result<Image, ErrorBody> {
         Err(no_pull())
     }
-    /// Pulls each reference (a few at a time): one item per reference.
+    /// Pulls `req.references` where `tenant`'s sandboxes will run, before
+    /// they are needed (`POST /v1/images/prepull`).
     async fn prepull(
         &self,
-        _tenant: &str,
-        _references: Vec<String>,
+        tenant: &str,
+        req: PrepullRequest,
     ) -> std::result::Result<PrepullResult, ErrorBody> {
-        Err(no_pull())
+        let _ = (tenant, req);
+        Err(ErrorBody::new(
+            Code::Unimplemented,
+            "pre-pull is not available on this backend yet",
+        ))
     }
 }
 
 fn no_pull() -> ErrorBody {
     ErrorBody::new(
-        sandhub_api::error::Code::Unimplemented,
+        Code::Unimplemented,
         "this image store cannot pull from registries",
     )
 }

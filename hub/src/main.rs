@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the hub (REST API) on the embedded local backend.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// MCP on stdio: against --hub, or an embedded local hub without one.
     Mcp(sandhub::mcp::McpArgs),
     /// Create a sandbox and print its id.
@@ -80,7 +80,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::Mcp(args) => sandhub::mcp::run(args).await,
             Command::Create(args) => cli::exit(cli::sandbox::create(args).await),
             Command::Ls(args) => cli::exit(cli::sandbox::list(args).await),

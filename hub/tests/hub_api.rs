@@ -1536,6 +1536,7 @@ async fn openapi_document_describes_every_route() {
         ("/v1/templates/{name}", &["get", "put", "delete"]),
         ("/v1/pools", &["get"]),
         ("/v1/pools/{name}", &["get", "put", "delete"]),
+        ("/v1/images/prepull", &["post"]),
     ];
     for (path, methods) in routes {
         let item = &doc["paths"][path];

@@ -742,10 +742,15 @@ async fn prepull_and_the_cli() {
         .json()
         .await
         .unwrap();
-    assert_eq!(r["items"][0]["ok"], true, "{r}");
-    assert!(r["items"][0]["id"].as_str().unwrap().starts_with("sha256:"));
-    assert_eq!(r["items"][1]["ok"], false, "{r}");
-    assert_eq!(r["items"][1]["error"]["code"], "NOT_FOUND", "{r}");
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["images"][0]["ok"], true, "{r}");
+    assert!(r["images"][0]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
+    assert_eq!(r["images"][1]["ok"], false, "{r}");
+    let error = r["images"][1]["error"].as_str().unwrap();
+    assert!(error.starts_with("NOT_FOUND: "), "{r}");
     let r = hub
         .http()
         .post(format!("{}/v1/images/prepull", hub.url()))

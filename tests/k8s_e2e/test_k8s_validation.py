@@ -81,11 +81,12 @@ def test_unsettable_env_is_refused(url: str, env: dict):
     ({"disk_mb": 1}, "disk_mb must be 16 to 16777216"),
     ({"env": {"": "x"}}, "env "),
 ])
-def test_templates_out_of_range_are_refused_before_kubectl_is_mentioned(url: str, template: dict, message: str):
+def test_templates_out_of_range_are_refused_and_valid_ones_applied(url: str, template: dict, message: str):
     refused(requests.put(f"{url}/v1/templates/bad-values", json=template, timeout=60), message)
-    # A valid one only learns that templates are SandboxTemplates here.
+    # A valid one becomes the tenant's SandboxTemplate.
     r = requests.put(f"{url}/v1/templates/good-values", json={"cpu": 1}, timeout=60)
-    assert r.status_code == 501 and r.json()["code"] == "UNIMPLEMENTED", r.text
+    assert r.status_code == 200 and r.json() == {"name": "good-values", "cpu": 1.0, "network": "none"}, r.text
+    assert requests.delete(f"{url}/v1/templates/good-values", timeout=60).status_code == 204
 
 
 @pytest.mark.parametrize("kind", ["pools", "templates"])

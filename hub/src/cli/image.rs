@@ -94,23 +94,23 @@ pub async fn run(args: ImageArgs) -> Result<i32> {
             let result = hub.prepull_images(&references).await?;
             output::show(format, &result, || {
                 result
-                    .items
+                    .images
                     .iter()
                     .map(|i| match (&i.id, &i.error) {
                         (Some(id), _) => format!("{}\t{id}", i.reference),
-                        (_, Some(e)) => format!("{}\t{}: {}", i.reference, e.code, e.message),
+                        (_, Some(e)) => format!("{}\t{e}", i.reference),
                         _ => i.reference.clone(),
                     })
                     .collect::<Vec<_>>()
                     .join("\n")
             })?;
-            if let Some(failed) = result.items.iter().find_map(|i| i.error.clone()) {
+            if !result.ok {
                 return Err(Error::new(
-                    failed.code,
+                    sandhub_api::error::Code::Unavailable,
                     format!(
                         "{} of {} images not pulled",
-                        result.items.iter().filter(|i| !i.ok).count(),
-                        result.items.len()
+                        result.images.iter().filter(|i| !i.ok).count(),
+                        result.images.len()
                     ),
                 ));
             }

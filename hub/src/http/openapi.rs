@@ -20,7 +20,7 @@ use utoipa::OpenApi;
         (name = "templates", description = "What a sandbox is"),
         (name = "pools", description = "Warm sandboxes, claimed in milliseconds"),
         (name = "ports", description = "TCP servers inside a sandbox, proxied (HTTP, SSE, WebSocket)"),
-        (name = "images", description = "The local image store: import, list, remove, prune"),
+        (name = "images", description = "The local image store: import, list, remove, prune; pre-pull on either backend"),
         (name = "gym", description = "Gym-style environments for RL trainers"),
         (name = "service", description = "Health, readiness, metrics")
     )

@@ -4,9 +4,12 @@
 //! tenant and MCP session are labels on the claim), so a restarted hub
 //! finds every sandbox again and keeps nothing of its own.
 
+mod images;
 mod model;
 mod owner;
+mod prepull;
 mod reach;
+mod template;
 mod tenant;
 
 use std::{
@@ -27,16 +30,17 @@ use kube::{api::ListParams, Api};
 use sandhub_api::{k8s::SandboxClaim, scoped_token::ScopedTokens};
 use sandhub_client::{sandboxd::SandboxdClient, Result};
 
+use self::{
+    images::KubeImages,
+    reach::{Reach, SandboxdAuth},
+    tenant::KubeTenant,
+};
 pub use self::{
     model::{TEMPLATE_ANNOTATION, TENANT_LABEL},
     reach::SANDBOXD_TOKEN_HEADER,
 };
-use self::{
-    reach::{Reach, SandboxdAuth},
-    tenant::KubeTenant,
-};
 use crate::{
-    backend::{Backend, TenantView},
+    backend::{Backend, ImageService, TenantView},
     policy::Policy,
 };
 
@@ -87,6 +91,36 @@ pub struct KubeArgs {
     /// How long `create` and `resume` wait for a claim to become Ready.
     #[arg(long, env = "SANDHUB_READY_TIMEOUT", default_value = "180s", value_parser = sandhub_common::parse_duration)]
     pub ready_timeout: Duration,
+
+    /// The image holding the static sandboxd (at /usr/local/bin/sandboxd,
+    /// with busybox at /bin/busybox, as dev/k8s/build-image.sh builds it):
+    /// templates with `image:` and pre-pull DaemonSets copy sandboxd from it.
+    #[arg(
+        long,
+        env = "SANDHUB_SANDBOXD_IMAGE",
+        default_value = "sandhub/sandboxd:dev"
+    )]
+    pub sandboxd_image: String,
+
+    /// The operator's SandboxTemplate (in --namespace) that tenants'
+    /// templates start from: its scheduling, runtime class, security context
+    /// and sandboxd container. Without it, a built-in template that runs
+    /// --sandboxd-image.
+    #[arg(long, env = "SANDHUB_BASE_TEMPLATE", default_value = sandhub_api::hub::DEFAULT_TEMPLATE)]
+    pub base_template: String,
+
+    /// The main container of pre-pull DaemonSets (it only waits).
+    #[arg(
+        long,
+        env = "SANDHUB_PREPULL_PAUSE_IMAGE",
+        default_value = "registry.k8s.io/pause:3.10"
+    )]
+    pub prepull_pause_image: String,
+
+    /// Pre-pull DaemonSets this hub runs at once, over all tenants (each
+    /// tenant runs one pre-pull at a time).
+    #[arg(long, env = "SANDHUB_MAX_PREPULL_DAEMONSETS", default_value_t = 16)]
+    pub max_prepull_daemonsets: usize,
 }
 
 /// A cached sandboxd client is rebuilt after this long (router tokens
@@ -110,6 +144,14 @@ pub(crate) struct Shared {
     /// Held from a pool quota check to the write it admitted, so two
     /// concurrent puts of one hub cannot both take the last replicas.
     pool_writes: tokio::sync::Mutex<()>,
+    /// `--sandboxd-image` and the pre-pull pause image.
+    prepull_images: prepull::Images,
+    /// `--base-template`.
+    base_template: String,
+    /// Pre-pull DaemonSets in flight over all tenants (`--max-prepull-daemonsets`).
+    prepull_slots: tokio::sync::Semaphore,
+    /// Tenants with a pre-pull running (one each).
+    prepulls: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
@@ -240,6 +282,13 @@ impl KubeTenancy {
                 changed: Mutex::default(),
                 policy,
                 pool_writes: tokio::sync::Mutex::default(),
+                prepull_images: prepull::Images {
+                    sandboxd: args.sandboxd_image.clone(),
+                    pause: args.prepull_pause_image.clone(),
+                },
+                base_template: args.base_template.clone(),
+                prepull_slots: tokio::sync::Semaphore::new(args.max_prepull_daemonsets.max(1)),
+                prepulls: Mutex::default(),
                 client,
             }),
         })
@@ -275,6 +324,12 @@ impl Backend for KubeTenancy {
             .await
             .map(|_| ())
             .map_err(|e| tenant::kube_error("reaching the Kubernetes API", e))
+    }
+
+    fn images(&self) -> Option<Arc<dyn ImageService>> {
+        Some(Arc::new(KubeImages {
+            shared: self.shared.clone(),
+        }))
     }
 
     async fn sandbox_count(&self) -> Result<usize> {

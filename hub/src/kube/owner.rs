@@ -48,7 +48,7 @@ pub fn object_name(tenant: &str, name: &str) -> String {
     format!("{name}-{}", &tenant_label_value(tenant)[..SUFFIX_HEX])
 }
 
-/// The hub name of the pool a claim of `tenant`'s names (its own pools'
+/// The hub name of the pool (or template) a claim of `tenant`'s names (its own objects'
 /// cluster names carry the tenant suffix; operator pools' do not).
 pub fn pool_hub_name(tenant: &str, object: &str) -> String {
     let suffix = format!("-{}", &tenant_label_value(tenant)[..SUFFIX_HEX]);
@@ -93,15 +93,31 @@ pub fn tenant_pool(tenant: &str, name: &str, template: &str, replicas: u32) -> S
             ..Default::default()
         },
     );
-    pool.metadata.labels = Some(BTreeMap::from([
+    pool.metadata = tenant_metadata(tenant, name);
+    pool
+}
+
+/// The metadata of `tenant`'s object called `name` in the hub: its cluster
+/// name ([`object_name`]), the tenant and created-by labels, and the hub
+/// name annotation. Pools, templates and pre-pull DaemonSets all carry it.
+pub fn tenant_metadata(tenant: &str, name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(object_name(tenant, name)),
+        labels: Some(tenant_labels(tenant)),
+        annotations: Some(BTreeMap::from([(
+            HUB_NAME_ANNOTATION.to_string(),
+            name.to_string(),
+        )])),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The labels that mark an object as `tenant`'s, made by the hub.
+pub fn tenant_labels(tenant: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
         (TENANT_LABEL.to_string(), tenant_label_value(tenant)),
         (names::CREATED_BY.to_string(), CREATED_BY_HUB.to_string()),
-    ]));
-    pool.metadata.annotations = Some(BTreeMap::from([(
-        HUB_NAME_ANNOTATION.to_string(),
-        name.to_string(),
-    )]));
-    pool
+    ])
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use super::{
     model,
     owner::{self, Owner},
     reach::Target,
-    Shared,
+    template, Shared,
 };
 use crate::backend::{new_id, TenantView};
 
@@ -120,16 +120,17 @@ impl KubeTenant {
     fn hub_view(&self, claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
         let mut s = model::sandbox_of(claim, launch);
         s.pool = s.pool.map(|p| owner::pool_hub_name(&self.tenant, &p));
+        s.template = owner::pool_hub_name(&self.tenant, &s.template);
         s
     }
 
-    fn templates(&self) -> Api<SandboxTemplate> {
+    pub(super) fn templates(&self) -> Api<SandboxTemplate> {
         Api::namespaced(self.shared.client.clone(), &self.shared.namespace)
     }
 
     /// The object `name` means to this tenant: its own (cluster name
     /// [`owner::object_name`]), else the operator's; never another tenant's.
-    async fn find<K>(&self, api: &Api<K>, kind: &str, name: &str) -> Result<(K, Owner)>
+    pub(super) async fn find<K>(&self, api: &Api<K>, kind: &str, name: &str) -> Result<(K, Owner)>
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
@@ -159,6 +160,8 @@ impl KubeTenant {
         if let Some(name) = owner::hub_name(&p.metadata, &self.tenant) {
             v.name = name;
         }
+        // The tenant's own templates by the name it gave them.
+        v.template = owner::pool_hub_name(&self.tenant, &v.template);
         v
     }
 
@@ -240,6 +243,24 @@ impl KubeTenant {
         })?;
         self.shared.cache_client(key, client.clone());
         Ok(client)
+    }
+
+    /// What tenants' templates start from: the operator's `--base-template`
+    /// if there is one, else the built-in sandboxd template.
+    async fn base_template(&self) -> Result<sandhub_api::k8s::SandboxTemplateSpec> {
+        let name = &self.shared.base_template;
+        match self.templates().get_opt(name).await {
+            Ok(Some(t)) if owner::owner(&t.metadata, &self.tenant) == Owner::Operator => Ok(t.spec),
+            Ok(_) => Ok(template::builtin_base(&self.shared.prepull_images.sandboxd)),
+            Err(e) => Err(kube_error(&format!("reading the base template {name}"), e)),
+        }
+    }
+
+    fn template_view(&self, name: &str, t: &SandboxTemplate) -> NamedTemplate {
+        NamedTemplate {
+            name: name.to_string(),
+            template: template::template_of(&t.spec, &self.shared.prepull_images.sandboxd),
+        }
     }
 
     async fn set_mode(&self, id: &str, mode: &str) -> Result<SandboxClaim> {
@@ -493,49 +514,137 @@ impl Sandboxes for KubeTenant {
         Err(unimplemented("fork"))
     }
 
-    async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
+    async fn put_template(&self, name: &str, t: Template) -> Result<NamedTemplate> {
         // The shared rules first, so a template out of range gets the same
-        // answer on both backends; only a valid one learns it must go
-        // through kubectl here.
+        // answer on both backends.
         validate::name("template", name)?;
-        template.validate()?;
-        Err(Error::new(
-            Code::Unimplemented,
-            "on the kubernetes backend templates are SandboxTemplates: apply them with kubectl",
-        ))
+        t.validate()?;
+        template::refuse_local_only(&t)?;
+        if name.len() > owner::MAX_TENANT_NAME {
+            return Err(Error::invalid(format!(
+                "template name `{name}` must be a DNS-1123 label of at most {} characters",
+                owner::MAX_TENANT_NAME
+            )));
+        }
+        let templates = self.templates();
+        let read = |e| kube_error(&format!("reading template {name}"), e);
+        if templates
+            .get_opt(name)
+            .await
+            .map_err(read)?
+            .is_some_and(|t| owner::owner(&t.metadata, &self.tenant) == Owner::Operator)
+        {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "template {name} is the operator's: pools can use it, but it is changed \
+                     only with kubectl or Helm"
+                ),
+            ));
+        }
+        let mut want = template::tenant_template(
+            &self.tenant,
+            name,
+            self.base_template().await?,
+            &t,
+            &self.shared.prepull_images.sandboxd,
+        )?;
+        let object = owner::object_name(&self.tenant, name);
+        let conflict = |e: kube::Error| match &e {
+            kube::Error::Api(s) if s.code == 409 => Error::new(
+                Code::Conflict,
+                format!("template {name} changed meanwhile; try again"),
+            ),
+            _ => kube_error(&format!("writing template {name}"), e),
+        };
+        match templates.get_opt(&object).await.map_err(read)? {
+            // The name is ours by construction; anything else there is
+            // left alone.
+            Some(have) if owner::owner(&have.metadata, &self.tenant) != Owner::Caller => {
+                return Err(Error::new(
+                    Code::Conflict,
+                    format!("template {name}: the cluster name {object} is taken"),
+                ))
+            }
+            // At the version read: no write lands on what was not checked.
+            Some(have) => want.metadata.resource_version = have.metadata.resource_version,
+            None => {}
+        }
+        // Server-side apply, always by one field manager: what a new
+        // version of the template no longer sets is removed.
+        let written = templates
+            .patch(
+                &object,
+                &PatchParams::apply(TEMPLATE_FIELD_MANAGER).force(),
+                &Patch::Apply(&want),
+            )
+            .await
+            .map_err(conflict)?;
+        Ok(self.template_view(name, &written))
     }
 
     async fn get_template(&self, name: &str) -> Result<NamedTemplate> {
-        self.find(&self.templates(), "template", name).await?;
-        Ok(NamedTemplate {
-            name: name.to_string(),
-            template: Template::default(),
-        })
+        let (t, _) = self.find(&self.templates(), "template", name).await?;
+        Ok(self.template_view(name, &t))
     }
 
+    /// The caller's templates and the operator's; the caller's own wins a
+    /// name both have.
     async fn list_templates(&self) -> Result<Vec<NamedTemplate>> {
-        let names: std::collections::BTreeSet<String> = self
+        let mut listed = self
             .templates()
             .list(&ListParams::default())
             .await
             .map_err(|e| kube_error("listing templates", e))?
-            .iter()
-            .filter_map(|t| owner::hub_name(&t.metadata, &self.tenant))
-            .collect();
-        Ok(names
-            .into_iter()
-            .map(|name| NamedTemplate {
-                name,
-                template: Template::default(),
-            })
-            .collect())
+            .items;
+        listed.retain(|t| owner::owner(&t.metadata, &self.tenant) != Owner::Other);
+        listed.sort_by_key(|t| owner::owner(&t.metadata, &self.tenant) == Owner::Caller);
+        let mut by_name = BTreeMap::new();
+        for t in &listed {
+            if let Some(name) = owner::hub_name(&t.metadata, &self.tenant) {
+                let v = self.template_view(&name, t);
+                by_name.insert(name, v);
+            }
+        }
+        Ok(by_name.into_values().collect())
     }
 
-    async fn delete_template(&self, _name: &str) -> Result<()> {
-        Err(Error::new(
-            Code::Unimplemented,
-            "on the kubernetes backend templates are SandboxTemplates: delete them with kubectl",
-        ))
+    async fn delete_template(&self, name: &str) -> Result<()> {
+        let (t, who) = self.find(&self.templates(), "template", name).await?;
+        if who == Owner::Operator {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!("template {name} is the operator's: delete it with kubectl or Helm"),
+            ));
+        }
+        let object = t.metadata.name.clone().unwrap_or_default();
+        let users: Vec<String> = self
+            .pools()
+            .list(&ListParams::default().labels(&owner::tenant_selector(&self.tenant)))
+            .await
+            .map_err(|e| kube_error("listing pools", e))?
+            .iter()
+            .filter(|p| p.spec.sandbox_template_ref.name == object)
+            .map(|p| self.pool_view(p).name)
+            .collect();
+        if !users.is_empty() {
+            return Err(Error::new(
+                Code::Conflict,
+                format!("template {name} is used by pool {}", users.join(", ")),
+            ));
+        }
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: t.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        self.templates()
+            .delete(&object, &params)
+            .await
+            .map(|_| ())
+            .map_err(|e| kube_error(&format!("deleting template {name}"), e))
     }
 
     async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool> {
@@ -667,6 +776,9 @@ impl Sandboxes for KubeTenant {
         }
     }
 }
+
+/// The field manager of tenants' SandboxTemplates (server-side apply).
+const TEMPLATE_FIELD_MANAGER: &str = "sandhub-hub";
 
 fn operator_pool(name: &str) -> Error {
     Error::new(

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
+import json
 import os
 import secrets
 import subprocess
+import tarfile
 import tempfile
 import urllib.request
 from contextlib import contextmanager
@@ -59,6 +62,10 @@ class Cluster:
     @property
     def core(self) -> k8s.CoreV1Api:
         return k8s.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> k8s.AppsV1Api:
+        return k8s.AppsV1Api(self.api)
 
     @property
     def custom(self) -> k8s.CustomObjectsApi:
@@ -154,6 +161,46 @@ class Cluster:
             if "agents.x-k8s.io/warm-pool-sandbox" not in labels and pod.metadata.deletion_timestamp is None:
                 left.append(f"pod/{pod.metadata.name}")
         return left
+
+
+def real_node_ctr(c: Cluster) -> list[str]:
+    """`ctr` against the real node's containerd (namespace k8s.io): dev/k8s/cluster.sh
+    keeps its socket next to the kubeconfig."""
+    sock = Path(c.kubeconfig).parent / "containerd" / "containerd.sock"
+    need(sock.exists(), f"the real node's containerd socket {sock} is missing")
+    return ["ctr", "--address", str(sock), "-n", "k8s.io"]
+
+
+def import_layout_image(c: Cluster, layout: Path, ref: str, name: str) -> None:
+    """Imports the image `ref` of OCI layout `layout` into the real node's containerd
+    as `name` (e.g. docker.io/sandhub/test:amd64): a tar of a layout whose index.json
+    holds only that entry, renamed, and the blobs it reaches."""
+    index = json.loads((layout / "index.json").read_text())
+    (entry,) = [m for m in index["manifests"]
+                if (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == ref]
+    entry = dict(entry, annotations={"io.containerd.image.name": name,
+                                     "org.opencontainers.image.ref.name": name})
+
+    def blob(digest: str) -> Path:
+        algo, hex_ = digest.split(":", 1)
+        return layout / "blobs" / algo / hex_
+
+    digests = [entry["digest"]]
+    manifest = json.loads(blob(entry["digest"]).read_text())
+    digests += [manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(arcname: str, data: bytes) -> None:
+            info = tarfile.TarInfo(arcname)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        add("oci-layout", (layout / "oci-layout").read_bytes())
+        add("index.json", json.dumps(dict(index, manifests=[entry])).encode())
+        for d in digests:
+            add("blobs/" + d.replace(":", "/"), blob(d).read_bytes())
+    subprocess.run([*real_node_ctr(c), "images", "import", "-"], input=buf.getvalue(),
+                   check=True, capture_output=True, timeout=300)
 
 
 def template(name: str = POOL) -> dict:

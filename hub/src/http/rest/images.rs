@@ -13,7 +13,7 @@ use axum::{
 use futures::StreamExt;
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{Image, ImageList, PrepullRequest, PrepullResult, PruneResult, PullEvent, PullRequest},
+    hub::{Image, ImageList, PruneResult, PullEvent, PullRequest},
 };
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -34,7 +34,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_images))
         .routes(routes!(import_image))
         .routes(routes!(pull_image))
-        .routes(routes!(prepull_images))
         .routes(routes!(prune_images))
         .routes(routes!(delete_image))
 }
@@ -168,26 +167,6 @@ async fn pull_image(
         Body::from_stream(lines),
     )
         .into_response())
-}
-
-/// Pull several images (four at a time) with the hub's credentials, to
-/// warm a machine before a run: one item per reference, `ok` or its
-/// `error`. A malformed reference refuses the whole request.
-#[utoipa::path(post, path = "/v1/images/prepull", tag = "images", request_body = PrepullRequest,
-    responses((status = 200, body = PrepullResult), (status = 400, body = ErrorBody),
-              (status = 501, body = ErrorBody)))]
-async fn prepull_images(
-    State(state): State<AppState>,
-    Api(tenant): Api,
-    ApiJson(request): ApiJson<PrepullRequest>,
-) -> ApiResult<ApiJson<PrepullResult>> {
-    let images = images(&state)?;
-    Ok(ApiJson(
-        images
-            .prepull(tenant.tenant(), request.references)
-            .await
-            .map_err(api)?,
-    ))
 }
 
 /// A web page may send a "simple" request (form or text content types)

@@ -6,6 +6,7 @@ pub mod health;
 pub mod images;
 mod pools;
 mod ports;
+mod prepull;
 mod processes;
 mod sandboxes;
 mod templates;
@@ -24,5 +25,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(pools::routes())
         .merge(ports::routes())
         .merge(images::routes())
+        .merge(prepull::routes())
         .merge(health::routes())
 }

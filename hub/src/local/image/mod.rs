@@ -60,7 +60,9 @@ use std::{
 
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{Image, ImageRunConfig, PrepullResult, PruneResult, PullEvent, PullRequest},
+    hub::{
+        Image, ImageRunConfig, PrepullRequest, PrepullResult, PruneResult, PullEvent, PullRequest,
+    },
     validate,
 };
 
@@ -212,9 +214,9 @@ impl ImageService for Images {
     async fn prepull(
         &self,
         tenant: &str,
-        references: Vec<String>,
+        request: PrepullRequest,
     ) -> Result<PrepullResult, ErrorBody> {
-        pull::prepull(&self.store, tenant, references).await
+        pull::prepull(&self.store, tenant, request).await
     }
 }
 

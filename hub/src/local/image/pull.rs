@@ -41,8 +41,8 @@ use oci_client::{
 use sandhub_api::{
     error::{Code, ErrorBody},
     hub::{
-        Image, PrepullItem, PrepullResult, PullEvent, PullLayer, PullRequest,
-        MAX_PREPULL_REFERENCES,
+        Image, PrepullImage, PrepullRequest, PrepullResult, PullEvent, PullLayer, PullRequest,
+        DEFAULT_PREPULL_TIMEOUT_SECONDS,
     },
     validate,
 };
@@ -1012,46 +1012,63 @@ pub fn check_request(request: &PullRequest) -> Result<(), ErrorBody> {
     }
 }
 
-/// Pulls each reference, [`PREPULL_PARALLEL`] at a time, with the hub's
-/// credentials; one item per reference, in order. A bad reference refuses
-/// the whole request before anything is pulled.
+/// Pulls each reference, `max_parallel` (default [`PREPULL_PARALLEL`]) at
+/// a time, with the hub's credentials; one item per reference, in order.
+/// A bad reference refuses the whole request before anything is pulled;
+/// past `timeout_seconds` the unfinished pulls are reported as failed (they
+/// go on, and a later pull joins them). The DaemonSet knobs are
+/// Kubernetes'.
 pub async fn prepull(
     store: &Arc<ImageStore>,
     tenant: &str,
-    references: Vec<String>,
+    request: PrepullRequest,
 ) -> Result<PrepullResult, ErrorBody> {
-    if references.is_empty() || references.len() > MAX_PREPULL_REFERENCES {
-        return Err(invalid(format!(
-            "references: give 1-{MAX_PREPULL_REFERENCES} image references"
-        )));
-    }
-    for r in &references {
+    request.validate()?;
+    for r in &request.references {
         parse_reference(r)?;
     }
-    let items = futures::stream::iter(references)
+    let parallel = request
+        .max_parallel
+        .map_or(PREPULL_PARALLEL, |n| n as usize);
+    let timeout = std::time::Duration::from_secs(
+        request
+            .timeout_seconds
+            .unwrap_or(DEFAULT_PREPULL_TIMEOUT_SECONDS),
+    );
+    let deadline = tokio::time::Instant::now() + timeout;
+    let images: Vec<PrepullImage> = futures::stream::iter(request.references)
         .map(|reference| async move {
-            match store
-                .pull(tenant, &reference, PullOptions::default(), None)
-                .await
-            {
-                Ok(image) => PrepullItem {
+            let pull = store.pull(tenant, &reference, PullOptions::default(), None);
+            let outcome = match tokio::time::timeout_at(deadline, pull).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(ErrorBody::new(
+                    Code::DeadlineExceeded,
+                    format!("not pulled within {} s", timeout.as_secs()),
+                )),
+            };
+            match outcome {
+                Ok(image) => PrepullImage {
                     reference,
                     ok: true,
                     id: Some(image.id),
-                    error: None,
+                    ..Default::default()
                 },
-                Err(e) => PrepullItem {
+                Err(e) => PrepullImage {
                     reference,
                     ok: false,
-                    id: None,
-                    error: Some(e),
+                    error: Some(format!("{}: {}", e.code, e.message)),
+                    ..Default::default()
                 },
             }
         })
-        .buffered(PREPULL_PARALLEL)
+        .buffered(parallel)
         .collect()
         .await;
-    Ok(PrepullResult { items })
+    Ok(PrepullResult {
+        ok: images.iter().all(|i| i.ok),
+        images,
+        daemonsets: Vec::new(),
+    })
 }
 
 fn remove(path: &Path) {

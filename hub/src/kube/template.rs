@@ -1,0 +1,499 @@
+//! How a hub template maps onto a SandboxTemplate. Pure functions, tested
+//! without a cluster.
+//!
+//! A tenant's template starts from a **base**: the operator's SandboxTemplate
+//! named by `--base-template` (its scheduling, runtime class, security
+//! context and sandboxd container), else a built-in one that runs
+//! `--sandboxd-image`. The template's `env`, `cpu`, `memory_mb` and
+//! `disk_mb` go to the sandboxd container. With `image: X` that container
+//! runs image X: X need not hold sandboxd, so an init container from the
+//! sandboxd image first copies its static sandboxd into an emptyDir at
+//! [`BIN_DIR`], and the container runs that copy with the base's
+//! arguments, ports and probes. `/workspace` is an emptyDir there, as the
+//! sandboxd image's own (empty) `/workspace` is.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::core::v1::{
+        Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, PodSpec, Probe,
+        ResourceRequirements, Volume, VolumeMount,
+    },
+    apimachinery::pkg::{api::resource::Quantity, util::intstr::IntOrString},
+};
+use sandhub_api::{
+    hub::{Network, Template},
+    k8s::{common::PodTemplate, SandboxTemplate, SandboxTemplateSpec},
+};
+use sandhub_client::Error;
+
+use super::owner;
+
+/// The name of the container that runs sandboxd in a Pod template, when
+/// there are several (else the first container is).
+pub const SANDBOXD_CONTAINER: &str = "sandboxd";
+/// The init container that copies sandboxd out of the sandboxd image.
+pub const COPY_INIT: &str = "sandhub-sandboxd";
+/// Where the copied sandboxd (and busybox) live in a Pod that runs another image.
+pub const BIN_DIR: &str = "/.sandhub";
+pub const BIN_VOLUME: &str = "sandhub-bin";
+pub const WORKSPACE_VOLUME: &str = "sandhub-workspace";
+/// sandboxd and busybox in the sandboxd image (dev/k8s/build-image.sh).
+pub const SANDBOXD_IN_IMAGE: &str = "/usr/local/bin/sandboxd";
+pub const BUSYBOX_IN_IMAGE: &str = "/bin/busybox";
+
+/// The Pod template sandboxd runs in when the operator gave no base: the
+/// same as docs/examples/kubernetes/sandbox-template.yaml.
+pub fn builtin_base(sandboxd_image: &str) -> SandboxTemplateSpec {
+    let container = Container {
+        name: SANDBOXD_CONTAINER.into(),
+        image: Some(sandboxd_image.into()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(vec!["--listen-host".into(), "0.0.0.0".into()]),
+        ports: Some(
+            [8080, 9090]
+                .into_iter()
+                .map(|p| ContainerPort {
+                    container_port: p,
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/v1/health".into()),
+                port: IntOrString::Int(8080),
+                ..Default::default()
+            }),
+            period_seconds: Some(1),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut spec = SandboxTemplateSpec::default();
+    spec.blueprint.pod_template = PodTemplate {
+        spec: PodSpec {
+            containers: vec![container],
+            // A workload has no business with the Kubernetes API.
+            automount_service_account_token: Some(false),
+            ..Default::default()
+        },
+        metadata: None,
+    };
+    spec
+}
+
+/// The index of the container that runs sandboxd.
+pub fn main_container(spec: &PodSpec) -> Option<usize> {
+    spec.containers
+        .iter()
+        .position(|c| c.name == SANDBOXD_CONTAINER)
+        .or((!spec.containers.is_empty()).then_some(0))
+}
+
+/// The init container that copies sandboxd and busybox into [`BIN_DIR`].
+pub fn copy_sandboxd_init(sandboxd_image: &str) -> Container {
+    Container {
+        name: COPY_INIT.into(),
+        image: Some(sandboxd_image.into()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec![
+            BUSYBOX_IN_IMAGE.into(),
+            "cp".into(),
+            SANDBOXD_IN_IMAGE.into(),
+            BUSYBOX_IN_IMAGE.into(),
+            format!("{BIN_DIR}/"),
+        ]),
+        volume_mounts: Some(vec![bin_mount(false)]),
+        ..Default::default()
+    }
+}
+
+pub fn bin_mount(read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: BIN_VOLUME.into(),
+        mount_path: BIN_DIR.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+pub fn empty_dir(name: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }
+}
+
+/// What a template asks for that a Pod cannot be: host directories, a
+/// per-sandbox process limit, the host's network.
+pub fn refuse_local_only(t: &Template) -> Result<(), Error> {
+    let no = |what: &str, why: &str| {
+        Err(Error::invalid(format!(
+            "{what} is not available on the kubernetes backend: {why}"
+        )))
+    };
+    if t.root_fs.is_some() {
+        return no(
+            "root_fs",
+            "a Pod's root filesystem is its image; use `image`",
+        );
+    }
+    if t.seed_dir.is_some() {
+        return no(
+            "seed_dir",
+            "the hub has no host directory to seed a Pod's /workspace from",
+        );
+    }
+    if t.pids.is_some() {
+        return no(
+            "pids",
+            "the kubelet's podPidsLimit bounds a Pod's processes",
+        );
+    }
+    if t.network == Network::Host {
+        return no(
+            "network: host",
+            "a sandbox Pod never joins its node's network",
+        );
+    }
+    Ok(())
+}
+
+/// sandboxd's `--default-cwd` as an environment variable.
+const DEFAULT_CWD_ENV: &str = "SANDBOXD_DEFAULT_CWD";
+
+/// `tenant`'s SandboxTemplate `name`: `base` with `t` applied.
+pub fn tenant_template(
+    tenant: &str,
+    name: &str,
+    mut base: SandboxTemplateSpec,
+    t: &Template,
+    sandboxd_image: &str,
+) -> Result<SandboxTemplate, Error> {
+    refuse_local_only(t)?;
+    let pod = &mut base.blueprint.pod_template.spec;
+    let main = main_container(pod)
+        .ok_or_else(|| Error::internal("the base SandboxTemplate has no container"))?;
+    if let Some(image) = &t.image {
+        let c = &mut pod.containers[main];
+        // The base's command (if it names one) is sandboxd with arguments:
+        // the copy runs with those arguments, then the base's own.
+        let mut args: Vec<String> = c.command.take().into_iter().flatten().skip(1).collect();
+        args.extend(c.args.take().into_iter().flatten());
+        c.image = Some(image.clone());
+        // Pre-pulled (or pre-loaded) images run as they are.
+        c.image_pull_policy = Some("IfNotPresent".into());
+        c.command = Some(vec![format!("{BIN_DIR}/sandboxd")]);
+        c.args = Some(args);
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+        mounts.retain(|m| m.mount_path != BIN_DIR && m.mount_path != "/workspace");
+        mounts.push(bin_mount(true));
+        mounts.push(VolumeMount {
+            name: WORKSPACE_VOLUME.into(),
+            mount_path: "/workspace".into(),
+            ..Default::default()
+        });
+        let inits = pod.init_containers.get_or_insert_with(Vec::new);
+        inits.retain(|c| c.name != COPY_INIT);
+        inits.insert(0, copy_sandboxd_init(sandboxd_image));
+        let volumes = pod.volumes.get_or_insert_with(Vec::new);
+        volumes.retain(|v| v.name != BIN_VOLUME && v.name != WORKSPACE_VOLUME);
+        volumes.push(empty_dir(BIN_VOLUME));
+        volumes.push(empty_dir(WORKSPACE_VOLUME));
+    }
+    let c = &mut pod.containers[main];
+    // The template's env, and its workdir as sandboxd's default cwd (its
+    // env var: sandboxd reads it like its flag). A tenant's env never sets
+    // sandboxd's own variables.
+    let mut vars: Vec<(&str, &str)> = t
+        .env
+        .iter()
+        .filter(|(k, _)| !k.starts_with("SANDBOXD_"))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    if let Some(dir) = &t.workdir {
+        vars.push((DEFAULT_CWD_ENV, dir));
+    }
+    if !vars.is_empty() {
+        let env = c.env.get_or_insert_with(Vec::new);
+        env.retain(|e| !vars.iter().any(|(k, _)| *k == e.name));
+        env.extend(vars.iter().map(|(k, v)| EnvVar {
+            name: k.to_string(),
+            value: Some(v.to_string()),
+            value_from: None,
+        }));
+    }
+    let mut limits = BTreeMap::new();
+    if let Some(cpu) = t.cpu {
+        limits.insert("cpu".to_string(), Quantity(format!("{}m", millicores(cpu))));
+    }
+    if let Some(mb) = t.memory_mb {
+        limits.insert("memory".to_string(), Quantity(format!("{mb}Mi")));
+    }
+    if let Some(mb) = t.disk_mb {
+        limits.insert("ephemeral-storage".to_string(), Quantity(format!("{mb}Mi")));
+    }
+    if !limits.is_empty() {
+        let r = c
+            .resources
+            .get_or_insert_with(ResourceRequirements::default);
+        // The request equals the limit: a base request above the tenant's
+        // limit would make the Pod invalid.
+        let requests = r.requests.get_or_insert_with(BTreeMap::new);
+        for (k, v) in &limits {
+            requests.insert(k.clone(), v.clone());
+        }
+        r.limits.get_or_insert_with(BTreeMap::new).extend(limits);
+    }
+    let mut out = SandboxTemplate::new(&owner::object_name(tenant, name), base);
+    out.metadata = owner::tenant_metadata(tenant, name);
+    Ok(out)
+}
+
+/// The hub's view of a SandboxTemplate, whoever made it: the sandboxd
+/// container's image (when it is not the sandboxd image), literal env and
+/// resource limits.
+pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template {
+    let pod = &spec.blueprint.pod_template.spec;
+    let Some(c) = main_container(pod).map(|i| &pod.containers[i]) else {
+        return Template::default();
+    };
+    let image = c
+        .image
+        .as_deref()
+        .filter(|i| normalize(i) != normalize(sandboxd_image))
+        .map(str::to_string);
+    let literal = || c.env.iter().flatten().filter(|e| e.value_from.is_none());
+    let env = literal()
+        .filter(|e| !e.name.starts_with("SANDBOXD_"))
+        .filter(|e| e.name != sandhub_api::sandboxd_token::DIGEST_ENV)
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect();
+    let workdir = literal()
+        .find(|e| e.name == DEFAULT_CWD_ENV)
+        .and_then(|e| e.value.clone());
+    let limit = |k: &str| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get(k))
+            .map(|q| q.0.as_str())
+    };
+    Template {
+        image,
+        env,
+        workdir,
+        cpu: limit("cpu").and_then(parse_cpu),
+        memory_mb: limit("memory").and_then(parse_mib),
+        disk_mb: limit("ephemeral-storage").and_then(parse_mib),
+        ..Template::default()
+    }
+}
+
+fn millicores(cpu: f64) -> u64 {
+    (cpu * 1000.0).round().max(1.0) as u64
+}
+
+/// `docker.io/library/x` and `x` name one image, as the CRI reads them.
+fn normalize(image: &str) -> String {
+    let mut s = image;
+    for prefix in ["docker.io/", "index.docker.io/"] {
+        if let Some(rest) = s.strip_prefix(prefix) {
+            s = rest;
+        }
+    }
+    let s = s.strip_prefix("library/").unwrap_or(s);
+    sandhub_api::validate::normalize_image_reference(s)
+}
+
+/// A CPU quantity in cores: `500m`, `2`, `1.5`.
+fn parse_cpu(q: &str) -> Option<f64> {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse::<f64>().ok().map(|m| m / 1000.0),
+        None => q.parse::<f64>().ok(),
+    }
+}
+
+/// A byte quantity in whole MiB: `512Mi`, `2Gi`, `1000M`, bytes.
+fn parse_mib(q: &str) -> Option<u64> {
+    const MI: f64 = 1024.0 * 1024.0;
+    let units: [(&str, f64); 8] = [
+        ("Ki", 1024.0),
+        ("Mi", MI),
+        ("Gi", MI * 1024.0),
+        ("Ti", MI * 1024.0 * 1024.0),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    let (num, mult) = units
+        .iter()
+        .find_map(|(u, m)| q.strip_suffix(u).map(|n| (n, *m)))
+        .unwrap_or((q, 1.0));
+    let bytes = num.parse::<f64>().ok()? * mult;
+    Some((bytes / MI).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube::model::TENANT_LABEL;
+
+    const SANDBOXD: &str = "sandhub/sandboxd:dev";
+
+    fn image_template() -> Template {
+        Template {
+            image: Some("docker.io/sandhub/test:amd64".into()),
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            cpu: Some(0.5),
+            memory_mb: Some(256),
+            ..Template::default()
+        }
+    }
+
+    #[test]
+    fn an_image_runs_the_copied_sandboxd_with_the_bases_arguments() {
+        let t = tenant_template(
+            "alice",
+            "py",
+            builtin_base(SANDBOXD),
+            &image_template(),
+            SANDBOXD,
+        )
+        .unwrap();
+        let pod = &t.spec.blueprint.pod_template.spec;
+        let c = &pod.containers[0];
+        assert_eq!(c.image.as_deref(), Some("docker.io/sandhub/test:amd64"));
+        assert_eq!(c.command.as_ref().unwrap(), &["/.sandhub/sandboxd"]);
+        assert_eq!(c.args.as_ref().unwrap(), &["--listen-host", "0.0.0.0"]);
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        assert!(c.readiness_probe.is_some());
+        let mounts: Vec<_> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert_eq!(mounts, ["/.sandhub", "/workspace"]);
+        let init = &pod.init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some(SANDBOXD));
+        assert_eq!(
+            init.command.as_ref().unwrap()[..3],
+            ["/bin/busybox", "cp", "/usr/local/bin/sandboxd"]
+        );
+        let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+        assert_eq!(limits["cpu"].0, "500m");
+        assert_eq!(limits["memory"].0, "256Mi");
+        // Owned as pools are.
+        assert_eq!(
+            t.metadata.name.as_deref(),
+            Some(owner::object_name("alice", "py").as_str())
+        );
+        assert!(t
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .contains_key(TENANT_LABEL));
+        assert_eq!(owner::hub_name(&t.metadata, "alice").as_deref(), Some("py"));
+        assert_eq!(owner::hub_name(&t.metadata, "bob"), None);
+        // And read back as it was written.
+        assert_eq!(template_of(&t.spec, SANDBOXD), image_template());
+    }
+
+    #[test]
+    fn a_base_command_becomes_arguments_and_placement_is_kept() {
+        let mut base = builtin_base(SANDBOXD);
+        let pod = &mut base.blueprint.pod_template.spec;
+        pod.containers[0].command = Some(vec!["/usr/local/bin/sandboxd".into(), "--x".into()]);
+        pod.runtime_class_name = Some("gvisor".into());
+        pod.node_selector = Some(BTreeMap::from([("pool".into(), "sandboxes".into())]));
+        let t = tenant_template("a", "t", base, &image_template(), SANDBOXD).unwrap();
+        let pod = &t.spec.blueprint.pod_template.spec;
+        assert_eq!(
+            pod.containers[0].args.as_ref().unwrap(),
+            &["--x", "--listen-host", "0.0.0.0"]
+        );
+        assert_eq!(pod.runtime_class_name.as_deref(), Some("gvisor"));
+        assert!(pod.node_selector.is_some());
+    }
+
+    #[test]
+    fn workdir_is_sandboxds_default_cwd_and_reads_back() {
+        let t = Template {
+            workdir: Some("/srv/work".into()),
+            env: [("SANDBOXD_ROOT_DIR".to_string(), "/".to_string())].into(),
+            ..image_template()
+        };
+        let out = tenant_template("alice", "py", builtin_base(SANDBOXD), &t, SANDBOXD).unwrap();
+        let c = &out.spec.blueprint.pod_template.spec.containers[0];
+        let env: Vec<(&str, Option<&str>)> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e.value.as_deref()))
+            .collect();
+        assert!(
+            env.contains(&("SANDBOXD_DEFAULT_CWD", Some("/srv/work"))),
+            "{env:?}"
+        );
+        // A tenant's env cannot reconfigure sandboxd.
+        assert!(
+            !env.iter().any(|(k, _)| *k == "SANDBOXD_ROOT_DIR"),
+            "{env:?}"
+        );
+        let back = template_of(&out.spec, SANDBOXD);
+        assert_eq!(back.workdir.as_deref(), Some("/srv/work"));
+        assert!(!back.env.contains_key("SANDBOXD_DEFAULT_CWD"));
+    }
+
+    #[test]
+    fn without_an_image_the_sandboxd_image_runs_and_is_not_reported() {
+        let t = Template {
+            disk_mb: Some(1024),
+            ..Template::default()
+        };
+        let out = tenant_template("a", "t", builtin_base(SANDBOXD), &t, SANDBOXD).unwrap();
+        let pod = &out.spec.blueprint.pod_template.spec;
+        assert!(pod.init_containers.is_none());
+        assert_eq!(pod.containers[0].image.as_deref(), Some(SANDBOXD));
+        assert_eq!(template_of(&out.spec, "docker.io/sandhub/sandboxd:dev"), t);
+    }
+
+    #[test]
+    fn local_only_fields_are_refused() {
+        for t in [
+            Template {
+                root_fs: Some("/srv/root".into()),
+                ..Template::default()
+            },
+            Template {
+                seed_dir: Some("/srv/seed".into()),
+                ..Template::default()
+            },
+            Template {
+                pids: Some(100),
+                ..Template::default()
+            },
+            Template {
+                network: Network::Host,
+                ..Template::default()
+            },
+        ] {
+            let e = tenant_template("a", "t", builtin_base(SANDBOXD), &t, SANDBOXD).unwrap_err();
+            assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
+        }
+    }
+
+    #[test]
+    fn quantities_parse() {
+        assert_eq!(parse_cpu("500m"), Some(0.5));
+        assert_eq!(parse_cpu("2"), Some(2.0));
+        assert_eq!(parse_mib("2Gi"), Some(2048));
+        assert_eq!(parse_mib("1048576"), Some(1));
+        assert_eq!(parse_mib("x"), None);
+    }
+}
