@@ -252,6 +252,16 @@ pub struct Template {
     /// image, its config's `WorkingDir` when unset; else `/workspace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<String>,
+    /// Who commands run as: `user[:group]`, names (from the sandbox's own
+    /// `/etc/passwd` and `/etc/group`) or numbers; with an image, its
+    /// config's `User` when unset; else the sandbox's root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Started in the background when the sandbox starts and after each
+    /// reset (its output in `/tmp/sandhub-entrypoint.log`); with an image,
+    /// its `Entrypoint` + `Cmd` when unset; `[]`: nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
     /// CPU limit in cores (e.g. 0.5), [`MIN_CPU`] to [`MAX_CPU`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 0.05, maximum = 1024))]

@@ -136,8 +136,47 @@ impl Template {
         if let Some(dir) = &self.workdir {
             workdir(dir)?;
         }
+        if let Some(u) = &self.user {
+            user(u)?;
+        }
+        if let Some(argv) = &self.entrypoint {
+            entrypoint(argv)?;
+        }
         env(&self.env)
     }
+}
+
+/// `user[:group]`: each part a name or a number, at most 256 bytes, no
+/// NUL, newline or further colon.
+pub fn user(spec: &str) -> Result<(), ErrorBody> {
+    let ok = |p: &str| !p.is_empty() && !p.contains(['\0', '\n', ':']);
+    let valid = spec.len() <= 256
+        && match spec.split_once(':') {
+            Some((u, g)) => ok(u) && ok(g),
+            None => ok(spec),
+        };
+    if !valid {
+        return Err(invalid(format!(
+            "user must be user[:group] (names or numbers), not {:?}",
+            spec.chars().take(64).collect::<String>()
+        )));
+    }
+    Ok(())
+}
+
+/// An entrypoint argv: at most 256 arguments of 64 KiB in all, no NUL;
+/// a non-empty one names a program.
+pub fn entrypoint(argv: &[String]) -> Result<(), ErrorBody> {
+    let total: usize = argv.iter().map(String::len).sum();
+    if argv.len() > 256 || total > 64 << 10 || argv.iter().any(|a| a.contains('\0')) {
+        return Err(invalid(
+            "entrypoint: at most 256 arguments, 64 KiB in all, no NUL".into(),
+        ));
+    }
+    if argv.first().is_some_and(String::is_empty) {
+        return Err(invalid("entrypoint[0] is empty".into()));
+    }
+    Ok(())
 }
 
 /// A working directory: an absolute path of at most 4096 bytes, no NUL.

@@ -778,3 +778,74 @@ async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
     let out = shell_ok(&c, &sb.id, "test -e /workspace/f || echo clean").await;
     assert_eq!(out.trim(), "clean");
 }
+
+/// A template's `user` runs commands as that user (resolved in the
+/// image's own /etc/passwd), with its HOME and a workspace it may write;
+/// its `entrypoint` runs in the background from the start and again after
+/// a reset (which killed it). A bad user is refused up front.
+#[tokio::test]
+async fn user_and_entrypoint_apply_and_the_entrypoint_survives_a_reset() {
+    let Some(layout) = debian_test_layout() else {
+        return;
+    };
+    let hub = TestHub::start(HubOptions::default()).await;
+    let _mounts = ImageMounts::of(&hub);
+    let c = hub.client(None);
+    c.import_image_path(
+        std::path::Path::new(&layout),
+        Some("py:1"),
+        Some("sandhub/test:amd64"),
+    )
+    .await
+    .unwrap();
+    let serve =
+        "echo up >> /workspace/ep.log; exec busybox httpd -f -p 127.0.0.1:8123 -h /workspace";
+    c.put_template(
+        "app",
+        Template {
+            image: Some("py:1".into()),
+            user: Some("app".into()),
+            entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), serve.into()]),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let sb = c
+        .create(CreateSandbox {
+            template: Some("app".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let out = shell_ok(
+        &c,
+        &sb.id,
+        "id -u; id -g; echo $HOME; touch /workspace/mine && stat -c %u /workspace/mine",
+    )
+    .await;
+    assert_eq!(out, "1000\n1000\n/home/app\n1000\n", "{out}");
+    // The entrypoint: started once, listening, owned by the user.
+    // Served by the entrypoint, as the user, from the workspace.
+    let wait_for_server = "for i in $(seq 100); do \
+         wget -q -O /dev/null http://127.0.0.1:8123/ep.log 2>/dev/null && break; sleep 0.1; done; \
+         wget -q -O - http://127.0.0.1:8123/ep.log";
+    assert_eq!(shell_ok(&c, &sb.id, wait_for_server).await, "up\n");
+    let owner = shell_ok(&c, &sb.id, "stat -c %u /workspace/ep.log").await;
+    assert_eq!(owner, "1000\n");
+    // The reset emptied the workspace and killed the server: it is back.
+    c.reset(&sb.id).await.unwrap();
+    assert_eq!(shell_ok(&c, &sb.id, wait_for_server).await, "up\n");
+
+    let err = c
+        .put_template(
+            "bad",
+            Template {
+                user: Some("a:b:c".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("user"), "{err}");
+}

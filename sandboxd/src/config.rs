@@ -36,6 +36,18 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_DEFAULT_CWD")]
     pub default_cwd: Option<PathBuf>,
 
+    /// Run every workload as this user: `user[:group]`, names or numbers,
+    /// names from the sandbox's /etc/passwd and /etc/group (an image's
+    /// User). The root dir is handed to that user. Default: sandboxd's own.
+    #[arg(long, env = "SANDBOXD_USER")]
+    pub user: Option<String>,
+
+    /// A JSON argv started in the background when sandboxd starts and
+    /// after each workspace reset (an image's Entrypoint and Cmd); its
+    /// output goes to /tmp/sandhub-entrypoint.log.
+    #[arg(long, env = "SANDBOXD_ENTRYPOINT")]
+    pub entrypoint: Option<String>,
+
     /// Environment variables with this prefix are published by `/v1/metadata`
     /// (secret-looking names never are).
     #[arg(long, env = "SANDBOXD_METADATA_ENV_PREFIX", default_value = wire::DEFAULT_METADATA_ENV_PREFIX)]

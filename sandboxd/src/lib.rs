@@ -9,6 +9,7 @@ pub mod config;
 pub mod confine;
 pub mod error;
 pub mod files;
+pub mod identity;
 pub mod legacy;
 pub mod metrics;
 pub mod process;
@@ -47,6 +48,10 @@ pub struct Daemon {
     /// mounts a fresh overlay on the same path).
     root: RwLock<Arc<Root>>,
     pub child_setup: Option<ChildSetup>,
+    /// `--user`, resolved at start.
+    pub run_as: Option<identity::RunAs>,
+    /// `--entrypoint`, parsed.
+    pub entrypoint: Vec<String>,
     pub auth: Option<Auth>,
     pub metrics: Metrics,
     pub processes: ProcessTable,
@@ -77,7 +82,22 @@ impl Daemon {
             Some(hex) => Some(Auth::also_sha256_hex(auth, hex).map_err(anyhow::Error::msg)?),
             None => auth,
         };
-        Ok(Arc::new(Daemon {
+        let run_as = match &config.user {
+            Some(spec) => Some(
+                identity::RunAs::resolve(spec, std::path::Path::new("/etc"))
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
+        };
+        let entrypoint: Vec<String> = match &config.entrypoint {
+            Some(json) => serde_json::from_str(json).map_err(|e| {
+                anyhow::anyhow!("--entrypoint must be a JSON array of strings: {e}")
+            })?,
+            None => Vec::new(),
+        };
+        let daemon = Daemon {
+            run_as,
+            entrypoint,
             watches: Arc::new(Semaphore::new(config.max_watches)),
             root: RwLock::new(Arc::new(root)),
             child_setup,
@@ -87,7 +107,46 @@ impl Daemon {
             started: Instant::now(),
             draining: AtomicBool::new(false),
             config,
-        }))
+        };
+        daemon.hand_root_to_user();
+        Ok(Arc::new(daemon))
+    }
+
+    /// With `--user`, the root dir (the workspace) belongs to that user,
+    /// so its workloads can write there. Where sandboxd may not chown (a
+    /// non-root container) the root stays as it is.
+    fn hand_root_to_user(&self) {
+        if let Some(u) = &self.run_as {
+            if let Err(e) =
+                std::os::unix::fs::chown(&self.config.root_dir, Some(u.uid), Some(u.gid))
+            {
+                tracing::warn!(error = %e, "could not hand the root dir to --user");
+            }
+        }
+    }
+
+    /// Starts `--entrypoint`, if any, in the background (see
+    /// [`identity::start_entrypoint`]). Failures are logged: the sandbox
+    /// stays usable without it.
+    pub fn start_entrypoint(&self) {
+        if self.entrypoint.is_empty() {
+            return;
+        }
+        let cwd = match &self.config.default_cwd {
+            Some(d) if d.is_dir() => d.clone(),
+            _ => self.config.root_dir.clone(),
+        };
+        match identity::start_entrypoint(
+            &self.entrypoint,
+            self.run_as.as_ref(),
+            &cwd,
+            self.child_setup,
+        ) {
+            Ok(pid) => tracing::info!(pid, argv = ?self.entrypoint, "entrypoint started"),
+            Err(e) => {
+                tracing::warn!(error = %e, argv = ?self.entrypoint, "the entrypoint did not start")
+            }
+        }
     }
 
     /// The root every path resolves against.
@@ -97,6 +156,7 @@ impl Daemon {
 
     /// Reopens the root directory, after something mounted over it.
     pub fn reload_root(&self) -> std::io::Result<()> {
+        self.hand_root_to_user();
         let fresh = Arc::new(Root::open(&self.config.root_dir)?);
         *self.root.write().unwrap_or_else(|p| p.into_inner()) = fresh;
         Ok(())

@@ -11,6 +11,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         let daemon = Daemon::new(config)?;
+        daemon.start_entrypoint();
         server::run(daemon).await
     })
 }

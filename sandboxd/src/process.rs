@@ -172,6 +172,9 @@ impl Launch<'_> {
                 cmd.pre_exec(setup);
             }
         }
+        if let Some(user) = &daemon.run_as {
+            user.apply(cmd.as_std_mut());
+        }
         // The child inherits the daemon's environment by default; only the
         // overrides are handed over, so a spawn without any copies nothing.
         if !self.env.is_empty() {

@@ -46,7 +46,7 @@ struct SetArgs {
     /// The template as JSON (the body of `PUT /v1/templates/{name}`); `-`
     /// reads stdin.
     #[arg(long, value_name = "PATH", env = "SANDHUB_TEMPLATE_FILE",
-          conflicts_with_all = ["image", "root_fs", "seed_dir", "workdir", "cpu", "memory_mb", "pids", "disk_mb", "network", "env"])]
+          conflicts_with_all = ["image", "root_fs", "seed_dir", "workdir", "user", "cpu", "memory_mb", "pids", "disk_mb", "network", "env"])]
     file: Option<PathBuf>,
 
     /// Image (`name:tag`, in the hub's image store) whose filesystem is the
@@ -94,6 +94,11 @@ struct SetArgs {
     #[arg(long, value_name = "DIR", env = "SANDHUB_TEMPLATE_WORKDIR")]
     workdir: Option<String>,
 
+    /// Who commands run as, `user[:group]` (default: the image's User,
+    /// else the sandbox's root).
+    #[arg(long, value_name = "USER", env = "SANDHUB_TEMPLATE_USER")]
+    user: Option<String>,
+
     /// Environment for every process, repeatable (env: one per line).
     #[arg(long = "env", value_name = "KEY=VALUE", env = "SANDHUB_TEMPLATE_ENV",
           value_delimiter = '\n', value_parser = parse_key_value)]
@@ -140,6 +145,8 @@ fn from_flags(set: SetArgs) -> Template {
         seed_dir: set.seed_dir,
         env: to_map(set.env),
         workdir: set.workdir,
+        user: set.user,
+        entrypoint: None,
         cpu: set.cpu,
         memory_mb: set.memory_mb,
         pids: set.pids,

@@ -161,8 +161,11 @@ pub fn refuse_local_only(t: &Template) -> Result<(), Error> {
     Ok(())
 }
 
-/// sandboxd's `--default-cwd` as an environment variable.
+/// sandboxd's `--default-cwd`, `--user` and `--entrypoint` as the
+/// environment variables it reads them from.
 const DEFAULT_CWD_ENV: &str = "SANDBOXD_DEFAULT_CWD";
+const USER_ENV: &str = "SANDBOXD_USER";
+const ENTRYPOINT_ENV: &str = "SANDBOXD_ENTRYPOINT";
 
 /// `tenant`'s SandboxTemplate `name`: `base` with `t` applied.
 pub fn tenant_template(
@@ -215,6 +218,17 @@ pub fn tenant_template(
         .collect();
     if let Some(dir) = &t.workdir {
         vars.push((DEFAULT_CWD_ENV, dir));
+    }
+    if let Some(user) = &t.user {
+        vars.push((USER_ENV, user));
+    }
+    let entrypoint = t
+        .entrypoint
+        .as_ref()
+        .filter(|a| !a.is_empty())
+        .map(|a| serde_json::to_string(a).unwrap_or_default());
+    if let Some(argv) = &entrypoint {
+        vars.push((ENTRYPOINT_ENV, argv));
     }
     if !vars.is_empty() {
         let env = c.env.get_or_insert_with(Vec::new);
@@ -271,9 +285,14 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         .filter(|e| e.name != sandhub_api::sandboxd_token::DIGEST_ENV)
         .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
         .collect();
-    let workdir = literal()
-        .find(|e| e.name == DEFAULT_CWD_ENV)
-        .and_then(|e| e.value.clone());
+    let var = |name: &str| {
+        literal()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    let workdir = var(DEFAULT_CWD_ENV);
+    let user = var(USER_ENV);
+    let entrypoint = var(ENTRYPOINT_ENV).and_then(|j| serde_json::from_str(&j).ok());
     let limit = |k: &str| {
         c.resources
             .as_ref()
@@ -285,6 +304,8 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         image,
         env,
         workdir,
+        user,
+        entrypoint,
         cpu: limit("cpu").and_then(parse_cpu),
         memory_mb: limit("memory").and_then(parse_mib),
         disk_mb: limit("ephemeral-storage").and_then(parse_mib),
@@ -425,6 +446,8 @@ mod tests {
     fn workdir_is_sandboxds_default_cwd_and_reads_back() {
         let t = Template {
             workdir: Some("/srv/work".into()),
+            user: Some("app".into()),
+            entrypoint: Some(vec!["/srv/serve".into(), "--port=8000".into()]),
             env: [("SANDBOXD_ROOT_DIR".to_string(), "/".to_string())].into(),
             ..image_template()
         };
@@ -447,6 +470,8 @@ mod tests {
         );
         let back = template_of(&out.spec, SANDBOXD);
         assert_eq!(back.workdir.as_deref(), Some("/srv/work"));
+        assert_eq!(back.user.as_deref(), Some("app"));
+        assert_eq!(back.entrypoint, t.entrypoint);
         assert!(!back.env.contains_key("SANDBOXD_DEFAULT_CWD"));
     }
 

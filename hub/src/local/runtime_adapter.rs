@@ -206,6 +206,8 @@ impl LocalBackend {
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         let mut root_fs = t.root_fs.as_ref().map(PathBuf::from);
         let mut workdir = t.workdir.clone();
+        let mut user = t.user.clone();
+        let mut entrypoint = t.entrypoint.clone();
         if let Some(reference) = &t.image {
             let (image, root) = self
                 .images
@@ -228,6 +230,15 @@ impl LocalBackend {
                 .config
                 .workdir
                 .filter(|w| validate::workdir(w).is_ok()));
+            user = user.or(image.config.user.filter(|u| validate::user(u).is_ok()));
+            let argv: Vec<String> = image
+                .config
+                .entrypoint
+                .iter()
+                .chain(&image.config.cmd)
+                .cloned()
+                .collect();
+            entrypoint = entrypoint.or(Some(argv).filter(|a| validate::entrypoint(a).is_ok()));
         }
         env.extend(t.env.clone());
         env.extend(row.env.clone());
@@ -242,6 +253,8 @@ impl LocalBackend {
             root_fs,
             env,
             workdir,
+            user,
+            entrypoint: entrypoint.unwrap_or_default(),
             cpu: t.cpu,
             memory_mb: t.memory_mb,
             pids: t.pids,

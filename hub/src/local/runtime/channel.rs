@@ -44,6 +44,12 @@ pub(crate) struct InitConfig {
     /// sandboxd's `--default-cwd`.
     #[serde(default)]
     pub workdir: Option<String>,
+    /// sandboxd's `--user`.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// sandboxd's `--entrypoint` (empty: none).
+    #[serde(default)]
+    pub entrypoint: Vec<String>,
     pub network_host: bool,
     /// The sandbox's memory limit: its tmpfs mounts are sized below it.
     pub memory_mb: Option<u64>,

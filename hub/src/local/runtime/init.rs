@@ -278,6 +278,14 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! 
     if let Some(dir) = &cfg.workdir {
         flags.extend(["--default-cwd", dir]);
     }
+    if let Some(user) = &cfg.user {
+        flags.extend(["--user", user]);
+    }
+    let entrypoint = (!cfg.entrypoint.is_empty())
+        .then(|| serde_json::to_string(&cfg.entrypoint).unwrap_or_default());
+    if let Some(argv) = &entrypoint {
+        flags.extend(["--entrypoint", argv]);
+    }
     let config = match sandboxd::Config::try_parse_from(flags) {
         Ok(c) => c,
         Err(e) => fail(&chan, format!("sandboxd flags: {e}")),
@@ -308,6 +316,7 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! 
         // Workloads get the seccomp filter, no_new_privs and a normal OOM
         // score; sandboxd itself keeps its mount rights for resets.
         let daemon = sandboxd::Daemon::with_child_setup(config, Some(seccomp::child_setup))?;
+        daemon.start_entrypoint();
         let ready = chan.clone();
         sandboxd::server::run_on(daemon, routes::extra_routes(), listeners, move || {
             announce_ready(ready)

@@ -58,6 +58,12 @@ pub struct SandboxSpec {
     /// the sandbox); `None`: `/workspace`.
     #[serde(default)]
     pub workdir: Option<String>,
+    /// Who workloads run as (`user[:group]`); `None`: the sandbox's root.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Started in the background at start and after each reset.
+    #[serde(default)]
+    pub entrypoint: Vec<String>,
     /// CPUs (e.g. 0.5); memory in MiB; most tasks (processes and threads,
     /// sandboxd's own included).
     pub cpu: Option<f64>,
@@ -85,6 +91,8 @@ impl SandboxSpec {
             root_fs: None,
             env: BTreeMap::new(),
             workdir: None,
+            user: None,
+            entrypoint: Vec::new(),
             cpu: None,
             memory_mb: None,
             pids: None,
@@ -310,6 +318,8 @@ impl Runtime {
             host_etc: self.host_etc.clone(),
             env: spec.env.clone(),
             workdir: spec.workdir.clone(),
+            user: spec.user.clone(),
+            entrypoint: spec.entrypoint.clone(),
             network_host: spec.network_host,
             memory_mb: spec.memory_mb,
             max_upload_bytes: spec.max_upload_bytes,

@@ -38,6 +38,8 @@ async fn reset(State(daemon): State<Arc<Daemon>>) -> Response {
         reset_workspace(&WorkspaceLayout::discover()?)?;
         // The old root fd points into the detached overlay.
         daemon.reload_root()?;
+        // The reset killed every workload, the entrypoint too.
+        daemon.start_entrypoint();
         Ok(started.elapsed().as_micros())
     })
     .await;

@@ -1,0 +1,187 @@
+//! Who workloads run as, and what the sandbox runs on its own: the
+//! operator's `--user` (an image's `User`) and `--entrypoint` (an image's
+//! `Entrypoint` + `Cmd`).
+//!
+//! Names resolve against the sandbox's own `/etc/passwd` and `/etc/group`
+//! (sandboxd runs inside the sandbox, so these are the image's files, read
+//! through the sandbox's own view and bounded in size).
+
+use std::{
+    io::{self, Read},
+    os::unix::process::CommandExt,
+    path::Path,
+    process::{Command, Stdio},
+};
+
+/// A resolved `--user`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+    /// From `/etc/passwd` when the user is named there.
+    pub name: Option<String>,
+    pub home: Option<String>,
+}
+
+/// Most bytes read of `/etc/passwd` or `/etc/group`.
+const MAX_DB_BYTES: u64 = 1 << 20;
+
+fn read_db(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.take(MAX_DB_BYTES).read_to_string(&mut text);
+    }
+    text
+}
+
+/// `name:x:uid:gid:gecos:home:shell` entries matching `key` (a name or a
+/// number in field 2) in a passwd-format text.
+fn find<'a>(db: &'a str, key: &str, id_field: usize) -> Option<Vec<&'a str>> {
+    db.lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() > id_field && (f[0] == key || f[id_field] == key))
+}
+
+impl RunAs {
+    /// Resolves `user[:group]`, each a name or a number, against the
+    /// passwd and group files under `etc`.
+    pub fn resolve(spec: &str, etc: &Path) -> Result<RunAs, String> {
+        let (user, group) = match spec.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (spec, None),
+        };
+        if user.is_empty() || group.is_some_and(str::is_empty) {
+            return Err(format!("user {spec:?}: expected user[:group]"));
+        }
+        let passwd = read_db(&etc.join("passwd"));
+        let entry = find(&passwd, user, 2).filter(|f| f.len() >= 7);
+        let uid = match (user.parse::<u32>(), &entry) {
+            (Ok(n), _) => n,
+            (Err(_), Some(f)) => f[2]
+                .parse()
+                .map_err(|_| format!("user {user}: bad uid in /etc/passwd"))?,
+            (Err(_), None) => return Err(format!("user {user}: not in /etc/passwd")),
+        };
+        let gid = match group {
+            Some(g) => match g.parse::<u32>() {
+                Ok(n) => n,
+                Err(_) => {
+                    let groups = read_db(&etc.join("group"));
+                    let f = find(&groups, g, 2)
+                        .ok_or_else(|| format!("group {g}: not in /etc/group"))?;
+                    f[2].parse()
+                        .map_err(|_| format!("group {g}: bad gid in /etc/group"))?
+                }
+            },
+            // The user's primary group; a uid not in /etc/passwd gets
+            // group 0, as container runtimes do.
+            None => entry.as_ref().and_then(|f| f[3].parse().ok()).unwrap_or(0),
+        };
+        Ok(RunAs {
+            uid,
+            gid,
+            name: entry.as_ref().map(|f| f[0].to_string()),
+            home: entry
+                .as_ref()
+                .map(|f| f[5].to_string())
+                .filter(|h| h.starts_with('/')),
+        })
+    }
+
+    /// Runs `cmd` as this user: its ids (std drops supplementary groups
+    /// when it changes the uid as root), and `HOME`, `USER` and `LOGNAME`
+    /// (a request's own environment, applied after, still wins).
+    pub fn apply(&self, cmd: &mut Command) {
+        cmd.gid(self.gid).uid(self.uid);
+        if let Some(home) = &self.home {
+            cmd.env("HOME", home);
+        }
+        if let Some(name) = &self.name {
+            cmd.env("USER", name).env("LOGNAME", name);
+        }
+    }
+}
+
+/// Where the entrypoint's output goes, inside the sandbox.
+pub const ENTRYPOINT_LOG: &str = "/tmp/sandhub-entrypoint.log";
+
+/// Starts the `--entrypoint` (a JSON argv) in the background, as `run_as`,
+/// in `cwd`, in a process group of its own, output to [`ENTRYPOINT_LOG`],
+/// and reaps it when it ends. Called at start and after each workspace
+/// reset (which kills every workload, this one too).
+pub fn start_entrypoint(
+    argv: &[String],
+    run_as: Option<&RunAs>,
+    cwd: &Path,
+    child_setup: Option<crate::ChildSetup>,
+) -> io::Result<u32> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::other("the entrypoint is empty"))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(ENTRYPOINT_LOG)
+        .or_else(|_| std::fs::File::create("/dev/null"))?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0);
+    if let Some(user) = run_as {
+        user.apply(&mut cmd);
+    }
+    if let Some(setup) = child_setup {
+        // SAFETY: ChildSetup is documented to be async-signal-safe.
+        unsafe {
+            cmd.pre_exec(setup);
+        }
+    }
+    let mut child = cmd.spawn()?;
+    let pid = child.id();
+    std::thread::Builder::new()
+        .name("entrypoint".into())
+        .spawn(move || {
+            let status = child.wait();
+            tracing::info!(pid, ?status, "the entrypoint ended");
+        })?;
+    Ok(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn etc() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("passwd"),
+            "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001:App:/home/app:/bin/sh\nodd:x:nan:1:::\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("group"), "root:x:0:\nstaff:x:50:app\n").unwrap();
+        d
+    }
+
+    #[test]
+    fn users_resolve_by_name_and_number() {
+        let d = etc();
+        let app = RunAs::resolve("app", d.path()).unwrap();
+        assert_eq!((app.uid, app.gid), (1000, 1001));
+        assert_eq!(app.home.as_deref(), Some("/home/app"));
+        assert_eq!(app.name.as_deref(), Some("app"));
+        let by_number = RunAs::resolve("1000:staff", d.path()).unwrap();
+        assert_eq!((by_number.uid, by_number.gid), (1000, 50));
+        assert_eq!(by_number.name.as_deref(), Some("app"));
+        let unknown_number = RunAs::resolve("4242", d.path()).unwrap();
+        assert_eq!((unknown_number.uid, unknown_number.gid), (4242, 0));
+        assert_eq!(unknown_number.home, None);
+        assert!(RunAs::resolve("nobody-here", d.path()).is_err());
+        assert!(RunAs::resolve("app:nogroup", d.path()).is_err());
+        assert!(RunAs::resolve("odd", d.path()).is_err());
+        assert!(RunAs::resolve(":1", d.path()).is_err());
+        assert!(RunAs::resolve("app:", d.path()).is_err());
+    }
+}
