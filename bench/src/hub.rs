@@ -12,15 +12,23 @@
 //! 7. memory per idle sandbox, summed over all sandbox processes at 100
 //!    sandboxes;
 //! 8. (opt-in, `image`) cold create from a cached image vs from the host
-//!    root, interleaved.
+//!    root, interleaved;
+//! 9. (opt-in, `pull`) pull + unpack of a ~200 MB 4-layer image from the
+//!    loopback test registry vs `curl` of its blobs + `tar -xzf`,
+//!    interleaved (the registry starts before the hub, which gets
+//!    `--insecure-registry` for it);
+//! 10. (opt-in, `disk`) bytes of unpacked layers in the store after
+//!     importing ten images that share a base layer vs one image's.
 //!
 //! At the end it deletes everything it made through the API, SIGTERMs the
 //! hub and kills any sandbox process that outlived both.
 
+mod disk;
 mod gym;
 mod image;
 mod mcp;
 mod procs;
+mod pull;
 mod rest;
 mod sdk;
 mod server;
@@ -30,14 +38,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::ValueEnum;
 
 use self::{rest::Series, server::Hub};
 use crate::{
     machine::Machine,
     report::{Progress, Report, Row, Target, Unit, Value},
-    stats::{summarize, Summary},
+    stats::{median, summarize, Summary},
 };
 
 /// Targets from the design, in µs.
@@ -114,6 +122,11 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     image_creates: u32,
 
+    /// Timed rounds of the pull phase (each: one curl + tar, one hub pull).
+    #[arg(long, env = "SANDHUB_BENCH_PULL_ROUNDS", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pull_rounds: u32,
+
     /// Envs stepped together in each Gym batch.
     #[arg(long, env = "SANDHUB_BENCH_GYM_ENVS", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -156,6 +169,13 @@ enum Phase {
     /// default set: it builds the test registry's image from Debian
     /// packages first).
     Image,
+    /// Pull + unpack of a ~200 MB image from the loopback test registry vs
+    /// curl + tar -x (not in the default set: it needs the registry built,
+    /// `dev/registry/registry.sh build`, and generates the image first).
+    Pull,
+    /// Disk use of ten images sharing a base layer vs one image (not in
+    /// the default set: it generates the images first).
+    Disk,
 }
 
 impl Args {
@@ -184,14 +204,30 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         rows: Vec::new(),
         details: Vec::new(),
     };
-    let mut hub = Hub::start(&args.sandhub_bin(), &state, &work.path().join("hub.log")).await?;
+    // The pull phase's registry runs before the hub: the hub must be told
+    // its address (`--insecure-registry`, it speaks plain HTTP).
+    let mut registry = args
+        .phases
+        .contains(&Phase::Pull)
+        .then(|| pull::Registry::up(&repo_root()?, &work.path().join("registry")));
+    let extra = match &registry {
+        Some(Ok(r)) => vec!["--insecure-registry".to_string(), r.addr.clone()],
+        _ => Vec::new(),
+    };
+    let mut hub = Hub::start(
+        &args.sandhub_bin(),
+        &state,
+        &work.path().join("hub.log"),
+        &extra,
+    )
+    .await?;
     report.detail("sandhub binary", hub.bin.display());
     report.detail(
         "hub RSS at start",
         format!("{} KiB", procs::rss_kib(hub.pid())),
     );
 
-    let outcome = phases(&args, &mut hub, &mut report).await;
+    let outcome = phases(&args, &mut hub, &mut report, registry.as_ref(), work.path()).await;
     report.detail(
         "hub RSS at end",
         format!("{} KiB", procs::rss_kib(hub.pid())),
@@ -199,6 +235,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
 
     eprintln!("teardown: deleting what the run made, stopping the hub");
     hub.teardown().await;
+    if let Some(Ok(r)) = registry.as_mut() {
+        r.down();
+    }
     let killed = procs::kill_leftovers(&state);
     if killed > 0 {
         eprintln!("teardown: killed {killed} leftover sandbox processes");
@@ -218,7 +257,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
 
 /// Runs the selected phases in order; a failing phase is reported as a
 /// detail (and on stderr) and the next one still runs.
-async fn phases(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+async fn phases(
+    args: &Args,
+    hub: &mut Hub,
+    report: &mut Report,
+    registry: Option<&anyhow::Result<pull::Registry>>,
+    work: &std::path::Path,
+) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     for &phase in &args.phases {
         eprintln!("{phase:?}: starting");
@@ -232,6 +277,8 @@ async fn phases(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Resu
             Phase::Memory => memory(args, hub, report).await,
             Phase::Sdk => sdk(args, hub, report).await,
             Phase::Image => image_root(args, hub, report).await,
+            Phase::Pull => pull(args, hub, report, registry, work).await,
+            Phase::Disk => disk(args, hub, report).await,
         };
         if let Err(e) = r {
             eprintln!("{phase:?}: FAILED: {e:#}");
@@ -339,12 +386,18 @@ async fn sdk(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<
     Ok(())
 }
 
+/// The repository this bench was built from (for `dev/registry`).
+fn repo_root() -> anyhow::Result<PathBuf> {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .context("the bench crate's parent is the repository")
+}
+
 /// Cold create, image root vs host root (issue #15's target: ≤ 1.2×).
 async fn image_root(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("the bench crate's parent is the repository")?;
-    let import = image::prepare(hub, &args.sandhub_bin(), repo).await?;
+    let repo = repo_root()?;
+    let import = image::prepare(hub, &args.sandhub_bin(), &repo).await?;
     report.detail(
         "import of the 3-layer python3 test image (OCI layout)",
         format!("{} ms", import.as_millis()),
@@ -366,6 +419,154 @@ async fn image_root(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::
         us(img.p99),
         None,
     ));
+    Ok(())
+}
+
+/// Pull + unpack from the loopback registry, hub vs curl + tar -x (issue
+/// #15's target: ≥ 0.8× the throughput), medians of the rounds.
+async fn pull(
+    args: &Args,
+    hub: &mut Hub,
+    report: &mut Report,
+    registry: Option<&anyhow::Result<pull::Registry>>,
+    work: &std::path::Path,
+) -> anyhow::Result<()> {
+    let registry = match registry {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => bail!("starting the test registry: {e:#}"),
+        None => bail!("no test registry was started"),
+    };
+    let repo = repo_root()?;
+    let (image, push) = pull::prepare(&repo, registry)?;
+    let bytes: u64 = image.layers.iter().map(|l| l.size).sum();
+    report.detail(
+        "pull: the image",
+        format!(
+            "{} gzip layers, {:.1} MB compressed ({}), {:.1} MB of tar, {} files; pushed in {} ms",
+            image.layers.len(),
+            bytes as f64 / 1e6,
+            image
+                .layers
+                .iter()
+                .map(|l| format!("{:.1}", l.size as f64 / 1e6))
+                .collect::<Vec<_>>()
+                .join(" + "),
+            image.tar_bytes as f64 / 1e6,
+            image.layers.iter().map(|l| l.files).sum::<u64>(),
+            push.as_millis()
+        ),
+    );
+    let scratch = work.join("pull");
+    std::fs::create_dir_all(&scratch)?;
+    let r = pull::rounds(
+        hub,
+        registry,
+        &image,
+        &scratch,
+        args.pull_rounds,
+        args.deadline(),
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    let r = r?;
+    anyhow::ensure!(
+        !r.hub.is_empty() && !r.curl.is_empty(),
+        "pull: no round before the deadline"
+    );
+    let mbps = |x: f64| Value::new(x, Unit::MegabytesPerSecond);
+    let med = |runs: &[pull::Run], f: fn(&pull::Run) -> Duration| {
+        median(
+            &runs
+                .iter()
+                .map(|run| pull::mb_per_s(bytes, f(run)))
+                .collect::<Vec<_>>(),
+        )
+    };
+    report.rows.push(Row::compare(
+        "pull + unpack of a ~200 MB image: hub vs curl + tar -x",
+        mbps(med(&r.curl, |x| x.total)),
+        mbps(med(&r.hub, |x| x.total)),
+        Some(Target::RatioAtLeast(0.8)),
+    ));
+    report.rows.push(Row::compare(
+        "  download part (until every blob is on disk)",
+        mbps(med(&r.curl, |x| x.download)),
+        mbps(med(&r.hub, |x| x.download)),
+        None,
+    ));
+    report.rows.push(Row::compare(
+        "  unpack part (after the download)",
+        mbps(med(&r.curl, |x| x.unpack)),
+        mbps(med(&r.hub, |x| x.unpack)),
+        None,
+    ));
+    let runs = |runs: &[pull::Run]| {
+        runs.iter()
+            .map(|x| {
+                format!(
+                    "{} ms ({} + {})",
+                    x.total.as_millis(),
+                    x.download.as_millis(),
+                    x.unpack.as_millis()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let cut = if r.stopped_early {
+        " (phase deadline)"
+    } else {
+        ""
+    };
+    report.detail(
+        format!("pull: curl + tar -xzf runs, total (download + unpack){cut}"),
+        runs(&r.curl),
+    );
+    report.detail(
+        format!("pull: hub pull runs, total (download + unpack){cut}"),
+        runs(&r.hub),
+    );
+    Ok(())
+}
+
+/// Ten images sharing a base layer vs one image, bytes of unpacked layers
+/// (issue #15: about one copy of the base).
+async fn disk(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let o = disk::measure(hub, &args.sandhub_bin(), &repo_root()?).await?;
+    let mib = |b: u64| Value::new(b as f64 / (1024.0 * 1024.0), Unit::Mebibytes);
+    report.rows.push(Row::compare(
+        format!(
+            "disk: {} images sharing a base layer vs one image, unpacked layers",
+            o.images
+        ),
+        mib(o.one_image_bytes),
+        mib(o.layers_bytes),
+        Some(Target::RatioAtMost(1.2)),
+    ));
+    report.detail(
+        "disk: unpacked layers (du -sb)",
+        format!(
+            "{} images: {} bytes ({} bytes allocated); one image: {} bytes, of which the base \
+             layer {} bytes ({} bytes of gzip); a copy per image would be {} bytes",
+            o.images,
+            o.layers_bytes,
+            o.layers_allocated,
+            o.one_image_bytes,
+            o.base_bytes,
+            o.base_gzip_bytes,
+            o.one_image_bytes * o.images as u64
+        ),
+    );
+    report.detail(
+        "disk: blobs kept for the images",
+        format!("{} bytes", o.blobs_bytes),
+    );
+    let ms: Vec<String> = o
+        .imports
+        .iter()
+        .map(|d| d.as_millis().to_string())
+        .collect();
+    report.detail("disk: import wall times, ms", ms.join(", "));
     Ok(())
 }
 

@@ -10,6 +10,9 @@
 #                                                  org.opencontainers.image.ref.name is NAME, default REPO:TAG)
 #   registry.sh build-test-image [OUT_DIR]         build the test images' OCI layout (cached); prints its
 #                                                  JSON summary; copies the layout to OUT_DIR when given
+#   registry.sh build-bench-image pull|shared [ARGS]
+#                                                  build the benchmarks' layouts (bench_image.py, cached in
+#                                                  $SANDHUB_CACHE/registry/bench); prints their JSON summary
 #
 # `up` writes DIR/config.yml (filesystem storage in DIR/data, deletes enabled, htpasswd auth
 # with --auth), DIR/pid (the registry leads its own process group), DIR/registry.log and,
@@ -28,7 +31,7 @@ STARTUP_TIMEOUT_S=30
 
 log() { echo "registry: $*" >&2; }
 die() { log "$*"; exit 1; }
-usage() { sed -n '5,12s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
+usage() { sed -n '5,15s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
 
 find_go() {
     if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
@@ -226,6 +229,11 @@ cmd_push() {
     python3 "$here/push.py" "${args[@]}" "$@"
 }
 
+cmd_build_bench_image() {
+    (($# >= 1)) || usage
+    python3 "$here/bench_image.py" --cache "$cache/registry" "$@"
+}
+
 cmd_build_test_image() {
     (($# <= 1)) || usage
     python3 "$here/test_image.py" --cache "$cache/registry" ${1:+--out "$1"}
@@ -240,6 +248,7 @@ case "$sub" in
     down) cmd_down "$@" ;;
     push) cmd_push "$@" ;;
     build-test-image) cmd_build_test_image "$@" ;;
+    build-bench-image) cmd_build_bench_image "$@" ;;
     -h | --help | help) usage ;;
     *) usage ;;
 esac

@@ -99,6 +99,10 @@ pub async fn cleanup(hub: &Hub) {
         .call(Method::DELETE, &format!("/v1/templates/{TEMPLATE}"), None)
         .await;
     let _ = hub
-        .call(Method::DELETE, &format!("/v1/images/{TAG}"), None)
+        .call(
+            Method::DELETE,
+            &format!("/v1/images/{}", super::server::path_segment(TAG)),
+            None,
+        )
         .await;
 }

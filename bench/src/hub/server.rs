@@ -33,7 +33,14 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub async fn start(bin: &Path, state_dir: &Path, log: &Path) -> anyhow::Result<Hub> {
+    /// Starts `sandhub serve` with `extra` flags after the suite's own
+    /// (e.g. `--insecure-registry HOST:PORT` for the pull phase).
+    pub async fn start(
+        bin: &Path,
+        state_dir: &Path,
+        log: &Path,
+        extra: &[String],
+    ) -> anyhow::Result<Hub> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let log_file = std::fs::File::create(log)?;
         let child = Command::new(bin)
@@ -41,6 +48,7 @@ impl Hub {
             .arg("--state-dir")
             .arg(state_dir)
             .args(["--reap-interval", "1s"])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .env("NO_COLOR", "1")
             .env_remove("SANDHUB_API_KEYS_FILE")
@@ -252,6 +260,20 @@ impl Hub {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A path segment for a reference such as `bench/pull:1` (its `/` and
+/// `:` escaped, as the client's `remove_image` does).
+pub fn path_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 pub fn str_field(v: &Value, key: &str) -> anyhow::Result<String> {
