@@ -102,6 +102,21 @@ impl RunAs {
     }
 }
 
+/// Runs in a child between fork and exec: every signal a workload can
+/// catch back to its default. Exec keeps *ignored* dispositions, so a
+/// sandboxd started under `nohup` or as a background job (SIGINT and
+/// SIGQUIT ignored) would otherwise hand that on, and a SendSignal(SIGINT)
+/// could not interrupt anything. Only `signal(2)`: async-signal-safe.
+pub fn default_signals() -> io::Result<()> {
+    for sig in 1..32 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: resetting a disposition to SIG_DFL in the child.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+    Ok(())
+}
+
 /// Where the entrypoint's output goes, inside the sandbox.
 pub const ENTRYPOINT_LOG: &str = "/tmp/sandhub-entrypoint.log";
 
@@ -132,6 +147,10 @@ pub fn start_entrypoint(
         .process_group(0);
     if let Some(user) = run_as {
         user.apply(&mut cmd);
+    }
+    // SAFETY: default_signals only calls signal(2).
+    unsafe {
+        cmd.pre_exec(default_signals);
     }
     if let Some(setup) = child_setup {
         // SAFETY: ChildSetup is documented to be async-signal-safe.

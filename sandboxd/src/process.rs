@@ -166,6 +166,10 @@ impl Launch<'_> {
                 }
             }
         }
+        // SAFETY: default_signals only calls signal(2).
+        unsafe {
+            cmd.pre_exec(crate::identity::default_signals);
+        }
         if let Some(setup) = daemon.child_setup {
             // SAFETY: ChildSetup is documented to be async-signal-safe.
             unsafe {
