@@ -848,4 +848,29 @@ async fn user_and_entrypoint_apply_and_the_entrypoint_survives_a_reset() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("user"), "{err}");
+    // A user the image lacks: the template stands, a sandbox of it is the
+    // caller's FAILED_PRECONDITION (not the hub's 5xx).
+    c.put_template(
+        "ghost",
+        Template {
+            image: Some("py:1".into()),
+            user: Some("ghost".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let err = c
+        .create(CreateSandbox {
+            template: Some("ghost".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code,
+        sandhub_api::error::Code::FailedPrecondition,
+        "{err}"
+    );
+    assert!(err.to_string().contains("ghost"), "{err}");
 }

@@ -23,6 +23,10 @@ pub struct RunAs {
     pub home: Option<String>,
 }
 
+/// How every `--user` resolution error starts, so a launcher can tell the
+/// caller's mistake (a user the image lacks) from a broken sandbox.
+pub const UNKNOWN_USER: &str = "unknown user or group";
+
 /// Most bytes read of `/etc/passwd` or `/etc/group`.
 const MAX_DB_BYTES: u64 = 1 << 20;
 
@@ -51,7 +55,7 @@ impl RunAs {
             None => (spec, None),
         };
         if user.is_empty() || group.is_some_and(str::is_empty) {
-            return Err(format!("user {spec:?}: expected user[:group]"));
+            return Err(format!("{UNKNOWN_USER}: {spec:?}: expected user[:group]"));
         }
         let passwd = read_db(&etc.join("passwd"));
         let entry = find(&passwd, user, 2).filter(|f| f.len() >= 7);
@@ -59,8 +63,8 @@ impl RunAs {
             (Ok(n), _) => n,
             (Err(_), Some(f)) => f[2]
                 .parse()
-                .map_err(|_| format!("user {user}: bad uid in /etc/passwd"))?,
-            (Err(_), None) => return Err(format!("user {user}: not in /etc/passwd")),
+                .map_err(|_| format!("{UNKNOWN_USER}: {user}: bad uid in /etc/passwd"))?,
+            (Err(_), None) => return Err(format!("{UNKNOWN_USER}: {user}: not in /etc/passwd")),
         };
         let gid = match group {
             Some(g) => match g.parse::<u32>() {
@@ -68,9 +72,9 @@ impl RunAs {
                 Err(_) => {
                     let groups = read_db(&etc.join("group"));
                     let f = find(&groups, g, 2)
-                        .ok_or_else(|| format!("group {g}: not in /etc/group"))?;
+                        .ok_or_else(|| format!("{UNKNOWN_USER}: group {g}: not in /etc/group"))?;
                     f[2].parse()
-                        .map_err(|_| format!("group {g}: bad gid in /etc/group"))?
+                        .map_err(|_| format!("{UNKNOWN_USER}: group {g}: bad gid in /etc/group"))?
                 }
             },
             // The user's primary group; a uid not in /etc/passwd gets

@@ -24,12 +24,20 @@ def hub(hub_url: str) -> sandhub.Hub:
     return sandhub.Hub(hub_url)
 
 
+def _default_sigint() -> None:
+    # As at a terminal: a test run started as a background job (SIGINT
+    # ignored, which exec keeps) would leave Python without its
+    # KeyboardInterrupt handler, and the ctrl-c tests without a ctrl-c.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _child(code: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
 
 

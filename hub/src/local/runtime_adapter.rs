@@ -56,6 +56,12 @@ fn runtime_error(e: RuntimeError) -> Error {
         RuntimeError::MissingFeature { .. } | RuntimeError::NoCgroupLimits(_) => {
             Code::FailedPrecondition
         }
+        // The template's `user` is not in the image: the caller's to fix.
+        RuntimeError::Start { message, .. }
+            if message.contains(sandboxd::identity::UNKNOWN_USER) =>
+        {
+            Code::FailedPrecondition
+        }
         _ => Code::Unavailable,
     };
     Error::new(code, e.to_string())

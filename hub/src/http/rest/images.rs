@@ -60,6 +60,7 @@ async fn list_images(
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ImportQuery {
     /// `name:tag` for the image (else the archive's own tag, if any).
     tag: Option<String>,
@@ -202,8 +203,9 @@ fn refuse_simple_cross_origin(headers: &axum::http::HeaderMap) -> Result<(), Api
 /// uses is `CONFLICT`.
 #[utoipa::path(delete, path = "/v1/images/{reference}", tag = "images",
     params(("reference" = String, Path, description = "name:tag or sha256:<id>")),
-    responses((status = 200, body = Image), (status = 404, body = ErrorBody),
-              (status = 409, body = ErrorBody), (status = 501, body = ErrorBody)))]
+    responses((status = 200, body = Image), (status = 400, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 501, body = ErrorBody)))]
 async fn delete_image(
     State(state): State<AppState>,
     Api(view): Api,
