@@ -26,7 +26,7 @@ use sandhub_client::Sandboxes;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use common::{error_body, shell_ok, HubOptions, TestHub};
+use common::{error_body, shell_ok, HubOptions, ImageMounts, TestHub};
 
 const USER: &str = "puller";
 const PASS: &str = "pull-secret-7c1e";
@@ -355,17 +355,6 @@ fn dir_count(p: &Path) -> usize {
     std::fs::read_dir(p).map(|d| d.count()).unwrap_or(0)
 }
 
-/// Unmounts the image roots a hub mounted (a test hub ends with `kill -9`).
-struct ImageMounts(PathBuf);
-
-impl Drop for ImageMounts {
-    fn drop(&mut self) {
-        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
-            let _ = rustix::mount::unmount(e.path(), rustix::mount::UnmountFlags::DETACH);
-        }
-    }
-}
-
 /// The multi-arch index resolves to this machine's manifest; the NDJSON
 /// stream is `resolved`, `layer`..., `layer_done` per layer, `done`; the
 /// pulled image runs python3 with its Env and WorkingDir, its whiteouts
@@ -376,7 +365,7 @@ async fn an_index_pulls_this_platform_and_the_image_runs_python() {
     let registry = Registry::up(false);
     registry.push(&image, "sandhub/test:latest", "sandhub/test:latest");
     let hub = hub_for(&[&registry.addr], &[]).await;
-    let _mounts = ImageMounts(hub.state_dir.join("images/mnt"));
+    let _mounts = ImageMounts::of(&hub);
     let reference = format!("{}/sandhub/test:latest", registry.addr);
 
     let lines = pull(&hub, json!({ "reference": reference })).await;
@@ -671,7 +660,7 @@ async fn a_hub_killed_mid_pull_resumes_and_never_uses_half_a_layer() {
     registry.push(&image, "sandhub/test:amd64", "sandhub/test:amd64");
     let slow = Throttle::start(&registry.addr, 1 << 20).await;
     let mut hub = hub_for(&[&slow.addr], &[]).await;
-    let _mounts = ImageMounts(hub.state_dir.join("images/mnt"));
+    let _mounts = ImageMounts::of(&hub);
     let reference = format!("{}/sandhub/test:amd64", slow.addr);
     let url = format!("{}/v1/images/pull", hub.url());
     let client = hub.http();

@@ -11,7 +11,7 @@ use sandhub_client::Sandboxes;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use common::{error_body, shell_ok, HubOptions, TestHub};
+use common::{error_body, shell_ok, HubOptions, ImageMounts, TestHub};
 
 /// One tar entry, its names written raw (the tar crate refuses to write
 /// the hostile ones itself).
@@ -190,24 +190,6 @@ fn upper_layer() -> Vec<u8> {
         file("opq/.wh..wh..opq", b""),
         file("opq/new", b"new\n"),
     ])
-}
-
-/// Unmounts the image roots a hub mounted: the test hub ends with
-/// `kill -9`, which skips the hub's own unmount at shutdown.
-struct ImageMounts(std::path::PathBuf);
-
-impl ImageMounts {
-    fn of(hub: &TestHub) -> Self {
-        ImageMounts(hub.state_dir.join("images/mnt"))
-    }
-}
-
-impl Drop for ImageMounts {
-    fn drop(&mut self) {
-        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
-            let _ = rustix::mount::unmount(e.path(), rustix::mount::UnmountFlags::DETACH);
-        }
-    }
 }
 
 async fn import(hub: &TestHub, archive: Vec<u8>, tag: &str) -> reqwest::Response {

@@ -439,3 +439,21 @@ fn kill_leftovers(token: &str, state_dir: &Path, volume: Option<&Path>) {
         }
     }
 }
+
+/// Unmounts the image roots a hub mounted: a test hub ends with `kill -9`,
+/// which skips the hub's own unmount at shutdown. Hold it for the test.
+pub struct ImageMounts(PathBuf);
+
+impl ImageMounts {
+    pub fn of(hub: &TestHub) -> Self {
+        ImageMounts(hub.state_dir.join("images/mnt"))
+    }
+}
+
+impl Drop for ImageMounts {
+    fn drop(&mut self) {
+        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let _ = rustix::mount::unmount(e.path(), rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}

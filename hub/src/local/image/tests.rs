@@ -75,6 +75,30 @@ pub(crate) fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
+/// Appends a plain 0644 file to an archive being built.
+fn add_file(b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]) {
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append_data(&mut h, name, data).unwrap();
+}
+
+/// Every entry of an archive: its path and its bytes.
+fn entries_of(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut ar = tar::Archive::new(archive);
+    ar.entries()
+        .unwrap()
+        .map(|e| {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            (name, data)
+        })
+        .collect()
+}
+
 fn sha(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
@@ -108,13 +132,7 @@ pub(crate) fn oci_archive(layers: &[Vec<u8>], config: &serde_json::Value) -> Vec
     .unwrap();
     blobs.push((sha(&manifest), manifest));
     let mut b = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, data).unwrap();
-    };
+    let mut add = |name: &str, data: &[u8]| add_file(&mut b, name, data);
     add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
     add("index.json", &index);
     for (h, data) in &blobs {
@@ -139,13 +157,7 @@ pub(crate) fn docker_archive(layers: &[Vec<u8>], config: &serde_json::Value, tag
         {"Config": cname, "RepoTags": [tag], "Layers": lnames}]))
     .unwrap();
     let mut b = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, data).unwrap();
-    };
+    let mut add = |name: &str, data: &[u8]| add_file(&mut b, name, data);
     add("manifest.json", &manifest);
     add(&cname, &config);
     for (n, l) in lnames.iter().zip(layers) {
@@ -511,15 +523,7 @@ fn a_config_paired_with_other_layers_is_refused() {
 /// An OCI archive whose config blob is replaced by `config` (verbatim,
 /// diff ids and all) and whose manifest points at it.
 fn retarget_config(archive: &[u8], config: &serde_json::Value) -> Vec<u8> {
-    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut ar = tar::Archive::new(archive);
-    for e in ar.entries().unwrap() {
-        let mut e = e.unwrap();
-        let name = e.path().unwrap().to_string_lossy().into_owned();
-        let mut data = Vec::new();
-        std::io::Read::read_to_end(&mut e, &mut data).unwrap();
-        files.push((name, data));
-    }
+    let files = entries_of(archive);
     let config = serde_json::to_vec(config).unwrap();
     let mut manifest_name = String::new();
     let mut manifest: serde_json::Value = serde_json::Value::Null;
@@ -541,13 +545,7 @@ fn retarget_config(archive: &[u8], config: &serde_json::Value) -> Vec<u8> {
                        "digest": format!("sha256:{}", sha(&manifest)), "size": manifest.len()}]}))
     .unwrap();
     let mut b = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, data).unwrap();
-    };
+    let mut add = |name: &str, data: &[u8]| add_file(&mut b, name, data);
     for (name, data) in &files {
         if name.ends_with(&old_manifest) || name == "index.json" {
             continue;
@@ -594,12 +592,7 @@ fn merge_layouts(layouts: &[(&[u8], &str)]) -> Vec<u8> {
     let mut blobs: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
     let mut manifests = Vec::new();
     for (archive, name) in layouts {
-        let mut ar = tar::Archive::new(*archive);
-        for e in ar.entries().unwrap() {
-            let mut e = e.unwrap();
-            let path = e.path().unwrap().to_string_lossy().into_owned();
-            let mut data = Vec::new();
-            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+        for (path, data) in entries_of(archive) {
             if path == "index.json" {
                 let index: serde_json::Value = serde_json::from_slice(&data).unwrap();
                 let mut m = index["manifests"][0].clone();
@@ -611,13 +604,7 @@ fn merge_layouts(layouts: &[(&[u8], &str)]) -> Vec<u8> {
         }
     }
     let mut b = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, data).unwrap();
-    };
+    let mut add = |name: &str, data: &[u8]| add_file(&mut b, name, data);
     add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
     for (path, data) in &blobs {
         add(path, data);
