@@ -1002,6 +1002,43 @@ async fn shutdown_after_seconds_deletes_the_sandbox() {
     .await;
 }
 
+/// A call in flight when its sandbox goes (deleted, or past its deadline)
+/// hears that the sandbox is gone, as a call made a moment later would: a
+/// 404, never the severed sandboxd connection's 503.
+#[tokio::test]
+async fn calls_in_flight_when_the_sandbox_goes_hear_not_found() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let deleted = create(&c, CreateSandbox::default()).await;
+    let expiring = create(
+        &c,
+        CreateSandbox {
+            shutdown_after_seconds: Some(3),
+            ..Default::default()
+        },
+    )
+    .await;
+    let sleep = || exec_request(Command::Argv(vec!["sleep".into(), "60".into()]));
+    let in_deleted = tokio::spawn({
+        let (c, id) = (c.clone(), deleted.id.clone());
+        async move { c.exec(&id, sleep()).await }
+    });
+    let in_expiring = tokio::spawn({
+        let (c, id) = (c.clone(), expiring.id.clone());
+        async move { c.exec(&id, sleep()).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    c.delete(&deleted.id).await.expect("deleting");
+    for (what, call) in [("deleted", in_deleted), ("expired", in_expiring)] {
+        let outcome = tokio::time::timeout(WAIT, call)
+            .await
+            .unwrap_or_else(|_| panic!("the exec in the {what} sandbox never ended"))
+            .unwrap();
+        let e = outcome.expect_err("an exec whose sandbox went cannot succeed");
+        assert_eq!(e.code, Code::NotFound, "{what}: {e}\n{}", hub.log_tail());
+    }
+}
+
 #[tokio::test]
 async fn idle_timeout_spares_running_processes() {
     let hub = TestHub::start(HubOptions::default()).await;

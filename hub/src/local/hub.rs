@@ -305,6 +305,14 @@ impl Hub {
         id: &str,
         op: &str,
     ) -> Result<(SandboxRow, SandboxdClient)> {
+        let row = self.ready_row(tenant, id, op)?;
+        let _ = self.store.touch(id, now_ms());
+        let client = self.client(&row)?;
+        Ok((row, client))
+    }
+
+    /// `tenant`'s sandbox `id` as stored, if it is Ready for `op`.
+    pub(super) fn ready_row(&self, tenant: &str, id: &str, op: &str) -> Result<SandboxRow> {
         let row = found(self.store.get_sandbox(tenant, id)?, "sandbox", id)?;
         if row.state != SandboxState::Ready {
             return Err(Error::new(
@@ -320,8 +328,6 @@ impl Hub {
                 ),
             ));
         }
-        let _ = self.store.touch(id, now_ms());
-        let client = self.client(&row)?;
-        Ok((row, client))
+        Ok(row)
     }
 }

@@ -46,6 +46,28 @@ pub struct TenantHub {
 }
 
 impl TenantHub {
+    /// One call to a Ready sandbox's sandboxd. A sandbox deleted, expired
+    /// or suspended while the call was in flight takes its sandboxd with
+    /// it: the caller then hears what became of the sandbox (NOT_FOUND,
+    /// FAILED_PRECONDITION), as a call made a moment later would, not the
+    /// severed connection's UNAVAILABLE.
+    async fn through_sandboxd<'a, T, F, Fut>(&self, id: &'a str, op: &str, call: F) -> Result<T>
+    where
+        F: FnOnce(SandboxdClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T>> + 'a,
+    {
+        let (_, client) = self.hub.running(&self.tenant, id, op)?;
+        match call(client).await {
+            Err(e) if e.code == Code::Unavailable => {
+                // A change in progress holds this lock until it is done.
+                drop(self.hub.lifecycle(id).lock_owned().await);
+                self.hub.ready_row(&self.tenant, id, op)?;
+                Err(e)
+            }
+            outcome => outcome,
+        }
+    }
+
     fn pool_status(&self, p: &PoolRow) -> Result<Pool> {
         let members = self.hub.store.pool_members(&p.tenant, &p.name)?;
         let ready = members
@@ -215,33 +237,47 @@ impl Sandboxes for TenantHub {
     }
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
-        let (_, client) = self.hub.running(&self.tenant, id, "exec")?;
-        client.exec(request).await
+        self.through_sandboxd(
+            id,
+            "exec",
+            |client| async move { client.exec(request).await },
+        )
+        .await
     }
 
     async fn start(&self, id: &str, request: StartProcess) -> Result<ProcessEvents> {
-        let (_, client) = self.hub.running(&self.tenant, id, "starting a process")?;
-        client.start(request).await
+        self.through_sandboxd(id, "starting a process", |client| async move {
+            client.start(request).await
+        })
+        .await
     }
 
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {
-        let (_, client) = self.hub.running(&self.tenant, id, "stdin")?;
-        client.write_stdin(pid, input).await
+        self.through_sandboxd(id, "stdin", |client| async move {
+            client.write_stdin(pid, input).await
+        })
+        .await
     }
 
     async fn signal(&self, id: &str, pid: i32, signal: Signal) -> Result<()> {
-        let (_, client) = self.hub.running(&self.tenant, id, "signal")?;
-        client.signal(pid, signal).await
+        self.through_sandboxd(id, "signal", |client| async move {
+            client.signal(pid, signal).await
+        })
+        .await
     }
 
     async fn resize(&self, id: &str, pid: i32, size: PtySize) -> Result<()> {
-        let (_, client) = self.hub.running(&self.tenant, id, "resize")?;
-        client.resize(pid, size).await
+        self.through_sandboxd(id, "resize", |client| async move {
+            client.resize(pid, size).await
+        })
+        .await
     }
 
     async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
-        let (_, client) = self.hub.running(&self.tenant, id, "reading files")?;
-        client.read_file(path).await
+        self.through_sandboxd(id, "reading files", |client| async move {
+            client.read_file(path).await
+        })
+        .await
     }
 
     async fn write_file(
@@ -251,28 +287,36 @@ impl Sandboxes for TenantHub {
         data: ByteStream,
         options: WriteOptions,
     ) -> Result<()> {
-        let (_, client) = self.hub.running(&self.tenant, id, "writing files")?;
-        client.write_file(path, data, options).await
+        self.through_sandboxd(id, "writing files", |client| async move {
+            client.write_file(path, data, options).await
+        })
+        .await
     }
 
     async fn list_files(&self, id: &str, path: &str) -> Result<DirectoryListing> {
-        let (_, client) = self.hub.running(&self.tenant, id, "listing files")?;
-        client.list_files(path).await
+        self.through_sandboxd(id, "listing files", |client| async move {
+            client.list_files(path).await
+        })
+        .await
     }
 
     async fn stat(&self, id: &str, path: &str) -> Result<Option<FileEntry>> {
-        let (_, client) = self.hub.running(&self.tenant, id, "stat")?;
-        client.stat(path).await
+        self.through_sandboxd(id, "stat", |client| async move { client.stat(path).await })
+            .await
     }
 
     async fn delete_file(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
-        let (_, client) = self.hub.running(&self.tenant, id, "deleting files")?;
-        client.delete_file(path, recursive).await
+        self.through_sandboxd(id, "deleting files", |client| async move {
+            client.delete_file(path, recursive).await
+        })
+        .await
     }
 
     async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<WatchEvents> {
-        let (_, client) = self.hub.running(&self.tenant, id, "watching")?;
-        client.watch(path, recursive).await
+        self.through_sandboxd(id, "watching", |client| async move {
+            client.watch(path, recursive).await
+        })
+        .await
     }
 
     async fn suspend(&self, id: &str) -> Result<Sandbox> {
