@@ -14,7 +14,7 @@ use sandhub_api::{
     error::{Code, ErrorBody},
     hub::{
         Image, ListeningPort, PrepullRequest, PrepullResult, PruneResult, PullEvent, PullRequest,
-        Snapshot,
+        Sandbox, Snapshot,
     },
 };
 use sandhub_client::{sandboxd::SandboxdClient, Result, Sandboxes};
@@ -33,6 +33,15 @@ pub trait TenantView: Sandboxes {
     async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream>;
     /// The TCP ports listening inside a Ready sandbox.
     async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>>;
+    /// Moves a sandbox's deadline to `seconds` from now (E2B's
+    /// `set_timeout`: shorter or longer than before).
+    async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {
+        let _ = (id, seconds);
+        Err(sandhub_client::Error::new(
+            Code::Unimplemented,
+            "moving a sandbox's deadline is not supported on this backend",
+        ))
+    }
 }
 
 /// A backend as the front doors see it.

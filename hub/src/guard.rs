@@ -219,6 +219,10 @@ impl TenantView for GuardedView {
     async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
         self.inner.list_ports(id).await
     }
+
+    async fn set_deadline(&self, id: &str, seconds: u64) -> Result<sandhub_api::hub::Sandbox> {
+        self.inner.set_deadline(id, seconds).await
+    }
 }
 
 /// Everything not checked here goes straight through.

@@ -8,7 +8,12 @@ use clap::{Args, ValueEnum};
 
 use crate::{
     backend::Backend,
-    http::{self, gym::Gym, ApiKeys, AppState},
+    http::{
+        self,
+        e2b::{E2b, Tokens},
+        gym::Gym,
+        ApiKeys, AppState,
+    },
     kube::{KubeArgs, KubeTenancy},
     local::{self, default_state_dir, LocalArgs},
     policy::Policy,
@@ -52,6 +57,11 @@ pub struct ServeArgs {
     /// larger ones get 413 and leave nothing behind. Default 1 GiB.
     #[arg(long, env = "SANDHUB_MAX_UPLOAD_BYTES", default_value_t = sandhub_api::limits::DEFAULT_MAX_UPLOAD_BYTES)]
     pub max_upload_bytes: u64,
+
+    /// Also answer E2B's API (control plane and envd) on this listener, so
+    /// the `e2b` SDK works with E2B_API_URL=E2B_SANDBOX_URL=<this hub>.
+    #[arg(long, env = "SANDHUB_E2B")]
+    pub e2b: bool,
 
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
     #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = sandhub_common::parse_duration)]
@@ -101,6 +111,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             format!("kubernetes, namespace {}", args.kube.namespace),
         ),
     };
+    let e2b = match (args.e2b, &args.backend) {
+        (false, _) => None,
+        // The token key lives with the sandboxes it opens.
+        (true, BackendKind::Local) => Some(Arc::new(E2b::persistent(
+            &args.state_dir.clone().unwrap_or_else(default_state_dir),
+        )?)),
+        // No state dir: tokens last as long as this hub process.
+        (true, BackendKind::Kubernetes) => Some(Arc::new(E2b::new(Tokens::random()))),
+    };
     let (app, mcp_stop) = http::app(
         AppState {
             hub,
@@ -111,6 +130,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             },
         },
         keys,
+        e2b.clone(),
     );
     // Streamed answers (MCP's SSE, NDJSON) are written in small pieces;
     // without TCP_NODELAY, Nagle + delayed ACK adds ~40 ms to each.
@@ -121,6 +141,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = stream.set_nodelay(true);
         });
     tracing::info!(addr = %args.listen, backend = %where_, "sandhub serving");
+    if e2b.is_some() {
+        let url = format!("http://{}", args.listen);
+        let key = if args.api_keys_file.is_some() {
+            "<a key from the API keys file>"
+        } else {
+            "sandhub   # any key: this hub has no keys file"
+        };
+        eprintln!(
+            "E2B API on this listener; point the e2b SDK here with:\n  \
+             export E2B_API_URL={url} E2B_SANDBOX_URL={url}\n  export E2B_API_KEY={key}"
+        );
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             // Fails only without a signal driver; then serve until killed.

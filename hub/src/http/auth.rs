@@ -93,10 +93,12 @@ pub async fn authenticate(
         None => OPEN_TENANT.to_string(),
         Some(_) if is_open(request.uri().path()) => OPEN_TENANT.to_string(),
         Some(keys) => {
-            let presented = request
-                .headers()
+            // E2B's SDKs send the key as `X-API-Key`.
+            let headers = request.headers();
+            let presented = headers
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                .or_else(|| headers.get("x-api-key").map(|v| v.as_bytes()));
             match presented.and_then(|k| keys.tenant_of(k)) {
                 Some(t) => t,
                 None => {

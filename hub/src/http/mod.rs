@@ -11,11 +11,13 @@
 //! they work unchanged on either backend.
 
 mod auth;
+pub mod e2b;
 mod error;
 pub mod gym;
 mod json;
 pub mod mcp;
 mod openapi;
+mod proxy;
 pub mod rest;
 
 use std::sync::Arc;
@@ -81,8 +83,14 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 pub fn app(
     state: AppState,
     keys: Option<Arc<ApiKeys>>,
+    e2b: Option<Arc<e2b::E2b>>,
 ) -> (Router, tokio_util::sync::CancellationToken) {
-    let (router, openapi) = routes();
+    let (mut router, openapi) = routes();
+    if let Some(e2b) = &e2b {
+        router = router
+            .merge(e2b::control_routes())
+            .layer(axum::Extension(e2b.clone()));
+    }
     let openapi = Arc::new(openapi);
     // Every front door below (REST, Gym, MCP) acts through this one view.
     let state = AppState {
@@ -102,7 +110,17 @@ pub fn app(
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
-        .layer(middleware::from_fn_with_state(keys, auth::authenticate))
+        .layer(middleware::from_fn_with_state(keys, auth::authenticate));
+    // envd traffic names its sandbox in a header and carries that
+    // sandbox's token, not an API key: it turns off before auth.
+    let app = match e2b {
+        Some(e2b) => app.layer(middleware::from_fn_with_state(
+            (state.clone(), e2b),
+            e2b::divert,
+        )),
+        None => app,
+    };
+    let app = app
         .layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             rest::health::count_requests,

@@ -248,6 +248,16 @@ impl Store {
         })
     }
 
+    pub fn set_shutdown_at(&self, id: &str, at: Option<i64>) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET shutdown_at = ?2 WHERE id = ?1",
+                params![id, at],
+            )
+            .map(|_| ())
+        })
+    }
+
     pub fn touch(&self, id: &str, now: i64) -> Result<()> {
         self.with(|c| {
             c.execute(

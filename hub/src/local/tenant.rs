@@ -113,6 +113,16 @@ impl TenantView for TenantHub {
         let (row, _) = self.hub.running(&self.tenant, id, "listing ports")?;
         super::ports::listening(&row).await
     }
+
+    async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
+        let mut row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        let at = now_ms()
+            .saturating_add(i64::try_from(seconds.saturating_mul(1000)).unwrap_or(i64::MAX));
+        self.hub.store.set_shutdown_at(id, Some(at))?;
+        row.shutdown_at = Some(at);
+        Ok(to_api(&row))
+    }
 }
 
 #[async_trait]

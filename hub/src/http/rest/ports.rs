@@ -10,7 +10,7 @@
 use axum::{
     body::Body,
     extract::Request,
-    http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri},
+    http::{header, StatusCode, Uri},
     response::Response,
     routing::{any, get},
 };
@@ -23,7 +23,10 @@ use serde::Deserialize;
 use utoipa::OpenApi;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::http::{Api, ApiError, ApiJson, ApiPath, ApiResult, AppState};
+use crate::http::{
+    proxy::{forward, is_upgrade, same_origin},
+    Api, ApiError, ApiJson, ApiPath, ApiResult, AppState,
+};
 
 /// The proxy routes need a catch-all segment, which OpenAPI cannot spell:
 /// routed by hand, documented from the handler's annotation.
@@ -75,59 +78,11 @@ struct PortPath {
 async fn proxy_port(
     Api(api): Api,
     ApiPath(PortPath { id, port }): ApiPath<PortPath>,
-    mut request: Request,
+    request: Request,
 ) -> ApiResult<Response> {
     let port = parse_port(&port)?;
-    let upgrade = is_upgrade(request.headers());
-    if upgrade && !same_origin(request.headers()) {
-        return Err(ApiError::new(
-            Code::PermissionDenied,
-            "cross-origin upgrade refused: Origin must match the hub's host",
-        ));
-    }
     let uri = upstream_uri(request.uri())?;
-    let stream = api.connect_port(&id, port).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| unavailable(port, e))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "port connection ended");
-        }
-    });
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-    let (parts, body) = request.into_parts();
-    let mut upstream = hyper::Request::builder()
-        .method(parts.method)
-        .uri(uri)
-        .body(body)
-        .map_err(|e| ApiError::new(Code::InvalidArgument, e.to_string()))?;
-    *upstream.headers_mut() = request_headers(parts.headers, port, upgrade);
-    let mut response = sender
-        .send_request(upstream)
-        .await
-        .map_err(|e| unavailable(port, e))?;
-    let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if switched {
-        let Some(client) = client_upgrade else {
-            // An upgrade the client did not ask for cannot be carried.
-            return Err(ApiError::new(
-                Code::Unavailable,
-                format!("the server on port {port} switched protocols unasked"),
-            ));
-        };
-        let server = hyper::upgrade::on(&mut response);
-        tokio::spawn(async move {
-            let (Ok(client), Ok(server)) = tokio::join!(client, server) else {
-                return;
-            };
-            let (mut c, mut s) = (TokioIo::new(client), TokioIo::new(server));
-            let _ = tokio::io::copy_bidirectional(&mut c, &mut s).await;
-        });
-    }
-    let (mut parts, body) = response.into_parts();
-    strip_hop_by_hop(&mut parts.headers, switched);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    forward(api.as_ref(), &id, port, uri, request).await
 }
 
 /// A raw TCP tunnel to a port (what `sandhub port-forward` uses): the
@@ -184,13 +139,6 @@ async fn port_forward(
         .map_err(|e| ApiError::new(Code::Internal, e.to_string()))
 }
 
-fn unavailable(port: u16, e: hyper::Error) -> ApiError {
-    ApiError::new(
-        Code::Unavailable,
-        format!("the server on port {port} in the sandbox: {e}"),
-    )
-}
-
 fn parse_port(s: &str) -> ApiResult<u16> {
     match s.parse::<u32>() {
         Ok(p @ 1..=65535) => Ok(p as u16),
@@ -215,109 +163,9 @@ fn upstream_uri(uri: &Uri) -> ApiResult<Uri> {
         .map_err(|e| ApiError::new(Code::InvalidArgument, format!("bad path: {e}")))
 }
 
-/// Per-hop headers (RFC 9110 §7.6.1) that never travel past a proxy.
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "trailer",
-    "transfer-encoding",
-];
-
-/// Drops the per-hop headers, and any the Connection header names; an
-/// upgrade keeps `Upgrade` and says `Connection: upgrade` again.
-fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        if !(keep_upgrade && name == header::UPGRADE) {
-            h.remove(&name);
-        }
-    }
-    for name in HOP_BY_HOP {
-        h.remove(name);
-    }
-    if h.get(header::TE).is_some_and(|v| v != "trailers") {
-        h.remove(header::TE);
-    }
-    if keep_upgrade {
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        h.remove(header::UPGRADE);
-    }
-}
-
-/// What the server inside sees: the client's headers without the hop-by-hop
-/// ones, without the hub's credentials (the sandbox must never learn the
-/// tenant's key) and, on upgrades, without Origin (checked here already;
-/// many servers refuse a foreign one); `Host: localhost:{port}`, as a
-/// browser on that machine would send, and the original in X-Forwarded-Host.
-fn request_headers(mut h: HeaderMap, port: u16, upgrade: bool) -> HeaderMap {
-    strip_hop_by_hop(&mut h, upgrade);
-    h.remove(header::AUTHORIZATION);
-    if upgrade {
-        h.remove(header::ORIGIN);
-    }
-    if let Some(host) = h.remove(header::HOST) {
-        h.insert(HeaderName::from_static("x-forwarded-host"), host);
-    }
-    if let Ok(v) = HeaderValue::from_str(&format!("localhost:{port}")) {
-        h.insert(header::HOST, v);
-    }
-    h
-}
-
-/// Whether an HTTP/1.1 request asks to switch protocols.
-fn is_upgrade(h: &HeaderMap) -> bool {
-    h.contains_key(header::UPGRADE)
-        && h.get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-}
-
-/// The CSWSH check: no Origin (not a browser) or an Origin whose host is the
-/// one the request was sent to. A page elsewhere cannot open a WebSocket
-/// into a sandbox with the hub's open-tenant access or a browser's cookies.
-fn same_origin(h: &HeaderMap) -> bool {
-    let Some(origin) = h.get(header::ORIGIN) else {
-        return true;
-    };
-    let (Ok(origin), Some(Ok(host))) = (origin.to_str(), h.get(header::HOST).map(|v| v.to_str()))
-    else {
-        return false;
-    };
-    match origin.trim().trim_end_matches('/').split_once("://") {
-        Some((scheme, o_host)) => {
-            (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
-                && o_host.eq_ignore_ascii_case(host.trim())
-        }
-        None => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
 
     #[test]
     fn ports_outside_1_to_65535_are_refused() {
@@ -336,59 +184,5 @@ mod tests {
         assert_eq!(upstream_uri(&u).unwrap(), "/");
         let u: Uri = "/v1/sandboxes/sb-1/ports/80/".parse().unwrap();
         assert_eq!(upstream_uri(&u).unwrap(), "/");
-    }
-
-    #[test]
-    fn origin_must_name_the_host_asked() {
-        assert!(same_origin(&headers(&[("host", "hub:8080")])));
-        assert!(same_origin(&headers(&[
-            ("host", "hub:8080"),
-            ("origin", "http://HUB:8080/")
-        ])));
-        assert!(!same_origin(&headers(&[
-            ("host", "hub:8080"),
-            ("origin", "http://evil.example")
-        ])));
-        assert!(!same_origin(&headers(&[
-            ("host", "hub:8080"),
-            ("origin", "null")
-        ])));
-        assert!(!same_origin(&headers(&[("origin", "http://hub:8080")])));
-    }
-
-    #[test]
-    fn the_tenant_key_never_reaches_the_sandbox() {
-        let h = request_headers(
-            headers(&[
-                ("authorization", "Bearer k"),
-                ("host", "hub:1"),
-                ("connection", "keep-alive, x-secret"),
-                ("x-secret", "1"),
-                ("cookie", "a=b"),
-            ]),
-            8000,
-            false,
-        );
-        assert!(h.get("authorization").is_none());
-        assert!(h.get("x-secret").is_none());
-        assert_eq!(h["host"], "localhost:8000");
-        assert_eq!(h["x-forwarded-host"], "hub:1");
-        assert_eq!(h["cookie"], "a=b");
-    }
-
-    #[test]
-    fn upgrades_keep_upgrade_and_lose_origin() {
-        let h = request_headers(
-            headers(&[
-                ("connection", "Upgrade"),
-                ("upgrade", "websocket"),
-                ("origin", "http://hub:1"),
-            ]),
-            1,
-            true,
-        );
-        assert_eq!(h["upgrade"], "websocket");
-        assert_eq!(h["connection"], "upgrade");
-        assert!(h.get("origin").is_none());
     }
 }

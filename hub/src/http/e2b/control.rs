@@ -1,0 +1,377 @@
+//! E2B's control plane, mapped onto the tenant's sandboxes: create
+//! (`templateID` names a Sandhub template or pool, `base` the default;
+//! `metadata` becomes labels, `timeout` the deadline, `envVars` the
+//! sandbox's environment), connect (resuming a paused one), info, kill,
+//! timeout, pause, list (filtered and paginated) and metrics.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use axum::{
+    extract::{Path, Query},
+    http::{HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Extension, Json, Router,
+};
+use sandhub_api::{
+    error::Code,
+    hub::{CreateSandbox, Sandbox, SandboxState, DEFAULT_TEMPLATE},
+};
+use sandhub_client::{Error, Result};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{E2b, ENVD_VERSION};
+use crate::{
+    backend::TenantView,
+    http::{Api, AppState},
+};
+
+/// E2B's default: a sandbox lives 5 minutes unless told otherwise.
+const DEFAULT_TIMEOUT_S: u64 = 300;
+/// The longest `timeout` taken (E2B's own cap for its paid tier: 24 h).
+const MAX_TIMEOUT_S: u64 = 24 * 3600;
+const E2B_BASE: &str = "base";
+const CLIENT_ID: &str = "sandhub";
+/// Reported as `endAt` for a sandbox with no deadline.
+const NO_DEADLINE: &str = "9999-12-31T23:59:59Z";
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes", post(create).get(list))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(connect))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+}
+
+/// E2B's API errors: `{code: <HTTP status>, message}`.
+fn api_error(e: &Error) -> Response {
+    super::files::rest_error(e)
+}
+
+fn e2b_template(name: &str) -> &str {
+    if name == DEFAULT_TEMPLATE {
+        E2B_BASE
+    } else {
+        name
+    }
+}
+
+fn timeout_of(seconds: Option<u64>) -> Result<u64> {
+    match seconds {
+        None => Ok(DEFAULT_TIMEOUT_S),
+        Some(s) if s > MAX_TIMEOUT_S => Err(Error::new(
+            Code::InvalidArgument,
+            format!("timeout {s}s is over the {MAX_TIMEOUT_S}s limit"),
+        )),
+        Some(s) => Ok(s.max(1)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID", default)]
+    template_id: Option<String>,
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct TimeoutBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+/// What create and connect answer.
+fn created(e2b: &E2b, tenant: &str, sb: &Sandbox) -> Value {
+    json!({
+        "templateID": e2b_template(&sb.template),
+        "alias": e2b_template(&sb.template),
+        "sandboxID": sb.id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": e2b.tokens.issue(tenant, &sb.id),
+    })
+}
+
+async fn detail(api: &Arc<dyn TenantView>, e2b: &E2b, sb: &Sandbox) -> Value {
+    let limits = api
+        .get_template(&sb.template)
+        .await
+        .ok()
+        .map(|t| t.template);
+    let (cpu, memory, disk) = limits.map_or((0, 0, 0), |t| {
+        (
+            t.cpu.map_or(0, |c| c.ceil() as u64),
+            t.memory_mb.unwrap_or(0),
+            t.disk_mb.unwrap_or(0),
+        )
+    });
+    let mut v = created(e2b, api.tenant(), sb);
+    v["startedAt"] = json!(sb.created_at);
+    v["endAt"] = json!(sb.shutdown_at.as_deref().unwrap_or(NO_DEADLINE));
+    v["cpuCount"] = json!(cpu);
+    v["memoryMB"] = json!(memory);
+    v["diskSizeMB"] = json!(disk);
+    v["state"] = json!(if sb.state == SandboxState::Suspended {
+        "paused"
+    } else {
+        "running"
+    });
+    v["metadata"] = json!(sb.labels);
+    v
+}
+
+/// A sandbox E2B would still know: running or paused.
+fn alive(sb: &Sandbox) -> bool {
+    matches!(
+        sb.state,
+        SandboxState::Ready | SandboxState::Pending | SandboxState::Suspended
+    )
+}
+
+async fn live(api: &Arc<dyn TenantView>, id: &str) -> Result<Sandbox> {
+    let sb = api.get(id).await?;
+    if !alive(&sb) {
+        return Err(Error::new(
+            Code::NotFound,
+            format!("sandbox {id} not found"),
+        ));
+    }
+    Ok(sb)
+}
+
+async fn create(
+    Api(api): Api,
+    Extension(e2b): Extension<Arc<E2b>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let req: NewSandbox = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return api_error(&Error::new(Code::InvalidArgument, format!("bad body: {e}"))),
+    };
+    let outcome = async {
+        let template = match req.template_id.as_deref() {
+            None | Some("") | Some(E2B_BASE) => DEFAULT_TEMPLATE.to_string(),
+            Some(t) => t.to_string(),
+        };
+        let sb = api
+            .create(CreateSandbox {
+                template: Some(template),
+                labels: req.metadata.unwrap_or_default(),
+                env: req.env_vars.unwrap_or_default(),
+                shutdown_after_seconds: Some(timeout_of(req.timeout)?),
+                ..Default::default()
+            })
+            .await?;
+        Ok::<_, Error>(created(&e2b, api.tenant(), &sb))
+    }
+    .await;
+    match outcome {
+        Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),
+        Err(e) => api_error(&e),
+    }
+}
+
+async fn connect(
+    Api(api): Api,
+    Extension(e2b): Extension<Arc<E2b>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let req: TimeoutBody = serde_json::from_slice(&body).unwrap_or_default();
+    let outcome = async {
+        let mut sb = live(&api, &id).await?;
+        let resumed = sb.state == SandboxState::Suspended;
+        if resumed {
+            sb = api.resume(&id).await?;
+        }
+        if let Some(t) = req.timeout {
+            sb = api.set_deadline(&id, timeout_of(Some(t))?).await?;
+        }
+        Ok::<_, Error>((resumed, created(&e2b, api.tenant(), &sb)))
+    }
+    .await;
+    match outcome {
+        Ok((true, v)) => (StatusCode::CREATED, Json(v)).into_response(),
+        Ok((false, v)) => Json(v).into_response(),
+        Err(e) => api_error(&e),
+    }
+}
+
+async fn info(
+    Api(api): Api,
+    Extension(e2b): Extension<Arc<E2b>>,
+    Path(id): Path<String>,
+) -> Response {
+    match live(&api, &id).await {
+        Ok(sb) => Json(detail(&api, &e2b, &sb).await).into_response(),
+        Err(e) => api_error(&e),
+    }
+}
+
+async fn kill(
+    Api(api): Api,
+    Extension(e2b): Extension<Arc<E2b>>,
+    Path(id): Path<String>,
+) -> Response {
+    match api.delete(&id).await {
+        Ok(()) => {
+            e2b.processes.forget_sandbox(api.tenant(), &id);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => api_error(&e),
+    }
+}
+
+async fn set_timeout(Api(api): Api, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let req: TimeoutBody = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return api_error(&Error::new(Code::InvalidArgument, format!("bad body: {e}"))),
+    };
+    let outcome = async {
+        live(&api, &id).await?;
+        let seconds = timeout_of(Some(req.timeout.ok_or_else(|| {
+            Error::new(Code::InvalidArgument, "give the new timeout in seconds")
+        })?))?;
+        api.set_deadline(&id, seconds).await
+    }
+    .await;
+    match outcome {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => api_error(&e),
+    }
+}
+
+async fn pause(Api(api): Api, Path(id): Path<String>) -> Response {
+    match live(&api, &id).await {
+        Ok(sb) if sb.state == SandboxState::Suspended => api_error(&Error::new(
+            Code::Conflict,
+            format!("sandbox {id} is already paused"),
+        )),
+        Ok(_) => match api.suspend(&id).await {
+            Ok(_) => StatusCode::NO_CONTENT.into_response(),
+            Err(e) => api_error(&e),
+        },
+        Err(e) => api_error(&e),
+    }
+}
+
+async fn metrics(Api(api): Api, Path(id): Path<String>) -> Response {
+    match live(&api, &id).await {
+        // No samples are kept yet: an empty series, as E2B answers for a
+        // sandbox too young to have one.
+        Ok(_) => Json(json!([])).into_response(),
+        Err(e) => api_error(&e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    /// `k=v&k2=v2`, itself URL-encoded.
+    #[serde(default)]
+    metadata: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    next_token: Option<String>,
+}
+
+const MAX_PAGE: usize = 1000;
+
+fn page_key(sb: &Sandbox) -> String {
+    format!("{}_{}", sb.created_at, sb.id)
+}
+
+async fn list(
+    Api(api): Api,
+    Extension(e2b): Extension<Arc<E2b>>,
+    Query(q): Query<ListQuery>,
+    uri: axum::http::Uri,
+) -> Response {
+    // `state` may repeat (`state=running&state=paused`) or be
+    // comma-separated; `metadata` is a query string of its own.
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(uri.query().unwrap_or("")).unwrap_or_default();
+    let states: Vec<String> = pairs
+        .iter()
+        .filter(|(k, _)| k == "state")
+        .flat_map(|(_, v)| v.split(',').map(str::to_string))
+        .collect();
+    let wanted: BTreeMap<String, String> = match &q.metadata {
+        Some(m) => match serde_urlencoded::from_str::<Vec<(String, String)>>(m) {
+            Ok(kv) => kv.into_iter().collect(),
+            Err(e) => {
+                return api_error(&Error::new(
+                    Code::InvalidArgument,
+                    format!("bad metadata: {e}"),
+                ))
+            }
+        },
+        None => BTreeMap::new(),
+    };
+    let mut sandboxes = match api.list(&wanted).await {
+        Ok(s) => s,
+        Err(e) => return api_error(&e),
+    };
+    sandboxes.retain(|sb| {
+        alive(sb)
+            && (states.is_empty()
+                || states.iter().any(|s| match s.as_str() {
+                    "paused" => sb.state == SandboxState::Suspended,
+                    "running" => sb.state != SandboxState::Suspended,
+                    _ => false,
+                }))
+    });
+    // Pages follow creation order; a page's token is its last sandbox's
+    // place in it, which stays meaningful when that sandbox is gone.
+    sandboxes.sort_by_key(page_key);
+    if let Some(after) = &q.next_token {
+        sandboxes.retain(|sb| page_key(sb).as_str() > after.as_str());
+    }
+    let limit = q.limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
+    let more = sandboxes.len() > limit;
+    sandboxes.truncate(limit);
+    let mut out = Vec::with_capacity(sandboxes.len());
+    for sb in &sandboxes {
+        out.push(detail(&api, &e2b, sb).await);
+    }
+    let mut headers = HeaderMap::new();
+    if more {
+        if let Some(last) = sandboxes.last() {
+            if let Ok(v) = HeaderValue::from_str(&page_key(last)) {
+                headers.insert("x-next-token", v);
+            }
+        }
+    }
+    (headers, Json(out)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_default_and_cap() {
+        assert_eq!(timeout_of(None).unwrap(), DEFAULT_TIMEOUT_S);
+        assert_eq!(timeout_of(Some(0)).unwrap(), 1);
+        assert_eq!(timeout_of(Some(60)).unwrap(), 60);
+        assert_eq!(
+            timeout_of(Some(MAX_TIMEOUT_S + 1)).unwrap_err().code,
+            Code::InvalidArgument
+        );
+        assert_eq!(e2b_template(DEFAULT_TEMPLATE), "base");
+        assert_eq!(e2b_template("py"), "py");
+    }
+}

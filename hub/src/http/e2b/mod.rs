@@ -1,0 +1,301 @@
+//! E2B's API on the hub's own listener (`sandhub serve --e2b`), so the
+//! `e2b` SDK, and every framework's E2B provider, run on Sandhub unchanged:
+//! `E2B_API_URL` and `E2B_SANDBOX_URL` are both the hub's URL and
+//! `E2B_API_KEY` is a Sandhub API key.
+//!
+//! - `control.rs`: the control plane (`/v2/sandboxes`, `/sandboxes/...`),
+//!   authenticated like every hub route (the key may come as `X-API-Key`).
+//! - envd, the in-sandbox data plane: any request naming a sandbox in
+//!   `E2b-Sandbox-Id` is diverted here before the hub's own routes, and
+//!   authorized by that sandbox's access token (`token.rs`), which also
+//!   names its tenant. On port 49983 it is envd itself: `process.rs` and
+//!   `filesystem.rs` (Connect-RPC, `connect.rs`), `files.rs` (`/files`,
+//!   `/health`); on any other port the request goes to that port in the
+//!   sandbox.
+//! - `paths.rs` and `inside.rs`: E2B paths reach the whole sandbox; the
+//!   workspace through sandboxd, the rest through commands run inside.
+
+mod connect;
+mod control;
+mod files;
+mod filesystem;
+mod inside;
+mod paths;
+mod process;
+mod token;
+
+use std::{path::Path, sync::Arc};
+
+use axum::{
+    body::Bytes,
+    extract::{DefaultBodyLimit, Query, Request, State},
+    http::{HeaderMap, HeaderName, StatusCode, Uri},
+    middleware::Next,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Extension, Json, Router,
+};
+use sandhub_api::error::Code;
+use sandhub_client::Error;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use crate::{backend::TenantView, http::AppState};
+
+pub use token::Tokens;
+
+/// The envd version we answer as: 0.5.7 is the first whose SDKs upload
+/// file-like data as a raw octet-stream body.
+pub const ENVD_VERSION: &str = "0.5.7";
+/// envd's own port; any other names a port of the sandbox's.
+pub const ENVD_PORT: u16 = 49983;
+
+const SANDBOX_ID: HeaderName = HeaderName::from_static("e2b-sandbox-id");
+const SANDBOX_PORT: HeaderName = HeaderName::from_static("e2b-sandbox-port");
+const ACCESS_TOKEN: HeaderName = HeaderName::from_static("x-access-token");
+const TRAFFIC_TOKEN: HeaderName = HeaderName::from_static("e2b-traffic-access-token");
+
+/// What the facade keeps: the token key and the processes it started.
+pub struct E2b {
+    tokens: Tokens,
+    processes: Arc<process::Registry>,
+}
+
+impl E2b {
+    pub fn new(tokens: Tokens) -> Self {
+        E2b {
+            tokens,
+            processes: Arc::default(),
+        }
+    }
+
+    /// With the token key kept in `state_dir` (so tokens outlive restarts).
+    pub fn persistent(state_dir: &Path) -> anyhow::Result<Self> {
+        Ok(E2b::new(Tokens::load_or_create(
+            &state_dir.join("e2b-token.key"),
+        )?))
+    }
+}
+
+/// The control-plane routes, merged with the hub's own.
+pub fn control_routes() -> Router<AppState> {
+    control::routes()
+}
+
+/// A sandbox E2B's proxy would not find: the 502 its SDKs read as "not
+/// running" (`... was not found`).
+pub fn not_running(id: &str) -> Response {
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(json!({"code": 502, "message": format!("The sandbox {id} was not found")})),
+    )
+        .into_response()
+}
+
+/// Who an envd request is for, once its token checked out.
+#[derive(Clone)]
+struct Envd {
+    api: Arc<dyn TenantView>,
+    tenant: String,
+    id: String,
+}
+
+fn unauthorized(message: &str) -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        Json(json!({"code": 401, "message": message})),
+    )
+        .into_response()
+}
+
+/// In front of everything: a request naming a sandbox in
+/// `E2b-Sandbox-Id` is envd traffic (or traffic for one of the sandbox's
+/// ports), never a hub route.
+pub async fn divert(
+    State((state, e2b)): State<(AppState, Arc<E2b>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(id) = request.headers().get(&SANDBOX_ID) else {
+        return next.run(request).await;
+    };
+    let Some(id) = id
+        .to_str()
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+    else {
+        return unauthorized("E2b-Sandbox-Id is not a sandbox id");
+    };
+    let headers = request.headers();
+    let port = match headers
+        .get(&SANDBOX_PORT)
+        .map(|v| v.to_str().map(str::parse::<u16>))
+    {
+        None => ENVD_PORT,
+        Some(Ok(Ok(p))) if p > 0 => p,
+        Some(_) => {
+            return files::rest_error(&Error::new(
+                Code::InvalidArgument,
+                "E2b-Sandbox-Port must be a port from 1 to 65535",
+            ))
+        }
+    };
+    let token = headers
+        .get(&ACCESS_TOKEN)
+        .or_else(|| headers.get(&TRAFFIC_TOKEN))
+        .and_then(|v| v.to_str().ok());
+    let Some(tenant) = token.and_then(|t| e2b.tokens.verify(t, &id)) else {
+        return unauthorized("send the sandbox's access token as X-Access-Token");
+    };
+    let envd = Envd {
+        api: state.hub.tenant(&tenant),
+        tenant,
+        id,
+    };
+    if port != ENVD_PORT {
+        let uri: Uri = request
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .parse()
+            .unwrap_or_else(|_| Uri::from_static("/"));
+        return match super::proxy::forward(envd.api.as_ref(), &envd.id, port, uri, request).await {
+            Ok(r) => r,
+            Err(e) if matches!(e.error.code, Code::NotFound | Code::FailedPrecondition) => {
+                not_running(&envd.id)
+            }
+            Err(e) => e.into_response(),
+        };
+    }
+    let router = envd_routes(state.limits.max_upload_bytes)
+        .layer(Extension(envd))
+        .layer(Extension(e2b));
+    match router.oneshot(request).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
+
+fn envd_routes(max_upload: u64) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route(
+            "/files",
+            get(download)
+                .post(move |e, q, r| upload(e, q, r, max_upload))
+                .layer(DefaultBodyLimit::max(
+                    usize::try_from(max_upload).unwrap_or(usize::MAX),
+                )),
+        )
+        .route("/process.Process/{method}", post(process_call))
+        .route("/filesystem.Filesystem/{method}", post(filesystem_call))
+        .fallback(|| async { files::rest_error(&Error::new(Code::NotFound, "no such envd route")) })
+        .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE))
+}
+
+/// A sandbox that is gone (or paused) answers as E2B's proxy does.
+async fn gone(envd: &Envd) -> Option<Response> {
+    match envd.api.get(&envd.id).await {
+        Ok(sb) if sb.state == sandhub_api::hub::SandboxState::Ready => None,
+        _ => Some(not_running(&envd.id)),
+    }
+}
+
+async fn health(Extension(envd): Extension<Envd>) -> Response {
+    files::health(&envd.api, &envd.id).await
+}
+
+async fn download(Extension(envd): Extension<Envd>, Query(q): Query<files::FileQuery>) -> Response {
+    if let Some(r) = gone(&envd).await {
+        return r;
+    }
+    files::download(&envd.api, &envd.id, q).await
+}
+
+async fn upload(
+    Extension(envd): Extension<Envd>,
+    Query(q): Query<files::FileQuery>,
+    request: Request,
+    max_upload: u64,
+) -> Response {
+    if let Some(r) = gone(&envd).await {
+        return r;
+    }
+    files::upload(&envd.api, &envd.id, q, request, max_upload).await
+}
+
+async fn read_message(headers: &HeaderMap, body: Bytes) -> Result<Value, Error> {
+    if body.len() > connect::MAX_MESSAGE {
+        return Err(Error::new(
+            Code::PayloadTooLarge,
+            "request message too large",
+        ));
+    }
+    connect::request(headers, &body)
+}
+
+async fn process_call(
+    Extension(envd): Extension<Envd>,
+    Extension(e2b): Extension<Arc<E2b>>,
+    axum::extract::Path(method): axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let streaming = matches!(method.as_str(), "Start" | "Connect");
+    let fail = |e: &Error| {
+        if streaming {
+            connect::stream_error(e)
+        } else {
+            connect::unary_error(e)
+        }
+    };
+    if let Some(r) = gone(&envd).await {
+        return r;
+    }
+    let body = match read_message(&headers, body).await {
+        Ok(b) => b,
+        Err(e) => return fail(&e),
+    };
+    let call = process::Call {
+        api: &envd.api,
+        registry: &e2b.processes,
+        tenant: &envd.tenant,
+        id: &envd.id,
+        keepalive: connect::keepalive(&headers),
+        deadline: connect::timeout(&headers),
+    };
+    match method.as_str() {
+        "Start" => match call.start(body).await {
+            Ok(frames) => connect::stream_response(frames),
+            Err(e) => fail(&e),
+        },
+        "Connect" => match call.connect(body) {
+            Ok(frames) => connect::stream_response(frames),
+            Err(e) => fail(&e),
+        },
+        other => match call.unary(other, body).await {
+            Ok(v) => connect::unary_ok(&v),
+            Err(e) => fail(&e),
+        },
+    }
+}
+
+async fn filesystem_call(
+    Extension(envd): Extension<Envd>,
+    axum::extract::Path(method): axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(r) = gone(&envd).await {
+        return r;
+    }
+    let body = match read_message(&headers, body).await {
+        Ok(b) => b,
+        Err(e) => return connect::unary_error(&e),
+    };
+    match filesystem::call(&envd.api, &envd.id, &method, body).await {
+        Ok(v) => connect::unary_ok(&v),
+        Err(e) => connect::unary_error(&e),
+    }
+}
