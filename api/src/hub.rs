@@ -487,6 +487,16 @@ pub struct PortList {
     pub ports: Vec<ListeningPort>,
 }
 
+/// A browser link to a sandbox port (`POST /v1/sandboxes/{id}/port-urls/{port}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PortUrl {
+    /// `http://{port}-{id}.<domain>/?sandhub_token=...`
+    pub url: String,
+    /// RFC 3339, UTC: the link opens the port until then.
+    pub expires_at: String,
+}
+
 /// The `Upgrade` protocol of `GET /v1/sandboxes/{id}/port-forward/{port}`:
 /// after 101 the connection carries raw TCP to that port in the sandbox.
 pub const PORT_FORWARD_UPGRADE: &str = "sandhub-tcp";

@@ -12,6 +12,7 @@ use crate::{
         self,
         e2b::{E2b, Tokens},
         gym::Gym,
+        hosts::HostRouting,
         ApiKeys, AppState,
     },
     kube::{KubeArgs, KubeTenancy},
@@ -63,6 +64,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHUB_E2B")]
     pub e2b: bool,
 
+    /// Serve sandbox ports by host name: `{port}-{id}.<DOMAIN>` (a DNS
+    /// wildcard, or `*.localhost`, pointing here; `:port` if not 80), for
+    /// browser apps; `POST /v1/sandboxes/{id}/port-urls/{port}` mints links.
+    #[arg(long, env = "SANDHUB_SANDBOX_DOMAIN")]
+    pub sandbox_domain: Option<String>,
+
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
     #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = sandhub_common::parse_duration)]
     pub reap_interval: Duration,
@@ -111,14 +118,30 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             format!("kubernetes, namespace {}", args.kube.namespace),
         ),
     };
-    let e2b = match (args.e2b, &args.backend) {
-        (false, _) => None,
-        // The token key lives with the sandboxes it opens.
-        (true, BackendKind::Local) => Some(Arc::new(E2b::persistent(
-            &args.state_dir.clone().unwrap_or_else(default_state_dir),
-        )?)),
-        // No state dir: tokens last as long as this hub process.
-        (true, BackendKind::Kubernetes) => Some(Arc::new(E2b::new(Tokens::random()))),
+    // The key the hub signs its tokens with (E2B access tokens, port
+    // links): kept with the sandboxes on the local backend, so tokens
+    // outlive a restart; on Kubernetes (no state dir) this process's own.
+    let tokens = if !args.e2b && args.sandbox_domain.is_none() {
+        None
+    } else {
+        Some(Arc::new(match args.backend {
+            BackendKind::Local => Tokens::load_or_create(
+                &args
+                    .state_dir
+                    .clone()
+                    .unwrap_or_else(default_state_dir)
+                    .join("signing.key"),
+            )?,
+            BackendKind::Kubernetes => Tokens::random(),
+        }))
+    };
+    let e2b = match (&tokens, args.e2b) {
+        (Some(t), true) => Some(Arc::new(E2b::new(t.clone()))),
+        _ => None,
+    };
+    let hosts = match (&tokens, &args.sandbox_domain) {
+        (Some(t), Some(domain)) => Some(Arc::new(HostRouting::new(domain, t.clone(), args.e2b))),
+        _ => None,
     };
     let (app, mcp_stop) = http::app(
         AppState {
@@ -128,6 +151,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             limits: http::Limits {
                 max_upload_bytes: args.max_upload_bytes,
             },
+            hosts,
         },
         keys,
         e2b.clone(),

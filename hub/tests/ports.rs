@@ -27,6 +27,7 @@ class H(http.server.SimpleHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("X-Seen-Host", self.headers.get("Host", ""))
         self.send_header("X-Seen-Auth", self.headers.get("Authorization", "none"))
+        self.send_header("X-Seen-Cookie", self.headers.get("Cookie", "none"))
         self.end_headers()
         self.wfile.write(body)
     def do_GET(self):
@@ -68,8 +69,15 @@ http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_foreve
 const PORT: u16 = 8000;
 
 async fn hub_with_server() -> (TestHub, HubClient, String, ProcessEvents) {
+    hub_with_server_args(&[]).await
+}
+
+async fn hub_with_server_args(
+    extra_args: &'static [&'static str],
+) -> (TestHub, HubClient, String, ProcessEvents) {
     let hub = TestHub::start(HubOptions {
         api_keys: true,
+        extra_args,
         ..Default::default()
     })
     .await;
@@ -245,6 +253,14 @@ async fn other_tenants_bad_ports_and_silent_ports_get_errors() {
     }
     let r = http.get(format!("{sb}/ports")).send().await.unwrap();
     assert_eq!(r.status(), 401);
+    // Links need a hub started with --sandbox-domain.
+    let r = http
+        .post(format!("{}/v1/sandboxes/{id}/port-urls/{PORT}", hub.url()))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 412, "FAILED_PRECONDITION").await;
 
     for bad in ["0", "65536", "99999999999999", "http", "-1"] {
         let r = http
@@ -294,4 +310,143 @@ async fn the_sandbox_still_cannot_reach_the_hosts_loopback() {
     let out = shell(&c, &id, &probe(PORT)).await;
     assert!(out.stdout.starts_with("connected"), "{out:?}");
     drop(host);
+}
+
+const DOMAIN: &str = "sandboxes.test";
+
+/// `--sandbox-domain`: `Host: {port}-{id}.<domain>` reaches the port at the
+/// root of its own host, with an API key or with a minted link's cookie
+/// (which the server inside never sees); another tenant, no credential, a
+/// link for another port and a foreign Origin are all refused.
+#[tokio::test]
+async fn host_routed_ports_open_with_a_link_or_a_key() {
+    let (hub, _c, id, _server) = hub_with_server_args(&["--sandbox-domain", DOMAIN]).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let host = format!("{PORT}-{id}.{DOMAIN}");
+    let at = |path: &str| format!("{}{path}", hub.url());
+    let get = |path: &str, host: &str| {
+        http.get(at(path))
+            .header(reqwest::header::HOST, host.to_string())
+    };
+
+    // No credential: 401; another tenant's key: 404; the owner's key: the server.
+    let r = get("/hello.txt", &host).send().await.unwrap();
+    error_body(r, 401, "UNAUTHENTICATED").await;
+    let r = get("/hello.txt", &host)
+        .bearer_auth(BOB_KEY)
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 404, "NOT_FOUND").await;
+    let r = get("/hello.txt", &host)
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "hello\n");
+
+    // A link: minted with the key (another tenant cannot mint one), traded
+    // for a host-only cookie on the first visit, then the cookie opens the port.
+    let mint = |key: &'static str| {
+        http.post(at(&format!(
+            "/v1/sandboxes/{id}/port-urls/{PORT}?ttl_seconds=600"
+        )))
+        .bearer_auth(key)
+        .send()
+    };
+    error_body(mint(BOB_KEY).await.unwrap(), 404, "NOT_FOUND").await;
+    let link: sandhub_api::hub::PortUrl = mint(ALICE_KEY).await.unwrap().json().await.unwrap();
+    let prefix = format!("http://{host}/?sandhub_token=");
+    let token = link
+        .url
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{link:?}"));
+    let r = get(&format!("/?sandhub_token={token}"), &host)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/");
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        cookie.starts_with(&format!("sandhub_port={token};")),
+        "{cookie}"
+    );
+    for attr in ["HttpOnly", "SameSite=Lax", "Path=/"] {
+        assert!(cookie.contains(attr), "{cookie}");
+    }
+    assert!(
+        !cookie.contains("Domain="),
+        "a cookie for this host only: {cookie}"
+    );
+    let r = get("/hello.txt", &host)
+        .header("cookie", format!("sandhub_port={token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "hello\n");
+    let r = http
+        .post(at("/echo"))
+        .header(reqwest::header::HOST, host.clone())
+        .header("cookie", format!("app=1; sandhub_port={token}"))
+        .body("ping")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["x-seen-cookie"],
+        "app=1",
+        "the server inside saw our cookie"
+    );
+    assert_eq!(r.text().await.unwrap(), "ping");
+
+    // The link opens its own port only; a forged or wrong token is refused.
+    let other = format!("{}-{id}.{DOMAIN}", PORT + 1);
+    let r = get("/", &other)
+        .header("cookie", format!("sandhub_port={token}"))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 401, "UNAUTHENTICATED").await;
+    let r = get("/?sandhub_token=1.bad.token", &host)
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 401, "UNAUTHENTICATED").await;
+
+    // WebSockets on the host form: same origin goes through, a foreign one is refused.
+    let ws = |origin: &str| {
+        let mut req = format!("ws://127.0.0.1:{}/ws", hub.port)
+            .into_client_request()
+            .unwrap();
+        let h = req.headers_mut();
+        h.insert("host", host.parse().unwrap());
+        h.insert("origin", origin.parse().unwrap());
+        h.insert("cookie", format!("sandhub_port={token}").parse().unwrap());
+        req
+    };
+    let (mut socket, response) = tokio_tungstenite::connect_async(ws(&format!("http://{host}")))
+        .await
+        .expect("a same-origin upgrade on the host form");
+    assert_eq!(response.status(), 101);
+    socket.send(Message::text("hi")).await.unwrap();
+    let got = tokio::time::timeout(WAIT, socket.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, Message::text("hi"));
+    match tokio_tungstenite::connect_async(ws("http://evil.example")).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 403),
+        other => panic!(
+            "a cross-origin upgrade went through: {:?}",
+            other.map(|(_, r)| r)
+        ),
+    }
 }

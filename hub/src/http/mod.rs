@@ -14,11 +14,13 @@ mod auth;
 pub mod e2b;
 mod error;
 pub mod gym;
+pub mod hosts;
 mod json;
 pub mod mcp;
 mod openapi;
 mod proxy;
 pub mod rest;
+pub mod signing;
 
 use std::sync::Arc;
 
@@ -51,6 +53,8 @@ pub struct AppState {
     /// What the operator bounds for every tenant; [`app`] puts the checks
     /// in front of `hub`.
     pub limits: Limits,
+    /// `--sandbox-domain`: ports by host name, and the URLs that open them.
+    pub hosts: Option<Arc<hosts::HostRouting>>,
 }
 
 /// The hub as the request's tenant sees it.
@@ -110,13 +114,25 @@ pub fn app(
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
-        .layer(middleware::from_fn_with_state(keys, auth::authenticate));
+        .layer(middleware::from_fn_with_state(
+            keys.clone(),
+            auth::authenticate,
+        ));
     // envd traffic names its sandbox in a header and carries that
     // sandbox's token, not an API key: it turns off before auth.
     let app = match e2b {
         Some(e2b) => app.layer(middleware::from_fn_with_state(
             (state.clone(), e2b),
             e2b::divert,
+        )),
+        None => app,
+    };
+    // Outermost: a request for `{port}-{id}.<domain>` is that port's (or,
+    // on 49983, envd's, through the diversion above).
+    let app = match state.hosts.clone() {
+        Some(hosts) => app.layer(middleware::from_fn_with_state(
+            (state.clone(), keys, hosts),
+            hosts::route,
         )),
         None => app,
     };

@@ -7,7 +7,7 @@
 //!   authenticated like every hub route (the key may come as `X-API-Key`).
 //! - envd, the in-sandbox data plane: any request naming a sandbox in
 //!   `E2b-Sandbox-Id` is diverted here before the hub's own routes, and
-//!   authorized by that sandbox's access token (`token.rs`), which also
+//!   authorized by that sandbox's access token (`../signing.rs`), which also
 //!   names its tenant. On port 49983 it is envd itself: `process.rs` and
 //!   `filesystem.rs` (Connect-RPC, `connect.rs`), `files.rs` (`/files`,
 //!   `/health`); on any other port the request goes to that port in the
@@ -22,9 +22,8 @@ mod filesystem;
 mod inside;
 mod paths;
 mod process;
-mod token;
 
-use std::{path::Path, sync::Arc};
+use std::sync::Arc;
 
 use axum::{
     body::Bytes,
@@ -42,7 +41,7 @@ use tower::ServiceExt;
 
 use crate::{backend::TenantView, http::AppState};
 
-pub use token::Tokens;
+pub use crate::http::signing::Tokens;
 
 /// The envd version we answer as: 0.5.7 is the first whose SDKs upload
 /// file-like data as a raw octet-stream body.
@@ -57,23 +56,16 @@ const TRAFFIC_TOKEN: HeaderName = HeaderName::from_static("e2b-traffic-access-to
 
 /// What the facade keeps: the token key and the processes it started.
 pub struct E2b {
-    tokens: Tokens,
+    tokens: Arc<Tokens>,
     processes: Arc<process::Registry>,
 }
 
 impl E2b {
-    pub fn new(tokens: Tokens) -> Self {
+    pub fn new(tokens: Arc<Tokens>) -> Self {
         E2b {
             tokens,
             processes: Arc::default(),
         }
-    }
-
-    /// With the token key kept in `state_dir` (so tokens outlive restarts).
-    pub fn persistent(state_dir: &Path) -> anyhow::Result<Self> {
-        Ok(E2b::new(Tokens::load_or_create(
-            &state_dir.join("e2b-token.key"),
-        )?))
     }
 }
 

@@ -9,7 +9,7 @@
 
 use axum::{
     body::Body,
-    extract::Request,
+    extract::{Request, State},
     http::{header, StatusCode, Uri},
     response::Response,
     routing::{any, get},
@@ -17,7 +17,7 @@ use axum::{
 use hyper_util::rt::TokioIo;
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{PortList, PORT_FORWARD_UPGRADE},
+    hub::{PortList, PortUrl, PORT_FORWARD_UPGRADE},
 };
 use serde::Deserialize;
 use utoipa::OpenApi;
@@ -25,7 +25,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::http::{
     proxy::{forward, is_upgrade, same_origin},
-    Api, ApiError, ApiJson, ApiPath, ApiResult, AppState,
+    Api, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState,
 };
 
 /// The proxy routes need a catch-all segment, which OpenAPI cannot spell:
@@ -37,10 +37,57 @@ struct PortsDoc;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(PortsDoc::openapi())
         .routes(routes!(list_ports))
+        .routes(routes!(port_url))
         .route("/v1/sandboxes/{id}/ports/{port}", any(proxy_port))
         .route("/v1/sandboxes/{id}/ports/{port}/", any(proxy_port))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(proxy_port))
         .route("/v1/sandboxes/{id}/port-forward/{port}", get(port_forward))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct PortUrlQuery {
+    /// How long the link opens the port, in seconds (default 3600, at most 86400).
+    ttl_seconds: Option<u64>,
+}
+
+/// A browser link to a port, on its own host (`{port}-{id}.<domain>`, with
+/// `--sandbox-domain`): its first visit trades the link's token for a
+/// cookie scoped to that host. Whoever holds the link can use the port
+/// until it expires.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/port-urls/{port}", tag = "ports",
+    params(("id" = String, Path), ("port" = u16, Path, description = "TCP port, 1 to 65535"),
+           PortUrlQuery),
+    responses((status = 200, body = PortUrl), (status = 400, body = ErrorBody),
+              (status = 404, body = ErrorBody),
+              (status = 412, body = ErrorBody, description = "The hub has no --sandbox-domain")))]
+async fn port_url(
+    Api(api): Api,
+    State(state): State<AppState>,
+    ApiPath(PortPath { id, port }): ApiPath<PortPath>,
+    ApiQuery(q): ApiQuery<PortUrlQuery>,
+) -> ApiResult<ApiJson<PortUrl>> {
+    let port = parse_port(&port)?;
+    let Some(hosts) = &state.hosts else {
+        return Err(ApiError::new(
+            Code::FailedPrecondition,
+            "port links need the hub started with --sandbox-domain",
+        ));
+    };
+    api.get(&id).await?;
+    let ttl = q.ttl_seconds.unwrap_or(crate::http::hosts::DEFAULT_TTL_S);
+    if ttl == 0 || ttl > crate::http::hosts::MAX_TTL_S {
+        return Err(ApiError::new(
+            Code::InvalidArgument,
+            format!("ttl_seconds must be 1 to {}", crate::http::hosts::MAX_TTL_S),
+        ));
+    }
+    let (url, expires) = hosts.mint(api.tenant(), &id, port, ttl);
+    Ok(ApiJson(PortUrl {
+        url,
+        expires_at: crate::backend::rfc3339(
+            i64::try_from(expires).unwrap_or(i64::MAX / 1000) * 1000,
+        ),
+    }))
 }
 
 /// TCP ports listening inside the sandbox (any address, IPv4 and IPv6).

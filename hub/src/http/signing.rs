@@ -1,10 +1,11 @@
-//! envd access tokens: what `X-Access-Token` must carry for one sandbox.
+//! Tokens the hub signs for itself, so nothing needs storing: E2B's envd
+//! access tokens and the browser tokens of host-routed ports.
 //!
-//! A token is `<tenant, base64url>.<HMAC-SHA256(key, tenant NUL sandbox)>`:
-//! it names its tenant (envd calls carry no API key) and is bound to one
-//! sandbox of that tenant, so a token for one sandbox opens no other, and
-//! nothing needs storing. The key is the hub's own, kept in its state dir
-//! (0600) so tokens outlive a restart.
+//! A token is `<tenant, base64url>.<HMAC-SHA256(key, tenant NUL scope)>`:
+//! it names its tenant (its bearer carries no API key) and opens only its
+//! scope (a sandbox; a sandbox's port until a deadline), so a token for one
+//! opens no other. The key is the hub's own, kept in its state dir (0600)
+//! so tokens outlive a restart.
 
 use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path};
 
@@ -58,28 +59,29 @@ impl Tokens {
         }
     }
 
-    fn mac(&self, tenant: &str, sandbox: &str) -> [u8; 32] {
+    fn mac(&self, tenant: &str, scope: &str) -> [u8; 32] {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("any key length");
         mac.update(tenant.as_bytes());
         mac.update(b"\0");
-        mac.update(sandbox.as_bytes());
+        mac.update(scope.as_bytes());
         mac.finalize().into_bytes().into()
     }
 
-    pub fn issue(&self, tenant: &str, sandbox: &str) -> String {
+    /// A token for `tenant` that opens `scope` (no NUL in either).
+    pub fn issue(&self, tenant: &str, scope: &str) -> String {
         format!(
             "{}.{}",
             B64.encode(tenant),
-            B64.encode(self.mac(tenant, sandbox))
+            B64.encode(self.mac(tenant, scope))
         )
     }
 
-    /// The tenant `token` was issued to, if it opens `sandbox`.
-    pub fn verify(&self, token: &str, sandbox: &str) -> Option<String> {
+    /// The tenant `token` was issued to, if it opens `scope`.
+    pub fn verify(&self, token: &str, scope: &str) -> Option<String> {
         let (tenant, mac) = token.split_once('.')?;
         let tenant = String::from_utf8(B64.decode(tenant).ok()?).ok()?;
         let mac = B64.decode(mac).ok()?;
-        let want = self.mac(&tenant, sandbox);
+        let want = self.mac(&tenant, scope);
         bool::from(want.as_slice().ct_eq(mac.as_slice())).then_some(tenant)
     }
 }
