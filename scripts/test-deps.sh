@@ -13,6 +13,8 @@
 #    reinstalls them only when one of those changes.
 #  - A venv per framework that pins its own stack ($SANDHUB_CACHE/venv-deepagents, venv-nemo-gym), with
 #    the SDK, the adapter and the harness; its python is printed as SANDHUB_<NAME>_PYTHON=...
+#    The E2B facade's suite (tests/e2b: the real `e2b` SDK against `sandhub serve --e2b`)
+#    gets one the same way ($SANDHUB_CACHE/venv-e2b), from its pins alone (no adapter).
 #
 # Prints the venv's python path on the last line of stdout as `SANDHUB_PYTHON=...`.
 set -euo pipefail
@@ -198,6 +200,9 @@ fi
 # venv of its own: the framework's pins from the adapter's tests/requirements.txt (stamped
 # like the main venv's), the SDK from this checkout, and the adapter plus the test harness
 # (tests/support, its plain helpers need only pytest) editable. Prints NAME_PYTHON=path.
+# A test suite with no adapter of its own (tests/e2b) passes its own directory: its pins
+# are DIR/requirements.txt when there is no DIR/tests/requirements.txt, and without a
+# DIR/pyproject.toml only the harness is installed editable.
 #   framework_venv NAME ADAPTER_DIR IMPORT_CHECK PYTHON [PIP ARGS of a second, separate install]
 framework_venv() {
     local name=$1 adapter=$2 import_check=$3 fw_python=$4
@@ -205,6 +210,9 @@ framework_venv() {
     local fw_venv="$cache_dir/venv-$name" fw_req="$repo_root/$adapter/tests/requirements.txt"
     local fw_stamp="$fw_venv/.sandhub-deps-stamp" fw_local_stamp="$fw_venv/.sandhub-local-stamp"
     local want have
+    [[ -f "$fw_req" ]] || fw_req="$repo_root/$adapter/requirements.txt"
+    local editable_dirs=(tests/support)
+    [[ ! -f "$repo_root/$adapter/pyproject.toml" ]] || editable_dirs+=("$adapter")
     want="$( (sha256sum "$fw_req" | cut -d' ' -f1; echo "$*"; "$fw_python" -c 'import sys; print(sys.version)') \
         | sha256sum | cut -d' ' -f1)"
     if [[ -x "$fw_venv/bin/python" && -f "$fw_stamp" && "$(cat "$fw_stamp")" == "$want" ]]; then
@@ -221,14 +229,15 @@ framework_venv() {
     fi
     log "installing the sandhub Python SDK ($(basename "$sdk_wheel")) into $fw_venv"
     "$fw_venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$sdk_wheel" >&2
-    want="$( (echo "$repo_root"; for p in tests/support "$adapter"; do
+    want="$( (echo "$repo_root"; for p in "${editable_dirs[@]}"; do
         echo "$p"; sha256sum "$repo_root/$p/pyproject.toml" | cut -d' ' -f1; done) | sha256sum | cut -d' ' -f1)"
     if [[ -f "$fw_local_stamp" && "$(cat "$fw_local_stamp")" == "$want" ]] \
         && "$fw_venv/bin/python" -c "import sandhub_testing, $import_check" >/dev/null 2>&1; then
         log "$name project packages up to date"
     else
-        "$fw_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-            -e "$repo_root/tests/support" -e "$repo_root/$adapter" >&2
+        local editable=()
+        for p in "${editable_dirs[@]}"; do editable+=(-e "$repo_root/$p"); done
+        "$fw_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${editable[@]}" >&2
         "$fw_venv/bin/python" -c "import sandhub_testing, $import_check" >&2
         echo "$want" >"$fw_local_stamp"
     fi
@@ -236,6 +245,8 @@ framework_venv() {
     echo "SANDHUB_${have}_PYTHON=$fw_venv/bin/python"
 }
 framework_venv deepagents integrations/deepagents langchain_sandhub "$python_bin"
+# The E2B facade's suite: e2b 2.63.0 (CPython >= 3.11) and its test pins, tests/e2b/requirements.txt.
+framework_venv e2b tests/e2b e2b "$python_bin"
 
 # nemo-gym 0.7.0 declares Python >= 3.13.14 and a heavy dependency set (ray, mlflow, wandb);
 # its sandbox API runs on any 3.13 with a few light deps, so where no 3.13.14+ exists it is

@@ -56,9 +56,10 @@ deps_out="$(bash scripts/test-deps.sh)"
 venv_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_PYTHON=//p' | tail -n1)"
 deepagents_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_DEEPAGENTS_PYTHON=//p' | tail -n1)"
 nemo_gym_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_NEMO_GYM_PYTHON=//p' | tail -n1)"
+e2b_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_E2B_PYTHON=//p' | tail -n1)"
 if [[ -z "$venv_python" || ! -x "$venv_python" || -z "$deepagents_python" || ! -x "$deepagents_python" \
-    || -z "$nemo_gym_python" || ! -x "$nemo_gym_python" ]]; then
-    echo "test.sh: scripts/test-deps.sh did not report usable pythons ($venv_python, $deepagents_python, $nemo_gym_python)" >&2
+    || -z "$nemo_gym_python" || ! -x "$nemo_gym_python" || -z "$e2b_python" || ! -x "$e2b_python" ]]; then
+    echo "test.sh: scripts/test-deps.sh did not report usable pythons ($venv_python, $deepagents_python, $nemo_gym_python, $e2b_python)" >&2
     exit 1
 fi
 
@@ -142,7 +143,9 @@ python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8
     # test_standard.py (langchain_tests' suite) is left out until it passes: see
     # integrations/deepagents/README.md.
     "integrations/deepagents/tests|$deepagents_python|-o asyncio_mode=auto --ignore=integrations/deepagents/tests/test_standard.py"
-    "integrations/nemo_gym/tests|$nemo_gym_python|-o asyncio_mode=auto")
+    "integrations/nemo_gym/tests|$nemo_gym_python|-o asyncio_mode=auto"
+    # The real e2b SDK against `sandhub serve --e2b` (the E2B facade).
+    "tests/e2b|$e2b_python|-o asyncio_mode=auto")
 echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN SANDHUB_BIN=$SANDHUB_BIN pytest ${python_suites[*]%%|*} -v"
 # One pytest process per suite: each suite has its own conftest.py and
 # helper modules, and in one process the first suite's modules of the same

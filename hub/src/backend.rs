@@ -30,7 +30,7 @@ pub trait TenantView: Sandboxes {
     async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>>;
     /// A TCP connection to `port` inside a Ready sandbox (its own network,
     /// reached without publishing anything on the host).
-    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream>;
+    async fn connect_port(&self, id: &str, port: u16) -> Result<PortStream>;
     /// The TCP ports listening inside a Ready sandbox.
     async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>>;
     /// Moves a sandbox's deadline to `seconds` from now (E2B's
@@ -41,6 +41,24 @@ pub trait TenantView: Sandboxes {
             Code::Unimplemented,
             "moving a sandbox's deadline is not supported on this backend",
         ))
+    }
+}
+
+/// A TCP connection toward a sandbox port, and the headers an HTTP request
+/// over it must carry: none when it reaches the port itself; through
+/// `sandhub-router`, which sandbox and port, and the scoped token (such a
+/// connection carries HTTP only, not raw TCP).
+pub struct PortStream {
+    pub stream: tokio::net::TcpStream,
+    pub headers: http::HeaderMap,
+}
+
+impl PortStream {
+    pub fn direct(stream: tokio::net::TcpStream) -> Self {
+        PortStream {
+            stream,
+            headers: http::HeaderMap::new(),
+        }
     }
 }
 

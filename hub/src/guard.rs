@@ -212,7 +212,7 @@ impl TenantView for GuardedView {
         self.inner.list_snapshots(id).await
     }
 
-    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream> {
+    async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
         self.inner.connect_port(id, port).await
     }
 

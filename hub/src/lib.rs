@@ -10,7 +10,8 @@
 //!
 //! Front doors:
 //! - [`http`]: the HTTP app: state, auth, extractors; its children `rest/`
-//!   (`/v1`, probes, metrics), `gym/` (`/gym/v1`) and the `/mcp` mount.
+//!   (`/v1`, probes, metrics), `gym/` (`/gym/v1`), `e2b/` (E2B's API),
+//!   `hosts` (ports by host name) and the `/mcp` mount.
 //! - [`guard`]: the operator's limits, checked in front of every backend.
 //!
 //! The seam and the two backends behind it:
@@ -20,6 +21,7 @@
 //!   runtime in `local::runtime`.
 //! - [`kube`]: the kubernetes backend (SandboxClaims, the controller's pools).
 //! - [`policy`]: the operator's sandbox defaults and tenant quotas, for both.
+//! - [`proc_net`]: the kernel's TCP tables (what listens in a sandbox), for both.
 //!
 //! Request validation is not here: it is part of the API contract
 //! (`sandhub_api::validate`), so both backends refuse the same requests.
@@ -35,6 +37,7 @@ pub mod kube;
 pub mod local;
 pub mod mcp;
 pub mod policy;
+pub mod proc_net;
 pub mod serve;
 
 pub use backend::{Backend, TenantView};

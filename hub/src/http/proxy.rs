@@ -30,10 +30,11 @@ pub async fn forward(
             "cross-origin upgrade refused: Origin must match the hub's host",
         ));
     }
-    let stream = api.connect_port(id, port).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| unavailable(port, e))?;
+    let port_stream = api.connect_port(id, port).await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(port_stream.stream))
+            .await
+            .map_err(|e| unavailable(port, e))?;
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "port connection ended");
@@ -46,7 +47,13 @@ pub async fn forward(
         .uri(uri)
         .body(body)
         .map_err(|e| ApiError::new(Code::InvalidArgument, e.to_string()))?;
-    *upstream.headers_mut() = request_headers(parts.headers, port, upgrade);
+    let mut headers = request_headers(parts.headers, port, upgrade);
+    // The route's own (through sandhub-router), set after the client's
+    // were cleaned, so no client can name another sandbox or port.
+    for (name, value) in &port_stream.headers {
+        headers.insert(name, value.clone());
+    }
+    *upstream.headers_mut() = headers;
     let mut response = sender
         .send_request(upstream)
         .await
@@ -135,6 +142,15 @@ fn request_headers(mut h: HeaderMap, port: u16, upgrade: bool) -> HeaderMap {
         "e2b-traffic-access-token",
     ] {
         h.remove(secret);
+    }
+    // Nor the router's routing headers: only the hub names the target.
+    let routing: Vec<HeaderName> = h
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-sandbox-"))
+        .cloned()
+        .collect();
+    for name in routing {
+        h.remove(name);
     }
     if upgrade {
         h.remove(header::ORIGIN);

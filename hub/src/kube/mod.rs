@@ -7,6 +7,7 @@
 mod images;
 mod model;
 mod owner;
+mod ports;
 mod prepull;
 mod reach;
 mod template;

@@ -68,6 +68,76 @@ fn header(value: &str) -> Result<HeaderValue> {
 }
 
 impl Reach {
+    /// Where to connect for `port` of the target's Pod, and the headers an
+    /// HTTP request there must carry (through the router: the sandbox, the
+    /// port and a scoped token).
+    pub fn port(&self, target: &Target<'_>, port: u16) -> Result<(String, HeaderMap)> {
+        match self {
+            Reach::Direct { .. } => {
+                let ip = target.pod_ip.ok_or_else(|| {
+                    Error::unavailable(format!("sandbox Pod {} has no IP yet", target.sandbox))
+                })?;
+                let host = if ip.contains(':') {
+                    format!("[{ip}]")
+                } else {
+                    ip.to_string()
+                };
+                Ok((format!("{host}:{port}"), HeaderMap::new()))
+            }
+            Reach::Router { url, tokens, .. } => {
+                let uri: http::Uri = url
+                    .parse()
+                    .map_err(|e| Error::invalid(format!("router URL {url}: {e}")))?;
+                let authority = uri
+                    .authority()
+                    .ok_or_else(|| Error::invalid(format!("router URL {url} has no host")))?;
+                let addr = match authority.port_u16() {
+                    Some(_) => authority.to_string(),
+                    None => format!("{}:80", authority.host()),
+                };
+                let mut headers = self.routed_headers(target, tokens.as_ref())?;
+                headers.insert(
+                    HeaderName::from_static("x-sandbox-port"),
+                    HeaderValue::from(port),
+                );
+                Ok((addr, headers))
+            }
+        }
+    }
+
+    /// Which sandbox, for the router, and the scoped token that opens it.
+    fn routed_headers(
+        &self,
+        target: &Target<'_>,
+        tokens: Option<&ScopedTokens>,
+    ) -> Result<HeaderMap> {
+        let mut h = HeaderMap::new();
+        h.insert(
+            HeaderName::from_static("x-sandbox-id"),
+            header(target.sandbox)?,
+        );
+        h.insert(
+            HeaderName::from_static("x-sandbox-namespace"),
+            header(target.namespace)?,
+        );
+        if let Some(tokens) = tokens {
+            let exp = (SystemTime::now() + TOKEN_LIFETIME)
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let token = tokens.mint(&Scope {
+                namespace: target.namespace.into(),
+                name: target.sandbox.into(),
+                exp,
+            });
+            h.insert(
+                http::header::AUTHORIZATION,
+                header(&format!("Bearer {token}"))?,
+            );
+        }
+        Ok(h)
+    }
+
     pub fn client(&self, target: &Target<'_>) -> Result<SandboxdClient> {
         match self {
             Reach::Direct { auth } => {
@@ -90,30 +160,7 @@ impl Reach {
             }
             Reach::Router { url, tokens, auth } => {
                 let client = SandboxdClient::tcp(url.clone(), url.clone())?;
-                let mut rest = HeaderMap::new();
-                rest.insert(
-                    HeaderName::from_static("x-sandbox-id"),
-                    header(target.sandbox)?,
-                );
-                rest.insert(
-                    HeaderName::from_static("x-sandbox-namespace"),
-                    header(target.namespace)?,
-                );
-                if let Some(tokens) = tokens {
-                    let exp = (SystemTime::now() + TOKEN_LIFETIME)
-                        .duration_since(SystemTime::UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or(0);
-                    let token = tokens.mint(&Scope {
-                        namespace: target.namespace.into(),
-                        name: target.sandbox.into(),
-                        exp,
-                    });
-                    rest.insert(
-                        http::header::AUTHORIZATION,
-                        header(&format!("Bearer {token}"))?,
-                    );
-                }
+                let mut rest = self.routed_headers(target, tokens.as_ref())?;
                 if let Some(t) = auth.token(target) {
                     rest.insert(
                         HeaderName::from_static(SANDBOXD_TOKEN_HEADER),

@@ -204,6 +204,22 @@ impl KubeTenant {
 
     /// A client for the sandbox's sandboxd, cached while its Pod stays.
     async fn client(&self, id: &str, op: &str) -> Result<SandboxdClient> {
+        let (pod, pod_ip) = self.ready_pod(id, op).await?;
+        let key = format!("{id}/{pod}/{}", pod_ip.as_deref().unwrap_or(""));
+        if let Some(c) = self.shared.cached_client(&key) {
+            return Ok(c);
+        }
+        let client = self.shared.reach.client(&Target {
+            namespace: &self.shared.namespace,
+            sandbox: &pod,
+            pod_ip: pod_ip.as_deref(),
+        })?;
+        self.shared.cache_client(key, client.clone());
+        Ok(client)
+    }
+
+    /// The Pod of this tenant's Ready sandbox `id`: its name and IP.
+    pub(super) async fn ready_pod(&self, id: &str, op: &str) -> Result<(String, Option<String>)> {
         let claim = match self.shared.cached_claim(id) {
             Some(c)
                 if self.owns(&c)
@@ -232,17 +248,7 @@ impl KubeTenant {
             .map(|b| b.name.clone())
             .unwrap_or_else(|| id.to_string());
         let pod_ip = bound.and_then(|b| b.pod_ips.first().cloned());
-        let key = format!("{id}/{pod}/{}", pod_ip.as_deref().unwrap_or(""));
-        if let Some(c) = self.shared.cached_client(&key) {
-            return Ok(c);
-        }
-        let client = self.shared.reach.client(&Target {
-            namespace: &self.shared.namespace,
-            sandbox: &pod,
-            pod_ip: pod_ip.as_deref(),
-        })?;
-        self.shared.cache_client(key, client.clone());
-        Ok(client)
+        Ok((pod, pod_ip))
     }
 
     /// What tenants' templates start from: the operator's `--base-template`
@@ -301,22 +307,13 @@ impl TenantView for KubeTenant {
         Ok(Vec::new())
     }
 
-    // Ports through sandhub-router (or the Pod IP in direct mode) are not
-    // built yet on this backend (issue #16 A, kubernetes part).
-    async fn connect_port(&self, id: &str, _port: u16) -> Result<tokio::net::TcpStream> {
-        self.claim(id).await?;
-        Err(Error::new(
-            sandhub_api::error::Code::Unimplemented,
-            "sandbox ports are not available on the kubernetes backend yet",
-        ))
+    async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
+        super::ports::connect(self, id, port).await
     }
 
     async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
-        self.claim(id).await?;
-        Err(Error::new(
-            sandhub_api::error::Code::Unimplemented,
-            "sandbox ports are not available on the kubernetes backend yet",
-        ))
+        let client = self.client(id, "listing ports").await?;
+        super::ports::listening(&client).await
     }
 }
 

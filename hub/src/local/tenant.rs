@@ -104,9 +104,11 @@ impl TenantView for TenantHub {
         Ok(rows.into_iter().map(snapshot_to_api).collect())
     }
 
-    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream> {
+    async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
         let (row, _) = self.hub.running(&self.tenant, id, "port access")?;
-        super::ports::connect(&row, port).await
+        super::ports::connect(&row, port)
+            .await
+            .map(crate::backend::PortStream::direct)
     }
 
     async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>> {

@@ -11,7 +11,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import pytest
 
@@ -23,13 +23,25 @@ STOP_TIMEOUT_S = 15.0
 
 
 class Hub:
-    """One running `sandhub serve` with a state dir of its own."""
+    """One running `sandhub serve` with a state dir of its own.
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, base: Path, log_path: Path):
+    `api_keys` (key -> tenant) is the keys file it was started with, if any
+    (see `start_hub`); empty when it runs open (every request is one tenant's).
+    """
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        port: int,
+        base: Path,
+        log_path: Path,
+        api_keys: Mapping[str, str] | None = None,
+    ):
         self.proc = proc
         self.port = port
         self.base = base  # a uniquely named directory: its name marks this hub's sandboxes
         self.log_path = log_path
+        self.api_keys: dict[str, str] = dict(api_keys or {})
 
     @property
     def url(self) -> str:
@@ -40,12 +52,19 @@ class Hub:
         return self.log_path
 
     def request(
-        self, method: str, path: str, body: object | None = None, timeout: float = 60.0
+        self,
+        method: str,
+        path: str,
+        body: object | None = None,
+        timeout: float = 60.0,
+        api_key: str | None = None,
     ) -> tuple[int, bytes]:
-        """One HTTP request; a `body` is sent as JSON."""
+        """One HTTP request; a `body` is sent as JSON, an `api_key` as the bearer key."""
         conn = http.client.HTTPConnection(LOOPBACK, self.port, timeout=timeout)
         try:
             headers = {}
+            if api_key is not None:
+                headers["Authorization"] = f"Bearer {api_key}"
             data = None
             if body is not None:
                 data = json.dumps(body).encode()
@@ -61,18 +80,21 @@ class Hub:
 
     def delete_everything(self) -> None:
         """Every pool, then every sandbox, through the API: sandboxes outlive
-        their hub by design (a restart re-attaches them)."""
-        try:
-            status, body = self.request("GET", "/v1/pools")
-            if status == 200:
-                for pool in json.loads(body)["pools"]:
-                    self.request("DELETE", f"/v1/pools/{pool['name']}")
-            status, body = self.request("GET", "/v1/sandboxes")
-            if status == 200:
-                for sandbox in json.loads(body)["sandboxes"]:
-                    self.request("DELETE", f"/v1/sandboxes/{sandbox['id']}")
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            print(f"cleanup through the API failed: {e}")
+        their hub by design (a restart re-attaches them). With a keys file,
+        each tenant's (through one key of each)."""
+        keys_by_tenant = {tenant: key for key, tenant in self.api_keys.items()}
+        for key in keys_by_tenant.values() if keys_by_tenant else [None]:
+            try:
+                status, body = self.request("GET", "/v1/pools", api_key=key)
+                if status == 200:
+                    for pool in json.loads(body)["pools"]:
+                        self.request("DELETE", f"/v1/pools/{pool['name']}", api_key=key)
+                status, body = self.request("GET", "/v1/sandboxes", api_key=key)
+                if status == 200:
+                    for sandbox in json.loads(body)["sandboxes"]:
+                        self.request("DELETE", f"/v1/sandboxes/{sandbox['id']}", api_key=key)
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                print(f"cleanup through the API failed: {e}")
 
 
 def _ready(port: int) -> bool:
@@ -101,9 +123,15 @@ def pids_with_mount(needle: str) -> list[int]:
     return pids
 
 
-def start_hub(binary: Path, base: Path, *args: str) -> Hub:
+def start_hub(binary: Path, base: Path, *args: str, api_keys: Mapping[str, str] | None = None) -> Hub:
     """Starts `sandhub serve` on a free port with its state in a new, uniquely
-    named directory under `base`, and returns once it answers /readyz.
+    named directory under `base`, and returns once it answers /readyz. `args`
+    are extra `serve` flags (e.g. `--e2b`).
+
+    `api_keys` (key -> tenant; keys of 16 characters or more) turns tenancy
+    on: they are written to a keys file in the hub's directory (mode 0600)
+    and passed as `--api-keys-file`; the returned Hub keeps them, so its
+    cleanup reaches every tenant's sandboxes.
 
     The hub gets the test run's environment without SANDHUB_* variables: every
     flag of the hub reads one, and the run's own (SANDHUB_BIN, a developer's
@@ -112,6 +140,11 @@ def start_hub(binary: Path, base: Path, *args: str) -> Hub:
     home = base / f"sandhub-{uuid.uuid4().hex[:12]}"
     home.mkdir(parents=True)
     log_path = home / "hub.log"
+    if api_keys:
+        keys_file = home / "api-keys"
+        keys_file.touch(mode=0o600)
+        keys_file.write_text("".join(f"{key} {tenant}\n" for key, tenant in api_keys.items()))
+        args = (*args, "--api-keys-file", str(keys_file))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHUB_")}
     env.setdefault("NO_COLOR", "1")
     for _ in range(3):  # the chosen port may be taken between pick and bind
@@ -130,7 +163,7 @@ def start_hub(binary: Path, base: Path, *args: str) -> Hub:
         while time.monotonic() < deadline and proc.poll() is None and not _ready(port):
             time.sleep(0.05)
         if proc.poll() is None and _ready(port):
-            return Hub(proc, port, home, log_path)
+            return Hub(proc, port, home, log_path, api_keys)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -161,9 +194,9 @@ def stop_hub(hub: Hub) -> None:
 
 
 @contextmanager
-def running_hub(binary: Path, base: Path, *args: str) -> Iterator[Hub]:
+def running_hub(binary: Path, base: Path, *args: str, api_keys: Mapping[str, str] | None = None) -> Iterator[Hub]:
     """A hub for the length of the `with`; see start_hub and stop_hub."""
-    hub = start_hub(binary, base, *args)
+    hub = start_hub(binary, base, *args, api_keys=api_keys)
     try:
         yield hub
     finally:

@@ -170,7 +170,15 @@ async fn port_forward(
             "cross-origin upgrade refused: Origin must match the hub's host",
         ));
     }
-    let mut stream = api.connect_port(&id, port).await?;
+    let route = api.connect_port(&id, port).await?;
+    if !route.headers.is_empty() {
+        return Err(ApiError::new(
+            Code::FailedPrecondition,
+            "raw TCP port-forward needs the hub to reach Pods directly; through \
+             sandhub-router a port carries HTTP only (use /v1/sandboxes/{id}/ports/...)",
+        ));
+    }
+    let mut stream = route.stream;
     let client = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
         let Ok(client) = client.await else {
