@@ -54,10 +54,14 @@ pub async fn forward(
         headers.insert(name, value.clone());
     }
     *upstream.headers_mut() = headers;
+    let routed = !port_stream.headers.is_empty();
     let mut response = sender
         .send_request(upstream)
         .await
         .map_err(|e| unavailable(port, e))?;
+    if routed && looks_like_router_failure(&response) {
+        return router_failure(port, response).await;
+    }
     let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     if switched {
         let Some(client) = client_upgrade else {
@@ -79,6 +83,59 @@ pub async fn forward(
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, switched);
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// What `sandhub-router` says when it cannot reach the port itself
+/// (`{"detail": "Could not connect to the backend sandbox: ..."}`).
+const ROUTER_FAILURES: [&str; 2] = [
+    "Could not connect to the backend sandbox",
+    "Timed out waiting for the backend sandbox",
+];
+
+/// A small JSON 502/504 (the router's own are; a server's may be too).
+fn looks_like_router_failure(response: &hyper::Response<hyper::body::Incoming>) -> bool {
+    let h = response.headers();
+    matches!(
+        response.status(),
+        StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
+    ) && h
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+        && h.get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .is_some_and(|n| n <= ROUTER_FAILURE_MAX)
+}
+
+const ROUTER_FAILURE_MAX: usize = 4096;
+
+/// A 502/504 through the router: the router's own (nothing listens on the
+/// port: the hub's UNAVAILABLE, as on a direct connection), or the
+/// server's, passed on as it was.
+async fn router_failure(
+    port: u16,
+    response: hyper::Response<hyper::body::Incoming>,
+) -> ApiResult<Response> {
+    use http_body_util::BodyExt;
+    let (parts, body) = response.into_parts();
+    let bytes = http_body_util::Limited::new(body, ROUTER_FAILURE_MAX)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let detail = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_string));
+    if let Some(detail) = detail.filter(|d| ROUTER_FAILURES.iter().any(|f| d.starts_with(f))) {
+        return Err(ApiError::new(
+            Code::Unavailable,
+            format!("nothing accepts connections on port {port} in the sandbox: {detail}"),
+        ));
+    }
+    let mut parts = parts;
+    strip_hop_by_hop(&mut parts.headers, false);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok(Response::from_parts(parts, Body::from(bytes)))
 }
 
 fn unavailable(port: u16, e: hyper::Error) -> ApiError {
