@@ -450,3 +450,55 @@ async fn host_routed_ports_open_with_a_link_or_a_key() {
         ),
     }
 }
+
+/// HTTP/2 from the client (prior knowledge, as gRPC-web proxies and curl
+/// `--http2-prior-knowledge` speak): the proxy carries requests, bodies
+/// and streamed answers to the HTTP/1.1 server inside.
+#[tokio::test]
+async fn http2_clients_reach_a_port() {
+    use http_body_util::{BodyExt, Full};
+    let (hub, _c, id, _server) = hub_with_server().await;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", hub.port))
+        .await
+        .unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("an HTTP/2 connection to the hub");
+    tokio::spawn(conn);
+    let request = |method: &str, path: &str, body: &'static str| {
+        hyper::Request::builder()
+            .method(method)
+            .uri(format!(
+                "http://127.0.0.1:{}/v1/sandboxes/{id}/ports/{PORT}{path}",
+                hub.port
+            ))
+            .header("authorization", format!("Bearer {ALICE_KEY}"))
+            .body(Full::new(bytes::Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    let r = h2.send_request(request("GET", "/hello.txt", "")).await.unwrap();
+    assert_eq!(r.version(), hyper::Version::HTTP_2);
+    assert_eq!(r.status(), 200);
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"hello\n");
+    let r = h2.send_request(request("POST", "/echo", "over h2")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"over h2");
+    let r = h2.send_request(request("GET", "/sse", "")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    for i in 0..3 {
+        assert!(text.contains(&format!("data: event {i}")), "{text}");
+    }
+    // Another tenant's key over HTTP/2 is still NOT_FOUND.
+    let mut other = request("GET", "/hello.txt", "");
+    other
+        .headers_mut()
+        .insert("authorization", format!("Bearer {BOB_KEY}").parse().unwrap());
+    assert_eq!(h2.send_request(other).await.unwrap().status(), 404);
+}
