@@ -136,7 +136,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }))
     };
     let e2b = match (&tokens, args.e2b) {
-        (Some(t), true) => Some(Arc::new(E2b::new(t.clone()))),
+        (Some(t), true) => Some(Arc::new(E2b::new(
+            t.clone(),
+            keys.as_ref()
+                .map_or_else(|| vec![http::OPEN_TENANT.to_string()], |k| k.tenants()),
+        ))),
         _ => None,
     };
     let hosts = match (&tokens, &args.sandbox_domain) {

@@ -479,12 +479,18 @@ async fn http2_clients_reach_a_port() {
             .body(Full::new(bytes::Bytes::from_static(body.as_bytes())))
             .unwrap()
     };
-    let r = h2.send_request(request("GET", "/hello.txt", "")).await.unwrap();
+    let r = h2
+        .send_request(request("GET", "/hello.txt", ""))
+        .await
+        .unwrap();
     assert_eq!(r.version(), hyper::Version::HTTP_2);
     assert_eq!(r.status(), 200);
     let body = r.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"hello\n");
-    let r = h2.send_request(request("POST", "/echo", "over h2")).await.unwrap();
+    let r = h2
+        .send_request(request("POST", "/echo", "over h2"))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let body = r.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"over h2");
@@ -497,8 +503,9 @@ async fn http2_clients_reach_a_port() {
     }
     // Another tenant's key over HTTP/2 is still NOT_FOUND.
     let mut other = request("GET", "/hello.txt", "");
-    other
-        .headers_mut()
-        .insert("authorization", format!("Bearer {BOB_KEY}").parse().unwrap());
+    other.headers_mut().insert(
+        "authorization",
+        format!("Bearer {BOB_KEY}").parse().unwrap(),
+    );
     assert_eq!(h2.send_request(other).await.unwrap().status(), 404);
 }

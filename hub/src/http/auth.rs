@@ -65,6 +65,14 @@ impl ApiKeys {
         Ok(ApiKeys { keys })
     }
 
+    /// Every tenant the file names, once each.
+    pub fn tenants(&self) -> Vec<String> {
+        let mut t: Vec<String> = self.keys.iter().map(|(_, t)| t.clone()).collect();
+        t.sort();
+        t.dedup();
+        t
+    }
+
     /// The tenant of `key`. Every stored digest is compared, so the time
     /// taken says nothing about which key (or how much of one) matched.
     pub fn tenant_of(&self, key: &[u8]) -> Option<String> {

@@ -22,6 +22,7 @@ mod filesystem;
 mod inside;
 mod paths;
 mod process;
+mod signed;
 
 use std::sync::Arc;
 
@@ -58,13 +59,17 @@ const TRAFFIC_TOKEN: HeaderName = HeaderName::from_static("e2b-traffic-access-to
 pub struct E2b {
     tokens: Arc<Tokens>,
     processes: Arc<process::Registry>,
+    /// Whom a signed file URL may be from (its keys file's tenants, or
+    /// the open tenant).
+    tenants: Vec<String>,
 }
 
 impl E2b {
-    pub fn new(tokens: Arc<Tokens>) -> Self {
+    pub fn new(tokens: Arc<Tokens>, tenants: Vec<String>) -> Self {
         E2b {
             tokens,
             processes: Arc::default(),
+            tenants,
         }
     }
 }
@@ -137,7 +142,22 @@ pub async fn divert(
         .get(&ACCESS_TOKEN)
         .or_else(|| headers.get(&TRAFFIC_TOKEN))
         .and_then(|v| v.to_str().ok());
-    let Some(tenant) = token.and_then(|t| e2b.tokens.verify(t, &id)) else {
+    let by_token = token.and_then(|t| e2b.tokens.verify(t, &id));
+    // A signed file URL needs no header but the sandbox's (or its host).
+    let by_signature = || {
+        let operation = match *request.method() {
+            axum::http::Method::GET | axum::http::Method::HEAD => "read",
+            axum::http::Method::POST => "write",
+            _ => return None,
+        };
+        if port != ENVD_PORT || request.uri().path() != "/files" {
+            return None;
+        }
+        let q: signed::SignedQuery =
+            serde_urlencoded::from_str(request.uri().query().unwrap_or("")).ok()?;
+        signed::verify(&e2b.tokens, &e2b.tenants, &id, operation, &q)
+    };
+    let Some(tenant) = by_token.or_else(by_signature) else {
         return unauthorized("send the sandbox's access token as X-Access-Token");
     };
     let envd = Envd {

@@ -1,0 +1,123 @@
+"""E2B's signed file URLs (`Sandbox.download_url` / `upload_url`): the SDK
+signs `{path}:{read|write}:{user}:{access token}[:{expiry}]`; the URL then
+opens that one file, for that one operation, with no header but the
+sandbox's own host (`49983-{id}.<domain>` with `--sandbox-domain`, E2B's
+`get_host()` shape) or its `E2b-Sandbox-Id`."""
+
+from __future__ import annotations
+
+import urllib.parse
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+from e2b import Sandbox
+from sandhub_testing import Hub, running_hub
+from sandhub_testing.e2b import ANY_KEY, ENVD_PORT, Conn, conn_for
+
+DOMAIN = "sandboxes.test"
+
+
+@pytest.fixture(scope="module")
+def domain_hub(sandhub_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    """A hub with the E2B facade and host routing under DOMAIN."""
+    with running_hub(
+        sandhub_bin, tmp_path_factory.mktemp("e2b-signed"), "--e2b", "--sandbox-domain", DOMAIN
+    ) as hub:
+        yield hub
+
+
+@pytest.fixture
+def signed_sandbox(domain_hub: Hub) -> Iterator[tuple[Sandbox, Conn]]:
+    connection = conn_for(domain_hub.url, ANY_KEY)
+    sbx = Sandbox.create(template="base", timeout=300, **connection)
+    try:
+        yield sbx, connection
+    finally:
+        Sandbox.kill(sbx.sandbox_id, **connection)
+
+
+def query_of(url: str) -> str:
+    """The query of a URL the SDK made (its base is E2B_SANDBOX_URL)."""
+    return urllib.parse.urlsplit(url).query
+
+
+def by_host(sbx: Sandbox) -> dict[str, str]:
+    """What a browser sends for the sandbox's envd host."""
+    return {"host": f"{ENVD_PORT}-{sbx.sandbox_id}.{DOMAIN}"}
+
+
+def test_a_download_url_opens_its_file_without_a_token(domain_hub: Hub, signed_sandbox) -> None:
+    sbx, _ = signed_sandbox
+    sbx.files.write("/workspace/signed.txt", "signed content\n")
+    url = sbx.download_url("/workspace/signed.txt")
+    assert "signature=v1_" in url, url
+    with httpx.Client(base_url=domain_hub.url, timeout=30) as http:
+        for headers in (by_host(sbx), {"e2b-sandbox-id": sbx.sandbox_id}):
+            r = http.get(f"/files?{query_of(url)}", headers=headers)
+            assert r.status_code == 200, (headers, r.text)
+            assert r.text == "signed content\n"
+        # With an expiry, until it passes.
+        expiring = sbx.download_url("/workspace/signed.txt", use_signature_expiration=120)
+        assert "signature_expiration=" in expiring
+        r = http.get(f"/files?{query_of(expiring)}", headers=by_host(sbx))
+        assert r.status_code == 200 and r.text == "signed content\n", r.text
+
+
+def test_a_signature_opens_nothing_else(domain_hub: Hub, signed_sandbox) -> None:
+    sbx, connection = signed_sandbox
+    sbx.files.write("/workspace/a.txt", "a\n")
+    sbx.files.write("/workspace/b.txt", "b\n")
+    query = query_of(sbx.download_url("/workspace/a.txt"))
+    other = Sandbox.create(template="base", timeout=300, **connection)
+    try:
+        with httpx.Client(base_url=domain_hub.url, timeout=30) as http:
+            # Another path with a's signature.
+            swapped = query.replace("a.txt", "b.txt")
+            r = http.get(f"/files?{swapped}", headers=by_host(sbx))
+            assert r.status_code == 401, r.text
+            # a's signature on another sandbox.
+            r = http.get(f"/files?{query}", headers=by_host(other))
+            assert r.status_code == 401, r.text
+            # A read signature used to write.
+            r = http.post(f"/files?{query}", headers=by_host(sbx), content=b"overwrite")
+            assert r.status_code == 401, r.text
+            assert sbx.files.read("/workspace/a.txt") == "a\n"
+            # A tampered signature, and none.
+            tampered = query.replace("signature=v1_", "signature=v1_x")
+            r = http.get(f"/files?{tampered}", headers=by_host(sbx))
+            assert r.status_code == 401, r.text
+            r = http.get("/files?path=/workspace/a.txt", headers=by_host(sbx))
+            assert r.status_code == 401, r.text
+            # An expired one.
+            expired = sbx.download_url("/workspace/a.txt", use_signature_expiration=-10)
+            r = http.get(f"/files?{query_of(expired)}", headers=by_host(sbx))
+            assert r.status_code == 401, r.text
+    finally:
+        Sandbox.kill(other.sandbox_id, **connection)
+
+
+def test_an_upload_url_writes_its_file(domain_hub: Hub, signed_sandbox) -> None:
+    sbx, _ = signed_sandbox
+    url = sbx.upload_url("/workspace/up.txt")
+    with httpx.Client(base_url=domain_hub.url, timeout=30) as http:
+        r = http.post(
+            f"/files?{query_of(url)}",
+            headers=by_host(sbx),
+            files={"file": ("/workspace/up.txt", b"uploaded\n")},
+        )
+        assert r.status_code == 200, r.text
+    assert sbx.files.read("/workspace/up.txt") == "uploaded\n"
+
+
+def test_envd_answers_on_its_own_host(domain_hub: Hub, signed_sandbox) -> None:
+    """E2B's host form of envd (`49983-{id}.<domain>`) with the access token."""
+    sbx, _ = signed_sandbox
+    token = sbx._envd_access_token  # noqa: SLF001 - what the SDK itself sends
+    assert token
+    with httpx.Client(base_url=domain_hub.url, timeout=30) as http:
+        r = http.get("/health", headers={**by_host(sbx), "x-access-token": token})
+        assert r.status_code == 204, r.text
+        r = http.get("/health", headers=by_host(sbx))
+        assert r.status_code == 401, r.text
