@@ -31,6 +31,22 @@ pub trait TenantView: Sandboxes {
     /// A TCP connection to `port` inside a Ready sandbox (its own network,
     /// reached without publishing anything on the host).
     async fn connect_port(&self, id: &str, port: u16) -> Result<PortStream>;
+    /// Whether this tenant may reach a port of sandbox `id` now (it is
+    /// theirs and Ready): checked before a kept connection is reused, and
+    /// counted as activity as a new connection would be.
+    async fn port_access(&self, id: &str) -> Result<()> {
+        let sb = self.get(id).await?;
+        if sb.state != sandhub_api::hub::SandboxState::Ready {
+            return Err(sandhub_client::Error::new(
+                Code::FailedPrecondition,
+                format!(
+                    "sandbox {id} is {}; port access needs it Ready",
+                    sb.state.as_str()
+                ),
+            ));
+        }
+        Ok(())
+    }
     /// The TCP ports listening inside a Ready sandbox.
     async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>>;
     /// Moves a sandbox's deadline to `seconds` from now (E2B's

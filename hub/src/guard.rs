@@ -216,6 +216,10 @@ impl TenantView for GuardedView {
         self.inner.connect_port(id, port).await
     }
 
+    async fn port_access(&self, id: &str) -> Result<()> {
+        self.inner.port_access(id).await
+    }
+
     async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
         self.inner.list_ports(id).await
     }

@@ -156,6 +156,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 max_upload_bytes: args.max_upload_bytes,
             },
             hosts,
+            ports: Arc::default(),
         },
         keys,
         e2b.clone(),

@@ -31,6 +31,13 @@ class H(http.server.SimpleHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
     def do_GET(self):
+        if self.path == "/conn":
+            body = str(self.client_address[1]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.path == "/sse":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -508,4 +515,26 @@ async fn http2_clients_reach_a_port() {
         format!("Bearer {BOB_KEY}").parse().unwrap(),
     );
     assert_eq!(h2.send_request(other).await.unwrap().status(), 404);
+}
+
+/// Requests to a port reuse the hub's keep-alive connection to it (the
+/// server sees one client connection), and a kept connection is never
+/// reused once its sandbox is gone.
+#[tokio::test]
+async fn kept_connections_are_reused_and_die_with_their_sandbox() {
+    let (hub, c, id, _server) = hub_with_server().await;
+    let http = hub.http();
+    let url = format!("{}/v1/sandboxes/{id}/ports/{PORT}/conn", hub.url());
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        seen.insert(r.text().await.unwrap());
+    }
+    assert_eq!(seen.len(), 1, "one kept connection, not one per request: {seen:?}");
+    let r = http.get(&url).bearer_auth(BOB_KEY).send().await.unwrap();
+    error_body(r, 404, "NOT_FOUND").await;
+    c.delete(&id).await.unwrap();
+    let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
+    error_body(r, 404, "NOT_FOUND").await;
 }

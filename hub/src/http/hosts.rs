@@ -251,7 +251,7 @@ pub async fn route(
         .map_or("/", |p| p.as_str())
         .parse()
         .unwrap_or_else(|_| Uri::from_static("/"));
-    match super::proxy::forward(api.as_ref(), &id, port, uri, request).await {
+    match super::proxy::forward(api.as_ref(), &state.ports, &id, port, uri, request).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }

@@ -18,7 +18,7 @@ pub mod hosts;
 mod json;
 pub mod mcp;
 mod openapi;
-mod proxy;
+pub mod proxy;
 pub mod rest;
 pub mod signing;
 
@@ -55,6 +55,8 @@ pub struct AppState {
     pub limits: Limits,
     /// `--sandbox-domain`: ports by host name, and the URLs that open them.
     pub hosts: Option<Arc<hosts::HostRouting>>,
+    /// Keep-alive connections to sandbox ports, for every door that proxies.
+    pub ports: Arc<proxy::PortPool>,
 }
 
 /// The hub as the request's tenant sees it.

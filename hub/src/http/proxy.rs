@@ -9,15 +9,117 @@ use axum::{
     http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri},
     response::Response,
 };
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
 use hyper_util::rt::TokioIo;
 use sandhub_api::error::Code;
 
 use crate::http::{ApiError, ApiResult};
 
+type Sender = hyper::client::conn::http1::SendRequest<Body>;
+type PoolKey = (String, String, u16);
+
+/// How long an idle connection to a port is kept, and how many per port.
+const IDLE_FOR: Duration = Duration::from_secs(30);
+const MAX_IDLE_PER_PORT: usize = 32;
+/// Past this many ports with idle connections, dead entries are swept.
+const SWEEP_AT: usize = 1024;
+
+struct Idle {
+    sender: Sender,
+    /// The route's headers (through sandhub-router), sent with every request.
+    route: HeaderMap,
+    since: Instant,
+}
+
+impl Idle {
+    fn alive(&self) -> bool {
+        !self.sender.is_closed() && self.since.elapsed() < IDLE_FOR
+    }
+}
+
+/// Keep-alive connections to sandbox ports, per tenant, sandbox and port,
+/// as a browser or a load generator expects: a new connection per request
+/// costs a hop into the sandbox's namespace and the server's accept.
+/// A connection is reused only for the same tenant, after the sandbox is
+/// checked to still be theirs and Ready; never for upgrades.
+#[derive(Default)]
+pub struct PortPool {
+    idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
+}
+
+impl PortPool {
+    fn take(&self, key: &PoolKey) -> Option<(Sender, HeaderMap)> {
+        let mut idle = self.idle.lock().unwrap();
+        let list = idle.get_mut(key)?;
+        list.retain(Idle::alive);
+        // One still streaming its last answer is not ready yet: left in.
+        let found = list
+            .iter()
+            .position(|i| i.sender.is_ready())
+            .map(|at| list.swap_remove(at));
+        if list.is_empty() {
+            idle.remove(key);
+        }
+        found.map(|i| (i.sender, i.route))
+    }
+
+    fn put(&self, key: PoolKey, sender: Sender, route: HeaderMap) {
+        let mut idle = self.idle.lock().unwrap();
+        if idle.len() >= SWEEP_AT {
+            idle.retain(|_, list| {
+                list.retain(Idle::alive);
+                !list.is_empty()
+            });
+        }
+        let list = idle.entry(key).or_default();
+        list.retain(Idle::alive);
+        if list.len() < MAX_IDLE_PER_PORT {
+            list.push(Idle {
+                sender,
+                route,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+/// A new connection to the port, and the headers its route needs.
+async fn connect(
+    api: &dyn crate::backend::TenantView,
+    id: &str,
+    port: u16,
+) -> ApiResult<(Sender, HeaderMap)> {
+    let port_stream = api.connect_port(id, port).await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(port_stream.stream))
+        .await
+        .map_err(|e| unavailable(port, e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "port connection ended");
+        }
+    });
+    Ok((sender, port_stream.headers))
+}
+
+fn with_route(mut request: hyper::Request<Body>, route: &HeaderMap) -> hyper::Request<Body> {
+    // The route's own (through sandhub-router), set after the client's
+    // were cleaned, so no client can name another sandbox or port.
+    for (name, value) in route {
+        request.headers_mut().insert(name, value.clone());
+    }
+    request
+}
+
 /// Carries `request` to `port` in sandbox `id` as `uri` (path and query
 /// as the server inside should see them), and its answer back.
 pub async fn forward(
     api: &dyn crate::backend::TenantView,
+    pool: &PortPool,
     id: &str,
     port: u16,
     uri: Uri,
@@ -30,16 +132,6 @@ pub async fn forward(
             "cross-origin upgrade refused: Origin must match the hub's host",
         ));
     }
-    let port_stream = api.connect_port(id, port).await?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(port_stream.stream))
-            .await
-            .map_err(|e| unavailable(port, e))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "port connection ended");
-        }
-    });
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
     let mut upstream = hyper::Request::builder()
@@ -47,19 +139,41 @@ pub async fn forward(
         .uri(uri)
         .body(body)
         .map_err(|e| ApiError::new(Code::InvalidArgument, e.to_string()))?;
-    let mut headers = request_headers(parts.headers, port, upgrade);
-    // The route's own (through sandhub-router), set after the client's
-    // were cleaned, so no client can name another sandbox or port.
-    for (name, value) in &port_stream.headers {
-        headers.insert(name, value.clone());
+    *upstream.headers_mut() = request_headers(parts.headers, port, upgrade);
+    let mut unsent = Some(upstream);
+    let key: PoolKey = (api.tenant().to_string(), id.to_string(), port);
+    let mut answered = None;
+    if !upgrade {
+        if let Some((mut sender, route)) = pool.take(&key) {
+            // The sandbox may have gone (or changed hands: it cannot, ids
+            // are never reused, but the check is the same as a new
+            // connection's) since the connection was made.
+            api.port_access(id).await?;
+            let request = with_route(unsent.take().expect("not sent yet"), &route);
+            match sender.try_send_request(request).await {
+                Ok(response) => answered = Some((response, sender, route)),
+                Err(mut e) => match e.take_message() {
+                    // Closed before it was sent (the server's keep-alive
+                    // ran out): the request goes on a new connection.
+                    Some(request) => unsent = Some(request),
+                    None => return Err(unavailable(port, e.into_error())),
+                },
+            }
+        }
     }
-    *upstream.headers_mut() = headers;
-    let routed = !port_stream.headers.is_empty();
-    let mut response = sender
-        .send_request(upstream)
-        .await
-        .map_err(|e| unavailable(port, e))?;
-    if routed && looks_like_router_failure(&response) {
+    let (mut response, sender, route) = match answered {
+        Some(a) => a,
+        None => {
+            let (mut sender, route) = connect(api, id, port).await?;
+            let request = unsent.take().expect("not sent yet");
+            let response = sender
+                .send_request(with_route(request, &route))
+                .await
+                .map_err(|e| unavailable(port, e))?;
+            (response, sender, route)
+        }
+    };
+    if !route.is_empty() && looks_like_router_failure(&response) {
         return router_failure(port, response).await;
     }
     let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -79,6 +193,10 @@ pub async fn forward(
             let (mut c, mut s) = (TokioIo::new(client), TokioIo::new(server));
             let _ = tokio::io::copy_bidirectional(&mut c, &mut s).await;
         });
+    }
+    if !switched && !upgrade {
+        // Ready again once this answer's body is through (`take` checks).
+        pool.put(key, sender, route);
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, switched);

@@ -104,6 +104,10 @@ impl TenantView for TenantHub {
         Ok(rows.into_iter().map(snapshot_to_api).collect())
     }
 
+    async fn port_access(&self, id: &str) -> Result<()> {
+        self.hub.running(&self.tenant, id, "port access").map(drop)
+    }
+
     async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
         let (row, _) = self.hub.running(&self.tenant, id, "port access")?;
         super::ports::connect(&row, port)

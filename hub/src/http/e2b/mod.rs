@@ -172,7 +172,15 @@ pub async fn divert(
             .map_or("/", |p| p.as_str())
             .parse()
             .unwrap_or_else(|_| Uri::from_static("/"));
-        return match super::proxy::forward(envd.api.as_ref(), &envd.id, port, uri, request).await {
+        let forwarded = super::proxy::forward(
+            envd.api.as_ref(),
+            &state.ports,
+            &envd.id,
+            port,
+            uri,
+            request,
+        );
+        return match forwarded.await {
             Ok(r) => r,
             Err(e) if matches!(e.error.code, Code::NotFound | Code::FailedPrecondition) => {
                 not_running(&envd.id)

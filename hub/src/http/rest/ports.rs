@@ -124,12 +124,13 @@ struct PortPath {
     ))]
 async fn proxy_port(
     Api(api): Api,
+    State(state): State<AppState>,
     ApiPath(PortPath { id, port }): ApiPath<PortPath>,
     request: Request,
 ) -> ApiResult<Response> {
     let port = parse_port(&port)?;
     let uri = upstream_uri(request.uri())?;
-    forward(api.as_ref(), &id, port, uri, request).await
+    forward(api.as_ref(), &state.ports, &id, port, uri, request).await
 }
 
 /// A raw TCP tunnel to a port (what `sandhub port-forward` uses): the
