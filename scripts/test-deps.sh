@@ -14,7 +14,9 @@
 #  - A venv per framework that pins its own stack ($SANDHUB_CACHE/venv-deepagents, venv-nemo-gym), with
 #    the SDK, the adapter and the harness; its python is printed as SANDHUB_<NAME>_PYTHON=...
 #    The E2B facade's suite (tests/e2b: the real `e2b` SDK against `sandhub serve --e2b`)
-#    gets one the same way ($SANDHUB_CACHE/venv-e2b), from its pins alone (no adapter).
+#    gets one the same way ($SANDHUB_CACHE/venv-e2b), from its pins alone (no adapter), and so
+#    does its legacy twin (tests/e2b_legacy: an e2b SDK from before 2.51, on the pre-v2 routes;
+#    $SANDHUB_CACHE/venv-e2b-legacy).
 #
 # Prints the venv's python path on the last line of stdout as `SANDHUB_PYTHON=...`.
 set -euo pipefail
@@ -200,7 +202,7 @@ fi
 # venv of its own: the framework's pins from the adapter's tests/requirements.txt (stamped
 # like the main venv's), the SDK from this checkout, and the adapter plus the test harness
 # (tests/support, its plain helpers need only pytest) editable. Prints NAME_PYTHON=path.
-# A test suite with no adapter of its own (tests/e2b) passes its own directory: its pins
+# A test suite with no adapter of its own (tests/e2b, tests/e2b_legacy) passes its own directory: its pins
 # are DIR/requirements.txt when there is no DIR/tests/requirements.txt, and without a
 # DIR/pyproject.toml only the harness is installed editable.
 #   framework_venv NAME ADAPTER_DIR IMPORT_CHECK PYTHON [PIP ARGS of a second, separate install]
@@ -247,6 +249,9 @@ framework_venv() {
 framework_venv deepagents integrations/deepagents langchain_sandhub "$python_bin"
 # The E2B facade's suite: e2b 2.63.0 (CPython >= 3.11) and its test pins, tests/e2b/requirements.txt.
 framework_venv e2b tests/e2b e2b "$python_bin"
+# The same facade driven by an SDK from before 2.51.0 (e2b 2.46.4: POST /sandboxes and
+# /sandboxes/{id}/connect instead of /v2/...), pins in tests/e2b_legacy/requirements.txt.
+framework_venv e2b-legacy tests/e2b_legacy e2b "$python_bin"
 
 # nemo-gym 0.7.0 declares Python >= 3.13.14 and a heavy dependency set (ray, mlflow, wandb);
 # its sandbox API runs on any 3.13 with a few light deps, so where no 3.13.14+ exists it is

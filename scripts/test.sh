@@ -57,9 +57,11 @@ venv_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_PYTHON=//p' | tail
 deepagents_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_DEEPAGENTS_PYTHON=//p' | tail -n1)"
 nemo_gym_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_NEMO_GYM_PYTHON=//p' | tail -n1)"
 e2b_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_E2B_PYTHON=//p' | tail -n1)"
+e2b_legacy_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_E2B_LEGACY_PYTHON=//p' | tail -n1)"
 if [[ -z "$venv_python" || ! -x "$venv_python" || -z "$deepagents_python" || ! -x "$deepagents_python" \
-    || -z "$nemo_gym_python" || ! -x "$nemo_gym_python" || -z "$e2b_python" || ! -x "$e2b_python" ]]; then
-    echo "test.sh: scripts/test-deps.sh did not report usable pythons ($venv_python, $deepagents_python, $nemo_gym_python, $e2b_python)" >&2
+    || -z "$nemo_gym_python" || ! -x "$nemo_gym_python" || -z "$e2b_python" || ! -x "$e2b_python" \
+    || -z "$e2b_legacy_python" || ! -x "$e2b_legacy_python" ]]; then
+    echo "test.sh: scripts/test-deps.sh did not report usable pythons ($venv_python, $deepagents_python, $nemo_gym_python, $e2b_python, $e2b_legacy_python)" >&2
     exit 1
 fi
 
@@ -145,7 +147,9 @@ python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8
     "integrations/deepagents/tests|$deepagents_python|-o asyncio_mode=auto --ignore=integrations/deepagents/tests/test_standard.py"
     "integrations/nemo_gym/tests|$nemo_gym_python|-o asyncio_mode=auto"
     # The real e2b SDK against `sandhub serve --e2b` (the E2B facade).
-    "tests/e2b|$e2b_python|-o asyncio_mode=auto")
+    "tests/e2b|$e2b_python|-o asyncio_mode=auto"
+    # An e2b SDK from before 2.51 (POST /sandboxes, /sandboxes/{id}/connect) against the same facade.
+    "tests/e2b_legacy|$e2b_legacy_python|-o asyncio_mode=auto")
 echo "==> [pytest] SANDBOXD_BIN=$SANDBOXD_BIN SANDHUB_BIN=$SANDHUB_BIN pytest ${python_suites[*]%%|*} -v"
 # One pytest process per suite: each suite has its own conftest.py and
 # helper modules, and in one process the first suite's modules of the same

@@ -531,7 +531,11 @@ async fn kept_connections_are_reused_and_die_with_their_sandbox() {
         assert_eq!(r.status(), 200);
         seen.insert(r.text().await.unwrap());
     }
-    assert_eq!(seen.len(), 1, "one kept connection, not one per request: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        1,
+        "one kept connection, not one per request: {seen:?}"
+    );
     let r = http.get(&url).bearer_auth(BOB_KEY).send().await.unwrap();
     error_body(r, 404, "NOT_FOUND").await;
     c.delete(&id).await.unwrap();

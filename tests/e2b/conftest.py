@@ -21,8 +21,9 @@ from typing import Iterator
 
 import pytest
 from e2b import Sandbox
-from e2b_support import ANY_KEY, TENANT_KEYS, Conn, SandboxFactory, conn_for, unique_tag
+from e2b_support import TENANT_KEYS, SandboxFactory
 from sandhub_testing import Hub, running_hub
+from sandhub_testing.e2b import ANY_KEY, Conn, conn_for, unique_tag
 from sandhub_testing.fixtures import sandhub_bin  # noqa: F401 - fixture
 
 #: `sandhub serve` flags of every hub of this suite: the E2B facade on the hub's listener.

@@ -11,8 +11,9 @@ import asyncio
 
 import pytest
 from e2b import AsyncSandbox, CommandExitException, FileNotFoundException, SandboxQuery, SandboxState
-from e2b_support import WORKSPACE, Conn, ids
+from e2b_support import ids
 from sandhub_testing import Hub
+from sandhub_testing.e2b import WORKSPACE, Conn
 
 pytestmark = pytest.mark.asyncio
 

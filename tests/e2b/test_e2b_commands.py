@@ -9,8 +9,8 @@ import time
 
 import pytest
 from e2b import CommandExitException, Sandbox, SandboxNotRunningException, TimeoutException
-from e2b_support import WORKSPACE
 from sandhub_testing import wait_for
+from sandhub_testing.e2b import WORKSPACE
 
 
 def running_pids(sandbox: Sandbox) -> set[int]:

@@ -10,7 +10,7 @@ import os
 
 import pytest
 from e2b import FileNotFoundException, FileType, NotFoundException, Sandbox
-from e2b_support import WORKSPACE
+from sandhub_testing.e2b import WORKSPACE
 
 BASE = f"{WORKSPACE}/e2b-files"
 

@@ -17,8 +17,9 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
-from e2b_support import WORKSPACE, Conn, SandboxFactory, conn_for, ids, unique_tag
+from e2b_support import SandboxFactory, ids
 from sandhub_testing import Hub, wait_for
+from sandhub_testing.e2b import WORKSPACE, Conn, conn_for, unique_tag
 
 #: Slack for comparing the hub's clock-derived times with ours (same machine).
 CLOCK_SLACK = timedelta(seconds=15)

@@ -17,8 +17,9 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
-from e2b_support import ALICE_KEY, BOB_KEY, WORKSPACE, Conn, SandboxFactory, conn_for, envd_request, ids
+from e2b_support import ALICE_KEY, BOB_KEY, SandboxFactory, ids
 from sandhub_testing import Hub
+from sandhub_testing.e2b import WORKSPACE, Conn, access_token, conn_for, envd_request
 
 #: What a refused envd call may answer: unauthenticated, forbidden, or (hiding
 #: that the sandbox exists) not found.
@@ -33,13 +34,6 @@ def alice(tenant_hub: Hub) -> Conn:
 @pytest.fixture(scope="module")
 def bob(tenant_hub: Hub) -> Conn:
     return conn_for(tenant_hub.url, BOB_KEY)
-
-
-def access_token(sbx: Sandbox) -> str:
-    """The sandbox's envd access token, as the SDK got it from create/connect."""
-    token = sbx._envd_access_token  # noqa: SLF001 - the SDK keeps it private; the test needs the raw value
-    assert isinstance(token, str) and token, "create answered without an envdAccessToken"
-    return token
 
 
 def test_a_tenant_sees_only_its_own_sandboxes(

@@ -245,13 +245,22 @@ async fn upload(
     files::upload(&envd.api, &envd.id, q, request, max_upload).await
 }
 
-async fn read_message(headers: &HeaderMap, body: Bytes) -> Result<Value, Error> {
-    if body.len() > connect::MAX_MESSAGE {
-        return Err(Error::new(
+/// The call's request message. A body over the limit was refused while
+/// it was read (`DefaultBodyLimit`): that is the Connect error too.
+fn read_message(
+    headers: &HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Value, Error> {
+    let body = body.map_err(|e| {
+        Error::new(
             Code::PayloadTooLarge,
-            "request message too large",
-        ));
-    }
+            format!(
+                "request messages are limited to {} bytes: {}",
+                connect::MAX_MESSAGE,
+                e.body_text()
+            ),
+        )
+    })?;
     connect::request(headers, &body)
 }
 
@@ -260,7 +269,7 @@ async fn process_call(
     Extension(e2b): Extension<Arc<E2b>>,
     axum::extract::Path(method): axum::extract::Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let streaming = matches!(method.as_str(), "Start" | "Connect");
     let fail = |e: &Error| {
@@ -273,7 +282,7 @@ async fn process_call(
     if let Some(r) = gone(&envd).await {
         return r;
     }
-    let body = match read_message(&headers, body).await {
+    let body = match read_message(&headers, body) {
         Ok(b) => b,
         Err(e) => return fail(&e),
     };
@@ -305,12 +314,12 @@ async fn filesystem_call(
     Extension(envd): Extension<Envd>,
     axum::extract::Path(method): axum::extract::Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     if let Some(r) = gone(&envd).await {
         return r;
     }
-    let body = match read_message(&headers, body).await {
+    let body = match read_message(&headers, body) {
         Ok(b) => b,
         Err(e) => return connect::unary_error(&e),
     };

@@ -401,6 +401,12 @@ impl Call<'_> {
                 .unwrap_or_default();
             return Ok(json!({"processes": processes}));
         }
+        if !matches!(method, "SendSignal" | "SendInput" | "CloseStdin" | "Update") {
+            return Err(Error::new(
+                Code::Unimplemented,
+                format!("process.Process/{method} is not served"),
+            ));
+        }
         let req: Selected = serde_json::from_value(body)
             .map_err(|e| Error::new(Code::InvalidArgument, format!("bad {method} request: {e}")))?;
         let pid = self.registry.pid_of(&self.key(), &req.process)?;
