@@ -24,9 +24,11 @@
 //! hub and kills any sandbox process that outlived both.
 
 mod disk;
+mod e2b;
 mod gym;
 mod image;
 mod mcp;
+mod ports;
 mod procs;
 mod pull;
 mod rest;
@@ -151,6 +153,26 @@ pub struct Args {
     /// The Python with the `sandhub` SDK installed, for the sdk phase.
     #[arg(long, env = "SANDHUB_BENCH_PYTHON", default_value = "python3")]
     python: PathBuf,
+
+    /// The Python with both `e2b` and `sandhub` installed, for the e2b
+    /// phase (scripts/test-deps.sh makes one: $SANDHUB_CACHE/venv-e2b).
+    #[arg(long, env = "SANDHUB_BENCH_E2B_PYTHON", default_value = "python3")]
+    e2b_python: PathBuf,
+
+    /// Rounds of the ports phase (each: one direct wrk run, one through the hub).
+    #[arg(long, env = "SANDHUB_BENCH_PORTS_ROUNDS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    ports_rounds: u32,
+
+    /// Seconds of each wrk run of the ports phase.
+    #[arg(long, env = "SANDHUB_BENCH_PORTS_SECS", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    ports_secs: u64,
+
+    /// wrk connections of the ports phase.
+    #[arg(long, env = "SANDHUB_BENCH_PORTS_CONNECTIONS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    ports_connections: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -176,6 +198,12 @@ enum Phase {
     /// Disk use of ten images sharing a base layer vs one image (not in
     /// the default set: it generates the images first).
     Disk,
+    /// HTTP through the port proxy vs from the sandbox's own network
+    /// namespace (not in the default set: it needs wrk, nsenter and nginx).
+    Ports,
+    /// E2B `commands.run("true")` vs the sandhub SDK's (not in the default
+    /// set: it needs --e2b-python; the hub then runs with --e2b).
+    E2b,
 }
 
 impl Args {
@@ -210,10 +238,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         .phases
         .contains(&Phase::Pull)
         .then(|| pull::Registry::up(&repo_root()?, &work.path().join("registry")));
-    let extra = match &registry {
+    let mut extra = match &registry {
         Some(Ok(r)) => vec!["--insecure-registry".to_string(), r.addr.clone()],
         _ => Vec::new(),
     };
+    if args.phases.contains(&Phase::E2b) {
+        extra.push("--e2b".to_string());
+    }
     let mut hub = Hub::start(
         &args.sandhub_bin(),
         &state,
@@ -279,6 +310,8 @@ async fn phases(
             Phase::Image => image_root(args, hub, report).await,
             Phase::Pull => pull(args, hub, report, registry, work).await,
             Phase::Disk => disk(args, hub, report).await,
+            Phase::Ports => ports(args, hub, report).await,
+            Phase::E2b => e2b(args, hub, report).await,
         };
         if let Err(e) = r {
             eprintln!("{phase:?}: FAILED: {e:#}");
@@ -381,6 +414,67 @@ async fn sdk(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<
         "64 concurrent sessions: Python AsyncHub vs Rust HubClient, calls/s",
         Value::new(rust, Unit::PerSecond),
         Value::new(py, Unit::PerSecond),
+        None,
+    ));
+    Ok(())
+}
+
+/// HTTP through the port proxy vs direct, per server (issue #16's target:
+/// ≥ 0.8× the direct requests/s for an app server).
+async fn ports(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let outcomes = ports::proxy(
+        hub,
+        args.ports_rounds,
+        Duration::from_secs(args.ports_secs),
+        args.ports_connections,
+    )
+    .await?;
+    for o in outcomes {
+        let rps = |r: &[crate::wrk::WrkResult]| {
+            median(&r.iter().map(|x| x.requests_per_sec).collect::<Vec<_>>())
+        };
+        let p99 =
+            |r: &[crate::wrk::WrkResult]| median(&r.iter().map(|x| x.p99_us).collect::<Vec<_>>());
+        let errors: u64 = o.direct.iter().chain(&o.hub).map(|r| r.errors).sum();
+        // The target is an app server's: a server doing no work at all
+        // shows the proxy's own per-request cost, reported without one.
+        let app = o.server.starts_with("python");
+        report.rows.push(Row::compare(
+            format!("port proxy vs direct, {}: requests/s", o.server),
+            Value::new(rps(&o.direct), Unit::PerSecond),
+            Value::new(rps(&o.hub), Unit::PerSecond),
+            app.then_some(Target::RatioAtLeast(0.8)),
+        ));
+        report.rows.push(Row::compare(
+            format!("port proxy vs direct, {}: p99", o.server),
+            Value::new(p99(&o.direct), Unit::Microseconds),
+            Value::new(p99(&o.hub), Unit::Microseconds),
+            None,
+        ));
+        report.detail(format!("ports, {}: direct", o.server), o.command_direct);
+        report.detail(format!("ports, {}: hub", o.server), o.command_hub);
+        report.detail(
+            format!("ports, {}: wrk errors (both sides)", o.server),
+            errors,
+        );
+    }
+    Ok(())
+}
+
+/// E2B `commands.run("true")` vs the sandhub SDK's, p50 (reported).
+async fn e2b(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    let (e2b, sdk) = e2b::commands_run(
+        &args.e2b_python,
+        &hub.url,
+        args.exec_iterations,
+        args.exec_warmup,
+    )?;
+    let e2b = summary(report, "commands.run true via the e2b SDK", e2b)?;
+    let sdk = summary(report, "commands.run true via the sandhub SDK", sdk)?;
+    report.rows.push(Row::compare(
+        "run `true`: e2b SDK through --e2b vs sandhub SDK, p50",
+        us(sdk.p50),
+        us(e2b.p50),
         None,
     ));
     Ok(())

@@ -22,6 +22,7 @@ mod report;
 mod router;
 mod sandboxd;
 mod stats;
+mod wrk;
 
 use clap::{Parser, Subcommand};
 

@@ -7,13 +7,12 @@
 //! Targets (issue "sandhub-router"): throughput at least nginx's, p99 no worse.
 
 mod procs;
-mod wrk;
 
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
 
-use self::wrk::{Load, WrkResult};
+use crate::wrk::{Load, WrkResult};
 use crate::{
     machine::Machine,
     report::{Report, Row, Target, Unit, Value},

@@ -1,0 +1,172 @@
+//! Port proxy vs direct: HTTP load (wrk) on a server inside a sandbox,
+//! through the hub's `/v1/sandboxes/{id}/ports/{port}/...`, against the
+//! same server reached from the sandbox's own network namespace (wrk run
+//! under `nsenter --net`, as `ip netns exec` would: no hub in the path).
+//! Rounds alternate direct and hub; medians are reported.
+//!
+//! Two servers: Python's `http.server` (HTTP/1.1 keep-alive, a small file;
+//! the kind of app server the ports API is for, and the one its tests use)
+//! and nginx answering `return 200` (no work at all per request: what the
+//! proxy's own cost per request looks like, with nothing to hide it).
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context};
+use reqwest::Method;
+use serde_json::json;
+
+use super::server::Hub;
+use crate::wrk::{Load, WrkResult};
+
+pub struct Server {
+    pub name: &'static str,
+    pub port: u16,
+    /// How it is started inside the sandbox (`sh -c`); it must keep
+    /// running after the exec returns.
+    start: &'static str,
+    /// Its process's cmdline contains this (to find its network namespace).
+    marker: &'static str,
+}
+
+pub const SERVERS: [Server; 2] = [
+    Server {
+        name: "python http.server",
+        port: 8081,
+        start: "mkdir -p /tmp/benchpy && echo ok > /tmp/benchpy/index.txt && cd /tmp/benchpy && \
+                (setsid python3 -c 'import http.server as h; h.SimpleHTTPRequestHandler.protocol_version=\"HTTP/1.1\"; \
+                h.ThreadingHTTPServer((\"127.0.0.1\", 8081), h.SimpleHTTPRequestHandler).serve_forever()' \
+                --sandhub-bench-py >/dev/null 2>&1 &)",
+        marker: "--sandhub-bench-py",
+    },
+    Server {
+        name: "nginx return 200",
+        port: 8082,
+        start: "cat > /tmp/sandhub-bench-nginx.conf <<'EOF'\n\
+worker_processes 1; pid /tmp/benchng.pid; error_log /tmp/benchng.err;\n\
+events { worker_connections 1024; }\n\
+http { access_log off; client_body_temp_path /tmp/nb; proxy_temp_path /tmp/np; fastcgi_temp_path /tmp/nf;\n\
+  uwsgi_temp_path /tmp/nu; scgi_temp_path /tmp/ns;\n\
+  server { listen 127.0.0.1:8082; location / { return 200 \"ok\\n\"; } } }\n\
+EOF\n\
+nginx -c /tmp/sandhub-bench-nginx.conf",
+        marker: "sandhub-bench-nginx.conf",
+    },
+];
+
+pub struct Outcome {
+    pub server: &'static str,
+    pub direct: Vec<WrkResult>,
+    pub hub: Vec<WrkResult>,
+    pub command_direct: String,
+    pub command_hub: String,
+}
+
+/// The pid of the process whose cmdline holds `marker`.
+fn pid_with(marker: &str) -> Option<u32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if String::from_utf8_lossy(&cmdline).contains(marker) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+pub async fn proxy(
+    hub: &mut Hub,
+    rounds: u32,
+    duration: Duration,
+    connections: u32,
+) -> anyhow::Result<Vec<Outcome>> {
+    let wrk = PathBuf::from("wrk");
+    let (id, _) = hub.create().await?;
+    let mut out = Vec::new();
+    for server in &SERVERS {
+        let r = hub
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"command": ["sh", "-c", server.start]})),
+            )
+            .await?;
+        if r["exit_code"] != 0 {
+            bail!("starting {}: {r}", server.name);
+        }
+        let url = format!(
+            "{}/v1/sandboxes/{id}/ports/{}/index.txt",
+            hub.url, server.port
+        );
+        let mut up = false;
+        for _ in 0..100 {
+            if let Ok(r) = hub.http.get(&url).send().await {
+                if r.status().is_success() {
+                    up = true;
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !up {
+            bail!("{} did not answer through the hub", server.name);
+        }
+        let pid = pid_with(server.marker)
+            .with_context(|| format!("finding {}'s process", server.name))?;
+        let direct_url = format!("http://127.0.0.1:{}/index.txt", server.port);
+        let load = Load {
+            wrk: &wrk,
+            threads: 2,
+            connections,
+            duration,
+            headers: &[],
+        };
+        let mut direct = Vec::new();
+        let mut through = Vec::new();
+        for round in 0..rounds {
+            eprintln!("ports: {} round {}/{rounds}", server.name, round + 1);
+            direct.push(run_in_netns(pid, &load, &direct_url)?);
+            through.push(load.run(&url)?);
+        }
+        out.push(Outcome {
+            server: server.name,
+            direct,
+            hub: through,
+            command_direct: format!(
+                "nsenter --net=/proc/<server pid>/ns/net {}",
+                load.command_line(&direct_url)
+            ),
+            command_hub: load.command_line(&url),
+        });
+    }
+    hub.delete(&id).await?;
+    Ok(out)
+}
+
+/// wrk from the sandbox's network namespace (host cgroup and mounts).
+fn run_in_netns(pid: u32, load: &Load<'_>, url: &str) -> anyhow::Result<WrkResult> {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .arg("wrk")
+        .arg(format!("-t{}", load.threads))
+        .arg(format!("-c{}", load.connections))
+        .arg(format!("-d{}s", load.duration.as_secs()))
+        .arg("--latency")
+        .arg(url)
+        .output()
+        .context("running nsenter wrk")?;
+    if !out.status.success() {
+        bail!(
+            "nsenter wrk failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    crate::wrk::parse(&text).with_context(|| format!("unexpected wrk output:\n{text}"))
+}
