@@ -105,7 +105,15 @@ impl TenantView for TenantHub {
     }
 
     async fn port_access(&self, id: &str) -> Result<()> {
-        self.hub.running(&self.tenant, id, "port access").map(drop)
+        // Per request on a kept connection: a read, and a write only when
+        // the recorded activity is a second old (idle timeouts count in
+        // seconds), not a write per request.
+        let row = self.hub.ready_row(&self.tenant, id, "port access")?;
+        let now = now_ms();
+        if now - row.last_activity >= 1000 {
+            let _ = self.hub.store.touch(id, now);
+        }
+        Ok(())
     }
 
     async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
