@@ -136,11 +136,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }))
     };
     let e2b = match (&tokens, args.e2b) {
-        (Some(t), true) => Some(Arc::new(E2b::new(
-            t.clone(),
-            keys.as_ref()
-                .map_or_else(|| vec![http::OPEN_TENANT.to_string()], |k| k.tenants()),
-        ))),
+        (Some(t), true) => Some(Arc::new(
+            E2b::new(
+                t.clone(),
+                keys.as_ref()
+                    .map_or_else(|| vec![http::OPEN_TENANT.to_string()], |k| k.tenants()),
+            )
+            .with_domain(args.sandbox_domain.clone()),
+        )),
         _ => None,
     };
     let hosts = match (&tokens, &args.sandbox_domain) {

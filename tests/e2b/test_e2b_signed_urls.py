@@ -6,6 +6,7 @@ sandbox's own host (`49983-{id}.<domain>` with `--sandbox-domain`, E2B's
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Iterator
@@ -120,4 +121,35 @@ def test_envd_answers_on_its_own_host(domain_hub: Hub, signed_sandbox) -> None:
         r = http.get("/health", headers={**by_host(sbx), "x-access-token": token})
         assert r.status_code == 204, r.text
         r = http.get("/health", headers=by_host(sbx))
+        assert r.status_code == 401, r.text
+
+
+def test_other_ports_reach_the_sandbox_with_its_token(domain_hub: Hub, signed_sandbox) -> None:
+    """Any `E2b-Sandbox-Port` but envd's is that port in the sandbox, by
+    header or on E2B's host form (`Sandbox.get_host(port)`), with the
+    sandbox's access token; without it, nothing."""
+    sbx, _ = signed_sandbox
+    sbx.files.write("/workspace/site/index.html", "served from the sandbox\n")
+    sbx.commands.run("cd /workspace/site && python3 -m http.server 8000 --bind 127.0.0.1", background=True)
+    token = sbx._envd_access_token  # noqa: SLF001 - what the SDK itself sends
+    assert token
+    host = sbx.get_host(8000)
+    assert host == f"8000-{sbx.sandbox_id}.{DOMAIN}", host
+    by_header = {"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": "8000", "x-access-token": token}
+    on_host = {"host": host, "e2b-traffic-access-token": token}
+    with httpx.Client(base_url=domain_hub.url, timeout=30) as http:
+        deadline = time.monotonic() + 30
+        while True:
+            r = http.get("/index.html", headers=by_header)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200 and r.text == "served from the sandbox\n", r.text
+        r = http.get("/index.html", headers=on_host)
+        assert r.status_code == 200 and r.text == "served from the sandbox\n", r.text
+        # No token: the header route refuses, the host route wants a key or a link.
+        r = http.get("/index.html", headers={"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": "8000"})
+        assert r.status_code == 401, r.text
+        # Another sandbox's id with this token.
+        r = http.get("/index.html", headers={**by_header, "e2b-sandbox-id": "sb-someoneelse"})
         assert r.status_code == 401, r.text

@@ -183,8 +183,12 @@ pub async fn route(
     let Some((port, id)) = host_of(&request).and_then(|h| hosts.target(&h)) else {
         return next.run(request).await;
     };
-    if hosts.envd && port == super::e2b::ENVD_PORT {
-        // E2B's host form of envd: the header route, with the same token.
+    let e2b_token = ["x-access-token", "e2b-traffic-access-token"]
+        .iter()
+        .any(|h| request.headers().contains_key(*h));
+    if hosts.envd && (port == super::e2b::ENVD_PORT || e2b_token) {
+        // E2B's host form (`get_host(port)`): envd, or another port with
+        // the sandbox's access token; the header route decides.
         if let (Ok(id), Ok(p)) = (
             HeaderValue::from_str(&id),
             HeaderValue::from_str(&port.to_string()),

@@ -94,14 +94,18 @@ struct TimeoutBody {
 
 /// What create and connect answer.
 fn created(e2b: &E2b, tenant: &str, sb: &Sandbox) -> Value {
-    json!({
+    let mut v = json!({
         "templateID": e2b_template(&sb.template),
         "alias": e2b_template(&sb.template),
         "sandboxID": sb.id,
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e2b.tokens.issue(tenant, &sb.id),
-    })
+    });
+    if let Some(domain) = &e2b.domain {
+        v["domain"] = json!(domain);
+    }
+    v
 }
 
 async fn detail(api: &Arc<dyn TenantView>, e2b: &E2b, sb: &Sandbox) -> Value {

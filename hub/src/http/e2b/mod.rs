@@ -62,6 +62,8 @@ pub struct E2b {
     /// Whom a signed file URL may be from (its keys file's tenants, or
     /// the open tenant).
     tenants: Vec<String>,
+    /// `--sandbox-domain`, told to the SDKs (`domain`) for `get_host()`.
+    domain: Option<String>,
 }
 
 impl E2b {
@@ -70,7 +72,14 @@ impl E2b {
             tokens,
             processes: Arc::default(),
             tenants,
+            domain: None,
         }
+    }
+
+    /// With host routing under `domain` (`{port}-{id}.<domain>`).
+    pub fn with_domain(mut self, domain: Option<String>) -> Self {
+        self.domain = domain;
+        self
     }
 }
 
