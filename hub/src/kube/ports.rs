@@ -8,23 +8,21 @@ use std::{collections::BTreeMap, time::Duration};
 use sandhub_api::hub::{Command, ExecRequest, ListeningPort};
 use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
-use super::{reach::Target, tenant::KubeTenant};
+use super::reach::{Reach, Target};
 use crate::backend::PortStream;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Between the two tables in one exec's output.
 const SPLIT: &str = "--sandhub-tcp6--";
 
-pub async fn connect(tenant: &KubeTenant, id: &str, port: u16) -> Result<PortStream> {
-    let (pod, pod_ip) = tenant.ready_pod(id, "port access").await?;
-    let (addr, headers) = tenant.shared.reach.port(
-        &Target {
-            namespace: &tenant.shared.namespace,
-            sandbox: &pod,
-            pod_ip: pod_ip.as_deref(),
-        },
-        port,
-    )?;
+/// A connection toward `port` of the target's Pod (sandbox `id`).
+pub async fn connect(
+    reach: &Reach,
+    target: &Target<'_>,
+    id: &str,
+    port: u16,
+) -> Result<PortStream> {
+    let (addr, headers) = reach.port(target, port)?;
     let stream =
         match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await {
             Ok(Ok(s)) => s,

@@ -308,7 +308,13 @@ impl TenantView for KubeTenant {
     }
 
     async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
-        super::ports::connect(self, id, port).await
+        let (pod, pod_ip) = self.ready_pod(id, "port access").await?;
+        let target = Target {
+            namespace: &self.shared.namespace,
+            sandbox: &pod,
+            pod_ip: pod_ip.as_deref(),
+        };
+        super::ports::connect(&self.shared.reach, &target, id, port).await
     }
 
     async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {

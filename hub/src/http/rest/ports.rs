@@ -45,6 +45,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct PortUrlQuery {
     /// How long the link opens the port, in seconds (default 3600, at most 86400).
     ttl_seconds: Option<u64>,
