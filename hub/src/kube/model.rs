@@ -63,21 +63,7 @@ pub fn claim_for(
     ]);
     let lifecycle = match request.shutdown_after_seconds {
         None => None,
-        Some(secs) => {
-            let at = now
-                .checked_add(std::time::Duration::from_secs(secs))
-                .and_then(time)
-                .ok_or_else(|| {
-                    sandhub_client::Error::invalid(format!(
-                        "shutdown_after_seconds {secs} is beyond any date a claim can hold"
-                    ))
-                })?;
-            Some(ClaimLifecycle {
-                shutdown_time: Some(at),
-                ttl_seconds_after_finished: None,
-                shutdown_policy: ClaimShutdownPolicy::Delete,
-            })
-        }
+        Some(secs) => Some(lifecycle_at(now, secs)?),
     };
     let env = (!request.env.is_empty()).then(|| {
         request
@@ -107,6 +93,30 @@ pub fn claim_for(
         ..ObjectMeta::default()
     };
     Ok(claim)
+}
+
+/// A claim deleted `secs` after `now`.
+fn lifecycle_at(now: std::time::SystemTime, secs: u64) -> sandhub_client::Result<ClaimLifecycle> {
+    let at = now
+        .checked_add(std::time::Duration::from_secs(secs))
+        .and_then(time)
+        .ok_or_else(|| {
+            sandhub_client::Error::invalid(format!(
+                "shutdown_after_seconds {secs} is beyond any date a claim can hold"
+            ))
+        })?;
+    Ok(ClaimLifecycle {
+        shutdown_time: Some(at),
+        ttl_seconds_after_finished: None,
+        shutdown_policy: ClaimShutdownPolicy::Delete,
+    })
+}
+
+/// A claim's lifecycle that deletes it `secs` from now (E2B's
+/// `set_timeout`), as JSON for a merge patch.
+pub fn deadline(secs: u64) -> sandhub_client::Result<serde_json::Value> {
+    let lifecycle = lifecycle_at(std::time::SystemTime::now(), secs)?;
+    serde_json::to_value(lifecycle).map_err(|e| sandhub_client::Error::internal(e.to_string()))
 }
 
 fn time(t: std::time::SystemTime) -> Option<Time> {

@@ -317,6 +317,17 @@ impl TenantView for KubeTenant {
         super::ports::connect(&self.shared.reach, &target, id, port).await
     }
 
+    async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {
+        self.claim(id).await?;
+        let patch = serde_json::json!({"spec": {"lifecycle": model::deadline(seconds)?}});
+        let claim = self
+            .claims()
+            .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| kube_error(&format!("moving sandbox {id}'s deadline"), e))?;
+        Ok(self.view(&claim).await)
+    }
+
     async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
         let client = self.client(id, "listing ports").await?;
         super::ports::listening(&client).await
