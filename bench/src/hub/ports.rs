@@ -4,8 +4,10 @@
 //! under `nsenter --net`, as `ip netns exec` would: no hub in the path).
 //! Rounds alternate direct and hub; medians are reported.
 //!
-//! Two servers: Python's `http.server` (HTTP/1.1 keep-alive, a small file;
-//! the kind of app server the ports API is for, and the one its tests use)
+//! Two servers: Python's `http.server` (HTTP/1.1 keep-alive, a small file,
+//! buffered writes and TCP_NODELAY so Nagle's 40 ms stalls do not hide
+//! everything else; the kind of app server the ports API is for, and the
+//! one its tests use)
 //! and nginx answering `return 200` (no work at all per request: what the
 //! proxy's own cost per request looks like, with nothing to hide it).
 
@@ -33,8 +35,10 @@ pub const SERVERS: [Server; 2] = [
         name: "python http.server",
         port: 8081,
         start: "mkdir -p /tmp/benchpy && echo ok > /tmp/benchpy/index.txt && cd /tmp/benchpy && \
-                (setsid python3 -c 'import http.server as h; h.SimpleHTTPRequestHandler.protocol_version=\"HTTP/1.1\"; \
-                h.ThreadingHTTPServer((\"127.0.0.1\", 8081), h.SimpleHTTPRequestHandler).serve_forever()' \
+                (setsid python3 -c 'import http.server as h; H = h.SimpleHTTPRequestHandler; \
+                H.protocol_version = \"HTTP/1.1\"; H.wbufsize = -1; H.disable_nagle_algorithm = True; \
+                H.log_message = lambda *a: None; \
+                h.ThreadingHTTPServer((\"127.0.0.1\", 8081), H).serve_forever()' \
                 --sandhub-bench-py >/dev/null 2>&1 &)",
         marker: "--sandhub-bench-py",
     },
