@@ -147,9 +147,16 @@ impl Template {
 }
 
 /// `user[:group]`: each part a name or a number, at most 256 bytes, no
-/// NUL, newline or further colon.
+/// whitespace, control character or further colon.
 pub fn user(spec: &str) -> Result<(), ErrorBody> {
-    let ok = |p: &str| !p.is_empty() && !p.contains(['\0', '\n', ':']);
+    // Names or numbers as /etc/passwd and /etc/group hold them: no
+    // separator, whitespace or control character.
+    let ok = |p: &str| {
+        !p.is_empty()
+            && !p
+                .chars()
+                .any(|c| c == ':' || c.is_whitespace() || c.is_control())
+    };
     let valid = spec.len() <= 256
         && match spec.split_once(':') {
             Some((u, g)) => ok(u) && ok(g),
@@ -210,6 +217,26 @@ impl PoolSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn users_are_names_or_numbers_with_an_optional_group() {
+        for good in [
+            "app",
+            "1000",
+            "1000:1000",
+            "app:staff",
+            "www-data",
+            "user.name",
+        ] {
+            assert!(user(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "", ":", "a:", ":b", "a:b:c", "a b", "a\tb", "\u{11}x", "a\0", "a\n", "x:\u{7f}",
+        ] {
+            assert!(user(bad).is_err(), "{bad:?}");
+        }
+        assert!(user(&"u".repeat(257)).is_err());
+    }
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -36,7 +36,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// Create an environment (and its first sandbox).
 #[utoipa::path(post, path = "/gym/v1/envs", tag = "gym", request_body = CreateEnv,
     responses((status = 201, body = EnvCreated), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "The template asks for what the operator does not allow (network: host)"),
-        (status = 404, body = ErrorBody), (status = 429, body = ErrorBody, description = "Over a tenant quota (sandboxes, memory, snapshots)")))]
+        (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "The template cannot start as it is (e.g. its `user` is not in its image)"),
+        (status = 429, body = ErrorBody, description = "Over a tenant quota (sandboxes, memory, snapshots)")))]
 async fn create_env(
     State(state): State<AppState>,
     Api(api): Api,

@@ -57,6 +57,7 @@ fn parse_selector(s: &str) -> ApiResult<BTreeMap<String, String>> {
         (status = 400, body = ErrorBody, description = "Bad JSON, labels or lifetimes"),
         (status = 403, body = ErrorBody, description = "The template asks for what the operator does not allow (network: host)"),
         (status = 404, body = ErrorBody, description = "Unknown template or pool"),
+        (status = 412, body = ErrorBody, description = "The template cannot start as it is (e.g. its `user` is not in its image)"),
         (status = 413, body = ErrorBody),
         (status = 429, body = ErrorBody, description = "Over a tenant quota (sandboxes, memory, snapshots)"),
     ))]
