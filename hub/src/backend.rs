@@ -146,6 +146,14 @@ fn no_pull() -> ErrorBody {
     )
 }
 
+/// Unix seconds, for expiries that travel in tokens.
+pub fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -92,6 +92,15 @@ fn is_open(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics" | "/openapi.json")
 }
 
+/// The API key a request carries: `Authorization: Bearer <key>`, or
+/// `X-API-Key` as E2B's SDKs send it.
+pub fn presented_key(headers: &axum::http::HeaderMap) -> Option<&[u8]> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .or_else(|| headers.get("x-api-key").map(|v| v.as_bytes()))
+}
+
 pub async fn authenticate(
     State(keys): State<Option<Arc<ApiKeys>>>,
     mut request: Request,
@@ -100,24 +109,16 @@ pub async fn authenticate(
     let tenant = match &keys {
         None => OPEN_TENANT.to_string(),
         Some(_) if is_open(request.uri().path()) => OPEN_TENANT.to_string(),
-        Some(keys) => {
-            // E2B's SDKs send the key as `X-API-Key`.
-            let headers = request.headers();
-            let presented = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-                .or_else(|| headers.get("x-api-key").map(|v| v.as_bytes()));
-            match presented.and_then(|k| keys.tenant_of(k)) {
-                Some(t) => t,
-                None => {
-                    return ApiError::new(
-                        Code::Unauthenticated,
-                        "send a valid API key as `Authorization: Bearer <key>`",
-                    )
-                    .into_response()
-                }
+        Some(keys) => match presented_key(request.headers()).and_then(|k| keys.tenant_of(k)) {
+            Some(t) => t,
+            None => {
+                return ApiError::new(
+                    Code::Unauthenticated,
+                    "send a valid API key as `Authorization: Bearer <key>`",
+                )
+                .into_response()
             }
-        }
+        },
     };
     request.extensions_mut().insert(Tenant(tenant));
     next.run(request).await

@@ -22,11 +22,11 @@ use axum::{
 use sandhub_api::error::Code;
 
 use super::{
-    auth::{ApiKeys, OPEN_TENANT},
+    auth::{presented_key, ApiKeys, OPEN_TENANT},
     signing::Tokens,
     ApiError, AppState,
 };
-use crate::backend::now_ms;
+use crate::backend::now_s;
 
 /// The query parameter a minted URL carries its token in.
 pub const TOKEN_PARAM: &str = "sandhub_token";
@@ -86,7 +86,7 @@ impl HostRouting {
     /// A browser URL for `port` of `tenant`'s sandbox `id`, good for
     /// `ttl_s` seconds, and when it expires (Unix seconds).
     pub fn mint(&self, tenant: &str, id: &str, port: u16, ttl_s: u64) -> (String, u64) {
-        let expires = (now_ms().max(0) as u64) / 1000 + ttl_s.clamp(1, MAX_TTL_S);
+        let expires = now_s() + ttl_s.clamp(1, MAX_TTL_S);
         let token = format!(
             "{expires}.{}",
             self.tokens.issue(tenant, &Self::scope(id, port, expires))
@@ -101,13 +101,18 @@ impl HostRouting {
     /// The tenant a token (from the query or the cookie) opens `port` of
     /// `id` for, while it has not expired.
     fn verify(&self, token: &str, id: &str, port: u16) -> Option<String> {
-        let (expires, rest) = token.split_once('.')?;
-        let expires: u64 = expires.parse().ok()?;
-        if expires < (now_ms().max(0) as u64) / 1000 {
+        let expires = expiry(token)?;
+        if expires < now_s() {
             return None;
         }
+        let (_, rest) = token.split_once('.')?;
         self.tokens.verify(rest, &Self::scope(id, port, expires))
     }
+}
+
+/// When a port token expires (Unix seconds): its first field.
+fn expiry(token: &str) -> Option<u64> {
+    token.split_once('.')?.0.parse().ok()
 }
 
 fn host_of(request: &Request) -> Option<String> {
@@ -203,12 +208,7 @@ pub async fn route(
     if let Some(token) = query_token(request.uri()) {
         return match hosts.verify(&token, &id, port) {
             Some(_) => {
-                let expires: u64 = token
-                    .split('.')
-                    .next()
-                    .and_then(|e| e.parse().ok())
-                    .unwrap_or(0);
-                let max_age = expires.saturating_sub((now_ms().max(0) as u64) / 1000);
+                let max_age = expiry(&token).unwrap_or(0).saturating_sub(now_s());
                 let cookie =
                     format!("{COOKIE}={token}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax");
                 let mut r = StatusCode::SEE_OTHER.into_response();
@@ -229,11 +229,7 @@ pub async fn route(
         };
     }
     let headers = request.headers();
-    let by_key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .or_else(|| headers.get("x-api-key").map(|v| v.as_bytes()));
-    let tenant = match (&keys, by_key) {
+    let tenant = match (&keys, presented_key(headers)) {
         (Some(keys), Some(key)) => keys.tenant_of(key),
         _ => cookie_token(headers).and_then(|t| hosts.verify(&t, &id, port)),
     }
@@ -249,12 +245,7 @@ pub async fn route(
     };
     strip_our_cookie(request.headers_mut());
     let api = state.hub.tenant(&tenant);
-    let uri: Uri = request
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .parse()
-        .unwrap_or_else(|_| Uri::from_static("/"));
+    let uri = super::proxy::as_sent(request.uri());
     match super::proxy::forward(api.as_ref(), &state.ports, &id, port, uri, request).await {
         Ok(r) => r,
         Err(e) => e.into_response(),

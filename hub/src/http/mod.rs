@@ -124,7 +124,7 @@ pub fn app(
     // sandbox's token, not an API key: it turns off before auth.
     let app = match e2b {
         Some(e2b) => app.layer(middleware::from_fn_with_state(
-            (state.clone(), e2b),
+            e2b::Diversion::new(state.clone(), e2b),
             e2b::divert,
         )),
         None => app,

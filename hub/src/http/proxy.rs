@@ -115,6 +115,15 @@ fn with_route(mut request: hyper::Request<Body>, route: &HeaderMap) -> hyper::Re
     request
 }
 
+/// The path and query of `uri` as the client sent them (what a server
+/// reached at the root of its own host, or by header, should see).
+pub fn as_sent(uri: &Uri) -> Uri {
+    uri.path_and_query()
+        .map_or("/", |p| p.as_str())
+        .parse()
+        .unwrap_or_else(|_| Uri::from_static("/"))
+}
+
 /// Carries `request` to `port` in sandbox `id` as `uri` (path and query
 /// as the server inside should see them), and its answer back.
 pub async fn forward(

@@ -60,6 +60,20 @@ pub struct Target<'a> {
     pub pod_ip: Option<&'a str>,
 }
 
+impl Target<'_> {
+    /// The Pod's IP as a URL host (`[...]` for IPv6).
+    fn pod_host(&self) -> Result<String> {
+        let ip = self.pod_ip.ok_or_else(|| {
+            Error::unavailable(format!("sandbox Pod {} has no IP yet", self.sandbox))
+        })?;
+        Ok(if ip.contains(':') {
+            format!("[{ip}]")
+        } else {
+            ip.to_string()
+        })
+    }
+}
+
 fn header(value: &str) -> Result<HeaderValue> {
     let mut v = HeaderValue::from_str(value)
         .map_err(|_| Error::invalid(format!("{value:?} cannot be sent in a header")))?;
@@ -74,14 +88,7 @@ impl Reach {
     pub fn port(&self, target: &Target<'_>, port: u16) -> Result<(String, HeaderMap)> {
         match self {
             Reach::Direct { .. } => {
-                let ip = target.pod_ip.ok_or_else(|| {
-                    Error::unavailable(format!("sandbox Pod {} has no IP yet", target.sandbox))
-                })?;
-                let host = if ip.contains(':') {
-                    format!("[{ip}]")
-                } else {
-                    ip.to_string()
-                };
+                let host = target.pod_host()?;
                 Ok((format!("{host}:{port}"), HeaderMap::new()))
             }
             Reach::Router { url, tokens, .. } => {
@@ -141,14 +148,7 @@ impl Reach {
     pub fn client(&self, target: &Target<'_>) -> Result<SandboxdClient> {
         match self {
             Reach::Direct { auth } => {
-                let ip = target.pod_ip.ok_or_else(|| {
-                    Error::unavailable(format!("sandbox Pod {} has no IP yet", target.sandbox))
-                })?;
-                let host = if ip.contains(':') {
-                    format!("[{ip}]")
-                } else {
-                    ip.to_string()
-                };
+                let host = target.pod_host()?;
                 let client = SandboxdClient::tcp(
                     format!("http://{host}:{REST_PORT}"),
                     format!("http://{host}:{GRPC_PORT}"),

@@ -1,6 +1,6 @@
 //! envd's plain HTTP routes: `GET /files?path=` (the file's bytes),
 //! `POST /files?path=` (multipart `file` parts, or a raw
-//! `application/octet-stream` body) and `GET /health`.
+//! `application/octet-stream` body).
 
 use std::sync::Arc;
 
@@ -194,16 +194,4 @@ pub async fn upload(
         }
     }
     Json(written).into_response()
-}
-
-/// `GET /health`: 204 while the sandbox runs. A sandbox that is gone (or
-/// paused) answers as E2B's proxy does, 502 "... was not found", which
-/// the SDK reads as "not running".
-pub async fn health(api: &Arc<dyn TenantView>, id: &str) -> Response {
-    match api.get(id).await {
-        Ok(sb) if sb.state == sandhub_api::hub::SandboxState::Ready => {
-            StatusCode::NO_CONTENT.into_response()
-        }
-        _ => super::not_running(id),
-    }
 }

@@ -171,8 +171,13 @@ pub async fn remove(api: &Arc<dyn TenantView>, id: &str, path: &str) -> Result<(
 }
 
 async fn stat_exists(api: &Arc<dyn TenantView>, id: &str, path: &str) -> Result<()> {
-    let r = run(api, id, &["test", "-e", path]).await?;
-    if r.exit_code != 0 && run(api, id, &["test", "-L", path]).await?.exit_code != 0 {
+    // There, or a dangling symlink (which `rm` removes too): one exec.
+    let script = "test -e \"$1\" || test -L \"$1\"";
+    if run(api, id, &["sh", "-c", script, "sh", path])
+        .await?
+        .exit_code
+        != 0
+    {
         return Err(Error::new(
             Code::NotFound,
             format!("{path}: no such file or directory"),

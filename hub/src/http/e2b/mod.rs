@@ -9,8 +9,8 @@
 //!   `E2b-Sandbox-Id` is diverted here before the hub's own routes, and
 //!   authorized by that sandbox's access token (`../signing.rs`), which also
 //!   names its tenant. On port 49983 it is envd itself: `process.rs` and
-//!   `filesystem.rs` (Connect-RPC, `connect.rs`), `files.rs` (`/files`,
-//!   `/health`); on any other port the request goes to that port in the
+//!   `filesystem.rs` (Connect-RPC, `connect.rs`), `files.rs` (`/files`),
+//!   `/health`; on any other port the request goes to that port in the
 //!   sandbox.
 //! - `paths.rs` and `inside.rs`: E2B paths reach the whole sandbox; the
 //!   workspace through sandboxd, the rest through commands run inside.
@@ -29,7 +29,7 @@ use std::sync::Arc;
 use axum::{
     body::Bytes,
     extract::{DefaultBodyLimit, Query, Request, State},
-    http::{HeaderMap, HeaderName, StatusCode, Uri},
+    http::{HeaderMap, HeaderName, StatusCode},
     middleware::Next,
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -114,12 +114,32 @@ fn unauthorized(message: &str) -> Response {
         .into_response()
 }
 
+/// What [`divert`] needs: the hub, the facade, and envd's routes (built
+/// once; each request brings its [`Envd`] in its extensions).
+#[derive(Clone)]
+pub struct Diversion {
+    state: AppState,
+    e2b: Arc<E2b>,
+    envd: Router,
+}
+
+impl Diversion {
+    pub fn new(state: AppState, e2b: Arc<E2b>) -> Self {
+        let envd = envd_routes(state.limits.max_upload_bytes).layer(Extension(e2b.clone()));
+        Diversion { state, e2b, envd }
+    }
+}
+
 /// In front of everything: a request naming a sandbox in
 /// `E2b-Sandbox-Id` is envd traffic (or traffic for one of the sandbox's
 /// ports), never a hub route.
 pub async fn divert(
-    State((state, e2b)): State<(AppState, Arc<E2b>)>,
-    request: Request,
+    State(Diversion {
+        state,
+        e2b,
+        envd: envd_router,
+    }): State<Diversion>,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let Some(id) = request.headers().get(&SANDBOX_ID) else {
@@ -175,12 +195,7 @@ pub async fn divert(
         id,
     };
     if port != ENVD_PORT {
-        let uri: Uri = request
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .parse()
-            .unwrap_or_else(|_| Uri::from_static("/"));
+        let uri = super::proxy::as_sent(request.uri());
         let forwarded = super::proxy::forward(
             envd.api.as_ref(),
             &state.ports,
@@ -197,10 +212,8 @@ pub async fn divert(
             Err(e) => e.into_response(),
         };
     }
-    let router = envd_routes(state.limits.max_upload_bytes)
-        .layer(Extension(envd))
-        .layer(Extension(e2b));
-    match router.oneshot(request).await {
+    request.extensions_mut().insert(envd);
+    match envd_router.oneshot(request).await {
         Ok(r) => r,
         Err(never) => match never {},
     }
@@ -231,8 +244,13 @@ async fn gone(envd: &Envd) -> Option<Response> {
     }
 }
 
+/// `GET /health`: 204 while the sandbox runs; a sandbox that is gone (or
+/// paused) answers as E2B's proxy does, 502 "... was not found", which
+/// the SDK reads as "not running".
 async fn health(Extension(envd): Extension<Envd>) -> Response {
-    files::health(&envd.api, &envd.id).await
+    gone(&envd)
+        .await
+        .unwrap_or_else(|| StatusCode::NO_CONTENT.into_response())
 }
 
 async fn download(Extension(envd): Extension<Envd>, Query(q): Query<files::FileQuery>) -> Response {

@@ -98,6 +98,14 @@ struct Input {
     pty: Option<String>,
 }
 
+/// The unary methods that act on one process.
+enum Op {
+    SendSignal,
+    SendInput,
+    CloseStdin,
+    Update,
+}
+
 struct Tracked {
     config: ProcessConfig,
     tag: Option<String>,
@@ -401,17 +409,24 @@ impl Call<'_> {
                 .unwrap_or_default();
             return Ok(json!({"processes": processes}));
         }
-        if !matches!(method, "SendSignal" | "SendInput" | "CloseStdin" | "Update") {
-            return Err(Error::new(
-                Code::Unimplemented,
-                format!("process.Process/{method} is not served"),
-            ));
-        }
+        // The method first: an unknown one is unimplemented whatever its body.
+        let op = match method {
+            "SendSignal" => Op::SendSignal,
+            "SendInput" => Op::SendInput,
+            "CloseStdin" => Op::CloseStdin,
+            "Update" => Op::Update,
+            _ => {
+                return Err(Error::new(
+                    Code::Unimplemented,
+                    format!("process.Process/{method} is not served"),
+                ))
+            }
+        };
         let req: Selected = serde_json::from_value(body)
             .map_err(|e| Error::new(Code::InvalidArgument, format!("bad {method} request: {e}")))?;
         let pid = self.registry.pid_of(&self.key(), &req.process)?;
-        match method {
-            "SendSignal" => {
+        match op {
+            Op::SendSignal => {
                 let signal = match req.signal.as_deref() {
                     Some("SIGNAL_SIGKILL") | Some("9") => Signal::Sigkill,
                     Some("SIGNAL_SIGTERM") | Some("15") => Signal::Sigterm,
@@ -424,7 +439,7 @@ impl Call<'_> {
                 };
                 self.api.signal(self.id, pid, signal).await?;
             }
-            "SendInput" => {
+            Op::SendInput => {
                 let input = req.input.unwrap_or(Input {
                     stdin: None,
                     pty: None,
@@ -437,17 +452,11 @@ impl Call<'_> {
                     .write_stdin(self.id, pid, StdinInput::Data(Bytes::from(bytes)))
                     .await?;
             }
-            "CloseStdin" => self.api.write_stdin(self.id, pid, StdinInput::Eof).await?,
-            "Update" => {
+            Op::CloseStdin => self.api.write_stdin(self.id, pid, StdinInput::Eof).await?,
+            Op::Update => {
                 if let Some(size) = pty_size(req.pty.as_ref()) {
                     self.api.resize(self.id, pid, size).await?;
                 }
-            }
-            _ => {
-                return Err(Error::new(
-                    Code::Unimplemented,
-                    format!("process.Process/{method} is not served"),
-                ))
             }
         }
         Ok(json!({}))

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::Tokens;
-use crate::backend::now_ms;
+use crate::backend::now_s;
 
 /// The query of a signed URL.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -51,7 +51,7 @@ pub fn verify(
         return None;
     };
     if let Some(exp) = q.signature_expiration {
-        if exp < (now_ms().max(0) as u64) / 1000 {
+        if exp < now_s() {
             return None;
         }
     }
@@ -117,7 +117,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(verify(&tokens, &tenants, "sb-1", "read", &expired), None);
-        let later = (now_ms() as u64) / 1000 + 600;
+        let later = now_s() + 600;
         let live = SignedQuery {
             path: Some("/a.txt".into()),
             signature: Some(signature("/a.txt", "read", "", &token, Some(later))),
