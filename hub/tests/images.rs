@@ -6,8 +6,8 @@ mod common;
 
 use std::{collections::BTreeMap, os::unix::fs::MetadataExt};
 
-use sandhub_api::hub::{CreateSandbox, ForkRequest, Template};
-use sandhub_client::Sandboxes;
+use sandhub_api::hub::{CreateSandbox, ForkRequest, Sandbox, Template};
+use sandhub_client::{http::HubClient, Sandboxes};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -74,6 +74,20 @@ fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
         b.append(&h, &e.data[..]).unwrap();
     }
     b.into_inner().unwrap()
+}
+
+/// Puts `template` as `name` and creates a sandbox of it.
+async fn sandbox_of(
+    c: &HubClient,
+    name: &str,
+    template: Template,
+) -> sandhub_client::Result<Sandbox> {
+    c.put_template(name, template).await?;
+    c.create(CreateSandbox {
+        template: Some(name.into()),
+        ..Default::default()
+    })
+    .await
 }
 
 fn sha(b: &[u8]) -> String {
@@ -218,7 +232,8 @@ async fn an_image_is_a_sandbox_root_with_whiteouts_owners_env_and_workspace_laye
     let c = hub.client(None);
     let mut env = BTreeMap::new();
     env.insert("SHARED".to_string(), "template".to_string());
-    c.put_template(
+    let sb = sandbox_of(
+        &c,
         "bb",
         Template {
             image: Some("bb:1".into()),
@@ -227,14 +242,7 @@ async fn an_image_is_a_sandbox_root_with_whiteouts_owners_env_and_workspace_laye
         },
     )
     .await
-    .expect("template with an image");
-    let sb = c
-        .create(CreateSandbox {
-            template: Some("bb".into()),
-            ..Default::default()
-        })
-        .await
-        .expect("sandbox of the image");
+    .expect("sandbox of the image");
     let out = shell_ok(
         &c,
         &sb.id,
@@ -536,23 +544,16 @@ async fn tenants_own_their_tags_and_a_running_sandbox_pins_its_image() {
     assert_eq!(layers.count(), 2);
 
     let alice = hub.client(Some(ALICE_KEY));
-    alice
-        .put_template(
-            "bb",
-            Template {
-                image: Some("bb:1".into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("alice's template");
-    let sb = alice
-        .create(CreateSandbox {
-            template: Some("bb".into()),
+    let sb = sandbox_of(
+        &alice,
+        "bb",
+        Template {
+            image: Some("bb:1".into()),
             ..Default::default()
-        })
-        .await
-        .expect("alice's sandbox");
+        },
+    )
+    .await
+    .expect("alice's sandbox");
     let out = shell_ok(&alice, &sb.id, "cat /etc/owner 2>/dev/null || echo alices").await;
     assert_eq!(
         out.trim(),
@@ -663,7 +664,8 @@ async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
     assert!(stderr.contains("sandhub/test:amd64"), "{stderr}");
 
     let c = hub.client(None);
-    c.put_template(
+    let sb = sandbox_of(
+        &c,
         "py",
         Template {
             image: Some("py:1".into()),
@@ -672,13 +674,6 @@ async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
     )
     .await
     .unwrap();
-    let sb = c
-        .create(CreateSandbox {
-            template: Some("py".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
     let out = shell_ok(
         &c,
         &sb.id,
@@ -696,7 +691,8 @@ async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
     );
     // A template's workdir wins over the image's; a cwd wins over both
     // (and stays confined to /workspace).
-    c.put_template(
+    let tmp = sandbox_of(
+        &c,
         "py-tmp",
         Template {
             image: Some("py:1".into()),
@@ -706,13 +702,6 @@ async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
     )
     .await
     .unwrap();
-    let tmp = c
-        .create(CreateSandbox {
-            template: Some("py-tmp".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
     assert_eq!(shell_ok(&c, &tmp.id, "pwd").await, "/tmp\n");
     let r = c
         .exec(
@@ -782,7 +771,8 @@ async fn user_and_entrypoint_apply_and_the_entrypoint_survives_a_reset() {
     .unwrap();
     let serve =
         "echo up >> /workspace/ep.log; exec busybox httpd -f -p 127.0.0.1:8123 -h /workspace";
-    c.put_template(
+    let sb = sandbox_of(
+        &c,
         "app",
         Template {
             image: Some("py:1".into()),
@@ -793,13 +783,6 @@ async fn user_and_entrypoint_apply_and_the_entrypoint_survives_a_reset() {
     )
     .await
     .unwrap();
-    let sb = c
-        .create(CreateSandbox {
-            template: Some("app".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
     let out = shell_ok(
         &c,
         &sb.id,

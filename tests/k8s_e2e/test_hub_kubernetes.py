@@ -4,7 +4,6 @@ from a warm pool and that really run sandboxd."""
 
 from __future__ import annotations
 
-import base64
 import secrets
 import signal
 from pathlib import Path
@@ -134,18 +133,7 @@ def test_hub_killed_and_restarted_finds_its_sandbox_and_leaks_nothing(cluster: C
 
 
 def test_mcp_through_the_router_with_scoped_tokens(cluster: Cluster, tmp_path: Path):
-    secret = tmp_path / "scoped-secret"
-    secret.write_bytes(base64.b64encode(secrets.token_bytes(32)))
-    router, router_url = cluster.start_router(
-        "router",
-        "--authz-mode", "scoped-token",
-        "--authz-scoped-token-secret-file", str(secret),
-    )
-    hub, url = cluster.start_hub(
-        "--connect", "router",
-        "--router-url", router_url,
-        "--router-scoped-token-secret-file", str(secret),
-    )
+    router, router_url, hub, url = cluster.start_routed_hub("router", tmp_path)
     try:
         bounded(mcp_round_trip, cluster, url)
         # A request without the hub's token is refused by the router.

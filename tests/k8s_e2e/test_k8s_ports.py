@@ -5,7 +5,6 @@ backend; the listing reads the Pod's own TCP tables."""
 
 from __future__ import annotations
 
-import base64
 import secrets
 from pathlib import Path
 
@@ -56,18 +55,7 @@ def test_ports_by_pod_ip(cluster: Cluster):
 
 
 def test_ports_through_the_router_with_scoped_tokens(cluster: Cluster, tmp_path: Path):
-    secret = tmp_path / "scoped-secret"
-    secret.write_bytes(base64.b64encode(secrets.token_bytes(32)))
-    router, router_url = cluster.start_router(
-        "router-ports",
-        "--authz-mode", "scoped-token",
-        "--authz-scoped-token-secret-file", str(secret),
-    )
-    hub, url = cluster.start_hub(
-        "--connect", "router",
-        "--router-url", router_url,
-        "--router-scoped-token-secret-file", str(secret),
-    )
+    router, _, hub, url = cluster.start_routed_hub("router-ports", tmp_path)
     try:
         sid = serve_and_fetch(url)
         # Through the router a port carries HTTP, not raw TCP.

@@ -9,6 +9,7 @@ sets both); without them the tests skip, and under CI=true they fail.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import io
@@ -145,6 +146,25 @@ class Cluster:
 
         wait_for("the router", healthy, timeout=30)
         return proc, url
+
+    def start_routed_hub(
+        self, name: str, secret_dir: Path
+    ) -> tuple[subprocess.Popen, str, subprocess.Popen, str]:
+        """A router in scoped-token mode (a fresh secret under `secret_dir`)
+        and a hub that reaches Pods through it: (router, its URL, hub, its URL)."""
+        secret = secret_dir / f"{name}-scoped-secret"
+        secret.write_bytes(base64.b64encode(secrets.token_bytes(32)))
+        router, router_url = self.start_router(
+            name,
+            "--authz-mode", "scoped-token",
+            "--authz-scoped-token-secret-file", str(secret),
+        )
+        hub, url = self.start_hub(
+            "--connect", "router",
+            "--router-url", router_url,
+            "--router-scoped-token-secret-file", str(secret),
+        )
+        return router, router_url, hub, url
 
     def hub_leftovers(self) -> list[str]:
         """Claims, Sandboxes and Pods the hub made that are still there."""
