@@ -142,9 +142,7 @@ step="pytest"
 echo
 # A suite is "dir" (the main venv) or "dir|python|pytest args" (a framework's own venv).
 python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8s_e2e controller/tests/python
-    # test_standard.py (langchain_tests' suite) is left out until it passes: see
-    # integrations/deepagents/README.md.
-    "integrations/deepagents/tests|$deepagents_python|-o asyncio_mode=auto --ignore=integrations/deepagents/tests/test_standard.py"
+    "integrations/deepagents/tests|$deepagents_python|-o asyncio_mode=auto"
     "integrations/nemo_gym/tests|$nemo_gym_python|-o asyncio_mode=auto"
     # The real e2b SDK against `sandhub serve --e2b` (the E2B facade).
     "tests/e2b|$e2b_python|-o asyncio_mode=auto"

@@ -85,14 +85,32 @@ class AsyncSandhubSandbox(BaseSandbox):
                 out.append(ops.refused_upload(path, error))
                 continue
             try:
-                result = await self._sandbox.commands.run(
-                    ops.upload_argv(path), stdin=ops.upload_stdin(content), timeout=self._timeout
-                )
+                result = await self._upload(path, content)
             except sandhub.SandhubError as err:
                 out.append(ops.refused_upload(path, ops.sdk_error(err)))
                 continue
             out.append(ops.upload_response(path, result))
         return out
+
+    async def _upload(self, path: str, content: bytes) -> sandhub.CommandResult:
+        if not ops.streams(content):
+            return await self._sandbox.commands.run(
+                ops.upload_argv(path), stdin=ops.upload_stdin(content), timeout=self._timeout
+            )
+        proc = await self._sandbox.commands.start(ops.upload_argv(path, raw=True))
+        try:
+            for chunk in ops.chunks(content):
+                await proc.write_stdin(chunk)
+            await proc.close_stdin()
+        except sandhub.NotFoundError:
+            pass  # the script refused the path and exited before reading it all: its word is in its output
+        except BaseException:
+            try:
+                await proc.kill()
+            except sandhub.SandhubError:
+                pass  # gone already: nothing left to stop
+            raise
+        return await proc.wait()
 
     async def adownload_files(self, paths: list[str]) -> list[FileDownloadResponse]:
         out: list[FileDownloadResponse] = []

@@ -4,7 +4,10 @@ how their answers turn into deepagents' responses. No I/O here.
 File transfers go through a shell in the sandbox, not through the files
 API: deepagents names files by absolute paths *as the sandbox's processes
 see them* (``/tmp/x``), while the files API only reaches the workspace.
-Content crosses as base64 because a command's stdin and stdout are text.
+A small upload is one exec request whose stdin is the content in base64
+(stdin is text there); a larger one would pass the hub's request-body
+limit, so it goes to a started process's stdin as raw bytes, in chunks.
+Downloads come back as base64 on stdout.
 """
 
 from __future__ import annotations
@@ -35,8 +38,16 @@ _ERROR_WORDS = {FILE_NOT_FOUND, PERMISSION_DENIED, IS_DIRECTORY, INVALID_PATH}
 # interleaved in the order the command wrote them (the hub keeps them apart).
 _EXECUTE_PREFIX = "exec 2>&1\n"
 
-# $1 is the path; stdin the content in base64. The first stdout line is
-# `ok` or one of deepagents' error words.
+#: Base64 characters sent as one exec request's stdin; above, the upload streams.
+#: Well under the hub's 1 MiB JSON body limit, with room for the request around it.
+MAX_INLINE_STDIN = 512 * 1024
+#: Raw bytes per ``write_stdin`` of a streamed upload (base64 in JSON on the wire:
+#: about 700 KiB per request, under the same limit).
+STREAM_CHUNK_BYTES = 512 * 1024
+
+# $1 is the path; $2 `raw` when stdin is the content itself, else stdin is
+# the content in base64. The first stdout line is `ok` or one of deepagents'
+# error words.
 _UPLOAD = r"""p=$1
 if [ -d "$p" ]; then echo is_directory; exit 0; fi
 d=$(dirname -- "$p")
@@ -44,7 +55,8 @@ if ! err=$(mkdir -p -- "$d" 2>&1); then
   case $err in *"Not a directory"*|*"File exists"*) echo invalid_path;; *) echo permission_denied;; esac
   exit 0
 fi
-if ! base64 -d > "$p" 2>/dev/null; then
+if [ "$2" = raw ]; then write() { cat > "$p"; }; else write() { base64 -d > "$p"; }; fi
+if ! write 2>/dev/null; then
   if [ -e "$p" ] && [ ! -w "$p" ] || [ ! -w "$d" ]; then echo permission_denied; else echo invalid_path; fi
   exit 0
 fi
@@ -85,8 +97,21 @@ def path_error(path: object) -> str | None:
     return None
 
 
-def upload_argv(path: str) -> list[str]:
-    return ["/bin/sh", "-c", _UPLOAD, "sh", path]
+def upload_argv(path: str, *, raw: bool = False) -> list[str]:
+    """The upload script for ``path``; ``raw``: stdin is the content itself
+    (a streamed upload), else its base64 (:func:`upload_stdin`)."""
+    return ["/bin/sh", "-c", _UPLOAD, "sh", path, "raw" if raw else "base64"]
+
+
+def streams(content: bytes) -> bool:
+    """Whether ``content`` is too big for one exec request's stdin."""
+    return (len(content) + 2) // 3 * 4 > MAX_INLINE_STDIN
+
+
+def chunks(content: bytes) -> list[bytes]:
+    """``content`` cut for a streamed upload's ``write_stdin`` calls."""
+    view = memoryview(content)
+    return [bytes(view[i : i + STREAM_CHUNK_BYTES]) for i in range(0, len(content), STREAM_CHUNK_BYTES)]
 
 
 def upload_stdin(content: bytes) -> str:
@@ -150,6 +175,8 @@ __all__: Sequence[str] = [
     "refused_download",
     "refused_upload",
     "sdk_error",
+    "chunks",
+    "streams",
     "upload_argv",
     "upload_response",
     "upload_stdin",

@@ -49,6 +49,20 @@ def test_file_errors_use_the_literal_words_and_never_raise(hub: sandhub.Hub) -> 
         assert downloads[3].content == bytes(range(256))
 
 
+def test_uploads_past_one_request_stream_and_keep_every_byte(hub: sandhub.Hub) -> None:
+    # 3 MiB is past what one exec request may carry (the hub's 1 MiB body limit),
+    # so these go to a started process's stdin in chunks; the error words hold there too.
+    big = bytes(range(256)) * (3 * 4096) + b"tail"
+    with SandhubSandbox.create(hub) as backend:
+        backend.execute("mkdir -p /tmp/d && echo data > /tmp/f")
+        uploads = backend.upload_files(
+            [("/tmp/dir with space/big.bin", big), ("/tmp/d", big), ("/tmp/f/child", big)]
+        )
+        assert [u.error for u in uploads] == [None, "is_directory", "invalid_path"]
+        [down] = backend.download_files(["/tmp/dir with space/big.bin"])
+        assert down.error is None and down.content == big
+
+
 def test_close_deletes_only_a_sandbox_the_adapter_created(hub: sandhub.Hub) -> None:
     created = SandhubSandbox.create(hub, labels={"test": "ownership"})
     created.close()
