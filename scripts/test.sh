@@ -65,6 +65,9 @@ if [[ -z "$venv_python" || ! -x "$venv_python" || -z "$deepagents_python" || ! -
     exit 1
 fi
 
+# tests/python/test_examples.py runs each framework's example with that framework's python.
+export SANDHUB_DEEPAGENTS_PYTHON="$deepagents_python" SANDHUB_NEMO_GYM_PYTHON="$nemo_gym_python"
+
 # ---------------------------------------------------------------- Rust
 run_step fmt cargo fmt --all -- --check
 run_step build cargo build --workspace --all-targets

@@ -1,0 +1,80 @@
+"""Every example under examples/ runs, as its README prints it, against a real hub.
+
+Each example is a script with its own README; the framework ones run in that framework's
+venv (scripts/test-deps.sh makes them; scripts/test.sh exports their pythons as
+SANDHUB_<NAME>_PYTHON). A folder under examples/ that this table does not run fails
+`test_every_example_is_run`, so no example can rot unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from sandhub_testing import REPO_ROOT, running_hub
+from sandhub_testing.env import need
+from sandhub_testing.registry import sandhub_cache
+
+EXAMPLES = REPO_ROOT / "examples"
+RUN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Example:
+    folder: str
+    argv: tuple[str, ...]
+    """The command, with `{python}` for the interpreter of `venv`."""
+    venv: str | None = None
+    """A framework venv's name (`SANDHUB_<NAME>_PYTHON`, else $SANDHUB_CACHE/venv-<name>); None: this one."""
+
+
+TABLE = [
+    Example("mcp-agent", ("{python}", "examples/mcp-agent/agent.py")),
+    Example("rl-gymnasium", ("{python}", "examples/rl-gymnasium/train.py")),
+    Example("rest-curl", ("bash", "examples/rest-curl/rest.sh")),
+    Example("deepagents", ("{python}", "examples/deepagents/agent.py"), venv="deepagents"),
+    Example("nemo-gym", ("{python}", "examples/nemo-gym/run.py"), venv="nemo-gym"),
+]
+
+
+def python_of(venv: str | None) -> str:
+    if venv is None:
+        return sys.executable
+    var = f"SANDHUB_{venv.upper().replace('-', '_')}_PYTHON"
+    path = os.environ.get(var) or str(sandhub_cache() / f"venv-{venv}" / "bin" / "python")
+    need(os.access(path, os.X_OK), f"{var} is not set and {path} does not exist (bash scripts/test-deps.sh)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def hub_url(sandhub_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_hub(sandhub_bin, tmp_path_factory.mktemp("examples-hub")) as hub:
+        yield hub.url
+
+
+def test_every_example_is_run() -> None:
+    folders = sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    assert folders == sorted(e.folder for e in TABLE), "every examples/ folder needs a row in TABLE"
+    for example in TABLE:
+        readme = (EXAMPLES / example.folder / "README.md").read_text()
+        script = example.argv[-1]
+        assert script in readme, f"{example.folder}/README.md does not show how to run {script}"
+        assert (REPO_ROOT / script).is_file(), script
+
+
+@pytest.mark.parametrize("example", TABLE, ids=[e.folder for e in TABLE])
+def test_example_runs(example: Example, hub_url: str) -> None:
+    python = python_of(example.venv)
+    argv = [python if a == "{python}" else a for a in example.argv]
+    env = dict(os.environ, SANDHUB_URL=hub_url, PYTHONDONTWRITEBYTECODE="1")
+    env.pop("SANDHUB_API_KEY", None)
+    out = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    print(out.stdout, out.stderr, sep="\n")
+    assert out.returncode == 0, f"{' '.join(example.argv)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
+    assert not re.search(r"Traceback \(most recent call last\)", out.stderr), out.stderr
