@@ -129,6 +129,16 @@ fn session_not_found() -> Response {
     (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
 }
 
+/// A session ended with DELETE is 200, as upstream's server (FastMCP) answers
+/// it; rmcp says 202, which the official Python client reports as a failed
+/// termination ("Session termination failed: 202").
+fn as_upstream(deleting: bool, mut response: Response) -> Response {
+    if deleting && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::OK;
+    }
+    response
+}
+
 impl<P: SandboxesProvider> tower::Service<Request<Body>> for McpService<P> {
     type Response = Response;
     type Error = Infallible;
@@ -154,7 +164,7 @@ impl<P: SandboxesProvider> tower::Service<Request<Body>> for McpService<P> {
             let Some(principal) = principal else {
                 // The provider binds nothing (one fixed client for all).
                 let response = inner.oneshot(request).await?;
-                return Ok(response.map(Body::new));
+                return Ok(as_upstream(deleting, response.map(Body::new)));
             };
             if let Some(id) = &session {
                 if !owners.owned_by(id, &principal) {
@@ -173,7 +183,7 @@ impl<P: SandboxesProvider> tower::Service<Request<Body>> for McpService<P> {
                 Some(id) if deleting && response.status().is_success() => owners.unbind(id),
                 Some(_) => {}
             }
-            Ok(response.map(Body::new))
+            Ok(as_upstream(deleting, response.map(Body::new)))
         })
     }
 }

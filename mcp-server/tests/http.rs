@@ -137,6 +137,31 @@ async fn the_provider_sees_what_the_hubs_middleware_put_on_the_request() {
             text.contains("Required arguments: sandbox_claim_name, command"),
             "{text}"
         );
+
+        // Ending the session is 200, as upstream's server answers (not rmcp's
+        // 202, which the official Python client logs as a failure); the
+        // session is gone after.
+        let session = client.session.clone().unwrap();
+        let ended = client
+            .http
+            .delete(&client.url)
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ended.status(), reqwest::StatusCode::OK);
+        let after = client
+            .http
+            .post(&client.url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .json(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(after.status(), reqwest::StatusCode::NOT_FOUND);
     };
     tokio::time::timeout(Duration::from_secs(30), scenario)
         .await

@@ -66,7 +66,7 @@ where
 }
 
 /// Sync or async, decided once per client: the value itself, or an
-/// awaitable whose cancellation drops the request.
+/// awaitable whose cancellation drops the request (see `awaitable`).
 pub fn call<'py, T, F>(py: Python<'py>, asynchronous: bool, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
@@ -74,13 +74,7 @@ where
 {
     if asynchronous {
         check_fork()?;
-        rt();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            match fut.await {
-                Ok(v) => Ok(v),
-                Err(f) => Err(Python::attach(|py| f.into_py(py))),
-            }
-        })
+        crate::awaitable::awaitable(py, fut)
     } else {
         block_on(py, fut)?.into_bound_py_any(py)
     }
