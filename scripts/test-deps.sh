@@ -277,5 +277,58 @@ fi
 framework_venv nemo-gym integrations/nemo_gym sandhub_nemo_gym "$nemo_python" \
     --no-deps --ignore-requires-python nemo-gym==0.7.0
 
+# DeerFlow is not on the package index: its harness (dist deerflow-harness) and the
+# extension-api it pins come from the vendored source tarball, installed with --no-deps
+# (the harness's full dependency set took 5 min 42 s to install: markitdown[all], kubernetes,
+# langgraph-api, ...); integrations/deerflow/tests/requirements.txt has the light runtime
+# deps its sandbox tools import. The tarball is in $SANDHUB_VENDOR_DIR (default: ../shared/vendor
+# beside the checkout); a copy is kept in $cache_dir/vendor for clones that do not see it.
+# Unpacked once per tarball content, to a path that names it (so the venv's stamp follows it).
+# Prints the unpacked tree's root.
+deerflow_source() {
+    local name=deer-flow-harness.tar.gz cand tarball="" sum dir
+    for cand in "${SANDHUB_VENDOR_DIR:-$repo_root/../shared/vendor}/$name" "$cache_dir/vendor/$name"; do
+        if [[ -f "$cand" ]]; then tarball="$cand"; break; fi
+    done
+    if [[ -z "$tarball" ]]; then
+        log "DeerFlow's harness source $name is neither in ${SANDHUB_VENDOR_DIR:-$repo_root/../shared/vendor} nor in $cache_dir/vendor (set SANDHUB_VENDOR_DIR)"
+        return 1
+    fi
+    if [[ "$tarball" != "$cache_dir/vendor/$name" ]]; then
+        mkdir -p "$cache_dir/vendor"
+        cp -f "$tarball" "$cache_dir/vendor/$name.tmp" && mv -f "$cache_dir/vendor/$name.tmp" "$cache_dir/vendor/$name"
+    fi
+    sum="$(sha256sum "$tarball" | cut -c1-16)"
+    dir="$cache_dir/deer-flow-harness-$sum"
+    if [[ ! -f "$dir/deer-flow/backend/packages/harness/pyproject.toml" ]]; then
+        log "unpacking $tarball into $dir"
+        rm -rf "$dir" "$dir.tmp"
+        mkdir -p "$dir.tmp"
+        tar -xzf "$tarball" -C "$dir.tmp"
+        mv "$dir.tmp" "$dir"
+    fi
+    echo "$dir/deer-flow/backend/packages"
+}
+deerflow_pkgs="$(deerflow_source)"
+# deerflow-harness declares Python >= 3.12: the first CPython 3.12 that runs
+# ($SANDHUB_PYTHON312, python3.12 on PATH, then pyenv's, newest first).
+deerflow_python=""
+deerflow_candidates=("${SANDHUB_PYTHON312:-}" "$(command -v python3.12 || true)")
+while IFS= read -r cand; do deerflow_candidates+=("$cand"); done < <(
+    ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -rV)
+for cand in "${deerflow_candidates[@]}"; do
+    if [[ -n "$cand" && -x "$cand" ]] \
+        && "$cand" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 12) else 1)' >/dev/null 2>&1; then
+        deerflow_python="$cand"
+        break
+    fi
+done
+if [[ -z "$deerflow_python" ]]; then
+    log "no working CPython 3.12 found (tried: ${deerflow_candidates[*]}; set SANDHUB_PYTHON312): the DeerFlow adapter needs one"
+    exit 1
+fi
+framework_venv deerflow integrations/deerflow sandhub_deerflow "$deerflow_python" \
+    --no-deps "$deerflow_pkgs/extension-api" "$deerflow_pkgs/harness"
+
 [[ -z "${k8s_bin:-}" ]] || echo "K8S_BIN=$k8s_bin"
 echo "SANDHUB_PYTHON=$venv_dir/bin/python"

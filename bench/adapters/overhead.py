@@ -100,10 +100,40 @@ def gymnasium(hub: sandhub.Hub, runs: int) -> tuple[list[float], list[float]]:
         raw.close()
 
 
+def deerflow(hub: sandhub.Hub, runs: int) -> tuple[list[float], list[float]]:
+    """DeerFlow's own `bash_tool` through the provider `sandbox.use:` loads (settings from
+    $SANDHUB_URL: no config.yaml), against the SDK on the thread's sandbox."""
+    from types import SimpleNamespace
+
+    from deerflow.reflection import resolve_class
+    from deerflow.sandbox import SandboxProvider
+    from deerflow.sandbox.sandbox_provider import set_sandbox_provider
+    from deerflow.sandbox.tools import bash_tool
+
+    provider = resolve_class("sandhub_deerflow:SandhubSandboxProvider", SandboxProvider)()
+    set_sandbox_provider(provider)
+    try:
+        runtime = SimpleNamespace(state={}, context={"thread_id": "bench", "user_id": "bench"}, config={})
+
+        def adapter() -> None:
+            assert bash_tool.func(runtime=runtime, description="bench", command="true") == "(no output)"
+
+        adapter()  # acquires the thread's sandbox
+        sb = hub.get(runtime.state["sandbox"]["sandbox_id"])
+
+        def sdk() -> None:
+            assert sb.commands.run("true").exit_code == 0
+
+        return series(adapter, sdk, runs)
+    finally:
+        provider.shutdown()
+
+
 FRAMEWORKS: dict[str, Callable[[sandhub.Hub, int], tuple[list[float], list[float]]]] = {
     "deepagents": deepagents,
     "nemo-gym": nemo_gym,
     "gymnasium": gymnasium,
+    "deerflow": deerflow,
 }
 
 

@@ -43,6 +43,7 @@ TABLE = [
     Example("rest-curl", ("bash", "examples/rest-curl/rest.sh")),
     Example("deepagents", ("{python}", "examples/deepagents/agent.py"), venv="deepagents"),
     Example("nemo-gym", ("{python}", "examples/nemo-gym/run.py"), venv="nemo-gym"),
+    Example("deerflow", ("{python}", "examples/deerflow/run.py"), venv="deerflow"),
     Example("kubernetes", ("bash", "examples/kubernetes/install.sh"), cluster=True),
 ]
 
