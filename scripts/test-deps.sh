@@ -181,19 +181,19 @@ log "installing the sandhub Python SDK ($(basename "$sdk_wheel")) into $venv_dir
 # ---------------------------------------------------------------- the repository's Python packages
 # Editable installs point at this checkout: a venv shared by several checkouts (one
 # $SANDHUB_CACHE) follows whichever ran this script last, so the stamp names the path.
-local_packages=(tests/support integrations/gymnasium)
+local_packages=(tests/support integrations/gymnasium integrations/rl)
 local_stamp_file="$venv_dir/.sandhub-local-stamp"
 want_local_stamp="$( (echo "$repo_root"; for p in "${local_packages[@]}"; do
     echo "$p"; sha256sum "$repo_root/$p/pyproject.toml" | cut -d' ' -f1; done) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$local_stamp_file" && "$(cat "$local_stamp_file")" == "$want_local_stamp" ]] \
-    && "$venv_dir/bin/python" -c 'import sandhub_testing, sandhub_gymnasium' >/dev/null 2>&1; then
+    && "$venv_dir/bin/python" -c 'import sandhub_testing, sandhub_gymnasium, sandhub_rl' >/dev/null 2>&1; then
     log "project packages up to date: ${local_packages[*]}"
 else
     log "installing project packages (editable): ${local_packages[*]}"
     editable=()
     for p in "${local_packages[@]}"; do editable+=(-e "$repo_root/$p"); done
     "$venv_dir/bin/python" -m pip install --quiet --disable-pip-version-check "${editable[@]}" >&2
-    "$venv_dir/bin/python" -c 'import sandhub_testing, sandhub_gymnasium' >&2
+    "$venv_dir/bin/python" -c 'import sandhub_testing, sandhub_gymnasium, sandhub_rl' >&2
     echo "$want_local_stamp" >"$local_stamp_file"
 fi
 

@@ -147,6 +147,8 @@ step="pytest"
 echo
 # A suite is "dir" (the main venv) or "dir|python|pytest args" (a framework's own venv).
 python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8s_e2e controller/tests/python
+    # The RL fleet (sandhub-rl) against a real hub; its 200-row run is marked `scale` and included.
+    integrations/rl/tests
     "integrations/deepagents/tests|$deepagents_python|-o asyncio_mode=auto"
     "integrations/nemo_gym/tests|$nemo_gym_python|-o asyncio_mode=auto"
     # DeerFlow's own sandbox tools (harness from the vendored tarball) through SandhubSandboxProvider.

@@ -1,0 +1,510 @@
+"""The blocking fleet: :class:`SandboxFleet` and its :class:`SandboxHandle`.
+
+Thread-safe: a trainer runs its concurrent episodes in threads (every SDK
+call releases the GIL), all through one fleet.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Mapping
+
+import sandhub
+
+from . import naming
+from ._core import (
+    BROKEN_TEMPLATE_CAUSES,
+    DEFAULT_CONTAINER,
+    FleetCore,
+    StartFailure,
+    check_container,
+    image_template_spec,
+    lost_error,
+    start_error,
+)
+from .config import FleetConfig
+from .errors import FleetError, SandboxLostError, TaskSetupError
+from .failfast import StartVerdict, backoff, classify_error, classify_state, should_retry
+from .report import FleetStats, TeardownReport
+from .warming import PoolReadiness
+from .tasks import Task
+
+__all__ = ["SandboxFleet", "SandboxHandle"]
+
+log = logging.getLogger("sandhub_rl")
+
+
+class SandboxHandle:
+    """One episode's sandbox, from ``fleet.acquire(task)`` until ``fleet.release``.
+
+    ``sandbox`` is the SDK's ``sandhub.Sandbox`` (files, processes, ports...);
+    :meth:`exec` is the episode's command runner, which turns a vanished
+    sandbox into :class:`~sandhub_rl.SandboxLostError`."""
+
+    def __init__(self, fleet: SandboxFleet, sandbox: sandhub.Sandbox, task: Task) -> None:
+        self._fleet = fleet
+        self.sandbox = sandbox
+        self.task = task
+        self.sandbox_id: str = sandbox.id
+        self.target_container: str | None = DEFAULT_CONTAINER
+        self.launch: str = str(sandbox.info.launch or "")
+        self._created_at = sandbox.info.created_at
+        self._lost = False
+        self.released = False
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else ("lost" if self._lost else "live")
+        return f"<SandboxHandle {self.sandbox_id} task={self.task.id!r} {state}>"
+
+    def is_alive(self) -> bool:
+        """Whether the sandbox still exists, is Ready, and is the one this
+        handle was given (not deleted, finished, expired or replaced). Asks the
+        hub; a hub that cannot be reached raises its ``UnavailableError``."""
+        if self.released or self._lost:
+            return False
+        try:
+            info = self._fleet.hub.get(self.sandbox_id).info
+        except sandhub.NotFoundError:
+            self._mark_lost()
+            return False
+        if info.state != "Ready" or info.created_at != self._created_at:
+            self._mark_lost()
+            return False
+        return True
+
+    def _mark_lost(self) -> None:
+        if not self._lost:
+            self._lost = True
+            with self._fleet._lock:
+                self._fleet.stats.lost += 1
+
+    def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        container: str | None = None,
+    ) -> sandhub.CommandResult:
+        """Runs ``cmd`` (a string through ``/bin/sh -c``, a list as argv) to
+        completion. Raises :class:`SandboxLostError` when the sandbox is gone
+        (before or during the call); other hub errors pass through.
+        ``container`` must be the ``target_container`` (see there)."""
+        check_container(container, self.target_container)
+        if self.released:
+            raise FleetError(f"{self!r}: exec after release")
+        if self._lost:
+            raise lost_error(self.sandbox_id, self.task, "seen lost before")
+        if timeout is None:
+            timeout = self._fleet.config.exec_timeout_s
+        try:
+            return self.sandbox.commands.run(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+        except sandhub.NotFoundError as e:  # sandhub.SandboxLostError included
+            self._mark_lost()
+            raise lost_error(self.sandbox_id, self.task, e.message) from e
+        except (sandhub.FailedPreconditionError, sandhub.UnavailableError, sandhub.InternalError) as e:
+            if not self._alive_or_unknown():
+                raise lost_error(self.sandbox_id, self.task, e.message) from e
+            raise
+
+    def _alive_or_unknown(self) -> bool:
+        try:
+            return self.is_alive()
+        except sandhub.SandhubError:
+            return True  # the hub itself is in trouble: report its error, not a loss
+
+
+class SandboxFleet:
+    """Sandboxes for one training run on a hub.
+
+    ``acquire(task)`` gives a ready sandbox of the task's image or template
+    (warm from the run's pool when ``warm_per_template`` > 0) with the task's
+    files and setup applied; ``release(handle)`` deletes it. Every sandbox
+    carries the run's labels; ``teardown()`` removes whatever the run still
+    has, and reports what is left."""
+
+    def __init__(self, hub: sandhub.Hub | str | None = None, config: FleetConfig | None = None) -> None:
+        self.hub = hub if isinstance(hub, sandhub.Hub) else sandhub.Hub(hub)
+        self._core: FleetCore[SandboxHandle] = FleetCore(config)
+        self._pool_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def config(self) -> FleetConfig:
+        return self._core.config
+
+    @property
+    def run_id(self) -> str:
+        return self._core.run_id
+
+    @property
+    def stats(self) -> FleetStats:
+        """Counters of this fleet (acquired, warm, cold, lost, start failures...)."""
+        return self._core.stats
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return self._core._lock
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """``hub.list(fleet.labels)`` lists the run's sandboxes."""
+        return self._core.labels
+
+    def __repr__(self) -> str:
+        return f"<SandboxFleet run_id={self.run_id!r} live={len(self._core._live)}>"
+
+    def __enter__(self) -> SandboxFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown(verify=False)
+
+    # ------------------------------------------------------------------ acquire / release
+
+    def acquire(self, task: Task) -> SandboxHandle:
+        """A ready sandbox for ``task``, its files written and setup run.
+
+        Raises :class:`SandboxStartError` when it cannot start (at once for
+        causes that waiting cannot heal, after the policy's grace for the
+        others; the sandbox, if one was made, is deleted) and
+        :class:`TaskSetupError` when a setup command fails."""
+        self._core._check_open()
+        try:
+            return self._acquire(task)
+        finally:
+            if self.config.warmer is not None:
+                self._core.take_from_plan(task)
+                self._rewarm()
+
+    def _acquire(self, task: Task) -> SandboxHandle:
+        config = self.config
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                handle = self._start(task)
+                self._setup(handle)
+                return handle
+            except SandboxLostError as e:  # gone during setup: a fresh sandbox may do
+                failure = StartFailure(StartVerdict("lost_at_start", "retry", e.message), e.sandbox_id)
+                failure.__cause__ = e
+            except StartFailure as f:
+                failure = f
+            elapsed = time.monotonic() - started
+            if should_retry(failure.verdict, config.fail_fast, elapsed, config.ready_timeout_s):
+                with self._lock:
+                    self.stats.start_retries += 1
+                pause = backoff(config.fail_fast, attempt)
+                time.sleep(max(0.0, min(pause, config.ready_timeout_s - elapsed)))
+                continue
+            with self._lock:
+                self.stats.start_failures += 1
+            if failure.template is not None and failure.verdict.cause in BROKEN_TEMPLATE_CAUSES:
+                self._retire_pool(failure.template)
+            raise start_error(task, failure.verdict, elapsed, failure.sandbox_id) from failure.__cause__
+
+    @contextmanager
+    def episode(self, task: Task) -> Iterator[SandboxHandle]:
+        """``with fleet.episode(task) as h:`` acquires, and releases at the end."""
+        handle = self.acquire(task)
+        try:
+            yield handle
+        finally:
+            self.release(handle)
+
+    def release(self, handle: SandboxHandle) -> None:
+        """Deletes the episode's sandbox (a lost one too). Twice is fine."""
+        if handle.released:
+            return
+        handle.released = True
+        self._core._untrack(handle.sandbox_id)
+        try:
+            handle.sandbox.delete()
+        except sandhub.NotFoundError:
+            pass
+        with self._lock:
+            self.stats.released += 1
+
+    # ------------------------------------------------------------------ one start attempt
+
+    def _template_for(self, task: Task) -> str:
+        if task.template is not None:
+            return task.template
+        assert task.image is not None
+        cached = self._core._templates.get(task.image)
+        if cached is not None:
+            return cached
+        spec = image_template_spec(task.image, self.config)
+        name = naming.image_template_name(spec)
+        try:
+            self.hub.templates.put(name, spec)
+        except sandhub.SandhubError as e:
+            verdict = classify_error(e, "template")
+            if verdict.kind == "fatal":
+                self._core._bad_images.add(task.image)
+            raise StartFailure(verdict) from e
+        self._core._bad_images.discard(task.image)
+        self._core._templates[task.image] = name
+        return name
+
+    def _ensure_pool(self, template: str, task: Task) -> str | None:
+        core = self._core
+        if core._want_pool(template, task) is None:
+            return core._pool_for(template, task) or None
+        with self._pool_lock:
+            name = core._want_pool(template, task)
+            if name is not None:
+                try:
+                    self.hub.pools.put(name, template, self.config.warm_per_template)
+                    core._pools[template] = name
+                except sandhub.SandhubError as e:  # warmth is an optimisation: start cold
+                    log.warning("sandhub-rl: no warm pool for template %s (%s); starting cold", template, e)
+                    core._pools[template] = ""
+        return core._pool_for(template, task) or None
+
+    def _start(self, task: Task) -> SandboxHandle:
+        template = self._template_for(task)
+        try:
+            handle = self._start_from(task, template)
+        except StartFailure as f:
+            f.template = template
+            raise
+        self._core._bad_templates.discard(template)
+        return handle
+
+    def _start_from(self, task: Task, template: str) -> SandboxHandle:
+        pool = self._ensure_pool(template, task)
+        kw = self._core._create_kwargs(task)
+        try:
+            sb = self.hub.create(pool=pool, **kw) if pool else self.hub.create(template, **kw)
+        except sandhub.NotFoundError as e:
+            if pool:  # our pool was removed from outside: forget it, start cold
+                self._core._pools[template] = ""
+                raise StartFailure(StartVerdict("pool_gone", "retry", e.message)) from e
+            if task.image is not None and self._core._templates.pop(task.image, ""):
+                # the image's template was removed from outside: put it again
+                raise StartFailure(StartVerdict("template_gone", "retry", e.message)) from e
+            raise StartFailure(classify_error(e, "create")) from e
+        except sandhub.SandhubError as e:
+            raise StartFailure(classify_error(e, "create")) from e
+        try:
+            self._wait_ready(sb)
+            self._start_check(sb)
+        except StartFailure as f:
+            f.sandbox_id = sb.id
+            _delete_quietly(sb)
+            raise
+        handle = SandboxHandle(self, sb, task)
+        self._core._track(sb.id, handle)
+        with self._lock:
+            self.stats.acquired += 1
+            if handle.launch == "warm":
+                self.stats.warm += 1
+            else:
+                self.stats.cold += 1
+        return handle
+
+    def _wait_ready(self, sb: sandhub.Sandbox) -> None:
+        deadline = time.monotonic() + self.config.ready_timeout_s
+        while True:
+            verdict = classify_state(sb.state)
+            if verdict is not None:
+                raise StartFailure(verdict)
+            if sb.state == "Ready":
+                return
+            if time.monotonic() >= deadline:
+                raise StartFailure(StartVerdict("start_timeout", "retry", f"still {sb.state}"))
+            time.sleep(0.05)
+            try:
+                sb.refresh()
+            except sandhub.SandhubError as e:
+                raise StartFailure(classify_error(e, "wait")) from e
+
+    def _start_check(self, sb: sandhub.Sandbox) -> None:
+        check = self.config.fail_fast.start_check
+        if not check:
+            return
+        try:
+            result = sb.commands.run(check, timeout=min(60.0, self.config.ready_timeout_s))
+        except sandhub.SandhubError as e:
+            raise StartFailure(classify_error(e, "wait")) from e
+        if result.exit_code != 0:
+            detail = (result.stderr or result.stdout).strip()[-500:]
+            raise StartFailure(
+                StartVerdict("start_check_failed", "fatal", f"`{check}` exited {result.exit_code}: {detail}")
+            )
+
+    def _setup(self, handle: SandboxHandle) -> None:
+        task = handle.task
+        try:
+            for path, content in task.files.items():
+                try:
+                    handle.sandbox.files.write(path, content)
+                except sandhub.NotFoundError as e:
+                    handle._mark_lost()
+                    raise lost_error(handle.sandbox_id, task, e.message) from e
+            for cmd in task.setup:
+                result = handle.exec(cmd, timeout=self.config.setup_timeout_s)
+                if result.exit_code != 0:
+                    with self._lock:
+                        self.stats.setup_failures += 1
+                    detail = (result.stderr or result.stdout).strip()[-500:]
+                    raise TaskSetupError(f"exit {result.exit_code}: {detail}", task_id=task.id, command=cmd, result=result)
+        except BaseException:
+            self.release(handle)
+            raise
+
+    def _retire_pool(self, template: str) -> None:
+        """Stops warming ``template`` (its sandboxes do not start): its pool
+        goes to 0 until an acquire of it succeeds again (lookahead pools; a
+        fixed-size pool stays at 0 for the rest of the run)."""
+        core = self._core
+        core._bad_templates.add(template)
+        with self._pool_lock:
+            name = core._pools.get(template)
+            if not name or core._pool_sizes.get(template) == 0:
+                return
+            try:
+                self.hub.pools.put(name, template, 0)
+                core._pool_sizes[template] = 0
+            except sandhub.SandhubError as e:
+                log.warning("sandhub-rl: could not stop pool %s of failing template %s: %s", name, template, e)
+
+    # ------------------------------------------------------------------ lookahead warming
+
+    def add_tasks(self, tasks: Iterable[Task]) -> None:
+        """Adds ``tasks`` to the plan of upcoming episodes (in order). With a
+        ``warmer``, pools are resized at once for the new lookahead window;
+        each acquire takes its task off the plan and resizes again."""
+        batch = list(tasks)
+        if not all(isinstance(t, Task) for t in batch):
+            raise TypeError("add_tasks takes Task objects")
+        self._core._check_open()
+        self._core.add_to_plan(batch)
+        self._rewarm()
+
+    def planned_tasks(self) -> list[Task]:
+        """The tasks added with :meth:`add_tasks` and not yet acquired."""
+        return self._core.planned()
+
+    def _rewarm(self) -> None:
+        core = self._core
+        if self.config.warmer is None or core._closed:
+            return
+        with self._pool_lock:
+            templates: list[str | None] = []
+            for task in core.window():
+                if task.env or (task.image is not None and task.image in core._bad_images):
+                    templates.append(None)
+                    continue
+                try:
+                    template = self._template_for(task)
+                except StartFailure:
+                    templates.append(None)  # its acquire will say why
+                    continue
+                templates.append(None if template in core._bad_templates else template)
+            for template, name, replicas in core.pool_changes(templates):
+                try:
+                    self.hub.pools.put(name, template, replicas)
+                except sandhub.SandhubError as e:
+                    log.warning("sandhub-rl: could not size pool %s to %d: %s", name, replicas, e)
+                    continue
+                core._pools[template] = name
+                core._pool_sizes[template] = replicas
+
+    def wait_pools_ready(self, timeout: float = 60.0) -> PoolReadiness:
+        """Waits up to ``timeout`` seconds for the run's warm pools to be full;
+        returns how ready they are (never raises: errors are in the result)."""
+        started = time.monotonic()
+        while True:
+            readiness = PoolReadiness()
+            try:
+                for pool in self.hub.pools.list():
+                    if self._core._is_run_pool(pool.name):
+                        readiness.pools[pool.name] = (pool.ready, pool.replicas)
+                        readiness.ready += min(pool.ready, pool.replicas)
+                        readiness.wanted += pool.replicas
+            except sandhub.SandhubError as e:
+                readiness.errors.append(str(e))
+            readiness.waited_s = time.monotonic() - started
+            if readiness.errors or readiness.ready >= readiness.wanted or readiness.waited_s >= timeout:
+                return readiness
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------ the end of a run
+
+    def teardown(self, verify: bool = True) -> TeardownReport:
+        """Deletes the run's pools and every sandbox carrying its label (also
+        ones this process never saw, e.g. from an earlier process of the same
+        run), then, with ``verify``, lists again and reports what is left.
+        The fleet takes no acquires afterwards."""
+        self._core._closed = True
+        report = TeardownReport(run_id=self.run_id)
+        for handle in self._core.live_handles():
+            handle.released = True
+            self._core._untrack(handle.sandbox_id)
+        try:
+            for pool in self.hub.pools.list():
+                if self._core._is_run_pool(pool.name) or pool.name in self._core._pools.values():
+                    try:
+                        self.hub.pools.delete(pool.name)
+                        report.deleted_pools.append(pool.name)
+                    except sandhub.NotFoundError:
+                        pass
+        except sandhub.SandhubError as e:
+            report.errors.append(f"pools: {e}")
+        try:
+            for sb in self.hub.list(self.labels):
+                try:
+                    sb.delete()
+                    report.deleted_sandboxes.append(sb.id)
+                except sandhub.NotFoundError:
+                    pass
+                except sandhub.SandhubError as e:
+                    report.errors.append(f"{sb.id}: {e}")
+        except sandhub.SandhubError as e:
+            report.errors.append(f"sandboxes: {e}")
+        if verify:
+            left = self.verify_teardown()
+            report.left_sandboxes, report.left_pools = left.left_sandboxes, left.left_pools
+            report.errors.extend(left.errors)
+            report.verified = left.verified
+        return report
+
+    def verify_teardown(self) -> TeardownReport:
+        """Lists what the run still has on the hub, deleting nothing."""
+        report = TeardownReport(run_id=self.run_id)
+        try:
+            report.left_sandboxes = [sb.id for sb in self.hub.list(self.labels)]
+            report.left_pools = [p.name for p in self.hub.pools.list() if self._core._is_run_pool(p.name)]
+            report.verified = True
+        except sandhub.SandhubError as e:
+            report.errors.append(f"verify: {e}")
+        return report
+
+    def make_vec_env(self, tasks: Iterable[Task], *, reward: Any, **kwargs: Any) -> Any:
+        """A Gymnasium vector env whose episodes run on this fleet (see
+        :mod:`sandhub_rl.vector`; needs ``gymnasium``)."""
+        from .vector import make_vec_env
+
+        return make_vec_env(self, tasks, reward=reward, **kwargs)
+
+    def live_handles(self) -> list[SandboxHandle]:
+        """Handles acquired and not yet released."""
+        return self._core.live_handles()
+
+
+def _delete_quietly(sb: sandhub.Sandbox) -> None:
+    try:
+        sb.delete()
+    except sandhub.SandhubError as e:
+        if not isinstance(e, sandhub.NotFoundError):
+            log.warning("sandhub-rl: could not delete failed sandbox %s: %s", sb.id, e)
