@@ -16,13 +16,16 @@ import os
 import time
 
 import gymnasium as gym
+import sandhub
 import sandhub_gymnasium  # noqa: F401 - registers Sandhub/Shell-v0
 
 ENV_ID = "sandhub_gymnasium:Sandhub/Shell-v0"
+#: 64 sandboxes at the default memory limit would pass a tenant's default memory quota.
+TEMPLATE = "bench-vector"
 
 
 def vector_steps_per_s(url: str, n: int, rounds: int) -> float:
-    envs = gym.make_vec(ENV_ID, num_envs=n, hub_url=url)
+    envs = gym.make_vec(ENV_ID, num_envs=n, hub_url=url, template=TEMPLATE)
     try:
         envs.reset(seed=0)
         actions = ("true",) * n
@@ -36,7 +39,7 @@ def vector_steps_per_s(url: str, n: int, rounds: int) -> float:
 
 
 def single_steps_per_s(url: str, n: int, rounds: int) -> float:
-    envs = [gym.make(ENV_ID, hub_url=url, disable_env_checker=True) for _ in range(n)]
+    envs = [gym.make(ENV_ID, hub_url=url, template=TEMPLATE, disable_env_checker=True) for _ in range(n)]
     try:
         for i, env in enumerate(envs):
             env.reset(seed=i)
@@ -55,9 +58,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", default="8,64", help="comma-separated env counts")
     parser.add_argument("--rounds", type=int, default=30, help="vector steps timed per count")
+    parser.add_argument("--memory-mb", type=int, default=256, help="each sandbox's memory limit")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     url = os.environ.get("SANDHUB_URL", "http://127.0.0.1:7070")
+    sandhub.Hub(url).templates.put(TEMPLATE, {"memory_mb": args.memory_mb})
     for n in (int(x) for x in args.envs.split(",")):
         vector = vector_steps_per_s(url, n, args.rounds)
         single = single_steps_per_s(url, n, args.rounds)
