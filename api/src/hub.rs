@@ -348,6 +348,10 @@ pub struct Pool {
     pub ready: u32,
     /// Warm sandboxes ready or starting.
     pub total: u32,
+    /// Why the last warm start failed, while starts keep failing (each
+    /// retry waits longer, up to 30 s); absent once one succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

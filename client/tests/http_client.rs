@@ -283,6 +283,7 @@ fn pool(name: &str, replicas: u32) -> Pool {
         replicas,
         ready: replicas,
         total: replicas,
+        last_error: None,
     }
 }
 

@@ -594,6 +594,48 @@ async fn tenancy_other_tenant_gets_404_and_no_key_gets_401() {
 
 // ------------------------------------------------------------------ warm pools
 
+/// A pool whose template cannot start retries with back-off (not as fast as
+/// it fails), says why in its status, and fills once the template is fixed.
+#[tokio::test]
+async fn a_pool_that_cannot_start_backs_off_and_says_why() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let broken = Template {
+        user: Some("no-such-user".into()),
+        ..Default::default()
+    };
+    put_template(&c, "broken", broken).await;
+    c.put_pool(
+        "broken",
+        PoolSpec {
+            template: "broken".into(),
+            replicas: 2,
+        },
+    )
+    .await
+    .unwrap();
+    let pools = &c;
+    let error = eventually("the pool to report its failure", WAIT, move || async move {
+        pools.get_pool("broken").await.ok()?.last_error
+    })
+    .await;
+    assert!(error.contains("no-such-user"), "{error}");
+    let attempts = || hub.log().matches("starting a warm sandbox").count();
+    let before = attempts();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Without back-off this was about 15 starts a second; with it, two
+    // members at 0.5, 1, 2 s... make at most a handful in 4 s.
+    let during = attempts() - before;
+    assert!(during <= 8, "{during} warm starts in 4 s");
+
+    put_template(&c, "broken", Template::default()).await;
+    let filled = move || async move {
+        let p = pools.get_pool("broken").await.ok()?;
+        (p.ready == 2 && p.last_error.is_none()).then_some(())
+    };
+    eventually("the fixed pool to fill", WAIT, filled).await;
+}
+
 #[tokio::test]
 async fn warm_claims_report_warm_and_the_pool_refills() {
     let hub = TestHub::start(HubOptions::default()).await;

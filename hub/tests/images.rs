@@ -340,6 +340,26 @@ async fn docker_save_imports_and_unused_images_are_removed() {
         .await
         .unwrap_err();
     assert_eq!(err.code, sandhub_api::error::Code::NotFound, "{err}");
+    // A name no registry could serve either is a different answer (what
+    // Kubernetes calls InvalidImageName), so a caller knows a pull cannot help.
+    for bad in ["Upper/Case:1", "a::b"] {
+        let err = hub
+            .client(None)
+            .put_template(
+                "invalid",
+                Template {
+                    image: Some(bad.into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code,
+            sandhub_api::error::Code::InvalidArgument,
+            "{bad}: {err}"
+        );
+    }
 }
 
 /// Each classic layer escape gets `INVALID_ARGUMENT` with the reason, and

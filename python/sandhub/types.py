@@ -167,13 +167,16 @@ class Template:
 
 @dataclass(frozen=True)
 class Pool:
-    """A warm pool: ``ready`` of ``replicas`` sandboxes of ``template`` are waiting."""
+    """A warm pool: ``ready`` of ``replicas`` sandboxes of ``template`` are waiting.
+    ``last_error`` says why warm starts keep failing (they are retried with
+    back-off); None once one succeeds."""
 
     name: str
     template: str
     replicas: int
     ready: int = 0
     total: int = 0
+    last_error: str | None = None
 
     @classmethod
     def _from(cls, data: dict[str, Any]) -> Pool:

@@ -174,6 +174,7 @@ mod tests {
             replicas: 3,
             ready: 1,
             total: 2,
+            last_error: None,
         };
         assert_eq!(
             pool_table(&[pool]),

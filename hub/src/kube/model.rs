@@ -226,6 +226,7 @@ pub fn pool_of(pool: &SandboxWarmPool) -> Pool {
         replicas: pool.spec.replicas.max(0) as u32,
         ready: status.ready_replicas.max(0) as u32,
         total: status.replicas.max(0) as u32,
+        last_error: None,
     }
 }
 

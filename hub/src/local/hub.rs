@@ -46,6 +46,8 @@ pub struct Hub {
     /// Ids being launched for pools right now, so a refill pass never
     /// double-counts a member that is still starting.
     pub(super) launching: Mutex<HashMap<(String, String), u32>>,
+    /// Pools whose warm starts keep failing: no start before `retry_at`.
+    pub(super) pool_failures: Mutex<HashMap<(String, String), PoolFailure>>,
     /// One lock per sandbox id, held across a lifecycle change (suspend,
     /// resume, reset, delete, the reaper's verdicts), so the reaper never
     /// judges a row that a suspend/resume is replacing: stopping the stale
@@ -53,6 +55,13 @@ pub struct Hub {
     pub(super) lifecycle: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Most bytes of snapshots one tenant may keep; 0: no limit.
     pub(super) max_snapshot_bytes: AtomicU64,
+}
+
+/// A pool's run of failed warm starts.
+pub(super) struct PoolFailure {
+    pub failures: u32,
+    pub retry_at: std::time::Instant,
+    pub error: String,
 }
 
 pub(super) fn to_api(row: &SandboxRow) -> Sandbox {
@@ -150,6 +159,7 @@ impl Hub {
             clients: Mutex::new(HashMap::new()),
             pools_changed: Notify::new(),
             launching: Mutex::new(HashMap::new()),
+            pool_failures: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
             max_snapshot_bytes: AtomicU64::new(0),
         })

@@ -83,6 +83,20 @@ pub enum PoolPlan<'a> {
     Keep,
 }
 
+/// How long a pool waits before its next warm start after `failures`
+/// starts in a row failed: 0.5 s, doubling, at most 30 s. A template that
+/// cannot start would otherwise be retried as fast as it fails (about 15
+/// starts a second, each a cgroup, namespaces and a disk layer).
+pub fn start_backoff(failures: u32) -> std::time::Duration {
+    const FIRST_MS: u64 = 500;
+    const MAX_MS: u64 = 30_000;
+    if failures == 0 {
+        return std::time::Duration::ZERO;
+    }
+    let ms = FIRST_MS.saturating_mul(1u64 << (failures - 1).min(16));
+    std::time::Duration::from_millis(ms.min(MAX_MS))
+}
+
 /// The plan for a pool of `replicas` with `members` stored and `starting`
 /// being launched (not stored yet, so never counted twice). Extra members
 /// go not-ready first, then the newest: the ready, older ones are the ones
@@ -104,6 +118,15 @@ pub fn pool_plan(replicas: u32, members: &[SandboxRow], starting: u32) -> PoolPl
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn failed_warm_starts_back_off_from_half_a_second_to_thirty() {
+        use std::time::Duration;
+        let waits: Vec<Duration> = (0..9).map(start_backoff).collect();
+        let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [0, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
+        assert_eq!(start_backoff(u32::MAX), Duration::from_secs(30));
+    }
+
     use std::{cell::Cell, collections::BTreeMap};
 
     use sandhub_api::hub::Launch;

@@ -1,13 +1,13 @@
 //! Warm pools of the local backend: each pass applies [`plan::pool_plan`]
 //! to every pool, starting members in the background and removing extras.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc, time::Instant};
 
 use sandhub_api::hub::{Launch, SandboxState};
 use sandhub_client::Result;
 
 use super::{
-    hub::Hub,
+    hub::{Hub, PoolFailure},
     plan::{self, PoolPlan},
     store::{PoolRow, SandboxRow},
 };
@@ -21,6 +21,7 @@ impl Hub {
             let key = (pool.tenant.clone(), pool.name.clone());
             let starting = *self.launching.lock().unwrap().get(&key).unwrap_or(&0);
             match plan::pool_plan(pool.replicas, &members, starting) {
+                PoolPlan::Start(_) if self.backing_off(&key) => {}
                 PoolPlan::Start(n) => {
                     for _ in 0..n {
                         self.start_pool_member(&pool, &key);
@@ -49,14 +50,46 @@ impl Hub {
         let hub = self.clone();
         let (pool, key) = (pool.clone(), key.clone());
         tokio::spawn(async move {
-            if let Err(e) = hub.add_pool_member(&pool).await {
-                tracing::warn!(pool = %pool.name, error = %e, "starting a warm sandbox");
+            match hub.add_pool_member(&pool).await {
+                Ok(()) => {
+                    hub.pool_failures.lock().unwrap().remove(&key);
+                }
+                Err(e) => {
+                    let mut failures = hub.pool_failures.lock().unwrap();
+                    let f = failures.entry(key.clone()).or_insert(PoolFailure {
+                        failures: 0,
+                        retry_at: Instant::now(),
+                        error: String::new(),
+                    });
+                    f.failures = f.failures.saturating_add(1);
+                    let wait = plan::start_backoff(f.failures);
+                    f.retry_at = Instant::now() + wait;
+                    f.error = e.to_string();
+                    tracing::warn!(pool = %pool.name, error = %e, failures = f.failures,
+                        retry_in = ?wait, "starting a warm sandbox");
+                }
             }
             if let Some(n) = hub.launching.lock().unwrap().get_mut(&key) {
                 *n = n.saturating_sub(1);
             }
             hub.pools_changed.notify_one();
         });
+    }
+
+    /// Whether the pool's starts failed lately and its back-off still runs.
+    fn backing_off(&self, key: &(String, String)) -> bool {
+        let failures = self.pool_failures.lock().unwrap();
+        failures
+            .get(key)
+            .is_some_and(|f| f.retry_at > Instant::now())
+    }
+
+    /// Why the pool's last warm start failed, while its starts keep failing.
+    pub(super) fn pool_error(&self, tenant: &str, name: &str) -> Option<String> {
+        let failures = self.pool_failures.lock().unwrap();
+        failures
+            .get(&(tenant.to_string(), name.to_string()))
+            .map(|f| f.error.clone())
     }
 
     async fn add_pool_member(&self, pool: &PoolRow) -> Result<()> {

@@ -80,6 +80,7 @@ impl TenantHub {
             replicas: p.replicas,
             ready,
             total: members.len() as u32,
+            last_error: self.hub.pool_error(&p.tenant, &p.name),
         })
     }
 }

@@ -171,6 +171,11 @@ impl TestHub {
         reqwest::Client::builder().timeout(WAIT).build().unwrap()
     }
 
+    /// The hub's whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();

@@ -76,6 +76,16 @@ fn not_found(r: &str) -> ErrorBody {
     ErrorBody::new(Code::NotFound, format!("no image `{r}` in the store"))
 }
 
+/// A tag the store lacks: `INVALID_ARGUMENT` when no registry could serve
+/// it either (Kubernetes' `InvalidImageName`), so a caller can tell a name
+/// that will never work from an image not pulled yet.
+fn missing(r: &str) -> ErrorBody {
+    match pull::parse_reference(r) {
+        Err(invalid) => invalid,
+        Ok(_) => not_found(r),
+    }
+}
+
 /// The content-addressed blob directory.
 pub struct Blobs {
     dir: PathBuf,
@@ -614,7 +624,7 @@ impl ImageStore {
         self.records()?
             .into_iter()
             .find(|r| r.tenants.get(tenant).is_some_and(|t| t.contains(&tag)))
-            .ok_or_else(|| not_found(reference))
+            .ok_or_else(|| missing(reference))
     }
 
     /// The image a tenant's reference (tag or id) names.
