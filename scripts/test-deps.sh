@@ -281,17 +281,20 @@ framework_venv nemo-gym integrations/nemo_gym sandhub_nemo_gym "$nemo_python" \
 # extension-api it pins come from the vendored source tarball, installed with --no-deps
 # (the harness's full dependency set took 5 min 42 s to install: markitdown[all], kubernetes,
 # langgraph-api, ...); integrations/deerflow/tests/requirements.txt has the light runtime
-# deps its sandbox tools import. The tarball is in $SANDHUB_VENDOR_DIR (default: ../shared/vendor
-# beside the checkout); a copy is kept in $cache_dir/vendor for clones that do not see it.
+# deps its sandbox tools import. The tarball is looked for in $SANDHUB_VENDOR_DIR, then in
+# ../shared/vendor beside the checkout and /work/shared/vendor (where this machine keeps the
+# project's shared files; a clone elsewhere may not have them beside it); a copy is kept in
+# $cache_dir/vendor for later runs.
 # Unpacked once per tarball content, to a path that names it (so the venv's stamp follows it).
 # Prints the unpacked tree's root.
 deerflow_source() {
     local name=deer-flow-harness.tar.gz cand tarball="" sum dir
-    for cand in "${SANDHUB_VENDOR_DIR:-$repo_root/../shared/vendor}/$name" "$cache_dir/vendor/$name"; do
+    for cand in ${SANDHUB_VENDOR_DIR:+"$SANDHUB_VENDOR_DIR/$name"} "$repo_root/../shared/vendor/$name" \
+        /work/shared/vendor/"$name" "$cache_dir/vendor/$name"; do
         if [[ -f "$cand" ]]; then tarball="$cand"; break; fi
     done
     if [[ -z "$tarball" ]]; then
-        log "DeerFlow's harness source $name is neither in ${SANDHUB_VENDOR_DIR:-$repo_root/../shared/vendor} nor in $cache_dir/vendor (set SANDHUB_VENDOR_DIR)"
+        log "DeerFlow's harness source $name is not in \$SANDHUB_VENDOR_DIR, $repo_root/../shared/vendor, /work/shared/vendor or $cache_dir/vendor (set SANDHUB_VENDOR_DIR)"
         return 1
     fi
     if [[ "$tarball" != "$cache_dir/vendor/$name" ]]; then
