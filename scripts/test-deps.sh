@@ -40,8 +40,9 @@ log() { echo "[test-deps] $*" >&2; }
 # tests/python/test_readme.py runs them in a network namespace of their own (ip).
 # btrfs-progs: mkfs.btrfs makes the disk-quota volume every local hub keeps its
 # sandboxes on (hub/src/local/quota).
+# git, tmux and procps also go into the OpenHands agent-server test image (dev/openhands).
 apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates openssl curl nginx wrk
-    containerd runc containernetworking-plugins busybox-static jq iproute2 btrfs-progs)
+    containerd runc containernetworking-plugins busybox-static jq iproute2 btrfs-progs git tmux procps)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
@@ -332,6 +333,20 @@ if [[ -z "$deerflow_python" ]]; then
 fi
 framework_venv deerflow integrations/deerflow sandhub_deerflow "$deerflow_python" \
     --no-deps "$deerflow_pkgs/extension-api" "$deerflow_pkgs/harness"
+
+# openhands-sdk 1.58 needs CPython >= 3.12: the 3.12 the DeerFlow venv uses (found above).
+# LiteLLM (imported by the import check) would otherwise fetch its price list from the network.
+openhands_python="$deerflow_python"
+LITELLM_LOCAL_MODEL_COST_MAP=True OPENHANDS_SUPPRESS_BANNER=1 \
+    framework_venv openhands integrations/openhands sandhub_openhands "$openhands_python"
+# The agent-server image its tests and examples/openhands import into their hub: an OCI layout
+# of that Python, openhands-agent-server 1.58.2 and this machine's Debian packages (bash, git,
+# tmux...), built once into $SANDHUB_CACHE/openhands (minutes; later runs return at once).
+openhands_image="$(python3 "$repo_root/dev/openhands/build-image.py" --cache "$cache_dir" --python "$openhands_python" \
+    | tail -n1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["layout"])')"
+[[ -d "$openhands_image" ]] || { log "dev/openhands/build-image.py did not report a layout"; exit 1; }
+log "OpenHands agent-server image: $openhands_image"
+echo "SANDHUB_OPENHANDS_IMAGE=$openhands_image"
 
 [[ -z "${k8s_bin:-}" ]] || echo "K8S_BIN=$k8s_bin"
 echo "SANDHUB_PYTHON=$venv_dir/bin/python"

@@ -59,16 +59,21 @@ nemo_gym_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_NEMO_GYM_PYTHO
 e2b_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_E2B_PYTHON=//p' | tail -n1)"
 e2b_legacy_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_E2B_LEGACY_PYTHON=//p' | tail -n1)"
 deerflow_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_DEERFLOW_PYTHON=//p' | tail -n1)"
+openhands_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_OPENHANDS_PYTHON=//p' | tail -n1)"
+# The OpenHands agent-server image (an OCI layout) its tests and example import into their hub.
+SANDHUB_OPENHANDS_IMAGE="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_OPENHANDS_IMAGE=//p' | tail -n1)"
+export SANDHUB_OPENHANDS_IMAGE
 if [[ -z "$venv_python" || ! -x "$venv_python" || -z "$deepagents_python" || ! -x "$deepagents_python" \
     || -z "$nemo_gym_python" || ! -x "$nemo_gym_python" || -z "$e2b_python" || ! -x "$e2b_python" \
-    || -z "$e2b_legacy_python" || ! -x "$e2b_legacy_python" || -z "$deerflow_python" || ! -x "$deerflow_python" ]]; then
-    echo "test.sh: scripts/test-deps.sh did not report usable pythons ($venv_python, $deepagents_python, $nemo_gym_python, $e2b_python, $e2b_legacy_python, $deerflow_python)" >&2
+    || -z "$e2b_legacy_python" || ! -x "$e2b_legacy_python" || -z "$deerflow_python" || ! -x "$deerflow_python" \
+    || -z "$openhands_python" || ! -x "$openhands_python" ]]; then
+    echo "test.sh: scripts/test-deps.sh did not report usable pythons ($venv_python, $deepagents_python, $nemo_gym_python, $e2b_python, $e2b_legacy_python, $deerflow_python, $openhands_python)" >&2
     exit 1
 fi
 
 # tests/python/test_examples.py runs each framework's example with that framework's python.
 export SANDHUB_DEEPAGENTS_PYTHON="$deepagents_python" SANDHUB_NEMO_GYM_PYTHON="$nemo_gym_python" \
-    SANDHUB_DEERFLOW_PYTHON="$deerflow_python"
+    SANDHUB_DEERFLOW_PYTHON="$deerflow_python" SANDHUB_OPENHANDS_PYTHON="$openhands_python"
 
 # ---------------------------------------------------------------- Rust
 run_step fmt cargo fmt --all -- --check
@@ -153,6 +158,8 @@ python_suites=(tests/python mcp-server/tests/python router/tests/python tests/k8
     "integrations/nemo_gym/tests|$nemo_gym_python|-o asyncio_mode=auto"
     # DeerFlow's own sandbox tools (harness from the vendored tarball) through SandhubSandboxProvider.
     "integrations/deerflow/tests|$deerflow_python"
+    # OpenHands' RemoteWorkspace and a full Conversation on an agent server inside a sandbox.
+    "integrations/openhands/tests|$openhands_python|-o asyncio_mode=auto"
     # The real e2b SDK against `sandhub serve --e2b` (the E2B facade).
     "tests/e2b|$e2b_python|-o asyncio_mode=auto"
     # An e2b SDK from before 2.51 (POST /sandboxes, /sandboxes/{id}/connect) against the same facade.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every adapter benchmark against one release hub: each framework's overhead on `true`
-# (bench/adapters/overhead.py, in that framework's venv) and the Gymnasium vector env's
+# (bench/adapters/overhead.py, in that framework's venv; OpenHands: bench/adapters/openhands.py)
+# and the Gymnasium vector env's
 # throughput with 8 and 64 envs (bench/adapters/vector.py).
 #
 #   bash bench/adapters/run.sh            # after bash scripts/test-deps.sh made the venvs
@@ -30,8 +31,7 @@ until curl -sf "$SANDHUB_URL/readyz" >/dev/null; do
 done
 
 runs=${SANDHUB_BENCH_RUNS:-300}
-for entry in deepagents:venv-deepagents nemo-gym:venv-nemo-gym gymnasium:venv \
-    deerflow:venv-deerflow openhands:venv-openhands; do
+for entry in deepagents:venv-deepagents nemo-gym:venv-nemo-gym gymnasium:venv deerflow:venv-deerflow; do
     framework=${entry%%:*} python="$cache/${entry#*:}/bin/python"
     if [[ ! -x "$python" ]]; then
         echo "$framework: no venv at $python (bash scripts/test-deps.sh)" >&2
@@ -39,4 +39,11 @@ for entry in deepagents:venv-deepagents nemo-gym:venv-nemo-gym gymnasium:venv \
     fi
     "$python" bench/adapters/overhead.py "$framework" --runs "$runs"
 done
+# OpenHands needs its agent server started in a sandbox: its own script starts its own hub
+# (host network allowed) and imports the agent-server image.
+if [[ -x "$cache/venv-openhands/bin/python" ]]; then
+    SANDHUB_BIN="$sandhub" "$cache/venv-openhands/bin/python" bench/adapters/openhands.py --connection proxy
+else
+    echo "openhands: no venv at $cache/venv-openhands (bash scripts/test-deps.sh)" >&2
+fi
 "$cache/venv/bin/python" bench/adapters/vector.py --envs 8,64

@@ -35,6 +35,8 @@ class Example:
     """A framework venv's name (`SANDHUB_<NAME>_PYTHON`, else $SANDHUB_CACHE/venv-<name>); None: this one."""
     cluster: bool = False
     """Runs against the test cluster's real node (KUBECONFIG), not the local hub."""
+    image: bool = False
+    """Needs the OpenHands agent-server image (scripts/test-deps.sh: $SANDHUB_OPENHANDS_IMAGE)."""
 
 
 TABLE = [
@@ -44,6 +46,9 @@ TABLE = [
     Example("deepagents", ("{python}", "examples/deepagents/agent.py"), venv="deepagents"),
     Example("nemo-gym", ("{python}", "examples/nemo-gym/run.py"), venv="nemo-gym"),
     Example("deerflow", ("{python}", "examples/deerflow/run.py"), venv="deerflow"),
+    # Its agent server reaches the scripted model on this machine: a host-network template
+    # (the hub below allows it); the image layout comes in $SANDHUB_OPENHANDS_IMAGE.
+    Example("openhands", ("{python}", "examples/openhands/run.py"), venv="openhands", image=True),
     Example("kubernetes", ("bash", "examples/kubernetes/install.sh"), cluster=True),
 ]
 
@@ -59,7 +64,8 @@ def python_of(venv: str | None) -> str:
 
 @pytest.fixture(scope="module")
 def hub_url(sandhub_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_hub(sandhub_bin, tmp_path_factory.mktemp("examples-hub")) as hub:
+    # --allow-host-network: the OpenHands example's agent server calls a model on this machine.
+    with running_hub(sandhub_bin, tmp_path_factory.mktemp("examples-hub"), "--allow-host-network") as hub:
         yield hub.url
 
 
@@ -97,6 +103,9 @@ def test_example_runs(example: Example, request: pytest.FixtureRequest, tmp_path
     argv = [python if a == "{python}" else a for a in example.argv]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     env.pop("SANDHUB_API_KEY", None)
+    if example.image:
+        layout = os.environ.get("SANDHUB_OPENHANDS_IMAGE", "")
+        need(os.path.isdir(layout), "SANDHUB_OPENHANDS_IMAGE names no image layout (bash scripts/test-deps.sh)")
     if example.cluster:
         env.update(cluster_env(tmp_path))
     else:
