@@ -254,27 +254,29 @@ framework_venv e2b tests/e2b e2b "$python_bin"
 # /sandboxes/{id}/connect instead of /v2/...), pins in tests/e2b_legacy/requirements.txt.
 framework_venv e2b-legacy tests/e2b_legacy e2b "$python_bin"
 
+# The first CPython 3.X that runs, for a framework that needs that version:
+# $SANDHUB_PYTHON3X, python3.X on PATH, then pyenv's versions (newest first). Each candidate is
+# run, not just found: a pyenv shim is on PATH even when its version is not the active one,
+# and then fails.
+minor_python() {
+    local want=$1 var="SANDHUB_PYTHON${1/./}" cand
+    local candidates=("${!var:-}" "$(command -v "python$want" || true)")
+    while IFS= read -r cand; do candidates+=("$cand"); done < <(
+        ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$want"*/bin/"python$want" 2>/dev/null | sort -rV)
+    for cand in "${candidates[@]}"; do
+        if [[ -n "$cand" && -x "$cand" ]] && "$cand" -c "import sys; sys.exit(sys.version_info[:2] != (${want/./, }))" >/dev/null 2>&1; then
+            echo "$cand"
+            return 0
+        fi
+    done
+    log "no working CPython $want found (tried: ${candidates[*]}; set $var)"
+    return 1
+}
+
 # nemo-gym 0.7.0 declares Python >= 3.13.14 and a heavy dependency set (ray, mlflow, wandb);
 # its sandbox API runs on any 3.13 with a few light deps, so where no 3.13.14+ exists it is
 # installed with --no-deps --ignore-requires-python (its tests/requirements.txt has the rest).
-# The first CPython 3.13 that runs: $SANDHUB_PYTHON313, python3.13 on PATH, then pyenv's
-# versions (newest first). Each candidate is run, not just found: a pyenv shim is on PATH
-# even when its version is not the active one, and then fails.
-nemo_python=""
-nemo_candidates=("${SANDHUB_PYTHON313:-}" "$(command -v python3.13 || true)")
-while IFS= read -r cand; do nemo_candidates+=("$cand"); done < <(
-    ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13 2>/dev/null | sort -rV)
-for cand in "${nemo_candidates[@]}"; do
-    if [[ -n "$cand" && -x "$cand" ]] \
-        && "$cand" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 13) else 1)' >/dev/null 2>&1; then
-        nemo_python="$cand"
-        break
-    fi
-done
-if [[ -z "$nemo_python" ]]; then
-    log "no working CPython 3.13 found (tried: ${nemo_candidates[*]}; set SANDHUB_PYTHON313): the NeMo Gym adapter needs one"
-    exit 1
-fi
+nemo_python="$(minor_python 3.13)" || exit 1
 framework_venv nemo-gym integrations/nemo_gym sandhub_nemo_gym "$nemo_python" \
     --no-deps --ignore-requires-python nemo-gym==0.7.0
 
@@ -314,23 +316,8 @@ deerflow_source() {
     echo "$dir/deer-flow/backend/packages"
 }
 deerflow_pkgs="$(deerflow_source)"
-# deerflow-harness declares Python >= 3.12: the first CPython 3.12 that runs
-# ($SANDHUB_PYTHON312, python3.12 on PATH, then pyenv's, newest first).
-deerflow_python=""
-deerflow_candidates=("${SANDHUB_PYTHON312:-}" "$(command -v python3.12 || true)")
-while IFS= read -r cand; do deerflow_candidates+=("$cand"); done < <(
-    ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -rV)
-for cand in "${deerflow_candidates[@]}"; do
-    if [[ -n "$cand" && -x "$cand" ]] \
-        && "$cand" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 12) else 1)' >/dev/null 2>&1; then
-        deerflow_python="$cand"
-        break
-    fi
-done
-if [[ -z "$deerflow_python" ]]; then
-    log "no working CPython 3.12 found (tried: ${deerflow_candidates[*]}; set SANDHUB_PYTHON312): the DeerFlow adapter needs one"
-    exit 1
-fi
+# deerflow-harness declares Python >= 3.12.
+deerflow_python="$(minor_python 3.12)" || exit 1
 framework_venv deerflow integrations/deerflow sandhub_deerflow "$deerflow_python" \
     --no-deps "$deerflow_pkgs/extension-api" "$deerflow_pkgs/harness"
 
