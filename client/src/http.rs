@@ -179,11 +179,17 @@ impl HubClient {
     /// `POST /v1/images/prepull`: the hub pulls each reference; one item
     /// per reference. Waits as long as the pulls take.
     pub async fn prepull_images(&self, references: &[String]) -> Result<PrepullResult> {
-        let body = PrepullRequest {
+        self.prepull(&PrepullRequest {
             references: references.to_vec(),
             ..Default::default()
-        };
-        self.call(self.request(Method::POST, "/v1/images/prepull").json(&body))
+        })
+        .await
+    }
+
+    /// [`Self::prepull_images`] with every field of the request (a template
+    /// whose placement the pulls follow, images per DaemonSet, ...).
+    pub async fn prepull(&self, request: &PrepullRequest) -> Result<PrepullResult> {
+        self.call(self.request(Method::POST, "/v1/images/prepull").json(request))
             .await
     }
 

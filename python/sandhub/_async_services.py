@@ -13,7 +13,7 @@ from . import _common as c
 from ._sandhub import NativeClient
 from ._sync_services import _batch_body, _batch_results
 from .errors import DeadlineExceededError
-from .types import Image, Pool, PruneResult, StepResult, Template
+from .types import Image, Pool, PrepullResult, PruneResult, StepResult, Template
 
 __all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools", "AsyncImages"]
 
@@ -149,6 +149,19 @@ class AsyncImages:
 
     async def import_(self, path: str | os.PathLike[str], *, tag: str | None = None, ref: str | None = None) -> Image:
         return Image._from(c.loads(await self._native.images_import(os.fspath(path), tag, ref)))
+
+    async def pull(
+        self, reference: str, *, tag: str | None = None, username: str | None = None, password: str | None = None
+    ) -> Image:
+        """Pulls ``reference`` (``[registry/]repo[:tag|@digest]``) into the hub's store, named
+        ``tag`` (default: the reference); credentials, when given, are for this pull only."""
+        return Image._from(c.loads(await self._native.images_pull(reference, tag, username, password)))
+
+    async def prepull(self, references: Sequence[str], *, template: str | None = None) -> PrepullResult:
+        """Pulls each reference where this tenant's sandboxes run (local: into the store;
+        Kubernetes: onto the nodes ``template``'s Pods reach, by DaemonSet). One result per
+        reference: a failed image is reported, not raised."""
+        return PrepullResult._from(c.loads(await self._native.images_prepull(list(references), template)))
 
     async def remove(self, reference: str) -> Image:
         return Image._from(c.loads(await self._native.images_remove(reference)))

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from . import _common as c
 from ._sandhub import NativeClient
 from .errors import DeadlineExceededError
-from .types import Image, Pool, PruneResult, StepResult, Template
+from .types import Image, Pool, PrepullResult, PruneResult, StepResult, Template
 
 __all__ = ["Env", "Gym", "Templates", "Pools", "Images"]
 
@@ -175,6 +175,19 @@ class Images:
         """Imports an OCI layout directory, an OCI layout tar or a ``docker
         save`` tar; ``ref`` picks one image of a layout that holds several."""
         return Image._from(c.loads(self._native.images_import(os.fspath(path), tag, ref)))
+
+    def pull(
+        self, reference: str, *, tag: str | None = None, username: str | None = None, password: str | None = None
+    ) -> Image:
+        """Pulls ``reference`` (``[registry/]repo[:tag|@digest]``) into the hub's store, named
+        ``tag`` (default: the reference); credentials, when given, are for this pull only."""
+        return Image._from(c.loads(self._native.images_pull(reference, tag, username, password)))
+
+    def prepull(self, references: Sequence[str], *, template: str | None = None) -> PrepullResult:
+        """Pulls each reference where this tenant's sandboxes run (local: into the store;
+        Kubernetes: onto the nodes ``template``'s Pods reach, by DaemonSet). One result per
+        reference: a failed image is reported, not raised."""
+        return PrepullResult._from(c.loads(self._native.images_prepull(list(references), template)))
 
     def remove(self, reference: str) -> Image:
         """Removes a tag, or (by id or last tag) the image; one a template or

@@ -214,6 +214,39 @@ class PruneResult:
 
 
 @dataclass(frozen=True)
+class PrepulledImage:
+    """One reference of ``images.prepull()``: ``ok`` with the image's ``id`` in the
+    store (local backend) or the ``daemonset`` that pulled it (Kubernetes), else ``error``."""
+
+    reference: str
+    ok: bool = False
+    id: str | None = None
+    daemonset: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> PrepulledImage:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class PrepullResult:
+    """What ``images.prepull()`` did: ``ok`` when every image was pulled everywhere
+    it was meant to be; one :class:`PrepulledImage` per reference; on Kubernetes
+    also the DaemonSets that pulled them (as the hub reports them)."""
+
+    ok: bool
+    images: list[PrepulledImage] = field(default_factory=list)
+    daemonsets: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> PrepullResult:
+        known = _known(cls, data)
+        known["images"] = [PrepulledImage._from(i) for i in known.get("images", [])]
+        return cls(**known)
+
+
+@dataclass(frozen=True)
 class StepResult:
     """One Gym step: ``(observation, reward, terminated, truncated, info)`` by name."""
 

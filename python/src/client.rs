@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use pyo3::{exceptions::PyValueError, prelude::*};
 use sandhub_api::{
     gym::{BatchStep, CreateEnv, ResetRequest},
-    hub::{CreateSandbox, ExecRequest, ForkRequest, PoolSpec, Template},
+    hub::{CreateSandbox, ExecRequest, ForkRequest, PoolSpec, PrepullRequest, PullRequest, Template},
 };
 use sandhub_client::{
     http::HubClient, sandboxd::SandboxdClient, Error, ProcessEvent, PtySize, Result, Sandboxes,
@@ -440,6 +440,46 @@ impl NativeClient {
                 .import_image_path(&path, tag.as_deref(), pick.as_deref())
                 .await?
         )?))
+    }
+
+    /// Pulls `reference` from its registry into the hub's store, named
+    /// `tag` (default: the reference); the image once every layer is in.
+    #[pyo3(signature = (reference, tag=None, username=None, password=None))]
+    fn images_pull<'py>(
+        &self,
+        py: Python<'py>,
+        reference: String,
+        tag: Option<String>,
+        username: Option<String>,
+        password: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request = PullRequest {
+            reference,
+            tag,
+            username,
+            password,
+        };
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.pull_image_with(&request, |_| {}).await?
+        )?))
+    }
+
+    /// Pulls each reference where the caller's sandboxes run (on the local
+    /// backend: into the store; on Kubernetes: onto the nodes `template`'s
+    /// Pods reach); one item per reference, never an error for one image.
+    #[pyo3(signature = (references, template=None))]
+    fn images_prepull<'py>(
+        &self,
+        py: Python<'py>,
+        references: Vec<String>,
+        template: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request = PrepullRequest {
+            references,
+            template,
+            ..Default::default()
+        };
+        run!(self, py, |b| Ok(json(&b.hub()?.prepull(&request).await?)?))
     }
 
     fn images_remove<'py>(

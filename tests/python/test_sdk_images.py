@@ -56,3 +56,29 @@ def test_images_async(hub_url: str) -> None:
             assert pruned.layers >= 0
 
     asyncio.run(main())
+
+
+def test_images_pull_and_prepull_from_a_registry(sandhub_bin, tmp_path) -> None:
+    from sandhub_testing import Registry, running_hub as start
+
+    with Registry(tmp_path / "registry") as reg:
+        reg.push(test_image_layout(), "sdk/pulled:1", ref=AMD64)
+        with start(sandhub_bin, tmp_path / "hub", "--insecure-registry", reg.addr) as hub_proc:
+            hub = sandhub.Hub(hub_proc.url)
+            image = hub.images.pull(f"{reg.addr}/sdk/pulled:1", tag="sdk/pulled:local")
+            assert image.tags == ["sdk/pulled:local"] and len(image.layers) == 3
+            hub.templates.put("pulled", {"image": "sdk/pulled:local"})
+            with hub.create(template="pulled") as sb:
+                assert sb.commands.run("echo $SANDHUB_IMAGE_MARK").stdout == "from-image\n"
+            with pytest.raises(sandhub.NotFoundError):
+                hub.images.pull(f"{reg.addr}/sdk/absent:1")
+
+            async def prepull() -> sandhub.PrepullResult:
+                async with sandhub.AsyncHub(hub_proc.url) as ahub:
+                    return await ahub.images.prepull([f"{reg.addr}/sdk/pulled:1", f"{reg.addr}/sdk/absent:1"])
+
+            result = asyncio.run(prepull())
+            assert result.ok is False  # one of the two is missing: reported, not raised
+            found, missing = result.images
+            assert (found.ok, found.id) == (True, image.id)
+            assert missing.ok is False and missing.error

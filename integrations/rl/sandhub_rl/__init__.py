@@ -24,6 +24,7 @@ from .async_fleet import AsyncSandboxFleet, AsyncSandboxHandle
 from .config import FailFastPolicy, FleetConfig, ResourceSpec, new_run_id
 from .errors import FleetError, SandboxLostError, SandboxStartError, TaskSetupError, TaskSourceError
 from .fleet import SandboxFleet, SandboxHandle
+from .images import prepull, task_images
 from .reap import ReapReport, reap_orphans
 from .report import FleetStats, TeardownReport
 from .warming import LookaheadWarmer, PoolReadiness
@@ -61,7 +62,9 @@ __all__ = [
     "load_image_list",
     "load_tasks",
     "new_run_id",
+    "prepull",
     "reap_orphans",
     "swebench_image",
+    "task_images",
     "to_tasks",
 ]
