@@ -189,8 +189,11 @@ impl HubClient {
     /// [`Self::prepull_images`] with every field of the request (a template
     /// whose placement the pulls follow, images per DaemonSet, ...).
     pub async fn prepull(&self, request: &PrepullRequest) -> Result<PrepullResult> {
-        self.call(self.request(Method::POST, "/v1/images/prepull").json(request))
-            .await
+        self.call(
+            self.request(Method::POST, "/v1/images/prepull")
+                .json(request),
+        )
+        .await
     }
 
     /// `DELETE /v1/images/{reference}`.

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use pyo3::{exceptions::PyValueError, prelude::*};
 use sandhub_api::{
     gym::{BatchStep, CreateEnv, ResetRequest},
-    hub::{CreateSandbox, ExecRequest, ForkRequest, PoolSpec, PrepullRequest, PullRequest, Template},
+    hub::{
+        CreateSandbox, ExecRequest, ForkRequest, PoolSpec, PrepullRequest, PullRequest, Template,
+    },
 };
 use sandhub_client::{
     http::HubClient, sandboxd::SandboxdClient, Error, ProcessEvent, PtySize, Result, Sandboxes,
