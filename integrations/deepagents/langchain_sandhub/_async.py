@@ -102,8 +102,10 @@ class AsyncSandhubSandbox(BaseSandbox):
             for chunk in ops.chunks(content):
                 await proc.write_stdin(chunk)
             await proc.close_stdin()
-        except sandhub.NotFoundError:
-            pass  # the script refused the path and exited before reading it all: its word is in its output
+        except (sandhub.NotFoundError, sandhub.FailedPreconditionError):
+            # The script refused the path and stopped reading (gone, or its stdin closed)
+            # before taking it all: its word is in its output.
+            pass
         except BaseException:
             try:
                 await proc.kill()
