@@ -628,7 +628,21 @@ async fn a_pool_that_cannot_start_backs_off_and_says_why() {
     let during = attempts() - before;
     assert!(during <= 8, "{during} warm starts in 4 s");
 
+    // A pool deleted and made again under its name starts afresh: no stale
+    // error, no inherited back-off (by now each retry waits seconds).
+    c.delete_pool("broken").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
     put_template(&c, "broken", Template::default()).await;
+    c.put_pool(
+        "broken",
+        PoolSpec {
+            template: "broken".into(),
+            replicas: 2,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.get_pool("broken").await.unwrap().last_error, None);
     let filled = move || async move {
         let p = pools.get_pool("broken").await.ok()?;
         (p.ready == 2 && p.last_error.is_none()).then_some(())

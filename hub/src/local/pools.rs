@@ -16,7 +16,17 @@ use crate::backend::{new_id, now_ms};
 impl Hub {
     /// One pass of every pool: start missing members, remove extra ones.
     pub async fn refill_pools(self: &Arc<Self>) -> Result<()> {
-        for pool in self.store.list_pools(None)? {
+        let pools = self.store.list_pools(None)?;
+        // A deleted pool's failures go with it: otherwise pools made and
+        // deleted under new names would grow this map without end, and a
+        // new pool of an old name would inherit its back-off.
+        self.pool_failures
+            .lock()
+            .unwrap()
+            .retain(|(tenant, name), _| {
+                pools.iter().any(|p| &p.tenant == tenant && &p.name == name)
+            });
+        for pool in pools {
             let members = self.store.pool_members(&pool.tenant, &pool.name)?;
             let key = (pool.tenant.clone(), pool.name.clone());
             let starting = *self.launching.lock().unwrap().get(&key).unwrap_or(&0);
