@@ -151,6 +151,50 @@ pub struct Sandbox {
     /// The snapshot this sandbox was forked from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<String>,
+    /// How its entrypoint (the template's, else its image's) is doing, on
+    /// one sandbox's GET or create answer while it is Ready; absent when it
+    /// has none, in lists, and where the backend cannot tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<EntrypointStatus>,
+}
+
+/// A sandbox's entrypoint: running, or how it ended. The words are
+/// Kubernetes' container-state reasons, so a caller judges both backends
+/// alike: `OOMKilled` and `Error` at start mean the sandbox will not serve;
+/// `Completed` is normal for an image whose command is a shell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EntrypointStatus {
+    pub state: EntrypointState,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+    /// How long it ran: until now while `Running`, else until it ended.
+    pub running_seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Why it could not be started (`StartError`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum EntrypointState {
+    Running,
+    /// Exited 0.
+    Completed,
+    /// Exited non-zero, or a signal other than the OOM killer's ended it.
+    Error,
+    /// The kernel's OOM killer ended it (or the process it waited for).
+    #[serde(rename = "OOMKilled")]
+    OomKilled,
+    /// It could not be started at all (no such program, not executable).
+    StartError,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -105,6 +105,7 @@ fn sandbox(id: &str, labels: BTreeMap<String, String>) -> Sandbox {
         idle_timeout_seconds: None,
         pool: None,
         forked_from: None,
+        entrypoint: None,
     }
 }
 

@@ -1734,3 +1734,103 @@ async fn templates_cannot_name_host_directories_outside_template_dirs() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+// ------------------------------------------------------------ entrypoint status
+
+/// One sandbox's GET says how its entrypoint is doing, from sandboxd's own
+/// record and the cgroup's OOM counter: running (with its age), exited 0,
+/// exited non-zero, OOM-killed, or never started. A template without one
+/// carries no field, and lists never do.
+#[tokio::test]
+async fn get_reports_the_entrypoint_running_exited_or_oom_killed() {
+    use sandhub_api::hub::EntrypointState;
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let with = |argv: &[&str], memory_mb: Option<u64>| Template {
+        entrypoint: Some(argv.iter().map(|a| a.to_string()).collect()),
+        memory_mb,
+        ..Default::default()
+    };
+    put_template(&c, "serves", with(&["sleep", "600"], None)).await;
+    put_template(&c, "done", with(&["true"], None)).await;
+    put_template(&c, "crashes", with(&["/bin/sh", "-c", "exit 3"], None)).await;
+    put_template(&c, "missing", with(&["/no/such/program"], None)).await;
+    // `tail` keeps all of a file with no newline in memory.
+    put_template(&c, "hog", with(&["tail", "/dev/zero"], Some(48))).await;
+
+    let ended = |id: String| {
+        let c = c.clone();
+        async move {
+            eventually("the entrypoint to end", WAIT, || {
+                let (c, id) = (c.clone(), id.clone());
+                async move {
+                    let ep = c.get(&id).await.unwrap().entrypoint?;
+                    (ep.state != EntrypointState::Running).then_some(ep)
+                }
+            })
+            .await
+        }
+    };
+
+    let serves = create_from(&c, "serves").await;
+    let ep = serves
+        .entrypoint
+        .clone()
+        .expect("the create answer carries it");
+    assert_eq!(ep.state, EntrypointState::Running, "{ep:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = c.get(&serves.id).await.unwrap().entrypoint.unwrap();
+    assert_eq!(again.state, EntrypointState::Running);
+    assert!(again.running_seconds >= 0.3, "{again:?}");
+    assert_eq!(again.started_at, ep.started_at);
+
+    let done = ended(create_from(&c, "done").await.id).await;
+    assert_eq!(
+        (done.state, done.exit_code),
+        (EntrypointState::Completed, Some(0))
+    );
+    assert!(done.finished_at.is_some(), "{done:?}");
+
+    let crashes = ended(create_from(&c, "crashes").await.id).await;
+    assert_eq!(
+        (crashes.state, crashes.exit_code),
+        (EntrypointState::Error, Some(3))
+    );
+
+    let missing = ended(create_from(&c, "missing").await.id).await;
+    assert_eq!(missing.state, EntrypointState::StartError, "{missing:?}");
+    assert!(
+        missing
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("No such file"),
+        "{missing:?}"
+    );
+
+    let hog = ended(create_from(&c, "hog").await.id).await;
+    assert_eq!(hog.state, EntrypointState::OomKilled, "{hog:?}");
+    assert_eq!(hog.signal, Some(9), "{hog:?}");
+
+    // A kill from inside the sandbox is not the OOM killer's.
+    let sb = create_from(&c, "serves").await;
+    let kill_sleep = "for p in /proc/[0-9]*; do \
+         [ \"$(cat $p/comm 2>/dev/null)\" = sleep ] && kill -9 ${p#/proc/}; done; true";
+    sh_ok(&c, &sb.id, kill_sleep).await;
+    let killed = ended(sb.id).await;
+    assert_eq!(
+        (killed.state, killed.signal),
+        (EntrypointState::Error, Some(9))
+    );
+
+    // No entrypoint, no field; lists leave it out.
+    let plain = create(&c, CreateSandbox::default()).await;
+    assert_eq!(c.get(&plain.id).await.unwrap().entrypoint, None);
+    let all = c.list(&BTreeMap::new()).await.unwrap();
+    assert!(all.iter().all(|s| s.entrypoint.is_none()), "{all:?}");
+    // A reset starts it again: a fresh record.
+    c.reset(&serves.id).await.unwrap();
+    let after = c.get(&serves.id).await.unwrap().entrypoint.unwrap();
+    assert_eq!(after.state, EntrypointState::Running);
+    assert!(after.started_at >= ep.started_at, "{after:?} {ep:?}");
+}

@@ -60,6 +60,7 @@ from .errors import (
 )
 from .types import (
     CommandResult,
+    EntrypointStatus,
     FileEntry,
     Image,
     ListeningPort,
@@ -83,7 +84,7 @@ __all__ = [
     "Gym", "Env", "Templates", "Pools", "Images",
     "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
     "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages",
-    "CommandResult", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
+    "CommandResult", "EntrypointStatus", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
     "SandboxInfo", "Snapshot", "StepResult", "Template", "WatchEvent",
     "SandhubError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",
     "NotFoundError", "AlreadyExistsError", "ConflictError", "FailedPreconditionError",

@@ -18,6 +18,7 @@ from ._sync import _grpc_default
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
+    EntrypointStatus,
     FileEntry,
     ListeningPort,
     ProcessExitEvent,
@@ -272,6 +273,11 @@ class AsyncSandbox:
     @property
     def template(self) -> str:
         return self.info.template
+
+    @property
+    def entrypoint(self) -> EntrypointStatus | None:
+        """Its entrypoint's status when last fetched (see ``EntrypointStatus``)."""
+        return self.info.entrypoint
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox id={self.id!r} state={self.state!r} template={self.template!r}>"

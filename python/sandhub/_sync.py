@@ -18,6 +18,7 @@ from ._sync_services import Env, Gym, Images, Pools, Templates
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
+    EntrypointStatus,
     FileEntry,
     ListeningPort,
     ProcessExitEvent,
@@ -308,6 +309,11 @@ class Sandbox:
     @property
     def template(self) -> str:
         return self.info.template
+
+    @property
+    def entrypoint(self) -> EntrypointStatus | None:
+        """Its entrypoint's status when last fetched (see ``EntrypointStatus``)."""
+        return self.info.entrypoint
 
     def __repr__(self) -> str:
         return f"<Sandbox id={self.id!r} state={self.state!r} template={self.template!r}>"

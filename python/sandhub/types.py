@@ -132,6 +132,33 @@ class ListeningPort:
 
 
 @dataclass(frozen=True)
+class EntrypointStatus:
+    """A sandbox's entrypoint (its template's, else its image's command):
+    ``state`` is ``Running`` or how it ended, in Kubernetes' words:
+    ``Completed`` (exit 0, normal for an image whose command is a shell),
+    ``Error`` (a non-zero exit or a signal), ``OOMKilled``, or ``StartError``
+    (it could not be started; ``message`` says why). ``running_seconds`` is
+    how long it has run, or ran."""
+
+    state: str
+    started_at: str = ""
+    running_seconds: float = 0.0
+    finished_at: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """Whether it ended in a way that means the sandbox will not serve."""
+        return self.state in ("Error", "OOMKilled", "StartError")
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> EntrypointStatus:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """What the hub knows about a sandbox at the time of the call."""
 
@@ -145,10 +172,16 @@ class SandboxInfo:
     pool: str | None = None
     forked_from: str | None = None
     launch: Any = None
+    #: Set on one sandbox's create/get answer while it is Ready and has an
+    #: entrypoint (the local backend); None otherwise.
+    entrypoint: EntrypointStatus | None = None
 
     @classmethod
     def _from(cls, data: dict[str, Any]) -> SandboxInfo:
-        return cls(**_known(cls, data))
+        known = _known(cls, data)
+        if isinstance(known.get("entrypoint"), dict):
+            known["entrypoint"] = EntrypointStatus._from(known["entrypoint"])
+        return cls(**known)
 
 
 @dataclass(frozen=True)

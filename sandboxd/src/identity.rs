@@ -126,14 +126,14 @@ pub const ENTRYPOINT_LOG: &str = "/tmp/sandhub-entrypoint.log";
 
 /// Starts the `--entrypoint` (a JSON argv) in the background, as `run_as`,
 /// in `cwd`, in a process group of its own, output to [`ENTRYPOINT_LOG`],
-/// and reaps it when it ends. Called at start and after each workspace
+/// and hands back the child for the caller to reap. Called at start and after each workspace
 /// reset (which kills every workload, this one too).
 pub fn start_entrypoint(
     argv: &[String],
     run_as: Option<&RunAs>,
     cwd: &Path,
     child_setup: Option<crate::ChildSetup>,
-) -> io::Result<u32> {
+) -> io::Result<(u32, std::process::Child)> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::other("the entrypoint is empty"))?;
@@ -162,15 +162,8 @@ pub fn start_entrypoint(
             cmd.pre_exec(setup);
         }
     }
-    let mut child = cmd.spawn()?;
-    let pid = child.id();
-    std::thread::Builder::new()
-        .name("entrypoint".into())
-        .spawn(move || {
-            let status = child.wait();
-            tracing::info!(pid, ?status, "the entrypoint ended");
-        })?;
-    Ok(pid)
+    let child = cmd.spawn()?;
+    Ok((child.id(), child))
 }
 
 #[cfg(test)]

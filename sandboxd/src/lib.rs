@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod config;
 pub mod confine;
+pub mod entrypoint;
 pub mod error;
 pub mod files;
 pub mod identity;
@@ -52,6 +53,8 @@ pub struct Daemon {
     pub run_as: Option<identity::RunAs>,
     /// `--entrypoint`, parsed.
     pub entrypoint: Vec<String>,
+    /// How its latest start is doing.
+    pub entrypoint_tracker: Arc<entrypoint::Tracker>,
     pub auth: Option<Auth>,
     pub metrics: Metrics,
     pub processes: ProcessTable,
@@ -98,6 +101,7 @@ impl Daemon {
         let daemon = Daemon {
             run_as,
             entrypoint,
+            entrypoint_tracker: Arc::default(),
             watches: Arc::new(Semaphore::new(config.max_watches)),
             root: RwLock::new(Arc::new(root)),
             child_setup,
@@ -136,15 +140,32 @@ impl Daemon {
             Some(d) if d.is_dir() => d.clone(),
             _ => self.config.root_dir.clone(),
         };
+        let tracker = self.entrypoint_tracker.clone();
         match identity::start_entrypoint(
             &self.entrypoint,
             self.run_as.as_ref(),
             &cwd,
             self.child_setup,
         ) {
-            Ok(pid) => tracing::info!(pid, argv = ?self.entrypoint, "entrypoint started"),
+            Ok((pid, child)) => {
+                tracing::info!(pid, argv = ?self.entrypoint, "entrypoint started");
+                let generation = tracker.started(Ok(pid));
+                let waiter =
+                    std::thread::Builder::new()
+                        .name("entrypoint".into())
+                        .spawn(move || {
+                            let mut child = child;
+                            let status = child.wait();
+                            tracing::info!(pid, ?status, "the entrypoint ended");
+                            tracker.ended(generation, status);
+                        });
+                if let Err(e) = waiter {
+                    tracing::warn!(error = %e, "no thread to wait for the entrypoint");
+                }
+            }
             Err(e) => {
-                tracing::warn!(error = %e, argv = ?self.entrypoint, "the entrypoint did not start")
+                tracing::warn!(error = %e, argv = ?self.entrypoint, "the entrypoint did not start");
+                tracker.started(Err(e.to_string()));
             }
         }
     }

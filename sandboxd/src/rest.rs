@@ -41,6 +41,7 @@ pub fn router_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> Router {
         .merge(extra)
         .route("/v1/health", get(health))
         .route("/v1/metadata", get(metadata))
+        .route(crate::entrypoint::ENTRYPOINT_ROUTE, get(entrypoint))
         .route("/metrics", get(metrics))
         .merge(files::routes())
         .fallback(not_found)
@@ -189,6 +190,13 @@ async fn metadata(State(daemon): State<Arc<Daemon>>) -> Json<Metadata> {
         .filter(|(name, _)| name.starts_with(prefix.as_str()) && !is_secret_name(name))
         .collect();
     Json(Metadata { env })
+}
+
+/// `null` when the sandbox has no entrypoint.
+async fn entrypoint(
+    State(daemon): State<Arc<Daemon>>,
+) -> Json<Option<crate::entrypoint::EntrypointRecord>> {
+    Json(daemon.entrypoint_tracker.record())
 }
 
 async fn metrics(State(daemon): State<Arc<Daemon>>) -> Response {

@@ -244,6 +244,7 @@ mod tests {
             idle_timeout_seconds: None,
             pool: None,
             forked_from: None,
+            entrypoint: None,
         };
         assert_eq!(
             sandbox_table(&[sandbox], now),

@@ -215,6 +215,7 @@ pub fn sandbox_of(claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
         idle_timeout_seconds: None,
         pool: Some(claim.spec.warm_pool_ref.name.clone()),
         forked_from: None,
+        entrypoint: None,
     }
 }
 

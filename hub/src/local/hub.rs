@@ -76,6 +76,7 @@ pub(super) fn to_api(row: &SandboxRow) -> Sandbox {
         idle_timeout_seconds: row.idle_timeout_seconds,
         pool: row.pool.clone(),
         forked_from: row.forked_from.clone(),
+        entrypoint: None,
     }
 }
 
@@ -200,6 +201,23 @@ impl Hub {
                 "template {name} not found; create it with PUT /v1/templates/{name}"
             ))),
         }
+    }
+
+    /// `row` as one sandbox's GET answers it: a Ready sandbox with an
+    /// entrypoint says how that is doing (see [`super::entrypoint`]).
+    pub(super) async fn view(&self, row: &SandboxRow) -> Sandbox {
+        let mut view = to_api(row);
+        if row.state != SandboxState::Ready {
+            return view;
+        }
+        let Ok(client) = self.client(row) else {
+            return view;
+        };
+        if let Some(record) = super::entrypoint::ask(&client).await {
+            let oom_kills = self.backend.oom_kills(row).unwrap_or(0);
+            view.entrypoint = Some(super::entrypoint::status(&record, oom_kills, now_ms()));
+        }
+        view
     }
 
     pub(super) fn client(&self, row: &SandboxRow) -> Result<SandboxdClient> {

@@ -21,6 +21,7 @@
 //! ```
 
 pub mod disk;
+mod entrypoint;
 mod hub;
 pub mod image;
 mod lifecycle;

@@ -346,6 +346,12 @@ impl LocalBackend {
             .map_err(join_error)
     }
 
+    /// The kernel's OOM kills in the sandbox's cgroup; None where there
+    /// are no cgroups or the count cannot be read.
+    pub fn oom_kills(&self, row: &SandboxRow) -> Option<u64> {
+        self.runtime.oom_kills(&row.id).ok().flatten()
+    }
+
     /// Kills every process and restores the workspace to its seed state.
     pub async fn reset(&self, row: &SandboxRow) -> Result<()> {
         let client = self.connect(row)?;

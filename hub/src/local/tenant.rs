@@ -213,7 +213,7 @@ impl Sandboxes for TenantHub {
             };
             if let Some(row) = hub.store.claim_warm(&claim)? {
                 hub.pools_changed.notify_one();
-                return Ok(to_api(&row));
+                return Ok(hub.view(&row).await);
             }
         }
         let row = SandboxRow {
@@ -234,12 +234,12 @@ impl Sandboxes for TenantHub {
             runtime: None,
         };
         let row = hub.create_cold(row).await?;
-        Ok(to_api(&row))
+        Ok(hub.view(&row).await)
     }
 
     async fn get(&self, id: &str) -> Result<Sandbox> {
         let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        Ok(to_api(&row))
+        Ok(self.hub.view(&row).await)
     }
 
     async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Sandbox>> {
@@ -367,7 +367,7 @@ impl Sandboxes for TenantHub {
         }
         self.hub.start(&mut row).await?;
         let _ = self.hub.store.touch(id, now_ms());
-        Ok(to_api(&row))
+        Ok(self.hub.view(&row).await)
     }
 
     async fn snapshot(&self, id: &str) -> Result<Snapshot> {
@@ -428,7 +428,7 @@ impl Sandboxes for TenantHub {
         let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let (row, _) = self.hub.running(&self.tenant, id, "reset")?;
         self.hub.backend.reset(&row).await?;
-        Ok(to_api(&row))
+        Ok(self.hub.view(&row).await)
     }
 
     async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox> {
@@ -474,7 +474,7 @@ impl Sandboxes for TenantHub {
             runtime: None,
         };
         let row = self.hub.create_cold(row).await?;
-        Ok(to_api(&row))
+        Ok(self.hub.view(&row).await)
     }
 
     async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {

@@ -26,7 +26,7 @@ from ._core import (
 )
 from .config import FleetConfig
 from .errors import FleetError, SandboxLostError, TaskSetupError
-from .failfast import StartVerdict, backoff, classify_error, classify_state, should_retry
+from .failfast import StartVerdict, backoff, classify_entrypoint, classify_error, classify_state, should_retry
 from .report import FleetStats, TeardownReport
 from .warming import PoolReadiness
 from .tasks import Task
@@ -267,6 +267,7 @@ class AsyncSandboxFleet:
             raise StartFailure(classify_error(e, "create")) from e
         try:
             await self._wait_ready(sb)
+            await self._entrypoint_check(sb)
             await self._start_check(sb)
         except StartFailure as f:
             f.sandbox_id = sb.id
@@ -295,6 +296,20 @@ class AsyncSandboxFleet:
             if time.monotonic() >= deadline:
                 raise StartFailure(StartVerdict("start_timeout", "retry", f"still {sb.state}"))
             await asyncio.sleep(0.05)
+            try:
+                await sb.refresh()
+            except sandhub.SandhubError as e:
+                raise StartFailure(classify_error(e, "wait")) from e
+
+    async def _entrypoint_check(self, sb: sandhub.AsyncSandbox) -> None:
+        # Bounded rounds: the age comes from the sandbox's own sandboxd.
+        for _ in range(3):
+            judged = classify_entrypoint(sb.entrypoint, self.config.fail_fast.settle_s)
+            if isinstance(judged, StartVerdict):
+                raise StartFailure(judged)
+            if judged <= 0:
+                return
+            await asyncio.sleep(judged)
             try:
                 await sb.refresh()
             except sandhub.SandhubError as e:

@@ -46,23 +46,31 @@ class FailFastPolicy:
     With ``enabled=False`` every cause is retried until the fleet's
     ``ready_timeout_s``, as a fleet without fail-fast would wait.
 
+    A sandbox whose entrypoint was OOM-killed, exited non-zero or could not
+    be started (the hub's ``entrypoint`` status) fails at once too
+    (``oom_at_start``, ``exited_at_start``, ``entrypoint_not_started``). An
+    entrypoint still younger than ``settle_s`` when its sandbox is Ready is
+    looked at again once it is that old, so a crash in its first moments is
+    caught; a warm sandbox's entrypoint is older and costs no wait, nor does a
+    sandbox without one.
+
     ``start_check`` is a command run once the sandbox is ready; a non-zero
-    exit is a non-retryable start failure (``start_check_failed``). The local
-    backend does not report an entrypoint that exits or is OOM-killed at
-    start (the sandbox stays Ready), so this is how a task image says what
-    "started" means, e.g. ``"test -S /run/app.sock"``.
+    exit is a non-retryable start failure (``start_check_failed``). This is
+    how a task image says what "started" means beyond a living entrypoint,
+    e.g. ``"test -S /run/app.sock"``.
     """
 
     enabled: bool = True
     grace_s: float = 30.0
     unschedulable_grace_s: float = 120.0
     start_check: str | None = None
+    settle_s: float = 0.5
     #: First wait between retries; doubles up to ``max_backoff_s``.
     backoff_s: float = 0.05
     max_backoff_s: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in ("grace_s", "unschedulable_grace_s", "backoff_s", "max_backoff_s"):
+        for name in ("grace_s", "unschedulable_grace_s", "settle_s", "backoff_s", "max_backoff_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"FailFastPolicy.{name} must be a finite number >= 0, not {value!r}")

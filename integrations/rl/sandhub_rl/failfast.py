@@ -20,8 +20,11 @@ What the hub reports on the local backend (measured; see the README):
 - a sandbox whose processes die: state ``Finished`` (exec answers
   ``FAILED_PRECONDITION``), after a short window of ``UNAVAILABLE``.
 
-An entrypoint that exits or is OOM-killed at start is not reported at all
-(the sandbox stays ``Ready``); ``FailFastPolicy.start_check`` covers it.
+- a sandbox whose entrypoint (its template's, else its image's command)
+  ended: the create/GET answer's ``entrypoint`` says how, from sandboxd's
+  record of its child and the cgroup's OOM counter (``OOMKilled``, ``Error``
+  for a non-zero exit or a signal, ``StartError``, or ``Completed`` for exit
+  0, which is normal for an image whose command is a shell).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import sandhub
 
 from .config import FailFastPolicy
 
-__all__ = ["StartVerdict", "Stage", "classify_error", "classify_state", "should_retry"]
+__all__ = ["StartVerdict", "Stage", "classify_entrypoint", "classify_error", "classify_state", "should_retry"]
 
 Kind = Literal["fatal", "retry", "unschedulable"]
 Stage = Literal["template", "pool", "create", "wait", "setup"]
@@ -101,6 +104,22 @@ def classify_state(state: str) -> StartVerdict | None:
     if state == "Suspended":
         return StartVerdict("suspended_at_start", "fatal", "the sandbox was suspended before it was Ready")
     return None
+
+
+def classify_entrypoint(entrypoint: sandhub.EntrypointStatus | None, settle_s: float) -> StartVerdict | float:
+    """Judges a Ready sandbox's entrypoint: a fatal verdict if it died in a
+    way that means the sandbox will not serve; else how many more seconds it
+    must run before it counts as started (0.0: it does, or there is none)."""
+    if entrypoint is None or entrypoint.state == "Completed":
+        return 0.0
+    if entrypoint.state == "OOMKilled":
+        return StartVerdict("oom_at_start", "fatal", "the entrypoint was OOM-killed at start")
+    if entrypoint.state == "StartError":
+        return StartVerdict("entrypoint_not_started", "fatal", f"the entrypoint did not start: {entrypoint.message}")
+    if entrypoint.state == "Error":
+        how = f"was killed by signal {entrypoint.signal}" if entrypoint.signal else f"exited {entrypoint.exit_code}"
+        return StartVerdict("exited_at_start", "fatal", f"the entrypoint {how} at start")
+    return max(0.0, settle_s - entrypoint.running_seconds)
 
 
 def should_retry(verdict: StartVerdict, policy: FailFastPolicy, elapsed_s: float, ready_timeout_s: float) -> bool:

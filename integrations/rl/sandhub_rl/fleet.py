@@ -27,7 +27,7 @@ from ._core import (
 )
 from .config import FleetConfig
 from .errors import FleetError, SandboxLostError, TaskSetupError
-from .failfast import StartVerdict, backoff, classify_error, classify_state, should_retry
+from .failfast import StartVerdict, backoff, classify_entrypoint, classify_error, classify_state, should_retry
 from .report import FleetStats, TeardownReport
 from .warming import PoolReadiness
 from .tasks import Task
@@ -297,6 +297,7 @@ class SandboxFleet:
             raise StartFailure(classify_error(e, "create")) from e
         try:
             self._wait_ready(sb)
+            self._entrypoint_check(sb)
             self._start_check(sb)
         except StartFailure as f:
             f.sandbox_id = sb.id
@@ -323,6 +324,20 @@ class SandboxFleet:
             if time.monotonic() >= deadline:
                 raise StartFailure(StartVerdict("start_timeout", "retry", f"still {sb.state}"))
             time.sleep(0.05)
+            try:
+                sb.refresh()
+            except sandhub.SandhubError as e:
+                raise StartFailure(classify_error(e, "wait")) from e
+
+    def _entrypoint_check(self, sb: sandhub.Sandbox) -> None:
+        # Bounded rounds: the age comes from the sandbox's own sandboxd.
+        for _ in range(3):
+            judged = classify_entrypoint(sb.entrypoint, self.config.fail_fast.settle_s)
+            if isinstance(judged, StartVerdict):
+                raise StartFailure(judged)
+            if judged <= 0:
+                return
+            time.sleep(judged)
             try:
                 sb.refresh()
             except sandhub.SandhubError as e:

@@ -48,30 +48,66 @@ def test_missing_template_fails_at_once(hub: sandhub.Hub, no_leftovers: None) ->
     assert err.cause == "template_not_found" and took < 5.0
 
 
-def test_oom_at_start_fails_at_once_through_start_check(hub: sandhub.Hub, no_leftovers: None) -> None:
-    """The local hub does not report an entrypoint OOM-killed at start (the
-    sandbox stays Ready); a start check that asks for the entrypoint's mark
-    turns it into a fast SandboxStartError, and the sandbox is deleted."""
-    hub.templates.put("rl-oom", {
-        "memory_mb": 32,
-        "entrypoint": ["/bin/sh", "-c", "python3 -c 'x = bytearray(400 << 20)' && touch /tmp/up; sleep 600"],
-    })
-    check = "for i in $(seq 100); do test -e /tmp/up && exit 0; grep -q Killed /tmp/sandhub-entrypoint.log && exit 1; sleep 0.05; done; exit 1"
-    fleet = _fleet(hub, grace_s=30, start_check=check)
+def test_oom_at_start_fails_at_once(hub: sandhub.Hub, no_leftovers: None) -> None:
+    """The hub reports the entrypoint OOM-killed (sandboxd's record of its
+    child, and the cgroup's OOM counter that only the hub reads): acquire
+    fails at once with oom_at_start, and the sandbox is deleted."""
+    hog = "x = bytearray(400 << 20); import time; time.sleep(600)"
+    hub.templates.put("rl-oom", {"memory_mb": 32, "entrypoint": ["python3", "-c", hog]})
+    hub.templates.put("rl-oom-ok", {"memory_mb": 1024, "entrypoint": ["python3", "-c", hog]})
+    fleet = _fleet(hub, grace_s=30)
     try:
         err, took = _acquire_fails(fleet, Task(id="oom", template="rl-oom"))
-        assert err.cause == "start_check_failed" and not err.retryable, err
-        assert err.sandbox_id is not None and took < 10.0
+        assert err.cause == "oom_at_start" and not err.retryable, err
+        assert err.sandbox_id is not None and took < 10.0, took
         with pytest.raises(sandhub.NotFoundError):
             hub.get(err.sandbox_id)
-        # the same entrypoint with room to run passes the same check
-        hub.templates.put("rl-oom-ok", {"memory_mb": 1024, "entrypoint": ["/bin/sh", "-c", "python3 -c 'x = bytearray(40 << 20)' && touch /tmp/up; sleep 600"]})
+        # the same entrypoint with room to run starts, and keeps running
         with fleet.episode(Task(id="ok", template="rl-oom-ok")) as h:
-            assert h.exec("test -e /tmp/up").exit_code == 0
+            assert h.sandbox.refresh().entrypoint.state == "Running"
     finally:
         assert fleet.teardown().clean
         hub.templates.delete("rl-oom")
         hub.templates.delete("rl-oom-ok")
+
+
+def test_exit_at_start_fails_once_settled_and_exit_0_does_not(hub: sandhub.Hub, no_leftovers: None) -> None:
+    """An entrypoint that exits non-zero just after the sandbox is Ready is
+    caught by settle_s; one that exits 0 (an image whose command is a shell)
+    is normal; a command that cannot run fails with entrypoint_not_started."""
+    hub.templates.put("rl-crash", {"entrypoint": ["/bin/sh", "-c", "sleep 0.15; exit 4"]})
+    hub.templates.put("rl-shell", {"entrypoint": ["/bin/sh"]})
+    hub.templates.put("rl-noexe", {"entrypoint": ["/no/such/server"]})
+    fleet = _fleet(hub, grace_s=30, settle_s=1.0)
+    try:
+        err, took = _acquire_fails(fleet, Task(id="crash", template="rl-crash"))
+        assert err.cause == "exited_at_start" and "exited 4" in err.message, err
+        assert took < 10.0
+        err, _ = _acquire_fails(fleet, Task(id="noexe", template="rl-noexe"))
+        assert err.cause == "entrypoint_not_started" and "No such file" in err.message, err
+        with fleet.episode(Task(id="shell", template="rl-shell")) as h:
+            assert h.exec("echo ok").stdout == "ok\n"
+        # with settle_s=0 a crash after Ready is not waited for
+        quick = _fleet(hub, settle_s=0)
+        h = quick.acquire(Task(id="crash2", template="rl-crash"))
+        quick.release(h)
+        assert quick.teardown().clean
+    finally:
+        assert fleet.teardown().clean
+        for t in ("rl-crash", "rl-shell", "rl-noexe"):
+            hub.templates.delete(t)
+
+
+def test_a_failed_start_check_fails_at_once(hub: sandhub.Hub, no_leftovers: None) -> None:
+    """start_check says what "started" means beyond a living entrypoint."""
+    fleet = _fleet(hub, grace_s=30, start_check="test -S /run/app.sock")
+    try:
+        err, took = _acquire_fails(fleet, Task(id="nosock", template="default"))
+        assert err.cause == "start_check_failed" and not err.retryable and took < 10.0, err
+        with pytest.raises(sandhub.NotFoundError):
+            hub.get(err.sandbox_id)
+    finally:
+        assert fleet.teardown().clean
 
 
 def test_start_failure_is_a_config_error_retried_for_grace_s(hub: sandhub.Hub, swe_images: list[str], no_leftovers: None) -> None:

@@ -10,7 +10,7 @@ import sandhub
 
 from sandhub_rl import FailFastPolicy, FleetConfig, ResourceSpec, SandboxLostError, SandboxStartError, new_run_id
 from sandhub_rl import naming
-from sandhub_rl.failfast import StartVerdict, backoff, classify_error, classify_state, should_retry
+from sandhub_rl.failfast import StartVerdict, backoff, classify_entrypoint, classify_error, classify_state, should_retry
 
 
 def test_resource_spec_reads_kubernetes_quantities() -> None:
@@ -103,3 +103,22 @@ def test_fleet_errors_pickle_and_subclass_the_sdk() -> None:
     start = SandboxStartError("no image", cause="image_not_found", task_id="t", sandbox_id=None)
     back2 = pickle.loads(pickle.dumps(start))
     assert (back2.cause, back2.task_id, back2.retryable) == ("image_not_found", "t", False)
+
+
+def test_entrypoint_verdicts() -> None:
+    ep = sandhub.EntrypointStatus
+    assert classify_entrypoint(None, 0.5) == 0.0
+    assert classify_entrypoint(ep("Completed", exit_code=0), 0.5) == 0.0
+    assert classify_entrypoint(ep("Running", running_seconds=0.2), 0.5) == pytest.approx(0.3)
+    assert classify_entrypoint(ep("Running", running_seconds=9.0), 0.5) == 0.0
+    oom = classify_entrypoint(ep("OOMKilled", signal=9), 0.5)
+    assert isinstance(oom, StartVerdict) and (oom.cause, oom.kind) == ("oom_at_start", "fatal")
+    crash = classify_entrypoint(ep("Error", exit_code=3), 0.5)
+    assert isinstance(crash, StartVerdict) and crash.cause == "exited_at_start" and "exited 3" in crash.message
+    killed = classify_entrypoint(ep("Error", signal=15), 0.5)
+    assert isinstance(killed, StartVerdict) and "signal 15" in killed.message
+    gone = classify_entrypoint(ep("StartError", message="No such file"), 0.5)
+    assert isinstance(gone, StartVerdict) and gone.cause == "entrypoint_not_started"
+    assert ep("OOMKilled").failed and not ep("Completed").failed and not ep("Running").failed
+    with pytest.raises(ValueError):
+        FailFastPolicy(settle_s=-1)

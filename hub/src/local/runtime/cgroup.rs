@@ -309,6 +309,18 @@ impl SandboxCgroup {
         }
     }
 
+    /// How many processes the kernel's OOM killer has killed in this
+    /// cgroup (its descendants too). The counter is the kernel's: nothing in
+    /// the sandbox can write it. v1 kernels before 4.13 have no count (0).
+    pub fn oom_kills(&self) -> io::Result<u64> {
+        let (file, key) = match self {
+            SandboxCgroup::V2(_) => ("memory.events", "oom_kill"),
+            SandboxCgroup::V1 { .. } => ("memory.oom_control", "oom_kill"),
+        };
+        let text = std::fs::read_to_string(self.file(file))?;
+        Ok(counter(&text, key).unwrap_or(0))
+    }
+
     fn file(&self, controller_file: &str) -> PathBuf {
         match self {
             SandboxCgroup::V2(dir) => dir.join(controller_file),
@@ -443,6 +455,14 @@ impl SandboxCgroup {
     }
 }
 
+/// The value of `key` in a flat-keyed cgroup file (`key value` lines).
+fn counter(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
 fn procs_in(dir: &Path) -> io::Result<Vec<i32>> {
     match std::fs::read_to_string(dir.join("cgroup.procs")) {
         Ok(raw) => Ok(raw.lines().filter_map(|l| l.trim().parse().ok()).collect()),
@@ -485,6 +505,17 @@ pub(crate) fn describe(findings: &Findings) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_flat_keyed_counters() {
+        let events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(counter(events, "oom_kill"), Some(2));
+        assert_eq!(counter(events, "oom"), Some(3));
+        assert_eq!(
+            counter("oom_kill_disable 0\nunder_oom 0\n", "oom_kill"),
+            None
+        );
+    }
 
     #[test]
     fn unescapes_mountinfo_paths() {

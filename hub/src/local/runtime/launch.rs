@@ -471,6 +471,20 @@ impl Runtime {
         }
     }
 
+    /// The OOM killer's kills in sandbox `id`'s cgroup since it was made;
+    /// None without cgroups (nothing can tell).
+    pub fn oom_kills(&self, id: &str) -> Result<Option<u64>, RuntimeError> {
+        validate_id(id)?;
+        match &self.cgroups {
+            Some(b) => b
+                .sandbox(id)
+                .oom_kills()
+                .map(Some)
+                .ctx(|| format!("reading the OOM kills of {id}")),
+            None => Ok(None),
+        }
+    }
+
     /// The cgroup directories of sandbox `id` (whether they exist or not).
     pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
         self.cgroups

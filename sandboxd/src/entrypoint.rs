@@ -1,0 +1,144 @@
+//! The entrypoint's life as sandboxd saw it: when it started and how it
+//! ended. sandboxd is its parent, so only sandboxd can tell "exited 1 at
+//! start" from "still serving"; the hub reads this record (and adds what only
+//! it can see, the cgroup's OOM kills) to answer whether a sandbox started.
+
+use std::{
+    sync::Mutex,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// `GET` here answers the current [`EntrypointRecord`], or `null` when the
+/// sandbox has no entrypoint. A Sandhub route: upstream has no such thing.
+pub const ENTRYPOINT_ROUTE: &str = "/v1/_sandhub/entrypoint";
+
+/// One start of the entrypoint (a workspace reset starts it again).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EntrypointRecord {
+    pub started_at_unix_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_unix_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Why it could not be started; it never ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_error: Option<String>,
+}
+
+impl EntrypointRecord {
+    pub fn ended(&self) -> bool {
+        self.ended_at_unix_ms.is_some() || self.start_error.is_some()
+    }
+}
+
+/// The latest start, tagged with a generation so that the waiter of a
+/// start a reset killed cannot overwrite the record of the next one.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    current: Mutex<Option<(u64, EntrypointRecord)>>,
+}
+
+impl Tracker {
+    /// Records a new start (or a failure to start); returns its generation.
+    pub fn started(&self, pid: Result<u32, String>) -> u64 {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let generation = current.as_ref().map_or(1, |(g, _)| g + 1);
+        let now = unix_ms(SystemTime::now());
+        let (pid, start_error) = match pid {
+            Ok(pid) => (Some(pid), None),
+            Err(e) => (None, Some(e)),
+        };
+        *current = Some((
+            generation,
+            EntrypointRecord {
+                started_at_unix_ms: now,
+                pid,
+                ended_at_unix_ms: start_error.as_ref().map(|_| now),
+                exit_code: None,
+                signal: None,
+                start_error,
+            },
+        ));
+        generation
+    }
+
+    /// Records how start `generation` ended, unless a newer one replaced it.
+    pub fn ended(&self, generation: u64, status: std::io::Result<std::process::ExitStatus>) {
+        use std::os::unix::process::ExitStatusExt;
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((g, record)) = current.as_mut() else {
+            return;
+        };
+        if *g != generation {
+            return;
+        }
+        record.ended_at_unix_ms = Some(unix_ms(SystemTime::now()));
+        match status {
+            Ok(s) => {
+                record.exit_code = s.code();
+                record.signal = s.signal();
+            }
+            // Waiting failed: it is gone all the same, how is unknown.
+            Err(e) => record.start_error = Some(format!("waiting for the entrypoint: {e}")),
+        }
+    }
+
+    pub fn record(&self) -> Option<EntrypointRecord> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current.as_ref().map(|(_, r)| r.clone())
+    }
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    #[test]
+    fn records_exit_code_and_signal() {
+        let t = Tracker::default();
+        assert_eq!(t.record(), None);
+        let g = t.started(Ok(42));
+        assert!(!t.record().unwrap().ended());
+        t.ended(g, Ok(ExitStatus::from_raw(3 << 8)));
+        let r = t.record().unwrap();
+        assert_eq!((r.exit_code, r.signal, r.ended()), (Some(3), None, true));
+        let g = t.started(Ok(43));
+        t.ended(g, Ok(ExitStatus::from_raw(9)));
+        let r = t.record().unwrap();
+        assert_eq!((r.exit_code, r.signal), (None, Some(9)));
+    }
+
+    #[test]
+    fn a_replaced_start_does_not_overwrite_the_next() {
+        let t = Tracker::default();
+        let old = t.started(Ok(1));
+        let new = t.started(Ok(2));
+        t.ended(old, Ok(ExitStatus::from_raw(9)));
+        let r = t.record().unwrap();
+        assert_eq!((r.pid, r.ended()), (Some(2), false));
+        t.ended(new, Ok(ExitStatus::from_raw(0)));
+        assert_eq!(t.record().unwrap().exit_code, Some(0));
+    }
+
+    #[test]
+    fn a_failed_start_has_ended() {
+        let t = Tracker::default();
+        t.started(Err("no such file".into()));
+        let r = t.record().unwrap();
+        assert!(r.ended());
+        assert_eq!(r.start_error.as_deref(), Some("no such file"));
+    }
+}
