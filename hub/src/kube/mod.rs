@@ -10,6 +10,7 @@ mod owner;
 mod ports;
 mod prepull;
 mod reach;
+mod startup;
 mod template;
 mod tenant;
 
@@ -51,6 +52,27 @@ pub enum Connect {
     Direct,
     /// Through sandhub-router (the hub runs outside the cluster).
     Router,
+}
+
+/// `imagePullPolicy` of the container that runs a tenant template's `image`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PullPolicy {
+    #[value(name = "Always")]
+    Always,
+    #[value(name = "IfNotPresent")]
+    IfNotPresent,
+    #[value(name = "Never")]
+    Never,
+}
+
+impl PullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -103,6 +125,13 @@ pub struct KubeArgs {
     )]
     pub sandboxd_image: String,
 
+    /// How the container of a template's `image` is pulled. `Never` suits
+    /// nodes that get images only by pre-loading or pre-pull (`POST
+    /// /v1/images/prepull`): a missing image then fails its create at once
+    /// (ErrImageNeverPull) instead of retrying a registry.
+    #[arg(long, env = "SANDHUB_IMAGE_PULL_POLICY", value_enum, default_value_t = PullPolicy::IfNotPresent)]
+    pub image_pull_policy: PullPolicy,
+
     /// The operator's SandboxTemplate (in --namespace) that tenants'
     /// templates start from: its scheduling, runtime class, security context
     /// and sandboxd container. Without it, a built-in template that runs
@@ -149,6 +178,8 @@ pub(crate) struct Shared {
     prepull_images: prepull::Images,
     /// `--base-template`.
     base_template: String,
+    /// `--image-pull-policy`.
+    image_pull_policy: PullPolicy,
     /// Pre-pull DaemonSets in flight over all tenants (`--max-prepull-daemonsets`).
     prepull_slots: tokio::sync::Semaphore,
     /// Tenants with a pre-pull running (one each).
@@ -288,6 +319,7 @@ impl KubeTenancy {
                     pause: args.prepull_pause_image.clone(),
                 },
                 base_template: args.base_template.clone(),
+                image_pull_policy: args.image_pull_policy,
                 prepull_slots: tokio::sync::Semaphore::new(args.max_prepull_daemonsets.max(1)),
                 prepulls: Mutex::default(),
                 client,

@@ -27,7 +27,7 @@ use sandhub_api::{
 };
 use sandhub_client::Error;
 
-use super::owner;
+use super::{owner, PullPolicy};
 
 /// The name of the container that runs sandboxd in a Pod template, when
 /// there are several (else the first container is).
@@ -174,6 +174,7 @@ pub fn tenant_template(
     mut base: SandboxTemplateSpec,
     t: &Template,
     sandboxd_image: &str,
+    pull_policy: PullPolicy,
 ) -> Result<SandboxTemplate, Error> {
     refuse_local_only(t)?;
     let pod = &mut base.blueprint.pod_template.spec;
@@ -187,7 +188,7 @@ pub fn tenant_template(
         args.extend(c.args.take().into_iter().flatten());
         c.image = Some(image.clone());
         // Pre-pulled (or pre-loaded) images run as they are.
-        c.image_pull_policy = Some("IfNotPresent".into());
+        c.image_pull_policy = Some(pull_policy.as_str().into());
         c.command = Some(vec![format!("{BIN_DIR}/sandboxd")]);
         c.args = Some(args);
         let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
@@ -383,6 +384,7 @@ mod tests {
             builtin_base(SANDBOXD),
             &image_template(),
             SANDBOXD,
+            PullPolicy::Never,
         )
         .unwrap();
         let pod = &t.spec.blueprint.pod_template.spec;
@@ -390,7 +392,11 @@ mod tests {
         assert_eq!(c.image.as_deref(), Some("docker.io/sandhub/test:amd64"));
         assert_eq!(c.command.as_ref().unwrap(), &["/.sandhub/sandboxd"]);
         assert_eq!(c.args.as_ref().unwrap(), &["--listen-host", "0.0.0.0"]);
-        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        assert_eq!(
+            c.image_pull_policy.as_deref(),
+            Some("Never"),
+            "--image-pull-policy"
+        );
         assert!(c.readiness_probe.is_some());
         let mounts: Vec<_> = c
             .volume_mounts
@@ -432,7 +438,15 @@ mod tests {
         pod.containers[0].command = Some(vec!["/usr/local/bin/sandboxd".into(), "--x".into()]);
         pod.runtime_class_name = Some("gvisor".into());
         pod.node_selector = Some(BTreeMap::from([("pool".into(), "sandboxes".into())]));
-        let t = tenant_template("a", "t", base, &image_template(), SANDBOXD).unwrap();
+        let t = tenant_template(
+            "a",
+            "t",
+            base,
+            &image_template(),
+            SANDBOXD,
+            PullPolicy::IfNotPresent,
+        )
+        .unwrap();
         let pod = &t.spec.blueprint.pod_template.spec;
         assert_eq!(
             pod.containers[0].args.as_ref().unwrap(),
@@ -451,7 +465,15 @@ mod tests {
             env: [("SANDBOXD_ROOT_DIR".to_string(), "/".to_string())].into(),
             ..image_template()
         };
-        let out = tenant_template("alice", "py", builtin_base(SANDBOXD), &t, SANDBOXD).unwrap();
+        let out = tenant_template(
+            "alice",
+            "py",
+            builtin_base(SANDBOXD),
+            &t,
+            SANDBOXD,
+            PullPolicy::IfNotPresent,
+        )
+        .unwrap();
         let c = &out.spec.blueprint.pod_template.spec.containers[0];
         let env: Vec<(&str, Option<&str>)> = c
             .env
@@ -481,7 +503,15 @@ mod tests {
             disk_mb: Some(1024),
             ..Template::default()
         };
-        let out = tenant_template("a", "t", builtin_base(SANDBOXD), &t, SANDBOXD).unwrap();
+        let out = tenant_template(
+            "a",
+            "t",
+            builtin_base(SANDBOXD),
+            &t,
+            SANDBOXD,
+            PullPolicy::IfNotPresent,
+        )
+        .unwrap();
         let pod = &out.spec.blueprint.pod_template.spec;
         assert!(pod.init_containers.is_none());
         assert_eq!(pod.containers[0].image.as_deref(), Some(SANDBOXD));
@@ -508,7 +538,15 @@ mod tests {
                 ..Template::default()
             },
         ] {
-            let e = tenant_template("a", "t", builtin_base(SANDBOXD), &t, SANDBOXD).unwrap_err();
+            let e = tenant_template(
+                "a",
+                "t",
+                builtin_base(SANDBOXD),
+                &t,
+                SANDBOXD,
+                PullPolicy::IfNotPresent,
+            )
+            .unwrap_err();
             assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
         }
     }

@@ -8,6 +8,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::wait::await_condition,
@@ -32,9 +33,14 @@ use super::{
     model,
     owner::{self, Owner},
     reach::Target,
+    startup::{self, StartProblem},
     template, Shared,
 };
 use crate::backend::{new_id, TenantView};
+
+/// How often a starting sandbox's Pod status is read for a reason it
+/// cannot start.
+const POD_STATUS_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub struct KubeTenant {
     pub(super) shared: Arc<Shared>,
@@ -171,20 +177,53 @@ impl KubeTenant {
         let wait = await_condition(self.claims(), id, |c: Option<&SandboxClaim>| {
             c.is_none_or(|c| model::is_ready(c) || model::terminal_reason(c).is_some())
         });
-        let claim = match tokio::time::timeout(timeout, wait).await {
-            Err(_) => {
-                return Err(Error::unavailable(format!(
-                    "sandbox {id} was not Ready within {}s",
-                    timeout.as_secs()
-                )))
+        // Meanwhile its Pod's status says early why it cannot start: a fatal
+        // reason ends the wait now, any other is kept for the timeout's answer.
+        let last_problem = std::sync::Mutex::new(None::<StartProblem>);
+        let watch_pod = async {
+            loop {
+                tokio::time::sleep(POD_STATUS_POLL).await;
+                match self.start_problem(id).await {
+                    Some(p) if p.fatal => return p,
+                    Some(p) => *last_problem.lock().unwrap_or_else(|e| e.into_inner()) = Some(p),
+                    None => {}
+                }
             }
-            Ok(Err(e)) => return Err(Error::unavailable(format!("watching sandbox {id}: {e}"))),
-            Ok(Ok(None)) => {
+        };
+        let raced = async {
+            tokio::select! {
+                claim = wait => Ok(claim),
+                fatal = watch_pod => Err(fatal),
+            }
+        };
+        let claim = match tokio::time::timeout(timeout, raced).await {
+            Err(_) => {
+                let why = last_problem
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .map(|p| format!(": {p}"))
+                    .unwrap_or_default();
+                return Err(Error::unavailable(format!(
+                    "sandbox {id} was not Ready within {}s{why}",
+                    timeout.as_secs()
+                )));
+            }
+            Ok(Err(fatal)) => {
+                return Err(Error::new(
+                    Code::FailedPrecondition,
+                    format!("sandbox {id} failed to start: {fatal}"),
+                ))
+            }
+            Ok(Ok(Err(e))) => {
+                return Err(Error::unavailable(format!("watching sandbox {id}: {e}")))
+            }
+            Ok(Ok(Ok(None))) => {
                 return Err(Error::not_found(format!(
                     "sandbox {id} was deleted while starting"
                 )))
             }
-            Ok(Ok(Some(c))) => c,
+            Ok(Ok(Ok(Some(c)))) => c,
         };
         if let Some((reason, message)) = model::terminal_reason(&claim) {
             let code = match reason.as_str() {
@@ -200,6 +239,38 @@ impl KubeTenant {
             ));
         }
         Ok(claim)
+    }
+
+    /// Why starting sandbox `id`'s Pod is not coming up, if its status
+    /// says. Best effort: a Pod not made yet, or one the hub may not read
+    /// (an older Role without `pods: get`), says nothing.
+    async fn start_problem(&self, id: &str) -> Option<StartProblem> {
+        let claim = self.claims().get_opt(id).await.ok()??;
+        let sandbox = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.sandbox.as_ref())
+            .map(|s| s.name.clone())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| id.to_string());
+        let pod = match self.sandboxes().get_opt(&sandbox).await {
+            Ok(Some(sb)) => sb
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(names::POD_NAME_ANNOTATION).cloned())
+                .unwrap_or(sandbox),
+            _ => sandbox,
+        };
+        let pods: Api<Pod> = Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
+        match pods.get_opt(&pod).await {
+            Ok(Some(pod)) => startup::problem(&pod),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(%id, error = %e, "reading a starting sandbox's Pod");
+                None
+            }
+        }
     }
 
     /// A client for the sandbox's sandboxd, cached while its Pod stays.
@@ -562,6 +633,7 @@ impl Sandboxes for KubeTenant {
             self.base_template().await?,
             &t,
             &self.shared.prepull_images.sandboxd,
+            self.shared.image_pull_policy,
         )?;
         let object = owner::object_name(&self.tenant, name);
         let conflict = |e: kube::Error| match &e {

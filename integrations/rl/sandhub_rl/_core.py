@@ -85,6 +85,9 @@ class FleetCore(Generic[H]):
         self._live: dict[str, H] = {}
         self._templates: dict[str, str] = {}  # image -> template name put this run
         self._pools: dict[str, str] = {}  # template -> this run's pool name
+        # template -> this run's 0-replica pool: the kubernetes hub starts a
+        # sandbox only through a pool of its template (a claim), cold or not.
+        self._claim_pools: dict[str, str] = {}
         self._pool_sizes: dict[str, int] = {}  # template -> replicas last asked of its pool
         self._plan: list[Task] = []  # tasks announced with add_tasks, not yet acquired
         self._bad_images: set[str] = set()  # images whose template could not be put
@@ -130,6 +133,14 @@ class FleetCore(Generic[H]):
         if (self.config.warm_per_template <= 0 and self.config.warmer is None) or task.env:
             return None
         return self._pools.get(template)
+
+    def _claim_pool_needed(self, template: str, error: sandhub.NotFoundError) -> str | None:
+        """A name for a 0-replica pool of ``template`` when ``error`` says the
+        hub creates sandboxes only from pools (the kubernetes backend: "pool
+        X not found" for a create by template) and the run has none yet."""
+        if not error.message.startswith("pool ") or template in self._claim_pools:
+            return None
+        return naming.pool_name(self.run_id, template, time.time())
 
     def _want_pool(self, template: str, task: Task) -> str | None:
         """A name for a fixed-size pool to create for ``template`` at acquire,

@@ -252,14 +252,23 @@ class AsyncSandboxFleet:
         return handle
 
     async def _start_from(self, task: Task, template: str) -> AsyncSandboxHandle:
-        pool = await self._ensure_pool(template, task)
+        pool = await self._ensure_pool(template, task) or self._core._claim_pools.get(template)
         kw = self._core._create_kwargs(task)
         try:
             sb = await (self.hub.create(pool=pool, **kw) if pool else self.hub.create(template, **kw))
         except sandhub.NotFoundError as e:
             if pool:
                 self._core._pools[template] = ""
+                self._core._claim_pools.pop(template, None)
                 raise StartFailure(StartVerdict("pool_gone", "retry", e.message)) from e
+            claim_pool = self._core._claim_pool_needed(template, e)
+            if claim_pool is not None:
+                try:
+                    await self.hub.pools.put(claim_pool, template, 0)
+                except sandhub.SandhubError as put_error:
+                    raise StartFailure(classify_error(put_error, "pool")) from put_error
+                self._core._claim_pools[template] = claim_pool
+                return await self._start_from(task, template)  # once: the pool is known now
             if task.image is not None and self._core._templates.pop(task.image, ""):
                 raise StartFailure(StartVerdict("template_gone", "retry", e.message)) from e
             raise StartFailure(classify_error(e, "create")) from e
@@ -427,7 +436,7 @@ class AsyncSandboxFleet:
 
     # ------------------------------------------------------------------ the end of a run
 
-    async def teardown(self, verify: bool = True) -> TeardownReport:
+    async def teardown(self, verify: bool = True, wait_s: float = 60.0) -> TeardownReport:
         """Deletes the run's pools and sandboxes; with ``verify``, reports what is left."""
         self._core._closed = True
         report = TeardownReport(run_id=self.run_id)
@@ -460,7 +469,14 @@ class AsyncSandboxFleet:
         except sandhub.SandhubError as e:
             report.errors.append(f"sandboxes: {e}")
         if verify:
+            # A deleted sandbox stays listed until it is really gone (on
+            # Kubernetes, until its Pod has terminated): list until nothing
+            # is left, for up to ``wait_s``.
+            deadline = time.monotonic() + wait_s
             left = await self.verify_teardown()
+            while (left.left_sandboxes or left.left_pools) and not left.errors and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+                left = await self.verify_teardown()
             report.left_sandboxes, report.left_pools = left.left_sandboxes, left.left_pools
             report.errors.extend(left.errors)
             report.verified = left.verified

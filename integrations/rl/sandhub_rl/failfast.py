@@ -25,10 +25,19 @@ What the hub reports on the local backend (measured; see the README):
   record of its child and the cgroup's OOM counter (``OOMKilled``, ``Error``
   for a non-zero exit or a signal, ``StartError``, or ``Completed`` for exit
   0, which is normal for an image whose command is a shell).
+
+What the kubernetes hub adds, from the starting sandbox's Pod status: a
+fatal reason (``ErrImageNeverPull``, ``InvalidImageName``, ``OOMKilled``, a
+container that exited at start) fails the create at once with
+``FAILED_PRECONDITION`` "failed to start: <Reason>: ..."; any other
+(``ImagePullBackOff``, ``CreateContainerConfigError``, ``CrashLoopBackOff``,
+``Unschedulable``) is named in the ``UNAVAILABLE`` "not Ready within Ns:
+<Reason>: ..." of its ready timeout.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,9 +62,32 @@ class StartVerdict:
     message: str = ""
 
 
+#: Kubernetes' words in the kubernetes hub's create errors ("failed to
+#: start: ErrImageNeverPull: ..." at once, or "not Ready within 180s:
+#: ImagePullBackOff: ..." at its ready timeout), with the fleet's verdict.
+_POD_REASONS: dict[str, tuple[str, Kind]] = {
+    "ErrImageNeverPull": ("image_not_found", "fatal"),
+    "InvalidImageName": ("invalid_image", "fatal"),
+    "OOMKilled": ("oom_at_start", "fatal"),
+    "ExitedAtStart": ("exited_at_start", "fatal"),
+    "ErrImagePull": ("image_pull_failed", "retry"),
+    "ImagePullBackOff": ("image_pull_backoff", "retry"),
+    "CreateContainerConfigError": ("config_error", "retry"),
+    "CreateContainerError": ("config_error", "retry"),
+    "RunContainerError": ("config_error", "retry"),
+    "CrashLoopBackOff": ("crash_loop", "retry"),
+    "Unschedulable": ("unschedulable", "unschedulable"),
+}
+_POD_REASON_RE = re.compile(r"(?:failed to start|not Ready within \d+s): (\w+): ")
+
+
 def classify_error(exc: BaseException, stage: Stage) -> StartVerdict:
     """The verdict for a hub error raised while starting a task's sandbox."""
     msg = getattr(exc, "message", None) or str(exc)
+    pod_reason = _POD_REASON_RE.search(msg) if stage in ("create", "pool") else None
+    if pod_reason and pod_reason.group(1) in _POD_REASONS:
+        cause, kind = _POD_REASONS[pod_reason.group(1)]
+        return StartVerdict(cause, kind, msg)
     if stage in ("create", "pool") and "failed to start" in msg:
         # The local hub's own launch failed; the wire word is all it says, so
         # the message tells the two apart (a reason field would be better).

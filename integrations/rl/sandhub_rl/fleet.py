@@ -281,14 +281,23 @@ class SandboxFleet:
         return handle
 
     def _start_from(self, task: Task, template: str) -> SandboxHandle:
-        pool = self._ensure_pool(template, task)
+        pool = self._ensure_pool(template, task) or self._core._claim_pools.get(template)
         kw = self._core._create_kwargs(task)
         try:
             sb = self.hub.create(pool=pool, **kw) if pool else self.hub.create(template, **kw)
         except sandhub.NotFoundError as e:
             if pool:  # our pool was removed from outside: forget it, start cold
                 self._core._pools[template] = ""
+                self._core._claim_pools.pop(template, None)
                 raise StartFailure(StartVerdict("pool_gone", "retry", e.message)) from e
+            claim_pool = self._core._claim_pool_needed(template, e)
+            if claim_pool is not None:
+                try:
+                    self.hub.pools.put(claim_pool, template, 0)
+                except sandhub.SandhubError as put_error:
+                    raise StartFailure(classify_error(put_error, "pool")) from put_error
+                self._core._claim_pools[template] = claim_pool
+                return self._start_from(task, template)  # once: the pool is known now
             if task.image is not None and self._core._templates.pop(task.image, ""):
                 # the image's template was removed from outside: put it again
                 raise StartFailure(StartVerdict("template_gone", "retry", e.message)) from e
@@ -456,11 +465,13 @@ class SandboxFleet:
 
     # ------------------------------------------------------------------ the end of a run
 
-    def teardown(self, verify: bool = True) -> TeardownReport:
+    def teardown(self, verify: bool = True, wait_s: float = 60.0) -> TeardownReport:
         """Deletes the run's pools and every sandbox carrying its label (also
         ones this process never saw, e.g. from an earlier process of the same
-        run), then, with ``verify``, lists again and reports what is left.
-        The fleet takes no acquires afterwards."""
+        run), then, with ``verify``, lists again (until nothing is left, for
+        up to ``wait_s``: a Kubernetes sandbox is listed until its Pod has
+        terminated) and reports what is left. The fleet takes no acquires
+        afterwards."""
         self._core._closed = True
         report = TeardownReport(run_id=self.run_id)
         for handle in self._core.live_handles():
@@ -488,7 +499,14 @@ class SandboxFleet:
         except sandhub.SandhubError as e:
             report.errors.append(f"sandboxes: {e}")
         if verify:
+            # A deleted sandbox stays listed until it is really gone (on
+            # Kubernetes, until its Pod has terminated): list until nothing
+            # is left, for up to ``wait_s``.
+            deadline = time.monotonic() + wait_s
             left = self.verify_teardown()
+            while (left.left_sandboxes or left.left_pools) and not left.errors and time.monotonic() < deadline:
+                time.sleep(0.5)
+                left = self.verify_teardown()
             report.left_sandboxes, report.left_pools = left.left_sandboxes, left.left_pools
             report.errors.extend(left.errors)
             report.verified = left.verified

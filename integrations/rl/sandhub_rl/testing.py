@@ -304,7 +304,7 @@ class FakeFleet:
         with self._lock:
             return list(self._live.values())
 
-    def teardown(self, verify: bool = True) -> TeardownReport:
+    def teardown(self, verify: bool = True, wait_s: float = 60.0) -> TeardownReport:
         self._closed = True
         report = TeardownReport(run_id=self.run_id)
         with self._lock:
@@ -412,9 +412,9 @@ class AsyncFakeFleet:
     async def wait_pools_ready(self, timeout: float = 60.0) -> PoolReadiness:
         return self.sync.wait_pools_ready(timeout)
 
-    async def teardown(self, verify: bool = True) -> TeardownReport:
+    async def teardown(self, verify: bool = True, wait_s: float = 60.0) -> TeardownReport:
         self._handles.clear()
-        return self.sync.teardown(verify)
+        return self.sync.teardown(verify, wait_s)
 
     async def verify_teardown(self) -> TeardownReport:
         return self.sync.verify_teardown()

@@ -122,3 +122,31 @@ def test_entrypoint_verdicts() -> None:
     assert ep("OOMKilled").failed and not ep("Completed").failed and not ep("Running").failed
     with pytest.raises(ValueError):
         FailFastPolicy(settle_s=-1)
+
+
+@pytest.mark.parametrize(
+    ("exc", "cause", "kind"),
+    [
+        (sandhub.FailedPreconditionError("sandbox sb-1 failed to start: ErrImageNeverPull: container sandboxd: not present"),
+         "image_not_found", "fatal"),
+        (sandhub.FailedPreconditionError("sandbox sb-1 failed to start: InvalidImageName: container sandboxd: bad"),
+         "invalid_image", "fatal"),
+        (sandhub.FailedPreconditionError("sandbox sb-1 failed to start: OOMKilled: container sandboxd OOMKilled"),
+         "oom_at_start", "fatal"),
+        (sandhub.FailedPreconditionError("sandbox sb-1 failed to start: ExitedAtStart: container sandboxd Error"),
+         "exited_at_start", "fatal"),
+        (sandhub.UnavailableError("sandbox sb-1 was not Ready within 180s: ImagePullBackOff: container x: back-off"),
+         "image_pull_backoff", "retry"),
+        (sandhub.UnavailableError("sandbox sb-1 was not Ready within 180s: CreateContainerConfigError: no cm"),
+         "config_error", "retry"),
+        (sandhub.UnavailableError("sandbox sb-1 was not Ready within 180s: CrashLoopBackOff: container x: back-off"),
+         "crash_loop", "retry"),
+        (sandhub.UnavailableError("sandbox sb-1 was not Ready within 180s: Unschedulable: 0/1 nodes"),
+         "unschedulable", "unschedulable"),
+        # no reason word: as before
+        (sandhub.UnavailableError("sandbox sb-1 was not Ready within 180s"), "unavailable", "retry"),
+    ],
+)
+def test_kubernetes_pod_reasons(exc: Exception, cause: str, kind: str) -> None:
+    verdict = classify_error(exc, "create")
+    assert (verdict.cause, verdict.kind) == (cause, kind), verdict

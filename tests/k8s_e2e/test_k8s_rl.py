@@ -1,0 +1,135 @@
+"""Issue #18 on the real cluster: the RL fleet (sandhub-rl) against the kubernetes hub,
+Pods on the real node. One episode runs a task image end to end; a task whose image the
+node lacks fails at once through the Pod's ErrImageNeverPull (the hub runs with
+`--image-pull-policy Never`, as on nodes fed only by pre-pull), not at the ready timeout;
+an image name kubelet cannot parse fails at once through InvalidImageName; and the
+fleet's pre-pull runs the hub's DaemonSets on the node."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+import sandhub
+
+from sandhub_rl import (
+    FailFastPolicy,
+    FleetConfig,
+    ResourceSpec,
+    SandboxFleet,
+    SandboxStartError,
+    Task,
+    prepull,
+)
+from sandhub_testing import stop_process, wait_for
+from sandhub_testing.hub_k8s import EXT, POOL, Cluster, import_layout_image
+from sandhub_testing.registry import TEST_IMAGE_AMD64, test_image_layout
+
+TEST_IMAGE = "docker.io/sandhub/test:amd64"
+ABSENT_IMAGE = "docker.io/sandhub/absent-from-the-node:1"
+READY_TIMEOUT = 180  # the hub's default --ready-timeout
+TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def url(cluster: Cluster):
+    import_layout_image(cluster, test_image_layout(), TEST_IMAGE_AMD64, TEST_IMAGE)
+    hub, url = cluster.start_hub("--base-template", POOL, "--image-pull-policy", "Never")
+    try:
+        yield url
+    finally:
+        stop_process(hub)
+
+
+def _claims_of(cluster: Cluster, fleet: SandboxFleet) -> list[str]:
+    items = cluster.custom.list_namespaced_custom_object(*EXT, cluster.ns, "sandboxclaims")["items"]
+    return [c["metadata"]["name"] for c in items
+            if all((c["metadata"].get("labels") or {}).get(k) == v for k, v in fleet.labels.items())]
+
+
+def test_one_episode_on_the_real_node(cluster: Cluster, url: str):
+    hub = sandhub.Hub(url, timeout=TIMEOUT)
+    fleet = SandboxFleet(hub, FleetConfig(
+        ready_timeout_s=TIMEOUT, resources=ResourceSpec(cpu_limit=1, memory_limit="512Mi")))
+    task = Task(id="astropy-1", image=TEST_IMAGE, files={"repo/solve.py": "print(6 * 7)\n"},
+                setup=("test -f /workspace/repo/solve.py",))
+    t0 = time.monotonic()
+    with fleet.episode(task) as h:
+        print(f"acquired a sandbox of {TEST_IMAGE} in {time.monotonic() - t0:.1f}s")
+        pod = cluster.core.read_namespaced_pod(cluster.pod_of(h.sandbox_id), cluster.ns)
+        assert pod.spec.node_name == "localhost", pod.spec.node_name
+        (main,) = pod.spec.containers
+        assert main.image == TEST_IMAGE and main.image_pull_policy == "Never", main
+        assert h.exec("python3 /workspace/repo/solve.py").stdout == "42\n"
+        assert "app:x:1000" in h.exec("cat /etc/passwd").stdout  # the task image's own files
+        reward = 1.0 if h.exec("python3 /workspace/repo/solve.py | grep -qx 42").exit_code == 0 else 0.0
+        assert h.is_alive()
+    assert reward == 1.0
+    assert fleet.stats.acquired == 1 and fleet.stats.released == 1
+    report = fleet.teardown(verify=True)
+    assert report.clean, report
+    assert hub.list(fleet.labels) == []
+    wait_for("the episode's claim to go", lambda: not _claims_of(cluster, fleet), timeout=60)
+
+
+def test_an_image_the_node_lacks_fails_fast_through_err_image_never_pull(cluster: Cluster, url: str):
+    # The hub's own answer: FAILED_PRECONDITION with the Pod's reason, the claim deleted.
+    r = requests.put(f"{url}/v1/templates/absent", json={"image": ABSENT_IMAGE}, timeout=60)
+    assert r.status_code == 200, r.text
+    # On Kubernetes a sandbox is a claim on a pool: an empty one starts it cold.
+    r = requests.put(f"{url}/v1/pools/absent", json={"template": "absent", "replicas": 0}, timeout=60)
+    assert r.status_code == 200, r.text
+    t0 = time.monotonic()
+    r = requests.post(f"{url}/v1/sandboxes", json={"template": "absent", "labels": {"probe": "never-pull"}},
+                      timeout=TIMEOUT)
+    took = time.monotonic() - t0
+    assert r.status_code == 412 and r.json()["code"] == "FAILED_PRECONDITION", r.text
+    assert "failed to start: ErrImageNeverPull" in r.json()["message"], r.text
+    assert took < READY_TIMEOUT / 3, took
+    print(f"ErrImageNeverPull answered in {took:.1f}s (ready timeout {READY_TIMEOUT}s)")
+    left = requests.get(f"{url}/v1/sandboxes", params={"labels": "probe=never-pull"}, timeout=60)
+    assert left.status_code == 200 and left.json()["sandboxes"] == [], left.text
+    assert requests.delete(f"{url}/v1/pools/absent", timeout=60).status_code == 204
+    assert requests.delete(f"{url}/v1/templates/absent", timeout=60).status_code == 204
+
+    # The fleet's verdict: image_not_found, not retried for its grace.
+    hub = sandhub.Hub(url, timeout=TIMEOUT)
+    fleet = SandboxFleet(hub, FleetConfig(ready_timeout_s=TIMEOUT, fail_fast=FailFastPolicy(grace_s=120)))
+    t0 = time.monotonic()
+    with pytest.raises(SandboxStartError) as info:
+        fleet.acquire(Task(id="ghost", image=ABSENT_IMAGE))
+    took = time.monotonic() - t0
+    err = info.value
+    assert err.cause == "image_not_found" and not err.retryable, err
+    assert "ErrImageNeverPull" in err.message and err.task_id == "ghost"
+    assert took < READY_TIMEOUT / 3 and fleet.stats.start_retries == 0, (took, fleet.stats)
+    wait_for("the failed claim to go", lambda: not _claims_of(cluster, fleet), timeout=60)
+    assert fleet.teardown(verify=True).clean
+
+
+def test_an_invalid_image_name_fails_fast_through_invalid_image_name(cluster: Cluster, url: str):
+    """The kubernetes hub passes image names to the cluster as given; kubelet refuses one
+    it cannot parse (InvalidImageName) and the hub ends the create on that at once."""
+    hub = sandhub.Hub(url, timeout=TIMEOUT)
+    fleet = SandboxFleet(hub, FleetConfig(ready_timeout_s=TIMEOUT, fail_fast=FailFastPolicy(grace_s=120)))
+    t0 = time.monotonic()
+    with pytest.raises(SandboxStartError) as info:
+        fleet.acquire(Task(id="bad", image="Upper/Case:1"))
+    took = time.monotonic() - t0
+    print(f"InvalidImageName answered in {took:.1f}s")
+    err = info.value
+    assert err.cause == "invalid_image" and not err.retryable and "InvalidImageName" in err.message, err
+    assert took < READY_TIMEOUT / 3 and fleet.stats.start_retries == 0, (took, fleet.stats)
+    wait_for("the failed claim to go", lambda: not _claims_of(cluster, fleet), timeout=60)
+    assert fleet.teardown(verify=True).clean
+
+
+def test_the_fleets_prepull_runs_on_the_node(cluster: Cluster, url: str):
+    hub = sandhub.Hub(url, timeout=TIMEOUT)
+    tasks = [Task(id=f"t{i}", image=TEST_IMAGE) for i in range(3)]
+    result = prepull(hub, tasks, template=POOL)
+    assert result.ok, result
+    assert [i.reference for i in result.images] == [TEST_IMAGE]
+    wait_for("the pre-pull DaemonSets to be gone", lambda: not cluster.apps.list_namespaced_daemon_set(
+        cluster.ns, label_selector="sandhub.io/prepull").items, timeout=60)
