@@ -237,6 +237,11 @@ pub struct ExecRequest {
     /// Bytes written to the process's stdin, then closed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub stdin: String,
+    /// Kubernetes: run in this container of the sandbox's Pod, one of its
+    /// template's `sidecars` (through the Pod's exec API, no `env` or
+    /// `cwd`); unset: the sandbox's own container, through its sandboxd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 impl ExecRequest {
@@ -246,6 +251,15 @@ impl ExecRequest {
         limits::optional_timeout("timeout_seconds", self.timeout_seconds)?;
         if self.command.argv().first().is_none_or(|p| p.is_empty()) {
             return Err(ErrorBody::new(Code::InvalidArgument, "command is empty"));
+        }
+        if let Some(c) = &self.container {
+            crate::validate::container_name(c)?;
+            if !self.env.is_empty() || !self.cwd.is_empty() {
+                return Err(ErrorBody::new(
+                    Code::InvalidArgument,
+                    "env and cwd are not available with `container` (the Pod's exec API has neither)",
+                ));
+            }
         }
         Ok(())
     }
@@ -327,6 +341,35 @@ pub struct Template {
     pub disk_mb: Option<u64>,
     #[serde(default)]
     pub network: Network,
+    /// Kubernetes only: more containers in the sandbox's Pod (a grader, a
+    /// service the task needs), at most [`MAX_SIDECARS`]. They share the
+    /// Pod's network and, with `image`, its `/workspace`; `exec` reaches
+    /// one by its name (`container`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sidecars: Vec<Sidecar>,
+}
+
+/// Most sidecars one template may have.
+pub const MAX_SIDECARS: usize = 4;
+
+/// A container beside the sandbox's own in its Pod (Kubernetes).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Sidecar {
+    /// A DNS label, unique in the template, not `sandboxd`.
+    pub name: String,
+    pub image: String,
+    /// Its argv; unset: the image's own entrypoint and command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Its own limits, in the template's units and ranges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
 }
 
 /// A template and its name. Its OpenAPI schema is written by hand below:

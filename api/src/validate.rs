@@ -142,8 +142,52 @@ impl Template {
         if let Some(argv) = &self.entrypoint {
             entrypoint(argv)?;
         }
+        sidecars(&self.sidecars)?;
         env(&self.env)
     }
+}
+
+/// A container's name: a DNS label; `sandboxd` and `sandhub-*` are the
+/// hub's own.
+pub fn container_name(name: &str) -> Result<(), ErrorBody> {
+    if !crate::hub::is_dns_label(name) || name == "sandboxd" || name.starts_with("sandhub-") {
+        return Err(invalid(format!(
+            "container must be a DNS label other than sandboxd and sandhub-*, not {:?}",
+            name.chars().take(64).collect::<String>()
+        )));
+    }
+    Ok(())
+}
+
+/// At most [`crate::hub::MAX_SIDECARS`], uniquely named, each with a valid
+/// image, command, env and limits.
+pub fn sidecars(sidecars: &[crate::hub::Sidecar]) -> Result<(), ErrorBody> {
+    if sidecars.len() > crate::hub::MAX_SIDECARS {
+        return Err(invalid(format!(
+            "at most {} sidecars",
+            crate::hub::MAX_SIDECARS
+        )));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for s in sidecars {
+        container_name(&s.name)?;
+        if !seen.insert(s.name.as_str()) {
+            return Err(invalid(format!("sidecar {} is named twice", s.name)));
+        }
+        image_reference(&s.image)?;
+        if let Some(argv) = &s.command {
+            entrypoint(argv)?;
+        }
+        env(&s.env)?;
+        let limits = Template {
+            cpu: s.cpu,
+            memory_mb: s.memory_mb,
+            ..Default::default()
+        };
+        template_limits(&limits)
+            .map_err(|e| invalid(format!("sidecar {}: {}", s.name, e.message)))?;
+    }
+    Ok(())
 }
 
 /// `user[:group]`: each part a name or a number, at most 256 bytes, no
@@ -217,6 +261,54 @@ impl PoolSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sidecars_and_exec_containers_are_checked() {
+        use crate::hub::{Command, ExecRequest, Sidecar};
+        let ok = Sidecar {
+            name: "grader".into(),
+            image: "x:1".into(),
+            ..Default::default()
+        };
+        assert!(sidecars(std::slice::from_ref(&ok)).is_ok());
+        let named = |name: &str| Sidecar {
+            name: name.into(),
+            ..ok.clone()
+        };
+        for bad in [
+            vec![named("sandboxd")],
+            vec![named("sandhub-x")],
+            vec![named("Grader")],
+            vec![ok.clone(), ok.clone()],
+            vec![Sidecar {
+                image: "a b".into(),
+                ..ok.clone()
+            }],
+            vec![Sidecar {
+                memory_mb: Some(1),
+                ..ok.clone()
+            }],
+            vec![Sidecar {
+                command: Some(vec![String::new()]),
+                ..ok.clone()
+            }],
+            (0..5).map(|i| named(&format!("s{i}"))).collect(),
+        ] {
+            assert!(sidecars(&bad).is_err(), "{bad:?}");
+        }
+        let exec = |container: &str, cwd: &str| ExecRequest {
+            command: Command::Shell("true".into()),
+            env: BTreeMap::new(),
+            cwd: cwd.into(),
+            timeout_seconds: None,
+            stdin: String::new(),
+            container: Some(container.into()),
+        };
+        assert!(exec("grader", "").validate().is_ok());
+        assert!(exec("grader", "/tmp").validate().is_err());
+        assert!(exec("sandboxd", "").validate().is_err());
+        assert!(exec("a/b", "").validate().is_err());
+    }
 
     #[test]
     fn users_are_names_or_numbers_with_an_optional_group() {

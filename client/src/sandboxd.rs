@@ -10,6 +10,7 @@
 mod files;
 mod forward;
 mod process;
+pub use process::TIMED_OUT_EXIT_CODE;
 mod transport;
 mod watch;
 

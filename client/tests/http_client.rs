@@ -480,6 +480,7 @@ async fn exec_and_process_control_against_stub_hub() {
                 cwd: "src".into(),
                 timeout_seconds: Some(5.0),
                 stdin: "input".into(),
+                container: None,
             },
         )
         .await

@@ -150,6 +150,7 @@ fn exec(command: Cmd) -> ExecRequest {
         cwd: String::new(),
         timeout_seconds: None,
         stdin: String::new(),
+        container: None,
     }
 }
 

@@ -207,6 +207,7 @@ async fn durations_out_of_range_are_400_on_every_rest_and_gym_route() {
                 cwd: String::new(),
                 timeout_seconds: Some(86_400.0),
                 stdin: String::new(),
+                container: None,
             },
         )
         .await

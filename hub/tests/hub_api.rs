@@ -44,6 +44,7 @@ fn exec_request(command: Command) -> ExecRequest {
         cwd: String::new(),
         timeout_seconds: Some(120.0),
         stdin: String::new(),
+        container: None,
     }
 }
 
@@ -1833,4 +1834,30 @@ async fn get_reports_the_entrypoint_running_exited_or_oom_killed() {
     let after = c.get(&serves.id).await.unwrap().entrypoint.unwrap();
     assert_eq!(after.state, EntrypointState::Running);
     assert!(after.started_at >= ep.started_at, "{after:?} {ep:?}");
+}
+
+/// A local sandbox is one container: a template with sidecars and an exec
+/// naming a container are the caller's INVALID_ARGUMENT, and the sandbox
+/// goes on serving.
+#[tokio::test]
+async fn the_local_backend_refuses_sidecars_and_other_containers() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let t = Template {
+        sidecars: vec![sandhub_api::hub::Sidecar {
+            name: "grader".into(),
+            image: "x:1".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let err = c.put_template("graded", t).await.unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{err}");
+    assert!(err.message.contains("sidecars"), "{err}");
+    let sb = create(&c, CreateSandbox::default()).await;
+    let mut request = exec_request(Command::Shell("true".into()));
+    request.container = Some("grader".into());
+    let err = c.exec(&sb.id, request).await.unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{err}");
+    assert_eq!(sh_ok(&c, &sb.id, "echo alive").await, "alive\n");
 }

@@ -732,6 +732,7 @@ async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
                 cwd: "/workspace".into(),
                 timeout_seconds: None,
                 stdin: String::new(),
+                container: None,
             },
         )
         .await

@@ -112,9 +112,11 @@ class AsyncCommands:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         stdin: str | bytes | None = None,
+        container: str | None = None,
     ) -> CommandResult:
-        """Runs ``cmd`` to completion (never retried)."""
-        body = c.exec_body(cmd, cwd, env, timeout if timeout is not None else self._timeout, stdin)
+        """Runs ``cmd`` to completion (never retried); ``container``: a sidecar of the
+        sandbox's Pod (Kubernetes), see the blocking ``Commands.run``."""
+        body = c.exec_body(cmd, cwd, env, timeout if timeout is not None else self._timeout, stdin, container)
         return CommandResult._from(c.loads(await self._native.exec(self._sid, body)))
 
     async def start(

@@ -39,8 +39,11 @@ def exec_body(
     env: Mapping[str, str] | None,
     timeout: float | None,
     stdin: str | bytes | None,
+    container: str | None = None,
 ) -> str:
     body: dict[str, Any] = {"command": cmd if isinstance(cmd, str) else list(cmd)}
+    if container is not None:
+        body["container"] = container
     if cwd:
         body["cwd"] = cwd
     if env:

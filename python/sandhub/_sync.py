@@ -121,11 +121,15 @@ class Commands:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         stdin: str | bytes | None = None,
+        container: str | None = None,
     ) -> CommandResult:
         """Runs ``cmd`` to completion: a ``str`` through ``/bin/sh -c``, a list as argv.
 
+        ``container`` names one of the template's ``sidecars`` (Kubernetes): the
+        command runs there, through the Pod's exec API (no ``cwd`` or ``env``).
+
         Never retried: a lost answer does not mean the command did not run."""
-        body = c.exec_body(cmd, cwd, env, timeout if timeout is not None else self._timeout, stdin)
+        body = c.exec_body(cmd, cwd, env, timeout if timeout is not None else self._timeout, stdin, container)
         return CommandResult._from(c.loads(self._native.exec(self._sid, body)))
 
     def start(

@@ -2,8 +2,10 @@
 Pods on the real node. One episode runs a task image end to end; a task whose image the
 node lacks fails at once through the Pod's ErrImageNeverPull (the hub runs with
 `--image-pull-policy Never`, as on nodes fed only by pre-pull), not at the ready timeout;
-an image name kubelet cannot parse fails at once through InvalidImageName; and the
-fleet's pre-pull runs the hub's DaemonSets on the node."""
+an image name kubelet cannot parse fails at once through InvalidImageName; a grading
+sidecar running the task's own image (`{task_image}`) sees the agent's workspace and
+takes `exec(container=...)`; and the fleet's pre-pull runs the hub's DaemonSets on the
+node."""
 
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ import requests
 import sandhub
 
 from sandhub_rl import (
+    TASK_IMAGE,
     FailFastPolicy,
     FleetConfig,
     ResourceSpec,
     SandboxFleet,
     SandboxStartError,
+    SidecarSpec,
     Task,
+    TemplateSpec,
     prepull,
 )
 from sandhub_testing import stop_process, wait_for
@@ -133,3 +138,41 @@ def test_the_fleets_prepull_runs_on_the_node(cluster: Cluster, url: str):
     assert [i.reference for i in result.images] == [TEST_IMAGE]
     wait_for("the pre-pull DaemonSets to be gone", lambda: not cluster.apps.list_namespaced_daemon_set(
         cluster.ns, label_selector="sandhub.io/prepull").items, timeout=60)
+
+
+def test_a_grading_sidecar_of_the_task_image_grades_the_workspace(cluster: Cluster, url: str):
+    # A PID 1 that ends on SIGTERM: `sleep` alone would hold the Pod's deletion
+    # for its whole grace period.
+    waits = ("sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait")
+    grader = SidecarSpec("grader", TASK_IMAGE, command=waits,
+                         resources=ResourceSpec(cpu_limit="250m", memory_limit="128Mi"))
+    spec = TemplateSpec(resources=ResourceSpec(cpu_limit=1, memory_limit="512Mi"), sidecars=(grader,))
+    hub = sandhub.Hub(url, timeout=TIMEOUT)
+    fleet = SandboxFleet(hub, FleetConfig(ready_timeout_s=TIMEOUT, template=spec))
+    with fleet.episode(Task(id="graded", image=TEST_IMAGE)) as h:
+        assert h.target_container is None
+        pod = cluster.core.read_namespaced_pod(cluster.pod_of(h.sandbox_id), cluster.ns)
+        containers = {c.name: c for c in pod.spec.containers}
+        assert set(containers) == {"sandboxd", "grader"}, containers
+        assert containers["grader"].image == TEST_IMAGE
+        assert containers["grader"].resources.limits == {"cpu": "250m", "memory": "128Mi"}
+        # The agent works in the sandbox's own container; the grader sees its workspace.
+        assert h.exec("printf 'print(6 * 7)\\n' > /workspace/solve.py").exit_code == 0
+        graded = h.exec(["python3", "/workspace/solve.py"], container="grader")
+        assert (graded.exit_code, graded.stdout) == (0, "42\n"), graded
+        assert h.exec("exit 3", container="grader").exit_code == 3
+        assert h.exec(["cat"], container="grader", stdin="piped").stdout == "piped"
+        # Only the template's sidecars, and no env or cwd there.
+        with pytest.raises(sandhub.InvalidArgumentError, match="no sidecar db"):
+            h.exec("true", container="db")
+        with pytest.raises(sandhub.InvalidArgumentError):
+            h.exec("true", container="sandboxd")
+        with pytest.raises(sandhub.InvalidArgumentError, match="env and cwd"):
+            h.exec("true", container="grader", cwd="/tmp")
+        timed = h.exec("sleep 30", container="grader", timeout=1)
+        assert timed.timed_out, timed
+    # The hub shows the sidecar as it was put.
+    (name,) = set(fleet._core._templates.values())
+    assert hub.templates.get(name).spec["sidecars"] == [
+        {"name": "grader", "image": TEST_IMAGE, "command": list(waits), "cpu": 0.25, "memory_mb": 128}]
+    assert fleet.teardown(verify=True).clean

@@ -162,6 +162,7 @@ pub async fn exec(
         cwd: String::new(),
         timeout_seconds: None,
         stdin: String::new(),
+        container: None,
     };
     let straight = || async {
         let t = Instant::now();

@@ -46,6 +46,7 @@ pub async fn exec(
         cwd: String::new(),
         timeout_seconds: None,
         stdin: String::new(),
+        container: None,
     };
     for _ in 0..warmup {
         client.exec(&id, request.clone()).await?;
@@ -122,6 +123,7 @@ pub async fn concurrent(
         cwd: String::new(),
         timeout_seconds: None,
         stdin: String::new(),
+        container: None,
     };
     let session = || async {
         for _ in 0..calls {

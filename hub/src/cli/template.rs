@@ -155,6 +155,8 @@ fn from_flags(set: SetArgs) -> Template {
             Some("host") => Network::Host,
             _ => Network::None,
         },
+        // Flags cannot say them; a JSON file (`template set --file`) can.
+        sidecars: Vec::new(),
     }
 }
 

@@ -10,6 +10,7 @@ mod owner;
 mod ports;
 mod prepull;
 mod reach;
+mod sidecar_exec;
 mod startup;
 mod template;
 mod tenant;

@@ -51,6 +51,7 @@ pub async fn listening(client: &SandboxdClient) -> Result<Vec<ListeningPort>> {
             cwd: String::new(),
             timeout_seconds: Some(30.0),
             stdin: String::new(),
+            container: None,
         })
         .await?;
     if r.exit_code != 0 {

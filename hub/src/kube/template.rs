@@ -22,7 +22,7 @@ use k8s_openapi::{
     apimachinery::pkg::{api::resource::Quantity, util::intstr::IntOrString},
 };
 use sandhub_api::{
-    hub::{Network, Template},
+    hub::{Network, Sidecar, Template},
     k8s::{common::PodTemplate, SandboxTemplate, SandboxTemplateSpec},
 };
 use sandhub_client::Error;
@@ -262,9 +262,125 @@ pub fn tenant_template(
         }
         r.limits.get_or_insert_with(BTreeMap::new).extend(limits);
     }
+    add_sidecars(&mut base.blueprint.pod_template, main, &t.sidecars);
     let mut out = SandboxTemplate::new(&owner::object_name(tenant, name), base);
     out.metadata = owner::tenant_metadata(tenant, name);
     Ok(out)
+}
+
+/// The Pod template annotation that names the containers a tenant's
+/// `sidecars` became (the base may hold containers of its own).
+pub const SIDECARS_ANNOTATION: &str = "sandhub.io/sidecars";
+
+/// Appends the template's sidecars to the Pod: the main container's
+/// security context (the base's hardening holds for them too), its own
+/// limits, and the workspace when the Pod has one.
+fn add_sidecars(pod_template: &mut PodTemplate, main: usize, sidecars: &[Sidecar]) {
+    if sidecars.is_empty() {
+        return;
+    }
+    let pod = &mut pod_template.spec;
+    let security = pod.containers[main].security_context.clone();
+    let has_workspace = pod
+        .volumes
+        .iter()
+        .flatten()
+        .any(|v| v.name == WORKSPACE_VOLUME);
+    pod.containers
+        .retain(|c| !sidecars.iter().any(|s| s.name == c.name));
+    for s in sidecars {
+        let mut limits = BTreeMap::new();
+        if let Some(cpu) = s.cpu {
+            limits.insert("cpu".to_string(), Quantity(format!("{}m", millicores(cpu))));
+        }
+        if let Some(mb) = s.memory_mb {
+            limits.insert("memory".to_string(), Quantity(format!("{mb}Mi")));
+        }
+        pod.containers.push(Container {
+            name: s.name.clone(),
+            image: Some(s.image.clone()),
+            image_pull_policy: pod.containers[main].image_pull_policy.clone(),
+            command: s.command.clone(),
+            env: (!s.env.is_empty()).then(|| {
+                s.env
+                    .iter()
+                    .map(|(k, v)| EnvVar {
+                        name: k.clone(),
+                        value: Some(v.clone()),
+                        value_from: None,
+                    })
+                    .collect()
+            }),
+            resources: (!limits.is_empty()).then(|| ResourceRequirements {
+                requests: Some(limits.clone()),
+                limits: Some(limits),
+                ..Default::default()
+            }),
+            security_context: security.clone(),
+            volume_mounts: has_workspace.then(|| {
+                vec![VolumeMount {
+                    name: WORKSPACE_VOLUME.into(),
+                    mount_path: "/workspace".into(),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        });
+    }
+    let names: Vec<&str> = sidecars.iter().map(|s| s.name.as_str()).collect();
+    pod_template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(SIDECARS_ANNOTATION.into(), names.join(","));
+}
+
+/// The sidecars a Pod template holds, by [`SIDECARS_ANNOTATION`].
+pub fn sidecar_names(pod_template: &PodTemplate) -> Vec<String> {
+    pod_template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(SIDECARS_ANNOTATION))
+        .map(|n| {
+            n.split(',')
+                .filter(|n| !n.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn sidecars_of(pod_template: &PodTemplate) -> Vec<Sidecar> {
+    let pod = &pod_template.spec;
+    sidecar_names(pod_template)
+        .iter()
+        .filter_map(|name| pod.containers.iter().find(|c| &c.name == name))
+        .map(|c| {
+            let limit = |k: &str| {
+                c.resources
+                    .as_ref()
+                    .and_then(|r| r.limits.as_ref())
+                    .and_then(|l| l.get(k))
+                    .map(|q| q.0.as_str())
+            };
+            Sidecar {
+                name: c.name.clone(),
+                image: c.image.clone().unwrap_or_default(),
+                command: c.command.clone(),
+                env: c
+                    .env
+                    .iter()
+                    .flatten()
+                    .filter(|e| e.value_from.is_none())
+                    .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+                    .collect(),
+                cpu: limit("cpu").and_then(parse_cpu),
+                memory_mb: limit("memory").and_then(parse_mib),
+            }
+        })
+        .collect()
 }
 
 /// The hub's view of a SandboxTemplate, whoever made it: the sandboxd
@@ -310,6 +426,7 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         cpu: limit("cpu").and_then(parse_cpu),
         memory_mb: limit("memory").and_then(parse_mib),
         disk_mb: limit("ephemeral-storage").and_then(parse_mib),
+        sidecars: sidecars_of(&spec.blueprint.pod_template),
         ..Template::default()
     }
 }
@@ -429,6 +546,53 @@ mod tests {
         assert_eq!(owner::hub_name(&t.metadata, "bob"), None);
         // And read back as it was written.
         assert_eq!(template_of(&t.spec, SANDBOXD), image_template());
+    }
+
+    #[test]
+    fn sidecars_join_the_pod_hardened_and_read_back() {
+        let mut base = builtin_base(SANDBOXD);
+        let main = &mut base.blueprint.pod_template.spec.containers[0];
+        main.security_context = Some(k8s_openapi::api::core::v1::SecurityContext {
+            run_as_non_root: Some(true),
+            ..Default::default()
+        });
+        // The operator's own extra container is no tenant sidecar.
+        base.blueprint.pod_template.spec.containers.push(Container {
+            name: "log-shipper".into(),
+            image: Some("shipper:1".into()),
+            ..Default::default()
+        });
+        let t = Template {
+            sidecars: vec![Sidecar {
+                name: "grader".into(),
+                image: "docker.io/sandhub/test:amd64".into(),
+                command: Some(vec!["sleep".into(), "infinity".into()]),
+                env: BTreeMap::from([("MODE".into(), "grade".into())]),
+                cpu: Some(0.25),
+                memory_mb: Some(128),
+            }],
+            ..image_template()
+        };
+        let out = tenant_template("a", "t", base, &t, SANDBOXD, PullPolicy::Never).unwrap();
+        let pod_template = &out.spec.blueprint.pod_template;
+        let grader = pod_template
+            .spec
+            .containers
+            .iter()
+            .find(|c| c.name == "grader")
+            .unwrap();
+        assert_eq!(grader.image_pull_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            grader.security_context.as_ref().unwrap().run_as_non_root,
+            Some(true)
+        );
+        let mounts = grader.volume_mounts.as_ref().unwrap();
+        assert_eq!(
+            (mounts[0].name.as_str(), mounts[0].mount_path.as_str()),
+            (WORKSPACE_VOLUME, "/workspace")
+        );
+        assert_eq!(sidecar_names(pod_template), ["grader"]);
+        assert_eq!(template_of(&out.spec, SANDBOXD), t);
     }
 
     #[test]

@@ -33,6 +33,7 @@ use super::{
     model,
     owner::{self, Owner},
     reach::Target,
+    sidecar_exec,
     startup::{self, StartProblem},
     template, Shared,
 };
@@ -253,15 +254,7 @@ impl KubeTenant {
             .map(|s| s.name.clone())
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| id.to_string());
-        let pod = match self.sandboxes().get_opt(&sandbox).await {
-            Ok(Some(sb)) => sb
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(names::POD_NAME_ANNOTATION).cloned())
-                .unwrap_or(sandbox),
-            _ => sandbox,
-        };
+        let pod = self.pod_name(&sandbox).await;
         let pods: Api<Pod> = Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
         match pods.get_opt(&pod).await {
             Ok(Some(pod)) => startup::problem(&pod),
@@ -270,6 +263,20 @@ impl KubeTenant {
                 tracing::debug!(%id, error = %e, "reading a starting sandbox's Pod");
                 None
             }
+        }
+    }
+
+    /// The Pod of Sandbox `sandbox`: its pod-name annotation (an adopted
+    /// warm Pod keeps its own name), else the Sandbox's name.
+    async fn pod_name(&self, sandbox: &str) -> String {
+        match self.sandboxes().get_opt(sandbox).await {
+            Ok(Some(sb)) => sb
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(names::POD_NAME_ANNOTATION).cloned())
+                .unwrap_or_else(|| sandbox.to_string()),
+            _ => sandbox.to_string(),
         }
     }
 
@@ -503,6 +510,23 @@ impl Sandboxes for KubeTenant {
     }
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
+        if let Some(container) = request.container.clone() {
+            let (sandbox, _) = self.ready_pod(id, "exec").await?;
+            let pod_name = self.pod_name(&sandbox).await;
+            let pods: Api<Pod> =
+                Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
+            let pod = pods
+                .get(&pod_name)
+                .await
+                .map_err(|e| kube_error(&format!("reading sandbox {id}'s Pod"), e))?;
+            // A bad name, not a missing sandbox: NOT_FOUND would read as "gone".
+            if !sidecar_exec::is_sidecar(&pod, &container) {
+                return Err(Error::invalid(format!(
+                    "sandbox {id} has no sidecar {container}"
+                )));
+            }
+            return sidecar_exec::exec(&pods, &pod_name, &container, request).await;
+        }
         self.client(id, "exec").await?.exec(request).await
     }
 

@@ -97,6 +97,12 @@ pub(super) fn invalid(msg: impl Into<String>) -> Error {
 /// directories a template names must exist and be allowed.
 pub(super) fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<()> {
     t.validate()?;
+    if !t.sidecars.is_empty() {
+        return Err(invalid(
+            "sidecars are not available on the local backend: a local sandbox is one container \
+             (the kubernetes backend runs them in the sandbox's Pod)",
+        ));
+    }
     for (what, dir) in [("root_fs", &t.root_fs), ("seed_dir", &t.seed_dir)] {
         if let Some(dir) = dir {
             let p = std::path::Path::new(dir);

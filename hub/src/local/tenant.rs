@@ -262,6 +262,11 @@ impl Sandboxes for TenantHub {
     }
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
+        if let Some(c) = &request.container {
+            return Err(invalid(format!(
+                "container {c}: a local sandbox has one container (sidecars need the kubernetes backend)"
+            )));
+        }
         self.through_sandboxd(
             id,
             "exec",

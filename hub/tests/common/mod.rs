@@ -66,6 +66,7 @@ pub async fn shell(c: &HubClient, id: &str, script: &str) -> ExecResult {
         cwd: String::new(),
         timeout_seconds: Some(120.0),
         stdin: String::new(),
+        container: None,
     };
     c.exec(id, request)
         .await

@@ -21,7 +21,7 @@ with the same API for unit tests of training loops::
 from __future__ import annotations
 
 from .async_fleet import AsyncSandboxFleet, AsyncSandboxHandle
-from .config import FailFastPolicy, FleetConfig, ResourceSpec, new_run_id
+from .config import TASK_IMAGE, FailFastPolicy, FleetConfig, ResourceSpec, SidecarSpec, TemplateSpec, new_run_id
 from .errors import FleetError, SandboxLostError, SandboxStartError, TaskSetupError, TaskSourceError
 from .fleet import SandboxFleet, SandboxHandle
 from .images import prepull, task_images
@@ -55,9 +55,12 @@ __all__ = [
     "SandboxHandle",
     "SandboxLostError",
     "SandboxStartError",
+    "SidecarSpec",
+    "TASK_IMAGE",
     "Task",
     "TaskSetupError",
     "TaskSourceError",
+    "TemplateSpec",
     "TeardownReport",
     "load_image_list",
     "load_tasks",

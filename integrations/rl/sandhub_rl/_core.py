@@ -18,28 +18,20 @@ from .tasks import Task
 
 H = TypeVar("H")
 
-#: The only container a local-backend sandbox has; on Kubernetes a later
-#: hub may name a Pod's containers (``SandboxHandle.target_container``).
+#: The sandbox's own container (the one sandboxd runs in); a sidecar is
+#: named (``SandboxHandle.target_container``, ``exec(container=...)``).
 DEFAULT_CONTAINER: str | None = None
 
 
 def image_template_spec(image: str, config: FleetConfig) -> dict[str, Any]:
     """The hub template an image task's sandboxes are made from."""
-    spec: dict[str, Any] = dict(config.extra_template_spec)
-    if config.resources is not None:
-        spec.update(config.resources.template_fields())
-    spec["image"] = image
-    return spec
+    return config.template_spec().template_fields(image)
 
 
-def check_container(container: str | None, target: str | None) -> None:
-    """Refuses a container other than the sandbox's own: neither the local
-    backend nor the hub's exec API addresses containers of a Pod yet."""
-    if container is not None and container != target:
-        raise sandhub.UnimplementedError(
-            f"exec in container {container!r}: this hub runs one container per sandbox "
-            f"(the handle's target_container is {target!r})"
-        )
+def exec_container(container: str | None, target: str | None) -> str | None:
+    """The container an exec runs in: the one asked for, else the handle's
+    target; None (the sandbox's own) where neither names one."""
+    return container if container is not None else target
 
 
 def lost_error(sandbox_id: str, task: Task, why: str) -> SandboxLostError:

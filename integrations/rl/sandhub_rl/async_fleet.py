@@ -19,7 +19,7 @@ from ._core import (
     DEFAULT_CONTAINER,
     FleetCore,
     StartFailure,
-    check_container,
+    exec_container,
     image_template_spec,
     lost_error,
     start_error,
@@ -44,7 +44,11 @@ class AsyncSandboxHandle:
         self.sandbox = sandbox
         self.task = task
         self.sandbox_id: str = sandbox.id
-        self.target_container: str | None = DEFAULT_CONTAINER
+        #: Where :meth:`exec` runs when given no ``container``: the sandbox's own
+        #: (None) or, for image tasks, the fleet's ``TemplateSpec.target_container``.
+        self.target_container: str | None = (
+            fleet.config.template_spec().target_container if task.image is not None else DEFAULT_CONTAINER
+        )
         self.launch: str = str(sandbox.info.launch or "")
         self._created_at = sandbox.info.created_at
         self._lost = False
@@ -85,7 +89,6 @@ class AsyncSandboxHandle:
         container: str | None = None,
     ) -> sandhub.CommandResult:
         """Runs ``cmd`` to completion; :class:`SandboxLostError` when the sandbox is gone."""
-        check_container(container, self.target_container)
         if self.released:
             raise FleetError(f"{self!r}: exec after release")
         if self._lost:
@@ -93,7 +96,10 @@ class AsyncSandboxHandle:
         if timeout is None:
             timeout = self._fleet.config.exec_timeout_s
         try:
-            return await self.sandbox.commands.run(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+            return await self.sandbox.commands.run(
+                cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
+                container=exec_container(container, self.target_container),
+            )
         except sandhub.NotFoundError as e:
             self._mark_lost()
             raise lost_error(self.sandbox_id, self.task, e.message) from e

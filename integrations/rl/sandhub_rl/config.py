@@ -139,15 +139,106 @@ class ResourceSpec:
         return out
 
 
+#: In a sidecar's ``image`` (and ``command``), replaced by the task's image.
+TASK_IMAGE = "{task_image}"
+
+
+@dataclass(frozen=True)
+class SidecarSpec:
+    """A container beside the sandbox's own in its Pod (Kubernetes; the local
+    backend refuses sidecars). ``image`` may be ``"{task_image}"`` (or contain
+    it): each image task's template then runs its own image there too, e.g. a
+    grader that sees the task's tests and the agent's ``/workspace``.
+    ``command`` (argv) defaults to the image's; a sidecar that should wait for
+    ``exec`` calls needs a long-running one that also ends on SIGTERM (as PID 1
+    ``sleep`` does not, holding the Pod's deletion for its grace period), e.g.
+    ``("sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait")``."""
+
+    name: str
+    image: str
+    command: tuple[str, ...] | None = None
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    resources: ResourceSpec | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.name):
+            raise ValueError(f"a sidecar name must be a DNS label, not {self.name!r}")
+        if self.name == "sandboxd" or self.name.startswith("sandhub-"):
+            raise ValueError(f"sidecar name {self.name!r} is the hub's own")
+        if not isinstance(self.image, str) or not self.image:
+            raise ValueError(f"sidecar {self.name}: image must be a non-empty string")
+        if self.command is not None:
+            object.__setattr__(self, "command", tuple(self.command))
+
+    def template_fields(self, task_image: str | None) -> dict[str, Any]:
+        """The hub's ``sidecars`` entry, ``{task_image}`` replaced."""
+
+        def fill(text: str) -> str:
+            if TASK_IMAGE in text and task_image is None:
+                raise ValueError(f"sidecar {self.name} uses {TASK_IMAGE} but the task names a template, not an image")
+            return text.replace(TASK_IMAGE, task_image or "")
+
+        out: dict[str, Any] = {"name": self.name, "image": fill(self.image)}
+        if self.command is not None:
+            out["command"] = [fill(a) for a in self.command]
+        if self.env:
+            out["env"] = dict(self.env)
+        if self.resources is not None:
+            limits = self.resources.template_fields()
+            out.update({k: v for k, v in limits.items() if k in ("cpu", "memory_mb")})
+        return out
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """How the fleet shapes the hub template of each image task:
+
+    - ``resources``: the sandbox's limits;
+    - ``extra_template_spec``: any other hub template fields (``network``,
+      ``entrypoint``, ``env``, ``workdir``...), not ``image``;
+    - ``sidecars``: :class:`SidecarSpec` containers of the Pod (Kubernetes);
+    - ``target_container``: where ``handle.exec`` runs when given no
+      ``container`` (None: the sandbox's own container).
+    """
+
+    resources: ResourceSpec | None = None
+    extra_template_spec: Mapping[str, Any] = field(default_factory=dict)
+    sidecars: tuple[SidecarSpec, ...] = ()
+    target_container: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sidecars", tuple(self.sidecars))
+        for k in ("image", "root_fs", "sidecars"):
+            if k in self.extra_template_spec:
+                raise ValueError(f"extra_template_spec may not set {k!r}: the task names the image")
+        names = [s.name for s in self.sidecars]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sidecar names must be unique: {names}")
+        if self.target_container is not None and self.target_container not in names:
+            raise ValueError(f"target_container {self.target_container!r} is none of the sidecars {names}")
+
+    def template_fields(self, image: str) -> dict[str, Any]:
+        """The hub template an image task's sandboxes are made from."""
+        spec: dict[str, Any] = dict(self.extra_template_spec)
+        if self.resources is not None:
+            spec.update(self.resources.template_fields())
+        spec["image"] = image
+        if self.sidecars:
+            spec["sidecars"] = [s.template_fields(image) for s in self.sidecars]
+        return spec
+
+
 @dataclass(frozen=True)
 class FleetConfig:
     """What a fleet does for one training run.
 
     - ``run_id`` labels every sandbox of the run (``sandhub-rl/run``), so a
       crashed run's sandboxes can be found and reaped; default: a new one.
-    - ``resources`` and ``extra_template_spec`` (any other hub template
-      fields: ``network``, ``entrypoint``, ``env``, ``workdir``...) shape the
-      template made for each image task. Tasks naming a template use it as is.
+    - ``template`` (a :class:`TemplateSpec`) shapes the template made for
+      each image task: limits, other template fields, sidecars. ``resources``
+      and ``extra_template_spec`` are its two most used fields, given here
+      directly (not together with ``template``). Tasks naming a template use
+      it as is.
     - ``warm_per_template`` > 0 keeps that many warm sandboxes per template
       in a pool of the run's own (deleted at teardown); acquire claims from
       it, and starts cold when it is empty.
@@ -163,6 +254,7 @@ class FleetConfig:
     run_id: str = field(default_factory=new_run_id)
     resources: ResourceSpec | None = None
     extra_template_spec: Mapping[str, Any] = field(default_factory=dict)
+    template: TemplateSpec | None = None
     warm_per_template: int = 0
     warmer: LookaheadWarmer | None = None
     fail_fast: FailFastPolicy = field(default_factory=FailFastPolicy)
@@ -184,6 +276,12 @@ class FleetConfig:
                 raise ValueError(f"FleetConfig.{name} must be a positive number, not {value!r}")
         if self.shutdown_after_s is not None and (not isinstance(self.shutdown_after_s, int) or self.shutdown_after_s < 1):
             raise ValueError(f"shutdown_after_s must be a positive int, not {self.shutdown_after_s!r}")
-        for k in ("image", "root_fs"):
-            if k in self.extra_template_spec:
-                raise ValueError(f"extra_template_spec may not set {k!r}: the task names the image")
+        if self.template is not None and (self.resources is not None or self.extra_template_spec):
+            raise ValueError("give resources and extra_template_spec in template=TemplateSpec(...), or directly, not both")
+        self.template_spec()  # validates
+
+    def template_spec(self) -> TemplateSpec:
+        """``template``, or the one ``resources`` and ``extra_template_spec`` make."""
+        if self.template is not None:
+            return self.template
+        return TemplateSpec(resources=self.resources, extra_template_spec=self.extra_template_spec)

@@ -20,7 +20,7 @@ from ._core import (
     DEFAULT_CONTAINER,
     FleetCore,
     StartFailure,
-    check_container,
+    exec_container,
     image_template_spec,
     lost_error,
     start_error,
@@ -49,7 +49,11 @@ class SandboxHandle:
         self.sandbox = sandbox
         self.task = task
         self.sandbox_id: str = sandbox.id
-        self.target_container: str | None = DEFAULT_CONTAINER
+        #: Where :meth:`exec` runs when given no ``container``: the sandbox's own
+        #: (None) or, for image tasks, the fleet's ``TemplateSpec.target_container``.
+        self.target_container: str | None = (
+            fleet.config.template_spec().target_container if task.image is not None else DEFAULT_CONTAINER
+        )
         self.launch: str = str(sandbox.info.launch or "")
         self._created_at = sandbox.info.created_at
         self._lost = False
@@ -94,8 +98,8 @@ class SandboxHandle:
         """Runs ``cmd`` (a string through ``/bin/sh -c``, a list as argv) to
         completion. Raises :class:`SandboxLostError` when the sandbox is gone
         (before or during the call); other hub errors pass through.
-        ``container`` must be the ``target_container`` (see there)."""
-        check_container(container, self.target_container)
+        ``container`` names a sidecar of the sandbox's Pod (Kubernetes);
+        default: ``target_container``."""
         if self.released:
             raise FleetError(f"{self!r}: exec after release")
         if self._lost:
@@ -103,7 +107,10 @@ class SandboxHandle:
         if timeout is None:
             timeout = self._fleet.config.exec_timeout_s
         try:
-            return self.sandbox.commands.run(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+            return self.sandbox.commands.run(
+                cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
+                container=exec_container(container, self.target_container),
+            )
         except sandhub.NotFoundError as e:  # sandhub.SandboxLostError included
             self._mark_lost()
             raise lost_error(self.sandbox_id, self.task, e.message) from e

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Mapping
 
 import sandhub
 
-from ._core import DEFAULT_CONTAINER, check_container, lost_error
+from ._core import DEFAULT_CONTAINER, exec_container, lost_error
 from .config import FleetConfig
 from .errors import FleetError, SandboxStartError, TaskSetupError
 from .report import FleetStats, TeardownReport
@@ -112,7 +112,9 @@ class FakeHandle:
         self.sandbox = sandbox
         self.task = task
         self.sandbox_id = sandbox.id
-        self.target_container: str | None = DEFAULT_CONTAINER
+        self.target_container: str | None = (
+            fleet.config.template_spec().target_container if task.image is not None else DEFAULT_CONTAINER
+        )
         self.launch = "warm" if fleet.config.warm_per_template > 0 else "cold"
         self.released = False
         self.execs: list[str] = []
@@ -134,7 +136,10 @@ class FakeHandle:
         stdin: str | bytes | None = None,
         container: str | None = None,
     ) -> sandhub.CommandResult:
-        check_container(container, self.target_container)
+        in_container = exec_container(container, self.target_container)
+        names = {s.name for s in self._fleet.config.template_spec().sidecars} if self.task.image else set()
+        if in_container is not None and in_container not in names:
+            raise sandhub.InvalidArgumentError(f"sandbox {self.sandbox_id} has no sidecar {in_container}")
         if self.released:
             raise FleetError(f"{self!r}: exec after release")
         if not self.is_alive():
@@ -143,7 +148,7 @@ class FakeHandle:
             self._fleet.lose(self)
             raise lost_error(self.sandbox_id, self.task, "deleted during the call")
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
-        self.execs.append(command)
+        self.execs.append(command if in_container is None else f"[{in_container}] {command}")
         return self._fleet.responder(self, command)
 
 

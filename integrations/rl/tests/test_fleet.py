@@ -10,12 +10,16 @@ import pytest
 import sandhub
 
 from sandhub_rl import (
+    TASK_IMAGE,
     FleetConfig,
     FleetError,
     ResourceSpec,
     SandboxFleet,
+    SandboxStartError,
+    SidecarSpec,
     Task,
     TaskSetupError,
+    TemplateSpec,
 )
 from sandhub_rl import naming
 
@@ -83,11 +87,20 @@ def test_setup_failure_releases_the_sandbox(fleet: SandboxFleet, hub: sandhub.Hu
     assert fleet.stats.setup_failures == 1
 
 
-def test_exec_in_another_container_is_refused(fleet: SandboxFleet) -> None:
+def test_the_local_hub_refuses_other_containers_and_sidecars(fleet: SandboxFleet, hub: sandhub.Hub) -> None:
+    """A local sandbox is one container: exec(container=...) and a template with
+    sidecars are the caller's INVALID_ARGUMENT (sidecars run on Kubernetes)."""
     with fleet.episode(Task(id="c", template="default")) as h:
         assert h.exec("echo ok", container=None).stdout == "ok\n"
-        with pytest.raises(sandhub.UnimplementedError, match="one container per sandbox"):
+        with pytest.raises(sandhub.InvalidArgumentError, match="one container"):
             h.exec("true", container="grader")
+        assert h.is_alive()
+    spec = TemplateSpec(sidecars=(SidecarSpec("grader", TASK_IMAGE, command=("sleep", "infinity")),))
+    sidecar_fleet = SandboxFleet(hub, FleetConfig(template=spec))
+    with pytest.raises(SandboxStartError) as info:
+        sidecar_fleet.acquire(Task(id="s", image="sandhub/any:1"))
+    assert info.value.cause == "invalid_template" and "sidecars" in info.value.message, info.value
+    assert sidecar_fleet.teardown().clean
 
 
 def test_warm_pool_serves_acquires_and_goes_at_teardown(hub: sandhub.Hub, swe_images: list[str], no_leftovers: None) -> None:

@@ -203,7 +203,7 @@ def test_fake_fleet_injection_and_api() -> None:
     assert handle.exec("cat b").stdout == "x" and handle.exec("false").exit_code == 1
     assert handle.exec("echo a b >> b").exit_code == 0 and handle.exec("cat b").stdout == "xa b\n"
     assert handle.exec("exit 4").exit_code == 4 and handle.exec("cat nope").exit_code == 1
-    with pytest.raises(sandhub.UnimplementedError):
+    with pytest.raises(sandhub.InvalidArgumentError, match="no sidecar grader"):
         handle.exec("true", container="grader")
     fleet.lose_after(1)
     doomed = fleet.acquire(task)

@@ -150,3 +150,45 @@ def test_entrypoint_verdicts() -> None:
 def test_kubernetes_pod_reasons(exc: Exception, cause: str, kind: str) -> None:
     verdict = classify_error(exc, "create")
     assert (verdict.cause, verdict.kind) == (cause, kind), verdict
+
+
+def test_template_spec_fills_the_task_image_into_sidecars() -> None:
+    from sandhub_rl import TASK_IMAGE, SidecarSpec, TemplateSpec
+    from sandhub_rl._core import image_template_spec
+
+    grader = SidecarSpec("grader", TASK_IMAGE, command=("sh", "-c", "echo {task_image}; sleep infinity"),
+                         env={"MODE": "grade"}, resources=ResourceSpec(cpu_limit="250m", memory_limit="128Mi"))
+    spec = TemplateSpec(resources=ResourceSpec(memory_limit=512), extra_template_spec={"env": {"A": "1"}},
+                        sidecars=[grader], target_container="grader")
+    assert spec.template_fields("swe/task:1") == {
+        "env": {"A": "1"}, "memory_mb": 512, "image": "swe/task:1",
+        "sidecars": [{"name": "grader", "image": "swe/task:1", "command": ["sh", "-c", "echo swe/task:1; sleep infinity"],
+                      "env": {"MODE": "grade"}, "cpu": 0.25, "memory_mb": 128}],
+    }
+    assert image_template_spec("x:1", FleetConfig(template=spec))["sidecars"][0]["image"] == "x:1"
+    # the shorthand fields make the same spec
+    assert image_template_spec("x:1", FleetConfig(resources=ResourceSpec(memory_limit=64))) == {"memory_mb": 64, "image": "x:1"}
+    for bad in (lambda: SidecarSpec("Bad_Name", "x"), lambda: SidecarSpec("sandboxd", "x"),
+                lambda: SidecarSpec("ok", ""), lambda: TemplateSpec(sidecars=(grader, grader)),
+                lambda: TemplateSpec(target_container="nope"), lambda: TemplateSpec(extra_template_spec={"sidecars": []}),
+                lambda: FleetConfig(template=spec, resources=ResourceSpec(memory_limit=64))):
+        with pytest.raises(ValueError):
+            bad()
+    with pytest.raises(ValueError, match="names a template"):
+        grader.template_fields(None)
+
+
+def test_fake_fleet_targets_the_template_specs_container() -> None:
+    from sandhub_rl import SidecarSpec, TemplateSpec, Task
+    from sandhub_rl.testing import FakeFleet
+
+    spec = TemplateSpec(sidecars=(SidecarSpec("grader", "{task_image}"),), target_container="grader")
+    fleet = FakeFleet(None, FleetConfig(template=spec))
+    h = fleet.acquire(Task(id="t", image="swe/task:1"))
+    assert h.target_container == "grader"
+    h.exec("true")
+    h.exec("true", container="grader")
+    with pytest.raises(sandhub.InvalidArgumentError):
+        h.exec("true", container="db")
+    assert h.execs == ["[grader] true", "[grader] true"]
+    fleet.release(h)

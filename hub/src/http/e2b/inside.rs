@@ -41,6 +41,7 @@ async fn run(api: &Arc<dyn TenantView>, id: &str, argv: &[&str]) -> Result<ExecR
             cwd: String::new(),
             timeout_seconds: Some(EXEC_TIMEOUT_S),
             stdin: String::new(),
+            container: None,
         },
     )
     .await

@@ -248,6 +248,7 @@ impl Env {
             cwd: String::new(),
             timeout_seconds: Some(timeout),
             stdin: String::new(),
+            container: None,
         }
     }
 

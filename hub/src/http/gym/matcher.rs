@@ -157,6 +157,7 @@ impl Compiled {
                                 timeout_seconds.unwrap_or(DEFAULT_VERIFY_TIMEOUT),
                             ),
                             stdin: String::new(),
+                            container: None,
                         },
                     )
                     .await?;

@@ -77,6 +77,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             cwd: String::new(),
             timeout_seconds: Some(timeout),
             stdin: String::new(),
+            container: None,
         };
         let result = bounded("the command", timeout + GRACE_SECONDS, async {
             sb.exec(&id, request)
