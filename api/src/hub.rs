@@ -5,10 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    error::{Code, ErrorBody},
-    limits,
-};
+use crate::error::{Code, ErrorBody};
 
 /// Sandbox ids are DNS-1123 labels, so one id can name a SandboxClaim, a Pod
 /// and a hostname.
@@ -242,27 +239,6 @@ pub struct ExecRequest {
     /// `cwd`); unset: the sandbox's own container, through its sandboxd.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
-}
-
-impl ExecRequest {
-    /// Refuses an empty command and a timeout outside
-    /// [`limits::MIN_TIMEOUT_SECONDS`] to [`limits::MAX_TIMEOUT_SECONDS`].
-    pub fn validate(&self) -> Result<(), ErrorBody> {
-        limits::optional_timeout("timeout_seconds", self.timeout_seconds)?;
-        if self.command.argv().first().is_none_or(|p| p.is_empty()) {
-            return Err(ErrorBody::new(Code::InvalidArgument, "command is empty"));
-        }
-        if let Some(c) = &self.container {
-            crate::validate::container_name(c)?;
-            if !self.env.is_empty() || !self.cwd.is_empty() {
-                return Err(ErrorBody::new(
-                    Code::InvalidArgument,
-                    "env and cwd are not available with `container` (the Pod's exec API has neither)",
-                ));
-            }
-        }
-        Ok(())
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use crate::{
     error::{Code, ErrorBody},
     hub::{
-        is_dns_label, is_reserved_label, CreateSandbox, ForkRequest, PoolSpec, Template, MAX_CPU,
-        MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS, MIN_CPU, MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS,
-        RESERVED_LABEL_DOMAINS,
+        is_dns_label, is_reserved_label, CreateSandbox, ExecRequest, ForkRequest, PoolSpec,
+        Sidecar, Template, MAX_CPU, MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS, MAX_SIDECARS, MIN_CPU,
+        MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS, RESERVED_LABEL_DOMAINS,
     },
     limits,
 };
@@ -108,6 +108,27 @@ pub fn template_limits(t: &Template) -> Result<(), ErrorBody> {
     Ok(())
 }
 
+impl ExecRequest {
+    /// Refuses an empty command and a timeout outside
+    /// [`limits::MIN_TIMEOUT_SECONDS`] to [`limits::MAX_TIMEOUT_SECONDS`].
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        limits::optional_timeout("timeout_seconds", self.timeout_seconds)?;
+        if self.command.argv().first().is_none_or(|p| p.is_empty()) {
+            return Err(ErrorBody::new(Code::InvalidArgument, "command is empty"));
+        }
+        if let Some(c) = &self.container {
+            container_name(c)?;
+            if !self.env.is_empty() || !self.cwd.is_empty() {
+                return Err(ErrorBody::new(
+                    Code::InvalidArgument,
+                    "env and cwd are not available with `container` (the Pod's exec API has neither)",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl CreateSandbox {
     /// Refuses lifetimes outside [`limits::MIN_LIFETIME_SECONDS`] to
     /// [`limits::MAX_LIFETIME_SECONDS`] (a deadline past the clock's end
@@ -150,7 +171,7 @@ impl Template {
 /// A container's name: a DNS label; `sandboxd` and `sandhub-*` are the
 /// hub's own.
 pub fn container_name(name: &str) -> Result<(), ErrorBody> {
-    if !crate::hub::is_dns_label(name) || name == "sandboxd" || name.starts_with("sandhub-") {
+    if !is_dns_label(name) || name == "sandboxd" || name.starts_with("sandhub-") {
         return Err(invalid(format!(
             "container must be a DNS label other than sandboxd and sandhub-*, not {:?}",
             name.chars().take(64).collect::<String>()
@@ -159,14 +180,11 @@ pub fn container_name(name: &str) -> Result<(), ErrorBody> {
     Ok(())
 }
 
-/// At most [`crate::hub::MAX_SIDECARS`], uniquely named, each with a valid
+/// At most [`MAX_SIDECARS`], uniquely named, each with a valid
 /// image, command, env and limits.
-pub fn sidecars(sidecars: &[crate::hub::Sidecar]) -> Result<(), ErrorBody> {
-    if sidecars.len() > crate::hub::MAX_SIDECARS {
-        return Err(invalid(format!(
-            "at most {} sidecars",
-            crate::hub::MAX_SIDECARS
-        )));
+pub fn sidecars(sidecars: &[Sidecar]) -> Result<(), ErrorBody> {
+    if sidecars.len() > MAX_SIDECARS {
+        return Err(invalid(format!("at most {} sidecars", MAX_SIDECARS)));
     }
     let mut seen = std::collections::BTreeSet::new();
     for s in sidecars {

@@ -335,10 +335,18 @@ class AsyncSandboxFleet:
         if not check:
             return
         try:
-            result = await sb.commands.run(check, timeout=min(60.0, self.config.ready_timeout_s))
+            result = await sb.commands.run(check, timeout=self.config.ready_timeout_s)
         except sandhub.SandhubError as e:
             raise StartFailure(classify_error(e, "wait")) from e
         if result.exit_code != 0:
+            # The entrypoint's death, if that is why, is the better cause.
+            try:
+                await sb.refresh()
+            except sandhub.SandhubError:
+                pass
+            judged = classify_entrypoint(sb.entrypoint, 0.0)
+            if isinstance(judged, StartVerdict):
+                raise StartFailure(judged)
             detail = (result.stderr or result.stdout).strip()[-500:]
             raise StartFailure(
                 StartVerdict("start_check_failed", "fatal", f"`{check}` exited {result.exit_code}: {detail}")

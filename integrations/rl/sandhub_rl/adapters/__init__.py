@@ -1,0 +1,1 @@
+"""Templates for agent frameworks whose sandboxes run a server of their own."""
