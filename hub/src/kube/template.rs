@@ -240,13 +240,7 @@ pub fn tenant_template(
             value_from: None,
         }));
     }
-    let mut limits = BTreeMap::new();
-    if let Some(cpu) = t.cpu {
-        limits.insert("cpu".to_string(), Quantity(format!("{}m", millicores(cpu))));
-    }
-    if let Some(mb) = t.memory_mb {
-        limits.insert("memory".to_string(), Quantity(format!("{mb}Mi")));
-    }
+    let mut limits = cpu_memory_limits(t.cpu, t.memory_mb);
     if let Some(mb) = t.disk_mb {
         limits.insert("ephemeral-storage".to_string(), Quantity(format!("{mb}Mi")));
     }
@@ -289,13 +283,7 @@ fn add_sidecars(pod_template: &mut PodTemplate, main: usize, sidecars: &[Sidecar
     pod.containers
         .retain(|c| !sidecars.iter().any(|s| s.name == c.name));
     for s in sidecars {
-        let mut limits = BTreeMap::new();
-        if let Some(cpu) = s.cpu {
-            limits.insert("cpu".to_string(), Quantity(format!("{}m", millicores(cpu))));
-        }
-        if let Some(mb) = s.memory_mb {
-            limits.insert("memory".to_string(), Quantity(format!("{mb}Mi")));
-        }
+        let limits = cpu_memory_limits(s.cpu, s.memory_mb);
         pod.containers.push(Container {
             name: s.name.clone(),
             image: Some(s.image.clone()),
@@ -358,13 +346,7 @@ fn sidecars_of(pod_template: &PodTemplate) -> Vec<Sidecar> {
         .iter()
         .filter_map(|name| pod.containers.iter().find(|c| &c.name == name))
         .map(|c| {
-            let limit = |k: &str| {
-                c.resources
-                    .as_ref()
-                    .and_then(|r| r.limits.as_ref())
-                    .and_then(|l| l.get(k))
-                    .map(|q| q.0.as_str())
-            };
+            let limit = |k: &str| limit_of(c, k);
             Sidecar {
                 name: c.name.clone(),
                 image: c.image.clone().unwrap_or_default(),
@@ -410,13 +392,7 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
     let workdir = var(DEFAULT_CWD_ENV);
     let user = var(USER_ENV);
     let entrypoint = var(ENTRYPOINT_ENV).and_then(|j| serde_json::from_str(&j).ok());
-    let limit = |k: &str| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get(k))
-            .map(|q| q.0.as_str())
-    };
+    let limit = |k: &str| limit_of(c, k);
     Template {
         image,
         env,
@@ -429,6 +405,27 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         sidecars: sidecars_of(&spec.blueprint.pod_template),
         ..Template::default()
     }
+}
+
+/// `cpu` and `memory` limits in Kubernetes quantities (millicores, MiB).
+fn cpu_memory_limits(cpu: Option<f64>, memory_mb: Option<u64>) -> BTreeMap<String, Quantity> {
+    let mut limits = BTreeMap::new();
+    if let Some(cpu) = cpu {
+        limits.insert("cpu".to_string(), Quantity(format!("{}m", millicores(cpu))));
+    }
+    if let Some(mb) = memory_mb {
+        limits.insert("memory".to_string(), Quantity(format!("{mb}Mi")));
+    }
+    limits
+}
+
+/// Container `c`'s limit on resource `k`, as written.
+fn limit_of<'a>(c: &'a Container, k: &str) -> Option<&'a str> {
+    c.resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get(k))
+        .map(|q| q.0.as_str())
 }
 
 fn millicores(cpu: f64) -> u64 {

@@ -45,7 +45,10 @@ import sandhub
 
 from .config import FailFastPolicy
 
-__all__ = ["StartVerdict", "Stage", "classify_entrypoint", "classify_error", "classify_state", "should_retry"]
+__all__ = [
+    "StartVerdict", "Stage", "classify_entrypoint", "classify_error", "classify_state", "should_retry",
+    "start_check_verdict",
+]
 
 Kind = Literal["fatal", "retry", "unschedulable"]
 Stage = Literal["template", "pool", "create", "wait", "setup"]
@@ -152,6 +155,18 @@ def classify_entrypoint(entrypoint: sandhub.EntrypointStatus | None, settle_s: f
         how = f"was killed by signal {entrypoint.signal}" if entrypoint.signal else f"exited {entrypoint.exit_code}"
         return StartVerdict("exited_at_start", "fatal", f"the entrypoint {how} at start")
     return max(0.0, settle_s - entrypoint.running_seconds)
+
+
+def start_check_verdict(
+    check: str, result: sandhub.CommandResult, entrypoint: sandhub.EntrypointStatus | None
+) -> StartVerdict:
+    """The verdict for a start check that exited non-zero: the entrypoint's
+    death when that is why (the better cause), else ``start_check_failed``."""
+    judged = classify_entrypoint(entrypoint, 0.0)
+    if isinstance(judged, StartVerdict):
+        return judged
+    detail = (result.stderr or result.stdout).strip()[-500:]
+    return StartVerdict("start_check_failed", "fatal", f"`{check}` exited {result.exit_code}: {detail}")
 
 
 def should_retry(verdict: StartVerdict, policy: FailFastPolicy, elapsed_s: float, ready_timeout_s: float) -> bool:

@@ -27,7 +27,15 @@ from ._core import (
 )
 from .config import FleetConfig
 from .errors import FleetError, SandboxLostError, TaskSetupError
-from .failfast import StartVerdict, backoff, classify_entrypoint, classify_error, classify_state, should_retry
+from .failfast import (
+    StartVerdict,
+    backoff,
+    classify_entrypoint,
+    classify_error,
+    classify_state,
+    should_retry,
+    start_check_verdict,
+)
 from .report import FleetStats, TeardownReport
 from .warming import PoolReadiness
 from .tasks import Task
@@ -368,18 +376,11 @@ class SandboxFleet:
         except sandhub.SandhubError as e:
             raise StartFailure(classify_error(e, "wait")) from e
         if result.exit_code != 0:
-            # The entrypoint's death, if that is why, is the better cause.
-            try:
+            try:  # for the entrypoint's status
                 sb.refresh()
             except sandhub.SandhubError:
                 pass
-            judged = classify_entrypoint(sb.entrypoint, 0.0)
-            if isinstance(judged, StartVerdict):
-                raise StartFailure(judged)
-            detail = (result.stderr or result.stdout).strip()[-500:]
-            raise StartFailure(
-                StartVerdict("start_check_failed", "fatal", f"`{check}` exited {result.exit_code}: {detail}")
-            )
+            raise StartFailure(start_check_verdict(check, result, sb.entrypoint))
 
     def _setup(self, handle: SandboxHandle) -> None:
         task = handle.task
