@@ -31,6 +31,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod entrypoint;
 pub mod guard;
 pub mod http;
 pub mod kube;

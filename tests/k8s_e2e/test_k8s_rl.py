@@ -176,3 +176,23 @@ def test_a_grading_sidecar_of_the_task_image_grades_the_workspace(cluster: Clust
     assert hub.templates.get(name).spec["sidecars"] == [
         {"name": "grader", "image": TEST_IMAGE, "command": list(waits), "cpu": 0.25, "memory_mb": 128}]
     assert fleet.teardown(verify=True).clean
+
+
+def test_an_entrypoint_that_exits_at_start_fails_fast_on_kubernetes_too(cluster: Cluster, url: str):
+    """sandboxd records its entrypoint child on Kubernetes as it does locally; the hub's
+    GET carries it, and the fleet fails a sandbox whose entrypoint exited non-zero."""
+    hub = sandhub.Hub(url, timeout=TIMEOUT)
+    crashing = TemplateSpec(extra_template_spec={"entrypoint": ["sh", "-c", "sleep 0.3; exit 3"]})
+    fleet = SandboxFleet(hub, FleetConfig(ready_timeout_s=TIMEOUT, template=crashing,
+                                          fail_fast=FailFastPolicy(settle_s=2.0)))
+    with pytest.raises(SandboxStartError) as info:
+        fleet.acquire(Task(id="crash", image=TEST_IMAGE))
+    assert info.value.cause == "exited_at_start" and "exited 3" in info.value.message, info.value
+    assert fleet.teardown(verify=True).clean
+
+    serving = TemplateSpec(extra_template_spec={"entrypoint": ["sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"]})
+    fleet = SandboxFleet(hub, FleetConfig(ready_timeout_s=TIMEOUT, template=serving))
+    with fleet.episode(Task(id="serves", image=TEST_IMAGE)) as h:
+        ep = h.sandbox.refresh().entrypoint
+        assert ep is not None and ep.state == "Running" and ep.running_seconds >= 0, ep
+    assert fleet.teardown(verify=True).clean

@@ -118,9 +118,20 @@ impl KubeTenant {
         sb.metadata.labels?.get(names::LAUNCH_TYPE).cloned()
     }
 
+    /// One sandbox as its GET answers it: with its entrypoint's status when
+    /// it is Ready and has one (see [`crate::entrypoint`]).
     async fn view(&self, claim: &SandboxClaim) -> Sandbox {
         let launch = self.launch_type(claim).await;
-        self.hub_view(claim, launch.as_deref())
+        let mut view = self.hub_view(claim, launch.as_deref());
+        if view.state == sandhub_api::hub::SandboxState::Ready {
+            if let Ok(client) = self.client(&view.id, "get").await {
+                if let Some(record) = crate::entrypoint::ask(&client).await {
+                    let now = crate::backend::now_ms();
+                    view.entrypoint = Some(crate::entrypoint::status(&record, 0, now));
+                }
+            }
+        }
+        view
     }
 
     /// [`model::sandbox_of`], with the pool under the name this tenant knows.

@@ -210,7 +210,7 @@ impl Hub {
     }
 
     /// `row` as one sandbox's GET answers it: a Ready sandbox with an
-    /// entrypoint says how that is doing (see [`super::entrypoint`]).
+    /// entrypoint says how that is doing (see [`crate::entrypoint`]).
     pub(super) async fn view(&self, row: &SandboxRow) -> Sandbox {
         let mut view = to_api(row);
         if row.state != SandboxState::Ready {
@@ -219,9 +219,9 @@ impl Hub {
         let Ok(client) = self.client(row) else {
             return view;
         };
-        if let Some(record) = super::entrypoint::ask(&client).await {
+        if let Some(record) = crate::entrypoint::ask(&client).await {
             let oom_kills = self.backend.oom_kills(row).unwrap_or(0);
-            view.entrypoint = Some(super::entrypoint::status(&record, oom_kills, now_ms()));
+            view.entrypoint = Some(crate::entrypoint::status(&record, oom_kills, now_ms()));
         }
         view
     }

@@ -21,7 +21,6 @@
 //! ```
 
 pub mod disk;
-mod entrypoint;
 mod hub;
 pub mod image;
 mod lifecycle;

@@ -1,8 +1,10 @@
 //! Whether a sandbox's entrypoint is running, or how it ended: sandboxd's
-//! record of its child (exit code, signal) joined with what only the hub can
-//! see, the cgroup's OOM-kill counter. The sandbox can lie about the first
-//! (it is its own sandboxd), so nothing here decides anything for other
-//! sandboxes or the hub: it only answers the owner's GET.
+//! record of its child (exit code, signal), joined on the local backend with
+//! what only the hub can see, the cgroup's OOM-kill counter (on Kubernetes
+//! the count is the container's, out of the hub's reach: an OOM kill there
+//! reads as `Error`, signal 9). The sandbox can lie about the first (it is
+//! its own sandboxd), so nothing here decides anything for other sandboxes or
+//! the hub: it only answers the owner's GET.
 
 use std::time::Duration;
 
