@@ -40,8 +40,9 @@ use super::{
 use crate::backend::{new_id, TenantView};
 
 /// How often a starting sandbox's Pod status is read for a reason it
-/// cannot start.
-const POD_STATUS_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+/// cannot start (two or three API reads each time): most Pods are Ready
+/// before the first read.
+const POD_STATUS_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct KubeTenant {
     pub(super) shared: Arc<Shared>,
@@ -257,7 +258,11 @@ impl KubeTenant {
     /// says. Best effort: a Pod not made yet, or one the hub may not read
     /// (an older Role without `pods: get`), says nothing.
     async fn start_problem(&self, id: &str) -> Option<StartProblem> {
-        let claim = self.claims().get_opt(id).await.ok()??;
+        // The watch's copy when it has one: many starting sandboxes, few GETs.
+        let claim = match self.shared.cached_claim(id) {
+            Some(c) => c,
+            None => Arc::new(self.claims().get_opt(id).await.ok()??),
+        };
         let sandbox = claim
             .status
             .as_ref()
