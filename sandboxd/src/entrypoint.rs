@@ -4,7 +4,8 @@
 //! it can see, the cgroup's OOM kills) to answer whether a sandbox started.
 
 use std::{
-    sync::Mutex,
+    process::Child,
+    sync::{Arc, Mutex},
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -66,6 +67,26 @@ impl Tracker {
             },
         ));
         generation
+    }
+
+    /// Records `child`'s start, and reaps it on a thread of its own that
+    /// records how it ended.
+    pub fn watch(self: &Arc<Self>, mut child: Child) {
+        let pid = child.id();
+        let generation = self.started(Ok(pid));
+        let tracker = self.clone();
+        let waiter = std::thread::Builder::new()
+            .name("entrypoint".into())
+            .spawn(move || {
+                let status = child.wait();
+                tracing::info!(pid, ?status, "the entrypoint ended");
+                tracker.ended(generation, status);
+            });
+        if let Err(e) = waiter {
+            // Nothing will reap it: say so rather than "running" for ever.
+            tracing::warn!(error = %e, "no thread to wait for the entrypoint");
+            self.ended(generation, Err(e));
+        }
     }
 
     /// Records how start `generation` ended, unless a newer one replaced it.

@@ -125,15 +125,15 @@ pub fn default_signals() -> io::Result<()> {
 pub const ENTRYPOINT_LOG: &str = "/tmp/sandhub-entrypoint.log";
 
 /// Starts the `--entrypoint` (a JSON argv) in the background, as `run_as`,
-/// in `cwd`, in a process group of its own, output to [`ENTRYPOINT_LOG`],
-/// and hands back the child for the caller to reap. Called at start and after each workspace
+/// in `cwd`, in a process group of its own, output to [`ENTRYPOINT_LOG`];
+/// the caller reaps the child. Called at start and after each workspace
 /// reset (which kills every workload, this one too).
 pub fn start_entrypoint(
     argv: &[String],
     run_as: Option<&RunAs>,
     cwd: &Path,
     child_setup: Option<crate::ChildSetup>,
-) -> io::Result<(u32, std::process::Child)> {
+) -> io::Result<std::process::Child> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::other("the entrypoint is empty"))?;
@@ -162,8 +162,7 @@ pub fn start_entrypoint(
             cmd.pre_exec(setup);
         }
     }
-    let child = cmd.spawn()?;
-    Ok((child.id(), child))
+    cmd.spawn()
 }
 
 #[cfg(test)]

@@ -140,32 +140,19 @@ impl Daemon {
             Some(d) if d.is_dir() => d.clone(),
             _ => self.config.root_dir.clone(),
         };
-        let tracker = self.entrypoint_tracker.clone();
         match identity::start_entrypoint(
             &self.entrypoint,
             self.run_as.as_ref(),
             &cwd,
             self.child_setup,
         ) {
-            Ok((pid, child)) => {
-                tracing::info!(pid, argv = ?self.entrypoint, "entrypoint started");
-                let generation = tracker.started(Ok(pid));
-                let waiter =
-                    std::thread::Builder::new()
-                        .name("entrypoint".into())
-                        .spawn(move || {
-                            let mut child = child;
-                            let status = child.wait();
-                            tracing::info!(pid, ?status, "the entrypoint ended");
-                            tracker.ended(generation, status);
-                        });
-                if let Err(e) = waiter {
-                    tracing::warn!(error = %e, "no thread to wait for the entrypoint");
-                }
+            Ok(child) => {
+                tracing::info!(pid = child.id(), argv = ?self.entrypoint, "entrypoint started");
+                self.entrypoint_tracker.watch(child);
             }
             Err(e) => {
                 tracing::warn!(error = %e, argv = ?self.entrypoint, "the entrypoint did not start");
-                tracker.started(Err(e.to_string()));
+                self.entrypoint_tracker.started(Err(e.to_string()));
             }
         }
     }

@@ -18,19 +18,16 @@ use sandhub_api::{
 use sandhub_client::{sandboxd::TIMED_OUT_EXIT_CODE, Error, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::template::SIDECARS_ANNOTATION;
+use super::template::sidecar_names_in;
 
 /// Most bytes kept of each of stdout and stderr; the rest is read and dropped.
 const MAX_OUTPUT_BYTES: usize = 16 << 20;
 
 /// Whether `pod` has a tenant sidecar named `container`.
 pub fn is_sidecar(pod: &Pod, container: &str) -> bool {
-    let named = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SIDECARS_ANNOTATION))
-        .is_some_and(|names| names.split(',').any(|n| n == container));
+    let named = sidecar_names_in(pod.metadata.annotations.as_ref())
+        .iter()
+        .any(|n| n == container);
     let present = pod
         .spec
         .as_ref()
@@ -146,6 +143,7 @@ async fn read_bounded(reader: Option<impl AsyncRead + Unpin>) -> Result<Vec<u8>>
 
 #[cfg(test)]
 mod tests {
+    use super::super::template::SIDECARS_ANNOTATION;
     use super::*;
     use serde_json::json;
 

@@ -256,7 +256,7 @@ pub fn tenant_template(
         }
         r.limits.get_or_insert_with(BTreeMap::new).extend(limits);
     }
-    add_sidecars(&mut base.blueprint.pod_template, main, &t.sidecars);
+    add_sidecars(&mut base.blueprint.pod_template, main, &t.sidecars)?;
     let mut out = SandboxTemplate::new(&owner::object_name(tenant, name), base);
     out.metadata = owner::tenant_metadata(tenant, name);
     Ok(out)
@@ -268,20 +268,33 @@ pub const SIDECARS_ANNOTATION: &str = "sandhub.io/sidecars";
 
 /// Appends the template's sidecars to the Pod: the main container's
 /// security context (the base's hardening holds for them too), its own
-/// limits, and the workspace when the Pod has one.
-fn add_sidecars(pod_template: &mut PodTemplate, main: usize, sidecars: &[Sidecar]) {
+/// limits, and the workspace when the Pod has one. A sidecar never replaces
+/// a container of the operator's base: a name they share is refused.
+fn add_sidecars(
+    pod_template: &mut PodTemplate,
+    main: usize,
+    sidecars: &[Sidecar],
+) -> Result<(), Error> {
     if sidecars.is_empty() {
-        return;
+        return Ok(());
     }
     let pod = &mut pod_template.spec;
+    let mut taken = pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten());
+    if let Some(c) = taken.find(|c| sidecars.iter().any(|s| s.name == c.name)) {
+        return Err(Error::invalid(format!(
+            "sidecar {}: the base template already has a container of that name",
+            c.name
+        )));
+    }
     let security = pod.containers[main].security_context.clone();
     let has_workspace = pod
         .volumes
         .iter()
         .flatten()
         .any(|v| v.name == WORKSPACE_VOLUME);
-    pod.containers
-        .retain(|c| !sidecars.iter().any(|s| s.name == c.name));
     for s in sidecars {
         let limits = cpu_memory_limits(s.cpu, s.memory_mb);
         pod.containers.push(Container {
@@ -322,14 +335,23 @@ fn add_sidecars(pod_template: &mut PodTemplate, main: usize, sidecars: &[Sidecar
         .annotations
         .get_or_insert_with(BTreeMap::new)
         .insert(SIDECARS_ANNOTATION.into(), names.join(","));
+    Ok(())
 }
 
 /// The sidecars a Pod template holds, by [`SIDECARS_ANNOTATION`].
 pub fn sidecar_names(pod_template: &PodTemplate) -> Vec<String> {
-    pod_template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.as_ref())
+    sidecar_names_in(
+        pod_template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref()),
+    )
+}
+
+/// The sidecars [`SIDECARS_ANNOTATION`] names among `annotations` (a Pod
+/// template's, or a Pod's, which inherits them).
+pub fn sidecar_names_in(annotations: Option<&BTreeMap<String, String>>) -> Vec<String> {
+    annotations
         .and_then(|a| a.get(SIDECARS_ANNOTATION))
         .map(|n| {
             n.split(',')
@@ -338,6 +360,11 @@ pub fn sidecar_names(pod_template: &PodTemplate) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A container's env vars with literal values (not from a Secret or field).
+fn literal_env(c: &Container) -> impl Iterator<Item = &EnvVar> {
+    c.env.iter().flatten().filter(|e| e.value_from.is_none())
 }
 
 fn sidecars_of(pod_template: &PodTemplate) -> Vec<Sidecar> {
@@ -351,11 +378,7 @@ fn sidecars_of(pod_template: &PodTemplate) -> Vec<Sidecar> {
                 name: c.name.clone(),
                 image: c.image.clone().unwrap_or_default(),
                 command: c.command.clone(),
-                env: c
-                    .env
-                    .iter()
-                    .flatten()
-                    .filter(|e| e.value_from.is_none())
+                env: literal_env(c)
                     .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
                     .collect(),
                 cpu: limit("cpu").and_then(parse_cpu),
@@ -378,7 +401,7 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         .as_deref()
         .filter(|i| normalize(i) != normalize(sandboxd_image))
         .map(str::to_string);
-    let literal = || c.env.iter().flatten().filter(|e| e.value_from.is_none());
+    let literal = || literal_env(c);
     let env = literal()
         .filter(|e| !e.name.starts_with("SANDBOXD_"))
         .filter(|e| e.name != sandhub_api::sandboxd_token::DIGEST_ENV)
@@ -590,6 +613,28 @@ mod tests {
         );
         assert_eq!(sidecar_names(pod_template), ["grader"]);
         assert_eq!(template_of(&out.spec, SANDBOXD), t);
+    }
+
+    #[test]
+    fn a_sidecar_never_replaces_a_container_of_the_base() {
+        let mut base = builtin_base(SANDBOXD);
+        base.blueprint.pod_template.spec.containers.push(Container {
+            name: "log-shipper".into(),
+            image: Some("shipper:1".into()),
+            ..Default::default()
+        });
+        let t = Template {
+            sidecars: vec![Sidecar {
+                name: "log-shipper".into(),
+                image: "mine:1".into(),
+                ..Default::default()
+            }],
+            ..image_template()
+        };
+        let e =
+            tenant_template("a", "t", base, &t, SANDBOXD, PullPolicy::IfNotPresent).unwrap_err();
+        assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
+        assert!(e.message.contains("log-shipper"), "{e}");
     }
 
     #[test]

@@ -28,6 +28,12 @@ def image_template_spec(image: str, config: FleetConfig) -> dict[str, Any]:
     return config.template_spec().template_fields(image)
 
 
+def target_container(config: FleetConfig, task: Task) -> str | None:
+    """Where a handle's ``exec`` runs by default: for an image task, the
+    fleet's ``TemplateSpec.target_container``; else the sandbox's own."""
+    return config.template_spec().target_container if task.image is not None else DEFAULT_CONTAINER
+
+
 def exec_container(container: str | None, target: str | None) -> str | None:
     """The container an exec runs in: the one asked for, else the handle's
     target; None (the sandbox's own) where neither names one."""

@@ -16,13 +16,13 @@ import sandhub
 from . import naming
 from ._core import (
     BROKEN_TEMPLATE_CAUSES,
-    DEFAULT_CONTAINER,
     FleetCore,
     StartFailure,
     exec_container,
     image_template_spec,
     lost_error,
     start_error,
+    target_container,
 )
 from .config import FleetConfig
 from .errors import FleetError, SandboxLostError, TaskSetupError
@@ -54,9 +54,7 @@ class AsyncSandboxHandle:
         self.sandbox_id: str = sandbox.id
         #: Where :meth:`exec` runs when given no ``container``: the sandbox's own
         #: (None) or, for image tasks, the fleet's ``TemplateSpec.target_container``.
-        self.target_container: str | None = (
-            fleet.config.template_spec().target_container if task.image is not None else DEFAULT_CONTAINER
-        )
+        self.target_container: str | None = target_container(fleet.config, task)
         self.launch: str = str(sandbox.info.launch or "")
         self._created_at = sandbox.info.created_at
         self._lost = False

@@ -263,6 +263,8 @@ class FleetConfig:
     exec_timeout_s: float | None = None
     shutdown_after_s: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: ``template``, or the one the two shorthand fields make (made once).
+    _template_spec: TemplateSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
@@ -278,10 +280,9 @@ class FleetConfig:
             raise ValueError(f"shutdown_after_s must be a positive int, not {self.shutdown_after_s!r}")
         if self.template is not None and (self.resources is not None or self.extra_template_spec):
             raise ValueError("give resources and extra_template_spec in template=TemplateSpec(...), or directly, not both")
-        self.template_spec()  # validates
+        spec = self.template or TemplateSpec(resources=self.resources, extra_template_spec=self.extra_template_spec)
+        object.__setattr__(self, "_template_spec", spec)
 
     def template_spec(self) -> TemplateSpec:
         """``template``, or the one ``resources`` and ``extra_template_spec`` make."""
-        if self.template is not None:
-            return self.template
-        return TemplateSpec(resources=self.resources, extra_template_spec=self.extra_template_spec)
+        return self._template_spec

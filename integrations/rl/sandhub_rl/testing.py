@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Mapping
 
 import sandhub
 
-from ._core import DEFAULT_CONTAINER, exec_container, lost_error
+from ._core import exec_container, lost_error, target_container
 from .config import FleetConfig
 from .errors import FleetError, SandboxStartError, TaskSetupError
 from .report import FleetStats, TeardownReport
@@ -112,9 +112,7 @@ class FakeHandle:
         self.sandbox = sandbox
         self.task = task
         self.sandbox_id = sandbox.id
-        self.target_container: str | None = (
-            fleet.config.template_spec().target_container if task.image is not None else DEFAULT_CONTAINER
-        )
+        self.target_container: str | None = target_container(fleet.config, task)
         self.launch = "warm" if fleet.config.warm_per_template > 0 else "cold"
         self.released = False
         self.execs: list[str] = []
