@@ -41,8 +41,11 @@ log() { echo "[test-deps] $*" >&2; }
 # btrfs-progs: mkfs.btrfs makes the disk-quota volume every local hub keeps its
 # sandboxes on (hub/src/local/quota).
 # git, tmux and procps also go into the OpenHands agent-server test image (dev/openhands).
+# chromium: the real browser that opens sandbox pages (Playwright drives it by
+# executable_path; Playwright's own browser download is not used).
 apt_packages=(python3 python3-venv gcc libc6-dev ca-certificates openssl curl nginx wrk
-    containerd runc containernetworking-plugins busybox-static jq iproute2 btrfs-progs git tmux procps)
+    containerd runc containernetworking-plugins busybox-static jq iproute2 btrfs-progs git tmux procps
+    chromium)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then

@@ -209,12 +209,15 @@ pub fn sidecars(sidecars: &[Sidecar]) -> Result<(), ErrorBody> {
 }
 
 /// `user[:group]`: each part a name or a number, at most 256 bytes, no
-/// whitespace, control character or further colon.
+/// whitespace, control character, further colon or leading `-`.
 pub fn user(spec: &str) -> Result<(), ErrorBody> {
     // Names or numbers as /etc/passwd and /etc/group hold them: no
     // separator, whitespace or control character.
+    // Nor a leading `-`: the name reaches argv of the tools that switch
+    // users, where `--root-dir=/` or `-h` would read as an option.
     let ok = |p: &str| {
         !p.is_empty()
+            && !p.starts_with('-')
             && !p
                 .chars()
                 .any(|c| c == ':' || c.is_whitespace() || c.is_control())
@@ -341,7 +344,21 @@ mod tests {
             assert!(user(good).is_ok(), "{good}");
         }
         for bad in [
-            "", ":", "a:", ":b", "a:b:c", "a b", "a\tb", "\u{11}x", "a\0", "a\n", "x:\u{7f}",
+            "",
+            ":",
+            "a:",
+            ":b",
+            "a:b:c",
+            "a b",
+            "a\tb",
+            "\u{11}x",
+            "a\0",
+            "a\n",
+            "x:\u{7f}",
+            "--root-dir=/",
+            "-h",
+            "app:-g",
+            "-1",
         ] {
             assert!(user(bad).is_err(), "{bad:?}");
         }

@@ -23,7 +23,7 @@ pub struct PolicyArgs {
     pub allow_host_network: bool,
 
     /// Memory limit (MiB) of a sandbox whose template sets none
-    /// [default: an eighth of this machine's memory, 256 to 4096].
+    /// [default: a sixteenth of this machine's memory, 512 to 1024].
     #[arg(long, env = "SANDHUB_DEFAULT_MEMORY_MB")]
     pub default_memory_mb: Option<u64>,
 
@@ -39,7 +39,7 @@ pub struct PolicyArgs {
 
     /// Most sandboxes one tenant may have at once: running, suspended and
     /// warm pool members.
-    #[arg(long, env = "SANDHUB_TENANT_MAX_SANDBOXES", default_value_t = 64)]
+    #[arg(long, env = "SANDHUB_TENANT_MAX_SANDBOXES", default_value_t = 128)]
     pub tenant_max_sandboxes: u64,
 
     /// Most warm replicas over all of one tenant's pools.
@@ -47,8 +47,9 @@ pub struct PolicyArgs {
     pub tenant_max_pool_replicas: u64,
 
     /// Most memory (MiB) the limits of one tenant's sandboxes may add up to
-    /// [default: four times this machine's memory; limits are ceilings,
-    /// not reservations].
+    /// [default: eight times this machine's memory; limits are ceilings,
+    /// not reservations, and all sandboxes together are held below the
+    /// machine's memory by their parent cgroup].
     #[arg(long, env = "SANDHUB_TENANT_MAX_MEMORY_MB")]
     pub tenant_max_memory_mb: Option<u64>,
 }
@@ -60,7 +61,7 @@ impl Default for PolicyArgs {
             default_memory_mb: None,
             default_cpu: None,
             default_pids: 1024,
-            tenant_max_sandboxes: 64,
+            tenant_max_sandboxes: 128,
             tenant_max_pool_replicas: 32,
             tenant_max_memory_mb: None,
         }
@@ -93,7 +94,7 @@ impl Policy {
             allow_host_network: args.allow_host_network,
             default_memory_mb: args
                 .default_memory_mb
-                .unwrap_or_else(|| (mem_mb / 8).clamp(256, 4096)),
+                .unwrap_or_else(|| (mem_mb / 16).clamp(512, 1024)),
             default_cpu: args
                 .default_cpu
                 .unwrap_or_else(|| ((cpus / 2).max(1)) as f64),
@@ -102,7 +103,7 @@ impl Policy {
             tenant_max_pool_replicas: args.tenant_max_pool_replicas,
             tenant_max_memory_mb: args
                 .tenant_max_memory_mb
-                .unwrap_or(mem_mb.saturating_mul(4)),
+                .unwrap_or(mem_mb.saturating_mul(8)),
         }
     }
 
@@ -153,9 +154,16 @@ impl Policy {
             )));
         }
         if memory_mb.saturating_add(more_mb) > self.tenant_max_memory_mb {
+            let left = self.tenant_max_memory_mb.saturating_sub(memory_mb);
+            let fits = if left >= sandhub_api::hub::MIN_MEMORY_MB {
+                format!("a template with `memory_mb: {left}` or less would fit; ")
+            } else {
+                "delete a sandbox first; ".to_string()
+            };
             return Err(exhausted(format!(
                 "tenant quota: {memory_mb} MiB of {} MiB of memory limits in use, this \
-                 sandbox needs {more_mb} MiB more; ask the operator for --tenant-max-memory-mb",
+                 sandbox needs {more_mb} MiB more; {fits}or ask the operator for \
+                 --tenant-max-memory-mb (or a smaller --default-memory-mb)",
                 self.tenant_max_memory_mb
             )));
         }
@@ -186,11 +194,18 @@ mod tests {
     #[test]
     fn defaults_are_sized_to_the_machine() {
         let p = Policy::resolve_for(&PolicyArgs::default(), 24 * 1024, 2);
-        assert_eq!(p.default_memory_mb, 3072);
+        assert_eq!(p.default_memory_mb, 1024);
         assert_eq!(p.default_cpu, 1.0);
-        assert_eq!(p.tenant_max_memory_mb, 96 * 1024);
+        assert_eq!(p.tenant_max_memory_mb, 192 * 1024);
+        // A tenant can fill its sandbox count at the default limit.
+        assert!(p.tenant_max_sandboxes * p.default_memory_mb <= p.tenant_max_memory_mb);
+        let laptop = Policy::resolve_for(&PolicyArgs::default(), 8 * 1024, 4);
+        assert_eq!(laptop.default_memory_mb, 512);
+        assert!(
+            laptop.tenant_max_sandboxes * laptop.default_memory_mb <= laptop.tenant_max_memory_mb
+        );
         let small = Policy::resolve_for(&PolicyArgs::default(), 1024, 1);
-        assert_eq!(small.default_memory_mb, 256);
+        assert_eq!(small.default_memory_mb, 512);
         assert_eq!(small.default_cpu, 1.0);
         p.validate().unwrap();
     }
@@ -211,11 +226,17 @@ mod tests {
     #[test]
     fn quotas_name_their_numbers() {
         let p = Policy::resolve_for(&PolicyArgs::default(), 1024, 1);
-        let e = p.admit_sandbox(64, 0, 1).unwrap_err();
+        let e = p.admit_sandbox(128, 0, 1).unwrap_err();
         assert_eq!(e.code, Code::ResourceExhausted);
-        assert!(e.message.contains("64 of 64"), "{}", e.message);
-        let e = p.admit_sandbox(1, 4000, 200).unwrap_err();
-        assert!(e.message.contains("4000 MiB of 4096 MiB"), "{}", e.message);
+        assert!(e.message.contains("128 of 128"), "{}", e.message);
+        let e = p.admit_sandbox(1, 8000, 200).unwrap_err();
+        assert!(e.message.contains("8000 MiB of 8192 MiB"), "{}", e.message);
+        assert!(e.message.contains("`memory_mb: 192`"), "{}", e.message);
+        assert!(
+            e.message.contains("--tenant-max-memory-mb"),
+            "{}",
+            e.message
+        );
         assert!(p.admit_sandbox(1, 100, 200).is_ok());
         assert!(p.admit_replicas(32).is_ok());
         assert!(p.admit_replicas(33).is_err());

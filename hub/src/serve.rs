@@ -13,6 +13,7 @@ use crate::{
         e2b::{E2b, Tokens},
         gym::Gym,
         hosts::HostRouting,
+        proxy::{PortPool, ProxyLimits},
         ApiKeys, AppState,
     },
     kube::{KubeArgs, KubeTenancy},
@@ -73,6 +74,77 @@ pub struct ServeArgs {
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
     #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = sandhub_common::parse_duration)]
     pub reap_interval: Duration,
+
+    #[command(flatten)]
+    pub ports: PortArgs,
+}
+
+/// Bounds on traffic carried to sandbox ports (every proxying route).
+#[derive(Debug, Clone, Args)]
+pub struct PortArgs {
+    /// Most requests to one sandbox's ports in flight at once (an upgraded
+    /// connection counts until it closes); past it, 429.
+    #[arg(
+        long,
+        env = "SANDHUB_PORT_MAX_REQUESTS_PER_SANDBOX",
+        default_value_t = 256
+    )]
+    pub port_max_requests_per_sandbox: usize,
+
+    /// Most requests to one tenant's sandbox ports in flight at once.
+    #[arg(
+        long,
+        env = "SANDHUB_PORT_MAX_REQUESTS_PER_TENANT",
+        default_value_t = 512
+    )]
+    pub port_max_requests_per_tenant: usize,
+
+    /// How long a sandbox's server may take to start its answer; then 504.
+    #[arg(long, env = "SANDHUB_PORT_RESPONSE_TIMEOUT", default_value = "300s", value_parser = sandhub_common::parse_duration)]
+    pub port_response_timeout: Duration,
+
+    /// How long an answer's body may go without a byte before it is cut.
+    #[arg(long, env = "SANDHUB_PORT_IDLE_TIMEOUT", default_value = "300s", value_parser = sandhub_common::parse_duration)]
+    pub port_idle_timeout: Duration,
+
+    /// The same for WebSockets and other upgrades, and event streams (SSE).
+    #[arg(long, env = "SANDHUB_PORT_STREAM_IDLE_TIMEOUT", default_value = "1h", value_parser = sandhub_common::parse_duration)]
+    pub port_stream_idle_timeout: Duration,
+}
+
+impl PortArgs {
+    /// The limits, with the total sized from the descriptor limit.
+    fn limits(&self, nofile: u64) -> ProxyLimits {
+        ProxyLimits {
+            per_sandbox: self.port_max_requests_per_sandbox.max(1),
+            per_tenant: self.port_max_requests_per_tenant.max(1),
+            total: ProxyLimits::total_for(nofile),
+            response_timeout: self.port_response_timeout,
+            idle_timeout: self.port_idle_timeout,
+            stream_idle_timeout: self.port_stream_idle_timeout,
+        }
+    }
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard one (systemd starts
+/// services at 1024 soft, far below what a hub carrying many sandboxes
+/// needs) and returns the limit in force.
+fn raise_nofile() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => limit = getrlimit(Resource::Nofile),
+            Err(e) => tracing::warn!(error = %e, "could not raise RLIMIT_NOFILE"),
+        }
+    }
+    // Unlimited (`None`) is reported as such by no real kernel; a large
+    // stand-in keeps the arithmetic simple.
+    limit.current.unwrap_or(1 << 20)
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -84,14 +156,37 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    // The local hub, kept to let go of its disk volume at the end.
+    // Bound before anything is set up: a hub that cannot listen (the port
+    // is taken) exits with nothing mounted. Streamed answers (MCP's SSE,
+    // NDJSON) are written in small pieces; without TCP_NODELAY, Nagle +
+    // delayed ACK adds ~40 ms to each.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let nofile = raise_nofile();
+    // The local hub, kept to let go of its disk volume at the end, on
+    // every way out.
     let mut local_hub = None;
+    let served = serve(args, keys, listener, nofile, &mut local_hub).await;
+    if let Some(hub) = local_hub {
+        hub.shutdown();
+    }
+    served
+}
+
+async fn serve(
+    args: ServeArgs,
+    keys: Option<Arc<ApiKeys>>,
+    listener: tokio::net::TcpListener,
+    nofile: u64,
+    local_hub: &mut Option<Arc<local::Hub>>,
+) -> anyhow::Result<()> {
     let (hub, gym, where_): (Arc<dyn Backend>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub =
                 local::open(args.state_dir.clone(), &args.local, args.max_upload_bytes).await?;
+            *local_hub = Some(hub.clone());
             hub.spawn_background(args.reap_interval);
-            local_hub = Some(hub.clone());
             // Gym envs live in the same store as their sandboxes, so a
             // restart keeps both; idle ones are closed on the reaper's beat.
             let gym = Arc::new(Gym::persistent(hub.clone()));
@@ -159,20 +254,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 max_upload_bytes: args.max_upload_bytes,
             },
             hosts,
-            ports: Arc::default(),
+            ports: Arc::new(PortPool::new(args.ports.limits(nofile))),
         },
         keys,
         e2b.clone(),
     );
-    // Streamed answers (MCP's SSE, NDJSON) are written in small pieces;
-    // without TCP_NODELAY, Nagle + delayed ACK adds ~40 ms to each.
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?
-        .tap_io(|stream| {
-            let _ = stream.set_nodelay(true);
-        });
-    tracing::info!(addr = %args.listen, backend = %where_, "sandhub serving");
+    let listener = listener.tap_io(|stream| {
+        let _ = stream.set_nodelay(true);
+    });
+    tracing::info!(addr = %args.listen, backend = %where_, nofile, "sandhub serving");
     if e2b.is_some() {
         let url = format!("http://{}", args.listen);
         let key = if args.api_keys_file.is_some() {
@@ -197,10 +287,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         })
         .await?;
     // Sandboxes are separate process trees: they keep running, and the
-    // next `sandhub serve` re-attaches to them.
-    if let Some(hub) = local_hub {
-        hub.shutdown();
-    }
+    // next `sandhub serve` re-attaches to them (`run` lets go of the disk).
     tracing::info!("sandhub stopped; sandboxes keep running");
     Ok(())
 }

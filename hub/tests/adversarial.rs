@@ -315,6 +315,12 @@ async fn tenant_quotas_refuse_with_the_numbers() {
         "{}",
         err.message
     );
+    // It names what would fit, and the flag.
+    assert!(
+        err.message.contains("`memory_mb: 200`") && err.message.contains("--tenant-max-memory-mb"),
+        "{}",
+        err.message
+    );
     bob.create(from("small")).await.unwrap();
     let err = bob.create(from("small")).await.unwrap_err();
     assert_eq!(err.code, Code::ResourceExhausted, "{err}");
@@ -509,4 +515,55 @@ async fn workspace_links_never_lead_the_file_api_out() {
     .await
     .unwrap_err();
     assert_eq!(err.code, Code::PermissionDenied, "{err}");
+}
+
+/// Issue #26 (7): a hub that cannot bind `--listen` (the port is taken)
+/// used to exit with its disk volume still mounted; it now binds first.
+#[test]
+fn a_hub_that_cannot_bind_leaves_nothing_mounted() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandhub"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--state-dir")
+        .arg(&state)
+        .env_remove("SANDHUB_API_KEYS_FILE")
+        .env_remove("SANDHUB_LISTEN")
+        .env_remove("SANDHUB_STATE_DIR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("binding"), "{stderr}");
+    let left = common::disk_volume(&state);
+    if let Some(mount) = &left {
+        common::detach_volume(mount);
+    }
+    assert!(left.is_none(), "the disk volume was left mounted");
+    drop(taken);
+}
+
+/// Issue #26 (8): with default flags, the 33rd create used to get 429
+/// (1/8 of the machine's memory per sandbox, times 32, filled the summed
+/// quota of 4x). A machine holds far more idle sandboxes than that, and an
+/// RL user's `make_vec(num_envs=64)` must work out of the box: 72 creates
+/// with default flags all succeed.
+#[tokio::test]
+async fn default_flags_hold_what_the_machine_can_run() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let mut ids = Vec::new();
+    for n in 0..72 {
+        let sb = c
+            .create(CreateSandbox::default())
+            .await
+            .unwrap_or_else(|e| panic!("create #{}: {e}", n + 1));
+        ids.push(sb.id);
+    }
+    for id in ids {
+        c.delete(&id).await.unwrap();
+    }
 }

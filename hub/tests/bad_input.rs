@@ -670,3 +670,53 @@ async fn an_mcp_session_answers_only_the_tenant_that_opened_it() {
     }
     assert_eq!(out, "alice-secret\n");
 }
+
+/// Issue #26 (7): a template `user` that reads like an option
+/// (`--root-dir=/`, `-h`) is refused at `PUT` with 400, not at start as
+/// 503; and an `exec` whose absolute `cwd` lies outside the workspace says
+/// how a cwd is read instead of only "no such directory".
+#[tokio::test]
+async fn flag_like_users_are_400_and_a_cwd_outside_the_workspace_is_explained() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let http = hub.http();
+    for user in ["--root-dir=/", "-h", "app:-g"] {
+        let r = http
+            .put(format!("{}/v1/templates/flaggy", hub.url()))
+            .json(&json!({ "user": user }))
+            .send()
+            .await
+            .unwrap();
+        let body = error_body(r, 400, "INVALID_ARGUMENT").await;
+        assert!(body["message"].as_str().unwrap().contains("user"), "{body}");
+    }
+    let c = hub.client(None);
+    let sb = c.create(Default::default()).await.unwrap();
+    let r = http
+        .post(format!("{}/v1/sandboxes/{}/exec", hub.url(), sb.id))
+        .json(&json!({ "command": "pwd", "cwd": "/tmp" }))
+        .send()
+        .await
+        .unwrap();
+    let body = error_body(r, 404, "NOT_FOUND").await;
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("resolved inside /workspace") && message.contains("/workspace/tmp"),
+        "{message}"
+    );
+    // A directory under the workspace, named absolutely, still works.
+    let r = http
+        .post(format!("{}/v1/sandboxes/{}/exec", hub.url(), sb.id))
+        .json(&json!({ "command": "mkdir -p sub && cd sub && pwd" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .post(format!("{}/v1/sandboxes/{}/exec", hub.url(), sb.id))
+        .json(&json!({ "command": "pwd", "cwd": "/workspace/sub" }))
+        .send()
+        .await
+        .unwrap();
+    let out: Value = r.json().await.unwrap();
+    assert_eq!(out["stdout"], "/workspace/sub\n", "{out}");
+}

@@ -38,6 +38,15 @@ class H(http.server.SimpleHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
+        if self.path == "/cookies":
+            self.send_response(200)
+            self.send_header("Set-Cookie", "a=1; Domain=127.0.0.1; Path=/")
+            self.send_header("Set-Cookie", "sandhub_port=forged; Path=/")
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+            return
         if self.path == "/sse":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -418,6 +427,25 @@ async fn host_routed_ports_open_with_a_link_or_a_key() {
         "the server inside saw our cookie"
     );
     assert_eq!(r.text().await.unwrap(), "ping");
+    // Issue #26, same class: a page on another sandbox's host is same-site,
+    // so the browser would send this host's cookie with its POST; it is
+    // refused. The same sandbox's other ports (a front end calling its
+    // back end) still may.
+    for (origin, status) in [
+        (format!("http://3000-sb-other.{DOMAIN}"), 403),
+        (format!("http://3000-{id}.{DOMAIN}"), 200),
+    ] {
+        let r = http
+            .post(at("/echo"))
+            .header(reqwest::header::HOST, host.clone())
+            .header("origin", origin.clone())
+            .header("cookie", format!("sandhub_port={token}"))
+            .body("ping")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{origin}");
+    }
 
     // The link opens its own port only; a forged or wrong token is refused.
     let other = format!("{}-{id}.{DOMAIN}", PORT + 1);
@@ -541,4 +569,334 @@ async fn kept_connections_are_reused_and_die_with_their_sandbox() {
     c.delete(&id).await.unwrap();
     let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
     error_body(r, 404, "NOT_FOUND").await;
+}
+
+/// Issue #26 (2): a page served through the path route is on the hub's own
+/// origin, so it is sandboxed (an opaque origin: its scripts' requests to
+/// the API carry `Origin: null`, which the API refuses), cannot be sniffed
+/// or embedded elsewhere, and its cookies stay host-only under its port's
+/// path, never named like the hub's own.
+#[tokio::test]
+async fn pages_on_the_hubs_origin_are_sandboxed_and_keep_their_cookies_home() {
+    let (hub, _c, id, _server) = hub_with_server().await;
+    let http = hub.http();
+    let r = http
+        .get(format!(
+            "{}/v1/sandboxes/{id}/ports/{PORT}/cookies",
+            hub.url()
+        ))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers();
+    let csp = h["content-security-policy"].to_str().unwrap();
+    assert!(csp.starts_with("sandbox "), "{csp}");
+    assert!(!csp.contains("allow-same-origin"), "{csp}");
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    assert_eq!(h["cross-origin-resource-policy"], "same-origin");
+    let cookies: Vec<&str> = h
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(
+        cookies,
+        [format!("a=1; Path=/v1/sandboxes/{id}/ports/{PORT}/")],
+        "no Domain, no cookie of the hub's name, kept under the port"
+    );
+
+    // What only such a page can send never reaches the API: an opaque
+    // origin, or a same-origin request from a port page's address.
+    let r = http
+        .post(format!("{}/v1/sandboxes", hub.url()))
+        .bearer_auth(ALICE_KEY)
+        .header("origin", "null")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 403, "PERMISSION_DENIED").await;
+    let r = http
+        .post(format!("{}/v1/sandboxes/{id}/exec", hub.url()))
+        .bearer_auth(ALICE_KEY)
+        .header("sec-fetch-site", "same-origin")
+        .header(
+            "referer",
+            format!("{}/v1/sandboxes/{id}/ports/{PORT}/page.html", hub.url()),
+        )
+        .header("content-type", "application/json")
+        .body(r#"{"command":"true"}"#)
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 403, "PERMISSION_DENIED").await;
+    // The page's own traffic to its server still flows.
+    let r = http
+        .get(format!(
+            "{}/v1/sandboxes/{id}/ports/{PORT}/hello.txt",
+            hub.url()
+        ))
+        .bearer_auth(ALICE_KEY)
+        .header("origin", "null")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "hello\n");
+}
+
+/// The shell WebSocket refuses a foreign Origin like every other upgrade
+/// (found while fixing #26: `/pty` was the one upgrade route without it,
+/// so on a hub without keys any web page could open a shell).
+#[tokio::test]
+async fn the_shell_websocket_refuses_a_foreign_origin() {
+    let (hub, _c, id, _server) = hub_with_server().await;
+    let url = format!("ws://127.0.0.1:{}/v1/sandboxes/{id}/pty", hub.port);
+    for origin in ["http://evil.example", "null"] {
+        let mut request = url.as_str().into_client_request().unwrap();
+        request.headers_mut().insert(
+            "authorization",
+            format!("Bearer {ALICE_KEY}").parse().unwrap(),
+        );
+        request
+            .headers_mut()
+            .insert("origin", origin.parse().unwrap());
+        let err = tokio_tungstenite::connect_async(request).await.unwrap_err();
+        match err {
+            tokio_tungstenite::tungstenite::Error::Http(r) => {
+                assert_eq!(r.status(), 403, "{origin}")
+            }
+            other => panic!("{origin}: expected 403, got {other}"),
+        }
+    }
+    let mut request = url.as_str().into_client_request().unwrap();
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {ALICE_KEY}").parse().unwrap(),
+    );
+    request.headers_mut().insert(
+        "origin",
+        format!("http://127.0.0.1:{}", hub.port).parse().unwrap(),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    ws.send(Message::Binary(b"exit 7\n".to_vec().into()))
+        .await
+        .unwrap();
+    let mut exit = None;
+    while let Some(Ok(m)) = ws.next().await {
+        if let Message::Text(t) = m {
+            exit = Some(t.to_string());
+        }
+    }
+    assert_eq!(exit.as_deref(), Some(r#"{"exit_code":7}"#));
+}
+
+/// A port that accepts and never answers: every connection is held; a
+/// request for `/partial` gets a head and 10 of its 100 bytes, then nothing.
+const SILENT: &str = r#"
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(4096)
+held = []
+while True:
+    c, _ = s.accept()
+    held.append(c)
+    c.settimeout(5)
+    try:
+        head = c.recv(4096)
+    except OSError:
+        continue
+    if head.startswith(b"GET /partial"):
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+"#;
+
+const SILENT_PORT: u16 = 9000;
+
+async fn start_silent(hub: &TestHub, c: &HubClient, id: &str) -> ProcessEvents {
+    shell_ok(c, id, &format!("cat > silent.py <<'EOF'\n{SILENT}\nEOF")).await;
+    let events = c
+        .start(
+            id,
+            StartProcess {
+                command: vec![
+                    "python3".into(),
+                    "silent.py".into(),
+                    SILENT_PORT.to_string(),
+                ],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let (http, url) = (hub.http(), format!("{}/v1/sandboxes/{id}/ports", hub.url()));
+    eventually("the silent server to listen", WAIT, || {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.ok()?;
+            let list: PortList = r.json().await.ok()?;
+            list.ports
+                .iter()
+                .any(|p| p.port == SILENT_PORT)
+                .then_some(())
+        }
+    })
+    .await;
+    events
+}
+
+/// Issue #26 (4), the attack as run: tenant A sends 560 requests to a
+/// port that never answers, on a hub with systemd's 1024 descriptors.
+/// Each used to hold two descriptors with no bound, so the hub ran out
+/// and tenant B's `exec` failed until A hung up. Now A's requests past
+/// the caps get 429 at once, B's `exec` and the probes answer while A's
+/// are held, and A's slots come back when it hangs up.
+#[tokio::test]
+async fn a_silent_port_cannot_starve_the_hub_of_descriptors() {
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        nofile: Some(1024),
+        ..Default::default()
+    })
+    .await;
+    let (alice, bob) = (hub.client(Some(ALICE_KEY)), hub.client(Some(BOB_KEY)));
+    let a = alice.create(CreateSandbox::default()).await.unwrap().id;
+    let b = bob.create(CreateSandbox::default()).await.unwrap().id;
+    let _silent = start_silent(&hub, &alice, &a).await;
+
+    // Every request on its own connection, as the attack had it.
+    let attacker = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/sandboxes/{a}/ports/{SILENT_PORT}/", hub.url());
+    let (refused_tx, mut refused_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut held = tokio::task::JoinSet::new();
+    for _ in 0..560 {
+        let (attacker, url, refused_tx) = (attacker.clone(), url.clone(), refused_tx.clone());
+        held.spawn(async move {
+            if let Ok(r) = attacker.get(&url).bearer_auth(ALICE_KEY).send().await {
+                let status = r.status().as_u16();
+                let body = r.text().await.unwrap_or_default();
+                let _ = refused_tx.send((status, body));
+            }
+        });
+    }
+    drop(refused_tx);
+    // The caps answer at once: 1024 descriptors keep 256 requests in all.
+    let mut refused = 0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while refused < 560 - 256 {
+        let got = tokio::time::timeout_at(deadline, refused_rx.recv()).await;
+        let Ok(Some((status, body))) = got else {
+            panic!("only {refused} of A's requests were refused in time");
+        };
+        assert_eq!(status, 429, "{body}");
+        assert!(body.contains("RESOURCE_EXHAUSTED"), "{body}");
+        refused += 1;
+    }
+
+    // While A's requests are held, B's exec and the probes answer.
+    let out = tokio::time::timeout(WAIT, shell(&bob, &b, "echo still-served"))
+        .await
+        .expect("B's exec in time");
+    assert_eq!(out.stdout, "still-served\n", "{out:?}\n{}", hub.log_tail());
+    let r = hub
+        .http()
+        .get(format!("{}/healthz", hub.url()))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    assert!(
+        !hub.log().contains("Too many open files"),
+        "{}",
+        hub.log_tail()
+    );
+
+    // A hangs up: its slots come back, and its port works again.
+    held.abort_all();
+    while held.join_next().await.is_some() {}
+    drop(attacker);
+    let _server = {
+        shell_ok(&alice, &a, "echo hello > hello.txt").await;
+        alice
+            .start(
+                &a,
+                StartProcess {
+                    command: vec![
+                        "python3".into(),
+                        "-m".into(),
+                        "http.server".into(),
+                        "--bind".into(),
+                        "127.0.0.1".into(),
+                        PORT.to_string(),
+                    ],
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+    };
+    let http = hub.http();
+    let hello = format!("{}/v1/sandboxes/{a}/ports/{PORT}/hello.txt", hub.url());
+    eventually("A's slots to come back", WAIT, || {
+        let (http, hello) = (http.clone(), hello.clone());
+        async move {
+            let r = http.get(&hello).bearer_auth(ALICE_KEY).send().await.ok()?;
+            (r.status() == 200).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Issue #26 (4): a server that never sends its answer's head gets 504
+/// after `--port-response-timeout`; one that stops mid-body is cut after
+/// `--port-idle-timeout`. Neither holds the hub's descriptors for ever.
+#[tokio::test]
+async fn silent_and_stalled_answers_are_timed_out() {
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        extra_args: &["--port-response-timeout", "1s", "--port-idle-timeout", "1s"],
+        ..Default::default()
+    })
+    .await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let a = alice.create(CreateSandbox::default()).await.unwrap().id;
+    let _silent = start_silent(&hub, &alice, &a).await;
+    let http = hub.http();
+    let base = format!("{}/v1/sandboxes/{a}/ports/{SILENT_PORT}", hub.url());
+
+    let started = std::time::Instant::now();
+    let r = http
+        .get(format!("{base}/"))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    let body = error_body(r, 504, "DEADLINE_EXCEEDED").await;
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("--port-response-timeout"),
+        "{body}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+
+    let r = http
+        .get(format!("{base}/partial"))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let started = std::time::Instant::now();
+    let read = r.bytes().await;
+    assert!(read.is_err(), "a stalled body must end in an error");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }

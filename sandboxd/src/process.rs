@@ -231,7 +231,19 @@ fn resolve_cwd(root: &Root, cwd: Option<&str>) -> Result<(PathBuf, Option<OwnedF
         return Ok((root.host_path().to_path_buf(), None));
     }
     let fd = root.open_dir(&rel).map_err(|e| match e {
-        Error::NotFound(_) => Error::NotFound(format!("cwd {raw}: no such directory")),
+        // An absolute cwd outside the root is read inside it (`/tmp` is
+        // `<root>/tmp`): say so, or `/tmp` existing in the sandbox makes
+        // the answer look wrong.
+        Error::NotFound(_) => Error::NotFound(if Path::new(raw).is_absolute() && inside == raw {
+            format!(
+                "cwd {raw}: no such directory under {root}: a cwd is resolved inside {root} \
+                 (an absolute path outside it, such as {raw}, is read as {joined})",
+                root = root.host_path().display(),
+                joined = root.host_path().join(rel.as_str()).display(),
+            )
+        } else {
+            format!("cwd {raw}: no such directory")
+        }),
         Error::PermissionDenied(_) => {
             Error::PermissionDenied(format!("cwd {raw}: escapes the root or is not accessible"))
         }

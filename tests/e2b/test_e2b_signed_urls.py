@@ -153,3 +153,51 @@ def test_other_ports_reach_the_sandbox_with_its_token(domain_hub: Hub, signed_sa
         # Another sandbox's id with this token.
         r = http.get("/index.html", headers={**by_header, "e2b-sandbox-id": "sb-someoneelse"})
         assert r.status_code == 401, r.text
+
+
+#: Answers every request with the Cookie header it got, and sets a cookie
+#: that tries to reach every sibling host and take the hub's own name.
+COOKIE_ECHO = """
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = self.headers.get("Cookie", "none").encode()
+        self.send_response(200)
+        self.send_header("Set-Cookie", "app=1; Domain=sandboxes.test; Path=/")
+        self.send_header("Set-Cookie", "sandhub_port=forged; Path=/")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("127.0.0.1", 8001), H).serve_forever()
+"""
+
+
+def test_the_hubs_port_cookie_never_reaches_a_port_on_any_route(domain_hub: Hub, signed_sandbox) -> None:
+    """Issue #26 (7): with `X-Access-Token` on the host form the request
+    takes E2B's route, which did not strip the hub's `sandhub_port` cookie,
+    so the server saw a token for its own port. Every route strips it now,
+    and no answer may set a cookie for sibling hosts or of the hub's name.
+    On the hub's own host (the header route) the answer is sandboxed too."""
+    sbx, _ = signed_sandbox
+    sbx.files.write("/workspace/echo.py", COOKIE_ECHO)
+    sbx.commands.run("cd /workspace && python3 echo.py", background=True)
+    token = sbx._envd_access_token  # noqa: SLF001 - what the SDK itself sends
+    assert token
+    cookie = {"cookie": "a=1; sandhub_port=secret-token; b=2"}
+    on_host = {"host": sbx.get_host(8001), "x-access-token": token, **cookie}
+    by_header = {"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": "8001", "x-access-token": token, **cookie}
+    with httpx.Client(base_url=domain_hub.url, timeout=30) as http:
+        deadline = time.monotonic() + 30
+        while True:
+            r = http.get("/", headers=on_host)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for headers, sandboxed in ((on_host, False), (by_header, True)):
+            r = http.get("/", headers=headers)
+            assert r.status_code == 200, r.text
+            assert r.text == "a=1; b=2", r.text
+            set_cookies = r.headers.get_list("set-cookie")
+            assert all("domain" not in c.lower() and not c.startswith("sandhub_port") for c in set_cookies), set_cookies
+            csp = r.headers.get("content-security-policy", "")
+            assert csp.startswith("sandbox") == sandboxed, (headers, csp)

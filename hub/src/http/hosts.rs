@@ -135,23 +135,11 @@ fn cookie_token(headers: &HeaderMap) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
-/// The Cookie header without ours: the server inside never sees it.
-fn strip_our_cookie(headers: &mut HeaderMap) {
-    let kept: Vec<String> = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|kv| !kv.is_empty() && kv.split_once('=').map(|(k, _)| k) != Some(COOKIE))
-        .map(str::to_string)
-        .collect();
-    headers.remove(header::COOKIE);
-    if !kept.is_empty() {
-        if let Ok(v) = HeaderValue::from_str(&kept.join("; ")) {
-            headers.insert(header::COOKIE, v);
-        }
-    }
+/// The sandbox whose host a request's `Origin` names, if it names one.
+fn origin_sandbox(headers: &HeaderMap, hosts: &HostRouting) -> Option<String> {
+    let origin = headers.get(header::ORIGIN)?.to_str().ok()?;
+    let (_, host) = origin.trim().split_once("://")?;
+    hosts.target(host.trim_end_matches('/')).map(|(_, id)| id)
 }
 
 /// `uri` without our token parameter (what the browser is sent back to).
@@ -179,6 +167,11 @@ fn query_token(uri: &Uri) -> Option<String> {
 
 pub type HostState = (AppState, Option<Arc<ApiKeys>>, Arc<HostRouting>);
 
+/// Marks a request that came to a sandbox's own host (`{port}-{id}.D`):
+/// what it gets back is shown on that host's origin, not the hub's.
+#[derive(Debug, Clone, Copy)]
+pub struct ViaSandboxHost;
+
 /// In front of everything: a request for `{port}-{id}.D` is that port's.
 pub async fn route(
     State((state, keys, hosts)): State<HostState>,
@@ -201,6 +194,7 @@ pub async fn route(
             request.headers_mut().insert("e2b-sandbox-id", id);
             request.headers_mut().insert("e2b-sandbox-port", p);
         }
+        request.extensions_mut().insert(ViaSandboxHost);
         return next.run(request).await;
     }
     // A minted URL's first visit: keep the token in a cookie, drop it
@@ -229,6 +223,17 @@ pub async fn route(
         };
     }
     let headers = request.headers();
+    if let Some(other) = origin_sandbox(headers, &hosts).filter(|other| *other != id) {
+        // Sibling hosts are same-site, so a browser sends this host's
+        // SameSite=Lax cookie with a page's requests from another
+        // sandbox's host: a workload's page must not act on another
+        // sandbox's port with its viewer's link.
+        return ApiError::new(
+            Code::PermissionDenied,
+            format!("a page of sandbox {other} cannot send requests to a port of sandbox {id}"),
+        )
+        .into_response();
+    }
     let tenant = match (&keys, presented_key(headers)) {
         (Some(keys), Some(key)) => keys.tenant_of(key),
         _ => cookie_token(headers).and_then(|t| hosts.verify(&t, &id, port)),
@@ -243,10 +248,10 @@ pub async fn route(
         )
         .into_response();
     };
-    strip_our_cookie(request.headers_mut());
     let api = state.hub.tenant(&tenant);
     let uri = super::proxy::as_sent(request.uri());
-    match super::proxy::forward(api.as_ref(), &state.ports, &id, port, uri, request).await {
+    let served = super::proxy::Served::OwnHost;
+    match super::proxy::forward(api.as_ref(), &state.ports, &id, port, uri, request, served).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -313,6 +318,23 @@ mod tests {
     }
 
     #[test]
+    fn origins_name_their_sandbox() {
+        let h = routing();
+        let with = |origin: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(header::ORIGIN, HeaderValue::from_str(origin).unwrap());
+            origin_sandbox(&m, &h)
+        };
+        assert_eq!(
+            with("http://3000-sb-a.sandboxes.test:7070").as_deref(),
+            Some("sb-a")
+        );
+        assert_eq!(with("http://sandboxes.test:7070"), None);
+        assert_eq!(with("https://evil.example"), None);
+        assert_eq!(with("null"), None);
+    }
+
+    #[test]
     fn our_cookie_and_token_never_reach_the_sandbox() {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -320,7 +342,7 @@ mod tests {
             HeaderValue::from_static("a=1; sandhub_port=secret; b=2"),
         );
         assert_eq!(cookie_token(&headers).as_deref(), Some("secret"));
-        strip_our_cookie(&mut headers);
+        super::super::proxy::strip_our_cookie(&mut headers);
         assert_eq!(headers.get(header::COOKIE).unwrap(), "a=1; b=2");
         let uri: Uri = "/app?x=1&sandhub_token=t&y=2".parse().unwrap();
         assert_eq!(without_token(&uri), "/app?x=1&y=2");

@@ -4,13 +4,17 @@
 //!
 //! - `rest/`: the REST API (`/v1/...`) with its probes and metrics;
 //! - `gym/`: Gym-style environments (`/gym/v1/...`);
-//! - `mcp.rs`: the MCP tool set, mounted at `/mcp`.
+//! - `mcp.rs`: the MCP tool set, mounted at `/mcp`;
+//! - `e2b/`: the E2B-compatible API; `hosts.rs`: ports by host name;
+//!   `proxy/`: carrying requests to sandbox ports, for every door;
+//! - `browser.rs`: refusing what only a sandbox's page could send.
 //!
 //! The children use this module's state and extractors; none imports a
 //! sibling. Every front door acts through one guarded [`Backend`] view, so
 //! they work unchanged on either backend.
 
 mod auth;
+mod browser;
 pub mod e2b;
 mod error;
 pub mod gym;
@@ -129,6 +133,8 @@ pub fn app(
         )),
         None => app,
     };
+    // What only a sandbox's page could send never reaches a hub route.
+    let app = app.layer(middleware::from_fn(browser::guard));
     // Outermost: a request for `{port}-{id}.<domain>` is that port's (or,
     // on 49983, envd's, through the diversion above).
     let app = match state.hosts.clone() {

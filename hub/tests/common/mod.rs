@@ -37,6 +37,9 @@ pub struct HubOptions {
     pub extra_args: &'static [&'static str],
     /// More environment for `sandhub serve` (fault injection).
     pub extra_env: &'static [(&'static str, &'static str)],
+    /// Start the hub with this hard and soft `RLIMIT_NOFILE` (systemd's
+    /// 1024, say), which it then cannot raise.
+    pub nofile: Option<u64>,
 }
 
 pub struct TestHub {
@@ -200,6 +203,24 @@ impl TestHub {
         }
         cmd.args(self.options.extra_args);
         cmd.envs(self.options.extra_env.iter().copied());
+        if let Some(n) = self.options.nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs
+            // between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

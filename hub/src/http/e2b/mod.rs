@@ -196,6 +196,17 @@ pub async fn divert(
     };
     if port != ENVD_PORT {
         let uri = super::proxy::as_sent(request.uri());
+        // On the hub's own host (no `{port}-{id}` host in front), what the
+        // port answers must not act as the hub's origin.
+        let served = if request
+            .extensions()
+            .get::<super::hosts::ViaSandboxHost>()
+            .is_some()
+        {
+            super::proxy::Served::OwnHost
+        } else {
+            super::proxy::Served::OnHubOrigin { cookie_path: None }
+        };
         let forwarded = super::proxy::forward(
             envd.api.as_ref(),
             &state.ports,
@@ -203,6 +214,7 @@ pub async fn divert(
             port,
             uri,
             request,
+            served,
         );
         return match forwarded.await {
             Ok(r) => r,

@@ -24,7 +24,7 @@ use utoipa::OpenApi;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::http::{
-    proxy::{forward, is_upgrade, same_origin},
+    proxy::{forward, is_upgrade, same_origin, Served},
     Api, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState,
 };
 
@@ -131,7 +131,12 @@ async fn proxy_port(
 ) -> ApiResult<Response> {
     let port = parse_port(&port)?;
     let uri = upstream_uri(request.uri())?;
-    forward(api.as_ref(), &state.ports, &id, port, uri, request).await
+    // Shown on the hub's own origin: sandboxed (opaque origin), and its
+    // cookies kept under this port's path.
+    let served = Served::OnHubOrigin {
+        cookie_path: Some(format!("/v1/sandboxes/{id}/ports/{port}/")),
+    };
+    forward(api.as_ref(), &state.ports, &id, port, uri, request, served).await
 }
 
 /// A raw TCP tunnel to a port (what `sandhub port-forward` uses): the

@@ -272,13 +272,23 @@ fn default_rows() -> u16 {
     params(("id" = String, Path), PtyQuery),
     responses((status = 101, description = "WebSocket upgrade"),
               (status = 400, body = ErrorBody, description = "Not a WebSocket upgrade request"),
+              (status = 403, body = ErrorBody, description = "Cross-origin upgrade"),
               (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
 async fn pty(
     Api(api): Api,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PtyQuery>,
+    headers: axum::http::HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
+    // A page elsewhere must not open a shell with the hub's open-tenant
+    // access (CSWSH), as on every other upgrade.
+    if !crate::http::proxy::same_origin(&headers) {
+        return Err(ApiError::new(
+            Code::PermissionDenied,
+            "cross-origin upgrade refused: Origin must match the hub's host",
+        ));
+    }
     // Checked before anything starts in the sandbox, and answered as JSON.
     let ws = ws.map_err(|r| {
         let mut e = ApiError::new(Code::InvalidArgument, r.body_text());

@@ -191,6 +191,31 @@ fn detect_v2(mounts: &[Mount]) -> Result<Backend, String> {
     Ok(Backend::V2 { base })
 }
 
+/// What all sandboxes together may use on a machine of `mem_kib`: its
+/// memory less a reserve for the hub and the host (1/8, at least 1 GiB),
+/// and 3/4 of the processes the kernel can number (`pid_max` and
+/// `threads-max`), so a fork bomb in every sandbox still leaves the host
+/// room to run.
+pub(crate) fn host_caps(mem_kib: u64) -> (u64, u64) {
+    let bytes = mem_kib.saturating_mul(1024);
+    let reserve = (bytes / 8).max(1 << 30);
+    let memory = bytes.saturating_sub(reserve).max(bytes / 2);
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let tasks = [
+        read("/proc/sys/kernel/pid_max"),
+        read("/proc/sys/kernel/threads-max"),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(32768);
+    (memory, (tasks / 4 * 3).max(1024))
+}
+
 fn own_v2_cgroup() -> io::Result<String> {
     let raw = std::fs::read_to_string("/proc/self/cgroup")?;
     raw.lines()
@@ -232,6 +257,30 @@ fn detect_v1(mounts: &[Mount], create: bool) -> Result<Backend, String> {
 }
 
 impl Backend {
+    /// Bounds every sandbox together (the `sandhub` parent cgroup): memory
+    /// at `memory_bytes`, processes and threads at `pids`. Sandboxes' own
+    /// limits are ceilings that may add up past the machine (see the
+    /// tenant quotas); this one is what keeps the hub and the host alive
+    /// when they are all reached at once: the kernel then reclaims and
+    /// OOM-kills inside the sandboxes, never outside them.
+    pub fn cap_all(&self, memory_bytes: u64, pids: u64) -> io::Result<()> {
+        match self {
+            Backend::V2 { base } => {
+                write(&base.join("memory.max"), &memory_bytes.to_string())?;
+                write(&base.join("pids.max"), &pids.to_string())
+            }
+            Backend::V1 {
+                memory, pids: p, ..
+            } => {
+                write(
+                    &memory.join("memory.limit_in_bytes"),
+                    &memory_bytes.to_string(),
+                )?;
+                write(&p.join("pids.max"), &pids.to_string())
+            }
+        }
+    }
+
     /// The cgroup of sandbox `id` (existing or not).
     pub fn sandbox(&self, id: &str) -> SandboxCgroup {
         match self {
@@ -505,6 +554,17 @@ pub(crate) fn describe(findings: &Findings) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_sandboxes_together_leave_the_host_room() {
+        let (memory, pids) = host_caps(24 << 20);
+        assert_eq!(memory, 21 << 30, "24 GiB less 1/8");
+        let (small, _) = host_caps(4 << 20);
+        assert_eq!(small, 3 << 30, "4 GiB less the 1 GiB floor");
+        let (tiny, _) = host_caps(1 << 20);
+        assert_eq!(tiny, 512 << 20, "never below half");
+        assert!(pids >= 1024);
+    }
 
     #[test]
     fn reads_flat_keyed_counters() {

@@ -190,6 +190,12 @@ impl Runtime {
             }
             tracing::warn!(%what, "running sandboxes without cgroup limits");
         }
+        if let Some(cg) = &cgroups {
+            let (memory, pids) = cgroup::host_caps(super::host_memory_kib());
+            if let Err(e) = cg.cap_all(memory, pids) {
+                tracing::warn!(error = %e, "could not bound all sandboxes together");
+            }
+        }
         let host_etc = hostetc::prepare_host_etc(&state_root)
             .ctx(|| "preparing the sandboxes' /etc".to_string())?;
         let log_filter = std::env::var("SANDHUB_SANDBOX_LOG").unwrap_or_else(|_| "warn".into());

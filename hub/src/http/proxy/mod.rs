@@ -1,7 +1,20 @@
 //! Carrying HTTP to a TCP port inside a sandbox: one request (any method,
 //! body streamed), upgrades spliced both ways after 101, per-hop headers
 //! and every credential stripped, Origin checked on upgrades (CSWSH).
-//! The REST ports routes and the E2B facade both proxy through here.
+//! The REST ports routes, host routing and the E2B facade all proxy
+//! through here.
+//!
+//! ```text
+//! mod.rs     forward(): the request there and the answer back; kept connections
+//! answer.rs  the answer made safe for where it is shown (CSP sandbox, cookies)
+//! limits.rs  caps on requests in flight, answer and idle timeouts
+//! ```
+
+mod answer;
+mod limits;
+
+pub use answer::{Served, SANDBOX_CSP};
+pub use limits::{Gate, ProxyLimits};
 
 use axum::{
     body::Body,
@@ -47,14 +60,31 @@ impl Idle {
 /// costs a hop into the sandbox's namespace and the server's accept.
 /// A connection is reused only for the same tenant, after the sandbox is
 /// checked to still be theirs and Ready; never for upgrades.
+///
+/// It also holds what bounds proxied traffic: the caps on requests in
+/// flight and the timeouts ([`ProxyLimits`]).
 #[derive(Default)]
 pub struct PortPool {
     idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
+    limits: ProxyLimits,
+    gate: Gate,
 }
 
 impl PortPool {
+    pub fn new(limits: ProxyLimits) -> Self {
+        PortPool {
+            limits,
+            ..PortPool::default()
+        }
+    }
+
+    /// Requests carried right now (every tenant).
+    pub fn in_flight(&self) -> usize {
+        self.gate.in_flight()
+    }
+
     fn take(&self, key: &PoolKey) -> Option<(Sender, HeaderMap)> {
-        let mut idle = self.idle.lock().unwrap();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.get_mut(key)?;
         list.retain(Idle::alive);
         // One still streaming its last answer is not ready yet: left in.
@@ -69,7 +99,7 @@ impl PortPool {
     }
 
     fn put(&self, key: PoolKey, sender: Sender, route: HeaderMap) {
-        let mut idle = self.idle.lock().unwrap();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() >= SWEEP_AT {
             idle.retain(|_, list| {
                 list.retain(Idle::alive);
@@ -125,7 +155,9 @@ pub fn as_sent(uri: &Uri) -> Uri {
 }
 
 /// Carries `request` to `port` in sandbox `id` as `uri` (path and query
-/// as the server inside should see them), and its answer back.
+/// as the server inside should see them), and its answer back, made safe
+/// for where it is `served`. Each request holds a slot under the pool's
+/// caps until its answer's body ends (or its upgraded connection closes).
 pub async fn forward(
     api: &dyn crate::backend::TenantView,
     pool: &PortPool,
@@ -133,6 +165,7 @@ pub async fn forward(
     port: u16,
     uri: Uri,
     mut request: Request,
+    served: Served,
 ) -> ApiResult<Response> {
     let upgrade = is_upgrade(request.headers());
     if upgrade && !same_origin(request.headers()) {
@@ -141,6 +174,7 @@ pub async fn forward(
             "cross-origin upgrade refused: Origin must match the hub's host",
         ));
     }
+    let slot = pool.gate.admit(&pool.limits, api.tenant(), id)?;
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
     let mut upstream = hyper::Request::builder()
@@ -149,39 +183,20 @@ pub async fn forward(
         .body(body)
         .map_err(|e| ApiError::new(Code::InvalidArgument, e.to_string()))?;
     *upstream.headers_mut() = request_headers(parts.headers, port, upgrade);
-    let mut unsent = Some(upstream);
     let key: PoolKey = (api.tenant().to_string(), id.to_string(), port);
-    let mut answered = None;
-    if !upgrade {
-        if let Some((mut sender, route)) = pool.take(&key) {
-            // The sandbox may have gone (or changed hands: it cannot, ids
-            // are never reused, but the check is the same as a new
-            // connection's) since the connection was made.
-            api.port_access(id).await?;
-            let request = with_route(unsent.take().expect("not sent yet"), &route);
-            match sender.try_send_request(request).await {
-                Ok(response) => answered = Some((response, sender, route)),
-                Err(mut e) => match e.take_message() {
-                    // Closed before it was sent (the server's keep-alive
-                    // ran out): the request goes on a new connection.
-                    Some(request) => unsent = Some(request),
-                    None => return Err(unavailable(port, e.into_error())),
-                },
-            }
-        }
-    }
-    let (mut response, sender, route) = match answered {
-        Some(a) => a,
-        None => {
-            let (mut sender, route) = connect(api, id, port).await?;
-            let request = unsent.take().expect("not sent yet");
-            let response = sender
-                .send_request(with_route(request, &route))
-                .await
-                .map_err(|e| unavailable(port, e))?;
-            (response, sender, route)
-        }
-    };
+    let sent = send(api, pool, &key, upstream, upgrade);
+    let (mut response, sender, route) = tokio::time::timeout(pool.limits.response_timeout, sent)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                Code::DeadlineExceeded,
+                format!(
+                    "the server on port {port} in the sandbox sent no answer within {:?} \
+                     (--port-response-timeout)",
+                    pool.limits.response_timeout
+                ),
+            )
+        })??;
     if !route.is_empty() && looks_like_router_failure(&response) {
         return router_failure(port, response).await;
     }
@@ -195,21 +210,79 @@ pub async fn forward(
             ));
         };
         let server = hyper::upgrade::on(&mut response);
+        let idle = pool.limits.stream_idle_timeout;
         tokio::spawn(async move {
+            let _slot = slot;
             let (Ok(client), Ok(server)) = tokio::join!(client, server) else {
                 return;
             };
-            let (mut c, mut s) = (TokioIo::new(client), TokioIo::new(server));
-            let _ = tokio::io::copy_bidirectional(&mut c, &mut s).await;
+            limits::splice(TokioIo::new(client), TokioIo::new(server), idle).await;
         });
+        let (mut parts, _) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers, true);
+        answer::harden(&mut parts.headers, &served);
+        return Ok(Response::from_parts(parts, Body::empty()));
     }
-    if !switched && !upgrade {
+    if !upgrade {
         // Ready again once this answer's body is through (`take` checks).
         pool.put(key, sender, route);
     }
     let (mut parts, body) = response.into_parts();
-    strip_hop_by_hop(&mut parts.headers, switched);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    strip_hop_by_hop(&mut parts.headers, false);
+    answer::harden(&mut parts.headers, &served);
+    let idle = if is_event_stream(&parts.headers) {
+        pool.limits.stream_idle_timeout
+    } else {
+        pool.limits.idle_timeout
+    };
+    Ok(Response::from_parts(
+        parts,
+        limits::watched_body(body, idle, slot),
+    ))
+}
+
+/// Sends `upstream` on a kept connection (checked to still be the
+/// tenant's) or a new one: the answer's head, the connection and its route.
+async fn send(
+    api: &dyn crate::backend::TenantView,
+    pool: &PortPool,
+    key: &PoolKey,
+    upstream: hyper::Request<Body>,
+    upgrade: bool,
+) -> ApiResult<(hyper::Response<hyper::body::Incoming>, Sender, HeaderMap)> {
+    let (id, port) = (key.1.as_str(), key.2);
+    let mut unsent = Some(upstream);
+    if !upgrade {
+        if let Some((mut sender, route)) = pool.take(key) {
+            // The sandbox may have gone (or changed hands: it cannot, ids
+            // are never reused, but the check is the same as a new
+            // connection's) since the connection was made.
+            api.port_access(id).await?;
+            let request = with_route(unsent.take().expect("not sent yet"), &route);
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok((response, sender, route)),
+                Err(mut e) => match e.take_message() {
+                    // Closed before it was sent (the server's keep-alive
+                    // ran out): the request goes on a new connection.
+                    Some(request) => unsent = Some(request),
+                    None => return Err(unavailable(port, e.into_error())),
+                },
+            }
+        }
+    }
+    let (mut sender, route) = connect(api, id, port).await?;
+    let request = unsent.take().expect("not sent yet");
+    let response = sender
+        .send_request(with_route(request, &route))
+        .await
+        .map_err(|e| unavailable(port, e))?;
+    Ok((response, sender, route))
+}
+
+fn is_event_stream(h: &HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
 }
 
 /// What `sandhub-router` says when it cannot reach the port itself
@@ -339,6 +412,8 @@ fn request_headers(mut h: HeaderMap, port: u16, upgrade: bool) -> HeaderMap {
     if upgrade {
         h.remove(header::ORIGIN);
     }
+    // Nor the hub's own port cookie, whichever route the request took.
+    strip_our_cookie(&mut h);
     if let Some(host) = h.remove(header::HOST) {
         h.insert(HeaderName::from_static("x-forwarded-host"), host);
     }
@@ -346,6 +421,37 @@ fn request_headers(mut h: HeaderMap, port: u16, upgrade: bool) -> HeaderMap {
         h.insert(header::HOST, v);
     }
     h
+}
+
+/// The Cookie header without the hub's own (`sandhub_port`): the server
+/// inside never learns the token that opens its port.
+pub fn strip_our_cookie(headers: &mut HeaderMap) {
+    let all: Vec<String> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|kv| !kv.is_empty())
+        .map(str::to_string)
+        .collect();
+    let kept: Vec<&str> = all
+        .iter()
+        .map(String::as_str)
+        .filter(|kv| {
+            let name = kv.split_once('=').map_or(*kv, |(k, _)| k).trim();
+            !name.eq_ignore_ascii_case(crate::http::hosts::COOKIE)
+        })
+        .collect();
+    if kept.len() == all.len() && headers.get_all(header::COOKIE).iter().count() <= 1 {
+        return;
+    }
+    headers.remove(header::COOKIE);
+    if !kept.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&kept.join("; ")) {
+            headers.insert(header::COOKIE, v);
+        }
+    }
 }
 
 /// Whether an HTTP/1.1 request asks to switch protocols.
@@ -419,7 +525,7 @@ mod tests {
                 ("host", "hub:1"),
                 ("connection", "keep-alive, x-secret"),
                 ("x-secret", "1"),
-                ("cookie", "a=b"),
+                ("cookie", "a=b; sandhub_port=secret"),
             ]),
             8000,
             false,
