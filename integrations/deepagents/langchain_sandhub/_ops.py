@@ -93,7 +93,7 @@ def execute_response(result: CommandResult, timeout: float, max_output_chars: in
 def path_error(path: object) -> str | None:
     """deepagents' word for a path no sandbox could take, else None."""
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-        return INVALID_PATH
+        return str(INVALID_PATH)
     return None
 
 
