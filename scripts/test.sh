@@ -135,6 +135,10 @@ read -r cargo_passed cargo_failed cargo_ignored < <(
 )
 
 # ---------------------------------------------------------------- Python
+# mypy --strict over the SDK, every integrations/*/ package and tests/support (the list
+# and the per-module settings are in mypy.ini).
+run_step mypy "$venv_python" -m mypy --config-file mypy.ini
+
 step="locate-sandboxd"
 target_dir="${CARGO_TARGET_DIR:-target}"
 [[ "$target_dir" = /* ]] || target_dir="$repo_root/$target_dir"

@@ -1,7 +1,14 @@
-"""The asyncio client: :class:`AsyncHub` and friends, the same names and
-behaviour as the blocking ones with ``await``. All clients in a process
-share one tokio runtime and work from any event loop; cancelling a task
-drops its request."""
+"""The client: :class:`AsyncHub`, :class:`AsyncSandbox` and their parts.
+
+The asyncio face (``_async.py``, written by hand) and the blocking face
+(``_sync.py``, generated from it by ``scripts/unasync.py``) have the same
+names, less the ``Async`` prefix, and the same behaviour. All clients in a
+process share one tokio runtime. A blocking call releases the GIL while it
+waits (threads overlap) and wakes often enough that Ctrl-C raises
+``KeyboardInterrupt`` at once, aborting the request and leaving the objects
+usable; an asyncio call works from any event loop, and cancelling its task
+drops its request.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,6 @@ from typing import IO, Any, AsyncIterator, Mapping
 from . import _common as c
 from ._sandhub import NativeClient
 from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates
-from ._sync import _grpc_default
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
@@ -42,7 +48,10 @@ __all__ = [
 
 
 class AsyncProcessHandle:
-    """A started process (async): ``async for ev in handle.events()``."""
+    """A started process. Iterate :meth:`events` for its output then its
+    exit, or :meth:`wait` for all of it; :meth:`write_stdin`,
+    :meth:`close_stdin`, :meth:`signal` and (with ``pty=True``) :meth:`resize`
+    act on it while it runs."""
 
     def __init__(self, native: NativeClient, sandbox_id: str, stream: Any) -> None:
         self._native, self._sid, self._stream = native, sandbox_id, stream
@@ -54,7 +63,7 @@ class AsyncProcessHandle:
         return f"<AsyncProcessHandle pid={self.pid} sandbox={self._sid!r} {state}>"
 
     def __reduce__(self) -> Any:
-        raise TypeError("a process handle is a live stream and cannot be pickled")
+        raise TypeError("a ProcessHandle is a live stream and cannot be pickled")
 
     async def events(self) -> AsyncIterator[ProcessOutputEvent | ProcessExitEvent]:
         """Output chunks in order, then one :class:`ProcessExitEvent`."""
@@ -71,7 +80,8 @@ class AsyncProcessHandle:
                 yield ev
 
     async def wait(self) -> CommandResult:
-        """Waits for the exit, collecting the output not yet read."""
+        """Waits for the exit; the output not yet read through :meth:`events`
+        is in the result."""
         out, err = bytearray(), bytearray()
         async for ev in self.events():
             if isinstance(ev, ProcessOutputEvent):
@@ -80,23 +90,28 @@ class AsyncProcessHandle:
         return CommandResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     async def write_stdin(self, data: bytes | str) -> None:
+        """Sends bytes (or UTF-8 text) to the process's stdin."""
         await self._native.write_stdin(self._sid, self.pid, data.encode() if isinstance(data, str) else bytes(data))
 
     async def close_stdin(self) -> None:
+        """Closes stdin (on a terminal: sends end-of-file)."""
         await self._native.write_stdin(self._sid, self.pid, None)
 
     async def signal(self, sig: str | int = "SIGTERM") -> None:
+        """Sends ``SIGINT``, ``SIGTERM`` or ``SIGKILL`` (a name or its number)."""
         await self._native.signal(self._sid, self.pid, c.signal_name(sig))
 
     async def kill(self) -> None:
+        """``signal("SIGKILL")``."""
         await self.signal("SIGKILL")
 
     async def resize(self, rows: int, cols: int) -> None:
+        """Resizes the process's terminal (``pty=True`` only)."""
         await self._native.resize(self._sid, self.pid, rows, cols)
 
 
 class AsyncCommands:
-    """Runs commands in one sandbox (async)."""
+    """Runs commands in one sandbox (``sandbox.commands``)."""
 
     def __init__(self, native: NativeClient, sandbox_id: str, default_timeout: float | None = None) -> None:
         self._native, self._sid, self._timeout = native, sandbox_id, default_timeout
@@ -114,8 +129,12 @@ class AsyncCommands:
         stdin: str | bytes | None = None,
         container: str | None = None,
     ) -> CommandResult:
-        """Runs ``cmd`` to completion (never retried); ``container``: a sidecar of the
-        sandbox's Pod (Kubernetes), see the blocking ``Commands.run``."""
+        """Runs ``cmd`` to completion: a ``str`` through ``/bin/sh -c``, a list as argv.
+
+        ``container`` names one of the template's ``sidecars`` (Kubernetes): the
+        command runs there, through the Pod's exec API (no ``cwd`` or ``env``).
+
+        Never retried: a lost answer does not mean the command did not run."""
         body = c.exec_body(cmd, cwd, env, timeout if timeout is not None else self._timeout, stdin, container)
         return CommandResult._from(c.loads(await self._native.exec(self._sid, body)))
 
@@ -129,13 +148,15 @@ class AsyncCommands:
         rows: int = 24,
         cols: int = 80,
     ) -> AsyncProcessHandle:
-        """Starts ``cmd``; returns once it runs."""
+        """Starts ``cmd`` and returns at once with a :class:`AsyncProcessHandle`."""
         stream = await self._native.start(self._sid, c.start_body(cmd, cwd, env, pty, rows, cols))
         return AsyncProcessHandle(self._native, self._sid, stream)
 
 
 class AsyncFiles:
-    """Workspace files (async), streamed in chunks."""
+    """The sandbox's workspace files (``sandbox.files``); paths are
+    relative to the workspace. Reads and writes stream in chunks, so a
+    large file never sits in memory whole."""
 
     def __init__(self, native: NativeClient, sandbox_id: str, max_download_size: int | None = None) -> None:
         self._native, self._sid = native, sandbox_id
@@ -145,13 +166,17 @@ class AsyncFiles:
         return f"<AsyncFiles sandbox={self._sid!r}>"
 
     async def read(self, path: str) -> bytes:
+        """The whole file. Raises :class:`ResponseTooLargeError` past
+        ``max_download_size`` without downloading the rest."""
         data: bytes = await self._native.read(self._sid, path, self.max_download_size)
         return data
 
     async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """The whole file decoded."""
         return (await self.read(path)).decode(encoding)
 
     async def read_to(self, path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Streams the file into a local path or binary file object; returns the byte count."""
         reader = await self._native.open_read(self._sid, path, self.max_download_size)
         if isinstance(dest, (str, os.PathLike)):
             with open(dest, "wb") as f:
@@ -159,29 +184,47 @@ class AsyncFiles:
         return await _drain(reader, dest)
 
     async def write(self, path: str, data: c.Data, *, mode: int | None = None, append: bool = False) -> None:
+        """Writes bytes, text or a binary file object's contents, in chunks.
+
+        Without ``append`` the file is replaced only once the whole body
+        arrived; ``mode`` sets the permission bits of a new file. When
+        reading ``data`` fails (or the call is interrupted or cancelled) the
+        upload is aborted, and this raises once its request has ended: the
+        file was not replaced."""
         writer = self._native.open_write(self._sid, path, mode, append)
         try:
             for chunk in c.chunks_of(data):
                 await writer.send(chunk)
         except BaseException:
+            # Fail the body, then wait for the request to end; its answer
+            # (the abort's echo, or the hub's own error) yields to the
+            # caller's exception.
             writer.abort()
+            try:
+                await writer.finish()
+            except Exception:
+                pass
             raise
         await writer.finish()
 
     async def list(self, path: str = ".") -> list[FileEntry]:
+        """The entries of a directory."""
         listing = c.loads(await self._native.list_files(self._sid, path))
         return [FileEntry._from(e) for e in listing["entries"]]
 
     async def stat(self, path: str) -> FileEntry:
+        """The entry at ``path``; :class:`NotFoundError` when there is none."""
         raw = await self._native.stat(self._sid, path)
         if raw is None:
             raise NotFoundError(f"{path}: no such file or directory")
         return FileEntry._from(c.loads(raw))
 
     async def exists(self, path: str) -> bool:
+        """Whether anything is at ``path``."""
         return (await self._native.stat(self._sid, path)) is not None
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Deletes a file or an empty directory (a full one needs ``recursive``)."""
         await self._native.remove(self._sid, path, recursive)
 
 
@@ -194,7 +237,7 @@ async def _drain(reader: Any, out: IO[bytes]) -> int:
 
 
 class AsyncWatch:
-    """A running watch: ``async for batch in watch``; ``close()`` stops it."""
+    """A running watch: iterate for batches of :class:`WatchEvent`; ``close()`` stops it."""
 
     def __init__(self, stream: Any, path: str) -> None:
         self._stream, self.path = stream, path
@@ -217,7 +260,7 @@ class AsyncWatch:
 
 
 class AsyncWatcher:
-    """Filesystem watches in one sandbox (async)."""
+    """Filesystem watches in one sandbox (``sandbox.watcher``)."""
 
     def __init__(self, native: NativeClient, sandbox_id: str) -> None:
         self._native, self._sid = native, sandbox_id
@@ -226,11 +269,14 @@ class AsyncWatcher:
         return f"<AsyncWatcher sandbox={self._sid!r}>"
 
     async def watch(self, path: str = ".", *, recursive: bool = True) -> AsyncWatch:
+        """Starts watching ``path``; returns once the watch is in place."""
         return AsyncWatch(await self._native.watch(self._sid, path, recursive), path)
 
 
 class AsyncPorts:
-    """TCP servers inside the sandbox, reached through the hub (async)."""
+    """TCP servers inside the sandbox, reached through the hub
+    (``/v1/sandboxes/{id}/ports/{port}/...``: HTTP, SSE, WebSocket; send the
+    hub's API key as a bearer token)."""
 
     def __init__(self, native: NativeClient, sandbox_id: str) -> None:
         self._native, self._sid = native, sandbox_id
@@ -239,7 +285,8 @@ class AsyncPorts:
         return f"<AsyncPorts sandbox={self._sid!r}>"
 
     def url(self, port: int) -> str:
-        """The URL reaching ``port`` (ends in ``/``; no request is made)."""
+        """The URL reaching ``port`` (ends in ``/``; append the server's path;
+        no request is made)."""
         return self._native.port_url(self._sid, port)
 
     async def list(self) -> list[ListeningPort]:
@@ -247,13 +294,16 @@ class AsyncPorts:
         return [ListeningPort._from(p) for p in c.loads(await self._native.list_ports(self._sid))]
 
     async def wait(self, port: int, timeout: float = 30.0) -> str:
-        """Waits until something listens on ``port``; returns its URL."""
+        """Waits until something listens on ``port``; returns its URL.
+        Raises ``DeadlineExceededError`` after ``timeout`` seconds."""
         url: str = await self._native.wait_port(self._sid, port, timeout)
         return url
 
 
 class AsyncSandbox:
-    """One sandbox on a hub (async). ``async with`` deletes it on exit; pickles to its id."""
+    """One sandbox on a hub. ``async with hub.create() as sb:`` deletes it on exit.
+
+    Pickles to its id: send it to a worker and re-attach with ``hub.get(id)``."""
 
     def __init__(self, hub: AsyncHub, info: SandboxInfo) -> None:
         self._hub = hub
@@ -266,6 +316,7 @@ class AsyncSandbox:
 
     @property
     def state(self) -> str:
+        """The state when last fetched (``refresh()`` updates it)."""
         return self.info.state
 
     @property
@@ -303,28 +354,35 @@ class AsyncSandbox:
         return self
 
     async def refresh(self) -> AsyncSandbox:
+        """Fetches the sandbox's current state."""
         return self._set(await self._hub._native.get(self.id))
 
     async def delete(self) -> None:
+        """Deletes the sandbox and everything in it."""
         await self._hub._native.delete(self.id)
 
     terminate = delete
 
     async def suspend(self) -> AsyncSandbox:
+        """Stops the sandbox's processes, keeping its workspace."""
         return self._set(await self._hub._native.lifecycle(self.id, "suspend"))
 
     async def resume(self) -> AsyncSandbox:
+        """Starts a suspended sandbox again."""
         return self._set(await self._hub._native.lifecycle(self.id, "resume"))
 
     async def reset(self) -> AsyncSandbox:
+        """Drops every change to the workspace and kills every process."""
         return self._set(await self._hub._native.lifecycle(self.id, "reset"))
 
     async def snapshot(self) -> Snapshot:
+        """Keeps a copy of the workspace as it is now."""
         return Snapshot._from(c.loads(await self._hub._native.snapshot(self.id)))
 
     async def fork(
         self, *, snapshot: str | Snapshot | None = None, labels: Mapping[str, str] | None = None
     ) -> AsyncSandbox:
+        """A new sandbox whose workspace starts as this one's (or a snapshot's)."""
         body: dict[str, Any] = {}
         if snapshot is not None:
             body["snapshot"] = snapshot if isinstance(snapshot, str) else snapshot.id
@@ -334,16 +392,21 @@ class AsyncSandbox:
         return AsyncSandbox(self._hub, SandboxInfo._from(c.loads(raw)))
 
     async def health(self) -> dict[str, Any]:
+        """sandboxd's health (only where the backend reaches sandboxd: see :class:`AsyncSandboxd`)."""
         result: dict[str, Any] = c.loads(await self._hub._native.sandboxd_health())
         return result
 
     async def metadata(self) -> dict[str, Any]:
+        """sandboxd's metadata (only where the backend reaches sandboxd: see :class:`AsyncSandboxd`)."""
         result: dict[str, Any] = c.loads(await self._hub._native.sandboxd_metadata())
         return result
 
 
 class AsyncHub:
-    """A Sandhub hub, for asyncio; same arguments as :class:`Hub`."""
+    """A Sandhub hub. ``url`` defaults to ``$SANDHUB_URL`` (else
+    ``http://127.0.0.1:7070``), ``api_key`` to ``$SANDHUB_API_KEY``;
+    ``timeout`` is the default for ``commands.run``; ``max_download_size``
+    caps every ``files.read``."""
 
     def __init__(
         self,
@@ -356,7 +419,7 @@ class AsyncHub:
         self.url = c.hub_url(url)
         self.timeout = timeout
         self.max_download_size = max_download_size
-        self._native = NativeClient.hub(self.url, c.api_key(api_key), True)
+        self._native = NativeClient.hub(self.url, c.api_key(api_key), asynchronous=True)
         self.gym = AsyncGym(self._native)
         self.templates = AsyncTemplates(self._native)
         self.pools = AsyncPools(self._native)
@@ -375,9 +438,11 @@ class AsyncHub:
         await self.close()
 
     async def close(self) -> None:
-        """Nothing to wait for: pooled connections close with the last user."""
+        """Releases nothing the process must wait for: connections are
+        pooled and closed when the last object using them goes."""
 
     async def health(self) -> str:
+        """The hub's liveness answer (``ok``)."""
         text: str = await self._native.healthz()
         return text
 
@@ -393,7 +458,8 @@ class AsyncHub:
         wait: bool = True,
         wait_timeout: float = 600.0,
     ) -> AsyncSandbox:
-        """Creates a sandbox; with ``wait`` returns once it is Ready (never retried)."""
+        """Creates a sandbox (claimed from ``pool`` when given); with ``wait``
+        returns once it is Ready. Never retried (it is not idempotent)."""
         body: dict[str, Any] = {}
         for k, v in (("template", template), ("pool", pool), ("shutdown_after_seconds", shutdown_after_seconds),
                      ("idle_timeout_seconds", idle_timeout_seconds)):
@@ -413,15 +479,22 @@ class AsyncHub:
         return sb
 
     async def get(self, sandbox: str | AsyncSandbox) -> AsyncSandbox:
+        """Attaches to an existing sandbox by id."""
         return AsyncSandbox(self, SandboxInfo._from(c.loads(await self._native.get(c.sandbox_id(sandbox)))))
 
     async def list(self, labels: Mapping[str, str] | None = None) -> list[AsyncSandbox]:
+        """Sandboxes whose labels include every pair in ``labels``."""
         raw = await self._native.list(c.dumps(dict(labels or {})))
         return [AsyncSandbox(self, SandboxInfo._from(s)) for s in c.loads(raw)]
 
 
 class AsyncSandboxd:
-    """One sandboxd without a hub (async); see :class:`sandhub.Sandboxd`."""
+    """One sandboxd, without a hub (e.g. from inside a cluster).
+
+    ``target`` is ``http://host:port`` (REST; ``grpc_url`` defaults to
+    port 9090 of the same host) or a directory holding sandboxd's Unix
+    sockets. Offers ``commands``, ``files``, ``watcher``, ``health()``
+    and ``metadata()``."""
 
     def __init__(
         self,
@@ -433,7 +506,9 @@ class AsyncSandboxd:
         timeout: float | None = None,
     ) -> None:
         self.target = target
-        self._native = NativeClient.sandboxd(target, _grpc_default(target, grpc_url), auth_token, True)
+        self._native = NativeClient.sandboxd(
+            target, c.grpc_default(target, grpc_url), auth_token, asynchronous=True
+        )
         self.commands = AsyncCommands(self._native, "", timeout)
         self.files = AsyncFiles(self._native, "", max_download_size)
         self.watcher = AsyncWatcher(self._native, "")
@@ -444,10 +519,18 @@ class AsyncSandboxd:
     def __reduce__(self) -> tuple[type[str], tuple[str]]:
         return (str, (self.target,))
 
+    async def __aenter__(self) -> AsyncSandboxd:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
     async def health(self) -> dict[str, Any]:
+        """``GET /v1/health`` (answers without a token)."""
         result: dict[str, Any] = c.loads(await self._native.sandboxd_health())
         return result
 
     async def metadata(self) -> dict[str, Any]:
+        """``GET /v1/metadata``: the sandbox's published environment."""
         result: dict[str, Any] = c.loads(await self._native.sandboxd_metadata())
         return result

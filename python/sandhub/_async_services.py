@@ -1,6 +1,8 @@
-"""The hub's services beside sandboxes, for asyncio: Gym environments,
-templates, warm pools and images (``hub.gym``, ``hub.templates``,
-``hub.pools``, ``hub.images``)."""
+"""The hub's services beside sandboxes: Gym environments, templates, warm
+pools and images (``hub.gym``, ``hub.templates``, ``hub.pools``,
+``hub.images``). ``_async_services.py`` is written by hand for asyncio;
+``_sync_services.py``, the blocking face, is generated from it by
+``scripts/unasync.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from typing import Any, Mapping, Sequence
 
 from . import _common as c
 from ._sandhub import NativeClient
-from ._sync_services import _batch_body, _batch_results
 from .errors import DeadlineExceededError
 from .types import Image, Pool, PrepullResult, PruneResult, StepResult, Template
 
@@ -19,7 +20,7 @@ __all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools", "AsyncImages"
 
 
 class AsyncEnv:
-    """A Gym environment on the hub (async)."""
+    """A Gym environment on the hub (``hub.gym.make``)."""
 
     def __init__(self, native: NativeClient, created: dict[str, Any]) -> None:
         self._native = native
@@ -37,6 +38,7 @@ class AsyncEnv:
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Starts an episode; returns ``(observation, info)``."""
         body: dict[str, Any] = {}
         if seed is not None:
             body["seed"] = seed
@@ -46,9 +48,11 @@ class AsyncEnv:
         return out["observation"], out["info"]
 
     async def step(self, action: str) -> StepResult:
+        """Runs one action; ``.astuple()`` gives gymnasium's 5-tuple."""
         return StepResult._from(c.loads(await self._native.gym_step(self.env_id, action)))
 
     async def close(self) -> None:
+        """Deletes the environment and its sandbox (twice is fine)."""
         if not self.closed:
             self.closed = True
             await self._native.gym_close(self.env_id)
@@ -61,7 +65,7 @@ class AsyncEnv:
 
 
 class AsyncGym:
-    """The hub's Gym-style environments (async)."""
+    """The hub's Gym-style environments (``hub.gym``)."""
 
     def __init__(self, native: NativeClient) -> None:
         self._native = native
@@ -70,18 +74,22 @@ class AsyncGym:
         return "<AsyncGym>"
 
     async def make(self, spec: Mapping[str, Any] | None = None, **kwargs: Any) -> AsyncEnv:
+        """Creates an environment: ``template``, ``pool``, ``task``, ``reward``,
+        ``termination``, ``max_episode_steps``... as in ``POST /gym/v1/envs``."""
         body = {**(spec or {}), **kwargs}
         return AsyncEnv(self._native, c.loads(await self._native.gym_make(c.dumps(body))))
 
     async def step_many(self, steps: Sequence[tuple[AsyncEnv | str, str]]) -> list[StepResult | Exception]:
+        """One step in each ``(env, action)``, concurrently, in one round trip;
+        a failed step's place holds its exception."""
         if not steps:
             return []
         pairs = [(e if isinstance(e, str) else e.env_id, a) for e, a in steps]
-        return _batch_results(await self._native.gym_step_many(_batch_body(pairs)))
+        return c.batch_results(await self._native.gym_step_many(c.batch_body(pairs)))
 
 
 class AsyncTemplates:
-    """Named templates (async)."""
+    """Named templates (``hub.templates``)."""
 
     def __init__(self, native: NativeClient) -> None:
         self._native = native
@@ -90,6 +98,7 @@ class AsyncTemplates:
         return "<AsyncTemplates>"
 
     async def put(self, name: str, spec: Mapping[str, Any]) -> Template:
+        """Creates or replaces a template."""
         return Template._from(c.loads(await self._native.put_named("template", name, c.dumps(dict(spec)))))
 
     async def get(self, name: str) -> Template:
@@ -103,7 +112,7 @@ class AsyncTemplates:
 
 
 class AsyncPools:
-    """Warm pools (async)."""
+    """Warm pools (``hub.pools``)."""
 
     def __init__(self, native: NativeClient) -> None:
         self._native = native
@@ -112,6 +121,7 @@ class AsyncPools:
         return "<AsyncPools>"
 
     async def put(self, name: str, template: str, replicas: int) -> Pool:
+        """Creates or resizes a pool of ``replicas`` warm sandboxes of ``template``."""
         body = c.dumps({"template": template, "replicas": replicas})
         return Pool._from(c.loads(await self._native.put_named("pool", name, body)))
 
@@ -122,21 +132,24 @@ class AsyncPools:
         return [Pool._from(p) for p in c.loads(await self._native.list_named("pool"))]
 
     async def delete(self, name: str) -> None:
+        """Deletes the pool and stops its warm sandboxes."""
         await self._native.delete_named("pool", name)
 
     async def wait_ready(self, name: str, replicas: int | None = None, timeout: float = 120.0) -> Pool:
+        """Waits until ``replicas`` (default: the pool's own count) are ready."""
         deadline = time.monotonic() + timeout
         while True:
             pool = await self.get(name)
             if pool.ready >= (pool.replicas if replicas is None else replicas):
                 return pool
             if time.monotonic() >= deadline:
-                raise DeadlineExceededError(f"pool {name}: {pool.ready} ready after {timeout}s")
+                raise DeadlineExceededError(f"pool {name}: {pool.ready} of {replicas or pool.replicas} ready after {timeout}s")
             await asyncio.sleep(0.1)
 
 
 class AsyncImages:
-    """The hub's image store (async; local backend)."""
+    """The hub's image store (``hub.images``; local backend). Each tenant
+    sees and names only the images it imported itself."""
 
     def __init__(self, native: NativeClient) -> None:
         self._native = native
@@ -148,6 +161,8 @@ class AsyncImages:
         return [Image._from(i) for i in c.loads(await self._native.images_list())]
 
     async def import_(self, path: str | os.PathLike[str], *, tag: str | None = None, ref: str | None = None) -> Image:
+        """Imports an OCI layout directory, an OCI layout tar or a ``docker
+        save`` tar; ``ref`` picks one image of a layout that holds several."""
         return Image._from(c.loads(await self._native.images_import(os.fspath(path), tag, ref)))
 
     async def pull(
@@ -164,7 +179,10 @@ class AsyncImages:
         return PrepullResult._from(c.loads(await self._native.images_prepull(list(references), template)))
 
     async def remove(self, reference: str) -> Image:
+        """Removes a tag, or (by id or last tag) the image; one a template or
+        sandbox uses is a ``ConflictError``."""
         return Image._from(c.loads(await self._native.images_remove(reference)))
 
     async def prune(self) -> PruneResult:
+        """Removes untagged images nothing uses, and layers no image needs."""
         return PruneResult._from(c.loads(await self._native.images_prune()))

@@ -6,7 +6,7 @@ import json
 import os
 from typing import IO, Any, Iterator, Mapping, Sequence, Union
 
-from .types import ProcessExitEvent, ProcessOutputEvent
+from .types import ProcessExitEvent, ProcessOutputEvent, StepResult
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 #: Upload chunk size: large enough that the per-chunk cost vanishes, small
@@ -112,3 +112,31 @@ def chunks_of(data: Data) -> Iterator[bytes]:
 
 def sandbox_id(sandbox: Any) -> str:
     return sandbox if isinstance(sandbox, str) else str(sandbox.id)
+
+
+def grpc_default(target: str, grpc_url: str | None) -> str | None:
+    """sandboxd's gRPC URL: ``grpc_url``, else port 9090 of an HTTP target's host."""
+    if grpc_url or not target.startswith(("http://", "https://")):
+        return grpc_url
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(target)
+    return f"{parts.scheme}://{parts.hostname}:9090"
+
+
+def batch_body(steps: Sequence[tuple[str, str]]) -> str:
+    """``POST /gym/v1/step`` (batch) for ``(env_id, action)`` pairs."""
+    return dumps({"steps": [{"env_id": e, "action": a} for e, a in steps]})
+
+
+def batch_results(raw: str) -> list[StepResult | Exception]:
+    """A batch step's answer: a result, or the failed step's exception, per step."""
+    from .errors import error_for
+
+    out: list[StepResult | Exception] = []
+    for item in loads(raw)["results"]:
+        if item.get("error"):
+            out.append(error_for(item["error"]["code"], item["error"]["message"]))
+        else:
+            out.append(StepResult._from(item["result"]))
+    return out

@@ -179,6 +179,8 @@ pub struct FileWriter {
     asynchronous: bool,
     sender: std::sync::Mutex<Option<mpsc::Sender<Result<Bytes>>>>,
     task: Arc<Mutex<Option<tokio::task::JoinHandle<Result<()>>>>>,
+    /// Drops the request when `abort` cannot fail the body (its queue is full).
+    stop: tokio::task::AbortHandle,
 }
 
 impl FileWriter {
@@ -195,6 +197,7 @@ impl FileWriter {
         FileWriter {
             asynchronous,
             sender: std::sync::Mutex::new(Some(tx)),
+            stop: task.abort_handle(),
             task: Arc::new(Mutex::new(Some(task))),
         }
     }
@@ -245,13 +248,21 @@ impl FileWriter {
     }
 
     /// Fails the upload (nothing is written when the file was being replaced).
+    /// The body ends in an error when its queue has room; when it has none,
+    /// dropping the sender would end the body cleanly (the hub would commit
+    /// what it got), so the request itself is dropped instead.
     fn abort(&self) {
         let sender = self.sender.lock().ok().and_then(|mut s| s.take());
-        if let Some(sender) = sender {
-            let _ = sender.try_send(Err(Error::new(
-                sandhub_api::error::Code::Internal,
-                "the upload was aborted by the caller",
-            )));
+        let failed = sender.is_some_and(|sender| {
+            sender
+                .try_send(Err(Error::new(
+                    sandhub_api::error::Code::Internal,
+                    "the upload was aborted by the caller",
+                )))
+                .is_ok()
+        });
+        if !failed {
+            self.stop.abort();
         }
     }
 }

@@ -8,6 +8,19 @@ A small upload is one exec request whose stdin is the content in base64
 (stdin is text there); a larger one would pass the hub's request-body
 limit, so it goes to a started process's stdin as raw bytes, in chunks.
 Downloads come back as base64 on stdout.
+
+Why ``_sync.py`` is not generated from ``_async.py`` by ``scripts/unasync.py``
+(as the SDK's and the RL fleet's blocking faces are): deepagents' protocol is
+one class with both faces, not two classes with the same names. Its async
+members are ``a``-prefixed twins (``aexecute``, ``aupload_files``,
+``adownload_files``) of the sync ones on the same ``BaseSandbox``, and it is
+the *sync* members that are abstract (deepagents 0.7: ``execute``,
+``upload_files``, ``download_files``, ``id``; the ``a*`` ones default to
+``asyncio.to_thread`` of them). So ``AsyncSandhubSandbox`` must carry sync
+members too (it runs its coroutines on a worker thread's loop), and a text
+rewrite of it would turn ``aexecute`` into a second ``execute`` beside the
+sync shim. What the two faces share lives here instead, and each face stays a
+short list of SDK calls.
 """
 
 from __future__ import annotations
@@ -93,7 +106,7 @@ def execute_response(result: CommandResult, timeout: float, max_output_chars: in
 def path_error(path: object) -> str | None:
     """deepagents' word for a path no sandbox could take, else None."""
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-        return INVALID_PATH
+        return str(INVALID_PATH)
     return None
 
 

@@ -78,7 +78,7 @@ class SandhubSandboxProvider(SandboxProvider):
         if thread_id is None:
             sandbox = self._create(None, user_id)
             self._register(sandbox, None)
-            return sandbox.id
+            return str(sandbox.id)
         key: _Key = (user_id or "", thread_id)
         with self._lock:
             thread_lock = self._thread_locks.setdefault(key, threading.Lock())
@@ -90,7 +90,7 @@ class SandhubSandboxProvider(SandboxProvider):
             revived = self._revive(held) if held is not None else None
             sandbox = revived or self._adopt(key) or self._create(thread_id, user_id)
             self._register(sandbox, key)
-            return sandbox.id
+            return str(sandbox.id)
 
     def get(self, sandbox_id: str) -> SandhubSandbox | None:
         with self._lock:

@@ -22,6 +22,9 @@ CHARSET = frozenset(string.printable)
 # number, which every reset advances; the reset's `info` keeps it.
 _NOT_STATE = ("sandbox_id", "elapsed_ms")
 
+#: What ``step`` returns: ``(observation, reward, terminated, truncated, info)``.
+Step = tuple[str, float, bool, bool, dict[str, Any]]
+
 
 def split_info(info: dict[str, Any], *, keep_episode: bool) -> tuple[dict[str, Any], str | None, int | None]:
     info = dict(info)
@@ -70,12 +73,12 @@ class SandhubEnv(gym.Env):
             raise sandhub.FailedPreconditionError("the environment is closed")
         return self._env
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         obs, info = self._live().reset(seed=seed, options=options)
         return obs, self._keep(info, keep_episode=True)
 
-    def step(self, action: str):
+    def step(self, action: str) -> Step:
         obs, reward, terminated, truncated, info = self._live().step(action).astuple()
         return obs, reward, terminated, truncated, self._keep(info, keep_episode=False)
 
@@ -86,7 +89,7 @@ class SandhubEnv(gym.Env):
         self.last_elapsed_ms = elapsed_ms
         return info
 
-    def close(self):
+    def close(self) -> None:
         if self._env is not None:
             try:
                 self._env.close()
@@ -97,7 +100,7 @@ class SandhubEnv(gym.Env):
         super().close()
 
 
-def step_many(envs: list[SandhubEnv], actions: list[str]):
+def step_many(envs: list[SandhubEnv], actions: list[str]) -> list[Step | Exception]:
     """Steps every env once, concurrently on the hub, in one request.
 
     Returns a list of ``(obs, reward, terminated, truncated, info)`` tuples,
@@ -107,10 +110,11 @@ def step_many(envs: list[SandhubEnv], actions: list[str]):
         return []
     pairs = [(e._live(), a) for e, a in zip(envs, actions, strict=True)]
     results = envs[0].hub.gym.step_many(pairs)
-    out: list[Any] = []
+    out: list[Step | Exception] = []
     for env, r in zip(envs, results, strict=True):
         if isinstance(r, sandhub.StepResult):
             obs, reward, terminated, truncated, info = r.astuple()
-            r = (obs, reward, terminated, truncated, env._keep(info, keep_episode=False))
-        out.append(r)
+            out.append((obs, reward, terminated, truncated, env._keep(info, keep_episode=False)))
+        else:
+            out.append(r)
     return out

@@ -72,7 +72,7 @@ def log_tail(sandbox: sandhub.Sandbox, lines: int = 40) -> str:
 def healthy(client: httpx.Client) -> bool:
     """Whether the server answers `GET /health` with a 2xx (through the hub)."""
     try:
-        return client.get("/health", timeout=5.0).is_success
+        return bool(client.get("/health", timeout=5.0).is_success)
     except httpx.HTTPError:
         return False
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import urlsplit
 
 import sandhub
@@ -41,6 +41,9 @@ class SandhubWorkspace(RemoteWorkspace):
       key. Local backend only (through ``sandhub-router`` a port carries HTTP only).
     - ``"auto"`` (default): ``"tunnel"`` when a hub key is in use, else ``"proxy"``.
     """
+
+    if TYPE_CHECKING:  # RemoteWorkspace's field, named for mypy where openhands is not installed
+        api_key: str | None
 
     host: str = Field(default="undefined", description="Set from the sandbox's port URL; not an input.")
     working_dir: str = Field(default="/workspace", description="Where the agent works, inside the sandbox.")

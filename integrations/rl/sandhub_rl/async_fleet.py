@@ -1,15 +1,21 @@
-"""The asyncio fleet: :class:`AsyncSandboxFleet` and :class:`AsyncSandboxHandle`,
-the same names and behaviour as the blocking ones with ``await`` (over
-``sandhub.AsyncHub``). One fleet serves every episode task of an event loop.
+"""The fleet: :class:`AsyncSandboxFleet` and its :class:`AsyncSandboxHandle`.
+
+``async_fleet.py`` is written by hand for asyncio; ``fleet.py``, the
+blocking face, is generated from it by ``scripts/unasync.py``: the same
+names, less the ``Async`` prefix (also of the SDK's classes it uses), and
+the same behaviour. An asyncio fleet serves every episode task of an event loop;
+a blocking one is thread-safe: a trainer runs its concurrent episodes in
+threads (every SDK call releases the GIL), all through one fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Iterable, Mapping
+from typing import Any, AsyncIterator, Iterable, Mapping
 
 import sandhub
 
@@ -45,7 +51,11 @@ log = logging.getLogger("sandhub_rl")
 
 
 class AsyncSandboxHandle:
-    """One episode's sandbox (async); see :class:`sandhub_rl.SandboxHandle`."""
+    """One episode's sandbox, from ``fleet.acquire(task)`` until ``fleet.release``.
+
+    ``sandbox`` is the SDK's ``sandhub.AsyncSandbox`` (files, processes, ports...);
+    :meth:`exec` is the episode's command runner, which turns a vanished
+    sandbox into :class:`~sandhub_rl.SandboxLostError`."""
 
     def __init__(self, fleet: AsyncSandboxFleet, sandbox: sandhub.AsyncSandbox, task: Task) -> None:
         self._fleet = fleet
@@ -65,7 +75,9 @@ class AsyncSandboxHandle:
         return f"<AsyncSandboxHandle {self.sandbox_id} task={self.task.id!r} {state}>"
 
     async def is_alive(self) -> bool:
-        """Whether the sandbox still exists, is Ready, and is this handle's own."""
+        """Whether the sandbox still exists, is Ready, and is the one this
+        handle was given (not deleted, finished, expired or replaced). Asks the
+        hub; a hub that cannot be reached raises its ``UnavailableError``."""
         if self.released or self._lost:
             return False
         try:
@@ -81,7 +93,7 @@ class AsyncSandboxHandle:
     def _mark_lost(self) -> None:
         if not self._lost:
             self._lost = True
-            with self._fleet._core._lock:
+            with self._fleet._lock:
                 self._fleet.stats.lost += 1
 
     async def exec(
@@ -94,7 +106,11 @@ class AsyncSandboxHandle:
         stdin: str | bytes | None = None,
         container: str | None = None,
     ) -> sandhub.CommandResult:
-        """Runs ``cmd`` to completion; :class:`SandboxLostError` when the sandbox is gone."""
+        """Runs ``cmd`` (a string through ``/bin/sh -c``, a list as argv) to
+        completion. Raises :class:`SandboxLostError` when the sandbox is gone
+        (before or during the call); other hub errors pass through.
+        ``container`` names a sidecar of the sandbox's Pod (Kubernetes);
+        default: ``target_container``."""
         if self.released:
             raise FleetError(f"{self!r}: exec after release")
         if self._lost:
@@ -106,7 +122,7 @@ class AsyncSandboxHandle:
                 cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
                 container=exec_container(container, self.target_container),
             )
-        except sandhub.NotFoundError as e:
+        except sandhub.NotFoundError as e:  # sandhub.SandboxLostError included
             self._mark_lost()
             raise lost_error(self.sandbox_id, self.task, e.message) from e
         except (sandhub.FailedPreconditionError, sandhub.UnavailableError, sandhub.InternalError) as e:
@@ -118,16 +134,24 @@ class AsyncSandboxHandle:
         try:
             return await self.is_alive()
         except sandhub.SandhubError:
-            return True
+            return True  # the hub itself is in trouble: report its error, not a loss
 
 
 class AsyncSandboxFleet:
-    """Sandboxes for one training run (async); see :class:`sandhub_rl.SandboxFleet`."""
+    """Sandboxes for one training run on a hub.
+
+    ``acquire(task)`` gives a ready sandbox of the task's image or template
+    (warm from the run's pool when ``warm_per_template`` > 0) with the task's
+    files and setup applied; ``release(handle)`` deletes it. Every sandbox
+    carries the run's labels; ``teardown()`` removes whatever the run still
+    has, and reports what is left."""
 
     def __init__(self, hub: sandhub.AsyncHub | str | None = None, config: FleetConfig | None = None) -> None:
         self.hub = hub if isinstance(hub, sandhub.AsyncHub) else sandhub.AsyncHub(hub)
         self._core: FleetCore[AsyncSandboxHandle] = FleetCore(config)
         self._pool_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ identity
 
     @property
     def config(self) -> FleetConfig:
@@ -139,10 +163,16 @@ class AsyncSandboxFleet:
 
     @property
     def stats(self) -> FleetStats:
+        """Counters of this fleet (acquired, warm, cold, lost, start failures...)."""
         return self._core.stats
 
     @property
+    def _lock(self) -> threading.Lock:
+        return self._core._lock
+
+    @property
     def labels(self) -> dict[str, str]:
+        """``hub.list(fleet.labels)`` lists the run's sandboxes."""
         return self._core.labels
 
     def __repr__(self) -> str:
@@ -154,13 +184,15 @@ class AsyncSandboxFleet:
     async def __aexit__(self, *exc: object) -> None:
         await self.teardown(verify=False)
 
-    def live_handles(self) -> list[AsyncSandboxHandle]:
-        return self._core.live_handles()
-
     # ------------------------------------------------------------------ acquire / release
 
     async def acquire(self, task: Task) -> AsyncSandboxHandle:
-        """A ready sandbox for ``task`` with its setup applied; see ``SandboxFleet.acquire``."""
+        """A ready sandbox for ``task``, its files written and setup run.
+
+        Raises :class:`SandboxStartError` when it cannot start (at once for
+        causes that waiting cannot heal, after the policy's grace for the
+        others; the sandbox, if one was made, is deleted) and
+        :class:`TaskSetupError` when a setup command fails."""
         self._core._check_open()
         try:
             return await self._acquire(task)
@@ -186,11 +218,13 @@ class AsyncSandboxFleet:
                 failure = f
             elapsed = time.monotonic() - started
             if should_retry(failure.verdict, config.fail_fast, elapsed, config.ready_timeout_s):
-                self.stats.start_retries += 1
+                with self._lock:
+                    self.stats.start_retries += 1
                 pause = backoff(config.fail_fast, attempt)
                 await asyncio.sleep(max(0.0, min(pause, config.ready_timeout_s - elapsed)))
                 continue
-            self.stats.start_failures += 1
+            with self._lock:
+                self.stats.start_failures += 1
             if failure.template is not None and failure.verdict.cause in BROKEN_TEMPLATE_CAUSES:
                 await self._retire_pool(failure.template)
             raise start_error(task, failure.verdict, elapsed, failure.sandbox_id) from failure.__cause__
@@ -214,7 +248,8 @@ class AsyncSandboxFleet:
             await handle.sandbox.delete()
         except sandhub.NotFoundError:
             pass
-        self.stats.released += 1
+        with self._lock:
+            self.stats.released += 1
 
     # ------------------------------------------------------------------ one start attempt
 
@@ -248,7 +283,7 @@ class AsyncSandboxFleet:
                 try:
                     await self.hub.pools.put(name, template, self.config.warm_per_template)
                     core._pools[template] = name
-                except sandhub.SandhubError as e:
+                except sandhub.SandhubError as e:  # warmth is an optimisation: start cold
                     log.warning("sandhub-rl: no warm pool for template %s (%s); starting cold", template, e)
                     core._pools[template] = ""
         return core._pool_for(template, task) or None
@@ -269,7 +304,7 @@ class AsyncSandboxFleet:
         try:
             sb = await (self.hub.create(pool=pool, **kw) if pool else self.hub.create(template, **kw))
         except sandhub.NotFoundError as e:
-            if pool:
+            if pool:  # our pool was removed from outside: forget it, start cold
                 self._core._pools[template] = ""
                 self._core._claim_pools.pop(template, None)
                 raise StartFailure(StartVerdict("pool_gone", "retry", e.message)) from e
@@ -282,6 +317,7 @@ class AsyncSandboxFleet:
                 self._core._claim_pools[template] = claim_pool
                 return await self._start_from(task, template)  # once: the pool is known now
             if task.image is not None and self._core._templates.pop(task.image, ""):
+                # the image's template was removed from outside: put it again
                 raise StartFailure(StartVerdict("template_gone", "retry", e.message)) from e
             raise StartFailure(classify_error(e, "create")) from e
         except sandhub.SandhubError as e:
@@ -294,16 +330,17 @@ class AsyncSandboxFleet:
             f.sandbox_id = sb.id
             await _delete_quietly(sb)
             raise
-        except BaseException:  # cancelled: do not leave the sandbox behind
+        except BaseException:  # interrupted or cancelled: do not leave the sandbox behind
             await asyncio.shield(_delete_quietly(sb))
             raise
         handle = AsyncSandboxHandle(self, sb, task)
         self._core._track(sb.id, handle)
-        self.stats.acquired += 1
-        if handle.launch == "warm":
-            self.stats.warm += 1
-        else:
-            self.stats.cold += 1
+        with self._lock:
+            self.stats.acquired += 1
+            if handle.launch == "warm":
+                self.stats.warm += 1
+            else:
+                self.stats.cold += 1
         return handle
 
     async def _wait_ready(self, sb: sandhub.AsyncSandbox) -> None:
@@ -363,7 +400,8 @@ class AsyncSandboxFleet:
             for cmd in task.setup:
                 result = await handle.exec(cmd, timeout=self.config.setup_timeout_s)
                 if result.exit_code != 0:
-                    self.stats.setup_failures += 1
+                    with self._lock:
+                        self.stats.setup_failures += 1
                     detail = (result.stderr or result.stdout).strip()[-500:]
                     raise TaskSetupError(f"exit {result.exit_code}: {detail}", task_id=task.id, command=cmd, result=result)
         except BaseException:
@@ -450,7 +488,12 @@ class AsyncSandboxFleet:
     # ------------------------------------------------------------------ the end of a run
 
     async def teardown(self, verify: bool = True, wait_s: float = 60.0) -> TeardownReport:
-        """Deletes the run's pools and sandboxes; with ``verify``, reports what is left."""
+        """Deletes the run's pools and every sandbox carrying its label (also
+        ones this process never saw, e.g. from an earlier process of the same
+        run), then, with ``verify``, lists again (until nothing is left, for
+        up to ``wait_s``: a Kubernetes sandbox is listed until its Pod has
+        terminated) and reports what is left. The fleet takes no acquires
+        afterwards. An asyncio fleet deletes the sandboxes concurrently."""
         self._core._closed = True
         report = TeardownReport(run_id=self.run_id)
         for handle in self._core.live_handles():
@@ -478,7 +521,7 @@ class AsyncSandboxFleet:
                 except sandhub.SandhubError as e:
                     report.errors.append(f"{sb.id}: {e}")
 
-            await asyncio.gather(*(delete(sb) for sb in sandboxes))
+            await asyncio.gather(*map(delete, sandboxes))
         except sandhub.SandhubError as e:
             report.errors.append(f"sandboxes: {e}")
         if verify:
@@ -505,6 +548,19 @@ class AsyncSandboxFleet:
         except sandhub.SandhubError as e:
             report.errors.append(f"verify: {e}")
         return report
+
+    def make_vec_env(self, tasks: Iterable[Task], *, reward: Any, **kwargs: Any) -> Any:
+        """A Gymnasium vector env whose episodes run on this fleet (see
+        :mod:`sandhub_rl.vector`; needs ``gymnasium``). Blocking fleets only:
+        Gymnasium's vector envs are blocking, and an asyncio fleet raises
+        ``TypeError``."""
+        from .vector import make_vec_env
+
+        return make_vec_env(self, tasks, reward=reward, **kwargs)
+
+    def live_handles(self) -> list[AsyncSandboxHandle]:
+        """Handles acquired and not yet released."""
+        return self._core.live_handles()
 
 
 async def _delete_quietly(sb: sandhub.AsyncSandbox) -> None:

@@ -16,6 +16,7 @@ episode with reward 0 and ``info["sandbox_lost"]``.
 
 from __future__ import annotations
 
+import inspect
 import string
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +40,7 @@ CHARSET = frozenset(string.printable)
 class _Fleet(Protocol):
     def acquire(self, task: Task) -> Any: ...
 
-    def release(self, handle: Any) -> None: ...
+    def release(self, handle: Any) -> object: ...
 
 
 Reward = Callable[[Any], float] | str
@@ -207,5 +208,7 @@ class FleetVectorEnv(gym.vector.VectorEnv):
 
 
 def make_vec_env(fleet: _Fleet, tasks: Iterable[Task], *, reward: Reward, **kwargs: Any) -> FleetVectorEnv:
-    """A :class:`FleetVectorEnv` over ``fleet`` (any fleet with ``acquire``/``release``)."""
+    """A :class:`FleetVectorEnv` over ``fleet`` (any blocking fleet with ``acquire``/``release``)."""
+    if inspect.iscoroutinefunction(fleet.acquire):
+        raise TypeError(f"make_vec_env needs a blocking fleet (SandboxFleet), not {type(fleet).__name__}")
     return FleetVectorEnv(fleet, tasks, reward=reward, **kwargs)

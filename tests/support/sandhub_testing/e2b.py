@@ -186,7 +186,7 @@ class ControlPlaneRecorder:
     @staticmethod
     def _read_body(handler: BaseHTTPRequestHandler) -> bytes | None:
         if "chunked" in handler.headers.get("transfer-encoding", "").lower():
-            chunks = []
+            chunks: list[bytes] = []
             while True:
                 size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
                 if size == 0:

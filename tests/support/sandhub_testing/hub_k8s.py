@@ -23,12 +23,12 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from .binaries import binary
 from .env import need
@@ -51,7 +51,7 @@ class Cluster:
     token_key_file: Path
     logs: Path
     api: k8s.ApiClient
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    procs: list[subprocess.Popen[Any]] = field(default_factory=list)
 
     def sandboxd_token(self, sandbox: str) -> str:
         """Sandbox `sandbox`'s own token, derived as api/src/sandboxd_token.rs does."""
@@ -72,32 +72,38 @@ class Cluster:
     def custom(self) -> k8s.CustomObjectsApi:
         return k8s.CustomObjectsApi(self.api)
 
-    def claims(self) -> list[dict]:
-        return self.custom.list_namespaced_custom_object(*EXT, self.ns, "sandboxclaims")["items"]
+    # The custom-objects API answers JSON as `object`: these read it as Any.
+    def claims(self) -> list[dict[str, Any]]:
+        listed: Any = self.custom.list_namespaced_custom_object(*EXT, self.ns, "sandboxclaims")
+        claims: list[dict[str, Any]] = listed["items"]
+        return claims
 
-    def sandboxes(self) -> list[dict]:
-        return self.custom.list_namespaced_custom_object(*CORE, self.ns, "sandboxes")["items"]
+    def sandboxes(self) -> list[dict[str, Any]]:
+        listed: Any = self.custom.list_namespaced_custom_object(*CORE, self.ns, "sandboxes")
+        sandboxes: list[dict[str, Any]] = listed["items"]
+        return sandboxes
 
-    def pods(self) -> list:
+    def pods(self) -> list[Any]:
         return self.core.list_namespaced_pod(self.ns).items
 
-    def claim(self, name: str) -> dict:
-        return self.custom.get_namespaced_custom_object(*EXT, self.ns, "sandboxclaims", name)
+    def claim(self, name: str) -> dict[str, Any]:
+        claim: Any = self.custom.get_namespaced_custom_object(*EXT, self.ns, "sandboxclaims", name)
+        return dict(claim)
 
     def pod_of(self, claim_name: str) -> str:
         """The Pod backing a hub sandbox: the claim's Sandbox, through its pod-name annotation."""
         sandbox = self.claim(claim_name)["status"]["sandbox"]["name"]
-        sb = self.custom.get_namespaced_custom_object(*CORE, self.ns, "sandboxes", sandbox)
-        return (sb["metadata"].get("annotations") or {}).get("agents.x-k8s.io/pod-name", sandbox)
+        sb: Any = self.custom.get_namespaced_custom_object(*CORE, self.ns, "sandboxes", sandbox)
+        return str((sb["metadata"].get("annotations") or {}).get("agents.x-k8s.io/pod-name", sandbox))
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[Any]:
         log = open(self.logs / f"{name}.log", "ab")
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"))
         proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
         self.procs.append(proc)
         return proc
 
-    def start_hub(self, *extra: str) -> tuple[subprocess.Popen, str]:
+    def start_hub(self, *extra: str) -> tuple[subprocess.Popen[Any], str]:
         port = free_port()
         proc = self.spawn(
             "hub",
@@ -118,12 +124,12 @@ class Cluster:
             if proc.poll() is not None:
                 raise AssertionError(f"hub exited with {proc.returncode}; see {self.logs}/hub.log")
             with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
-                return r.status == 200
+                return bool(r.status == 200)
 
         wait_for("the hub to answer /readyz", ready, timeout=30)
         return proc, url
 
-    def start_router(self, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    def start_router(self, name: str, *extra: str) -> tuple[subprocess.Popen[Any], str]:
         """`sandhub-router` with its Pod cache on this namespace, plus `extra`
         flags; returns once it answers /healthz, with its URL."""
         port = free_port()
@@ -142,14 +148,14 @@ class Cluster:
             if proc.poll() is not None:
                 raise AssertionError(f"router exited with {proc.returncode}; see {self.logs}/{name}.log")
             with urllib.request.urlopen(f"{url}/healthz", timeout=2) as r:
-                return r.status == 200
+                return bool(r.status == 200)
 
         wait_for("the router", healthy, timeout=30)
         return proc, url
 
     def start_routed_hub(
         self, name: str, secret_dir: Path
-    ) -> tuple[subprocess.Popen, str, subprocess.Popen, str]:
+    ) -> tuple[subprocess.Popen[Any], str, subprocess.Popen[Any], str]:
         """A router in scoped-token mode (a fresh secret under `secret_dir`)
         and a hub that reaches Pods through it: (router, its URL, hub, its URL)."""
         secret = secret_dir / f"{name}-scoped-secret"
@@ -223,7 +229,7 @@ def import_layout_image(c: Cluster, layout: Path, ref: str, name: str) -> None:
                    check=True, capture_output=True, timeout=300)
 
 
-def template(name: str = POOL) -> dict:
+def template(name: str = POOL) -> dict[str, Any]:
     """sandboxd with no shared token: the controller gives each Pod the
     digest of its own (SANDBOXD_SANDBOX_TOKEN_SHA256)."""
     return {
@@ -260,9 +266,9 @@ def e2e_cluster() -> Iterator[Cluster]:
     kubeconfig = cluster_kubeconfig()
     need(os.environ.get("SANDHUB_TEST_REAL_NODE") == "1",
          "SANDHUB_TEST_REAL_NODE is not 1 (scripts/test.sh starts the real node as root)")
-    api = k8s_config.new_client_from_config(config_file=kubeconfig)
+    api: k8s.ApiClient = k8s_config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     ns = f"e2e-hub-{secrets.token_hex(3)}"
-    k8s.CoreV1Api(api).create_namespace({"metadata": {"name": ns}})
+    k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns)))
     logs = Path(tempfile.mkdtemp(prefix="sandhub-e2e-"))
     key_file = logs / "sandboxd-token-key"
     key_file.write_text(secrets.token_urlsafe(48) + "\n")
@@ -305,7 +311,7 @@ def cluster() -> Iterator[Cluster]:
 
 def wait_for_pool(c: Cluster, ready: int, timeout: float = 180.0) -> None:
     def pool_ready() -> bool:
-        pool = c.custom.get_namespaced_custom_object(*EXT, c.ns, "sandboxwarmpools", POOL)
-        return (pool.get("status") or {}).get("readyReplicas", 0) >= ready
+        pool: Any = c.custom.get_namespaced_custom_object(*EXT, c.ns, "sandboxwarmpools", POOL)
+        return bool((pool.get("status") or {}).get("readyReplicas", 0) >= ready)
 
     wait_for(f"{ready} warm sandboxes Ready in pool {POOL} (logs in {c.logs})", pool_ready, timeout=timeout)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import Any
 
 import yaml
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from .binaries import binary
 from .env import need
@@ -24,7 +25,8 @@ def cluster_kubeconfig() -> str:
     return path
 
 
-def _create_or_replace(ext: k8s.ApiextensionsV1Api, doc: dict) -> None:
+def _create_or_replace(ext: k8s.ApiextensionsV1Api, doc: Any) -> None:
+    # `doc` is parsed YAML: the client takes a dict where its types say V1CustomResourceDefinition.
     # Suites on the same cluster may install the same CRDs at once: a replace
     # that lost the race (409 on a stale resourceVersion) reads and tries again.
     for attempt in range(5):
@@ -33,6 +35,7 @@ def _create_or_replace(ext: k8s.ApiextensionsV1Api, doc: dict) -> None:
                 ext.create_custom_resource_definition(doc)
             else:
                 current = ext.read_custom_resource_definition(doc["metadata"]["name"])
+                assert current.metadata is not None
                 doc["metadata"]["resourceVersion"] = current.metadata.resource_version
                 ext.replace_custom_resource_definition(doc["metadata"]["name"], doc)
             return
@@ -48,16 +51,15 @@ def install_crds(api: k8s.ApiClient) -> None:
         [str(binary("sandhub-controller")), "crd"], check=True, capture_output=True, text=True,
     ).stdout
     ext = k8s.ApiextensionsV1Api(api)
-    docs = [doc for doc in yaml.safe_load_all(out) if doc]
+    docs: list[Any] = [doc for doc in yaml.safe_load_all(out) if doc]
     for doc in docs:
         _create_or_replace(ext, doc)
     for doc in docs:
-        name = doc["metadata"]["name"]
-        wait_for(
-            f"CRD {name} Established",
-            lambda n=name: any(
-                c.type == "Established" and c.status == "True"
-                for c in (ext.read_custom_resource_definition(n).status.conditions or [])
-            ),
-            timeout=30,
-        )
+        name: str = doc["metadata"]["name"]
+
+        def established(name: str = name) -> bool:
+            status = ext.read_custom_resource_definition(name).status
+            conditions = (status.conditions if status is not None else None) or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+        wait_for(f"CRD {name} Established", established, timeout=30)

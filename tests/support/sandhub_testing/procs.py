@@ -6,7 +6,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -27,12 +27,12 @@ def wait_for(what: str, check: Callable[[], T], timeout: float = 120.0, every: f
             last = e
         else:
             if last:
-                return last  # type: ignore[return-value]
+                return last
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
     """Sends `sig` (SIGTERM), waits up to `timeout`, then kills. Returns the exit
     code, or None when the process had to be killed."""
     if proc.poll() is not None:

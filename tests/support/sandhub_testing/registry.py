@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import pytest
 
@@ -141,7 +142,7 @@ class Registry:
     def log_tail(self, lines: int = 60) -> str:
         return tail(self.log_path, lines)
 
-    def push(self, layout_dir: Path | str, target: str, ref: str | None = None) -> dict:
+    def push(self, layout_dir: Path | str, target: str, ref: str | None = None) -> dict[str, Any]:
         """Pushes the image the layout's index.json names `ref` (default: `target`) to
         `target` (REPO:TAG), with this registry's credentials. Returns push.py's summary:
         {"ref", "digest", "mediaType", "size", "pushed_blobs", "skipped_blobs"}."""
@@ -151,9 +152,10 @@ class Registry:
         if self.username is not None:
             argv += ["--auth", f"{self.username}:{self.password}"]
         out = _run(argv, _PUSH_TIMEOUT_S, f"push {layout_dir} -> {self.addr}/{target}")
-        return json.loads(out.strip().splitlines()[-1])
+        summary: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return summary
 
-    def push_test_images(self) -> dict[str, dict]:
+    def push_test_images(self) -> dict[str, dict[str, Any]]:
         """Pushes every reference of the test layout under its own name; ref -> summary."""
         layout = test_image_layout()
         return {ref: self.push(layout, ref) for ref in test_image_summary()["refs"]}
@@ -187,13 +189,14 @@ class Registry:
 
 
 @functools.cache
-def _build_test_image() -> dict:
+def _build_test_image() -> dict[str, Any]:
     need(
         all(shutil.which(t) for t in ("apt-get", "apt-cache", "dpkg-deb")),
         "the registry test image is built from Debian packages: apt-get, apt-cache and dpkg-deb are needed",
     )
     out = _run(["bash", str(REGISTRY_SH), "build-test-image"], _BUILD_TIMEOUT_S, "registry.sh build-test-image")
-    return json.loads(out)
+    built: dict[str, Any] = json.loads(out)
+    return built
 
 
 def test_image_layout() -> Path:
@@ -202,7 +205,7 @@ def test_image_layout() -> Path:
     return Path(_build_test_image()["layout"])
 
 
-def test_image_summary() -> dict:
+def test_image_summary() -> dict[str, Any]:
     """The layout's summary: {"layout", "packages": {name: version}, "refs": {ref:
     {"mediaType", "digest", "size"}}, "manifests": {digest: {"platform", "config",
     "layers": [{"digest", "size", "diff_id"}]}}}."""

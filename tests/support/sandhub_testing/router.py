@@ -8,6 +8,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ STARTUP_TIMEOUT_S = 20.0
 
 @dataclass
 class Router:
-    proc: subprocess.Popen
+    proc: subprocess.Popen[Any]
     port: int
     metrics_port: int
     health_port: int

@@ -12,7 +12,7 @@ from typing import Any
 
 import kubernetes
 from sandhub_testing.net import LOOPBACK
-from k8s_agent_sandbox import SandboxClient
+from k8s_agent_sandbox.sandbox_client import SandboxClient
 
 wire_log = logging.getLogger("sdk.wire")
 
@@ -77,12 +77,14 @@ def _log_response(resp: Any, *args: Any, **kwargs: Any) -> None:
     )
 
 
-def attach_upstream_sdk(config: Any, claim: str = "stub-claim", sandbox_name: str = "stub-sandbox"):
+def attach_upstream_sdk(
+    config: Any, claim: str = "stub-claim", sandbox_name: str = "stub-sandbox"
+) -> tuple[SandboxClient[Any], StubK8sLookup, Any]:
     # An ApiClient is passed only so the SDK does not look for a kubeconfig;
     # its K8sHelper is then replaced by the stub before any lookup happens.
-    client = SandboxClient(connection_config=config, api_client=kubernetes.client.ApiClient())
+    client: SandboxClient[Any] = SandboxClient(connection_config=config, api_client=kubernetes.client.ApiClient())
     stub = StubK8sLookup(claim, sandbox_name)
-    client.k8s_helper = stub
+    client.k8s_helper = stub  # type: ignore[assignment] # duck-typed: the two look-ups a handle needs
     sandbox = client.get_sandbox(claim)  # the SDK's own attach path
     sandbox.connector.session.hooks["response"].append(_log_response)
     return client, stub, sandbox
