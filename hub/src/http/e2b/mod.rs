@@ -20,6 +20,7 @@ mod control;
 mod files;
 mod filesystem;
 mod inside;
+mod outbox;
 mod paths;
 mod process;
 mod signed;
