@@ -213,10 +213,7 @@ impl Reader {
             self.shared.writable.notify_one();
             return Some(Some(Ok(frame)));
         }
-        match state.end.as_mut() {
-            Some(end) => Some(end.take().map(Err)),
-            None => None,
-        }
+        state.end.as_mut().map(|end| end.take().map(Err))
     }
 }
 

@@ -726,6 +726,67 @@ mod tests {
     }
 
     #[test]
+    fn watchers_are_capped_per_process_and_per_tenant_and_given_back_when_dropped() {
+        let registry = Arc::new(Registry::default());
+        let processes: Vec<Arc<Watchers>> = (0..MAX_WATCHERS_PER_TENANT / MAX_WATCHERS_PER_PROCESS
+            + 1)
+            .map(|_| Arc::default())
+            .collect();
+        let (full, spare) = processes.split_at(processes.len() - 1);
+        let mut held = Vec::new();
+        for watchers in full {
+            for _ in 0..MAX_WATCHERS_PER_PROCESS {
+                held.push(registry.watch("alice", 1, watchers).unwrap());
+            }
+        }
+        let refused = registry.watch("alice", 1, &full[0]).err().unwrap();
+        assert_eq!(refused.code, Code::ResourceExhausted);
+        let refused = registry.watch("alice", 1, &spare[0]).err().unwrap();
+        assert!(refused.message.contains("per tenant"), "{refused}");
+        // Another tenant's count is its own.
+        let bobs = registry.watch("bob", 1, &spare[0]).unwrap();
+        drop(bobs);
+        // A watcher given back makes room, in its process and its tenant.
+        held.pop();
+        let last = full.last().unwrap();
+        held.push(registry.watch("alice", 1, last).unwrap());
+        drop(held);
+        assert!(registry.watching().is_empty());
+        assert!(processes.iter().all(|w| w.state().live == 0));
+    }
+
+    #[tokio::test]
+    async fn a_closed_process_takes_no_watcher_and_ends_the_ones_it_had() {
+        let registry = Arc::new(Registry::default());
+        let watchers = Arc::new(Watchers::default());
+        let (_slot, reader) = registry.watch("alice", 7, &watchers).unwrap();
+        watchers.offer(&connect::envelope(&data_event("stdout", b"x")));
+        watchers.close(&End::Deleted(deleted("sb")));
+        let got: Vec<_> = reader.into_stream().collect().await;
+        assert_eq!(got.len(), 1, "queued output is dropped on deletion");
+        assert_eq!(got[0].as_ref().unwrap_err().code, Code::NotFound);
+        let again = registry.watch("alice", 7, &watchers).err().unwrap();
+        assert_eq!(again.code, Code::NotFound);
+    }
+
+    #[test]
+    fn forgetting_a_sandbox_cancels_its_pumps() {
+        let registry = Registry::default();
+        let key: Key = ("alice".into(), "sb".into());
+        let tracked = || Tracked {
+            config: ProcessConfig::default(),
+            tag: None,
+            watchers: Arc::default(),
+        };
+        let cancel = registry.track(key.clone(), 1, tracked());
+        let other = registry.track(("alice".into(), "other".into()), 1, tracked());
+        registry.forget_sandbox("alice", "sb");
+        assert!(cancel.is_cancelled());
+        assert!(!other.is_cancelled());
+        assert!(registry.watchers_of(&key, 1).is_err());
+    }
+
+    #[test]
     fn a_start_request_becomes_argv_env_and_cwd() {
         let config: ProcessConfig = serde_json::from_value(json!({
             "cmd": "/bin/bash", "args": ["-l", "-c", "echo hi"], "envs": {"A": "1"}, "cwd": "/workspace/sub"
