@@ -351,6 +351,49 @@ def test_malformed_calls_started_nothing(e2b_hub: Hub, victim: Sandbox, token: s
     assert len(commands) == 1 and "sleep 300" in commands[0], commands
 
 
+# --------------------------------------------------------------------------- bad values
+
+
+#: `ListDir`'s deepest level (hub/src/http/e2b/filesystem.rs MAX_LIST_DEPTH):
+#: envd walks as deep as asked; deeper asks list this deep.
+MAX_LIST_DEPTH = 2048
+
+
+@pytest.mark.parametrize("path", [WORKSPACE, "/etc/ssl"], ids=["workspace", "beyond-the-workspace"])
+@pytest.mark.parametrize("depth", [0, MAX_LIST_DEPTH + 1, 2**31, 2**32 - 1])
+def test_listdir_takes_any_depth_as_envd_does(
+    e2b_hub: Hub, victim: Sandbox, token: str, path: str, depth: int
+) -> None:
+    """envd reads depth 0 as 1 and walks as deep as asked; so does the hub,
+    up to MAX_LIST_DEPTH. Never a 500 (`find -maxdepth` refuses numbers past
+    2^31-1) nor a hang (a loop over 2^32 levels)."""
+    response = call(
+        e2b_hub, victim, token, "POST", "/filesystem.Filesystem/ListDir", json_body={"path": path, "depth": depth}
+    )
+    assert response.status_code == 200, response.text
+    entries = response.json().get("entries", [])
+    assert entries, response.text
+    if depth == 0:
+        # Depth 1: only the directory's own entries.
+        assert all(e["path"].count("/") == path.count("/") + 1 for e in entries), entries
+
+
+@pytest.mark.parametrize("depth", [-1, 2**32, "deep"])
+def test_a_depth_that_is_no_uint32_is_invalid_argument(e2b_hub: Hub, victim: Sandbox, token: str, depth: object) -> None:
+    response = call(
+        e2b_hub, victim, token, "POST", "/filesystem.Filesystem/ListDir", json_body={"path": WORKSPACE, "depth": depth}
+    )
+    assert_unary_error(response, 400, "invalid_argument")
+
+
+def test_a_file_that_stats_but_cannot_be_read_is_an_error_answer(e2b_hub: Hub, victim: Sandbox, token: str) -> None:
+    """`/proc/1/environ` passes `stat` and fails `cat` (Permission denied): a
+    403 in E2B's error shape, not a 200 whose connection breaks off."""
+    response = call(e2b_hub, victim, token, "GET", "/files", params={"path": "/proc/1/environ"})
+    body = assert_e2b_error(response, 403)
+    assert "/proc/1/environ" in body["message"], body
+
+
 # --------------------------------------------------------------------------- and then
 
 

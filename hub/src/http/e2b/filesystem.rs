@@ -21,6 +21,18 @@ struct PathRequest {
     path: String,
 }
 
+/// The deepest a `ListDir` goes. envd takes any `depth` (0 meaning 1) and
+/// walks as deep as asked; here a deeper request lists this deep, which is
+/// as deep as a 4096-byte path (PATH_MAX) can name ("a/" per level). The
+/// entries are cut at [`inside::MAX_LISTED`] anyway.
+pub const MAX_LIST_DEPTH: u32 = 2048;
+
+/// The levels a `ListDir` of `depth` lists: at least 1, at most
+/// [`MAX_LIST_DEPTH`] (`find -maxdepth` refuses numbers past `i32::MAX`).
+fn list_depth(depth: u32) -> u32 {
+    depth.clamp(1, MAX_LIST_DEPTH)
+}
+
 #[derive(Deserialize)]
 struct ListRequest {
     #[serde(default)]
@@ -121,7 +133,10 @@ async fn list_workspace(
 ) -> Result<Vec<Entry>> {
     let mut out = Vec::new();
     let mut frontier = vec![rel.to_string()];
-    for level in 0..depth.max(1) {
+    for level in 0..list_depth(depth) {
+        if frontier.is_empty() {
+            break;
+        }
         let mut next = Vec::new();
         for dir in frontier {
             let listing = match api.list_files(id, &dir).await {
@@ -170,9 +185,10 @@ pub async fn call(api: &Arc<dyn TenantView>, id: &str, method: &str, body: Value
             let req: ListRequest = serde_json::from_value(body)
                 .map_err(|e| Error::new(Code::InvalidArgument, e.to_string()))?;
             let place = Place::parse(&req.path);
+            let depth = list_depth(req.depth);
             let entries = match &place {
-                Place::Workspace(rel) => list_workspace(api, id, rel, req.depth).await?,
-                Place::Elsewhere(abs) => inside::list(api, id, abs, req.depth).await?,
+                Place::Workspace(rel) => list_workspace(api, id, rel, depth).await?,
+                Place::Elsewhere(abs) => inside::list(api, id, abs, depth).await?,
             };
             Ok(json!({"entries": entries.iter().map(entry_info).collect::<Vec<_>>()}))
         }
@@ -221,6 +237,13 @@ pub async fn call(api: &Arc<dyn TenantView>, id: &str, method: &str, body: Value
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_depth_is_envds_within_a_bound() {
+        assert_eq!(list_depth(0), 1, "envd: 0 means 1");
+        assert_eq!(list_depth(3), 3);
+        assert_eq!(list_depth(u32::MAX), MAX_LIST_DEPTH);
+    }
 
     #[test]
     fn permissions_read_like_ls() {

@@ -187,8 +187,14 @@ async fn stat_exists(api: &Arc<dyn TenantView>, id: &str, path: &str) -> Result<
     Ok(())
 }
 
-/// A file's bytes, streamed from `cat` (checked to be a readable regular
-/// file first, so a missing one is NOT_FOUND before anything is sent).
+/// Bytes of a failing reader's stderr kept for its error message.
+const STDERR_KEPT: usize = 4096;
+
+/// A file's bytes, streamed from `cat` (checked to be a file first, so a
+/// missing one is NOT_FOUND before anything is sent). The answer waits for
+/// `cat`'s first bytes or its exit: a file that `stat` sees but `cat`
+/// cannot read (`/proc/1/environ`) is an error answer, not a 200 whose
+/// body breaks off.
 pub async fn read(
     api: &Arc<dyn TenantView>,
     id: &str,
@@ -201,7 +207,7 @@ pub async fn read(
             format!("{path} is a directory"),
         ));
     }
-    let events = api
+    let mut events = api
         .start(
             id,
             StartProcess {
@@ -210,7 +216,8 @@ pub async fn read(
             },
         )
         .await?;
-    Ok(events.filter_map(|event| async move {
+    let first = first_bytes(&mut events, path).await?;
+    let rest = events.filter_map(|event| async move {
         match event {
             Ok(ProcessEvent::Stdout { data }) => Some(Ok(Bytes::from(data))),
             Ok(ProcessEvent::Exited { exit_code }) if exit_code != 0 => Some(Err(Error::internal(
@@ -219,7 +226,40 @@ pub async fn read(
             Ok(_) => None,
             Err(e) => Some(Err(e)),
         }
-    }))
+    });
+    Ok(futures::stream::iter(first.map(Ok)).chain(rest))
+}
+
+/// A reader's first bytes (`None`: it exited at once, cleanly: an empty
+/// file), or the error its exit and stderr say.
+async fn first_bytes(
+    events: &mut (impl Stream<Item = Result<ProcessEvent>> + Unpin),
+    path: &str,
+) -> Result<Option<Bytes>> {
+    let mut stderr = Vec::new();
+    while let Some(event) = events.next().await {
+        match event? {
+            ProcessEvent::Stdout { data } => return Ok(Some(Bytes::from(data))),
+            ProcessEvent::Stderr { data } => {
+                let room = STDERR_KEPT.saturating_sub(stderr.len());
+                stderr.extend_from_slice(&data[..data.len().min(room)]);
+            }
+            ProcessEvent::Exited { exit_code: 0 } => return Ok(None),
+            ProcessEvent::Exited { exit_code } => {
+                let result = ExecResult {
+                    exit_code,
+                    stdout: String::new(),
+                    stderr: String::from_utf8_lossy(&stderr).into_owned(),
+                    timed_out: false,
+                };
+                return Err(failure("reading", path, &result));
+            }
+            ProcessEvent::Started { .. } => {}
+        }
+    }
+    Err(Error::internal(format!(
+        "reading {path}: the reader's stream ended without an exit"
+    )))
 }
 
 /// Writes `data` to `path` (making its parents), through `cat`'s stdin.

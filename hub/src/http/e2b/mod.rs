@@ -8,10 +8,10 @@
 //! - envd, the in-sandbox data plane: any request naming a sandbox in
 //!   `E2b-Sandbox-Id` is diverted here before the hub's own routes, and
 //!   authorized by that sandbox's access token (`../signing.rs`), which also
-//!   names its tenant. On port 49983 it is envd itself: `process.rs` and
-//!   `filesystem.rs` (Connect-RPC, `connect.rs`), `files.rs` (`/files`),
-//!   `/health`; on any other port the request goes to that port in the
-//!   sandbox.
+//!   names its tenant. On port 49983 it is envd itself: `process.rs` (its
+//!   streams' byte-bounded queues in `outbox.rs`) and `filesystem.rs`
+//!   (Connect-RPC, `connect.rs`), `files.rs` (`/files`), `/health`; on any
+//!   other port the request goes to that port in the sandbox.
 //! - `paths.rs` and `inside.rs`: E2B paths reach the whole sandbox; the
 //!   workspace through sandboxd, the rest through commands run inside.
 
@@ -20,6 +20,7 @@ mod control;
 mod files;
 mod filesystem;
 mod inside;
+mod outbox;
 mod paths;
 mod process;
 mod signed;

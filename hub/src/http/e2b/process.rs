@@ -9,10 +9,16 @@
 //! backpressure) and to any `Connect`ed watchers (live output only, as
 //! envd does). The registry holds what `List` and `Connect` need, per
 //! tenant and sandbox, and forgets a process when it exits.
+//!
+//! What a caller can make the hub hold is bounded: each stream's queue is
+//! a byte budget ([`super::outbox`]); a watcher that falls behind its
+//! budget is cut off with `resource_exhausted`; watchers are capped per
+//! process and per tenant; and deleting a sandbox ends its pumps and
+//! empties every queue of theirs, stalled readers included.
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -20,18 +26,35 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use sandhub_api::error::Code;
+use sandhub_api::hub::SandboxState;
 use sandhub_client::{Error, ProcessEvent, PtySize, Result, Signal, StartProcess, StdinInput};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
 
-use super::{connect, paths::Place};
+use super::{
+    connect,
+    outbox::{self, Writer},
+    paths::Place,
+};
 use crate::backend::TenantView;
 
-/// Output chunks buffered for the starting call before the pump waits.
-const PRIMARY_BUFFER: usize = 64;
-/// Output chunks a `Connect`ed watcher may fall behind before it is cut off.
-const WATCHER_BUFFER: usize = 1024;
+/// Bytes of enveloped frames queued for the starting call before the pump
+/// waits for it to read.
+pub const PRIMARY_BUDGET: usize = 1 << 20;
+/// Bytes of enveloped frames a `Connect`ed watcher may fall behind before
+/// it is cut off with `resource_exhausted`.
+pub const WATCHER_BUDGET: usize = 1 << 20;
+/// `Connect` streams open on one process at once.
+pub const MAX_WATCHERS_PER_PROCESS: usize = 8;
+/// `Connect` streams one tenant has open at once, over all its sandboxes.
+/// A watcher counts until its HTTP response is dropped, so a stalled
+/// reader that was cut off still counts while its connection stays open.
+pub const MAX_WATCHERS_PER_TENANT: usize = 64;
+/// How often a pump held back by a starting call that stopped reading
+/// checks that its sandbox still exists (a sandbox deleted by another
+/// front door is not announced to this facade).
+const GONE_POLL: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct ProcessConfig {
@@ -109,18 +132,158 @@ enum Op {
 struct Tracked {
     config: ProcessConfig,
     tag: Option<String>,
-    watchers: broadcast::Sender<Value>,
+    watchers: Arc<Watchers>,
+}
+
+/// The `Connect`ed watchers of one process, fed by its pump.
+#[derive(Default)]
+struct Watchers {
+    state: Mutex<WatchersState>,
+}
+
+#[derive(Default)]
+struct WatchersState {
+    writers: Vec<Writer>,
+    /// Watchers whose stream still exists (fed, cut off, or ending).
+    live: usize,
+    /// The pump has ended: no new watcher.
+    closed: bool,
+}
+
+impl Watchers {
+    fn state(&self) -> MutexGuard<'_, WatchersState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands `frame` to every watcher; one that fell behind is cut off
+    /// (by its outbox) and dropped from the list.
+    fn offer(&self, frame: &Bytes) {
+        self.state().writers.retain(|w| w.offer(frame.clone()));
+    }
+
+    /// Ends every watcher's stream and takes no more.
+    fn close(&self, end: &End) {
+        let writers = {
+            let mut state = self.state();
+            state.closed = true;
+            std::mem::take(&mut state.writers)
+        };
+        for w in writers {
+            end.apply(&w);
+        }
+    }
+}
+
+/// How a pump ended, told to each of its streams.
+enum End {
+    /// The process exited (its `end` event was queued).
+    Exited,
+    /// Its event stream failed: queued frames first, then the error.
+    Failed(Error),
+    /// Its sandbox is gone: queued frames are dropped, then the error.
+    Deleted(Error),
+}
+
+impl End {
+    fn apply(&self, w: &Writer) {
+        match self {
+            End::Exited => w.finish(None),
+            End::Failed(e) => w.finish(Some(e.clone())),
+            End::Deleted(e) => w.abort(e.clone()),
+        }
+    }
 }
 
 type Key = (String, String);
 
+/// One sandbox's processes, and the token that ends their pumps.
+#[derive(Default)]
+struct SandboxProcesses {
+    cancel: CancellationToken,
+    procs: BTreeMap<i32, Tracked>,
+}
+
 /// The processes started through this API that still run.
 #[derive(Default)]
 pub struct Registry {
-    running: Mutex<HashMap<Key, BTreeMap<i32, Tracked>>>,
+    running: Mutex<HashMap<Key, SandboxProcesses>>,
+    /// Live watchers per tenant.
+    watching: Mutex<HashMap<String, usize>>,
+}
+
+/// One watcher's place under the caps, given back when its stream is
+/// dropped (the client read it to the end, or its connection went away).
+struct Slot {
+    registry: Arc<Registry>,
+    tenant: String,
+    watchers: Arc<Watchers>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.watchers.state().live -= 1;
+        let mut watching = self.registry.watching();
+        if let Some(n) = watching.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                watching.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 impl Registry {
+    fn running(&self) -> MutexGuard<'_, HashMap<Key, SandboxProcesses>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn watching(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+        self.watching.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new watcher of `watchers` for `tenant`, within both caps.
+    fn watch(
+        self: &Arc<Self>,
+        tenant: &str,
+        pid: i32,
+        watchers: &Arc<Watchers>,
+    ) -> Result<(Slot, outbox::Reader)> {
+        let mut watching = self.watching();
+        let of_tenant = watching.get(tenant).copied().unwrap_or(0);
+        if of_tenant >= MAX_WATCHERS_PER_TENANT {
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                format!("{of_tenant} process streams are open; the limit is {MAX_WATCHERS_PER_TENANT} per tenant"),
+            ));
+        }
+        let mut state = watchers.state();
+        if state.closed {
+            return Err(Error::new(
+                Code::NotFound,
+                format!("process {pid} not found"),
+            ));
+        }
+        if state.live >= MAX_WATCHERS_PER_PROCESS {
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "process {pid} has {} streams open; the limit is {MAX_WATCHERS_PER_PROCESS}",
+                    state.live
+                ),
+            ));
+        }
+        let (writer, reader) = outbox::outbox(WATCHER_BUDGET);
+        state.writers.push(writer);
+        state.live += 1;
+        *watching.entry(tenant.to_string()).or_default() += 1;
+        let slot = Slot {
+            registry: self.clone(),
+            tenant: tenant.to_string(),
+            watchers: watchers.clone(),
+        };
+        Ok((slot, reader))
+    }
+
     fn pid_of(&self, key: &Key, selector: &Selector) -> Result<i32> {
         if let Some(pid) = selector.pid {
             return i32::try_from(pid)
@@ -130,11 +293,12 @@ impl Registry {
             .tag
             .as_deref()
             .ok_or_else(|| Error::new(Code::InvalidArgument, "select a process by pid or tag"))?;
-        let running = self.running.lock().unwrap();
+        let running = self.running();
         running
             .get(key)
-            .and_then(|procs| {
-                procs
+            .and_then(|sandbox| {
+                sandbox
+                    .procs
                     .iter()
                     .find(|(_, t)| t.tag.as_deref() == Some(tag))
                     .map(|(pid, _)| *pid)
@@ -143,21 +307,143 @@ impl Registry {
     }
 
     fn forget(&self, key: &Key, pid: i32) {
-        let mut running = self.running.lock().unwrap();
-        if let Some(procs) = running.get_mut(key) {
-            procs.remove(&pid);
-            if procs.is_empty() {
+        let mut running = self.running();
+        if let Some(sandbox) = running.get_mut(key) {
+            sandbox.procs.remove(&pid);
+            if sandbox.procs.is_empty() {
                 running.remove(key);
             }
         }
     }
 
-    /// Forgets every process of a sandbox that was deleted.
+    /// Forgets every process of a sandbox that was deleted, and ends their
+    /// pumps: each empties its streams' queues and ends them with an error.
     pub fn forget_sandbox(&self, tenant: &str, id: &str) {
-        self.running
-            .lock()
-            .unwrap()
-            .remove(&(tenant.to_string(), id.to_string()));
+        let gone = self.running().remove(&(tenant.to_string(), id.to_string()));
+        if let Some(sandbox) = gone {
+            sandbox.cancel.cancel();
+        }
+    }
+
+    /// Tracks a started process; the token that ends its pump.
+    fn track(&self, key: Key, pid: i32, tracked: Tracked) -> CancellationToken {
+        let mut running = self.running();
+        let sandbox = running.entry(key).or_default();
+        sandbox.procs.insert(pid, tracked);
+        sandbox.cancel.clone()
+    }
+
+    /// The watchers of a running process.
+    fn watchers_of(&self, key: &Key, pid: i32) -> Result<Arc<Watchers>> {
+        self.running()
+            .get(key)
+            .and_then(|sandbox| sandbox.procs.get(&pid))
+            .map(|t| t.watchers.clone())
+            .ok_or_else(|| Error::new(Code::NotFound, format!("process {pid} not found")))
+    }
+}
+
+fn deleted(id: &str) -> Error {
+    Error::new(Code::NotFound, format!("the sandbox {id} was deleted"))
+}
+
+/// Returns once the sandbox is gone (deleted, finished or expired).
+async fn sandbox_gone(api: &dyn TenantView, id: &str) {
+    loop {
+        tokio::time::sleep(GONE_POLL).await;
+        match api.get(id).await {
+            Err(e) if e.code == Code::NotFound => return,
+            Ok(sb) if matches!(sb.state, SandboxState::Finished | SandboxState::Expired) => return,
+            _ => {}
+        }
+    }
+}
+
+/// One output or exit event as the enveloped frame streams carry.
+fn frame_of(event: ProcessEvent) -> Option<(Bytes, bool)> {
+    let message = match event {
+        ProcessEvent::Stdout { data } => data_event("stdout", &data),
+        ProcessEvent::Stderr { data } => data_event("stderr", &data),
+        ProcessEvent::Exited { exit_code } => {
+            return Some((connect::envelope(&end_event(exit_code)), true))
+        }
+        ProcessEvent::Started { .. } => return None,
+    };
+    Some((connect::envelope(&message), false))
+}
+
+/// What a pump feeds, and what ends it.
+struct Pump {
+    api: Arc<dyn TenantView>,
+    id: String,
+    primary: Option<Writer>,
+    watchers: Arc<Watchers>,
+    cancel: CancellationToken,
+}
+
+impl Pump {
+    /// Reads the process's events until it exits (or fails, or its sandbox
+    /// goes), feeding the starting call and the watchers; then ends them all.
+    async fn run(&mut self, mut events: impl Stream<Item = Result<ProcessEvent>> + Unpin) -> End {
+        loop {
+            let event = tokio::select! {
+                _ = self.cancel.cancelled() => return End::Deleted(deleted(&self.id)),
+                event = events.next() => event,
+            };
+            let (frame, last) = match event {
+                Some(Ok(event)) => match frame_of(event) {
+                    Some(f) => f,
+                    None => continue,
+                },
+                Some(Err(e)) => return End::Failed(e),
+                None => {
+                    return End::Failed(Error::new(
+                        Code::Unavailable,
+                        "the process's stream ended without its exit",
+                    ))
+                }
+            };
+            self.watchers.offer(&frame);
+            if let Some(end) = self.feed_primary(frame).await {
+                return end;
+            }
+            if last {
+                return End::Exited;
+            }
+        }
+    }
+
+    /// Hands `frame` to the starting call, waiting while it reads. A call
+    /// that went away stops being fed; the process runs on (E2B's
+    /// background commands). `Some` when the sandbox went meanwhile.
+    async fn feed_primary(&mut self, frame: Bytes) -> Option<End> {
+        let primary = self.primary.as_ref()?;
+        tokio::select! {
+            fed = primary.push(frame) => {
+                if !fed {
+                    self.primary = None;
+                }
+                None
+            }
+            _ = self.cancel.cancelled() => Some(End::Deleted(deleted(&self.id))),
+            _ = sandbox_gone(self.api.as_ref(), &self.id) => Some(End::Deleted(deleted(&self.id))),
+        }
+    }
+
+    /// Runs the pump, then ends every stream and forgets the process.
+    async fn run_to_end(
+        mut self,
+        events: impl Stream<Item = Result<ProcessEvent>> + Unpin,
+        registry: Arc<Registry>,
+        key: Key,
+        pid: i32,
+    ) {
+        let end = self.run(events).await;
+        registry.forget(&key, pid);
+        if let Some(primary) = self.primary.take() {
+            end.apply(&primary);
+        }
+        self.watchers.close(&end);
     }
 }
 
@@ -223,11 +509,11 @@ fn pty_size(pty: Option<&PtyRequest>) -> Option<PtySize> {
     })
 }
 
-/// Frames for one stream: its messages, keepalives while idle, a deadline,
-/// then the end-of-stream frame.
+/// Frames for one stream: its first message, then the pump's enveloped
+/// frames, keepalives while idle, a deadline, then the end-of-stream frame.
 fn frames(
     first: Value,
-    rest: impl Stream<Item = std::result::Result<Value, Error>> + Send + 'static,
+    rest: impl Stream<Item = std::result::Result<Bytes, Error>> + Send + 'static,
     keepalive: Option<Duration>,
     deadline: Option<Duration>,
 ) -> impl Stream<Item = Bytes> + Send + 'static {
@@ -245,7 +531,7 @@ fn frames(
             };
             tokio::select! {
                 next = rest.next() => match next {
-                    Some(Ok(message)) => yield connect::envelope(&message),
+                    Some(Ok(frame)) => yield frame,
                     Some(Err(e)) => {
                         yield connect::end_of_stream(Some(&e));
                         return;
@@ -297,92 +583,52 @@ impl Call<'_> {
             // E2B's commands run with stdin closed unless asked for.
             let _ = self.api.write_stdin(self.id, pid, StdinInput::Eof).await;
         }
-        let (primary_tx, primary_rx) =
-            mpsc::channel::<std::result::Result<Value, Error>>(PRIMARY_BUFFER);
-        let (watchers, _) = broadcast::channel(WATCHER_BUFFER);
+        let (primary, primary_reader) = outbox::outbox(PRIMARY_BUDGET);
+        let watchers = Arc::new(Watchers::default());
         let key = self.key();
-        self.registry
-            .running
-            .lock()
-            .unwrap()
-            .entry(key.clone())
-            .or_default()
-            .insert(
-                pid,
-                Tracked {
-                    config: req.process.clone(),
-                    tag: req.tag.clone(),
-                    watchers: watchers.clone(),
-                },
-            );
-        let registry = self.registry.clone();
-        tokio::spawn(async move {
-            let mut primary = Some(primary_tx);
-            while let Some(event) = events.next().await {
-                let (message, last) = match event {
-                    Ok(ProcessEvent::Stdout { data }) => (Ok(data_event("stdout", &data)), false),
-                    Ok(ProcessEvent::Stderr { data }) => (Ok(data_event("stderr", &data)), false),
-                    Ok(ProcessEvent::Exited { exit_code }) => (Ok(end_event(exit_code)), true),
-                    Ok(ProcessEvent::Started { .. }) => continue,
-                    Err(e) => (Err(e), true),
-                };
-                if let Ok(m) = &message {
-                    let _ = watchers.send(m.clone());
-                }
-                // A starting call that went away stops being fed; the
-                // process runs on (E2B's background commands).
-                if let Some(tx) = &primary {
-                    if tx.send(message).await.is_err() {
-                        primary = None;
-                    }
-                }
-                if last {
-                    break;
-                }
-            }
-            registry.forget(&key, pid);
-        });
+        let cancel = self.registry.track(
+            key.clone(),
+            pid,
+            Tracked {
+                config: req.process.clone(),
+                tag: req.tag.clone(),
+                watchers: watchers.clone(),
+            },
+        );
+        let pump = Pump {
+            api: self.api.clone(),
+            id: self.id.to_string(),
+            primary: Some(primary),
+            watchers,
+            cancel,
+        };
+        tokio::spawn(pump.run_to_end(events, self.registry.clone(), key, pid));
         Ok(frames(
             start_event(pid),
-            tokio_stream::wrappers::ReceiverStream::new(primary_rx),
+            primary_reader.into_stream(),
             self.keepalive,
             self.deadline,
         ))
     }
 
-    /// `Connect`: live events of a running process.
+    /// `Connect`: live events of a running process, from now on. The
+    /// stream ends after the process's `end` event.
     pub fn connect(&self, body: Value) -> Result<impl Stream<Item = Bytes> + Send + 'static> {
         let req: Selected = serde_json::from_value(body)
             .map_err(|e| Error::new(Code::InvalidArgument, format!("bad ConnectRequest: {e}")))?;
         let key = self.key();
         let pid = self.registry.pid_of(&key, &req.process)?;
-        let receiver = {
-            let running = self.registry.running.lock().unwrap();
-            running
-                .get(&key)
-                .and_then(|p| p.get(&pid))
-                .map(|t| t.watchers.subscribe())
-                .ok_or_else(|| Error::new(Code::NotFound, format!("process {pid} not found")))?
-        };
-        let live = tokio_stream::wrappers::BroadcastStream::new(receiver).map(|r| {
-            r.map_err(|lag| {
-                Error::new(
-                    Code::ResourceExhausted,
-                    format!("watcher fell behind: {lag}"),
-                )
-            })
-        });
-        // The stream ends after the `end` event.
-        let until_end = live.scan(false, |ended, m| {
-            let stop = *ended;
-            if let Ok(v) = &m {
-                *ended = v["event"].get("end").is_some();
-            }
-            futures::future::ready((!stop).then_some(m))
+        let watchers = self.registry.watchers_of(&key, pid)?;
+        let (slot, reader) = self.registry.watch(self.tenant, pid, &watchers)?;
+        // The slot lives as long as the stream: dropping the response
+        // gives its place under the caps back.
+        let live = reader.into_stream().map(move |item| {
+            let _ = &slot;
+            item
         });
         Ok(frames(
             start_event(pid),
-            until_end,
+            live,
             self.keepalive,
             self.deadline,
         ))
@@ -391,11 +637,12 @@ impl Call<'_> {
     /// A unary method's answer.
     pub async fn unary(&self, method: &str, body: Value) -> Result<Value> {
         if method == "List" {
-            let running = self.registry.running.lock().unwrap();
+            let running = self.registry.running();
             let processes: Vec<Value> = running
                 .get(&self.key())
-                .map(|procs| {
-                    procs
+                .map(|sandbox| {
+                    sandbox
+                        .procs
                         .iter()
                         .map(|(pid, t)| {
                             let mut v = json!({"config": t.config, "pid": pid});
@@ -476,6 +723,67 @@ mod tests {
         );
         assert_eq!(end_event(3)["event"]["end"]["exitCode"], 3);
         assert_eq!(end_event(3)["event"]["end"]["status"], "exit status 3");
+    }
+
+    #[test]
+    fn watchers_are_capped_per_process_and_per_tenant_and_given_back_when_dropped() {
+        let registry = Arc::new(Registry::default());
+        let processes: Vec<Arc<Watchers>> = (0..MAX_WATCHERS_PER_TENANT / MAX_WATCHERS_PER_PROCESS
+            + 1)
+            .map(|_| Arc::default())
+            .collect();
+        let (full, spare) = processes.split_at(processes.len() - 1);
+        let mut held = Vec::new();
+        for watchers in full {
+            for _ in 0..MAX_WATCHERS_PER_PROCESS {
+                held.push(registry.watch("alice", 1, watchers).unwrap());
+            }
+        }
+        let refused = registry.watch("alice", 1, &full[0]).err().unwrap();
+        assert_eq!(refused.code, Code::ResourceExhausted);
+        let refused = registry.watch("alice", 1, &spare[0]).err().unwrap();
+        assert!(refused.message.contains("per tenant"), "{refused}");
+        // Another tenant's count is its own.
+        let bobs = registry.watch("bob", 1, &spare[0]).unwrap();
+        drop(bobs);
+        // A watcher given back makes room, in its process and its tenant.
+        held.pop();
+        let last = full.last().unwrap();
+        held.push(registry.watch("alice", 1, last).unwrap());
+        drop(held);
+        assert!(registry.watching().is_empty());
+        assert!(processes.iter().all(|w| w.state().live == 0));
+    }
+
+    #[tokio::test]
+    async fn a_closed_process_takes_no_watcher_and_ends_the_ones_it_had() {
+        let registry = Arc::new(Registry::default());
+        let watchers = Arc::new(Watchers::default());
+        let (_slot, reader) = registry.watch("alice", 7, &watchers).unwrap();
+        watchers.offer(&connect::envelope(&data_event("stdout", b"x")));
+        watchers.close(&End::Deleted(deleted("sb")));
+        let got: Vec<_> = reader.into_stream().collect().await;
+        assert_eq!(got.len(), 1, "queued output is dropped on deletion");
+        assert_eq!(got[0].as_ref().unwrap_err().code, Code::NotFound);
+        let again = registry.watch("alice", 7, &watchers).err().unwrap();
+        assert_eq!(again.code, Code::NotFound);
+    }
+
+    #[test]
+    fn forgetting_a_sandbox_cancels_its_pumps() {
+        let registry = Registry::default();
+        let key: Key = ("alice".into(), "sb".into());
+        let tracked = || Tracked {
+            config: ProcessConfig::default(),
+            tag: None,
+            watchers: Arc::default(),
+        };
+        let cancel = registry.track(key.clone(), 1, tracked());
+        let other = registry.track(("alice".into(), "other".into()), 1, tracked());
+        registry.forget_sandbox("alice", "sb");
+        assert!(cancel.is_cancelled());
+        assert!(!other.is_cancelled());
+        assert!(registry.watchers_of(&key, 1).is_err());
     }
 
     #[test]
