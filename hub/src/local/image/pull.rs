@@ -695,9 +695,10 @@ impl ImageStore {
                 .chain(&layers)
                 .map(|b| partial_claim(&key(b))),
         );
-        // The config of an image the tenant holds is its own already.
+        // The config of an image the tenant holds is its own already
+        // (claimed first, so no removal meanwhile takes it).
+        claim.extend([config.hex.clone()]);
         let config_file = if self.holds(tenant, &config.digest())? {
-            claim.extend([config.hex.clone()]);
             self.blobs.path(&config.hex)
         } else {
             self.check_space(&tkey, std::iter::once(&config))?;
@@ -714,11 +715,19 @@ impl ImageStore {
             .filter(|(_, p)| !**p)
             .map(|(l, _)| l)
             .collect();
-        let need = self.check_space(&tkey, wanted.iter().copied())?;
         let mut charge = self.ledger.charge(tenant);
-        charge
-            .add(0, need)
-            .map_err(|o| o.error(&format!("pulling `{reference}`")))?;
+        let room = self
+            .check_space(&tkey, wanted.iter().copied())
+            .and_then(|need| {
+                charge
+                    .add(0, need)
+                    .map_err(|o| o.error(&format!("pulling `{reference}`")))
+            });
+        if let Err(e) = room {
+            // Refused before any layer: the config fetched is no use.
+            self.discard_partials(&tkey, std::iter::once(&config)).await;
+            return Err(e);
+        }
         let client = &client;
         let tkey = &tkey;
         let fetches =
