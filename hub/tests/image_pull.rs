@@ -355,6 +355,22 @@ fn dir_count(p: &Path) -> usize {
     std::fs::read_dir(p).map(|d| d.count()).unwrap_or(0)
 }
 
+/// `(name, length)` of every partial download: `partial/<tenant>/<hex>`.
+fn partial_files(store: &Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for d in std::fs::read_dir(store.join("partial"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            out.push((f.file_name().to_string_lossy().into_owned(), len));
+        }
+    }
+    out
+}
+
 /// The multi-arch index resolves to this machine's manifest; the NDJSON
 /// stream is `resolved`, `layer`..., `layer_done` per layer, `done`; the
 /// pulled image runs python3 with its Env and WorkingDir, its whiteouts
@@ -618,7 +634,7 @@ async fn a_tampered_blob_is_refused_and_leaves_no_image() {
     assert_eq!(dir_count(&store.join("images")), 0);
     assert_eq!(dir_count(&store.join("layers")), 0);
     let hex = victim.strip_prefix("sha256:").unwrap();
-    assert!(!store.join("partial").join(hex).exists());
+    assert!(partial_files(&store).iter().all(|(name, _)| name != hex));
     assert!(!store.join("blobs/sha256").join(hex).exists());
 }
 
@@ -666,20 +682,13 @@ async fn a_hub_killed_mid_pull_resumes_and_never_uses_half_a_layer() {
     let client = hub.http();
     let body = json!({ "reference": reference });
     let pending = tokio::spawn(async move { client.post(url).json(&body).send().await });
-    let partial = hub.state_dir.join("images/partial");
+    let images = hub.state_dir.join("images");
     let big = 1u64 << 20;
     let (cut_hex, cut_len) = common::eventually("a blob half downloaded", common::WAIT, || {
-        let partial = partial.clone();
+        let images = images.clone();
         async move {
-            std::fs::read_dir(&partial)
-                .ok()?
-                .flatten()
-                .map(|e| {
-                    (
-                        e.file_name().to_string_lossy().into_owned(),
-                        e.metadata().map(|m| m.len()).unwrap_or(0),
-                    )
-                })
+            partial_files(&images)
+                .into_iter()
                 .find(|(_, len)| *len >= big)
         }
     })
@@ -707,7 +716,7 @@ async fn a_hub_killed_mid_pull_resumes_and_never_uses_half_a_layer() {
     );
     let (_, layers) = image.this_platform();
     assert_eq!(dir_count(&store.join("layers")), layers.len());
-    assert_eq!(dir_count(&store.join("partial")), 0);
+    assert_eq!(partial_files(&store), vec![]);
 }
 
 /// `POST /v1/images/prepull` reports per reference; `sandhub image pull`
@@ -795,4 +804,183 @@ async fn prepull_and_the_cli() {
     let pull = &doc["paths"]["/v1/images/pull"]["post"]["responses"]["200"]["content"];
     assert!(pull["application/x-ndjson"].is_object(), "{pull}");
     assert!(doc["components"]["schemas"]["PullEvent"].is_object());
+}
+
+fn sha(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+fn gzip(data: &[u8], level: u32) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+/// A one-file layer tar.
+fn one_file_layer(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    b.append_data(&mut h, name, data).unwrap();
+    b.into_inner().unwrap()
+}
+
+/// The files of an OCI layout (path -> bytes) of one image whose manifest
+/// lists `blobs` as gzip layers and whose config names `diff_ids`,
+/// whatever the blobs hold; named `name` in its index.
+fn layout_files(name: &str, blobs: &[Vec<u8>], diff_ids: &[String]) -> Vec<(String, Vec<u8>)> {
+    let config = serde_json::to_vec(&json!({"os": "linux", "architecture": "amd64",
+        "config": {"Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers",
+                   "diff_ids": diff_ids.iter().map(|d| format!("sha256:{d}")).collect::<Vec<_>>()}}))
+    .unwrap();
+    let layers: Vec<Value> = blobs
+        .iter()
+        .map(|l| {
+            json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                   "digest": format!("sha256:{}", sha(l)), "size": l.len()})
+        })
+        .collect();
+    let manifest = serde_json::to_vec(&json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": format!("sha256:{}", sha(&config)), "size": config.len()},
+        "layers": layers}))
+    .unwrap();
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json",
+         "digest": format!("sha256:{}", sha(&manifest)), "size": manifest.len(),
+         "annotations": {"org.opencontainers.image.ref.name": name}}]}))
+    .unwrap();
+    let mut files = vec![
+        (
+            "oci-layout".to_string(),
+            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+        ),
+        ("index.json".to_string(), index),
+    ];
+    for blob in blobs.iter().chain([&config, &manifest]) {
+        files.push((format!("blobs/sha256/{}", sha(blob)), blob.clone()));
+    }
+    files
+}
+
+impl Registry {
+    /// Pushes a layout given as files.
+    fn push_files(&self, files: &[(String, Vec<u8>)], name: &str, repo_tag: &str) {
+        let layout = self
+            .dir
+            .path()
+            .join(format!("layout-{}", sha(name.as_bytes())));
+        for (path, data) in files {
+            let p = layout.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, data).unwrap();
+        }
+        let image = TestImage {
+            layout,
+            summary: Value::Null,
+        };
+        self.push(&image, name, repo_tag);
+    }
+}
+
+async fn pull_as(hub: &TestHub, key: &str, body: Value) -> Vec<Value> {
+    let r = hub
+        .http()
+        .post(format!("{}/v1/images/pull", hub.url()))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "pull {body}");
+    r.text()
+        .await
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Finding 1 through a pull: bob's registry (his own) names the diff id of
+/// alice's private layer with a junk blob. The hub fetches the junk (it is
+/// not skipped because the layer is unpacked already), finds it is not
+/// that layer, and stores nothing for bob; with the real content in his
+/// registry, the pull succeeds.
+#[tokio::test]
+async fn a_pull_cannot_borrow_a_layer_by_its_diff_id() {
+    use common::{ALICE_KEY, BOB_KEY};
+    if !cache().join("registry/bin/registry").is_file() {
+        missing("no registry binary");
+        return;
+    }
+    let registry = Registry::up(false);
+    let secret = one_file_layer("secret", b"alice's private key\n");
+    let diff_ids = [sha(&secret)];
+    let junk = gzip(&vec![7u8; 10 << 10], 1);
+    registry.push_files(
+        &layout_files("steal", std::slice::from_ref(&junk), &diff_ids),
+        "steal",
+        "bob/steal:1",
+    );
+    registry.push_files(
+        &layout_files("own", &[gzip(&secret, 1)], &diff_ids),
+        "own",
+        "bob/own:1",
+    );
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        extra_args: leak(vec!["--insecure-registry".into(), registry.addr.clone()]),
+        ..Default::default()
+    })
+    .await;
+    let _mounts = ImageMounts::of(&hub);
+    // Alice's image, imported: a layout as one tar.
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in layout_files("private", &[gzip(&secret, 6)], &diff_ids) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, path, &data[..]).unwrap();
+    }
+    let r = hub
+        .http()
+        .post(format!("{}/v1/images/import?tag=private:1", hub.url()))
+        .bearer_auth(ALICE_KEY)
+        .body(b.into_inner().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+
+    let steal = format!("{}/bob/steal:1", registry.addr);
+    let lines = pull_as(&hub, BOB_KEY, json!({ "reference": steal })).await;
+    let msg = assert_error(&lines, "INVALID_ARGUMENT");
+    assert!(msg.contains("image config says"), "{msg}");
+    assert_eq!(registry.blob_gets(&format!("sha256:{}", sha(&junk))), 1);
+    assert!(partial_files(&hub.state_dir.join("images")).is_empty());
+
+    let own = format!("{}/bob/own:1", registry.addr);
+    let lines = pull_as(&hub, BOB_KEY, json!({ "reference": own })).await;
+    assert_eq!(last(&lines)["event"], "done", "{lines:?}");
+    let list: Value = hub
+        .http()
+        .get(format!("{}/v1/images", hub.url()))
+        .bearer_auth(BOB_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
 }

@@ -860,3 +860,444 @@ async fn user_and_entrypoint_apply_and_the_entrypoint_survives_a_reset() {
     );
     assert!(err.to_string().contains("ghost"), "{err}");
 }
+
+// --- The store's tenancy and bounds (security findings 1, 5, 6, 7) ---
+
+fn gzip(data: &[u8], level: u32) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+/// An OCI layout whose manifest lists `blobs` as gzip layers and whose
+/// config names `diff_ids`, whatever the blobs hold.
+fn layout_of(blobs: &[Vec<u8>], diff_ids: &[String], config: &Value) -> Vec<u8> {
+    let mut config = config.clone();
+    config["rootfs"] = json!({"type": "layers",
+        "diff_ids": diff_ids.iter().map(|d| format!("sha256:{d}")).collect::<Vec<_>>()});
+    let config = serde_json::to_vec(&config).unwrap();
+    let descs: Vec<Value> = blobs
+        .iter()
+        .map(|l| {
+            json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                   "digest": format!("sha256:{}", sha(l)), "size": l.len()})
+        })
+        .collect();
+    let manifest = serde_json::to_vec(&json!({"schemaVersion": 2,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": format!("sha256:{}", sha(&config)), "size": config.len()},
+        "layers": descs}))
+    .unwrap();
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json",
+         "digest": format!("sha256:{}", sha(&manifest)), "size": manifest.len()}]}))
+    .unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    add(&mut b, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+    add(&mut b, "index.json", &index);
+    for blob in blobs.iter().chain([&config, &manifest]) {
+        add(&mut b, &format!("blobs/sha256/{}", sha(blob)), blob);
+    }
+    b.into_inner().unwrap()
+}
+
+/// `(tenant key, the store's files)`: every name under blobs/, layers/,
+/// tmp/ and images/, to compare before and after a refused request.
+fn store_files(hub: &TestHub) -> BTreeMap<String, Vec<String>> {
+    let store = hub.state_dir.join("images");
+    ["blobs/sha256", "layers", "tmp", "images"]
+        .iter()
+        .map(|d| {
+            let mut names: Vec<String> = std::fs::read_dir(store.join(d))
+                .map(|r| {
+                    r.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            names.sort();
+            (d.to_string(), names)
+        })
+        .collect()
+}
+
+async fn images_of(hub: &TestHub, key: &str) -> Vec<Value> {
+    let list: Value = hub
+        .http()
+        .get(format!("{}/v1/images", hub.url()))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    list["items"].as_array().unwrap().clone()
+}
+
+/// Finding 1: a layer directory is shared only with a tenant that proves
+/// it holds the content. Bob, knowing the diff id of alice's private
+/// layer (digests are not secrets), lists it with a junk blob: refused
+/// (INVALID_ARGUMENT, a diff-id mismatch) and nothing stored for him, also
+/// when the junk hides behind a real layer listed twice. With his own copy
+/// of the layer (another gzip, so another blob) he gets it; and it stays
+/// his when alice removes hers.
+#[tokio::test]
+async fn a_layer_is_shared_only_with_a_tenant_that_proves_it_holds_it() {
+    use common::{ALICE_KEY, BOB_KEY};
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
+    let _mounts = ImageMounts::of(&hub);
+    let base = base_layer();
+    let secret = tar_of(&[file("secret", b"alice's private key\n")]);
+    let diff_ids = [sha(&base), sha(&secret)];
+    let alices = layout_of(&[gzip(&base, 6), gzip(&secret, 6)], &diff_ids, &config());
+    let r = import_as(&hub, ALICE_KEY, alices, "private:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let before = store_files(&hub);
+
+    let junk = gzip(&vec![7u8; 10 << 10], 1);
+    let mut bobs_config = config();
+    bobs_config["config"]["Env"] = json!(["PATH=/bin", "WHO=bob"]);
+    for (what, blobs, ids) in [
+        (
+            "junk for the private layer",
+            vec![gzip(&base, 1), junk.clone()],
+            diff_ids.to_vec(),
+        ),
+        (
+            "junk behind the real layer, listed twice",
+            vec![gzip(&base, 1), gzip(&secret, 1), junk.clone()],
+            vec![
+                diff_ids[0].clone(),
+                diff_ids[1].clone(),
+                diff_ids[1].clone(),
+            ],
+        ),
+    ] {
+        let r = import_as(
+            &hub,
+            BOB_KEY,
+            layout_of(&blobs, &ids, &bobs_config),
+            "stolen:1",
+        )
+        .await;
+        let body = error_body(r, 400, "INVALID_ARGUMENT").await;
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("image config says"),
+            "{what}: {body}"
+        );
+        assert!(images_of(&hub, BOB_KEY).await.is_empty(), "{what}");
+        assert_eq!(store_files(&hub), before, "{what}: the store changed");
+    }
+
+    // His own copy proves it: stored, and runnable after alice's is gone.
+    let own = layout_of(&[gzip(&base, 1), gzip(&secret, 1)], &diff_ids, &bobs_config);
+    let r = import_as(&hub, BOB_KEY, own, "mine:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = delete_as(&hub, ALICE_KEY, "private:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let bob = hub.client(Some(BOB_KEY));
+    let sb = sandbox_of(
+        &bob,
+        "mine",
+        Template {
+            image: Some("mine:1".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        shell_ok(&bob, &sb.id, "cat /secret; echo $WHO").await,
+        "alice's private key\nbob\n"
+    );
+    bob.delete(&sb.id).await.unwrap();
+}
+
+/// Finding 5: a refused import (no image in the archive, a bad config,
+/// the tenant's quota, a layer that is not its diff id) leaves blobs/,
+/// layers/, tmp/ and images/ as they were.
+#[tokio::test]
+async fn a_refused_import_leaves_nothing_on_the_disk() {
+    let hub = TestHub::start(HubOptions {
+        extra_args: &["--max-image-mb-per-tenant", "4"],
+        ..Default::default()
+    })
+    .await;
+    let _mounts = ImageMounts::of(&hub);
+    let r = import(&hub, oci_archive(&[upper_layer()], &config()), "small:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let before = store_files(&hub);
+
+    // Incompressible: 5 MiB of it pass the 4 MiB quota even gzipped.
+    let noise: Vec<u8> = (0u32..(5 << 13))
+        .flat_map(|i| {
+            let block = Sha256::digest(i.to_le_bytes());
+            [
+                block,
+                Sha256::digest(block),
+                Sha256::digest(i.to_be_bytes()),
+                Sha256::digest(block.as_slice().repeat(2)),
+            ]
+        })
+        .flatten()
+        .collect();
+    let mut no_index = tar::Builder::new(Vec::new());
+    add(&mut no_index, "blobs/sha256/junk", &noise);
+    let no_index = no_index.into_inner().unwrap();
+    let bad_config = {
+        let mut c = config();
+        c["os"] = json!("plan9");
+        oci_archive(&[upper_layer()], &c)
+    };
+    let big = tar_of(&[file("noise", &noise)]);
+    let over_quota = layout_of(&[gzip(&big, 1)], &[sha(&big)], &config());
+    let other = tar_of(&[file("x", b"not the layer named")]);
+    // A layer in the store (checked by hashing), and one that is not
+    // (checked as it unpacks).
+    // (Another config: an image the tenant holds would only be tagged.)
+    let mut another = config();
+    another["config"]["WorkingDir"] = json!("/elsewhere");
+    let stored = layout_of(&[gzip(&other, 1)], &[sha(&upper_layer())], &another);
+    let unknown = layout_of(&[gzip(&other, 1)], &[sha(b"unknown")], &another);
+    for (what, archive, status, code) in [
+        ("no index.json", no_index, 400, "INVALID_ARGUMENT"),
+        ("a config for plan9", bad_config, 400, "INVALID_ARGUMENT"),
+        (
+            "past the tenant's quota",
+            over_quota,
+            429,
+            "RESOURCE_EXHAUSTED",
+        ),
+        ("not the stored diff id", stored, 400, "INVALID_ARGUMENT"),
+        ("not its diff id", unknown, 400, "INVALID_ARGUMENT"),
+    ] {
+        let r = import(&hub, archive, "refused:1").await;
+        let got = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert!(got == status && text.contains(code), "{what}: {got} {text}");
+        assert_eq!(store_files(&hub), before, "{what}: the store changed");
+    }
+}
+
+/// A layer tar of one file of `mib` MiB of zeros, gzipped (a few KiB per
+/// MiB), and the tar's sha256; streamed, so no buffer holds the tar.
+fn zeros_layer(name: &str, mib: u64) -> (Vec<u8>, String) {
+    use std::io::Write;
+    struct Both<W> {
+        gz: W,
+        sha: Sha256,
+    }
+    impl<W: Write> Write for Both<W> {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.gz.write_all(b)?;
+            self.sha.update(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.gz.flush()
+        }
+    }
+    let out = Both {
+        gz: flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()),
+        sha: Sha256::new(),
+    };
+    let mut b = tar::Builder::new(out);
+    let mut h = tar::Header::new_gnu();
+    h.set_size(mib << 20);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(1_700_000_000);
+    h.set_cksum();
+    b.append_data(&mut h, name, std::io::repeat(0).take(mib << 20))
+        .unwrap();
+    let out = b.into_inner().unwrap();
+    (out.gz.finish().unwrap(), hex::encode(out.sha.finalize()))
+}
+
+use std::io::Read as _;
+
+/// Finding 6: what layers unpack to counts against the tenant's quota.
+/// Two gzip layers of a few hundred KiB that unpack to 40 MiB each are
+/// refused under a 64 MiB quota (the unpack stops at the quota) and leave
+/// nothing; one of them fits, and then another image past the rest of the
+/// quota is refused, even when its layer is unpacked already (bob's).
+#[tokio::test]
+async fn layers_that_unpack_large_count_against_the_quota() {
+    use common::{ALICE_KEY, BOB_KEY};
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        extra_args: &["--max-image-mb-per-tenant", "64"],
+        ..Default::default()
+    })
+    .await;
+    let _mounts = ImageMounts::of(&hub);
+    let (a, a_id) = zeros_layer("a", 40);
+    let (b, b_id) = zeros_layer("b", 40);
+    let (c, c_id) = zeros_layer("c", 30);
+    assert!(a.len() < 1 << 20, "{}", a.len());
+    let before = store_files(&hub);
+    let both = layout_of(
+        &[a.clone(), b.clone()],
+        &[a_id.clone(), b_id.clone()],
+        &config(),
+    );
+    let r = import_as(&hub, ALICE_KEY, both, "bomb:1").await;
+    let body = error_body(r, 429, "RESOURCE_EXHAUSTED").await;
+    assert!(
+        body["message"].as_str().unwrap().contains("64 MiB"),
+        "{body}"
+    );
+    assert_eq!(store_files(&hub), before, "a refused unpack left files");
+
+    let r = import_as(
+        &hub,
+        ALICE_KEY,
+        layout_of(
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a_id),
+            &config(),
+        ),
+        "a:1",
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = import_as(
+        &hub,
+        ALICE_KEY,
+        layout_of(
+            std::slice::from_ref(&c),
+            std::slice::from_ref(&c_id),
+            &config(),
+        ),
+        "c:1",
+    )
+    .await;
+    error_body(r, 429, "RESOURCE_EXHAUSTED").await;
+
+    // Bob holds c; alice's layer a is unpacked already, yet a's 40 MiB
+    // count for bob too: past his 64.
+    let r = import_as(&hub, BOB_KEY, layout_of(&[c], &[c_id], &config()), "c:1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let layers = store_files(&hub)["layers"].clone();
+    let r = import_as(&hub, BOB_KEY, layout_of(&[a], &[a_id], &config()), "a:1").await;
+    error_body(r, 429, "RESOURCE_EXHAUSTED").await;
+    assert_eq!(store_files(&hub)["layers"], layers);
+    assert_eq!(images_of(&hub, BOB_KEY).await.len(), 1);
+}
+
+/// Finding 7: one tenant's large import unpacks outside the store's lock,
+/// so another tenant's `GET /v1/images` answers at once meanwhile (a
+/// liveness property: under a second, not a benchmark).
+#[tokio::test]
+async fn listing_images_does_not_wait_for_another_tenants_unpack() {
+    use common::{ALICE_KEY, BOB_KEY};
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
+    let _mounts = ImageMounts::of(&hub);
+    // Each within the 512 MiB a layer may always unpack to; together
+    // seconds of unpacking (about 2 s here).
+    let (blobs, ids): (Vec<_>, Vec<_>) = ["a", "b", "c", "d"]
+        .iter()
+        .map(|name| zeros_layer(name, 400))
+        .unzip();
+    let archive = layout_of(&blobs, &ids, &config());
+    let (http, url) = (
+        hub.http(),
+        format!("{}/v1/images/import?tag=big:1", hub.url()),
+    );
+    let started = std::time::Instant::now();
+    let import = tokio::spawn(async move {
+        let r = http
+            .post(url)
+            .bearer_auth(ALICE_KEY)
+            .body(archive)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), std::time::Instant::now())
+    });
+    let tmp = hub.state_dir.join("images/tmp");
+    common::eventually("the unpack to be under way", common::WAIT, || async {
+        std::fs::read_dir(&tmp)
+            .ok()?
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("layer-"))
+            .then_some(())
+    })
+    .await;
+    let mut slowest = std::time::Duration::ZERO;
+    let mut during = 0;
+    while !import.is_finished() {
+        let t = std::time::Instant::now();
+        assert!(images_of(&hub, BOB_KEY).await.is_empty());
+        slowest = slowest.max(t.elapsed());
+        during += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (status, ended) = import.await.unwrap();
+    assert_eq!(status, 200);
+    eprintln!(
+        "import took {:?}; {during} listings during it, slowest {slowest:?}",
+        ended - started
+    );
+    assert!(
+        slowest < std::time::Duration::from_secs(1),
+        "a listing waited {slowest:?} on another tenant's import"
+    );
+    assert!(
+        during >= 3,
+        "the import ended too soon to tell ({during} listings)"
+    );
+}
+
+/// Finding 5 (pulls): `prune` removes partial downloads no pull has
+/// touched for a day, and keeps recent ones (a pull may resume them).
+#[tokio::test]
+async fn prune_drops_abandoned_partial_downloads() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let partial = hub.state_dir.join("images/partial");
+    let old_dir = partial.join("0123456789abcdef0123456789abcdef");
+    std::fs::create_dir_all(&old_dir).unwrap();
+    let (old, legacy, fresh) = (
+        old_dir.join("a".repeat(64)),
+        partial.join("b".repeat(64)),
+        old_dir.join("c".repeat(64)),
+    );
+    let two_days = std::time::SystemTime::now() - std::time::Duration::from_secs(48 * 3600);
+    for p in [&old, &legacy, &fresh] {
+        std::fs::write(p, vec![1u8; 1 << 20]).unwrap();
+    }
+    for p in [&old, &legacy] {
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(two_days)
+            .unwrap();
+    }
+    let r = hub
+        .http()
+        .post(format!("{}/v1/images/prune", hub.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert!(
+        !old.exists() && !legacy.exists(),
+        "abandoned partial files kept"
+    );
+    assert!(fresh.exists(), "a recent partial file was pruned");
+}

@@ -32,11 +32,20 @@ pub struct DiskArgs {
     pub max_snapshot_mb_per_tenant: u64,
 
     /// Most MiB of images one tenant may hold in the image store, counted
-    /// as the compressed size of each image's layers (0: no limit). An
-    /// image several tenants hold counts for each. Past this, an import or
-    /// pull is RESOURCE_EXHAUSTED until some are removed.
+    /// as the compressed size of each image's layers plus what they
+    /// unpack to (0: no limit). An image several tenants hold counts for
+    /// each. Past this, an import or pull is RESOURCE_EXHAUSTED (an unpack
+    /// stops there) until some are removed.
     #[arg(long, env = "SANDHUB_MAX_IMAGE_MB_PER_TENANT", default_value_t = DEFAULT_MAX_IMAGE_MB)]
     pub max_image_mb_per_tenant: u64,
+
+    /// Most MiB the whole image store may take on the host's disk:
+    /// unpacked layers (once each, however many tenants share them),
+    /// blobs, partial downloads and imports in progress. Past this, an
+    /// import or pull is RESOURCE_EXHAUSTED. Default: half the size of
+    /// the state dir's filesystem. 0: no limit.
+    #[arg(long, env = "SANDHUB_MAX_IMAGE_STORE_MB")]
+    pub max_image_store_mb: Option<u64>,
 
     /// Size in MiB of the sparse disk volume the hub makes for sandboxes
     /// on first start, unless the state dir is on btrfs with quotas on
@@ -62,9 +71,26 @@ impl Default for DiskArgs {
             default_disk_mb: DEFAULT_DISK_MB,
             max_snapshot_mb_per_tenant: DEFAULT_MAX_SNAPSHOT_MB,
             max_image_mb_per_tenant: DEFAULT_MAX_IMAGE_MB,
+            max_image_store_mb: None,
             disk_volume_mb: None,
             disk_volume_dir: quota::DEFAULT_RUN_DIR.into(),
             allow_no_disk_quota: false,
+        }
+    }
+}
+
+/// The image store's cap in bytes: `--max-image-store-mb`, else half
+/// the size of the state dir's filesystem (the images live there, beside
+/// the sandboxes' volume, which has its own bound).
+pub fn image_store_cap(state_dir: &Path, args: &DiskArgs) -> u64 {
+    if let Some(mb) = args.max_image_store_mb {
+        return mb.saturating_mul(1 << 20);
+    }
+    match rustix::fs::statvfs(state_dir) {
+        Ok(st) => st.f_blocks.saturating_mul(st.f_frsize) / 2,
+        Err(e) => {
+            tracing::warn!(error = %e, "no size for the state dir's filesystem: the image store has no cap");
+            0
         }
     }
 }

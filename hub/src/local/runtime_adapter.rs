@@ -117,7 +117,8 @@ impl LocalBackend {
                     super::runtime::IdMap::for_current_user(),
                 )
                 .context("opening the image store")?
-                .with_tenant_quota(disk.max_image_mb_per_tenant.saturating_mul(1 << 20)),
+                .with_tenant_quota(disk.max_image_mb_per_tenant.saturating_mul(1 << 20))
+                .with_store_cap(super::disk::image_store_cap(state_dir, disk)),
             ),
         };
         for dir in [&backend.sandboxes, &backend.snapshots, &backend.seeds] {

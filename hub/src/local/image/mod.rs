@@ -1,61 +1,79 @@
 //! The local image store, under `<state-dir>/images/` (hub only, 0700):
 //!
 //! ```text
-//! blobs/sha256/<hex>   every file of an imported archive, by content
+//! blobs/sha256/<hex>   the config blob of every stored image (layer
+//!                      blobs are not kept once their layer is unpacked)
 //! layers/<hex>/        one unpacked layer per diff id (the sha256 of its
 //!                      tar, checked as it unpacks), shared by every image
 //!                      that has it; overlay format, owners shifted
-//! images/<hex>.json    one image (by config digest): layers, config, and
-//!                      each tenant holding it with that tenant's tags
+//! images/<hex>.json    one image (by config digest): layers and what each
+//!                      unpacked to, config, and each tenant holding it
+//!                      with that tenant's tags
 //! pins/<sandbox id>    the image a sandbox runs (tenant, id): never removed
 //!                      while that sandbox exists
 //! mnt/<hex>/           an image's root: its layers as one read-only overlay
 //! empty/               the bottom layer of every such overlay
-//! tmp/                 work in progress; emptied when the store opens
-//! partial/<hex>        blobs being pulled; kept across restarts, so a
-//!                      pull resumes where it stopped (see pull.rs)
+//! tmp/                 work in progress (an import's staged archive, a
+//!                      layer unpacking, a collected layer being deleted);
+//!                      emptied when the store opens
+//! partial/<tenant>/<hex>  blobs a tenant is pulling; kept across restarts,
+//!                      so a pull resumes where it stopped (see pull.rs);
+//!                      pruned when untouched for a day
 //! ```
 //!
 //! Everything lands in `tmp/` first and is renamed into place only when
 //! complete, so a hub killed mid-import leaves at most junk in `tmp/`:
-//! a directory under `layers/` is always a whole layer. One lock
-//! serializes imports, removals and prunes; reads take it too (they are
-//! cheap), so no one sees an image whose layers are being removed.
+//! a directory under `layers/` is always a whole layer, and a refused
+//! import or pull leaves nothing at all. The store's lock is held only to
+//! read or change records and to move things into or out of place: an
+//! archive streams and a layer unpacks without it, so no tenant's listing
+//! waits on another's import. What an import in progress relies on is
+//! claimed (budget.rs), so a prune meanwhile leaves it alone.
 //!
-//! Tenancy: layers and blobs are shared by content (an image two tenants
-//! import is stored once), but everything a tenant can name is its own. A
-//! tag belongs to one tenant, so no tenant can re-point another's
-//! `app:1`; an image is listed, resolved (even by id) and removable only
-//! by a tenant that imported or pulled it; and it leaves the disk only
-//! when no tenant holds it, no template names it and no sandbox runs it.
+//! Tenancy: layers are shared by content (an image two tenants import is
+//! stored once), but everything a tenant can name is its own. A tag
+//! belongs to one tenant, so no tenant can re-point another's `app:1`; an
+//! image is listed, resolved (even by id) and removable only by a tenant
+//! that imported or pulled it; a layer in the store serves a tenant only
+//! once it proved it holds its content (register.rs); and an image leaves
+//! the disk only when no tenant holds it, no template names it and no
+//! sandbox runs it.
+//!
+//! Bounds: a tenant's images (compressed blobs plus unpacked layers, each
+//! image counted for each tenant holding it) stay within its quota, and
+//! the whole store (layers once, blobs, partial downloads, imports in
+//! progress) within the store's cap; both are charged as bytes are
+//! written, so an unpack stops at the limit (budget.rs).
 //!
 //! ```text
-//! mod.rs     ImageStore: import, list, get, remove, prune
-//! pull.rs    registry -> partial/ -> blobs (resumable, checked, coalesced)
+//! mod.rs       ImageStore: import, list, get, remove, prune
+//! register.rs  blobs -> proven or unpacked layers -> record (import, pull)
+//! budget.rs    quota charges and claims of work in progress
+//! pull.rs      registry -> partial/ -> register (resumable, checked, coalesced)
 //! registry_auth.rs  credentials from a Docker config.json (pure)
-//! ingest.rs  archive -> blobs -> (config, layers, tag)
-//! format.rs  the OCI / docker JSON the store reads (pure)
-//! unpack.rs  one layer tar -> one directory, fd-relative and confined
-//! mount.rs   an image's layers -> one read-only overlay (its root)
+//! ingest.rs    archive -> staged blobs -> (config, layers, tag)
+//! format.rs    the OCI / docker JSON the store reads (pure)
+//! unpack.rs    one layer tar -> one directory, fd-relative and confined
+//! mount.rs     an image's layers -> one read-only overlay (its root)
 //! ```
 
+mod budget;
 mod format;
 mod ingest;
 mod mount;
 pub mod pull;
+mod register;
 mod registry_auth;
 pub mod unpack;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs::File,
-    io::{self, BufReader, Read},
-    os::{
-        fd::AsFd,
-        unix::fs::{DirBuilderExt, PermissionsExt},
-    },
+    io::{self, Read},
+    os::unix::fs::{DirBuilderExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
 };
 
 use sandhub_api::{
@@ -139,9 +157,27 @@ struct Record {
     image: Image,
     #[serde(default)]
     tenants: BTreeMap<String, BTreeSet<String>>,
+    /// What each layer unpacked to (file data plus a fixed cost per
+    /// entry), bottom first like `image.layers`; filled in at open for
+    /// records stored before it was kept.
+    #[serde(default)]
+    layer_bytes: Vec<u64>,
+    /// Per layer, the blobs checked to unpack to it (register.rs): proof
+    /// for each tenant holding the image. Empty for records stored before
+    /// proofs were kept (their blobs are checked again).
+    #[serde(default)]
+    layer_blobs: Vec<BTreeSet<String>>,
 }
 
 impl Record {
+    /// What the image costs each tenant holding it: its compressed layer
+    /// blobs (`size_bytes`, the API's figure) plus its unpacked layers.
+    fn quota_bytes(&self) -> u64 {
+        self.layer_bytes
+            .iter()
+            .fold(self.image.size_bytes, |sum, b| sum.saturating_add(*b))
+    }
+
     /// The image as `tenant` sees it: with its own tags only.
     fn view(&self, tenant: &str) -> Image {
         let mut image = self.image.clone();
@@ -230,20 +266,21 @@ impl ImageService for Images {
     }
 }
 
-/// A layer may unpack to at most this many times its blob's size (real
-/// layers: 2-5x), so a gzip bomb within `--max-upload-bytes` cannot fill
-/// the disk; but to at least [`MIN_UNPACK_BUDGET`].
-const MAX_EXPANSION: u64 = 32;
-const MIN_UNPACK_BUDGET: u64 = 512 << 20;
+/// A file in `partial/` untouched this long, and claimed by no pull, is
+/// abandoned: `prune` removes it (a pull resumes only a recent cut).
+const PARTIAL_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
 pub struct ImageStore {
     root: PathBuf,
     blobs: Blobs,
     idmap: IdMap,
+    /// Held to read or change records and to move things into or out of
+    /// place; never while a layer unpacks or a blob downloads.
     lock: Mutex<()>,
-    /// Most bytes (compressed layers) of images one tenant may hold; 0:
-    /// no limit.
-    max_tenant_bytes: u64,
+    /// Bytes counted against the tenant quota and the store cap.
+    ledger: Arc<budget::Ledger>,
+    /// Layers and blobs imports and pulls in progress rely on.
+    inflight: Arc<budget::InFlight>,
     /// Registry pulls: settings, pulls under way, blobs being fetched.
     pulls: pull::Pulls,
 }
@@ -278,7 +315,7 @@ impl ImageStore {
                 tracing::warn!(path = %p.display(), error = %e, "could not clear an unfinished import");
             }
         }
-        Ok(ImageStore {
+        let store = ImageStore {
             blobs: Blobs {
                 dir: root.join("blobs/sha256"),
                 tmp: root.join("tmp"),
@@ -286,46 +323,82 @@ impl ImageStore {
             root,
             idmap,
             lock: Mutex::new(()),
-            max_tenant_bytes: 0,
+            ledger: Arc::default(),
+            inflight: Arc::default(),
             pulls: pull::Pulls::default(),
-        })
+        };
+        store
+            .record_layer_sizes()
+            .and_then(|()| store.refresh_ledger())
+            .map_err(|e| io::Error::other(e.message))?;
+        Ok(store)
     }
 
-    /// Bounds what one tenant's images may take (`bytes` of compressed
-    /// layers; 0: no limit).
-    pub fn with_tenant_quota(mut self, bytes: u64) -> Self {
-        self.max_tenant_bytes = bytes;
+    /// Bounds what one tenant's images may take (`bytes`, compressed
+    /// layers plus unpacked layers of each image it holds; 0: no limit).
+    pub fn with_tenant_quota(self, bytes: u64) -> Self {
+        let store = self.ledger.max_store();
+        self.ledger.set_limits(bytes, store);
         self
     }
 
-    /// Refuses a new image of `size` bytes that would take `tenant` past
-    /// its quota. Called with the lock held, before any layer is unpacked.
-    fn admit(&self, tenant: &str, id: &str, size: u64) -> Result<(), ErrorBody> {
-        if self.max_tenant_bytes == 0 {
-            return Ok(());
-        }
-        let mut held = 0u64;
-        for r in self.records()? {
-            if r.tenants.contains_key(tenant) {
-                if r.image.id == id {
-                    return Ok(()); // already counted: a new tag costs nothing
-                }
-                held = held.saturating_add(r.image.size_bytes);
+    /// Bounds the whole store on disk (`bytes`: unpacked layers once each,
+    /// blobs, partial downloads, imports in progress; 0: no limit), so
+    /// the host's disk is bounded whatever the tenants do.
+    pub fn with_store_cap(self, bytes: u64) -> Self {
+        let tenant = self.ledger.max_tenant();
+        self.ledger.set_limits(tenant, bytes);
+        self
+    }
+
+    /// Records the unpacked size of every layer of records stored before
+    /// sizes were kept (measured once, at open).
+    fn record_layer_sizes(&self) -> Result<(), ErrorBody> {
+        for mut record in self.records()? {
+            if record.layer_bytes.len() == record.image.layers.len() {
+                continue;
             }
-        }
-        if held.saturating_add(size) > self.max_tenant_bytes {
-            return Err(ErrorBody::new(
-                Code::ResourceExhausted,
-                format!(
-                    "this image ({} MiB) would take the tenant's images past {} MiB \
-                     (held now: {} MiB); remove some (`sandhub image rm`, `prune`)",
-                    size.div_ceil(1 << 20),
-                    self.max_tenant_bytes >> 20,
-                    held.div_ceil(1 << 20),
-                ),
-            ));
+            record.layer_bytes = record
+                .image
+                .layers
+                .iter()
+                .map(|d| {
+                    format::sha256_hex(d).map_or(0, |h| register::measure_dir(&self.layer_dir(h)))
+                })
+                .collect();
+            self.write_record(&record)?;
         }
         Ok(())
+    }
+
+    /// Reads the committed figures of the ledger from the records and the
+    /// disk. Called with the lock held, or before the store is shared.
+    fn refresh_ledger(&self) -> Result<(), ErrorBody> {
+        self.refresh_from(&self.records()?)
+    }
+
+    fn refresh_from(&self, records: &[Record]) -> Result<(), ErrorBody> {
+        let mut held: HashMap<String, u64> = HashMap::new();
+        for r in records {
+            for t in r.tenants.keys() {
+                let h = held.entry(t.clone()).or_default();
+                *h = h.saturating_add(r.quota_bytes());
+            }
+        }
+        let layers: u64 = register::layer_sizes(records).values().sum();
+        let stored = layers
+            .saturating_add(files_bytes(&self.root.join("blobs/sha256")))
+            .saturating_add(files_bytes(&self.root.join("partial")));
+        self.ledger.refresh(held, stored);
+        Ok(())
+    }
+
+    /// A fresh directory under `tmp/`, removed when dropped.
+    fn tmp_dir(&self, prefix: &str) -> Result<tempfile::TempDir, ErrorBody> {
+        tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(self.root.join("tmp"))
+            .map_err(|e| internal("making a work directory", e))
     }
 
     fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -340,6 +413,11 @@ impl ImageStore {
     /// Imports an OCI layout or `docker save` archive (one tar stream,
     /// uncompressed) for `tenant`. `tag` names it, else the archive's own
     /// tag does. Blocking: call from a blocking thread.
+    ///
+    /// The archive is staged in a directory of its own under `tmp/`, so a
+    /// refused import (no image in it, a bad config, a quota, a bad layer)
+    /// leaves nothing behind: only the config blob of a stored image ever
+    /// reaches `blobs/`. No lock is held while it streams or unpacks.
     pub fn import(
         &self,
         tenant: &str,
@@ -350,104 +428,45 @@ impl ImageStore {
         if let Some(t) = tag {
             validate::image_reference(t)?;
         }
-        let _g = self.guard();
-        let files = ingest::ingest(input, &self.blobs)?;
-        let described = files.describe(&self.blobs, pick)?;
-        let layers: Vec<(String, u64)> = described
+        let staging = self.tmp_dir("import-")?;
+        let blobs = Blobs {
+            dir: staging.path().to_path_buf(),
+            tmp: staging.path().to_path_buf(),
+        };
+        let mut charge = self.ledger.charge(tenant);
+        let mut metered = register::Metered {
+            inner: input,
+            charge: &mut charge,
+            refused: None,
+        };
+        let files = match ingest::ingest(&mut metered, &blobs) {
+            Ok(files) => files,
+            Err(e) => return Err(metered.refused.take().unwrap_or(e)),
+        };
+        let described = files.describe(&blobs, pick)?;
+        let layers: Vec<register::LayerBlob> = described
             .layers
             .iter()
-            .map(|blob| {
-                let size = std::fs::metadata(self.blobs.path(blob))
-                    .map(|m| m.len())
-                    .unwrap_or(0);
-                (blob.clone(), size)
+            .map(|hex| register::LayerBlob {
+                hex: hex.clone(),
+                size: std::fs::metadata(blobs.path(hex)).map_or(0, |m| m.len()),
+                file: Some(blobs.path(hex)),
             })
             .collect();
-        self.register_locked(
+        self.register(
             tenant,
+            &blobs.path(&described.config),
             &described.config,
             &layers,
             tag.or(described.tag.as_deref()),
+            charge,
         )
     }
 
-    /// Makes an image of `tenant` from blobs in `blobs/`: reads the config,
-    /// admits its size against the tenant's quota, unpacks each layer not
-    /// yet unpacked (checked against the config's diff ids), and writes
-    /// the record with `tag`. Import and pull both end here, with the
-    /// store's lock held. `layers` are `(blob hex, compressed size)`,
-    /// bottom first; the blob of a layer already unpacked may be absent.
-    fn register_locked(
-        &self,
-        tenant: &str,
-        config_hex: &str,
-        layers: &[(String, u64)],
-        tag: Option<&str>,
-    ) -> Result<Image, ErrorBody> {
-        let (config, diff_ids) = self.read_config(config_hex)?;
-        if diff_ids.len() != layers.len() {
-            return Err(ErrorBody::new(
-                Code::InvalidArgument,
-                format!(
-                    "image config names {} layers (rootfs.diff_ids) but the manifest {}",
-                    diff_ids.len(),
-                    layers.len()
-                ),
-            ));
-        }
-        let size = layers.iter().map(|(_, size)| size).sum();
-        let id = format!("sha256:{config_hex}");
-        if let Err(e) = self.admit(tenant, &id, size) {
-            // The new blobs are nobody's: drop them now.
-            self.collect(&mut PruneResult::default())?;
-            return Err(e);
-        }
-        for ((blob, _), diff_id) in layers.iter().zip(&diff_ids) {
-            self.ensure_layer(blob, diff_id)?;
-        }
-        let tag = match tag {
-            Some(t) => {
-                validate::image_reference(t)?;
-                Some(validate::normalize_image_reference(t))
-            }
-            None => None,
-        };
-        let mut record = self.read_record(config_hex)?.unwrap_or_else(|| Record {
-            image: Image {
-                id,
-                tags: Vec::new(),
-                layers: diff_ids.iter().map(|h| format!("sha256:{h}")).collect(),
-                size_bytes: size,
-                config,
-            },
-            tenants: BTreeMap::new(),
-        });
-        if let Some(tag) = &tag {
-            // A tag names one of the tenant's images: take it from any other.
-            for mut other in self.records()? {
-                if other.image.id == record.image.id {
-                    continue;
-                }
-                if let Some(tags) = other.tenants.get_mut(tenant) {
-                    if tags.remove(tag) {
-                        self.write_record(&other)?;
-                    }
-                }
-            }
-        }
-        let tags = record.tenants.entry(tenant.to_string()).or_default();
-        tags.extend(tag);
-        self.write_record(&record)?;
-        let image = record.view(tenant);
-        tracing::info!(id = %image.id, %tenant, tags = ?image.tags, layers = image.layers.len(), "image stored");
-        Ok(image)
-    }
-
     /// The run config and the layers' diff ids (hex) of a config blob.
-    fn read_config(&self, hex: &str) -> Result<(ImageRunConfig, Vec<String>), ErrorBody> {
+    fn read_config(&self, path: &Path) -> Result<(ImageRunConfig, Vec<String>), ErrorBody> {
         let mut buf = Vec::new();
-        self.blobs
-            .open(hex)
+        File::open(path)
             .map_err(|e| internal("opening the image config", e))?
             .take(4 << 20)
             .read_to_end(&mut buf)
@@ -487,68 +506,6 @@ impl ImageStore {
             cmd: c.cmd.unwrap_or_default(),
         };
         Ok((run, diff_ids))
-    }
-
-    /// Unpacks layer blob `hex` unless layer `diff_id` already is: into
-    /// `tmp/`, then one rename, so `layers/<diff id>` only ever holds a
-    /// whole layer whose tar hashed to its name. Keyed by diff id, not by
-    /// blob, an image id (its config's digest) names its content exactly:
-    /// no tenant can plant other content under an id another will import.
-    fn ensure_layer(&self, hex: &str, diff_id: &str) -> Result<(), ErrorBody> {
-        let dest = self.layer_dir(diff_id);
-        if dest.is_dir() {
-            return Ok(());
-        }
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!("layer-{}-", &hex[..12]))
-            .tempdir_in(self.root.join("tmp"))
-            .map_err(|e| internal("making a layer directory", e))?;
-        let (uid, gid) = self.idmap.image_owner(0, 0);
-        std::os::unix::fs::chown(tmp.path(), Some(uid), Some(gid))
-            .and_then(|()| {
-                std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))
-            })
-            .map_err(|e| internal("preparing a layer directory", e))?;
-        let root = crate::local::runtime::open_hub_dir(tmp.path())
-            .map_err(|e| internal("opening a layer directory", e))?;
-        let blob = self
-            .blobs
-            .open(hex)
-            .map_err(|e| internal("opening a layer blob", e))?;
-        let packed = blob.metadata().map(|m| m.len()).unwrap_or(0);
-        let max_bytes = packed.saturating_mul(MAX_EXPANSION).max(MIN_UNPACK_BUDGET);
-        let mut tar = ingest::Hashing::new(decompress(BufReader::new(blob))?);
-        let stats =
-            unpack::unpack_layer(&mut tar, root.as_fd(), &self.idmap, max_bytes).map_err(|e| {
-                match e {
-                    unpack::UnpackError::Io(e) => {
-                        internal(&format!("unpacking layer sha256:{hex}"), e)
-                    }
-                    e => ErrorBody::new(
-                        Code::InvalidArgument,
-                        format!("layer sha256:{hex} refused: {e}"),
-                    ),
-                }
-            })?;
-        // The tar's end-of-archive padding counts too; bounded like the rest.
-        io::copy(&mut (&mut tar).take(max_bytes), &mut io::sink())
-            .map_err(|e| internal(&format!("reading layer sha256:{hex}"), e))?;
-        let got = tar.hex();
-        if got != diff_id {
-            return Err(ErrorBody::new(
-                Code::InvalidArgument,
-                format!("layer sha256:{hex} unpacks to sha256:{got}, but the image config says sha256:{diff_id}"),
-            ));
-        }
-        let tmp = tmp.keep();
-        if let Err(e) = std::fs::rename(&tmp, &dest) {
-            let _ = std::fs::remove_dir_all(&tmp);
-            if !dest.is_dir() {
-                return Err(internal("moving a layer into place", e));
-            }
-        }
-        tracing::debug!(layer = %hex, entries = stats.entries, bytes = stats.bytes, "layer unpacked");
-        Ok(())
     }
 
     fn record_path(&self, hex: &str) -> PathBuf {
@@ -701,7 +658,20 @@ impl ImageStore {
     /// sandboxes use is refused with `CONFLICT`. The image leaves the disk
     /// when no tenant holds it any more.
     pub fn remove(&self, tenant: &str, reference: &str, users: &Users) -> Result<Image, ErrorBody> {
-        let _g = self.guard();
+        let (image, trash) = {
+            let _g = self.guard();
+            self.remove_locked(tenant, reference, users)?
+        };
+        drop(trash);
+        Ok(image)
+    }
+
+    fn remove_locked(
+        &self,
+        tenant: &str,
+        reference: &str,
+        users: &Users,
+    ) -> Result<(Image, Trash), ErrorBody> {
         let mut record = self.find(tenant, reference)?;
         let image = record.view(tenant);
         let by_id = format::sha256_hex(reference).is_some();
@@ -711,7 +681,7 @@ impl ImageStore {
                 tags.remove(&tag);
             }
             self.write_record(&record)?;
-            return Ok(record.view(tenant));
+            return Ok((record.view(tenant), Trash::default()));
         }
         let used = self.used(users)?;
         if used.contains(&(tenant.to_string(), record.image.id.clone())) {
@@ -722,15 +692,24 @@ impl ImageStore {
         }
         record.tenants.remove(tenant);
         self.release(&record, &used, &mut PruneResult::default())?;
-        self.collect(&mut PruneResult::default())?;
-        Ok(image)
+        let trash = self.collect(&mut PruneResult::default())?;
+        self.refresh_ledger()?;
+        Ok((image, trash))
     }
 
     /// Drops `tenant`'s holds on its untagged images it does not use, then
-    /// removes every image no tenant holds and nothing uses, and every
-    /// layer and blob no image needs.
+    /// removes every image no tenant holds and nothing uses, every layer
+    /// and blob no image needs, and abandoned partial downloads.
     pub fn prune(&self, tenant: &str, users: &Users) -> Result<PruneResult, ErrorBody> {
-        let _g = self.guard();
+        let (result, trash) = {
+            let _g = self.guard();
+            self.prune_locked(tenant, users)?
+        };
+        drop(trash);
+        Ok(result)
+    }
+
+    fn prune_locked(&self, tenant: &str, users: &Users) -> Result<(PruneResult, Trash), ErrorBody> {
         let used = self.used(users)?;
         let mut result = PruneResult::default();
         for mut record in self.records()? {
@@ -746,8 +725,10 @@ impl ImageStore {
             }
             self.release(&record, &used, &mut result)?;
         }
-        self.collect(&mut result)?;
-        Ok(result)
+        let trash = self.collect(&mut result)?;
+        self.prune_partials(&mut result);
+        self.refresh_ledger()?;
+        Ok((result, trash))
     }
 
     /// Writes a record whose holders changed, or deletes it when no tenant
@@ -770,9 +751,11 @@ impl ImageStore {
         Ok(())
     }
 
-    /// Removes layers and blobs no image record refers to. Called with
-    /// the lock held, so no import is between writing blobs and its record.
-    fn collect(&self, result: &mut PruneResult) -> Result<(), ErrorBody> {
+    /// Removes layers and blobs no image record refers to and no import
+    /// or pull in progress has claimed. Called with the lock held. Layers
+    /// are only moved into `tmp/` here: deleting a large one takes long,
+    /// so the caller does it once the lock is released.
+    fn collect(&self, result: &mut PruneResult) -> Result<Trash, ErrorBody> {
         let mut keep = HashSet::new();
         for record in self.records()? {
             let image = &record.image;
@@ -782,20 +765,29 @@ impl ImageStore {
                 }
             }
         }
+        let mut trash = Trash::default();
         for (sub, is_layer) in [("layers", true), ("blobs/sha256", false)] {
             let dir = self.root.join(sub);
             for e in std::fs::read_dir(&dir).map_err(|e| internal("listing the store", e))? {
                 let e = e.map_err(|e| internal("listing the store", e))?;
                 let name = e.file_name().to_string_lossy().into_owned();
-                if keep.contains(&name) {
+                if keep.contains(&name) || self.inflight.contains(&name) {
                     continue;
                 }
                 let res = if is_layer {
-                    std::fs::remove_dir_all(e.path())
+                    self.tmp_dir("trash-").and_then(|t| {
+                        let to = t.keep().join(&name);
+                        trash
+                            .0
+                            .push(to.parent().map(Path::to_path_buf).unwrap_or_default());
+                        std::fs::rename(e.path(), &to)
+                            .map_err(|e| internal(&format!("removing layers/{name}"), e))
+                    })
                 } else {
                     std::fs::remove_file(e.path())
+                        .map_err(|e| internal(&format!("removing {sub}/{name}"), e))
                 };
-                res.map_err(|e| internal(&format!("removing {sub}/{name}"), e))?;
+                res?;
                 if is_layer {
                     result.layers += 1;
                 } else {
@@ -803,27 +795,84 @@ impl ImageStore {
                 }
             }
         }
-        Ok(())
+        Ok(trash)
+    }
+
+    /// Removes the files in `partial/` no pull is using and none has
+    /// touched for [`PARTIAL_MAX_AGE`]: a pull cut and never retried.
+    /// Counted as blobs. Called with the lock held.
+    fn prune_partials(&self, result: &mut PruneResult) {
+        let partial = self.root.join("partial");
+        let old = |p: &Path| {
+            p.symlink_metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .is_some_and(|age| age > PARTIAL_MAX_AGE)
+        };
+        let mut drop_file = |path: &Path, key: &str| {
+            if self.inflight.contains(&pull::partial_claim(key)) || !old(path) {
+                return;
+            }
+            match std::fs::remove_file(path) {
+                Ok(()) => {
+                    self.pulls.forget(key);
+                    result.blobs += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "removing a partial blob")
+                }
+            }
+        };
+        for e in std::fs::read_dir(&partial).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            if path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+                for f in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                    let key = format!("{name}/{}", f.file_name().to_string_lossy());
+                    drop_file(&f.path(), &key);
+                }
+                // Only when empty: a tenant's directory with files stays.
+                let _ = std::fs::remove_dir(&path);
+            } else {
+                drop_file(&path, &name);
+            }
+        }
     }
 }
 
-/// A layer blob as a tar stream: gzip is sniffed by its magic bytes;
-/// zstd is refused by name.
-fn decompress(mut input: BufReader<File>) -> Result<Box<dyn Read>, ErrorBody> {
-    use std::io::BufRead;
-    let head = input
-        .fill_buf()
-        .map_err(|e| internal("reading a layer", e))?;
-    if head.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(flate2::bufread::MultiGzDecoder::new(input)))
-    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        Err(ErrorBody::new(
-            Code::Unimplemented,
-            "zstd-compressed layers are not supported yet",
-        ))
-    } else {
-        Ok(Box::new(input))
+/// Layer directories taken out of place under the lock, deleted when
+/// dropped (after the lock is released).
+#[derive(Default)]
+struct Trash(Vec<PathBuf>);
+
+impl Drop for Trash {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            if let Err(e) = std::fs::remove_dir_all(p) {
+                tracing::warn!(path = %p.display(), error = %e, "removing a collected layer");
+            }
+        }
     }
+}
+
+/// Bytes of the files under `dir` (one level of subdirectories: the
+/// layout of `blobs/` and `partial/`).
+fn files_bytes(dir: &Path) -> u64 {
+    let mut total = 0u64;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(m) = e.path().symlink_metadata() else {
+            continue;
+        };
+        if m.is_dir() {
+            for f in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                total = total.saturating_add(f.metadata().map_or(0, |m| m.len()));
+            }
+        } else {
+            total = total.saturating_add(m.len());
+        }
+    }
+    total
 }
 
 #[cfg(test)]

@@ -14,12 +14,22 @@
 //!
 //! `partial/` survives restarts (unlike `tmp/`), and nothing reads a blob
 //! before it is whole and checked, so a cut pull never leaves half a layer
-//! anyone could use. A failed pull writes no image record.
+//! anyone could use. A failed pull writes no image record, and once its
+//! blobs were all fetched it leaves none of them behind; a cut one stays
+//! for the pull to resume, until `prune` finds it abandoned.
+//!
+//! `partial/` has a directory per tenant (a hash of its name): a blob is
+//! the tenant's only once its own registry sent it, never because another
+//! tenant fetched the same digest. A pull fetches every blob the tenant
+//! has not proven (see register.rs), even when its layer is unpacked
+//! already: a registry of the tenant's own could name any digest. Only a
+//! layer of an image the tenant holds is not fetched again, and the
+//! config of such an image.
 //!
 //! Pulls of one reference by one tenant with the same credentials share a
 //! flight: the second caller gets the first's events and result. A blob is
-//! fetched by one pull at a time (a lock per digest), so two pulls of
-//! images sharing a layer fetch it once.
+//! fetched by one pull of the tenant at a time (a lock per tenant and
+//! digest), so two pulls of images sharing a layer fetch it once.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -51,6 +61,7 @@ use tokio::{io::AsyncWriteExt, sync::mpsc};
 
 use super::{
     format,
+    register::LayerBlob,
     registry_auth::{Credentials, DockerConfig},
     ImageStore,
 };
@@ -135,7 +146,7 @@ pub struct Pulls {
     flights: Mutex<HashMap<String, Arc<Flight>>>,
     blob_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Blobs in `partial/` checked whole by this process, not yet moved
-    /// into `blobs/`.
+    /// into `blobs/`, as `<tenant key>/<hex>`.
     verified: Mutex<HashSet<String>>,
 }
 
@@ -243,9 +254,25 @@ impl Pulls {
         }
     }
 
-    fn is_verified(&self, hex: &str) -> bool {
-        lock(&self.verified).contains(hex)
+    fn is_verified(&self, key: &str) -> bool {
+        lock(&self.verified).contains(key)
     }
+
+    /// Forgets a partial blob (`<tenant key>/<hex>`) that was removed.
+    pub(super) fn forget(&self, key: &str) {
+        lock(&self.verified).remove(key);
+    }
+}
+
+/// A tenant's directory name under `partial/`: tenant names are not
+/// paths.
+fn tenant_key(tenant: &str) -> String {
+    hex::encode(&Sha256::digest(tenant.as_bytes())[..16])
+}
+
+/// The in-flight name that keeps `partial/<key>` from being pruned.
+pub(super) fn partial_claim(key: &str) -> String {
+    format!("partial/{key}")
 }
 
 fn invalid(m: impl Into<String>) -> ErrorBody {
@@ -461,9 +488,10 @@ fn check_layer_type(media_type: &str, digest: &str) -> Result<(), ErrorBody> {
 }
 
 impl ImageStore {
-    fn partial_dir(&self) -> Result<PathBuf, ErrorBody> {
+    /// `partial/<tenant key>/`, made if missing.
+    fn partial_dir(&self, tkey: &str) -> Result<PathBuf, ErrorBody> {
         use std::os::unix::fs::DirBuilderExt;
-        let dir = self.root.join("partial");
+        let dir = self.root.join("partial").join(tkey);
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -659,22 +687,57 @@ impl ImageStore {
                 })
                 .collect(),
         });
-        self.check_space(std::iter::once(&config).chain(&layers))?;
-
-        self.fetch_blob(&client, reference, target, &config, &|_| {})
-            .await?;
-        // A layer already unpacked (its diff id, which the config pins) is
-        // not fetched again: its blob may be long gone.
-        let unpacked = self.unpacked_layers(&config.hex, layers.len());
+        let tkey = tenant_key(tenant);
+        let key = |b: &Blob| format!("{tkey}/{}", b.hex);
+        // Held until the pull ends, so no prune takes a blob it fetched.
+        let mut claim = self.inflight.claim(
+            std::iter::once(&config)
+                .chain(&layers)
+                .map(|b| partial_claim(&key(b))),
+        );
+        // The config of an image the tenant holds is its own already
+        // (claimed first, so no removal meanwhile takes it).
+        claim.extend([config.hex.clone()]);
+        let config_file = if self.holds(tenant, &config.digest())? {
+            self.blobs.path(&config.hex)
+        } else {
+            self.check_space(&tkey, std::iter::once(&config))?;
+            self.fetch_blob(&client, reference, target, &tkey, &config, &|_| {})
+                .await?;
+            self.partial_dir(&tkey)?.join(&config.hex)
+        };
+        // Only the layers of the tenant's own images are not fetched: the
+        // rest must come from its registry even when unpacked already.
+        let proven = self.proven_layers(tenant, &config_file, &layers)?;
+        let wanted: Vec<&Blob> = layers
+            .iter()
+            .zip(&proven)
+            .filter(|(_, p)| !**p)
+            .map(|(l, _)| l)
+            .collect();
+        let mut charge = self.ledger.charge(tenant);
+        let room = self
+            .check_space(&tkey, wanted.iter().copied())
+            .and_then(|need| {
+                charge
+                    .add(0, need)
+                    .map_err(|o| o.error(&format!("pulling `{reference}`")))
+            });
+        if let Err(e) = room {
+            // Refused before any layer: the config fetched is no use.
+            self.discard_partials(&tkey, std::iter::once(&config)).await;
+            return Err(e);
+        }
         let client = &client;
+        let tkey = &tkey;
         let fetches =
             layers
                 .iter()
                 .cloned()
-                .zip(unpacked.clone())
-                .map(|(layer, unpacked)| async move {
+                .zip(proven.clone())
+                .map(|(layer, proven)| async move {
                     let digest = layer.digest();
-                    if unpacked {
+                    if proven {
                         flight.emit(PullEvent::LayerDone {
                             digest,
                             cached: true,
@@ -690,7 +753,7 @@ impl ImageStore {
                         })
                     };
                     let cached = self
-                        .fetch_blob(client, reference, target, &layer, &progress)
+                        .fetch_blob(client, reference, target, tkey, &layer, &progress)
                         .await?;
                     flight.emit(PullEvent::LayerDone {
                         digest: digest.clone(),
@@ -703,33 +766,116 @@ impl ImageStore {
             .try_collect::<Vec<()>>()
             .await?;
 
-        let store = self.clone();
-        let (tenant, tag) = (tenant.to_string(), tag.to_string());
-        let fetched: Vec<(String, u64, bool)> = layers
+        let partial = self.partial_dir(tkey)?;
+        let blobs: Vec<LayerBlob> = layers
             .iter()
-            .zip(unpacked)
-            .map(|(l, unpacked)| (l.hex.clone(), l.size, !unpacked))
+            .zip(&proven)
+            .map(|(l, proven)| LayerBlob {
+                hex: l.hex.clone(),
+                size: l.size,
+                file: (!proven).then(|| partial.join(&l.hex)),
+            })
             .collect();
-        tokio::task::spawn_blocking(move || store.commit(&tenant, &config.hex, &fetched, &tag))
-            .await
-            .map_err(|e| internal("the image task", e))?
+        let store = self.clone();
+        let (tenant, tag, config_hex) = (tenant.to_string(), tag.to_string(), config.hex.clone());
+        let result = tokio::task::spawn_blocking(move || {
+            store.register(
+                &tenant,
+                &config_file,
+                &config_hex,
+                &blobs,
+                Some(&tag),
+                charge,
+            )
+        })
+        .await
+        .map_err(|e| internal("the image task", e))
+        .and_then(|r| r);
+        // Stored or refused, the pull's blobs are no use in partial/ any
+        // more (the config, if stored, was moved out).
+        let fetched = std::iter::once(&config).chain(wanted.iter().copied());
+        self.discard_partials(tkey, fetched).await;
+        drop(claim);
+        result
     }
 
-    /// Refuses a pull whose missing blobs cannot fit on the store's disk.
-    fn check_space<'a>(&self, blobs: impl Iterator<Item = &'a Blob>) -> Result<(), ErrorBody> {
-        let partial = self.partial_dir()?;
-        let mut need = 0u64;
+    /// Removes the partial files of a pull that ended, unless another
+    /// pull of the tenant uses them too.
+    async fn discard_partials(&self, tkey: &str, blobs: impl Iterator<Item = &Blob>) {
         for b in blobs {
-            if self.blobs.path(&b.hex).exists() {
+            let key = format!("{tkey}/{}", b.hex);
+            let held = self.pulls.blob_lock(&key);
+            let _guard = held.lock.lock().await;
+            // Ours is one claim; another means another pull needs it.
+            if self.inflight.count(&partial_claim(&key)) > 1 {
                 continue;
             }
+            remove(&self.root.join("partial").join(&key));
+            self.pulls.forget(&key);
+        }
+    }
+
+    /// True when `tenant` holds image `id`.
+    fn holds(&self, tenant: &str, id: &str) -> Result<bool, ErrorBody> {
+        let Some(hex) = format::sha256_hex(id) else {
+            return Ok(false);
+        };
+        let _g = self.guard();
+        Ok(self
+            .read_record(hex)?
+            .is_some_and(|r| r.tenants.contains_key(tenant)))
+    }
+
+    /// Which of a config's layers `tenant` has proven (an image it holds
+    /// has that blob for that layer, and the layer is in place): those
+    /// need not be fetched. None when the config cannot be read.
+    fn proven_layers(
+        &self,
+        tenant: &str,
+        config_file: &Path,
+        layers: &[Blob],
+    ) -> Result<Vec<bool>, ErrorBody> {
+        let count = layers.len();
+        let diff_ids = std::fs::read(config_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<format::ImageConfigFile>(&b).ok())
+            .and_then(|c| c.rootfs)
+            .map(|r| r.diff_ids)
+            .unwrap_or_default();
+        if diff_ids.len() != count {
+            return Ok(vec![false; count]);
+        }
+        let _g = self.guard();
+        let records = self.records()?;
+        let proven = super::register::proven_by(&records, tenant);
+        Ok(diff_ids
+            .iter()
+            .zip(layers)
+            .map(|(d, blob)| {
+                format::sha256_hex(d).is_some_and(|h| {
+                    proven.contains(&(blob.hex.as_str(), h)) && self.layer_dir(h).is_dir()
+                })
+            })
+            .collect())
+    }
+
+    /// Refuses a pull whose missing blobs cannot fit on the store's disk;
+    /// the bytes still to fetch.
+    fn check_space<'a>(
+        &self,
+        tkey: &str,
+        blobs: impl Iterator<Item = &'a Blob>,
+    ) -> Result<u64, ErrorBody> {
+        let partial = self.partial_dir(tkey)?;
+        let mut need = 0u64;
+        for b in blobs {
             let have = std::fs::metadata(partial.join(&b.hex))
                 .map(|m| m.len())
                 .unwrap_or(0);
             need = need.saturating_add(b.size.saturating_sub(have));
         }
         let Ok(st) = rustix::fs::statvfs(&self.root) else {
-            return Ok(());
+            return Ok(need);
         };
         let free = st.f_bavail.saturating_mul(st.f_frsize);
         if need > free {
@@ -740,27 +886,26 @@ impl ImageStore {
                 ),
             ));
         }
-        Ok(())
+        Ok(need)
     }
 
-    /// Brings one blob into `partial/` (or finds it in `blobs/`), whole
-    /// and checked. True when nothing had to be fetched.
+    /// Brings one blob into the tenant's `partial/<tkey>/`, whole and
+    /// checked. True when nothing had to be fetched.
     async fn fetch_blob(
         &self,
         client: &Client,
         reference: &str,
         target: &Reference,
+        tkey: &str,
         blob: &Blob,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<bool, ErrorBody> {
-        let held = self.pulls.blob_lock(&blob.hex);
+        let key = format!("{tkey}/{}", blob.hex);
+        let held = self.pulls.blob_lock(&key);
         let _guard = held.lock.lock().await;
-        if self.blobs.path(&blob.hex).exists() {
-            return Ok(true);
-        }
-        let path = self.partial_dir()?.join(&blob.hex);
+        let path = self.partial_dir(tkey)?.join(&blob.hex);
         let have = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if self.pulls.is_verified(&blob.hex) && have == blob.size {
+        if self.pulls.is_verified(&key) && have == blob.size {
             return Ok(true);
         }
         let digest = blob.digest();
@@ -779,7 +924,7 @@ impl ImageStore {
                 .map_err(|e| disk("reading a partial blob", e))?;
             if have == blob.size {
                 if hex::encode(hasher.clone().finalize()) == blob.hex {
-                    lock(&self.pulls.verified).insert(blob.hex.clone());
+                    lock(&self.pulls.verified).insert(key.clone());
                     progress(have);
                     return Ok(false);
                 }
@@ -890,78 +1035,8 @@ impl ImageStore {
         if written != shown {
             progress(written);
         }
-        lock(&self.pulls.verified).insert(blob.hex.clone());
+        lock(&self.pulls.verified).insert(key);
         Ok(false)
-    }
-
-    /// Which of a config's layers are unpacked already, by the diff ids
-    /// of its (checked) config blob; none when it cannot be read.
-    fn unpacked_layers(&self, config_hex: &str, count: usize) -> Vec<bool> {
-        let path = if self.blobs.path(config_hex).exists() {
-            self.blobs.path(config_hex)
-        } else {
-            self.root.join("partial").join(config_hex)
-        };
-        let diff_ids = std::fs::read(path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<format::ImageConfigFile>(&b).ok())
-            .and_then(|c| c.rootfs)
-            .map(|r| r.diff_ids)
-            .unwrap_or_default();
-        if diff_ids.len() != count {
-            return vec![false; count];
-        }
-        diff_ids
-            .iter()
-            .map(|d| format::sha256_hex(d).is_some_and(|h| self.layer_dir(h).is_dir()))
-            .collect()
-    }
-
-    /// Moves the pull's checked blobs into `blobs/` and registers the
-    /// image, under the store's lock (so no prune runs in between).
-    /// `layers`: (blob hex, size, fetched by this pull), bottom first.
-    fn commit(
-        &self,
-        tenant: &str,
-        config_hex: &str,
-        layers: &[(String, u64, bool)],
-        tag: &str,
-    ) -> Result<Image, ErrorBody> {
-        let _g = self.guard();
-        let partial = self.root.join("partial");
-        let fetched = layers
-            .iter()
-            .filter(|(_, _, fetched)| *fetched)
-            .map(|(hex, _, _)| hex.as_str());
-        for hex in std::iter::once(config_hex).chain(fetched.clone()) {
-            let dest = self.blobs.path(hex);
-            if dest.exists() {
-                continue;
-            }
-            match std::fs::rename(partial.join(hex), &dest) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(ErrorBody::new(
-                        Code::Unavailable,
-                        format!(
-                            "blob sha256:{hex} left the store during the pull (pruned?): pull again"
-                        ),
-                    ))
-                }
-                Err(e) => return Err(disk("moving a pulled blob into place", e)),
-            }
-        }
-        {
-            let mut verified = lock(&self.pulls.verified);
-            for hex in std::iter::once(config_hex).chain(fetched) {
-                verified.remove(hex);
-            }
-        }
-        let layers: Vec<(String, u64)> = layers
-            .iter()
-            .map(|(hex, size, _)| (hex.clone(), *size))
-            .collect();
-        self.register_locked(tenant, config_hex, &layers, Some(tag))
     }
 }
 

@@ -27,6 +27,8 @@ use rustix::{
     io::Errno,
 };
 
+use sandhub_api::error::ErrorBody;
+
 use crate::local::runtime::IdMap;
 
 /// How every path inside the layer is resolved: below the layer root, no
@@ -52,6 +54,10 @@ pub enum UnpackError {
     Corrupt(io::Error),
     #[error("unpacking layer: {0}")]
     Io(#[from] io::Error),
+    /// The caller's budget refused more bytes (a quota, not the layer's
+    /// fault).
+    #[error("{}", .0.message)]
+    Refused(ErrorBody),
 }
 
 fn hostile(path: &Path, why: impl Into<String>) -> UnpackError {
@@ -66,12 +72,15 @@ fn hostile(path: &Path, why: impl Into<String>) -> UnpackError {
 pub struct UnpackStats {
     pub entries: u64,
     pub bytes: u64,
+    /// What the layer cost against its budget: file data plus
+    /// [`ENTRY_COST`] per entry read. The layer's size for quotas.
+    pub charged: u64,
 }
 
 /// What one entry costs against the unpack budget beyond its data: an
 /// inode and a directory entry (a layer of a million empty files is a
 /// bomb too).
-const ENTRY_COST: u64 = 512;
+pub const ENTRY_COST: u64 = 512;
 
 /// Unpacks the (uncompressed) tar `input` into the empty directory `root`,
 /// refusing it once file data plus [`ENTRY_COST`] per entry passes
@@ -82,18 +91,32 @@ pub fn unpack_layer(
     idmap: &IdMap,
     max_bytes: u64,
 ) -> Result<UnpackStats, UnpackError> {
+    unpack_layer_charged(input, root, idmap, max_bytes, &mut |_| Ok(()))
+}
+
+/// [`unpack_layer`], and `charge` is asked for each entry's cost before
+/// the entry is written: a refusal stops the unpack (a quota).
+pub fn unpack_layer_charged(
+    input: impl Read,
+    root: BorrowedFd<'_>,
+    idmap: &IdMap,
+    max_bytes: u64,
+    charge: &mut dyn FnMut(u64) -> Result<(), ErrorBody>,
+) -> Result<UnpackStats, UnpackError> {
     let mut archive = tar::Archive::new(input);
     let mut stats = UnpackStats::default();
     for entry in archive.entries().map_err(UnpackError::Corrupt)? {
         let mut entry = entry.map_err(UnpackError::Corrupt)?;
         let path = entry.path().map_err(UnpackError::Corrupt)?.into_owned();
-        let used = stats.bytes + stats.entries * ENTRY_COST;
-        if used.saturating_add(entry.size()).saturating_add(ENTRY_COST) > max_bytes {
+        let cost = entry.size().saturating_add(ENTRY_COST);
+        if stats.charged.saturating_add(cost) > max_bytes {
             return Err(hostile(
                 &path,
                 format!("the layer unpacks to more than {max_bytes} bytes"),
             ));
         }
+        charge(cost).map_err(UnpackError::Refused)?;
+        stats.charged += cost;
         let Some(rel) = confined(&path)? else {
             // `./` itself: the layer root, which we made.
             continue;
