@@ -183,7 +183,6 @@ impl KubeTenant {
         }
     }
 
-
     /// Waits (a watch, not a poll) until the claim is Ready or can never be.
     async fn wait_ready(&self, id: &str) -> Result<SandboxClaim> {
         let timeout = self.shared.ready_timeout;
@@ -344,8 +343,6 @@ impl KubeTenant {
         let pod_ip = bound.and_then(|b| b.pod_ips.first().cloned());
         Ok((pod, pod_ip))
     }
-
-
 
     async fn set_mode(&self, id: &str, mode: &str) -> Result<SandboxClaim> {
         let claim = self.claim(id).await?;
