@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Code, ErrorBody};
+use crate::error::Code;
 
 /// Sandbox ids are DNS-1123 labels, so one id can name a SandboxClaim, a Pod
 /// and a hostname.

@@ -16,7 +16,7 @@ use sandhub_client::{Error, Result};
 use tokio::sync::OwnedMutexGuard;
 
 use super::env::Env;
-use crate::backend::{new_id, now_ms, Backend, EnvStore, Episode, TenantView};
+use crate::backend::{new_id, now_ms, Backend, EnvStore, TenantView};
 
 struct Slot {
     /// Outside the lock: backend is checked without waiting for a step.

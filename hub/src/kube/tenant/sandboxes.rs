@@ -26,7 +26,7 @@ impl TenantView for KubeTenant {
             sandbox: &pod,
             pod_ip: pod_ip.as_deref(),
         };
-        super::ports::connect(&self.shared.reach, &target, id, port).await
+        crate::kube::ports::connect(&self.shared.reach, &target, id, port).await
     }
 
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {
@@ -42,7 +42,7 @@ impl TenantView for KubeTenant {
 
     async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
         let client = self.client(id, "listing ports").await?;
-        super::ports::listening(&client).await
+        crate::kube::ports::listening(&client).await
     }
 }
 

@@ -134,7 +134,7 @@ impl EnvStore for Hub {
 
 #[cfg(test)]
 mod tests {
-    use sandhub_api::gym::{Matcher, Task};
+    use sandhub_api::gym::{CreateEnv, Matcher, Task};
 
     use super::*;
 
