@@ -28,8 +28,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::runtime::controller::{Config, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use sandhub_api::k8s::names;
 use sandhub_api::k8s::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool};
 

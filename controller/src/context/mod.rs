@@ -12,10 +12,12 @@ pub mod refill;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
