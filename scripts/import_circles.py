@@ -4,7 +4,8 @@
 Usage: scripts/import_circles.py [SRC_DIR] [-v]   (default hub/src; -v lists the arrows)
 
 Reads the `crate::...` paths and `super::` imports of every .rs file (test
-modules excluded), maps each file to its module path, and draws an arrow
+items excluded wherever they stand in a file, and test modules in files of
+their own), maps each file to its module path, and draws an arrow
 between the two siblings under their common parent whenever one uses the
 other (a child using its parent is no arrow). Prints every circle; exits 1
 if there is one. A text-level check, not a compiler: macros and `self::`
@@ -21,9 +22,30 @@ def modpath(f: Path):
         parts = parts[:-1]
     return tuple(parts)
 
+TEST_ITEM = re.compile(
+    r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*"
+    r"(?:(?:pub(?:\([^)]*\))?\s+)?mod\s+([a-z_][a-z0-9_]*)\s*;)?")
+
+
 def strip_tests(text):
-    i = text.find("#[cfg(test)]")
-    return text if i < 0 else text[:i]
+    """`text` without its `#[cfg(test)]` items, wherever they stand (a test
+    module in the middle of a file hides nothing after it), and the names of
+    the test modules it declares in files of their own (`mod tests;`)."""
+    text = re.sub(r"//.*", "", text)
+    out, files, at = "", [], 0
+    while (m := TEST_ITEM.search(text, at)):
+        out += text[at:m.start()]
+        if m.group(1):
+            files.append(m.group(1))
+            at = m.end()
+            continue
+        # The item after the attribute: up to its `;`, or through its braces.
+        semi, brace = text.find(";", m.end()), text.find("{", m.end())
+        if brace < 0 or 0 <= semi < brace:
+            at = len(text) if semi < 0 else semi + 1
+        else:
+            at = brace + len(braced(text, brace)) + 2
+    return out + text[at:], files
 
 def braced(text, open_at):
     """The text inside the brace at `open_at` and its matching one."""
@@ -85,9 +107,13 @@ def super_paths(text):
     return out
 
 
-mods = {}
+mods, test_mods = {}, set()
 for f in root.rglob("*.rs"):
-    mods[modpath(f)] = strip_tests(f.read_text())
+    m = modpath(f)
+    mods[m], files = strip_tests(f.read_text())
+    test_mods |= {m + (name,) for name in files}
+# Files that are test modules (`#[cfg(test)] mod tests;`), and their children.
+mods = {m: t for m, t in mods.items() if not any(m[:len(x)] == x for x in test_mods)}
 known = set(mods)
 edges = set()
 for m, text in mods.items():

@@ -6,7 +6,7 @@ twin is generated from it by the table of substitutions ``SUBS`` (regular
 expressions applied in order to the whole text), under a first line naming
 the source. What must differ between the faces and cannot be said by a
 substitution (GIL release, Ctrl-C, fork checks) lives in the Rust runtime
-layer (python/src/runtime.rs), never in these files.
+layer (python/src/runtime/mod.rs), never in these files.
 
     python3 scripts/unasync.py           # rewrite the generated files
     python3 scripts/unasync.py --check   # exit 1 when one differs, or a substitution is unused

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Code, ErrorBody};
+use crate::error::Code;
 
 /// Sandbox ids are DNS-1123 labels, so one id can name a SandboxClaim, a Pod
 /// and a hostname.
@@ -442,54 +442,6 @@ pub struct ForkRequest {
     pub labels: BTreeMap<String, String>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reserved_label_prefixes_cover_their_subdomains_only() {
-        for key in [
-            "agents.x-k8s.io/sandbox-name-hash",
-            "extensions.agents.x-k8s.io/anything",
-            "Agents.X-K8s.io/created-by",
-            "kubernetes.io/metadata.name",
-            "node-role.kubernetes.io/x",
-            "k8s.io/x",
-        ] {
-            assert!(is_reserved_label(key), "{key}");
-        }
-        for key in [
-            "team",
-            "x-k8s.io/a",
-            "notagents.x-k8s.io/a",
-            "sandhub.io/mcp-session",
-            "example.com/agents.x-k8s.io",
-        ] {
-            assert!(!is_reserved_label(key), "{key}");
-        }
-    }
-
-    #[test]
-    fn dns_labels() {
-        assert!(is_dns_label("sb-1a2b"));
-        assert!(is_dns_label("a"));
-        assert!(!is_dns_label(""));
-        assert!(!is_dns_label("-a"));
-        assert!(!is_dns_label("a-"));
-        assert!(!is_dns_label("A"));
-        assert!(!is_dns_label("a_b"));
-        assert!(!is_dns_label(&"a".repeat(64)));
-    }
-
-    #[test]
-    fn command_accepts_string_or_argv() {
-        let s: ExecRequest = serde_json::from_str(r#"{"command":"echo hi"}"#).unwrap();
-        assert_eq!(s.command.argv(), ["/bin/sh", "-c", "echo hi"]);
-        let a: ExecRequest = serde_json::from_str(r#"{"command":["ls","-l"]}"#).unwrap();
-        assert_eq!(a.command.argv(), ["ls", "-l"]);
-    }
-}
-
 /// One line of the NDJSON stream `POST /v1/sandboxes/{id}/processes`
 /// answers with. Output bytes are base64 (standard alphabet, padded).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -738,44 +690,6 @@ pub const MAX_PREPULL_PARALLEL: u32 = 64;
 pub const DEFAULT_PREPULL_TIMEOUT_SECONDS: u64 = 1800;
 pub const MAX_PREPULL_TIMEOUT_SECONDS: u64 = 86400;
 
-impl PrepullRequest {
-    /// Each reference's syntax and every knob's range.
-    pub fn validate(&self) -> Result<(), ErrorBody> {
-        let invalid = |m: String| Err(ErrorBody::new(Code::InvalidArgument, m));
-        if self.references.is_empty() || self.references.len() > MAX_PREPULL_REFERENCES {
-            return invalid(format!(
-                "references must name 1 to {MAX_PREPULL_REFERENCES} images"
-            ));
-        }
-        for r in &self.references {
-            crate::validate::image_reference(r)?;
-        }
-        if self
-            .images_per_pod
-            .is_some_and(|n| n == 0 || n > MAX_PREPULL_IMAGES_PER_POD)
-        {
-            return invalid(format!(
-                "images_per_pod must be 1 to {MAX_PREPULL_IMAGES_PER_POD}"
-            ));
-        }
-        if self
-            .max_parallel
-            .is_some_and(|n| n == 0 || n > MAX_PREPULL_PARALLEL)
-        {
-            return invalid(format!("max_parallel must be 1 to {MAX_PREPULL_PARALLEL}"));
-        }
-        if self
-            .timeout_seconds
-            .is_some_and(|n| n == 0 || n > MAX_PREPULL_TIMEOUT_SECONDS)
-        {
-            return invalid(format!(
-                "timeout_seconds must be 1 to {MAX_PREPULL_TIMEOUT_SECONDS}"
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// What `POST /v1/images/prepull` did: every reference's outcome, and on
 /// Kubernetes each DaemonSet's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -821,4 +735,52 @@ pub struct PrepullDaemonSet {
     pub error: Option<String>,
     /// Seconds from creation to completion (or to giving up).
     pub seconds: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_label_prefixes_cover_their_subdomains_only() {
+        for key in [
+            "agents.x-k8s.io/sandbox-name-hash",
+            "extensions.agents.x-k8s.io/anything",
+            "Agents.X-K8s.io/created-by",
+            "kubernetes.io/metadata.name",
+            "node-role.kubernetes.io/x",
+            "k8s.io/x",
+        ] {
+            assert!(is_reserved_label(key), "{key}");
+        }
+        for key in [
+            "team",
+            "x-k8s.io/a",
+            "notagents.x-k8s.io/a",
+            "sandhub.io/mcp-session",
+            "example.com/agents.x-k8s.io",
+        ] {
+            assert!(!is_reserved_label(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn dns_labels() {
+        assert!(is_dns_label("sb-1a2b"));
+        assert!(is_dns_label("a"));
+        assert!(!is_dns_label(""));
+        assert!(!is_dns_label("-a"));
+        assert!(!is_dns_label("a-"));
+        assert!(!is_dns_label("A"));
+        assert!(!is_dns_label("a_b"));
+        assert!(!is_dns_label(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn command_accepts_string_or_argv() {
+        let s: ExecRequest = serde_json::from_str(r#"{"command":"echo hi"}"#).unwrap();
+        assert_eq!(s.command.argv(), ["/bin/sh", "-c", "echo hi"]);
+        let a: ExecRequest = serde_json::from_str(r#"{"command":["ls","-l"]}"#).unwrap();
+        assert_eq!(a.command.argv(), ["ls", "-l"]);
+    }
 }

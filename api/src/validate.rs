@@ -1,8 +1,9 @@
 //! What a request must satisfy before any backend acts on it, stated once so
 //! the local and the kubernetes backend refuse the same requests with the
 //! same `{code, message}`: names, labels, environment, lifetimes, template
-//! limits and pool sizes. Pure checks: no I/O, nothing about the host (a
-//! template's host directories are the local backend's own business).
+//! limits, pool sizes and image references (prepull requests). Pure checks:
+//! no I/O, nothing about the host (a template's host directories are the
+//! local backend's own business).
 
 use std::collections::BTreeMap;
 
@@ -10,8 +11,10 @@ use crate::{
     error::{Code, ErrorBody},
     hub::{
         is_dns_label, is_reserved_label, CreateSandbox, ExecRequest, ForkRequest, PoolSpec,
-        Sidecar, Template, MAX_CPU, MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS, MAX_SIDECARS, MIN_CPU,
-        MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS, RESERVED_LABEL_DOMAINS,
+        PrepullRequest, Sidecar, Template, MAX_CPU, MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS,
+        MAX_PREPULL_IMAGES_PER_POD, MAX_PREPULL_PARALLEL, MAX_PREPULL_REFERENCES,
+        MAX_PREPULL_TIMEOUT_SECONDS, MAX_SIDECARS, MIN_CPU, MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS,
+        RESERVED_LABEL_DOMAINS,
     },
     limits,
 };
@@ -279,6 +282,103 @@ impl PoolSpec {
     }
 }
 
+impl PrepullRequest {
+    /// Each reference's syntax and every knob's range.
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        let invalid = |m: String| Err(ErrorBody::new(Code::InvalidArgument, m));
+        if self.references.is_empty() || self.references.len() > MAX_PREPULL_REFERENCES {
+            return invalid(format!(
+                "references must name 1 to {MAX_PREPULL_REFERENCES} images"
+            ));
+        }
+        for r in &self.references {
+            image_reference(r)?;
+        }
+        if self
+            .images_per_pod
+            .is_some_and(|n| n == 0 || n > MAX_PREPULL_IMAGES_PER_POD)
+        {
+            return invalid(format!(
+                "images_per_pod must be 1 to {MAX_PREPULL_IMAGES_PER_POD}"
+            ));
+        }
+        if self
+            .max_parallel
+            .is_some_and(|n| n == 0 || n > MAX_PREPULL_PARALLEL)
+        {
+            return invalid(format!("max_parallel must be 1 to {MAX_PREPULL_PARALLEL}"));
+        }
+        if self
+            .timeout_seconds
+            .is_some_and(|n| n == 0 || n > MAX_PREPULL_TIMEOUT_SECONDS)
+        {
+            return invalid(format!(
+                "timeout_seconds must be 1 to {MAX_PREPULL_TIMEOUT_SECONDS}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Longest image reference accepted (Docker's own limit on a name is 255).
+pub const MAX_IMAGE_REF: usize = 255;
+
+/// An image reference: `name[:tag]`, `name@sha256:<hex>` or an image id
+/// `sha256:<hex>`, in the character set registries use. Checked the same
+/// on both backends; it never names a file.
+pub fn image_reference(r: &str) -> Result<(), ErrorBody> {
+    let ok = !r.is_empty()
+        && r.len() <= MAX_IMAGE_REF
+        && r.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && r.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/:@".contains(&b))
+        && !r.contains("..")
+        && !r.contains("//")
+        && !r.ends_with([':', '/', '@']);
+    if ok {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "image reference `{}` must be 1-{MAX_IMAGE_REF} of [A-Za-z0-9._-/:@], like `name:tag`",
+        r.chars().take(80).collect::<String>()
+    )))
+}
+
+/// `name` as `name:latest`; a reference with a tag, a digest or an id as
+/// it is.
+pub fn normalize_image_reference(r: &str) -> String {
+    let last = r.rsplit('/').next().unwrap_or(r);
+    if r.contains('@') || last.contains(':') {
+        r.to_string()
+    } else {
+        format!("{r}:latest")
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    #[test]
+    fn image_references() {
+        for good in ["busybox", "a/b:1.0", "localhost:5000/x/y:tag", "sha256:abc"] {
+            image_reference(good).unwrap();
+        }
+        for bad in ["", "../x", "/abs", "a b", "x:", "a//b", &"a".repeat(300)] {
+            assert_eq!(
+                image_reference(bad).unwrap_err().code,
+                Code::InvalidArgument
+            );
+        }
+        assert_eq!(normalize_image_reference("busybox"), "busybox:latest");
+        assert_eq!(
+            normalize_image_reference("host:5000/b"),
+            "host:5000/b:latest"
+        );
+        assert_eq!(normalize_image_reference("b:1"), "b:1");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,64 +613,5 @@ mod tests {
             labels: map(&[("agents.x-k8s.io/a", "b")]),
         };
         assert!(refused(fork.validate()).contains("reserved"));
-    }
-}
-
-/// Longest image reference accepted (Docker's own limit on a name is 255).
-pub const MAX_IMAGE_REF: usize = 255;
-
-/// An image reference: `name[:tag]`, `name@sha256:<hex>` or an image id
-/// `sha256:<hex>`, in the character set registries use. Checked the same
-/// on both backends; it never names a file.
-pub fn image_reference(r: &str) -> Result<(), ErrorBody> {
-    let ok = !r.is_empty()
-        && r.len() <= MAX_IMAGE_REF
-        && r.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && r.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-/:@".contains(&b))
-        && !r.contains("..")
-        && !r.contains("//")
-        && !r.ends_with([':', '/', '@']);
-    if ok {
-        return Ok(());
-    }
-    Err(invalid(format!(
-        "image reference `{}` must be 1-{MAX_IMAGE_REF} of [A-Za-z0-9._-/:@], like `name:tag`",
-        r.chars().take(80).collect::<String>()
-    )))
-}
-
-/// `name` as `name:latest`; a reference with a tag, a digest or an id as
-/// it is.
-pub fn normalize_image_reference(r: &str) -> String {
-    let last = r.rsplit('/').next().unwrap_or(r);
-    if r.contains('@') || last.contains(':') {
-        r.to_string()
-    } else {
-        format!("{r}:latest")
-    }
-}
-
-#[cfg(test)]
-mod image_tests {
-    use super::*;
-
-    #[test]
-    fn image_references() {
-        for good in ["busybox", "a/b:1.0", "localhost:5000/x/y:tag", "sha256:abc"] {
-            image_reference(good).unwrap();
-        }
-        for bad in ["", "../x", "/abs", "a b", "x:", "a//b", &"a".repeat(300)] {
-            assert_eq!(
-                image_reference(bad).unwrap_err().code,
-                Code::InvalidArgument
-            );
-        }
-        assert_eq!(normalize_image_reference("busybox"), "busybox:latest");
-        assert_eq!(
-            normalize_image_reference("host:5000/b"),
-            "host:5000/b:latest"
-        );
-        assert_eq!(normalize_image_reference("b:1"), "b:1");
     }
 }

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
+/// Per-reconcile create cap (`--sandbox-warm-pool-max-batch-size`), upstream's default.
+pub const DEFAULT_MAX_BATCH: usize = 300;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "sandhub-controller",
@@ -143,7 +146,7 @@ pub struct Flags {
     #[arg(
         long,
         env = "SANDHUB_CONTROLLER_SANDBOX_WARM_POOL_MAX_BATCH_SIZE",
-        default_value_t = crate::warmpool::plan::DEFAULT_MAX_BATCH as u32
+        default_value_t = DEFAULT_MAX_BATCH as u32
     )]
     pub sandbox_warm_pool_max_batch_size: u32,
 

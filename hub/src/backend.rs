@@ -2,7 +2,9 @@
 //! `local/` and `kube/`: one view of the sandboxes per tenant
 //! ([`TenantView`]) and the backend as a whole ([`Backend`]). Both backends
 //! provide it, so every front door works unchanged on either. Also the few
-//! conventions both share: ids, and times as Unix milliseconds.
+//! conventions both share: ids, and times as Unix milliseconds; and where
+//! the Gym keeps its environments across restarts ([`EnvStore`], kept by
+//! the local backend's state store).
 
 use std::{
     sync::Arc,
@@ -12,12 +14,14 @@ use std::{
 use async_trait::async_trait;
 use sandhub_api::{
     error::{Code, ErrorBody},
+    gym::CreateEnv,
     hub::{
         Image, ListeningPort, PrepullRequest, PrepullResult, PruneResult, PullEvent, PullRequest,
         Sandbox, Snapshot,
     },
 };
 use sandhub_client::{sandboxd::SandboxdClient, Result, Sandboxes};
+use serde::{Deserialize, Serialize};
 
 /// One tenant's sandboxes: the whole [`Sandboxes`] API, plus what the REST
 /// layer needs beyond it.
@@ -144,6 +148,49 @@ fn no_pull() -> ErrorBody {
         Code::Unimplemented,
         "this image store cannot pull from registries",
     )
+}
+
+/// Where environments are kept across restarts.
+pub trait EnvStore: Send + Sync + 'static {
+    fn insert(&self, row: &GymEnvRow) -> Result<()>;
+    /// The episode state after a call at `now`.
+    fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()>;
+    fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>>;
+    fn delete(&self, id: &str) -> Result<()>;
+    /// `(id, tenant)` of every env unused for its idle timeout at `now`.
+    fn idle(&self, now: i64) -> Result<Vec<(String, String)>>;
+}
+
+/// What an environment's next call depends on, beyond its configuration.
+/// Kept as JSON in one column, so that it can grow without a migration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Episode {
+    /// The sandbox episodes run in; none before the first, or after a close.
+    pub sandbox: Option<String>,
+    /// The sandbox failed mid-episode: the next reset starts a new one.
+    pub broken: bool,
+    /// Steps taken in the current episode.
+    pub step: u32,
+    /// Episodes started (resets).
+    pub episode: u32,
+    /// The seed of the current episode, handed to commands as `SANDHUB_SEED`.
+    pub seed: Option<u64>,
+    /// The current episode ended (terminated or truncated): step needs a reset.
+    pub done: bool,
+}
+
+/// One environment as stored. Times are Unix milliseconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GymEnvRow {
+    pub id: String,
+    pub tenant: String,
+    pub spec: CreateEnv,
+    pub episode: Episode,
+    pub idle_timeout_seconds: u64,
+    pub created_at: i64,
+    /// The last reset, step or creation.
+    pub last_used: i64,
 }
 
 /// Unix seconds, for expiries that travel in tokens.

@@ -118,46 +118,24 @@ impl Stream for Capped {
 }
 
 /// How long the rest of a refused upload is read, at most, so that its
-/// sender gets the answer (see [`drainable`]).
+/// sender gets the answer (see [`drainable`]). The hub's bound in bytes is
+/// the upload cap (`--max-upload-bytes`), which the stream in front of the
+/// drain enforces anyway.
 pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `data` passed on as it is, plus a handle to whatever of it the
 /// receiver left unread. A sandbox that refuses a body early (its disk
 /// quota is full, the path is bad) answers before the client finished
 /// sending; closing then would hand the client a broken pipe instead of
-/// the answer. [`Remainder::drain`] reads the rest first (the upload cap
-/// in front bounds it).
+/// the answer. [`Remainder::drain`] reads the rest first (see
+/// [`sandhub_common::drain`]).
 pub fn drainable(data: ByteStream) -> (ByteStream, Remainder) {
-    let shared = Arc::new(std::sync::Mutex::new(data));
-    (
-        Box::pin(SharedStream(shared.clone())),
-        Remainder(SharedStream(shared)),
-    )
-}
-
-struct SharedStream(Arc<std::sync::Mutex<ByteStream>>);
-
-impl Stream for SharedStream {
-    type Item = Result<Bytes>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        // Never contended: the two ends poll one after the other.
-        let mut inner = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        inner.as_mut().poll_next(cx)
-    }
+    let (theirs, rest) = sandhub_common::drain::split(data);
+    (Box::pin(theirs), rest)
 }
 
 /// What a receiver left of a [`drainable`] stream.
-pub struct Remainder(SharedStream);
-
-impl Remainder {
-    /// Reads and drops the rest (until its end, an error, or `timeout`).
-    pub async fn drain(mut self, timeout: std::time::Duration) {
-        use futures::StreamExt;
-        let rest = async { while let Some(Ok(_)) = self.0.next().await {} };
-        let _ = tokio::time::timeout(timeout, rest).await;
-    }
-}
+pub type Remainder = sandhub_common::drain::Unread<ByteStream>;
 
 /// A backend with the shared checks in front of it.
 pub struct Guarded {

@@ -11,23 +11,29 @@
 //! Front doors:
 //! - [`http`]: the HTTP app: state, auth, extractors; its children `rest/`
 //!   (`/v1`, probes, metrics), `gym/` (`/gym/v1`), `e2b/` (E2B's API),
-//!   `hosts` (ports by host name) and the `/mcp` mount.
+//!   `hosts` (ports by host name), `proxy/` (to sandbox ports), `browser`,
+//!   `signing` and the `/mcp` mount (its own `# Layout` lists them).
 //! - [`guard`]: the operator's limits, checked in front of every backend.
 //!
 //! The seam and the two backends behind it:
-//! - [`backend`]: [`Backend`] and [`TenantView`], what the front doors need.
+//! - [`backend`]: [`Backend`] and [`TenantView`], what the front doors need,
+//!   and `EnvStore`, where the Gym keeps environments across restarts.
 //! - [`local`]: the local backend: model, tenant view, lifecycle, pools, the
-//!   pure decisions (`local::plan`), the SQLite store, and the namespace
-//!   runtime in `local::runtime`.
-//! - [`kube`]: the kubernetes backend (SandboxClaims, the controller's pools).
+//!   pure decisions (`local::plan`), the SQLite store, the image store and
+//!   the namespace runtime in `local::runtime` (its own `# Layout`).
+//! - [`kube`]: the kubernetes backend (SandboxClaims, the controller's pools;
+//!   one tenant's view split into `kube::tenant`'s sandboxes, templates and
+//!   pools).
 //! - [`policy`]: the operator's sandbox defaults and tenant quotas, for both.
+//! - [`entrypoint`]: whether a sandbox's entrypoint runs, or how it ended, for both.
 //! - [`proc_net`]: the kernel's TCP tables (what listens in a sandbox), for both.
 //!
 //! Request validation is not here: it is part of the API contract
 //! (`sandhub_api::validate`), so both backends refuse the same requests.
 //! Arrows point down this list and never back: the front doors use the
-//! seam, the backends implement it, and no two sibling modules import each
-//! other.
+//! seam, the backends implement it. Sibling modules must not import each
+//! other in a circle (`scripts/import_circles.py`); the one left, inside
+//! `http` (`hosts`, `proxy`, `e2b`), is named in `http`'s docs.
 
 pub mod backend;
 pub mod cli;

@@ -4,7 +4,6 @@
 //! every language). The typed, documented API is `python/sandhub/`; this
 //! module only moves calls into the shared tokio runtime and back.
 
-mod awaitable;
 mod backend;
 mod client;
 mod errors;
@@ -22,8 +21,8 @@ fn _sandhub(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<streams::FileWriter>()?;
     m.add_class::<streams::WatchStream>()?;
     // Before finalization, no worker thread may still be handing a result
-    // to asyncio (see awaitable.rs).
-    let quiesce = wrap_pyfunction!(awaitable::quiesce, m)?;
+    // to asyncio (see runtime/awaitable.rs).
+    let quiesce = wrap_pyfunction!(runtime::awaitable::quiesce, m)?;
     m.py()
         .import("atexit")?
         .call_method1("register", (quiesce,))?;

@@ -12,6 +12,7 @@ use std::{
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use prometheus_client::metrics::counter::Counter;
+use sandhub_common::drain::Draining;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -47,15 +48,19 @@ pub struct RequestBody {
     inner: Incoming,
     remaining: u64,
     count: ByteCount,
-    /// Past the limit: bytes read and dropped since (see [`DRAIN_CAP`]).
-    draining: Option<u64>,
+    /// Past the limit: the rest being read and dropped (see [`DRAIN_CAP`]).
+    draining: Option<Draining>,
 }
 
-/// How much of a too-large body is still read (and dropped) before the 413.
-/// A client still sending when the router answers and closes would get a
-/// reset instead of the answer; reading the rest first lets it read the
-/// 413. Bounded, so a huge or endless body still ends the connection.
+/// The router's bound on reading a refused request body (see
+/// [`sandhub_common::drain`]): at most this much of a too-large body, or
+/// of one the sandbox never got, is still read (and dropped) before the
+/// answer, for at most [`DRAIN_TIMEOUT`]. A client still sending when the
+/// router answers and closes would get a reset instead of the answer;
+/// reading the rest first lets it read the 413. Bounded, so a huge or
+/// endless body still ends the connection.
 pub const DRAIN_CAP: u64 = 1 << 20;
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Returned (as the body error) when a streaming body passes the limit.
 #[derive(Debug, thiserror::Error)]
@@ -84,29 +89,27 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        if let Some(drained) = this.draining.as_mut() {
-            // Whatever ends the drain (the body's end, an error, the cap),
-            // the answer is the same: too large.
-            loop {
-                match Pin::new(&mut this.inner).poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        *drained += frame.data_ref().map_or(0, |d| d.len() as u64);
-                        if *drained <= DRAIN_CAP {
-                            continue;
-                        }
-                    }
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(_) => {}
+        if let Some(draining) = this.draining.as_mut() {
+            // Whatever ends the drain (the body's end, an error, the cap,
+            // the timeout), the answer is the same: too large.
+            let inner = &mut this.inner;
+            return match draining.poll(cx, |cx| match Pin::new(&mut *inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    Poll::Ready(Some(frame.data_ref().map_or(0, |d| d.len() as u64)))
                 }
-                return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
-            }
+                Poll::Ready(_) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTooLarge)))),
+                Poll::Pending => Poll::Pending,
+            };
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
                     if n > this.remaining {
-                        this.draining = Some(0);
+                        this.draining = Some(Draining::new(DRAIN_CAP, DRAIN_TIMEOUT));
                         return self.poll_frame(cx);
                     }
                     this.remaining -= n;

@@ -63,10 +63,12 @@ impl ProxyError {
     }
 
     pub fn to_http(&self) -> Response<ProxyBody> {
-        json_response(
+        let mut response = json_response(
             self.status(),
             &serde_json::json!({ "detail": self.to_string() }),
-        )
+        );
+        sandhub_common::hop::close_if_too_large(self.status(), response.headers_mut());
+        response
     }
 
     pub fn to_grpc(&self) -> Response<ProxyBody> {

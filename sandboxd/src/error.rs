@@ -111,16 +111,9 @@ impl From<rustix::io::Errno> for Error {
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let too_large = matches!(self, Error::TooLarge(_));
-        let mut response = (self.http_status(), Json(self.body())).into_response();
-        if too_large {
-            // The rest of the body was never read; the connection cannot
-            // carry another request, so the client must not reuse it.
-            response.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
-        }
+        let status = self.http_status();
+        let mut response = (status, Json(self.body())).into_response();
+        sandhub_common::hop::close_if_too_large(status, response.headers_mut());
         response
     }
 }

@@ -354,8 +354,9 @@ fn parse_range(spec: &str, len: u64) -> RangeSpec {
     RangeSpec::One(parsed.0, parsed.1)
 }
 
-/// At most this much of a refused upload is read before the answer (more
-/// when `--max-upload-bytes` is higher), for at most [`DRAIN_TIMEOUT`].
+/// sandboxd's bound on reading a refused upload before the answer (see
+/// [`sandhub_common::drain`]): at most this much (more when
+/// `--max-upload-bytes` is higher), for at most [`DRAIN_TIMEOUT`].
 const DRAIN_MAX_BYTES: u64 = 64 << 20;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -371,7 +372,7 @@ async fn put(daemon: &Daemon, request: Request) -> Result<Response> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let (body, rest) = Unread::split(body.into_data_stream());
+    let (body, rest) = sandhub_common::drain::split(body.into_data_stream());
     let result = put_body(daemon, parts, body).await;
     let bound = DRAIN_MAX_BYTES.max(daemon.config.max_upload_bytes);
     if result.is_err() && declared.is_none_or(|len| len <= bound) {
@@ -418,55 +419,6 @@ async fn put_body(
         write_atomic(&daemon.root(), &rel, mode, data, limit).await?;
     }
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-type RawBody = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, axum::Error>> + Send>>;
-
-/// A request body handed on, and a handle to what the receiver left of it.
-struct Unread(Arc<std::sync::Mutex<RawBody>>);
-
-impl Unread {
-    fn split(
-        body: impl Stream<Item = Result<Bytes, axum::Error>> + Send + 'static,
-    ) -> (
-        impl Stream<Item = Result<Bytes, axum::Error>> + Send + 'static,
-        Unread,
-    ) {
-        let shared = Arc::new(std::sync::Mutex::new(Box::pin(body) as RawBody));
-        let ours = shared.clone();
-        // The receiver's end: polls the shared body (never contended: the
-        // two ends poll one after the other).
-        let theirs = futures::stream::poll_fn(move |cx| {
-            shared
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_mut()
-                .poll_next(cx)
-        });
-        (theirs, Unread(ours))
-    }
-
-    /// Reads and drops the rest: up to `max_bytes`, for up to `timeout`.
-    async fn drain(self, max_bytes: u64, timeout: Duration) {
-        let rest = async {
-            let mut read = 0u64;
-            while read <= max_bytes {
-                let next = futures::future::poll_fn(|cx| {
-                    self.0
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .as_mut()
-                        .poll_next(cx)
-                })
-                .await;
-                match next {
-                    Some(Ok(chunk)) => read += chunk.len() as u64,
-                    _ => return,
-                }
-            }
-        };
-        let _ = tokio::time::timeout(timeout, rest).await;
-    }
 }
 
 pub type BodyStream = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>;

@@ -6,9 +6,6 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-/// Per-reconcile create cap (`--sandbox-warm-pool-max-batch-size`), upstream's default.
-pub const DEFAULT_MAX_BATCH: usize = 300;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
     /// Stale unclaimed members are deleted at once.
@@ -172,6 +169,7 @@ fn canonical_json(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flags::DEFAULT_MAX_BATCH;
 
     fn ts(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()

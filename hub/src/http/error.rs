@@ -46,18 +46,9 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(code = %self.error.code, message = %self.error.message, "request failed");
         }
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            // The rest of the body was never read: this connection cannot
-            // carry another request, and the client must know not to reuse
-            // it (RFC 9112 §9.6), or its next request fails mid-flight.
-            return (
-                status,
-                [(axum::http::header::CONNECTION, "close")],
-                Json(self.error.body()),
-            )
-                .into_response();
-        }
-        (status, Json(self.error.body())).into_response()
+        let mut response = (status, Json(self.error.body())).into_response();
+        sandhub_common::hop::close_if_too_large(status, response.headers_mut());
+        response
     }
 }
 

@@ -1,17 +1,37 @@
 //! The hub's HTTP app. This module owns what every front door shares: the
 //! [`AppState`], auth ([`Tenant`], [`ApiKeys`]), the JSON extractors and
-//! error answers, and [`app`], which merges the routers of its children:
+//! error answers, and [`app`], which merges the routers of its children.
+//! Every front door acts through one guarded [`Backend`] view, so they work
+//! unchanged on either backend.
 //!
-//! - `rest/`: the REST API (`/v1/...`) with its probes and metrics;
-//! - `gym/`: Gym-style environments (`/gym/v1/...`);
-//! - `mcp.rs`: the MCP tool set, mounted at `/mcp`;
-//! - `e2b/`: the E2B-compatible API; `hosts.rs`: ports by host name;
-//!   `proxy/`: carrying requests to sandbox ports, for every door;
-//! - `browser.rs`: refusing what only a sandbox's page could send.
+//! # Layout
 //!
-//! The children use this module's state and extractors; none imports a
-//! sibling. Every front door acts through one guarded [`Backend`] view, so
-//! they work unchanged on either backend.
+//! ```text
+//! mod.rs       AppState, app(): the routers merged, the guard in front of the backend
+//! auth.rs      API keys (SHA-256 digests) and the request's Tenant
+//! error.rs     ApiError: every error as JSON {code, message}; 413 says Connection: close
+//! json.rs      ApiJson: the one JSON body extractor (objects only, content types)
+//! openapi.rs   the OpenAPI document's frame (title, tags, shared answers)
+//! rest/        the REST API (/v1/...): sandboxes, processes, files, ports, templates,
+//!              pools, images, prepull, health (probes, /metrics)
+//! gym/         Gym-style environments (/gym/v1/...): envs, step matching, the registry
+//!              (kept across restarts through backend::EnvStore)
+//! mcp.rs       the sandhub-mcp tool set, mounted at /mcp
+//! e2b/         the E2B-compatible API (--e2b): the control plane, and envd (process
+//!              and filesystem over Connect-RPC, /files, signed file URLs)
+//! hosts.rs     ports by host name (--sandbox-domain): {port}-{id}.D, link cookies
+//! proxy/       carrying requests to sandbox ports, for every door:
+//!   mod.rs       forwarding, upgrades, the headers the sandbox sees
+//!   answer.rs    what a sandbox's answer may carry back (CSP sandbox, cookies)
+//!   limits.rs    in-flight caps per sandbox, tenant and hub; head and idle timeouts
+//! browser.rs   refusing what only a sandbox's page could send (Origin, port cookies)
+//! signing.rs   tokens the hub signs for itself (envd access, browser links)
+//! ```
+//!
+//! The children use this module's state and extractors. Known circle, left
+//! for the port-proxy work: `hosts` <-> `proxy` (the link cookie's name) and
+//! `hosts` <-> `e2b` (envd's port, the sandbox-host marker);
+//! `scripts/import_circles.py hub/src` lists them.
 
 mod auth;
 mod browser;

@@ -13,7 +13,7 @@
 //! pools.rs           warm pools: the refiller
 //! ports.rs           a sandbox's TCP ports, reached inside its network namespace
 //! plan.rs            the pure decisions lifecycle and pools apply (unit-tested)
-//! store.rs, store/   the SQLite store (sandboxes, templates, pools, snapshots, gym envs)
+//! store/             the SQLite store (sandboxes, templates, pools, snapshots, gym envs)
 //! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
 //! disk.rs            disk-quota flags and opening the quota volume
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)

@@ -2,51 +2,13 @@
 
 use http::{header, HeaderMap, HeaderName, HeaderValue};
 
-/// Per-hop headers (RFC 9110 §7.6.1) that never travel past a proxy.
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
-
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Drops the per-hop headers, including any the Connection header names.
-/// `keep_upgrade`: an Upgrade handshake keeps `Upgrade` and gets
-/// `Connection: upgrade` back. `keep_te_trailers`: gRPC needs `te: trailers`.
-pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool, keep_te_trailers: bool) {
-    if h.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = h
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            if !(keep_upgrade && name == header::UPGRADE) {
-                h.remove(&name);
-            }
-        }
-    }
-    for name in &HOP_BY_HOP {
-        h.remove(name);
-    }
-    if !keep_te_trailers || h.get(header::TE).is_some_and(|v| v != "trailers") {
-        h.remove(header::TE);
-    }
-    if keep_upgrade {
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        h.remove(header::UPGRADE);
-    }
-}
+/// Drops the per-hop headers, including any the Connection header names
+/// (one definition for the router and the hub's port proxy).
+pub use sandhub_common::hop::strip_hop_by_hop;
 
 /// Whether an HTTP/1.1 request asks to switch protocols (WebSocket and any other).
 pub fn is_upgrade(h: &HeaderMap) -> bool {

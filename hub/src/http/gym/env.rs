@@ -14,10 +14,7 @@ use sandhub_api::{
 use sandhub_client::{write_bytes, Error, Result, WriteOptions};
 
 use super::matcher::{compile, Compiled, StepOutput};
-use crate::{
-    backend::TenantView,
-    local::store::{Episode, GymEnvRow},
-};
+use crate::backend::{Episode, GymEnvRow, TenantView};
 
 pub struct Env {
     pub id: String,

@@ -19,7 +19,7 @@ use sandhub_client::Error;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::http::{Api, ApiJson, ApiJsonOrDefault, ApiResult, AppState};
-pub use registry::{EnvStore, Gym};
+pub use registry::Gym;
 
 /// Most steps one batch request may carry.
 const MAX_BATCH: usize = 1024;

@@ -16,47 +16,7 @@ use sandhub_client::{Error, Result};
 use tokio::sync::OwnedMutexGuard;
 
 use super::env::Env;
-use crate::{
-    backend::{new_id, now_ms, Backend, TenantView},
-    local::{
-        store::{Episode, GymEnvRow},
-        Hub,
-    },
-};
-
-/// Where environments are kept across restarts.
-pub trait EnvStore: Send + Sync + 'static {
-    fn insert(&self, row: &GymEnvRow) -> Result<()>;
-    /// The episode state after a call at `now`.
-    fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()>;
-    fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>>;
-    fn delete(&self, id: &str) -> Result<()>;
-    /// `(id, tenant)` of every env unused for its idle timeout at `now`.
-    fn idle(&self, now: i64) -> Result<Vec<(String, String)>>;
-}
-
-/// The local backend keeps envs in its SQLite store, next to their sandboxes.
-impl EnvStore for Hub {
-    fn insert(&self, row: &GymEnvRow) -> Result<()> {
-        self.store.insert_gym_env(row)
-    }
-
-    fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()> {
-        self.store.save_gym_episode(id, episode, now)
-    }
-
-    fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>> {
-        self.store.get_gym_env(tenant, id)
-    }
-
-    fn delete(&self, id: &str) -> Result<()> {
-        self.store.delete_gym_env(id)
-    }
-
-    fn idle(&self, now: i64) -> Result<Vec<(String, String)>> {
-        self.store.idle_gym_envs(now)
-    }
-}
+use crate::backend::{new_id, now_ms, Backend, EnvStore, TenantView};
 
 struct Slot {
     /// Outside the lock: backend is checked without waiting for a step.

@@ -345,43 +345,11 @@ fn unavailable(port: u16, e: hyper::Error) -> ApiError {
     )
 }
 
-/// Per-hop headers (RFC 9110 §7.6.1) that never travel past a proxy.
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "trailer",
-    "transfer-encoding",
-];
-
 /// Drops the per-hop headers, and any the Connection header names; an
-/// upgrade keeps `Upgrade` and says `Connection: upgrade` again.
+/// upgrade keeps `Upgrade` and says `Connection: upgrade` again; `te:
+/// trailers` stays (see [`sandhub_common::hop`]).
 fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        if !(keep_upgrade && name == header::UPGRADE) {
-            h.remove(&name);
-        }
-    }
-    for name in HOP_BY_HOP {
-        h.remove(name);
-    }
-    if h.get(header::TE).is_some_and(|v| v != "trailers") {
-        h.remove(header::TE);
-    }
-    if keep_upgrade {
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        h.remove(header::UPGRADE);
-    }
+    sandhub_common::hop::strip_hop_by_hop(h, keep_upgrade, true);
 }
 
 /// What the server inside sees: the client's headers without the hop-by-hop

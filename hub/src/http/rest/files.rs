@@ -167,7 +167,9 @@ async fn put_file(
     // Refused before the body ended (no space left, say): the client is
     // still sending, and must get this answer, not a reset.
     if !result.as_ref().is_ok_and(|r| r.status().is_success()) {
-        remainder.drain(crate::guard::DRAIN_TIMEOUT).await;
+        remainder
+            .drain(limits.max_upload_bytes, crate::guard::DRAIN_TIMEOUT)
+            .await;
     }
     result
 }

@@ -1,12 +1,15 @@
 //! Gym environments in the state store, so that a hub restart keeps them:
-//! the env's configuration once, its episode state after every call.
+//! the env's configuration once, its episode state after every call. The
+//! local backend's [`EnvStore`].
 
 use rusqlite::{params, OptionalExtension, Row};
-use sandhub_api::gym::CreateEnv;
 use sandhub_client::Result;
-use serde::{Deserialize, Serialize};
 
 use super::{json, Store};
+use crate::{
+    backend::{EnvStore, Episode, GymEnvRow},
+    local::Hub,
+};
 
 /// Created by `Store::open` on every database, old ones included: a table
 /// that is only ever added needs no migration beyond `IF NOT EXISTS`.
@@ -23,38 +26,6 @@ CREATE TABLE IF NOT EXISTS gym_envs (
 "#;
 
 const COLUMNS: &str = "id, tenant, spec, episode, idle_timeout_seconds, created_at, last_used";
-
-/// What an environment's next call depends on, beyond its configuration.
-/// Kept as JSON in one column, so that it can grow without a migration.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Episode {
-    /// The sandbox episodes run in; none before the first, or after a close.
-    pub sandbox: Option<String>,
-    /// The sandbox failed mid-episode: the next reset starts a new one.
-    pub broken: bool,
-    /// Steps taken in the current episode.
-    pub step: u32,
-    /// Episodes started (resets).
-    pub episode: u32,
-    /// The seed of the current episode, handed to commands as `SANDHUB_SEED`.
-    pub seed: Option<u64>,
-    /// The current episode ended (terminated or truncated): step needs a reset.
-    pub done: bool,
-}
-
-/// One environment as stored. Times are Unix milliseconds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GymEnvRow {
-    pub id: String,
-    pub tenant: String,
-    pub spec: CreateEnv,
-    pub episode: Episode,
-    pub idle_timeout_seconds: u64,
-    pub created_at: i64,
-    /// The last reset, step or creation.
-    pub last_used: i64,
-}
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<GymEnvRow> {
     let spec: String = r.get(2)?;
@@ -138,9 +109,32 @@ impl Store {
     }
 }
 
+/// The local backend keeps envs in its SQLite store, next to their sandboxes.
+impl EnvStore for Hub {
+    fn insert(&self, row: &GymEnvRow) -> Result<()> {
+        self.store.insert_gym_env(row)
+    }
+
+    fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()> {
+        self.store.save_gym_episode(id, episode, now)
+    }
+
+    fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>> {
+        self.store.get_gym_env(tenant, id)
+    }
+
+    fn delete(&self, id: &str) -> Result<()> {
+        self.store.delete_gym_env(id)
+    }
+
+    fn idle(&self, now: i64) -> Result<Vec<(String, String)>> {
+        self.store.idle_gym_envs(now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use sandhub_api::gym::{Matcher, Task};
+    use sandhub_api::gym::{CreateEnv, Matcher, Task};
 
     use super::*;
 

@@ -43,6 +43,7 @@ use tokio::{
     time::Sleep,
 };
 
+use crate::body::{DRAIN_CAP, DRAIN_TIMEOUT};
 use crate::http1::{
     outbound::Answer,
     wire::{
@@ -62,10 +63,9 @@ const COALESCE: usize = 16 * 1024;
 /// How long a client may take to send a request head, idle time included
 /// (hyper's `header_read_timeout` on the fallback path).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
-/// After an error, a request body up to this size is read and dropped to
-/// keep the connection; a larger one closes it.
-const DRAIN_MAX: u64 = 1 << 20;
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+// After an error, a request body up to the router's drain bound
+// (`body::DRAIN_CAP`, `body::DRAIN_TIMEOUT`) is read and dropped to keep
+// the connection; a larger one closes it.
 
 /// A client connection's stream: plain TCP or TLS.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin {}
@@ -240,7 +240,7 @@ impl<S: ClientIo> Client<S> {
                 // Answered before the body was read: a small body is read
                 // past afterwards, so the connection can carry the next
                 // request; a large one closes it.
-                let drain = !consumed && remaining <= DRAIN_MAX;
+                let drain = !consumed && remaining <= DRAIN_CAP;
                 let announce_close = !keep_alive || !(consumed || drain);
                 write_small(&mut self.out, refusal, !announce_close);
                 self.stream.write_all(&self.out).await?;

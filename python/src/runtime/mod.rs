@@ -1,6 +1,9 @@
 //! The one tokio runtime every `Hub`, `AsyncHub` and `Sandboxd` shares, and
 //! the two ways a call crosses into it: blocking (GIL released, Ctrl-C
-//! checked between ticks) or as an asyncio awaitable.
+//! checked between ticks) or as an asyncio awaitable ([`awaitable`], a child
+//! of this module so that the two never import each other in a circle).
+
+pub mod awaitable;
 
 use std::{future::Future, sync::OnceLock, time::Duration};
 
@@ -74,7 +77,7 @@ where
 {
     if asynchronous {
         check_fork()?;
-        crate::awaitable::awaitable(py, fut)
+        awaitable::awaitable(py, fut)
     } else {
         block_on(py, fut)?.into_bound_py_any(py)
     }

@@ -5,7 +5,6 @@
 //! - [`plan`]: what a pass deletes and creates (pure).
 //! - [`expectations`]: writes the cache has not shown yet (pure).
 //! - [`build`]: pool members, secure defaults, ownership helpers (pure).
-//! - [`refill`]: when replacements may go out (claims first; pure).
 //! - [`reconcile`]: one pool's pass.
 
 pub mod build;
@@ -13,7 +12,6 @@ pub mod expectations;
 pub mod plan;
 pub mod queue;
 pub mod reconcile;
-pub mod refill;
 
 use std::sync::Arc;
 
@@ -25,8 +23,7 @@ use sandhub_api::k8s::conditions::launch_type;
 use sandhub_api::k8s::names::{self, name_hash};
 use sandhub_api::k8s::{Sandbox, SandboxTemplate, SandboxWarmPool};
 
-use crate::claim::cache;
-use crate::context::{Context, SANDBOX_WARM_POOL_CONTROLLER};
+use crate::context::{cache, Context, SANDBOX_WARM_POOL_CONTROLLER};
 use crate::object::controlled_by_kind;
 use expectations::Expectations;
 use reconcile::PoolCtx;

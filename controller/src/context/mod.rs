@@ -1,20 +1,30 @@
 //! What every reconciler shares: API clients, the effective flags, the watched config,
 //! metrics and the event recorder. Built once in `main` and passed as `Arc<Context>`.
+//!
+//! - [`refill`]: when a warm pool may replace claimed members (claims first;
+//!   pure). It lives here, not under `warmpool`, because the context holds
+//!   the one gate both the claim and the warm-pool controllers use.
+//! - [`cache`]: a reflector store kept by a background task, for any
+//!   controller.
+
+pub mod refill;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
 use crate::config::SharedConfig;
 use crate::flags::Flags;
 use crate::metrics::Metrics;
-use crate::warmpool::refill::RefillGate;
+use refill::RefillGate;
 use sandhub_api::k8s::Sandbox;
 use sandhub_api::sandboxd_token::SandboxdTokens;
 
@@ -138,4 +148,31 @@ impl Context {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
+}
+
+/// A reflector store of `K` kept by a background task.
+pub(crate) fn cache<K>(api: Api<K>, wc: watcher::Config) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let kind = K::kind(&()).to_string();
+    let stream = reflector::reflector(writer, kube::runtime::watcher(api, wc))
+        .default_backoff()
+        .for_each(move |ev| {
+            // The watcher retries with backoff; say why, or a cache that
+            // never syncs leaves no trace.
+            if let Err(e) = ev {
+                tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(stream);
+    reader
 }

@@ -19,7 +19,6 @@ use serde::{Deserialize, Serialize};
 mod catalog;
 mod gym;
 mod snapshots;
-pub use gym::{Episode, GymEnvRow};
 
 /// One sandbox as stored. Times are Unix milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

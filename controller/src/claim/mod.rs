@@ -28,42 +28,14 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::runtime::controller::{Config, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use sandhub_api::k8s::names;
 use sandhub_api::k8s::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool};
 
-use crate::context::{Context, SANDBOX_CLAIM_CONTROLLER};
+use crate::context::{cache, Context, SANDBOX_CLAIM_CONTROLLER};
 use crate::object::controlled_by_kind;
 use crate::warmpool::queue::WarmIndex;
 use reconcile::ClaimCtx;
-
-/// A reflector store of `K` kept by a background task.
-pub(crate) fn cache<K>(api: Api<K>, wc: watcher::Config) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let kind = K::kind(&()).to_string();
-    let stream = reflector::reflector(writer, kube::runtime::watcher(api, wc))
-        .default_backoff()
-        .for_each(move |ev| {
-            // The watcher retries with backoff; say why, or a cache that
-            // never syncs leaves no trace.
-            if let Err(e) = ev {
-                tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
-            }
-            futures::future::ready(())
-        });
-    tokio::spawn(stream);
-    reader
-}
 
 /// Runs the claim controller until the process stops.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {

@@ -28,7 +28,8 @@ use std::{
 use pyo3::{prelude::*, sync::PyOnceLock, types::PyCFunction, IntoPyObjectExt};
 use tokio::sync::oneshot;
 
-use crate::{errors::Failure, runtime::rt};
+use super::rt;
+use crate::errors::Failure;
 
 /// How long the exit hook waits for hand-offs in progress: each is a few
 /// microseconds of Python, so this bounds only a pathological stall.

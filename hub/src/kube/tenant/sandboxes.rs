@@ -1,0 +1,291 @@
+//! [`Sandboxes`] and [`TenantView`] for a [`KubeTenant`]: one method per
+//! trait member, most of them a few lines that reach the Pod; the
+//! templates' and pools' members are in `templates.rs` and `pools.rs`.
+
+use super::*;
+
+#[async_trait]
+impl TenantView for KubeTenant {
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
+        self.client(id, op).await
+    }
+
+    async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
+        self.claim(id).await?;
+        Ok(Vec::new())
+    }
+
+    async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
+        let (pod, pod_ip) = self.ready_pod(id, "port access").await?;
+        let target = Target {
+            namespace: &self.shared.namespace,
+            sandbox: &pod,
+            pod_ip: pod_ip.as_deref(),
+        };
+        crate::kube::ports::connect(&self.shared.reach, &target, id, port).await
+    }
+
+    async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {
+        self.claim(id).await?;
+        let patch = serde_json::json!({"spec": {"lifecycle": model::deadline(seconds)?}});
+        let claim = self
+            .claims()
+            .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| kube_error(&format!("moving sandbox {id}'s deadline"), e))?;
+        Ok(self.view(&claim).await)
+    }
+
+    async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
+        let client = self.client(id, "listing ports").await?;
+        crate::kube::ports::listening(&client).await
+    }
+}
+
+#[async_trait]
+impl Sandboxes for KubeTenant {
+    async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
+        // The shared rules (api's validate): both backends refuse the same.
+        req.validate()?;
+        if req.idle_timeout_seconds.is_some() {
+            return Err(Error::invalid(
+                "idle_timeout_seconds is not available on the kubernetes backend; use shutdown_after_seconds",
+            ));
+        }
+        let pool_name = req
+            .pool
+            .clone()
+            .or_else(|| req.template.clone())
+            .unwrap_or_else(|| sandhub_api::hub::DEFAULT_TEMPLATE.to_string());
+        let (pool_object, _) = self.find(&self.pools(), "pool", &pool_name).await?;
+        let pool = self.pool_view(&pool_object);
+        if let Some(t) = &req.template {
+            if req.pool.is_some() && &pool.template != t {
+                return Err(Error::invalid(format!(
+                    "pool {pool_name} serves template {}, not {t}",
+                    pool.template
+                )));
+            }
+        }
+        let id = new_id("sb");
+        let claim = model::claim_for(
+            &id,
+            &self.tenant,
+            &pool_object.metadata.name.clone().unwrap_or_default(),
+            &pool.template,
+            &req,
+            SystemTime::now(),
+        )?;
+        self.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .map_err(|e| kube_error("creating the sandbox claim", e))?;
+        match self.wait_ready(&id).await {
+            Ok(claim) => Ok(self.view(&claim).await),
+            Err(e) => {
+                // A claim that will not come up is not left to hold a Pod.
+                let _ = self.claims().delete(&id, &DeleteParams::background()).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Sandbox> {
+        let claim = self.claim(id).await?;
+        Ok(self.view(&claim).await)
+    }
+
+    async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Sandbox>> {
+        let params = ListParams::default().labels(&model::selector(&self.tenant, labels));
+        let claims = self
+            .claims()
+            .list(&params)
+            .await
+            .map_err(|e| kube_error("listing sandboxes", e))?;
+        let launch: BTreeMap<String, String> = self
+            .sandboxes()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_error("listing Sandboxes", e))?
+            .into_iter()
+            .filter_map(|s| {
+                let l = s.metadata.labels?.get(names::LAUNCH_TYPE).cloned()?;
+                Some((s.metadata.name?, l))
+            })
+            .collect();
+        Ok(claims
+            .into_iter()
+            .map(|c| {
+                let bound = c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.sandbox.as_ref())
+                    .map(|s| s.name.clone());
+                let l = bound.and_then(|b| launch.get(&b).cloned());
+                self.hub_view(&c, l.as_deref())
+            })
+            .collect())
+    }
+
+    async fn delete(&self, id: &str) -> Result<()> {
+        self.claim(id).await?;
+        self.shared.forget_clients(id);
+        // Foreground: the claim goes only after its Sandbox and Pod, so a
+        // listing never shows a sandbox whose Pod still runs unaccounted.
+        self.claims()
+            .delete(id, &DeleteParams::foreground())
+            .await
+            .map_err(|e| kube_error(&format!("deleting sandbox {id}"), e))?;
+        Ok(())
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
+        if let Some(container) = request.container.clone() {
+            let (sandbox, _) = self.ready_pod(id, "exec").await?;
+            let pod_name = self.pod_name(&sandbox).await;
+            let pods: Api<Pod> =
+                Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
+            let pod = pods
+                .get(&pod_name)
+                .await
+                .map_err(|e| kube_error(&format!("reading sandbox {id}'s Pod"), e))?;
+            // A bad name, not a missing sandbox: NOT_FOUND would read as "gone".
+            if !sidecar_exec::is_sidecar(&pod, &container) {
+                return Err(Error::invalid(format!(
+                    "sandbox {id} has no sidecar {container}"
+                )));
+            }
+            return sidecar_exec::exec(&pods, &pod_name, &container, request).await;
+        }
+        self.client(id, "exec").await?.exec(request).await
+    }
+
+    async fn start(&self, id: &str, request: StartProcess) -> Result<ProcessEvents> {
+        self.client(id, "start").await?.start(request).await
+    }
+
+    async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {
+        self.client(id, "stdin")
+            .await?
+            .write_stdin(pid, input)
+            .await
+    }
+
+    async fn signal(&self, id: &str, pid: i32, signal: Signal) -> Result<()> {
+        self.client(id, "signal").await?.signal(pid, signal).await
+    }
+
+    async fn resize(&self, id: &str, pid: i32, size: PtySize) -> Result<()> {
+        self.client(id, "resize").await?.resize(pid, size).await
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+        self.client(id, "file access").await?.read_file(path).await
+    }
+
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<()> {
+        self.client(id, "file access")
+            .await?
+            .write_file(path, data, options)
+            .await
+    }
+
+    async fn list_files(&self, id: &str, path: &str) -> Result<DirectoryListing> {
+        self.client(id, "file access").await?.list_files(path).await
+    }
+
+    async fn stat(&self, id: &str, path: &str) -> Result<Option<FileEntry>> {
+        self.client(id, "file access").await?.stat(path).await
+    }
+
+    async fn delete_file(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
+        self.client(id, "file access")
+            .await?
+            .delete_file(path, recursive)
+            .await
+    }
+
+    async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<WatchEvents> {
+        self.client(id, "watch").await?.watch(path, recursive).await
+    }
+
+    async fn suspend(&self, id: &str) -> Result<Sandbox> {
+        self.shared.forget_clients(id);
+        let claim = self.set_mode(id, "Suspended").await?;
+        let wait = await_condition(self.claims(), id, |c: Option<&SandboxClaim>| {
+            c.is_none_or(|c| model::state_of(c) == sandhub_api::hub::SandboxState::Suspended)
+        });
+        let claim = match tokio::time::timeout(self.shared.ready_timeout, wait).await {
+            Ok(Ok(Some(c))) => c,
+            _ => claim,
+        };
+        Ok(self.view(&claim).await)
+    }
+
+    async fn resume(&self, id: &str) -> Result<Sandbox> {
+        self.set_mode(id, "Running").await?;
+        let claim = self.wait_ready(id).await?;
+        Ok(self.view(&claim).await)
+    }
+
+    async fn snapshot(&self, _id: &str) -> Result<Snapshot> {
+        Err(unimplemented("snapshot"))
+    }
+
+    async fn delete_snapshot(&self, _id: &str, _snapshot: &str) -> Result<()> {
+        Err(unimplemented("snapshot"))
+    }
+
+    async fn reset(&self, _id: &str) -> Result<Sandbox> {
+        Err(unimplemented("reset"))
+    }
+
+    async fn fork(&self, _id: &str, request: ForkRequest) -> Result<Sandbox> {
+        // A bad request is refused as the local backend refuses it, before
+        // saying this backend has no forks.
+        request.validate()?;
+        Err(unimplemented("fork"))
+    }
+
+    async fn put_template(&self, name: &str, t: Template) -> Result<NamedTemplate> {
+        self.apply_template(name, t).await
+    }
+
+    async fn get_template(&self, name: &str) -> Result<NamedTemplate> {
+        self.read_template(name).await
+    }
+
+    async fn list_templates(&self) -> Result<Vec<NamedTemplate>> {
+        self.template_list().await
+    }
+
+    async fn delete_template(&self, name: &str) -> Result<()> {
+        self.remove_template(name).await
+    }
+
+    async fn put_pool(&self, name: &str, spec: PoolSpec) -> Result<Pool> {
+        self.apply_pool(name, spec).await
+    }
+
+    async fn get_pool(&self, name: &str) -> Result<Pool> {
+        self.read_pool(name).await
+    }
+
+    async fn list_pools(&self) -> Result<Vec<Pool>> {
+        self.pool_list().await
+    }
+
+    async fn delete_pool(&self, name: &str) -> Result<()> {
+        self.remove_pool(name).await
+    }
+}
