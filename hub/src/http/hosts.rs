@@ -30,8 +30,9 @@ use crate::backend::now_s;
 
 /// The query parameter a minted URL carries its token in.
 pub const TOKEN_PARAM: &str = "sandhub_token";
-/// The cookie the token is kept in, on that host only.
-pub const COOKIE: &str = "sandhub_port";
+/// The cookie the token is kept in, on that host only (named by the
+/// proxy, which keeps it from every sandbox).
+pub use super::proxy::PORT_COOKIE as COOKIE;
 pub const DEFAULT_TTL_S: u64 = 3600;
 pub const MAX_TTL_S: u64 = 24 * 3600;
 
@@ -167,11 +168,6 @@ fn query_token(uri: &Uri) -> Option<String> {
 
 pub type HostState = (AppState, Option<Arc<ApiKeys>>, Arc<HostRouting>);
 
-/// Marks a request that came to a sandbox's own host (`{port}-{id}.D`):
-/// what it gets back is shown on that host's origin, not the hub's.
-#[derive(Debug, Clone, Copy)]
-pub struct ViaSandboxHost;
-
 /// In front of everything: a request for `{port}-{id}.D` is that port's.
 pub async fn route(
     State((state, keys, hosts)): State<HostState>,
@@ -194,7 +190,7 @@ pub async fn route(
             request.headers_mut().insert("e2b-sandbox-id", id);
             request.headers_mut().insert("e2b-sandbox-port", p);
         }
-        request.extensions_mut().insert(ViaSandboxHost);
+        request.extensions_mut().insert(super::ViaSandboxHost);
         return next.run(request).await;
     }
     // A minted URL's first visit: keep the token in a cookie, drop it

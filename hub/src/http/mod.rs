@@ -28,10 +28,9 @@
 //! signing.rs   tokens the hub signs for itself (envd access, browser links)
 //! ```
 //!
-//! The children use this module's state and extractors. Known circle, left
-//! for the port-proxy work: `hosts` <-> `proxy` (the link cookie's name) and
-//! `hosts` <-> `e2b` (envd's port, the sandbox-host marker);
-//! `scripts/import_circles.py hub/src` lists them.
+//! The children use this module's state and extractors; what two of them
+//! share (the sandbox-host marker) lives here, so no two import each other
+//! in a circle: `proxy` owns the link cookie's name, `hosts` uses it.
 
 mod auth;
 mod browser;
@@ -82,6 +81,12 @@ pub struct AppState {
     /// Keep-alive connections to sandbox ports, for every door that proxies.
     pub ports: Arc<proxy::PortPool>,
 }
+
+/// Marks a request that came to a sandbox's own host (`{port}-{id}.D`):
+/// what it gets back is shown on that host's origin, not the hub's. Set
+/// by `hosts`, read by `e2b`; kept here so neither imports the other.
+#[derive(Debug, Clone, Copy)]
+pub struct ViaSandboxHost;
 
 /// The hub as the request's tenant sees it.
 pub struct Api(pub Arc<dyn TenantView>);

@@ -201,7 +201,7 @@ pub async fn divert(
         // port answers must not act as the hub's origin.
         let served = if request
             .extensions()
-            .get::<super::hosts::ViaSandboxHost>()
+            .get::<super::ViaSandboxHost>()
             .is_some()
         {
             super::proxy::Served::OwnHost

@@ -11,7 +11,7 @@
 
 use axum::http::{header, HeaderMap, HeaderValue};
 
-use crate::http::hosts::COOKIE;
+use super::PORT_COOKIE as COOKIE;
 
 /// Where a proxied answer is shown.
 #[derive(Debug, Clone, PartialEq, Eq)]

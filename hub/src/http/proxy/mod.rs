@@ -14,6 +14,10 @@ mod answer;
 mod limits;
 
 pub use answer::{Served, SANDBOX_CSP};
+
+/// The cookie a host-routed port link is kept in: the hub's own, so every
+/// route strips it from requests and no sandbox may set it.
+pub const PORT_COOKIE: &str = "sandhub_port";
 pub use limits::{Gate, ProxyLimits};
 
 use axum::{
@@ -408,7 +412,7 @@ pub fn strip_our_cookie(headers: &mut HeaderMap) {
         .map(String::as_str)
         .filter(|kv| {
             let name = kv.split_once('=').map_or(*kv, |(k, _)| k).trim();
-            !name.eq_ignore_ascii_case(crate::http::hosts::COOKIE)
+            !name.eq_ignore_ascii_case(PORT_COOKIE)
         })
         .collect();
     if kept.len() == all.len() && headers.get_all(header::COOKIE).iter().count() <= 1 {
