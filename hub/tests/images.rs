@@ -813,7 +813,7 @@ async fn user_and_entrypoint_apply_and_the_entrypoint_survives_a_reset() {
     assert_eq!(out, "1000\n1000\n/home/app\n1000\n", "{out}");
     // The entrypoint: started once, listening, owned by the user.
     // Served by the entrypoint, as the user, from the workspace.
-    let wait_for_server = "for i in $(seq 100); do \
+    let wait_for_server = "for i in $(seq 600); do \
          wget -q -O /dev/null http://127.0.0.1:8123/ep.log 2>/dev/null && break; sleep 0.1; done; \
          wget -q -O - http://127.0.0.1:8123/ep.log";
     assert_eq!(shell_ok(&c, &sb.id, wait_for_server).await, "up\n");
