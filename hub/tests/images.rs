@@ -13,6 +13,11 @@ use sha2::{Digest, Sha256};
 
 use common::{error_body, shell_ok, HubOptions, ImageMounts, TestHub};
 
+/// The store-lock test writes 1.6 GB of layers; on a 2-core machine its
+/// I/O once starved a sandbox's start or restart in a test running beside
+/// it. It runs alone; the others share.
+static IO_HEAVY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// One tar entry, its names written raw (the tar crate refuses to write
 /// the hostile ones itself).
 struct E<'a> {
@@ -217,6 +222,7 @@ async fn import(hub: &TestHub, archive: Vec<u8>, tag: &str) -> reqwest::Response
 
 #[tokio::test]
 async fn an_image_is_a_sandbox_root_with_whiteouts_owners_env_and_workspace_layers() {
+    let _io = IO_HEAVY.read().await;
     let hub = TestHub::start(HubOptions::default()).await;
     let _mounts = ImageMounts::of(&hub);
     let r = import(
@@ -296,6 +302,7 @@ async fn an_image_is_a_sandbox_root_with_whiteouts_owners_env_and_workspace_laye
 
 #[tokio::test]
 async fn docker_save_imports_and_unused_images_are_removed() {
+    let _io = IO_HEAVY.read().await;
     let hub = TestHub::start(HubOptions::default()).await;
     let _mounts = ImageMounts::of(&hub);
     let r = import(&hub, docker_archive(&[base_layer()], &config(), "dk:2"), "").await;
@@ -366,6 +373,7 @@ async fn docker_save_imports_and_unused_images_are_removed() {
 /// the host file it aims at is untouched.
 #[tokio::test]
 async fn hostile_layers_are_refused_and_change_nothing_outside_the_store() {
+    let _io = IO_HEAVY.read().await;
     let hub = TestHub::start(HubOptions::default()).await;
     let _mounts = ImageMounts::of(&hub);
     let victim = hub.dir.path().join("victim");
@@ -421,6 +429,7 @@ async fn hostile_layers_are_refused_and_change_nothing_outside_the_store() {
 /// CLI), then `ls`, `rm`, `prune`.
 #[tokio::test]
 async fn the_cli_imports_a_layout_directory_lists_and_removes() {
+    let _io = IO_HEAVY.read().await;
     let hub = TestHub::start(HubOptions::default()).await;
     let _mounts = ImageMounts::of(&hub);
     let layout = hub.dir.path().join("layout");
@@ -455,6 +464,7 @@ async fn the_cli_imports_a_layout_directory_lists_and_removes() {
 /// keeps no half of it, and the same import then completes.
 #[tokio::test]
 async fn a_hub_killed_mid_import_leaves_no_half_image() {
+    let _io = IO_HEAVY.read().await;
     let mut hub = TestHub::start(HubOptions::default()).await;
     let _mounts = ImageMounts::of(&hub);
     let archive = oci_archive(&[base_layer(), upper_layer()], &config());
@@ -516,6 +526,7 @@ async fn delete_as(hub: &TestHub, key: &str, reference: &str) -> reqwest::Respon
 /// is gone; once the sandbox is deleted the image can go.
 #[tokio::test]
 async fn tenants_own_their_tags_and_a_running_sandbox_pins_its_image() {
+    let _io = IO_HEAVY.read().await;
     use common::{ALICE_KEY, BOB_KEY};
     let hub = TestHub::start(HubOptions {
         api_keys: true,
@@ -659,6 +670,7 @@ fn debian_test_layout() -> Option<String> {
 /// snapshot and fork work on the image sandbox's `/workspace`.
 #[tokio::test]
 async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
+    let _io = IO_HEAVY.read().await;
     let Some(layout) = debian_test_layout() else {
         return;
     };
@@ -777,6 +789,7 @@ async fn a_debian_python_image_runs_with_whiteouts_owners_env_reset_and_fork() {
 /// a reset (which killed it). A bad user is refused up front.
 #[tokio::test]
 async fn user_and_entrypoint_apply_and_the_entrypoint_survives_a_reset() {
+    let _io = IO_HEAVY.read().await;
     let Some(layout) = debian_test_layout() else {
         return;
     };
@@ -945,6 +958,7 @@ async fn images_of(hub: &TestHub, key: &str) -> Vec<Value> {
 /// his when alice removes hers.
 #[tokio::test]
 async fn a_layer_is_shared_only_with_a_tenant_that_proves_it_holds_it() {
+    let _io = IO_HEAVY.read().await;
     use common::{ALICE_KEY, BOB_KEY};
     let hub = TestHub::start(HubOptions {
         api_keys: true,
@@ -1027,6 +1041,7 @@ async fn a_layer_is_shared_only_with_a_tenant_that_proves_it_holds_it() {
 /// layers/, tmp/ and images/ as they were.
 #[tokio::test]
 async fn a_refused_import_leaves_nothing_on_the_disk() {
+    let _io = IO_HEAVY.read().await;
     let hub = TestHub::start(HubOptions {
         extra_args: &["--max-image-mb-per-tenant", "4"],
         ..Default::default()
@@ -1133,6 +1148,7 @@ use std::io::Read as _;
 /// quota is refused, even when its layer is unpacked already (bob's).
 #[tokio::test]
 async fn layers_that_unpack_large_count_against_the_quota() {
+    let _io = IO_HEAVY.read().await;
     use common::{ALICE_KEY, BOB_KEY};
     let hub = TestHub::start(HubOptions {
         api_keys: true,
@@ -1200,6 +1216,7 @@ async fn layers_that_unpack_large_count_against_the_quota() {
 /// liveness property: under a second, not a benchmark).
 #[tokio::test]
 async fn listing_images_does_not_wait_for_another_tenants_unpack() {
+    let _io = IO_HEAVY.write().await;
     use common::{ALICE_KEY, BOB_KEY};
     let hub = TestHub::start(HubOptions {
         api_keys: true,
@@ -1267,6 +1284,7 @@ async fn listing_images_does_not_wait_for_another_tenants_unpack() {
 /// touched for a day, and keeps recent ones (a pull may resume them).
 #[tokio::test]
 async fn prune_drops_abandoned_partial_downloads() {
+    let _io = IO_HEAVY.read().await;
     let hub = TestHub::start(HubOptions::default()).await;
     let partial = hub.state_dir.join("images/partial");
     let old_dir = partial.join("0123456789abcdef0123456789abcdef");
