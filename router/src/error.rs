@@ -63,12 +63,13 @@ impl ProxyError {
     }
 
     pub fn to_http(&self) -> Response<ProxyBody> {
-        let mut response = json_response(
+        // No `Connection: close` on a 413 here, unlike the hub and
+        // sandboxd: the fast path reads a small refused body past and
+        // keeps the connection, and both paths must answer alike.
+        json_response(
             self.status(),
             &serde_json::json!({ "detail": self.to_string() }),
-        );
-        sandhub_common::hop::close_if_too_large(self.status(), response.headers_mut());
-        response
+        )
     }
 
     pub fn to_grpc(&self) -> Response<ProxyBody> {
