@@ -17,7 +17,7 @@
 //!                      layer unpacking, a collected layer being deleted);
 //!                      emptied when the store opens
 //! partial/<tenant>/<hex>  blobs a tenant is pulling; kept across restarts,
-//!                      so a pull resumes where it stopped (see pull.rs);
+//!                      so a pull resumes where it stopped (see pull/);
 //!                      pruned when untouched for a day
 //! ```
 //!
@@ -49,7 +49,10 @@
 //! mod.rs       ImageStore: import, list, get, remove, prune
 //! register.rs  blobs -> proven or unpacked layers -> record (import, pull)
 //! budget.rs    quota charges and claims of work in progress
-//! pull.rs      registry -> partial/ -> register (resumable, checked, coalesced)
+//! pull/        registry -> partial/ -> register (resumable, checked, coalesced):
+//!   mod.rs       a pull from manifest to record
+//!   fetch.rs     the fetch engine (registry client, one blob into partial/)
+//!   coalesce.rs  one flight per pull asked twice, one fetch per blob
 //! registry_auth.rs  credentials from a Docker config.json (pure)
 //! ingest.rs    archive -> staged blobs -> (config, layers, tag)
 //! format.rs    the OCI / docker JSON the store reads (pure)
@@ -63,7 +66,7 @@ mod ingest;
 mod mount;
 pub mod pull;
 mod register;
-mod registry_auth;
+pub(super) mod registry_auth;
 pub mod unpack;
 
 use std::{
