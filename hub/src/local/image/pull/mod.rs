@@ -29,7 +29,8 @@
 //! # Layout
 //!
 //! ```text
-//! mod.rs       a pull from manifest to record: resolve, claim, fetch, register
+//! mod.rs       a pull from manifest to record (resolve, claim, fetch,
+//!              register); the request and prepull entry points
 //! fetch.rs     the fetch engine: the registry client, a blob into partial/
 //!              (resumed, bounded, checked), the registry's errors
 //! coalesce.rs  Pulls: one flight per reference, tenant and credentials,
