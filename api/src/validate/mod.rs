@@ -363,7 +363,11 @@ pub fn image_reference(r: &str) -> Result<(), ErrorBody> {
 }
 
 /// An [`image_reference`] a registry can serve: not an image id
-/// (`sha256:<hex>`, which names an image in a store).
+/// (`sha256:<hex>`, which names an image in a store), and in the
+/// distribution reference grammar the registry client parses (lower-case
+/// repository path components, a tag of at most 128 word characters, a
+/// digest of an algorithm and at least 32 hex digits), so a reference the
+/// client would refuse is a 400 here, before a pull's stream starts.
 pub fn registry_reference(r: &str) -> Result<(), ErrorBody> {
     image_reference(r)?;
     let id = r.strip_prefix("sha256:").is_some_and(|hex| {
@@ -373,6 +377,111 @@ pub fn registry_reference(r: &str) -> Result<(), ErrorBody> {
         return Err(invalid(format!(
             "`{r}` is an image id, not a reference a registry can serve"
         )));
+    }
+    reference_grammar(r).map_err(|why| invalid(format!("image reference `{r}`: {why}")))
+}
+
+/// `[domain/]path[:tag][@digest]` as the OCI distribution spec defines it
+/// (the name's limit of 255 holds: [`MAX_IMAGE_REF`] bounds the whole).
+fn reference_grammar(r: &str) -> Result<(), &'static str> {
+    let (rest, digest) = match r.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (r, None),
+    };
+    // A tag follows the last ':' after the last '/' (a ':' before it is a
+    // registry's port).
+    let last_slash = rest.rfind('/').map_or(0, |at| at + 1);
+    let (name, tag) = match rest[last_slash..].rfind(':') {
+        Some(at) => (&rest[..last_slash + at], Some(&rest[last_slash + at + 1..])),
+        None => (rest, None),
+    };
+    let mut parts = name.split('/').peekable();
+    let first = parts.peek().copied().unwrap_or_default();
+    // The first component names a registry when it looks like a host
+    // (a dot, a port, `localhost`), as every client decides it.
+    if name.contains('/') && (first.contains(['.', ':']) || first == "localhost") {
+        parts.next();
+        registry_host(first)?;
+    }
+    for component in parts {
+        path_component(component)?;
+    }
+    if let Some(tag) = tag {
+        let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+        let ok = !tag.is_empty()
+            && tag.len() <= 128
+            && tag.bytes().next().is_some_and(word)
+            && tag.bytes().all(|b| word(b) || b == b'.' || b == b'-');
+        if !ok {
+            return Err("a tag is 1-128 of [A-Za-z0-9_.-], starting with a letter, digit or _");
+        }
+    }
+    if let Some(digest) = digest {
+        let ok = digest.split_once(':').is_some_and(|(algorithm, hex)| {
+            algorithm.bytes().next().is_some_and(|b| b.is_ascii_alphabetic())
+                && algorithm
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+._-".contains(&b))
+                && hex.len() >= 32
+                && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        });
+        if !ok {
+            return Err("a digest is `algorithm:hex`, with at least 32 hex digits");
+        }
+    }
+    Ok(())
+}
+
+/// A registry `host[:port]`: dot-separated labels of letters, digits and
+/// inner hyphens.
+fn registry_host(domain: &str) -> Result<(), &'static str> {
+    let (host, port) = match domain.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (domain, None),
+    };
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if !host.split('.').all(label) {
+        return Err("the registry host must be dot-separated letters, digits and inner hyphens");
+    }
+    if port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
+        return Err("the registry port must be digits");
+    }
+    Ok(())
+}
+
+/// A repository path component: lower-case letters and digits, joined by
+/// one `.` or `_`, two `_`, or any run of `-`.
+fn path_component(c: &str) -> Result<(), &'static str> {
+    const WHY: &str = "a repository path is lower-case letters and digits, joined by `.`, `_`, \
+                       `__` or runs of `-`";
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = c.as_bytes();
+    let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) else {
+        return Err(WHY);
+    };
+    if !alnum(first) || !alnum(last) {
+        return Err(WHY);
+    }
+    let mut at = 0;
+    while at < bytes.len() {
+        if alnum(bytes[at]) {
+            at += 1;
+            continue;
+        }
+        let start = at;
+        while at < bytes.len() && !alnum(bytes[at]) {
+            at += 1;
+        }
+        let sep = &c[start..at];
+        let ok = matches!(sep, "." | "_" | "__") || sep.bytes().all(|b| b == b'-');
+        if !ok {
+            return Err(WHY);
+        }
     }
     Ok(())
 }

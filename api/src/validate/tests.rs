@@ -266,6 +266,34 @@ fn pull_requests() {
     for bad in ["../x", "a b", ""] {
         assert!(refused(req(bad).validate()).starts_with("image reference"));
     }
+    // The distribution grammar, as the registry client parses it.
+    for good in [
+        "busybox",
+        "library/busybox:1.36",
+        "localhost:5000/a/b",
+        "registry.example.com/team/app_x__y.z---w:v1.2-rc_3",
+        "Registry.Example.com:443/a:latest",
+        &format!("a/b@sha256:{}", "0f".repeat(32)),
+        &format!("a:1@sha256:{}", "0f".repeat(32)),
+    ] {
+        registry_reference(good).unwrap();
+    }
+    for (bad, why) in [
+        ("Busybox", "lower-case"),
+        ("a/B", "lower-case"),
+        ("a_-b", "lower-case"),
+        ("a___b", "lower-case"),
+        ("a/-b", "lower-case"),
+        ("a:-x", "a tag"),
+        (&format!("a:{}", "x".repeat(129)), "a tag"),
+        ("a@sha256:abc", "a digest"),
+        ("a@sha256", "a digest"),
+        ("bad-.host/a", "registry host"),
+        ("host:x/a", "registry port"),
+    ] {
+        let message = refused(registry_reference(bad));
+        assert!(message.contains(why), "{bad}: {message}");
+    }
     let tagged = |tag: &str| PullRequest {
         tag: Some(tag.into()),
         ..req("busybox")

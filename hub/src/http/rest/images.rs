@@ -132,10 +132,9 @@ async fn import_image(
 /// Pull an image from an OCI / Docker v2 registry, streaming progress as
 /// NDJSON: `resolved`, then `layer` / `layer_done` per layer, and last
 /// `done` (with the image) or `error` (`{code, message}`; nothing of the
-/// image is listed). A request that breaks the API's rules (reference,
-/// tag, credentials) is refused before the stream starts; a reference
-/// they pass that the registry client cannot read (upper case in a
-/// repository, say) ends the stream with `error`.
+/// image is listed). A request that breaks the API's rules (the
+/// reference in the distribution grammar, the tag, credentials) is
+/// refused with 400 before the stream starts.
 /// Credentials in the body are for this pull only; without them the
 /// hub's `--registry-config` is used, else none.
 #[utoipa::path(post, path = "/v1/images/pull", tag = "images", request_body = PullRequest,
