@@ -1,3 +1,5 @@
+//! Size: the REST API's whole wire contract, one plain type after another.
+//!
 //! JSON bodies of the hub's REST API (`/v1/...`). The hub serves them, the
 //! client crate sends them, and the OpenAPI document describes them.
 

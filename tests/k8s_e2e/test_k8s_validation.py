@@ -1,6 +1,6 @@
 """Issue #13 on the real cluster: the kubernetes backend refuses what the local
 backend refuses, with the same {code, message}, before any claim or pool is
-written. The rules live in api/src/validate.rs; the messages asserted here are
+written. The rules live in api/src/validate/; the messages asserted here are
 its wording, which the local backend returns for the same requests. One test
 per rule."""
 

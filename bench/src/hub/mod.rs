@@ -23,6 +23,7 @@
 //! At the end it deletes everything it made through the API, SIGTERMs the
 //! hub and kills any sandbox process that outlived both.
 
+mod args;
 mod disk;
 mod e2b;
 mod gym;
@@ -41,9 +42,9 @@ use std::{
 };
 
 use anyhow::{bail, Context};
-use clap::ValueEnum;
 
-use self::{rest::Series, server::Hub};
+pub use self::args::Args;
+use self::{args::Phase, rest::Series, server::Hub};
 use crate::{
     machine::Machine,
     report::{Progress, Report, Row, Target, Unit, Value},
@@ -57,167 +58,6 @@ const COLD_P50_MAX_US: f64 = 30_000.0;
 const RESET_P50_MAX_US: f64 = 5_000.0;
 const MCP_P50_MAX_US: f64 = 3_000.0;
 const GYM_RESET_P50_MAX_US: f64 = 5_000.0;
-
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// The hub binary to start [default: $CARGO_TARGET_DIR/release/sandhub,
-    /// or target/release/sandhub when CARGO_TARGET_DIR is unset].
-    #[arg(long, env = "SANDHUB_BENCH_SANDHUB_BIN")]
-    sandhub_bin: Option<PathBuf>,
-
-    /// Parent of the temp dir holding the hub's state dir and log.
-    #[arg(long, env = "SANDHUB_BENCH_WORK_DIR", default_value_os_t = std::env::temp_dir())]
-    work_dir: PathBuf,
-
-    /// Phases to run, comma-separated.
-    #[arg(
-        long,
-        env = "SANDHUB_BENCH_HUB_PHASES",
-        value_enum,
-        value_delimiter = ',',
-        default_value = "warm,cold,reset,exec,mcp,gym,memory"
-    )]
-    phases: Vec<Phase>,
-
-    /// Warm pool size for the warm-claim phase.
-    #[arg(long, env = "SANDHUB_BENCH_POOL_REPLICAS", default_value_t = 8,
-          value_parser = clap::value_parser!(u32).range(1..=256))]
-    pool_replicas: u32,
-
-    /// Timed warm claims.
-    #[arg(long, env = "SANDHUB_BENCH_WARM_CLAIMS", default_value_t = 200,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    warm_claims: u32,
-
-    /// Timed cold creates.
-    #[arg(long, env = "SANDHUB_BENCH_COLD_CREATES", default_value_t = 30,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    cold_creates: u32,
-
-    /// Timed resets of one sandbox.
-    #[arg(long, env = "SANDHUB_BENCH_RESETS", default_value_t = 100,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    resets: u32,
-
-    /// Timed exec round trips (each side: hub and direct).
-    #[arg(long, env = "SANDHUB_BENCH_HUB_EXEC_ITERATIONS", default_value_t = 500,
-          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    exec_iterations: u32,
-
-    /// Untimed round trips before each exec series (hub/direct and MCP).
-    #[arg(long, env = "SANDHUB_BENCH_HUB_EXEC_WARMUP", default_value_t = 20,
-          value_parser = clap::value_parser!(u32).range(0..=100_000))]
-    exec_warmup: u32,
-
-    /// Timed MCP `execute_command` calls.
-    #[arg(long, env = "SANDHUB_BENCH_MCP_CALLS", default_value_t = 200,
-          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    mcp_calls: u32,
-
-    /// Timed Gym resets of one env.
-    #[arg(long, env = "SANDHUB_BENCH_GYM_RESETS", default_value_t = 50,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    gym_resets: u32,
-
-    /// Timed cold creates of each kind in the image phase.
-    #[arg(long, env = "SANDHUB_BENCH_IMAGE_CREATES", default_value_t = 30,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    image_creates: u32,
-
-    /// Timed rounds of the pull phase (each: one curl + tar, one hub pull).
-    #[arg(long, env = "SANDHUB_BENCH_PULL_ROUNDS", default_value_t = 5,
-          value_parser = clap::value_parser!(u32).range(1..=1_000))]
-    pull_rounds: u32,
-
-    /// Envs stepped together in each Gym batch.
-    #[arg(long, env = "SANDHUB_BENCH_GYM_ENVS", default_value_t = 8,
-          value_parser = clap::value_parser!(u32).range(1..=256))]
-    gym_envs: u32,
-
-    /// Timed Gym batch steps.
-    #[arg(long, env = "SANDHUB_BENCH_GYM_BATCHES", default_value_t = 100,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    gym_batches: u32,
-
-    /// Idle sandboxes whose memory is summed.
-    #[arg(long, env = "SANDHUB_BENCH_IDLE_SANDBOXES", default_value_t = 100,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    idle_sandboxes: u32,
-
-    /// Wall-time cap of each phase in seconds: a phase that reaches it stops
-    /// and reports what it measured so far.
-    #[arg(long, env = "SANDHUB_BENCH_PHASE_TIMEOUT_SECS", default_value_t = 120,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    phase_timeout_secs: u64,
-
-    /// The Python with the `sandhub` SDK installed, for the sdk phase.
-    #[arg(long, env = "SANDHUB_BENCH_PYTHON", default_value = "python3")]
-    python: PathBuf,
-
-    /// The Python with both `e2b` and `sandhub` installed, for the e2b
-    /// phase (scripts/test-deps.sh makes one: $SANDHUB_CACHE/venv-e2b).
-    #[arg(long, env = "SANDHUB_BENCH_E2B_PYTHON", default_value = "python3")]
-    e2b_python: PathBuf,
-
-    /// Rounds of the ports phase (each: one direct wrk run, one through the hub).
-    #[arg(long, env = "SANDHUB_BENCH_PORTS_ROUNDS", default_value_t = 3,
-          value_parser = clap::value_parser!(u32).range(1..=100))]
-    ports_rounds: u32,
-
-    /// Seconds of each wrk run of the ports phase.
-    #[arg(long, env = "SANDHUB_BENCH_PORTS_SECS", default_value_t = 4,
-          value_parser = clap::value_parser!(u64).range(1..=600))]
-    ports_secs: u64,
-
-    /// wrk connections of the ports phase.
-    #[arg(long, env = "SANDHUB_BENCH_PORTS_CONNECTIONS", default_value_t = 10,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    ports_connections: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Phase {
-    Warm,
-    Cold,
-    Reset,
-    Exec,
-    Mcp,
-    Gym,
-    Memory,
-    /// The Python SDK vs the Rust HubClient (not in the default set: it
-    /// needs `sandhub` installed for --python).
-    Sdk,
-    /// Cold create from a cached image vs from the host root (not in the
-    /// default set: it builds the test registry's image from Debian
-    /// packages first).
-    Image,
-    /// Pull + unpack of a ~200 MB image from the loopback test registry vs
-    /// curl + tar -x (not in the default set: it needs the registry built,
-    /// `dev/registry/registry.sh build`, and generates the image first).
-    Pull,
-    /// Disk use of ten images sharing a base layer vs one image (not in
-    /// the default set: it generates the images first).
-    Disk,
-    /// HTTP through the port proxy vs from the sandbox's own network
-    /// namespace (not in the default set: it needs wrk, nsenter and nginx).
-    Ports,
-    /// E2B `commands.run("true")` vs the sandhub SDK's (not in the default
-    /// set: it needs --e2b-python; the hub then runs with --e2b).
-    E2b,
-}
-
-impl Args {
-    fn sandhub_bin(&self) -> PathBuf {
-        self.sandhub_bin.clone().unwrap_or_else(|| {
-            let target = std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into());
-            PathBuf::from(target).join("release").join("sandhub")
-        })
-    }
-
-    fn deadline(&self) -> Instant {
-        Instant::now() + Duration::from_secs(self.phase_timeout_secs)
-    }
-}
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
     let work = tempfile::Builder::new()

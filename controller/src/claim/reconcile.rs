@@ -1,3 +1,5 @@
+//! Size: every read and write of one claim pass, in the order its races depend on.
+//!
 //! One SandboxClaim reconcile (§2.3): expiry, validation, get-or-create
 //! (reuse, warm adoption, cold create), then the status.
 //!
@@ -10,9 +12,8 @@
 //!   read instead of dropped, and Sandbox owner changes requeue the claim.
 //!
 //! What each step means is decided in [`super::plan`]; this file holds the
-//! reads and writes, and stays a little over 600 lines so that every write
-//! of a claim pass (and the order the two races above depend on) reads in
-//! one place.
+//! reads and writes, all of them, so that every write of a claim pass (and
+//! the order the two races above depend on) reads in one place.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,8 +5,9 @@
 //! # Layout
 //!
 //! ```text
-//! mod.rs             LocalArgs (the operator's flags) and open(): the constructor
-//!                    `sandhub serve` and `sandhub mcp` start a local hub with
+//! mod.rs             LocalArgs and RegistryArgs (the operator's flags) and open():
+//!                    the constructor `sandhub serve` and `sandhub mcp` start a
+//!                    local hub with
 //! hub.rs             Hub: the model (admission, cold start, templates, clients)
 //! tenant.rs          TenantHub: one tenant's Sandboxes; Backend for Arc<Hub>
 //! lifecycle.rs       locks, recovery after a restart, the reaper
@@ -44,6 +45,7 @@ pub use store::Store;
 pub use tenant::TenantHub;
 
 use crate::policy::{Policy, PolicyArgs};
+use image::registry_auth::DockerConfig;
 
 /// The embedded local backend's settings (`sandhub serve`, `sandhub mcp`).
 #[derive(Debug, Clone, Default, Args)]
@@ -65,7 +67,65 @@ pub struct LocalArgs {
     pub disk: DiskArgs,
 
     #[command(flatten)]
-    pub registry: image::pull::RegistryArgs,
+    pub registry: RegistryArgs,
+}
+
+/// Default of `--max-image-bytes`.
+pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 16 << 30;
+
+/// The registry flags of `sandhub serve` (local backend).
+#[derive(Debug, Clone, Args)]
+pub struct RegistryArgs {
+    /// A Docker-style `config.json` with registry credentials (`auths`:
+    /// `auth` as base64 of `user:password`, or `username` and `password`);
+    /// read at each pull, so it may change while the hub runs.
+    #[arg(long, env = "SANDHUB_REGISTRY_CONFIG")]
+    pub registry_config: Option<PathBuf>,
+
+    /// A registry (`HOST:PORT`, as in image references) reached over plain
+    /// HTTP instead of HTTPS; repeat it, or comma-separate the env var.
+    /// For test registries: loopback is not implied.
+    #[arg(
+        long = "insecure-registry",
+        env = "SANDHUB_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
+    pub insecure_registries: Vec<String>,
+
+    /// Largest image (its config and layer blobs, compressed) a pull
+    /// stores; each blob is also held to the size its manifest states, so
+    /// a registry cannot fill the disk. Default 16 GiB.
+    #[arg(long, env = "SANDHUB_MAX_IMAGE_BYTES", default_value_t = DEFAULT_MAX_IMAGE_BYTES)]
+    pub max_image_bytes: u64,
+}
+
+impl Default for RegistryArgs {
+    fn default() -> Self {
+        RegistryArgs {
+            registry_config: None,
+            insecure_registries: Vec::new(),
+            max_image_bytes: DEFAULT_MAX_IMAGE_BYTES,
+        }
+    }
+}
+
+impl RegistryArgs {
+    /// Checks the flags at start: a config file given must parse.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(path) = &self.registry_config {
+            let bytes = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("--registry-config {}: {e}", path.display()))?;
+            DockerConfig::parse(&bytes).map_err(|e| {
+                anyhow::anyhow!("--registry-config {}: {}", path.display(), e.message)
+            })?;
+        }
+        for r in &self.insecure_registries {
+            if r.is_empty() || r.contains('/') {
+                anyhow::bail!("--insecure-registry {r:?}: expected HOST[:PORT]");
+            }
+        }
+        Ok(())
+    }
 }
 
 pub fn default_state_dir() -> PathBuf {

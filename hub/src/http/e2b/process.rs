@@ -1,3 +1,5 @@
+//! Size: one envd service; its calls, pumps and registry share the watcher and byte bounds.
+//!
 //! envd's `process.Process` service. `Start` and `Connect` are server
 //! streams of `ProcessEvent`s (`start` first, then base64 `data`, then
 //! `end`); `List`, `SendInput`, `SendSignal`, `CloseStdin` and `Update`

@@ -132,7 +132,9 @@ async fn import_image(
 /// Pull an image from an OCI / Docker v2 registry, streaming progress as
 /// NDJSON: `resolved`, then `layer` / `layer_done` per layer, and last
 /// `done` (with the image) or `error` (`{code, message}`; nothing of the
-/// image is listed). A bad request is refused before the stream starts.
+/// image is listed). A request that breaks the API's rules (the
+/// reference in the distribution grammar, the tag, credentials) is
+/// refused with 400 before the stream starts.
 /// Credentials in the body are for this pull only; without them the
 /// hub's `--registry-config` is used, else none.
 #[utoipa::path(post, path = "/v1/images/pull", tag = "images", request_body = PullRequest,
@@ -146,7 +148,7 @@ async fn pull_image(
     ApiJson(request): ApiJson<PullRequest>,
 ) -> ApiResult<Response> {
     let images = images(&state)?;
-    crate::local::image::pull::check_request(&request).map_err(api)?;
+    request.validate().map_err(api)?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let tenant = tenant.tenant().to_string();
     // The pull goes on if the client goes away: others may be waiting on

@@ -1,3 +1,5 @@
+//! Size: `Runtime`, a sandbox's life from launch to removal, every step on the same state.
+//!
 //! The hub's side of a sandbox's life: launch, liveness, stop, removal.
 
 use std::{

@@ -1,9 +1,9 @@
 //! What a request must satisfy before any backend acts on it, stated once so
 //! the local and the kubernetes backend refuse the same requests with the
 //! same `{code, message}`: names, labels, environment, lifetimes, template
-//! limits, pool sizes and image references (prepull requests). Pure checks:
-//! no I/O, nothing about the host (a template's host directories are the
-//! local backend's own business).
+//! limits, pool sizes and image references (prepull and pull requests).
+//! Pure checks: no I/O, nothing about the host (a template's host
+//! directories are the local backend's own business).
 
 use std::collections::BTreeMap;
 
@@ -11,8 +11,8 @@ use crate::{
     error::{Code, ErrorBody},
     hub::{
         is_dns_label, is_reserved_label, CreateSandbox, ExecRequest, ForkRequest, PoolSpec,
-        PrepullRequest, Sidecar, Template, MAX_CPU, MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS,
-        MAX_PREPULL_IMAGES_PER_POD, MAX_PREPULL_PARALLEL, MAX_PREPULL_REFERENCES,
+        PrepullRequest, PullRequest, Sidecar, Template, MAX_CPU, MAX_DISK_MB, MAX_MEMORY_MB,
+        MAX_PIDS, MAX_PREPULL_IMAGES_PER_POD, MAX_PREPULL_PARALLEL, MAX_PREPULL_REFERENCES,
         MAX_PREPULL_TIMEOUT_SECONDS, MAX_SIDECARS, MIN_CPU, MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS,
         RESERVED_LABEL_DOMAINS,
     },
@@ -320,6 +320,24 @@ impl PrepullRequest {
     }
 }
 
+impl PullRequest {
+    /// A reference a registry can serve ([`registry_reference`]), the tag
+    /// to give the image, and the credentials: both or neither.
+    pub fn validate(&self) -> Result<(), ErrorBody> {
+        registry_reference(&self.reference)?;
+        if let Some(tag) = self.tag.as_deref().filter(|t| !t.is_empty()) {
+            image_reference(tag)?;
+        }
+        match (&self.username, &self.password) {
+            (None, None) => Ok(()),
+            (Some(u), Some(_)) if !u.is_empty() => Ok(()),
+            _ => Err(invalid(
+                "give both username and password, or neither".to_string(),
+            )),
+        }
+    }
+}
+
 /// Longest image reference accepted (Docker's own limit on a name is 255).
 pub const MAX_IMAGE_REF: usize = 255;
 
@@ -344,6 +362,130 @@ pub fn image_reference(r: &str) -> Result<(), ErrorBody> {
     )))
 }
 
+/// An [`image_reference`] a registry can serve: not an image id
+/// (`sha256:<hex>`, which names an image in a store), and in the
+/// distribution reference grammar the registry client parses (lower-case
+/// repository path components, a tag of at most 128 word characters, a
+/// digest of an algorithm and at least 32 hex digits), so a reference the
+/// client would refuse is a 400 here, before a pull's stream starts.
+pub fn registry_reference(r: &str) -> Result<(), ErrorBody> {
+    image_reference(r)?;
+    let id = r.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    });
+    if id {
+        return Err(invalid(format!(
+            "`{r}` is an image id, not a reference a registry can serve"
+        )));
+    }
+    reference_grammar(r).map_err(|why| invalid(format!("image reference `{r}`: {why}")))
+}
+
+/// `[domain/]path[:tag][@digest]` as the OCI distribution spec defines it
+/// (the name's limit of 255 holds: [`MAX_IMAGE_REF`] bounds the whole).
+fn reference_grammar(r: &str) -> Result<(), &'static str> {
+    let (rest, digest) = match r.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (r, None),
+    };
+    // A tag follows the last ':' after the last '/' (a ':' before it is a
+    // registry's port).
+    let last_slash = rest.rfind('/').map_or(0, |at| at + 1);
+    let (name, tag) = match rest[last_slash..].rfind(':') {
+        Some(at) => (&rest[..last_slash + at], Some(&rest[last_slash + at + 1..])),
+        None => (rest, None),
+    };
+    let mut parts = name.split('/').peekable();
+    let first = parts.peek().copied().unwrap_or_default();
+    // The first component names a registry when it looks like a host
+    // (a dot, a port, `localhost`), as every client decides it.
+    if name.contains('/') && (first.contains(['.', ':']) || first == "localhost") {
+        parts.next();
+        registry_host(first)?;
+    }
+    for component in parts {
+        path_component(component)?;
+    }
+    if let Some(tag) = tag {
+        let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+        let ok = !tag.is_empty()
+            && tag.len() <= 128
+            && tag.bytes().next().is_some_and(word)
+            && tag.bytes().all(|b| word(b) || b == b'.' || b == b'-');
+        if !ok {
+            return Err("a tag is 1-128 of [A-Za-z0-9_.-], starting with a letter, digit or _");
+        }
+    }
+    if let Some(digest) = digest {
+        let ok = digest.split_once(':').is_some_and(|(algorithm, hex)| {
+            algorithm.bytes().next().is_some_and(|b| b.is_ascii_alphabetic())
+                && algorithm
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+._-".contains(&b))
+                && hex.len() >= 32
+                && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        });
+        if !ok {
+            return Err("a digest is `algorithm:hex`, with at least 32 hex digits");
+        }
+    }
+    Ok(())
+}
+
+/// A registry `host[:port]`: dot-separated labels of letters, digits and
+/// inner hyphens.
+fn registry_host(domain: &str) -> Result<(), &'static str> {
+    let (host, port) = match domain.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (domain, None),
+    };
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if !host.split('.').all(label) {
+        return Err("the registry host must be dot-separated letters, digits and inner hyphens");
+    }
+    if port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
+        return Err("the registry port must be digits");
+    }
+    Ok(())
+}
+
+/// A repository path component: lower-case letters and digits, joined by
+/// one `.` or `_`, two `_`, or any run of `-`.
+fn path_component(c: &str) -> Result<(), &'static str> {
+    const WHY: &str = "a repository path is lower-case letters and digits, joined by `.`, `_`, \
+                       `__` or runs of `-`";
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = c.as_bytes();
+    let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) else {
+        return Err(WHY);
+    };
+    if !alnum(first) || !alnum(last) {
+        return Err(WHY);
+    }
+    let mut at = 0;
+    while at < bytes.len() {
+        if alnum(bytes[at]) {
+            at += 1;
+            continue;
+        }
+        let start = at;
+        while at < bytes.len() && !alnum(bytes[at]) {
+            at += 1;
+        }
+        let sep = &c[start..at];
+        let ok = matches!(sep, "." | "_" | "__") || sep.bytes().all(|b| b == b'-');
+        if !ok {
+            return Err(WHY);
+        }
+    }
+    Ok(())
+}
+
 /// `name` as `name:latest`; a reference with a tag, a digest or an id as
 /// it is.
 pub fn normalize_image_reference(r: &str) -> String {
@@ -356,262 +498,4 @@ pub fn normalize_image_reference(r: &str) -> String {
 }
 
 #[cfg(test)]
-mod image_tests {
-    use super::*;
-
-    #[test]
-    fn image_references() {
-        for good in ["busybox", "a/b:1.0", "localhost:5000/x/y:tag", "sha256:abc"] {
-            image_reference(good).unwrap();
-        }
-        for bad in ["", "../x", "/abs", "a b", "x:", "a//b", &"a".repeat(300)] {
-            assert_eq!(
-                image_reference(bad).unwrap_err().code,
-                Code::InvalidArgument
-            );
-        }
-        assert_eq!(normalize_image_reference("busybox"), "busybox:latest");
-        assert_eq!(
-            normalize_image_reference("host:5000/b"),
-            "host:5000/b:latest"
-        );
-        assert_eq!(normalize_image_reference("b:1"), "b:1");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sidecars_and_exec_containers_are_checked() {
-        use crate::hub::{Command, ExecRequest, Sidecar};
-        let ok = Sidecar {
-            name: "grader".into(),
-            image: "x:1".into(),
-            ..Default::default()
-        };
-        assert!(sidecars(std::slice::from_ref(&ok)).is_ok());
-        let named = |name: &str| Sidecar {
-            name: name.into(),
-            ..ok.clone()
-        };
-        for bad in [
-            vec![named("sandboxd")],
-            vec![named("sandhub-x")],
-            vec![named("Grader")],
-            vec![ok.clone(), ok.clone()],
-            vec![Sidecar {
-                image: "a b".into(),
-                ..ok.clone()
-            }],
-            vec![Sidecar {
-                memory_mb: Some(1),
-                ..ok.clone()
-            }],
-            vec![Sidecar {
-                command: Some(vec![String::new()]),
-                ..ok.clone()
-            }],
-            (0..5).map(|i| named(&format!("s{i}"))).collect(),
-        ] {
-            assert!(sidecars(&bad).is_err(), "{bad:?}");
-        }
-        let exec = |container: &str, cwd: &str| ExecRequest {
-            command: Command::Shell("true".into()),
-            env: BTreeMap::new(),
-            cwd: cwd.into(),
-            timeout_seconds: None,
-            stdin: String::new(),
-            container: Some(container.into()),
-        };
-        assert!(exec("grader", "").validate().is_ok());
-        assert!(exec("grader", "/tmp").validate().is_err());
-        assert!(exec("sandboxd", "").validate().is_err());
-        assert!(exec("a/b", "").validate().is_err());
-    }
-
-    #[test]
-    fn users_are_names_or_numbers_with_an_optional_group() {
-        for good in [
-            "app",
-            "1000",
-            "1000:1000",
-            "app:staff",
-            "www-data",
-            "user.name",
-        ] {
-            assert!(user(good).is_ok(), "{good}");
-        }
-        for bad in [
-            "",
-            ":",
-            "a:",
-            ":b",
-            "a:b:c",
-            "a b",
-            "a\tb",
-            "\u{11}x",
-            "a\0",
-            "a\n",
-            "x:\u{7f}",
-            "--root-dir=/",
-            "-h",
-            "app:-g",
-            "-1",
-        ] {
-            assert!(user(bad).is_err(), "{bad:?}");
-        }
-        assert!(user(&"u".repeat(257)).is_err());
-    }
-
-    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn refused(r: Result<(), ErrorBody>) -> String {
-        let e = r.unwrap_err();
-        assert_eq!(e.code, Code::InvalidArgument);
-        e.message
-    }
-
-    #[test]
-    fn names_are_dns_labels() {
-        assert!(name("pool", "warm-1").is_ok());
-        for bad in ["", "-a", "a-", "A", "a_b", &"a".repeat(64)] {
-            let m = refused(name("pool", bad));
-            assert!(m.starts_with(&format!("pool name `{bad}`")), "{m}");
-        }
-    }
-
-    #[test]
-    fn labels_refuse_bad_characters_lengths_counts_and_reserved_prefixes() {
-        assert!(labels(&map(&[("app", "web"), ("a.b/c", "x_y-z.1")])).is_ok());
-        let long_value = "v".repeat(64);
-        let long_key = "k".repeat(254);
-        for bad in [
-            map(&[("", "x")]),
-            map(&[("a b", "x")]),
-            map(&[("app", "a b")]),
-            map(&[("app", &long_value)]),
-            map(&[(&long_key, "x")]),
-        ] {
-            assert!(refused(labels(&bad)).contains("keys are [A-Za-z0-9-_./]"));
-        }
-        let m = refused(labels(&map(&[("kubernetes.io/x", "y")])));
-        assert!(m.contains("are reserved"), "{m}");
-        let many: BTreeMap<_, _> = (0..=MAX_LABELS)
-            .map(|i| (format!("k{i}"), String::new()))
-            .collect();
-        assert_eq!(refused(labels(&many)), "at most 64 labels");
-    }
-
-    #[test]
-    fn env_refuses_unsettable_names_and_values() {
-        assert!(env(&map(&[("PATH", "/bin"), ("EMPTY", "")])).is_ok());
-        for bad in [
-            map(&[("", "x")]),
-            map(&[("A=B", "x")]),
-            map(&[("A\0", "x")]),
-            map(&[("A", "x\0")]),
-        ] {
-            assert!(refused(env(&bad)).contains("names must be non-empty"));
-        }
-    }
-
-    #[test]
-    fn create_checks_lifetimes_first_then_labels_then_env() {
-        let req = CreateSandbox {
-            shutdown_after_seconds: Some(0),
-            labels: map(&[("k8s.io/x", "y")]),
-            env: map(&[("", "")]),
-            ..Default::default()
-        };
-        assert!(refused(req.validate()).starts_with("shutdown_after_seconds"));
-        let req = CreateSandbox {
-            shutdown_after_seconds: None,
-            ..req
-        };
-        assert!(refused(req.validate()).starts_with("label k8s.io/x"));
-        let req = CreateSandbox {
-            labels: BTreeMap::new(),
-            ..req
-        };
-        assert!(refused(req.validate()).starts_with("env"));
-        assert!(CreateSandbox::default().validate().is_ok());
-    }
-
-    #[test]
-    fn template_limits_name_their_range() {
-        assert!(Template::default().validate().is_ok());
-        let cases = [
-            (
-                Template {
-                    cpu: Some(0.01),
-                    ..Default::default()
-                },
-                "cpu must be 0.05 to 1024 cores",
-            ),
-            (
-                Template {
-                    cpu: Some(f64::NAN),
-                    ..Default::default()
-                },
-                "cpu must be",
-            ),
-            (
-                Template {
-                    memory_mb: Some(1),
-                    ..Default::default()
-                },
-                "memory_mb must be 32 to",
-            ),
-            (
-                Template {
-                    pids: Some(1 << 40),
-                    ..Default::default()
-                },
-                "pids must be 16 to",
-            ),
-            (
-                Template {
-                    disk_mb: Some(0),
-                    ..Default::default()
-                },
-                "disk_mb must be 16 to",
-            ),
-            (
-                Template {
-                    env: map(&[("=", "")]),
-                    ..Default::default()
-                },
-                "env",
-            ),
-        ];
-        for (t, want) in cases {
-            let m = refused(t.validate());
-            assert!(m.starts_with(want), "{m}");
-        }
-    }
-
-    #[test]
-    fn pools_and_forks() {
-        let spec = |replicas| PoolSpec {
-            template: "t".into(),
-            replicas,
-        };
-        assert!(spec(MAX_REPLICAS).validate().is_ok());
-        assert_eq!(
-            refused(spec(MAX_REPLICAS + 1).validate()),
-            "replicas must be at most 1000"
-        );
-        let fork = ForkRequest {
-            snapshot: None,
-            labels: map(&[("agents.x-k8s.io/a", "b")]),
-        };
-        assert!(refused(fork.validate()).contains("reserved"));
-    }
-}
+mod tests;

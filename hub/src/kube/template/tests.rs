@@ -1,0 +1,266 @@
+use super::*;
+use crate::kube::model::TENANT_LABEL;
+
+const SANDBOXD: &str = "sandhub/sandboxd:dev";
+
+fn image_template() -> Template {
+    Template {
+        image: Some("docker.io/sandhub/test:amd64".into()),
+        env: BTreeMap::from([("A".into(), "1".into())]),
+        cpu: Some(0.5),
+        memory_mb: Some(256),
+        ..Template::default()
+    }
+}
+
+#[test]
+fn an_image_runs_the_copied_sandboxd_with_the_bases_arguments() {
+    let t = tenant_template(
+        "alice",
+        "py",
+        builtin_base(SANDBOXD),
+        &image_template(),
+        SANDBOXD,
+        PullPolicy::Never,
+    )
+    .unwrap();
+    let pod = &t.spec.blueprint.pod_template.spec;
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("docker.io/sandhub/test:amd64"));
+    assert_eq!(c.command.as_ref().unwrap(), &["/.sandhub/sandboxd"]);
+    assert_eq!(c.args.as_ref().unwrap(), &["--listen-host", "0.0.0.0"]);
+    assert_eq!(
+        c.image_pull_policy.as_deref(),
+        Some("Never"),
+        "--image-pull-policy"
+    );
+    assert!(c.readiness_probe.is_some());
+    let mounts: Vec<_> = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert_eq!(mounts, ["/.sandhub", "/workspace"]);
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(init.image.as_deref(), Some(SANDBOXD));
+    assert_eq!(
+        init.command.as_ref().unwrap()[..3],
+        ["/bin/busybox", "cp", "/usr/local/bin/sandboxd"]
+    );
+    let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits["cpu"].0, "500m");
+    assert_eq!(limits["memory"].0, "256Mi");
+    // Owned as pools are.
+    assert_eq!(
+        t.metadata.name.as_deref(),
+        Some(owner::object_name("alice", "py").as_str())
+    );
+    assert!(t
+        .metadata
+        .labels
+        .as_ref()
+        .unwrap()
+        .contains_key(TENANT_LABEL));
+    assert_eq!(owner::hub_name(&t.metadata, "alice").as_deref(), Some("py"));
+    assert_eq!(owner::hub_name(&t.metadata, "bob"), None);
+    // And read back as it was written.
+    assert_eq!(template_of(&t.spec, SANDBOXD), image_template());
+}
+
+#[test]
+fn sidecars_join_the_pod_hardened_and_read_back() {
+    let mut base = builtin_base(SANDBOXD);
+    let main = &mut base.blueprint.pod_template.spec.containers[0];
+    main.security_context = Some(k8s_openapi::api::core::v1::SecurityContext {
+        run_as_non_root: Some(true),
+        ..Default::default()
+    });
+    // The operator's own extra container is no tenant sidecar.
+    base.blueprint.pod_template.spec.containers.push(Container {
+        name: "log-shipper".into(),
+        image: Some("shipper:1".into()),
+        ..Default::default()
+    });
+    let t = Template {
+        sidecars: vec![Sidecar {
+            name: "grader".into(),
+            image: "docker.io/sandhub/test:amd64".into(),
+            command: Some(vec!["sleep".into(), "infinity".into()]),
+            env: BTreeMap::from([("MODE".into(), "grade".into())]),
+            cpu: Some(0.25),
+            memory_mb: Some(128),
+        }],
+        ..image_template()
+    };
+    let out = tenant_template("a", "t", base, &t, SANDBOXD, PullPolicy::Never).unwrap();
+    let pod_template = &out.spec.blueprint.pod_template;
+    let grader = pod_template
+        .spec
+        .containers
+        .iter()
+        .find(|c| c.name == "grader")
+        .unwrap();
+    assert_eq!(grader.image_pull_policy.as_deref(), Some("Never"));
+    assert_eq!(
+        grader.security_context.as_ref().unwrap().run_as_non_root,
+        Some(true)
+    );
+    let mounts = grader.volume_mounts.as_ref().unwrap();
+    assert_eq!(
+        (mounts[0].name.as_str(), mounts[0].mount_path.as_str()),
+        (WORKSPACE_VOLUME, "/workspace")
+    );
+    assert_eq!(sidecar_names(pod_template), ["grader"]);
+    assert_eq!(template_of(&out.spec, SANDBOXD), t);
+}
+
+#[test]
+fn a_sidecar_never_replaces_a_container_of_the_base() {
+    let mut base = builtin_base(SANDBOXD);
+    base.blueprint.pod_template.spec.containers.push(Container {
+        name: "log-shipper".into(),
+        image: Some("shipper:1".into()),
+        ..Default::default()
+    });
+    let t = Template {
+        sidecars: vec![Sidecar {
+            name: "log-shipper".into(),
+            image: "mine:1".into(),
+            ..Default::default()
+        }],
+        ..image_template()
+    };
+    let e = tenant_template("a", "t", base, &t, SANDBOXD, PullPolicy::IfNotPresent).unwrap_err();
+    assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
+    assert!(e.message.contains("log-shipper"), "{e}");
+}
+
+#[test]
+fn a_base_command_becomes_arguments_and_placement_is_kept() {
+    let mut base = builtin_base(SANDBOXD);
+    let pod = &mut base.blueprint.pod_template.spec;
+    pod.containers[0].command = Some(vec!["/usr/local/bin/sandboxd".into(), "--x".into()]);
+    pod.runtime_class_name = Some("gvisor".into());
+    pod.node_selector = Some(BTreeMap::from([("pool".into(), "sandboxes".into())]));
+    let t = tenant_template(
+        "a",
+        "t",
+        base,
+        &image_template(),
+        SANDBOXD,
+        PullPolicy::IfNotPresent,
+    )
+    .unwrap();
+    let pod = &t.spec.blueprint.pod_template.spec;
+    assert_eq!(
+        pod.containers[0].args.as_ref().unwrap(),
+        &["--x", "--listen-host", "0.0.0.0"]
+    );
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("gvisor"));
+    assert!(pod.node_selector.is_some());
+}
+
+#[test]
+fn workdir_is_sandboxds_default_cwd_and_reads_back() {
+    let t = Template {
+        workdir: Some("/srv/work".into()),
+        user: Some("app".into()),
+        entrypoint: Some(vec!["/srv/serve".into(), "--port=8000".into()]),
+        env: [("SANDBOXD_ROOT_DIR".to_string(), "/".to_string())].into(),
+        ..image_template()
+    };
+    let out = tenant_template(
+        "alice",
+        "py",
+        builtin_base(SANDBOXD),
+        &t,
+        SANDBOXD,
+        PullPolicy::IfNotPresent,
+    )
+    .unwrap();
+    let c = &out.spec.blueprint.pod_template.spec.containers[0];
+    let env: Vec<(&str, Option<&str>)> = c
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref()))
+        .collect();
+    assert!(
+        env.contains(&("SANDBOXD_DEFAULT_CWD", Some("/srv/work"))),
+        "{env:?}"
+    );
+    // A tenant's env cannot reconfigure sandboxd.
+    assert!(
+        !env.iter().any(|(k, _)| *k == "SANDBOXD_ROOT_DIR"),
+        "{env:?}"
+    );
+    let back = template_of(&out.spec, SANDBOXD);
+    assert_eq!(back.workdir.as_deref(), Some("/srv/work"));
+    assert_eq!(back.user.as_deref(), Some("app"));
+    assert_eq!(back.entrypoint, t.entrypoint);
+    assert!(!back.env.contains_key("SANDBOXD_DEFAULT_CWD"));
+}
+
+#[test]
+fn without_an_image_the_sandboxd_image_runs_and_is_not_reported() {
+    let t = Template {
+        disk_mb: Some(1024),
+        ..Template::default()
+    };
+    let out = tenant_template(
+        "a",
+        "t",
+        builtin_base(SANDBOXD),
+        &t,
+        SANDBOXD,
+        PullPolicy::IfNotPresent,
+    )
+    .unwrap();
+    let pod = &out.spec.blueprint.pod_template.spec;
+    assert!(pod.init_containers.is_none());
+    assert_eq!(pod.containers[0].image.as_deref(), Some(SANDBOXD));
+    assert_eq!(template_of(&out.spec, "docker.io/sandhub/sandboxd:dev"), t);
+}
+
+#[test]
+fn local_only_fields_are_refused() {
+    for t in [
+        Template {
+            root_fs: Some("/srv/root".into()),
+            ..Template::default()
+        },
+        Template {
+            seed_dir: Some("/srv/seed".into()),
+            ..Template::default()
+        },
+        Template {
+            pids: Some(100),
+            ..Template::default()
+        },
+        Template {
+            network: Network::Host,
+            ..Template::default()
+        },
+    ] {
+        let e = tenant_template(
+            "a",
+            "t",
+            builtin_base(SANDBOXD),
+            &t,
+            SANDBOXD,
+            PullPolicy::IfNotPresent,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
+    }
+}
+
+#[test]
+fn quantities_parse() {
+    assert_eq!(parse_cpu("500m"), Some(0.5));
+    assert_eq!(parse_cpu("2"), Some(2.0));
+    assert_eq!(parse_mib("2Gi"), Some(2048));
+    assert_eq!(parse_mib("1048576"), Some(1));
+    assert_eq!(parse_mib("x"), None);
+}
