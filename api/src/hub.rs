@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Code;
+pub use crate::network::NetworkSpec;
 
 /// Sandbox ids are DNS-1123 labels, so one id can name a SandboxClaim, a Pod
 /// and a hostname.
@@ -127,6 +128,10 @@ pub struct CreateSandbox {
     /// Deleted after this long with no API calls and no running process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<u64>,
+    /// Narrows the template's `network` for this sandbox, never widens it
+    /// (see [`crate::validate::narrow_network`]). Forces a cold start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -259,6 +264,10 @@ pub enum Network {
     None,
     /// The host's network namespace.
     Host,
+    /// Its own network namespace whose only way out is the hub's egress
+    /// gateway, under the template's `allow_out` / `deny_out` (see
+    /// [`crate::network`]).
+    Egress,
 }
 
 /// `PUT /v1/templates/{name}`: what a sandbox is.
@@ -315,8 +324,10 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 16777216))]
     pub disk_mb: Option<u64>,
+    /// `"none"`, `"host"`, `"egress"`, or `{mode, allow_out, deny_out}`
+    /// (see [`crate::network`]).
     #[serde(default)]
-    pub network: Network,
+    pub network: NetworkSpec,
     /// Kubernetes only: more containers in the sandbox's Pod (a grader, a
     /// service the task needs), at most [`MAX_SIDECARS`]. They share the
     /// Pod's network and, with `image`, its `/workspace`; `exec` reaches

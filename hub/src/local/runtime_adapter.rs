@@ -265,7 +265,7 @@ impl LocalBackend {
             cpu: t.cpu,
             memory_mb: t.memory_mb,
             pids: t.pids,
-            network_host: t.network == Network::Host,
+            network_host: t.network.mode == Network::Host,
             max_upload_bytes: self.max_upload_bytes,
             disk_mb,
         })
