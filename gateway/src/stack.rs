@@ -499,7 +499,17 @@ impl Loop {
                     }
                 }
             }
-            if !sock.may_recv() && sock.recv_queue() == 0 {
+            // (`may_recv` is false before the handshake ends too: only a
+            // state past a received FIN counts.)
+            let fin_received = matches!(
+                sock.state(),
+                tcp::State::CloseWait
+                    | tcp::State::LastAck
+                    | tcp::State::Closing
+                    | tcp::State::TimeWait
+                    | tcp::State::Closed
+            );
+            if fin_received && sock.recv_queue() == 0 {
                 // The workload sent FIN: the writer shuts the real socket's
                 // write side once the channel drains.
                 f.to_up = None;
