@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Code;
-pub use crate::network::NetworkSpec;
+pub use crate::network::{Network, NetworkSpec};
 
 /// Sandbox ids are DNS-1123 labels, so one id can name a SandboxClaim, a Pod
 /// and a hostname.
@@ -253,21 +253,6 @@ pub struct ExecResult {
     pub stdout: String,
     pub stderr: String,
     pub timed_out: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum Network {
-    /// Only a loopback interface.
-    #[default]
-    None,
-    /// The host's network namespace.
-    Host,
-    /// Its own network namespace whose only way out is the hub's egress
-    /// gateway, under the template's `allow_out` / `deny_out` (see
-    /// [`crate::network`]).
-    Egress,
 }
 
 /// `PUT /v1/templates/{name}`: what a sandbox is.

@@ -50,7 +50,20 @@ use serde::{
     Deserialize, Deserializer, Serialize, Serializer,
 };
 
-use crate::hub::Network;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Network {
+    /// Only a loopback interface.
+    #[default]
+    None,
+    /// The host's network namespace.
+    Host,
+    /// Its own network namespace whose only way out is the hub's egress
+    /// gateway, under the template's `allow_out` / `deny_out` (see
+    /// this module).
+    Egress,
+}
 
 /// Most entries in one of `allow_out` and `deny_out`.
 pub const MAX_NETWORK_ENTRIES: usize = 256;
@@ -84,7 +97,8 @@ impl NetworkSpec {
     }
 }
 
-fn mode_word(m: Network) -> &'static str {
+/// The wire word of a mode.
+pub fn mode_word(m: Network) -> &'static str {
     match m {
         Network::None => "none",
         Network::Host => "host",
@@ -168,7 +182,9 @@ impl utoipa::PartialSchema for NetworkSpec {
                     .property("mode", mode())
                     .property("allow_out", list())
                     .property("deny_out", list())
-                    .additional_properties(Some(utoipa::openapi::schema::AdditionalProperties::FreeForm(false))),
+                    .additional_properties(Some(
+                        utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+                    )),
             )
             .description(Some(
                 "`none` (only lo), `host` (operator-only), `egress` (through the hub's gateway), \

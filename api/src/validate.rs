@@ -427,11 +427,7 @@ pub fn narrow_network(
 }
 
 fn mode_name(m: Network) -> &'static str {
-    match m {
-        Network::None => "none",
-        Network::Host => "host",
-        Network::Egress => "egress",
-    }
+    crate::network::mode_word(m)
 }
 
 #[cfg(test)]
