@@ -128,8 +128,9 @@ pub struct CreateSandbox {
     /// Deleted after this long with no API calls and no running process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<u64>,
-    /// Narrows the template's `network` for this sandbox, never widens it
-    /// (see [`crate::validate::narrow_network`]). Forces a cold start.
+    /// Narrows the template's `network` for this sandbox, never widens it:
+    /// `none`, or the template's mode with `allow_out` entries inside the
+    /// template's (docs/networking.md). Forces a cold start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkSpec>,
 }
@@ -310,7 +311,7 @@ pub struct Template {
     #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 16777216))]
     pub disk_mb: Option<u64>,
     /// `"none"`, `"host"`, `"egress"`, or `{mode, allow_out, deny_out}`
-    /// (see [`crate::network`]).
+    /// (docs/networking.md).
     #[serde(default)]
     pub network: NetworkSpec,
     /// Kubernetes only: more containers in the sandbox's Pod (a grader, a

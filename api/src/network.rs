@@ -60,8 +60,7 @@ pub enum Network {
     /// The host's network namespace.
     Host,
     /// Its own network namespace whose only way out is the hub's egress
-    /// gateway, under the template's `allow_out` / `deny_out` (see
-    /// this module).
+    /// gateway, under the template's `allow_out` / `deny_out`.
     Egress,
 }
 

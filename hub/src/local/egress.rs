@@ -31,7 +31,7 @@ use super::{
 };
 
 /// The operator's egress flags (`sandhub serve`).
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct EgressArgs {
     /// The resolver the egress gateway asks for the names sandboxes
     /// connect to (`IP` or `IP:PORT`); default: the first `nameserver` of
@@ -69,9 +69,24 @@ pub struct EgressArgs {
     pub egress_default: String,
 
     /// Connections one egress sandbox may have open or opening at once.
-    #[arg(long, env = "SANDHUB_EGRESS_MAX_FLOWS", default_value_t = 256)]
+    #[arg(long, env = "SANDHUB_EGRESS_MAX_FLOWS", default_value_t = DEFAULT_MAX_FLOWS)]
     pub egress_max_flows: usize,
 }
+
+/// The defaults the flags have (for hubs built without clap).
+impl Default for EgressArgs {
+    fn default() -> Self {
+        EgressArgs {
+            egress_dns: None,
+            egress_allow_private: Vec::new(),
+            egress_deny: Vec::new(),
+            egress_default: "allow".into(),
+            egress_max_flows: DEFAULT_MAX_FLOWS,
+        }
+    }
+}
+
+const DEFAULT_MAX_FLOWS: usize = 256;
 
 /// The first `nameserver` of a resolv.conf.
 fn first_nameserver(conf: &str) -> Option<IpAddr> {
@@ -269,6 +284,49 @@ mod tests {
         );
         assert_eq!(parse_dns("198.18.0.2").unwrap().port(), 53);
         assert_eq!(parse_dns("198.18.0.2:5353").unwrap().port(), 5353);
+    }
+
+    #[test]
+    fn a_narrowing_is_recorded_before_launch_and_kept_across_launches() {
+        let tpl: NetworkSpec =
+            serde_json::from_value(serde_json::json!({"allow_out": ["*.test"]})).unwrap();
+        let narrow: NetworkSpec =
+            serde_json::from_value(serde_json::json!({"allow_out": ["pypi.test"]})).unwrap();
+        let mut row = SandboxRow {
+            id: "sb-1".into(),
+            tenant: "t".into(),
+            template: "web".into(),
+            state: sandhub_api::hub::SandboxState::Pending,
+            labels: Default::default(),
+            env: Default::default(),
+            launch: sandhub_api::hub::Launch::Cold,
+            created_at: 0,
+            shutdown_at: None,
+            idle_timeout_seconds: None,
+            last_activity: 0,
+            pool: None,
+            claimed: true,
+            forked_from: None,
+            runtime: Some(Recorded::pre_launch(&tpl, narrow.clone())),
+        };
+        let t = Template {
+            network: tpl.clone(),
+            ..Default::default()
+        };
+        let r = Recorded::for_launch(&row, &t);
+        assert_eq!(r.sandbox.as_ref(), Some(&narrow));
+        assert_eq!(r.mode(), Network::Egress);
+        let p = r.policy().unwrap();
+        assert_eq!(p.sandbox_allow.len(), 1);
+        // After launch the handle carries the record; a resume finds it.
+        row.runtime = Some(serde_json::json!({"shim_pid": 1, RECORD_KEY: r}));
+        assert_eq!(Recorded::for_launch(&row, &t).sandbox, Some(narrow));
+        // A request for `none` takes an egress template offline.
+        row.runtime = Some(Recorded::pre_launch(&tpl, Network::None.into()));
+        assert_eq!(Recorded::for_launch(&row, &t).mode(), Network::None);
+        // No record: the template alone.
+        row.runtime = None;
+        assert_eq!(Recorded::for_launch(&row, &t).sandbox, None);
     }
 
     #[test]
