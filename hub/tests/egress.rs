@@ -86,6 +86,9 @@ fn ip(args: &str) {
     );
 }
 
+/// Bytes of `GET /big` and of the upload test.
+const BIG: usize = 16 << 20;
+
 /// Names the test DNS server knows, and their addresses.
 const ZONE: &[(&str, [u8; 4])] = &[
     ("pypi.test", [198, 18, 0, 2]),
@@ -193,6 +196,42 @@ impl Internet {
                     .unwrap_or("")
                     .to_string();
                 *seen.lock().unwrap().entry(path.clone()).or_default() += 1;
+                if path == "/big" {
+                    // 16 MiB down: flow control through the gateway.
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\nConnection: close\r\n\r\n"
+                    );
+                    let chunk = vec![b'x'; 64 * 1024];
+                    for _ in 0..BIG / chunk.len() {
+                        if s.write_all(&chunk).is_err() {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                if path == "/upload" {
+                    // Counts the body (up); what came with the head counts too.
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let mut got = head.find("\r\n\r\n").map_or(0, |i| head.len() - i - 4);
+                    while got < len {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => got += n,
+                        }
+                    }
+                    let body = format!("hello upload {got}");
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    continue;
+                }
                 let local = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
                 let body = format!("hello {host} at {local}{path}");
                 let _ = write!(
@@ -459,6 +498,32 @@ async fn egress_sandboxes_reach_only_what_their_policy_and_the_closed_ranges_all
         s.read_to_string(&mut body).unwrap();
         assert!(body.contains("hello control"), "{a}: {body}");
     }
+
+    // Bulk both ways: the window closes and opens, nothing is lost.
+    let bulk = format!(
+        r#"/usr/bin/python3 - <<'EOF'
+import urllib.request
+with urllib.request.urlopen("http://pypi.test/big", timeout=60) as r:
+    n = 0
+    while True:
+        b = r.read(1 << 16)
+        if not b:
+            break
+        n += len(b)
+print("down", n)
+req = urllib.request.Request("http://pypi.test/upload", data=b"y" * {BIG}, method="POST")
+with urllib.request.urlopen(req, timeout=60) as r:
+    print(r.read().decode())
+EOF
+"#
+    );
+    let r = shell(&c, &id, &bulk).await;
+    assert_eq!(
+        r.stdout,
+        format!("down {BIG}\nhello upload {BIG}\n"),
+        "{r:?}\n{}",
+        hub.log_tail()
+    );
 
     // Root inside: routes flushed and re-added by hand, an address of the
     // test net claimed, DNS and HTTP sent to the test hosts directly.
