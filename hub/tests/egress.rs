@@ -598,8 +598,29 @@ EOF
         "{body}"
     );
 
-    // kill -9 of the hub: the sandbox's TUN went with it; the restarted hub
-    // gives it its gateway back, with the same policy.
+    // kill -9 of the hub: the sandboxes' TUN devices go with it (they are
+    // offline, not open); the restarted hub gives each its gateway back,
+    // with the same policy.
+    let devices = |hub: &TestHub| -> Vec<String> {
+        let mine = std::fs::read_link("/proc/self/ns/net").unwrap();
+        common::host_pids_with_mount(&hub.token())
+            .into_iter()
+            .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/net")).is_ok_and(|ns| ns != mine))
+            .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/net/dev")).ok())
+            .collect()
+    };
+    let before = devices(&hub);
+    assert!(
+        !before.is_empty() && before.iter().all(|d| d.contains("egress0:")),
+        "{before:?}"
+    );
+    hub.kill9();
+    let after = devices(&hub);
+    assert!(!after.is_empty(), "the sandboxes outlive their hub");
+    assert!(
+        after.iter().all(|d| !d.contains("egress0:")),
+        "a sandbox kept its way out without a hub: {after:?}"
+    );
     hub.restart().await;
     let c = hub.client(None);
     let got = probe(
