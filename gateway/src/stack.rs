@@ -144,7 +144,8 @@ enum Woke {
 
 enum Event {
     Connected(Key, TcpStream),
-    Refused(Key),
+    /// The name (if any) and why, for the log.
+    Refused(Key, Option<String>, String),
 }
 
 pub(crate) struct Loop {
@@ -162,6 +163,48 @@ pub(crate) struct Loop {
     wake: Arc<Notify>,
     events_tx: mpsc::Sender<Event>,
     events: mpsc::Receiver<Event>,
+    log: LogBudget,
+}
+
+/// Decision lines a sandbox may put in the hub's log per window: a
+/// workload that dials a closed address in a loop must not fill the
+/// hub's disk. Past the budget, one line says how many were left out.
+struct LogBudget {
+    window: std::time::Instant,
+    used: u32,
+    dropped: u64,
+}
+
+impl LogBudget {
+    const PER_WINDOW: u32 = 20;
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        LogBudget {
+            window: std::time::Instant::now(),
+            used: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Whether one more line may be logged now.
+    fn admit(&mut self) -> bool {
+        if self.window.elapsed() >= Self::WINDOW {
+            if self.dropped > 0 {
+                tracing::info!(
+                    dropped = self.dropped,
+                    "egress: decisions left out of the log"
+                );
+            }
+            *self = LogBudget::new();
+        }
+        if self.used < Self::PER_WINDOW {
+            self.used += 1;
+            return true;
+        }
+        self.dropped += 1;
+        false
+    }
 }
 
 impl Loop {
@@ -214,6 +257,7 @@ impl Loop {
             wake: Arc::new(Notify::new()),
             events_tx,
             events,
+            log: LogBudget::new(),
         })
     }
 
@@ -370,25 +414,25 @@ impl Loop {
             None => self.policy.lists_allow(&self.cfg.operator, &flow),
         };
         if let Err(why) = verdict {
-            tracing::info!(sandbox = %self.sandbox, name = name.as_deref().unwrap_or(""), %dst, port, %why, "egress: denied");
+            if self.log.admit() {
+                tracing::info!(sandbox = %self.sandbox, name = name.as_deref().unwrap_or(""), %dst, port, %why, "egress: denied");
+            }
             return self.refuse(syn);
         }
         if self.open.len() + self.pending.len() >= self.cfg.limits.max_flows {
-            tracing::info!(sandbox = %self.sandbox, max = self.cfg.limits.max_flows, "egress: too many flows; refused");
+            if self.log.admit() {
+                tracing::info!(sandbox = %self.sandbox, max = self.cfg.limits.max_flows, "egress: too many flows; refused");
+            }
             return self.refuse(syn);
         }
         self.pending.insert(key, syn);
         let cfg = self.cfg.clone();
         let policy = self.policy.clone();
         let events = self.events_tx.clone();
-        let sandbox = self.sandbox.clone();
         self.tasks.spawn(async move {
             let ev = match connect(&cfg, &policy, name.as_deref(), dst_ip, port).await {
                 Ok(s) => Event::Connected(key, s),
-                Err(why) => {
-                    tracing::info!(%sandbox, name = name.as_deref().unwrap_or(""), %dst, port, %why, "egress: refused");
-                    Event::Refused(key)
-                }
+                Err(why) => Event::Refused(key, name, why),
             };
             let _ = events.send(ev).await;
         });
@@ -396,7 +440,11 @@ impl Loop {
 
     fn on_event(&mut self, ev: Event) {
         match ev {
-            Event::Refused(key) => {
+            Event::Refused(key, name, why) => {
+                if self.log.admit() {
+                    let (_, _, dst, port) = key;
+                    tracing::info!(sandbox = %self.sandbox, name = name.as_deref().unwrap_or(""), %dst, port, %why, "egress: refused");
+                }
                 if let Some(syn) = self.pending.remove(&key) {
                     self.refuse(syn);
                 }
