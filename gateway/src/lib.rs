@@ -65,6 +65,9 @@ pub struct Limits {
     pub dns_timeout: Duration,
     /// One upstream connect.
     pub connect_timeout: Duration,
+    /// An open flow that moves no byte either way this long is reset, so
+    /// forgotten connections give their slot back.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -75,6 +78,7 @@ impl Default for Limits {
             fake_pool: 4096,
             dns_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(3600),
         }
     }
 }

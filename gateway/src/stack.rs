@@ -134,6 +134,11 @@ struct Open {
     up_done: bool,
     closing: bool,
     tasks: [AbortHandle; 2],
+    /// When a byte last moved either way.
+    active: std::time::Instant,
+    /// `abort()` was called: smoltcp sends the RST on its next poll, so
+    /// the socket must live until then.
+    reset_pending: bool,
 }
 
 enum Woke {
@@ -515,6 +520,8 @@ impl Loop {
                         up_done: false,
                         closing: false,
                         tasks: [reader, writer],
+                        active: std::time::Instant::now(),
+                        reset_pending: false,
                     },
                 );
             }
@@ -524,6 +531,7 @@ impl Loop {
     /// Moves bytes between every open flow's socket and its channels, and
     /// forgets flows whose socket is closed.
     fn pump(&mut self) {
+        let idle = self.cfg.limits.idle_timeout;
         let mut done = Vec::new();
         for (key, f) in self.open.iter_mut() {
             let sock = self.sockets.get_mut::<tcp::Socket>(f.handle);
@@ -538,11 +546,15 @@ impl Loop {
                                 (n, b[..n].to_vec())
                             })
                             .unwrap_or_default();
+                        if !data.is_empty() {
+                            f.active = std::time::Instant::now();
+                        }
                         permit.send(data);
                     }
                     Err(mpsc::error::TrySendError::Full(())) => break,
                     Err(mpsc::error::TrySendError::Closed(())) => {
                         sock.abort();
+                        f.reset_pending = true;
                         break;
                     }
                 }
@@ -569,7 +581,12 @@ impl Loop {
                         break;
                     }
                     match sock.send_slice(&buf[*off..]) {
-                        Ok(n) => *off += n,
+                        Ok(n) => {
+                            *off += n;
+                            if n > 0 {
+                                f.active = std::time::Instant::now();
+                            }
+                        }
                         Err(_) => break,
                     }
                     if *off < buf.len() {
@@ -587,16 +604,26 @@ impl Loop {
                     Ok(Up::Failed) => {
                         f.up_done = true;
                         sock.abort();
+                        f.reset_pending = true;
                     }
                     Err(mpsc::error::TryRecvError::Empty) => break,
                 }
+            }
+            if f.active.elapsed() >= idle && sock.is_open() {
+                sock.abort();
+                f.reset_pending = true;
             }
             if f.up_done && f.out.is_none() && !f.closing {
                 sock.close();
                 f.closing = true;
             }
             if matches!(sock.state(), tcp::State::Closed | tcp::State::TimeWait) {
-                done.push(*key);
+                if f.reset_pending {
+                    // Kept for one more poll, which sends the RST.
+                    f.reset_pending = false;
+                } else {
+                    done.push(*key);
+                }
             }
         }
         for key in done {

@@ -658,6 +658,8 @@ async fn private_ranges_open_only_where_the_operator_opens_them() {
             "100.80.0.0/16",
             "--egress-deny",
             "*.git.test",
+            "--egress-idle-timeout",
+            "2s",
         ],
         ..Default::default()
     })
@@ -684,6 +686,20 @@ async fn private_ranges_open_only_where_the_operator_opens_them() {
     assert_ok(&got[3], &got[3]);
     assert_no_name(&got[4], &got[4]);
     assert_eq!(net.seen("/opened") + net.seen("/opened-literal"), 2);
+
+    // A connection that moves nothing for --egress-idle-timeout is reset.
+    let idle = r#"/usr/bin/python3 - <<'EOF'
+import socket, time
+c = socket.create_connection(("pypi.test", 80), timeout=30)
+time.sleep(9)
+try:
+    print("recv", len(c.recv(100)))
+except Exception as e:
+    print(type(e).__name__)
+EOF
+"#;
+    let r = shell(&c, &id, idle).await;
+    assert_eq!(r.stdout, "ConnectionResetError\n", "{r:?}");
     drop(hub);
     drop(net);
 }

@@ -71,6 +71,12 @@ pub struct EgressArgs {
     /// Connections one egress sandbox may have open or opening at once.
     #[arg(long, env = "SANDHUB_EGRESS_MAX_FLOWS", default_value_t = DEFAULT_MAX_FLOWS)]
     pub egress_max_flows: usize,
+
+    /// An egress connection that moves no byte either way this long is
+    /// reset (its slot comes back).
+    #[arg(long, env = "SANDHUB_EGRESS_IDLE_TIMEOUT", default_value = "1h",
+          value_parser = sandhub_common::parse_duration)]
+    pub egress_idle_timeout: std::time::Duration,
 }
 
 /// The defaults the flags have (for hubs built without clap).
@@ -82,6 +88,7 @@ impl Default for EgressArgs {
             egress_deny: Vec::new(),
             egress_default: "allow".into(),
             egress_max_flows: DEFAULT_MAX_FLOWS,
+            egress_idle_timeout: Limits::default().idle_timeout,
         }
     }
 }
@@ -158,6 +165,9 @@ impl Egress {
                 operator,
                 limits: Limits {
                     max_flows: args.egress_max_flows.max(1),
+                    idle_timeout: args
+                        .egress_idle_timeout
+                        .max(std::time::Duration::from_secs(1)),
                     ..Limits::default()
                 },
             }),
@@ -347,6 +357,7 @@ mod tests {
             egress_deny: vec!["*.corp.test".into()],
             egress_default: "deny".into(),
             egress_max_flows: 8,
+            ..Default::default()
         };
         let e = Egress::new(&ok).unwrap();
         assert!(!e.default_allows_all());
