@@ -111,15 +111,20 @@ impl Gateway {
     }
 }
 
-/// Starts the loop for one sandbox on `tun` (from [`tun::create_in`]).
-/// Must be called inside a tokio runtime.
+/// Starts the loop for one sandbox on `tun` (from [`tun::create_in`]),
+/// answering DNS on `loopback_dns` too when given. Must be called inside
+/// a tokio runtime.
 pub fn start(
     tun: OwnedFd,
+    loopback_dns: Option<std::net::UdpSocket>,
     cfg: Arc<Config>,
     policy: SandboxPolicy,
     sandbox: String,
 ) -> io::Result<Gateway> {
-    let l = stack::Loop::new(sandbox, cfg, policy, tun)?;
+    let lo_dns = loopback_dns
+        .map(tokio::net::UdpSocket::from_std)
+        .transpose()?;
+    let l = stack::Loop::new(sandbox, cfg, policy, tun, lo_dns)?;
     Ok(Gateway {
         task: tokio::spawn(l.run()),
     })

@@ -144,6 +144,7 @@ struct Open {
 enum Woke {
     Packets(Vec<Vec<u8>>, Option<io::Error>),
     Event(Event),
+    LoopbackDns(Vec<u8>, SocketAddr),
     Other,
 }
 
@@ -169,6 +170,19 @@ pub(crate) struct Loop {
     events_tx: mpsc::Sender<Event>,
     events: mpsc::Receiver<Event>,
     log: LogBudget,
+    /// The responder on the sandbox's `127.0.0.1:53`.
+    lo_dns: Option<tokio::net::UdpSocket>,
+}
+
+/// A datagram on `s`, or never when there is no socket.
+async fn recv_dns(
+    s: &Option<tokio::net::UdpSocket>,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr)> {
+    match s {
+        Some(s) => s.recv_from(buf).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Decision lines a sandbox may put in the hub's log per window: a
@@ -218,6 +232,7 @@ impl Loop {
         cfg: Arc<Config>,
         policy: SandboxPolicy,
         tun: OwnedFd,
+        lo_dns: Option<tokio::net::UdpSocket>,
     ) -> io::Result<Loop> {
         // SAFETY: an OwnedFd is a valid fd that stays open as long as the
         // AsyncFd owns it.
@@ -263,11 +278,13 @@ impl Loop {
             events_tx,
             events,
             log: LogBudget::new(),
+            lo_dns,
         })
     }
 
     pub(crate) async fn run(mut self) {
         let mut buf = vec![0u8; MTU + 64];
+        let mut dns_buf = vec![0u8; crate::dns::wire::MAX_MESSAGE];
         loop {
             let delay = self
                 .iface
@@ -302,6 +319,10 @@ impl Loop {
                     Err(e) => Woke::Packets(Vec::new(), Some(e)),
                 },
                 Some(ev) = self.events.recv() => Woke::Event(ev),
+                r = recv_dns(&self.lo_dns, &mut dns_buf) => match r {
+                    Ok((n, from)) => Woke::LoopbackDns(dns_buf[..n].to_vec(), from),
+                    Err(_) => Woke::Other,
+                },
                 _ = self.wake.notified() => Woke::Other,
                 Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => Woke::Other,
                 _ = tokio::time::sleep(delay) => Woke::Other,
@@ -317,6 +338,14 @@ impl Loop {
                     }
                 }
                 Woke::Event(ev) => self.on_event(ev),
+                Woke::LoopbackDns(msg, from) => {
+                    let answer =
+                        dns::respond(&self.cfg.operator, &self.policy, &mut self.pool, &msg);
+                    if let (Some(a), Some(s)) = (answer, &self.lo_dns) {
+                        // Non-blocking: a full socket buffer drops the answer.
+                        let _ = s.try_send_to(&a, from);
+                    }
+                }
                 Woke::Other => {}
             }
             self.step();
@@ -478,6 +507,11 @@ impl Loop {
                 self.dev.rx.push_front(syn);
                 self.iface
                     .poll(SmolInstant::now(), &mut self.dev, &mut self.sockets);
+                if self.sockets.get::<tcp::Socket>(handle).state() == tcp::State::Listen {
+                    // smoltcp did not take the SYN: nothing to carry.
+                    self.sockets.remove(handle);
+                    return;
+                }
                 let (mut rd, mut wr) = stream.into_split();
                 let (to_up, mut up_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
                 let (up_tx, from_up) = mpsc::channel::<Up>(CHANNEL_CHUNKS);

@@ -91,9 +91,21 @@ fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// What the gateway holds inside one sandbox's namespace.
+pub struct Device {
+    /// The TUN device's fd (non-blocking).
+    pub tun: OwnedFd,
+    /// A UDP socket bound to `127.0.0.1:53` inside the namespace, so a
+    /// workload whose `/etc/resolv.conf` names no server (glibc and musl
+    /// then ask the local machine: typical of container images, whose
+    /// `/etc` is their own) still reaches the gateway's responder. `None`
+    /// when the port was taken.
+    pub loopback_dns: Option<std::net::UdpSocket>,
+}
+
 /// Makes and configures the device inside the namespace `netns` (an fd
-/// of `/proc/<pid>/ns/net`); returns the non-blocking TUN fd.
-pub fn create_in(netns: &OwnedFd) -> io::Result<OwnedFd> {
+/// of `/proc/<pid>/ns/net`), and the loopback DNS socket.
+pub fn create_in(netns: &OwnedFd) -> io::Result<Device> {
     let ns = netns.try_clone()?;
     std::thread::Builder::new()
         .name("sandhub-egress-tun".into())
@@ -103,7 +115,11 @@ pub fn create_in(netns: &OwnedFd) -> io::Result<OwnedFd> {
                 unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
                 "setns",
             )?;
-            create_here()
+            let tun = create_here()?;
+            let loopback_dns = std::net::UdpSocket::bind("127.0.0.1:53")
+                .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                .ok();
+            Ok(Device { tun, loopback_dns })
         })?
         .join()
         .map_err(|_| io::Error::other("the TUN thread panicked"))?

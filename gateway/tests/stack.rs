@@ -178,7 +178,7 @@ async fn the_loop_answers_dns_and_resets_what_the_policy_or_the_closed_ranges_re
         template_allow: vec!["pypi.test".parse::<Pattern>().unwrap()],
         ..Default::default()
     };
-    let _gw = sandhub_gateway::start(gw_end, cfg, policy, "sb-test".into()).unwrap();
+    let _gw = sandhub_gateway::start(gw_end, None, cfg, policy, "sb-test".into()).unwrap();
     let wait = Duration::from_secs(10);
     let ask = |name: &str| {
         tun.send(&udp(GATEWAY, 53, &wire::build_query(7, name, wire::TYPE_A)))

@@ -499,6 +499,25 @@ async fn egress_sandboxes_reach_only_what_their_policy_and_the_closed_ranges_all
         assert!(body.contains("hello control"), "{a}: {body}");
     }
 
+    // The same responder on the sandbox's own 127.0.0.1:53, for images
+    // whose /etc/resolv.conf names no server.
+    let lo_dns = r#"/usr/bin/python3 - <<'EOF'
+import socket
+def ask(name):
+    q = bytes.fromhex("beef01000001000000000000")
+    q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\x00\x00\x01\x00\x01"
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(10)
+    s.sendto(q, ("127.0.0.1", 53))
+    a = s.recv(512)
+    print(name, a[3] & 15, int.from_bytes(a[6:8], "big"))
+ask("pypi.test")
+ask("nope.test")
+EOF
+"#;
+    let r = shell(&c, &id, lo_dns).await;
+    assert_eq!(r.stdout, "pypi.test 0 1\nnope.test 3 0\n", "{r:?}");
+
     // Bulk both ways: the window closes and opens, nothing is lost.
     let bulk = format!(
         r#"/usr/bin/python3 - <<'EOF'

@@ -183,7 +183,7 @@ impl Egress {
     /// Starts the gateway of a running sandbox, replacing any it had.
     pub async fn attach(&self, id: &str, launched: &Launched, policy: SandboxPolicy) -> Result<()> {
         let l = launched.clone();
-        let tun = tokio::task::spawn_blocking(move || {
+        let dev = tokio::task::spawn_blocking(move || {
             let ns = NetNs::of(&l)?;
             sandhub_gateway::tun::create_in(ns.fd())
         })
@@ -195,8 +195,17 @@ impl Egress {
                 format!("the egress gateway's TUN device could not be made (is /dev/net/tun there?): {e}"),
             )
         })?;
-        let gw = sandhub_gateway::start(tun, self.cfg.clone(), policy, id.to_string())
-            .map_err(|e| Error::internal(format!("starting the egress gateway: {e}")))?;
+        if dev.loopback_dns.is_none() {
+            tracing::warn!(%id, "egress: 127.0.0.1:53 was taken inside the sandbox; DNS only at 100.127.0.1");
+        }
+        let gw = sandhub_gateway::start(
+            dev.tun,
+            dev.loopback_dns,
+            self.cfg.clone(),
+            policy,
+            id.to_string(),
+        )
+        .map_err(|e| Error::internal(format!("starting the egress gateway: {e}")))?;
         self.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
