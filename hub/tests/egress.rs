@@ -710,7 +710,7 @@ async fn private_ranges_open_only_where_the_operator_opens_them() {
     let idle = r#"/usr/bin/python3 - <<'EOF'
 import socket, time
 c = socket.create_connection(("pypi.test", 80), timeout=30)
-time.sleep(9)
+time.sleep(12)
 try:
     print("recv", len(c.recv(100)))
 except Exception as e:
