@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Code;
+pub use crate::network::{Network, NetworkSpec};
 
 /// Sandbox ids are DNS-1123 labels, so one id can name a SandboxClaim, a Pod
 /// and a hostname.
@@ -129,6 +130,11 @@ pub struct CreateSandbox {
     /// Deleted after this long with no API calls and no running process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<u64>,
+    /// Narrows the template's `network` for this sandbox, never widens it:
+    /// `none`, or the template's mode with `allow_out` entries inside the
+    /// template's (docs/networking.md). Forces a cold start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -252,17 +258,6 @@ pub struct ExecResult {
     pub timed_out: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum Network {
-    /// Only a loopback interface.
-    #[default]
-    None,
-    /// The host's network namespace.
-    Host,
-}
-
 /// `PUT /v1/templates/{name}`: what a sandbox is.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -317,8 +312,10 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 16777216))]
     pub disk_mb: Option<u64>,
+    /// `"none"`, `"host"`, `"egress"`, or `{mode, allow_out, deny_out}`
+    /// (docs/networking.md).
     #[serde(default)]
-    pub network: Network,
+    pub network: NetworkSpec,
     /// Kubernetes only: more containers in the sandbox's Pod (a grader, a
     /// service the task needs), at most [`MAX_SIDECARS`]. They share the
     /// Pod's network and, with `image`, its `/workspace`; `exec` reaches

@@ -7,6 +7,7 @@ pub mod hub;
 pub mod k8s;
 pub mod legacy;
 pub mod limits;
+pub mod network;
 pub mod proto;
 pub mod sandboxd;
 #[cfg(feature = "sandboxd-token")]

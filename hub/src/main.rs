@@ -26,7 +26,7 @@ enum Command {
     /// Run the hub (REST API) on the embedded local backend.
     Serve(Box<ServeArgs>),
     /// MCP on stdio: against --hub, or an embedded local hub without one.
-    Mcp(sandhub::mcp::McpArgs),
+    Mcp(Box<sandhub::mcp::McpArgs>),
     /// Create a sandbox and print its id.
     Create(cli::sandbox::CreateArgs),
     /// List sandboxes.
@@ -81,7 +81,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve::run(*args).await,
-            Command::Mcp(args) => sandhub::mcp::run(args).await,
+            Command::Mcp(args) => sandhub::mcp::run(*args).await,
             Command::Create(args) => cli::exit(cli::sandbox::create(args).await),
             Command::Ls(args) => cli::exit(cli::sandbox::list(args).await),
             Command::Rm(args) => cli::exit(cli::sandbox::remove(args).await),

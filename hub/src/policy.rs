@@ -132,7 +132,7 @@ impl Policy {
 
     /// Refuses what only the operator may grant.
     pub fn admit_template(&self, t: &Template) -> Result<(), Error> {
-        if t.network == Network::Host && !self.allow_host_network {
+        if t.network.mode == Network::Host && !self.allow_host_network {
             return Err(Error::new(
                 Code::PermissionDenied,
                 "network: host is not allowed on this hub: such a sandbox shares the host's \
@@ -241,7 +241,7 @@ mod tests {
         assert!(p.admit_replicas(32).is_ok());
         assert!(p.admit_replicas(33).is_err());
         let host = Template {
-            network: Network::Host,
+            network: Network::Host.into(),
             ..Template::default()
         };
         assert_eq!(

@@ -205,7 +205,7 @@ async fn suspend_and_resume_never_chown_through_a_swapped_layer() {
 #[tokio::test]
 async fn host_network_needs_the_operator() {
     let host = Template {
-        network: Network::Host,
+        network: Network::Host.into(),
         ..Template::default()
     };
     let hub = TestHub::start(two_tenants(&[])).await;

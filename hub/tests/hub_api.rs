@@ -340,7 +340,7 @@ async fn isolation_network_none_has_only_loopback() {
             &c,
             "hostnet",
             Template {
-                network: sandhub_api::hub::Network::Host,
+                network: sandhub_api::hub::Network::Host.into(),
                 ..Default::default()
             },
         )

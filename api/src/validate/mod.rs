@@ -10,13 +10,14 @@ use std::collections::BTreeMap;
 use crate::{
     error::{Code, ErrorBody},
     hub::{
-        is_dns_label, is_reserved_label, CreateSandbox, ExecRequest, ForkRequest, PoolSpec,
-        PrepullRequest, PullRequest, Sidecar, Template, MAX_CPU, MAX_DISK_MB, MAX_MEMORY_MB,
-        MAX_PIDS, MAX_PREPULL_IMAGES_PER_POD, MAX_PREPULL_PARALLEL, MAX_PREPULL_REFERENCES,
-        MAX_PREPULL_TIMEOUT_SECONDS, MAX_SIDECARS, MIN_CPU, MIN_DISK_MB, MIN_MEMORY_MB, MIN_PIDS,
-        RESERVED_LABEL_DOMAINS,
+        is_dns_label, is_reserved_label, CreateSandbox, ExecRequest, ForkRequest, Network,
+        NetworkSpec, PoolSpec, PrepullRequest, PullRequest, Sidecar, Template, MAX_CPU,
+        MAX_DISK_MB, MAX_MEMORY_MB, MAX_PIDS, MAX_PREPULL_IMAGES_PER_POD, MAX_PREPULL_PARALLEL,
+        MAX_PREPULL_REFERENCES, MAX_PREPULL_TIMEOUT_SECONDS, MAX_SIDECARS, MIN_CPU, MIN_DISK_MB,
+        MIN_MEMORY_MB, MIN_PIDS, RESERVED_LABEL_DOMAINS,
     },
     limits,
+    network::{parse_list, Pattern, Target},
 };
 
 /// Most labels one sandbox may carry.
@@ -140,6 +141,9 @@ impl CreateSandbox {
         limits::optional_lifetime("shutdown_after_seconds", self.shutdown_after_seconds)?;
         limits::optional_lifetime("idle_timeout_seconds", self.idle_timeout_seconds)?;
         labels(&self.labels)?;
+        if let Some(n) = &self.network {
+            network(n)?;
+        }
         env(&self.env)
     }
 }
@@ -167,6 +171,7 @@ impl Template {
             entrypoint(argv)?;
         }
         sidecars(&self.sidecars)?;
+        network(&self.network)?;
         env(&self.env)
     }
 }
@@ -495,6 +500,76 @@ pub fn normalize_image_reference(r: &str) -> String {
     } else {
         format!("{r}:latest")
     }
+}
+
+/// A `network` field: well-formed patterns (each list at most
+/// [`crate::network::MAX_NETWORK_ENTRIES`]), and lists only with `egress`.
+pub fn network(spec: &NetworkSpec) -> Result<(), ErrorBody> {
+    parse_network(spec).map(|_| ())
+}
+
+/// The parsed lists of a valid `network` (allow, deny).
+pub fn parse_network(spec: &NetworkSpec) -> Result<(Vec<Pattern>, Vec<Pattern>), ErrorBody> {
+    if spec.mode != Network::Egress && !spec.is_plain() {
+        return Err(invalid(
+            "network: allow_out and deny_out apply to mode `egress` only".into(),
+        ));
+    }
+    let allow = parse_list("network.allow_out", &spec.allow_out).map_err(invalid)?;
+    let deny = parse_list("network.deny_out", &spec.deny_out).map_err(invalid)?;
+    Ok((allow, deny))
+}
+
+/// Whether a create request's `network` only narrows its template's:
+///
+/// - `none` narrows anything (the sandbox goes offline);
+/// - otherwise the mode must be the template's (`host` stays `host`,
+///   `egress` stays `egress`);
+/// - every `allow_out` entry of the request must be covered by one entry
+///   of the template's allow list ([`Pattern::covers`]: same or narrower
+///   target, and the same port unless the template's entry has none). An
+///   empty template list stands for the operator's default: `*` when
+///   `default_allows_all`, nothing otherwise;
+/// - `deny_out` entries only take away, so any valid ones are fine.
+///
+/// The gateway enforces the template's and the request's lists both (a
+/// flow must pass each), so this check is what makes a widening a `400`
+/// rather than a silent no-op.
+pub fn narrow_network(
+    template: &NetworkSpec,
+    request: &NetworkSpec,
+    default_allows_all: bool,
+) -> Result<(), ErrorBody> {
+    let (req_allow, _) = parse_network(request)?;
+    if request.mode == Network::None {
+        return Ok(());
+    }
+    if request.mode != template.mode {
+        return Err(invalid(format!(
+            "network: mode `{}` would widen the template's `{}` (a sandbox may only narrow it, or pick `none`)",
+            mode_name(request.mode),
+            mode_name(template.mode)
+        )));
+    }
+    let (mut tpl_allow, _) = parse_network(template)?;
+    if tpl_allow.is_empty() && default_allows_all {
+        tpl_allow.push(Pattern {
+            target: Target::Any,
+            port: None,
+        });
+    }
+    for (i, (entry, pattern)) in request.allow_out.iter().zip(&req_allow).enumerate() {
+        if !tpl_allow.iter().any(|t| t.covers(pattern)) {
+            return Err(invalid(format!(
+                "network.allow_out[{i}] {entry:?} is not within the template's allow_out: a sandbox may narrow its template's network, never widen it"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn mode_name(m: Network) -> &'static str {
+    crate::network::mode_word(m)
 }
 
 #[cfg(test)]

@@ -315,3 +315,103 @@ fn pull_requests() {
         );
     }
 }
+
+mod network {
+    use super::*;
+
+    fn spec(mode: Network, allow: &[&str], deny: &[&str]) -> NetworkSpec {
+        NetworkSpec {
+            mode,
+            allow_out: allow.iter().map(|s| s.to_string()).collect(),
+            deny_out: deny.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn message(r: Result<(), ErrorBody>) -> String {
+        let e = r.unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        e.message
+    }
+
+    #[test]
+    fn templates_with_bad_patterns_are_400_naming_the_entry() {
+        let mut t = Template {
+            network: spec(Network::Egress, &["pypi.test", "a.*.test"], &[]),
+            ..Default::default()
+        };
+        let m = message(t.validate());
+        assert!(m.contains("allow_out[1] \"a.*.test\""), "{m}");
+        t.network = spec(Network::Egress, &[], &["10.0.0.1/8"]);
+        assert!(message(t.validate()).contains("deny_out[0] \"10.0.0.1/8\""));
+        t.network = spec(Network::Egress, &["a.test:70000"], &[]);
+        assert!(message(t.validate()).contains("1-65535"));
+        t.network = spec(Network::Host, &["a.test"], &[]);
+        assert!(message(t.validate()).contains("egress"));
+        let many: Vec<String> = (0..257).map(|i| format!("h{i}.test")).collect();
+        t.network = NetworkSpec {
+            mode: Network::Egress,
+            allow_out: many,
+            deny_out: vec![],
+        };
+        assert!(message(t.validate()).contains("at most 256"));
+        t.network = spec(
+            Network::Egress,
+            &["*.test", "[2001:db8::/32]:443"],
+            &["x.test"],
+        );
+        t.validate().unwrap();
+        let c = CreateSandbox {
+            network: Some(spec(Network::Egress, &["*x.test"], &[])),
+            ..Default::default()
+        };
+        assert!(message(c.validate()).contains("allow_out[0]"));
+    }
+
+    #[test]
+    fn a_request_may_narrow_never_widen() {
+        let tpl = spec(
+            Network::Egress,
+            &["*.test", "203.0.113.0/24", "api.example:443"],
+            &[],
+        );
+        let ok = |r: NetworkSpec| narrow_network(&tpl, &r, true).unwrap();
+        let widens = |r: NetworkSpec| message(narrow_network(&tpl, &r, true));
+        ok(spec(Network::None, &[], &[]));
+        ok(spec(Network::Egress, &[], &[]));
+        ok(spec(
+            Network::Egress,
+            &["pypi.test", "*.a.test:443"],
+            &["x.test"],
+        ));
+        ok(spec(
+            Network::Egress,
+            &["203.0.113.128/25:80", "api.example:443"],
+            &[],
+        ));
+        assert!(widens(spec(Network::Host, &[], &[])).contains("widen"));
+        assert!(widens(spec(Network::Egress, &["other.example"], &[])).contains("allow_out[0]"));
+        assert!(widens(spec(Network::Egress, &["*"], &[])).contains("allow_out[0]"));
+        assert!(
+            widens(spec(Network::Egress, &["pypi.test", "203.0.0.0/16"], &[]))
+                .contains("allow_out[1]")
+        );
+        assert!(widens(spec(Network::Egress, &["api.example"], &[])).contains("allow_out[0]"));
+        // An offline template stays offline; a host one may go offline.
+        let none = NetworkSpec::default();
+        assert!(message(narrow_network(
+            &none,
+            &spec(Network::Egress, &[], &[]),
+            true
+        ))
+        .contains("widen"));
+        narrow_network(&spec(Network::Host, &[], &[]), &none, true).unwrap();
+        // An empty template list is the operator's default.
+        let open = spec(Network::Egress, &[], &[]);
+        narrow_network(&open, &spec(Network::Egress, &["a.test"], &[]), true).unwrap();
+        message(narrow_network(
+            &open,
+            &spec(Network::Egress, &["a.test"], &[]),
+            false,
+        ));
+    }
+}

@@ -85,8 +85,9 @@ struct SetArgs {
     #[arg(long, value_name = "MB", env = "SANDHUB_TEMPLATE_DISK_MB")]
     disk_mb: Option<u64>,
 
-    /// `none` (loopback only) or `host`.
-    #[arg(long, env = "SANDHUB_TEMPLATE_NETWORK", value_parser = ["none", "host"])]
+    /// `none` (loopback only), `host`, or `egress` (through the hub's
+    /// gateway; lists need `template set --file`).
+    #[arg(long, env = "SANDHUB_TEMPLATE_NETWORK", value_parser = ["none", "host", "egress"])]
     network: Option<String>,
 
     /// Where commands naming no cwd run (absolute; default: the image's
@@ -152,8 +153,9 @@ fn from_flags(set: SetArgs) -> Template {
         pids: set.pids,
         disk_mb: set.disk_mb,
         network: match set.network.as_deref() {
-            Some("host") => Network::Host,
-            _ => Network::None,
+            Some("host") => Network::Host.into(),
+            Some("egress") => Network::Egress.into(),
+            _ => Network::None.into(),
         },
         // Flags cannot say them; a JSON file (`template set --file`) can.
         sidecars: Vec::new(),
@@ -197,9 +199,10 @@ fn template_table(templates: &[NamedTemplate]) -> String {
                 output::optional(&x.memory_mb),
                 output::optional(&x.pids),
                 output::optional(&x.disk_mb),
-                match x.network {
+                match x.network.mode {
                     Network::None => "none".into(),
                     Network::Host => "host".into(),
+                    Network::Egress => "egress".into(),
                 },
                 output::optional(&x.root_fs),
                 output::optional(&x.seed_dir),
@@ -231,7 +234,7 @@ mod tests {
     fn files_may_carry_their_own_name() {
         let t = parse_template(r#"{"name":"py","cpu":0.5,"network":"host"}"#, "py").unwrap();
         assert_eq!(t.cpu, Some(0.5));
-        assert_eq!(t.network, Network::Host);
+        assert_eq!(t.network, Network::Host.into());
         assert!(parse_template(r#"{"name":"other"}"#, "py")
             .unwrap_err()
             .contains("other"));

@@ -51,6 +51,12 @@ pub fn claim_for(
     request: &CreateSandbox,
     now: std::time::SystemTime,
 ) -> Result<SandboxClaim, sandhub_client::Error> {
+    if request.network.is_some() {
+        return Err(sandhub_client::Error::new(
+            sandhub_api::error::Code::InvalidArgument,
+            "network on create: the kubernetes backend has no egress gateway yet (issue #27)",
+        ));
+    }
     let mut labels = request.labels.clone();
     labels.insert(TENANT_LABEL.into(), tenant_label_value(tenant));
     labels.insert(names::CREATED_BY.into(), CREATED_BY_HUB.into());

@@ -43,6 +43,10 @@ impl Hub {
             }
             if row.runtime.is_some() && self.backend.is_alive(&row) {
                 tracing::info!(id = %row.id, "re-attached to running sandbox");
+                // Its TUN device went with the old hub: offline until this.
+                if let Err(e) = self.backend.reattach(&row).await {
+                    tracing::warn!(id = %row.id, error = %e, "the egress gateway could not be re-attached; the sandbox stays offline");
+                }
                 continue;
             }
             // Stopped even without a recorded runtime: a hub killed mid-launch

@@ -17,11 +17,14 @@
 //! store/             the SQLite store (sandboxes, templates, pools, snapshots, gym envs)
 //! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
 //! disk.rs            disk-quota flags and opening the quota volume
+//! egress.rs          `network: egress`: the operator's flags, attaching a gateway
+//!                    (crate `sandhub-gateway`) to each such sandbox
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)
 //! runtime/           the namespace runtime itself (see its docs)
 //! ```
 
 pub mod disk;
+pub mod egress;
 mod hub;
 pub mod image;
 mod lifecycle;
@@ -68,6 +71,9 @@ pub struct LocalArgs {
 
     #[command(flatten)]
     pub registry: RegistryArgs,
+
+    #[command(flatten)]
+    pub egress: egress::EgressArgs,
 }
 
 /// Default of `--max-image-bytes`.
@@ -163,6 +169,7 @@ pub async fn open(
         local.allow_no_cgroup_limits,
         max_upload_bytes,
         &local.disk,
+        &local.egress,
     )
     .context("starting the local backend")?;
     local.registry.check()?;

@@ -19,6 +19,7 @@ use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 
 use super::{
     disk::DiskArgs,
+    egress::{self, Egress, EgressArgs, Recorded},
     runtime::{DiskQuotas, Launched, Runtime, RuntimeError, SandboxSpec, RESET_ROUTE},
     store::SandboxRow,
 };
@@ -48,6 +49,8 @@ pub struct LocalBackend {
     default_disk_mb: u64,
     /// Images templates name (`image:`), under `<state_dir>/images`.
     pub images: Arc<super::image::ImageStore>,
+    /// The gateways of `network: egress` sandboxes.
+    pub egress: Arc<Egress>,
 }
 
 fn runtime_error(e: RuntimeError) -> Error {
@@ -77,6 +80,7 @@ impl LocalBackend {
         allow_no_cgroup_limits: bool,
         max_upload_bytes: u64,
         disk: &DiskArgs,
+        egress: &EgressArgs,
     ) -> anyhow::Result<Self> {
         // Re-executing /proc/self/exe (not the path we were started from)
         // means a sandbox always runs this very build of sandboxd.
@@ -111,6 +115,7 @@ impl LocalBackend {
             seeds: state_dir.join("seeds"),
             quotas,
             default_disk_mb: disk.default_disk_mb,
+            egress: Arc::new(Egress::new(egress).context("--egress-* flags")?),
             images: Arc::new(
                 super::image::ImageStore::open(
                     state_dir,
@@ -199,7 +204,7 @@ impl LocalBackend {
         Ok(layer)
     }
 
-    fn spec(&self, request: &LaunchRequest<'_>) -> Result<SandboxSpec> {
+    fn spec(&self, request: &LaunchRequest<'_>, network: Network) -> Result<SandboxSpec> {
         let (row, t) = (request.row, request.template);
         let mut lower_layers = Vec::new();
         if let Some(snapshot) = &request.snapshot_layer {
@@ -265,9 +270,10 @@ impl LocalBackend {
             cpu: t.cpu,
             memory_mb: t.memory_mb,
             pids: t.pids,
-            network_host: t.network == Network::Host,
+            network_host: network == Network::Host,
             max_upload_bytes: self.max_upload_bytes,
             disk_mb,
+            egress: network == Network::Egress,
         })
     }
 }
@@ -284,14 +290,54 @@ impl LocalBackend {
     /// Starts a sandbox and returns once its sandboxd answers; the value is
     /// the backend's handle, stored with the row so a restarted hub can
     /// find the sandbox again.
+    ///
+    /// An egress sandbox gets its gateway before this returns; if that
+    /// fails, the sandbox is stopped and the launch fails.
     pub async fn launch(&self, request: LaunchRequest<'_>) -> Result<serde_json::Value> {
-        let spec = self.spec(&request)?;
+        let recorded = Recorded::for_launch(request.row, request.template);
+        let mode = recorded.mode();
+        // Parsed before anything starts: a bad list is the caller's 400.
+        let policy = match mode {
+            Network::Egress => Some(recorded.policy()?),
+            _ => None,
+        };
+        let spec = self.spec(&request, mode)?;
         let runtime = self.runtime.clone();
         let launched = tokio::task::spawn_blocking(move || runtime.launch(&spec))
             .await
             .map_err(join_error)?
             .map_err(runtime_error)?;
-        serde_json::to_value(&launched).map_err(|e| Error::internal(e.to_string()))
+        if let Some(policy) = policy {
+            if let Err(e) = self.egress.attach(&request.row.id, &launched, policy).await {
+                let (runtime, id, l) = (self.runtime.clone(), request.row.id.clone(), launched);
+                let _ = tokio::task::spawn_blocking(move || runtime.stop(&id, &l)).await;
+                return Err(e);
+            }
+        }
+        let mut value =
+            serde_json::to_value(&launched).map_err(|e| Error::internal(e.to_string()))?;
+        if mode == Network::Egress || recorded.sandbox.is_some() {
+            if let (Some(obj), Ok(r)) = (value.as_object_mut(), serde_json::to_value(&recorded)) {
+                obj.insert(egress::RECORD_KEY.into(), r);
+            }
+        }
+        Ok(value)
+    }
+
+    /// After a hub restart: gives a running egress sandbox its gateway
+    /// back, with the policy it was started with. Until then (and if this
+    /// fails) it is offline: its TUN device went with the old hub.
+    pub async fn reattach(&self, row: &SandboxRow) -> Result<()> {
+        let Some(recorded) = Recorded::of_row(row) else {
+            return Ok(());
+        };
+        if recorded.mode() != Network::Egress {
+            return Ok(());
+        }
+        let launched = Self::launched(row)?;
+        self.egress
+            .attach(&row.id, &launched, recorded.policy()?)
+            .await
     }
 
     /// A client for the sandbox's sandboxd.
@@ -302,6 +348,7 @@ impl LocalBackend {
     /// Stops every process; the workspace stays (suspend). Also when the
     /// row has no runtime recorded (a launch the hub died during).
     pub async fn stop(&self, row: &SandboxRow) -> Result<()> {
+        self.egress.detach(&row.id);
         let launched = Self::launched(row).ok();
         let (runtime, id) = (self.runtime.clone(), row.id.clone());
         tokio::task::spawn_blocking(move || match launched {
@@ -316,6 +363,7 @@ impl LocalBackend {
 
     /// Stops and removes everything the sandbox had.
     pub async fn destroy(&self, row: &SandboxRow) -> Result<()> {
+        self.egress.detach(&row.id);
         let launched = Self::launched(row).ok();
         let spec = SandboxSpec::new(row.id.clone(), self.spec_dir(&row.id));
         let runtime = self.runtime.clone();

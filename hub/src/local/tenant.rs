@@ -198,11 +198,19 @@ impl Sandboxes for TenantHub {
         };
         // Fails early with NOT_FOUND for an unknown template, and
         // PERMISSION_DENIED for one the operator no longer allows.
-        hub.effective_template(&self.tenant, &template)?;
+        let effective = hub.effective_template(&self.tenant, &template)?;
+        if let Some(n) = &req.network {
+            validate::narrow_network(
+                &effective.network,
+                n,
+                hub.backend.egress.default_allows_all(),
+            )?;
+        }
         let now = now_ms();
         let shutdown_at = req.shutdown_after_seconds.map(|s| now + (s as i64) * 1000);
         // Extra environment means a different process tree: never warm.
-        if let (Some(pool), true) = (&pool, req.env.is_empty()) {
+        // So does a narrowed network (the warm members have the template's).
+        if let (Some(pool), true) = (&pool, req.env.is_empty() && req.network.is_none()) {
             let claim = Claim {
                 tenant: &self.tenant,
                 pool: &pool.name,
@@ -231,7 +239,9 @@ impl Sandboxes for TenantHub {
             pool: None,
             claimed: true,
             forked_from: None,
-            runtime: None,
+            runtime: req
+                .network
+                .map(|n| super::egress::Recorded::pre_launch(&effective.network, n)),
         };
         let row = hub.create_cold(row).await?;
         Ok(hub.view(&row).await)

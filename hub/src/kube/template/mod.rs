@@ -152,10 +152,16 @@ pub fn refuse_local_only(t: &Template) -> Result<(), Error> {
             "the kubelet's podPidsLimit bounds a Pod's processes",
         );
     }
-    if t.network == Network::Host {
+    if t.network.mode == Network::Host {
         return no(
             "network: host",
             "a sandbox Pod never joins its node's network",
+        );
+    }
+    if t.network.mode == Network::Egress {
+        return no(
+            "network: egress",
+            "the egress gateway runs on the local backend only so far (issue #27)",
         );
     }
     Ok(())

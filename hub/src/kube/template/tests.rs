@@ -239,7 +239,7 @@ fn local_only_fields_are_refused() {
             ..Template::default()
         },
         Template {
-            network: Network::Host,
+            network: Network::Host.into(),
             ..Template::default()
         },
     ] {

@@ -55,14 +55,32 @@ pub fn prepare_host_etc(state_root: &Path) -> io::Result<PathBuf> {
     prepare_from(Path::new("/etc"), state_root)
 }
 
+/// The same copy for `network: egress` sandboxes, whose `resolv.conf`
+/// names the gateway's DNS responder instead of the host's resolver (which
+/// such a sandbox can never reach).
+pub fn prepare_egress_etc(state_root: &Path, resolv_conf: &str) -> io::Result<PathBuf> {
+    prepare_with(Path::new("/etc"), state_root, Some(resolv_conf))
+}
+
 pub(crate) fn prepare_from(etc: &Path, state_root: &Path) -> io::Result<PathBuf> {
+    prepare_with(etc, state_root, None)
+}
+
+fn prepare_with(etc: &Path, state_root: &Path, resolv: Option<&str>) -> io::Result<PathBuf> {
     let parent = state_root.join("host-etc");
     std::fs::create_dir_all(&parent)
         .map_err(|e| annotate(format!("creating {}", parent.display()), e))?;
     let mut plan = Vec::new();
     walk(etc, Path::new(""), &mut plan)
         .map_err(|e| annotate(format!("reading {}", etc.display()), e))?;
-    let final_dir = parent.join(format!("{:016x}", fingerprint(&plan)));
+    let final_dir = match resolv {
+        None => parent.join(format!("{:016x}", fingerprint(&plan))),
+        Some(r) => parent.join(format!(
+            "{:016x}-resolv-{:016x}",
+            fingerprint(&plan),
+            fnv(r.as_bytes())
+        )),
+    };
     if final_dir.is_dir() {
         return Ok(final_dir);
     }
@@ -73,7 +91,16 @@ pub(crate) fn prepare_from(etc: &Path, state_root: &Path) -> io::Result<PathBuf>
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ));
-    let built = copy(etc, &tmp, &plan).and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
+    let built = copy(etc, &tmp, &plan)
+        .and_then(|()| match resolv {
+            Some(r) => {
+                let path = tmp.join("resolv.conf");
+                let _ = std::fs::remove_file(&path);
+                std::fs::write(&path, r)
+            }
+            None => Ok(()),
+        })
+        .and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
     if let Err(e) = built {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(annotate(
@@ -176,6 +203,12 @@ fn walk(root: &Path, rel: &Path, plan: &mut Vec<Entry>) -> io::Result<()> {
 
 /// FNV-1a over everything that defines the copy's content; stable across
 /// Rust versions, unlike `DefaultHasher`.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 fn fingerprint(plan: &[Entry]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -286,6 +319,14 @@ mod tests {
         assert!(resolv.is_file(), "resolv.conf is dereferenced");
         // Unchanged source: the same copy is reused.
         assert_eq!(prepare_from(e, state.path()).unwrap(), out);
+        // The egress copy differs only in resolv.conf.
+        let eg = prepare_with(e, state.path(), Some("nameserver 100.127.0.1\n")).unwrap();
+        assert_ne!(eg, out);
+        assert_eq!(
+            fs::read_to_string(eg.join("resolv.conf")).unwrap(),
+            "nameserver 100.127.0.1\n"
+        );
+        assert!(eg.join("passwd").is_file());
         fs::write(e.join("hosts"), "127.0.0.1 localhost\n").unwrap();
         assert_ne!(prepare_from(e, state.path()).unwrap(), out);
     }

@@ -35,6 +35,11 @@ use super::{
 };
 
 /// How long a sandbox may take to answer before launch gives up.
+/// `/etc/resolv.conf` of an egress sandbox: the gateway's DNS responder
+/// (`sandhub_gateway::policy::internal::GATEWAY`; a test checks they agree).
+pub const EGRESS_RESOLV_CONF: &str =
+    "# sandhub: the egress gateway answers here\nnameserver 100.127.0.1\n";
+
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long processes may take to die after SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -80,6 +85,11 @@ pub struct SandboxSpec {
     /// applied when the runtime has disk quotas.
     #[serde(default)]
     pub disk_mb: Option<u64>,
+    /// `network: egress`: the sandbox's `/etc/resolv.conf` names the
+    /// gateway's DNS responder (the hub attaches the gateway itself once
+    /// the sandbox runs). Only with the host's `/etc` (no `root_fs`).
+    #[serde(default)]
+    pub egress: bool,
 }
 
 impl SandboxSpec {
@@ -101,6 +111,7 @@ impl SandboxSpec {
             network_host: false,
             max_upload_bytes: 0,
             disk_mb: None,
+            egress: false,
         }
     }
 
@@ -147,6 +158,8 @@ pub struct Runtime {
     cgroups: Option<Backend>,
     idmap: IdMap,
     host_etc: PathBuf,
+    /// The `/etc` copy of egress sandboxes, made on first use.
+    egress_etc: std::sync::Mutex<Option<PathBuf>>,
     log_filter: String,
     /// Disk quotas (issue #12 row 6); `None`: sandboxes write without limit.
     disk_quotas: Option<Arc<DiskQuotas>>,
@@ -208,6 +221,7 @@ impl Runtime {
             cgroups,
             idmap: IdMap::for_current_user(),
             host_etc,
+            egress_etc: std::sync::Mutex::new(None),
             log_filter,
             disk_quotas: None,
         })
@@ -239,6 +253,18 @@ impl Runtime {
 
     /// Starts a sandbox and returns once its sandboxd accepts connections
     /// on both sockets. On error nothing of the attempt keeps running.
+    /// The sanitized `/etc` whose `resolv.conf` names the egress gateway.
+    fn egress_etc(&self) -> Result<PathBuf, RuntimeError> {
+        let mut slot = self.egress_etc.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let p = hostetc::prepare_egress_etc(&self.state_root, EGRESS_RESOLV_CONF)
+            .ctx(|| "preparing the egress sandboxes' /etc".to_string())?;
+        *slot = Some(p.clone());
+        Ok(p)
+    }
+
     pub fn launch(&self, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
         let started = Instant::now();
         validate_id(&spec.id)?;
@@ -323,7 +349,11 @@ impl Runtime {
             state_dir: abs(&dirs.root),
             lower_layers: spec.lower_layers.iter().map(|p| abs(p)).collect(),
             root_fs: spec.root_fs.as_deref().map(abs),
-            host_etc: self.host_etc.clone(),
+            host_etc: if spec.egress {
+                self.egress_etc()?
+            } else {
+                self.host_etc.clone()
+            },
             env: spec.env.clone(),
             workdir: spec.workdir.clone(),
             user: spec.user.clone(),

@@ -94,7 +94,7 @@ pub mod workspace;
 pub use error::RuntimeError;
 pub use hostetc::prepare_host_etc;
 pub use idmap::{IdMap, HOST_ID_BASE};
-pub use launch::{Launched, Runtime, SandboxSpec};
+pub use launch::{Launched, Runtime, SandboxSpec, EGRESS_RESOLV_CONF};
 pub use mounts::host_memory_kib;
 pub use netns::{NetNs, NsSockets};
 pub use probe::{probe, probe_at, Check, HostSupport};

@@ -83,6 +83,11 @@ impl NetNs {
         Ok(NetNs(ns))
     }
 
+    /// The namespace's fd (for the egress gateway's TUN device).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.0
+    }
+
     /// Runs `f` on a fresh thread that has entered this namespace.
     fn inside<T: Send + 'static>(
         &self,

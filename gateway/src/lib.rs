@@ -1,0 +1,164 @@
+//! The egress gateway (issue #27): the only way out of a sandbox whose
+//! network is `egress`.
+//!
+//! The sandbox keeps its own network namespace. Its one interface besides
+//! `lo` is a TUN device whose other end is a file descriptor the hub holds;
+//! its default route points there. Every packet it sends reaches this
+//! crate, which runs a user-space TCP stack (smoltcp) on it, answers DNS
+//! itself, and opens real connections from the host only for flows the
+//! policy allows. Nothing the workload does inside (it may be root there)
+//! opens another path: it can delete the route (then nothing leaves), add
+//! addresses or devices (they lead nowhere: there is no other link), or
+//! send to any address (it all arrives here).
+//!
+//! # Layout
+//!
+//! ```text
+//! lib.rs      Config, Limits, start() -> Gateway (drop stops it), host_addresses()
+//! policy.rs   the decision: always-closed and private ranges, deny and
+//!             allow layers (pure; unit-tested)
+//! dns/        wire.rs (parse/build the few DNS messages), fakeip.rs (the
+//!             per-sandbox name <-> fake IP pool), mod.rs (the sandbox-side
+//!             responder, the upstream resolve)
+//! tun.rs      making and configuring the TUN device inside a namespace
+//! stack.rs    the per-sandbox loop: TUN <-> smoltcp <-> real sockets
+//! ```
+//!
+//! # Why smoltcp
+//!
+//! The gateway must decide, and connect upstream, *before* the workload's
+//! handshake completes: a denied or unreachable destination must look
+//! refused (RST), never accepted-then-dropped. smoltcp lets the loop hold a
+//! SYN and make a socket listen on exactly that destination only once the
+//! real connection exists; stacks that accept every SYN by themselves
+//! (the `ipstack` family) cannot. It is also poll-driven and
+//! single-threaded, with socket buffers we size, so each sandbox's memory
+//! has a bound we set, and it needs no other dependency.
+//!
+//! Depends on `api` (the policy language) only: never on `hub`.
+
+pub mod dns;
+pub mod policy;
+mod stack;
+pub mod tun;
+
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+    os::fd::OwnedFd,
+    sync::Arc,
+    time::Duration,
+};
+
+pub use policy::{OperatorPolicy, SandboxPolicy};
+
+/// Per-sandbox bounds.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Flows open or connecting at once; more SYNs are refused.
+    pub max_flows: usize,
+    /// smoltcp's buffer per direction per flow, in bytes.
+    pub socket_buffer: usize,
+    /// Names holding a fake IP at once.
+    pub fake_pool: u32,
+    /// One upstream DNS try (there are two).
+    pub dns_timeout: Duration,
+    /// One upstream connect.
+    pub connect_timeout: Duration,
+    /// An open flow that moves no byte either way this long is reset, so
+    /// forgotten connections give their slot back.
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_flows: 256,
+            socket_buffer: 64 * 1024,
+            fake_pool: 4096,
+            dns_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What every sandbox's gateway on one hub shares.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `--egress-dns`: where names are resolved.
+    pub upstream_dns: SocketAddr,
+    pub operator: OperatorPolicy,
+    pub limits: Limits,
+}
+
+/// A running gateway; dropping it stops the loop, closes every flow and
+/// the TUN fd (the kernel then removes the device: the sandbox is
+/// offline).
+pub struct Gateway {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Gateway {
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+}
+
+/// Starts the loop for one sandbox on `tun` (from [`tun::create_in`]),
+/// answering DNS on `loopback_dns` too when given. Must be called inside
+/// a tokio runtime.
+pub fn start(
+    tun: OwnedFd,
+    loopback_dns: Option<std::net::UdpSocket>,
+    cfg: Arc<Config>,
+    policy: SandboxPolicy,
+    sandbox: String,
+) -> io::Result<Gateway> {
+    let lo_dns = loopback_dns
+        .map(tokio::net::UdpSocket::from_std)
+        .transpose()?;
+    let l = stack::Loop::new(sandbox, cfg, policy, tun, lo_dns)?;
+    Ok(Gateway {
+        task: tokio::spawn(l.run()),
+    })
+}
+
+/// The host's own addresses (every interface's): always closed, since
+/// the hub and anything else on the host listen there.
+pub fn host_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list we walk read-only and free once.
+    unsafe {
+        if libc::getifaddrs(&mut head) != 0 {
+            return out;
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let a = (*cur).ifa_addr;
+            if !a.is_null() {
+                match (*a).sa_family as libc::c_int {
+                    libc::AF_INET => {
+                        let sin = &*(a as *const libc::sockaddr_in);
+                        out.push(IpAddr::V4(u32::from_be(sin.sin_addr.s_addr).into()));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(a as *const libc::sockaddr_in6);
+                        out.push(IpAddr::V6(sin6.sin6_addr.s6_addr.into()));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(head);
+    }
+    out
+}

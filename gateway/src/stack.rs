@@ -1,0 +1,785 @@
+//! One sandbox's gateway loop: packets from the TUN fd in, through a
+//! smoltcp interface, and out to real sockets the hub opens.
+//!
+//! # A connection's life
+//!
+//! 1. The workload's SYN arrives. It never reaches smoltcp directly:
+//!    [`Loop::on_packet`] takes every SYN aside, finds the name behind a
+//!    fake IP, and asks the policy (lists and static ranges). A refusal
+//!    feeds the SYN to smoltcp with no socket listening, and smoltcp
+//!    answers RST at once: the workload sees "connection refused".
+//! 2. Allowed so far: the SYN is held (its retransmissions dropped) while
+//!    a task resolves the name upstream, checks every address again
+//!    (closed ranges, the host's own addresses, deny CIDRs: DNS rebinding
+//!    stops here) and connects, within `connect_timeout`.
+//! 3. Connected: a smoltcp socket listens on exactly that destination, the
+//!    held SYN goes in, and the handshake completes, so the workload never
+//!    sees an accepted connection that goes nowhere. Failed: the SYN goes
+//!    in with no listener, and RST.
+//! 4. Data moves through two bounded channels per flow, one task reading
+//!    the real socket and one writing it; the loop moves bytes between the
+//!    channels and the smoltcp socket buffers only while the other side
+//!    has room, so a slow side closes the TCP window instead of growing a
+//!    buffer.
+//!
+//! Bounds: at most `max_flows` flows (open or connecting), `socket_buffer`
+//! bytes per direction per flow in smoltcp plus [`CHANNEL_CHUNKS`] chunks
+//! of [`CHUNK`] bytes per direction in the channels; the fake-IP pool at
+//! `fake_pool` names; [`MAX_TX_QUEUE`] packets waiting for the TUN.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    io,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    os::fd::{AsRawFd, OwnedFd},
+    sync::Arc,
+    time::Duration,
+};
+
+use smoltcp::{
+    iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet},
+    phy::{Device, DeviceCapabilities, Medium},
+    socket::tcp,
+    time::Instant as SmolInstant,
+    wire::{
+        HardwareAddress, IpAddress, IpCidr, IpListenEndpoint, IpProtocol, Ipv4Packet, TcpPacket,
+        UdpPacket,
+    },
+};
+use tokio::{
+    io::{unix::AsyncFd, AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    sync::{mpsc, Notify},
+    task::{AbortHandle, JoinSet},
+};
+
+use crate::{
+    dns::{self, fakeip::FakePool},
+    policy::{self, internal, Flow as PolicyFlow, Proto, SandboxPolicy},
+    tun::MTU,
+    Config,
+};
+
+/// Bytes one read of a real socket moves at most.
+const CHUNK: usize = 16 * 1024;
+/// Chunks queued per direction per flow.
+const CHANNEL_CHUNKS: usize = 4;
+/// Packets read from the TUN per wake-up before the stack runs.
+const READ_BATCH: usize = 64;
+/// Packets waiting to be written to the TUN; more are dropped (TCP resends).
+const MAX_TX_QUEUE: usize = 1024;
+
+/// The packets between the TUN fd and smoltcp.
+struct Queues {
+    rx: VecDeque<Vec<u8>>,
+    tx: VecDeque<Vec<u8>>,
+}
+
+struct RxToken(Vec<u8>);
+struct TxToken<'a>(&'a mut VecDeque<Vec<u8>>);
+
+impl smoltcp::phy::RxToken for RxToken {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(&self.0)
+    }
+}
+
+impl smoltcp::phy::TxToken for TxToken<'_> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        let mut buf = vec![0u8; len];
+        let r = f(&mut buf);
+        if self.0.len() < MAX_TX_QUEUE {
+            self.0.push_back(buf);
+        }
+        r
+    }
+}
+
+impl Device for Queues {
+    type RxToken<'a> = RxToken;
+    type TxToken<'a> = TxToken<'a>;
+
+    fn receive(&mut self, _: SmolInstant) -> Option<(RxToken, TxToken<'_>)> {
+        let p = self.rx.pop_front()?;
+        Some((RxToken(p), TxToken(&mut self.tx)))
+    }
+
+    fn transmit(&mut self, _: SmolInstant) -> Option<TxToken<'_>> {
+        Some(TxToken(&mut self.tx))
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut c = DeviceCapabilities::default();
+        c.medium = Medium::Ip;
+        c.max_transmission_unit = MTU;
+        c
+    }
+}
+
+/// (sandbox address, sandbox port, destination, destination port).
+type Key = (Ipv4Addr, u16, Ipv4Addr, u16);
+
+enum Up {
+    Data(Vec<u8>),
+    Eof,
+    Failed,
+}
+
+struct Open {
+    handle: SocketHandle,
+    to_up: Option<mpsc::Sender<Vec<u8>>>,
+    from_up: mpsc::Receiver<Up>,
+    /// A chunk from upstream not yet all in the socket, and how far.
+    out: Option<(Vec<u8>, usize)>,
+    up_done: bool,
+    closing: bool,
+    tasks: [AbortHandle; 2],
+    /// When a byte last moved either way.
+    active: std::time::Instant,
+    /// `abort()` was called: smoltcp sends the RST on its next poll, so
+    /// the socket must live until then.
+    reset_pending: bool,
+}
+
+enum Woke {
+    Packets(Vec<Vec<u8>>, Option<io::Error>),
+    Event(Event),
+    LoopbackDns(Vec<u8>, SocketAddr),
+    Other,
+}
+
+enum Event {
+    Connected(Key, TcpStream),
+    /// The name (if any) and why, for the log.
+    Refused(Key, Option<String>, String),
+}
+
+pub(crate) struct Loop {
+    sandbox: String,
+    cfg: Arc<Config>,
+    policy: SandboxPolicy,
+    tun: AsyncFd<OwnedFd>,
+    iface: Interface,
+    dev: Queues,
+    sockets: SocketSet<'static>,
+    pool: FakePool,
+    pending: HashMap<Key, Vec<u8>>,
+    open: HashMap<Key, Open>,
+    tasks: JoinSet<()>,
+    wake: Arc<Notify>,
+    events_tx: mpsc::Sender<Event>,
+    events: mpsc::Receiver<Event>,
+    log: LogBudget,
+    /// The responder on the sandbox's `127.0.0.1:53`.
+    lo_dns: Option<tokio::net::UdpSocket>,
+}
+
+/// A datagram on `s`, or never when there is no socket.
+async fn recv_dns(
+    s: &Option<tokio::net::UdpSocket>,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr)> {
+    match s {
+        Some(s) => s.recv_from(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Decision lines a sandbox may put in the hub's log per window: a
+/// workload that dials a closed address in a loop must not fill the
+/// hub's disk. Past the budget, one line says how many were left out.
+struct LogBudget {
+    window: std::time::Instant,
+    used: u32,
+    dropped: u64,
+}
+
+impl LogBudget {
+    const PER_WINDOW: u32 = 20;
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        LogBudget {
+            window: std::time::Instant::now(),
+            used: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Whether one more line may be logged now.
+    fn admit(&mut self) -> bool {
+        if self.window.elapsed() >= Self::WINDOW {
+            if self.dropped > 0 {
+                tracing::info!(
+                    dropped = self.dropped,
+                    "egress: decisions left out of the log"
+                );
+            }
+            *self = LogBudget::new();
+        }
+        if self.used < Self::PER_WINDOW {
+            self.used += 1;
+            return true;
+        }
+        self.dropped += 1;
+        false
+    }
+}
+
+impl Loop {
+    pub(crate) fn new(
+        sandbox: String,
+        cfg: Arc<Config>,
+        policy: SandboxPolicy,
+        tun: OwnedFd,
+        lo_dns: Option<tokio::net::UdpSocket>,
+    ) -> io::Result<Loop> {
+        // SAFETY: an OwnedFd is a valid fd that stays open as long as the
+        // AsyncFd owns it.
+        let tun = unsafe { AsyncFd::register_with_interest(tun, tokio::io::Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        let mut dev = Queues {
+            rx: VecDeque::new(),
+            tx: VecDeque::new(),
+        };
+        let mut config = IfaceConfig::new(HardwareAddress::Ip);
+        config.random_seed = rand::random();
+        let mut iface = Interface::new(config, &mut dev, SmolInstant::now());
+        iface.update_ip_addrs(|a| {
+            let _ = a.push(IpCidr::new(
+                IpAddress::Ipv4(internal::GATEWAY),
+                internal::PREFIX,
+            ));
+        });
+        // Any destination is "ours" (AnyIP) when routed via our own address.
+        iface.set_any_ip(true);
+        iface
+            .routes_mut()
+            .add_default_ipv4_route(internal::GATEWAY)
+            .map_err(|_| io::Error::other("smoltcp route table full"))?;
+        let fake_cap = cfg
+            .limits
+            .fake_pool
+            .clamp(1, (1 << (32 - internal::FAKE_PREFIX)) - 2);
+        let (events_tx, events) = mpsc::channel(cfg.limits.max_flows.max(1));
+        Ok(Loop {
+            sandbox,
+            pool: FakePool::new(internal::FAKE_NET, fake_cap),
+            cfg,
+            policy,
+            tun,
+            iface,
+            dev,
+            sockets: SocketSet::new(Vec::new()),
+            pending: HashMap::new(),
+            open: HashMap::new(),
+            tasks: JoinSet::new(),
+            wake: Arc::new(Notify::new()),
+            events_tx,
+            events,
+            log: LogBudget::new(),
+            lo_dns,
+        })
+    }
+
+    pub(crate) async fn run(mut self) {
+        let mut buf = vec![0u8; MTU + 64];
+        let mut dns_buf = vec![0u8; crate::dns::wire::MAX_MESSAGE];
+        loop {
+            let delay = self
+                .iface
+                .poll_delay(SmolInstant::now(), &self.sockets)
+                .map(|d| Duration::from_micros(d.total_micros()))
+                .unwrap_or(Duration::from_secs(5))
+                .min(Duration::from_secs(5));
+            let woke = tokio::select! {
+                r = self.tun.readable() => match r {
+                    Ok(mut guard) => {
+                        let mut batch = Vec::new();
+                        let mut failed = None;
+                        while batch.len() < READ_BATCH {
+                            let fd = guard.get_inner().as_raw_fd();
+                            // SAFETY: read(2) into a buffer we own.
+                            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                            if n > 0 {
+                                batch.push(buf[..n as usize].to_vec());
+                                continue;
+                            }
+                            let e = io::Error::last_os_error();
+                            match e.kind() {
+                                _ if n == 0 => failed = Some(io::Error::other("end of file")),
+                                io::ErrorKind::WouldBlock => guard.clear_ready(),
+                                io::ErrorKind::Interrupted => continue,
+                                _ => failed = Some(e),
+                            }
+                            break;
+                        }
+                        Woke::Packets(batch, failed)
+                    }
+                    Err(e) => Woke::Packets(Vec::new(), Some(e)),
+                },
+                Some(ev) = self.events.recv() => Woke::Event(ev),
+                r = recv_dns(&self.lo_dns, &mut dns_buf) => match r {
+                    Ok((n, from)) => Woke::LoopbackDns(dns_buf[..n].to_vec(), from),
+                    Err(_) => Woke::Other,
+                },
+                _ = self.wake.notified() => Woke::Other,
+                Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => Woke::Other,
+                _ = tokio::time::sleep(delay) => Woke::Other,
+            };
+            match woke {
+                Woke::Packets(batch, failed) => {
+                    for pkt in batch {
+                        self.on_packet(pkt);
+                    }
+                    if let Some(e) = failed {
+                        tracing::warn!(sandbox = %self.sandbox, error = %e, "egress: the TUN is gone; the gateway stops");
+                        return;
+                    }
+                }
+                Woke::Event(ev) => self.on_event(ev),
+                Woke::LoopbackDns(msg, from) => {
+                    let answer =
+                        dns::respond(&self.cfg.operator, &self.policy, &mut self.pool, &msg);
+                    if let (Some(a), Some(s)) = (answer, &self.lo_dns) {
+                        // Non-blocking: a full socket buffer drops the answer.
+                        let _ = s.try_send_to(&a, from);
+                    }
+                }
+                Woke::Other => {}
+            }
+            self.step();
+        }
+    }
+
+    /// Polls smoltcp, moves bytes, polls again, writes what it sent.
+    fn step(&mut self) {
+        self.iface
+            .poll(SmolInstant::now(), &mut self.dev, &mut self.sockets);
+        self.pump();
+        self.iface
+            .poll(SmolInstant::now(), &mut self.dev, &mut self.sockets);
+        let fd = self.tun.get_ref().as_raw_fd();
+        while let Some(p) = self.dev.tx.pop_front() {
+            // SAFETY: write(2) of a buffer we own. A full TUN queue drops
+            // the packet, as a wire would.
+            unsafe { libc::write(fd, p.as_ptr().cast(), p.len()) };
+        }
+    }
+
+    fn on_packet(&mut self, pkt: Vec<u8>) {
+        let Ok(ip) = Ipv4Packet::new_checked(&pkt[..]) else {
+            return; // IPv6 and junk: the sandbox has no IPv6 route out.
+        };
+        if ip.more_frags() || ip.frag_offset() != 0 {
+            return;
+        }
+        let (src, dst) = (ip.src_addr(), ip.dst_addr());
+        match ip.next_header() {
+            IpProtocol::Udp => {
+                let Ok(udp) = UdpPacket::new_checked(ip.payload()) else {
+                    return;
+                };
+                if dst == internal::GATEWAY && udp.dst_port() == 53 {
+                    let answer = dns::respond(
+                        &self.cfg.operator,
+                        &self.policy,
+                        &mut self.pool,
+                        udp.payload(),
+                    );
+                    if let Some(a) = answer {
+                        let p = udp_packet(internal::GATEWAY, 53, src, udp.src_port(), &a);
+                        if self.dev.tx.len() < MAX_TX_QUEUE {
+                            self.dev.tx.push_back(p);
+                        }
+                    }
+                } else {
+                    tracing::debug!(sandbox = %self.sandbox, %dst, port = udp.dst_port(), "egress: UDP dropped");
+                }
+            }
+            IpProtocol::Tcp => {
+                let Ok(tcp) = TcpPacket::new_checked(ip.payload()) else {
+                    return;
+                };
+                let key = (src, tcp.src_port(), dst, tcp.dst_port());
+                if tcp.syn() && !tcp.ack() && !self.open.contains_key(&key) {
+                    if !self.pending.contains_key(&key) {
+                        self.on_syn(key, pkt);
+                    }
+                    return;
+                }
+                self.dev.rx.push_back(pkt);
+            }
+            _ => {} // ICMP and the rest: nothing answers.
+        }
+    }
+
+    /// Sends the SYN into smoltcp with no socket listening: RST.
+    fn refuse(&mut self, syn: Vec<u8>) {
+        self.dev.rx.push_front(syn);
+    }
+
+    fn on_syn(&mut self, key: Key, syn: Vec<u8>) {
+        let (_, _, dst, port) = key;
+        let dst_ip = IpAddr::V4(dst);
+        let name = if cidr_has(internal::FAKE_NET, internal::FAKE_PREFIX, dst) {
+            match self.pool.lookup(dst) {
+                Some(n) => Some(n.to_string()),
+                None => {
+                    tracing::debug!(sandbox = %self.sandbox, %dst, "egress: a fake IP no name holds");
+                    return self.refuse(syn);
+                }
+            }
+        } else {
+            None
+        };
+        let flow = PolicyFlow {
+            name: name.as_deref(),
+            ip: name.is_none().then_some(dst_ip),
+            port,
+            proto: Proto::Tcp,
+        };
+        let verdict = match flow.ip {
+            Some(ip) => self
+                .cfg
+                .operator
+                .address_open(ip, &[])
+                .and_then(|()| self.policy.lists_allow(&self.cfg.operator, &flow)),
+            None => self.policy.lists_allow(&self.cfg.operator, &flow),
+        };
+        if let Err(why) = verdict {
+            if self.log.admit() {
+                tracing::info!(sandbox = %self.sandbox, name = name.as_deref().unwrap_or(""), %dst, port, %why, "egress: denied");
+            }
+            return self.refuse(syn);
+        }
+        if self.open.len() + self.pending.len() >= self.cfg.limits.max_flows {
+            if self.log.admit() {
+                tracing::info!(sandbox = %self.sandbox, max = self.cfg.limits.max_flows, "egress: too many flows; refused");
+            }
+            return self.refuse(syn);
+        }
+        self.pending.insert(key, syn);
+        let cfg = self.cfg.clone();
+        let policy = self.policy.clone();
+        let events = self.events_tx.clone();
+        self.tasks.spawn(async move {
+            let ev = match connect(&cfg, &policy, name.as_deref(), dst_ip, port).await {
+                Ok(s) => Event::Connected(key, s),
+                Err(why) => Event::Refused(key, name, why),
+            };
+            let _ = events.send(ev).await;
+        });
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Refused(key, name, why) => {
+                if self.log.admit() {
+                    let (_, _, dst, port) = key;
+                    tracing::info!(sandbox = %self.sandbox, name = name.as_deref().unwrap_or(""), %dst, port, %why, "egress: refused");
+                }
+                if let Some(syn) = self.pending.remove(&key) {
+                    self.refuse(syn);
+                }
+            }
+            Event::Connected(key, stream) => {
+                let Some(syn) = self.pending.remove(&key) else {
+                    return;
+                };
+                let size = self.cfg.limits.socket_buffer;
+                let mut sock = tcp::Socket::new(
+                    tcp::SocketBuffer::new(vec![0; size]),
+                    tcp::SocketBuffer::new(vec![0; size]),
+                );
+                sock.set_nagle_enabled(false);
+                let (_, _, dst, port) = key;
+                let ep = IpListenEndpoint {
+                    addr: Some(IpAddress::Ipv4(dst)),
+                    port,
+                };
+                if sock.listen(ep).is_err() {
+                    return self.refuse(syn);
+                }
+                let handle = self.sockets.add(sock);
+                // The held SYN first, while this socket is the only one
+                // listening there.
+                self.dev.rx.push_front(syn);
+                self.iface
+                    .poll(SmolInstant::now(), &mut self.dev, &mut self.sockets);
+                if self.sockets.get::<tcp::Socket>(handle).state() == tcp::State::Listen {
+                    // smoltcp did not take the SYN: nothing to carry.
+                    self.sockets.remove(handle);
+                    return;
+                }
+                let (mut rd, mut wr) = stream.into_split();
+                let (to_up, mut up_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
+                let (up_tx, from_up) = mpsc::channel::<Up>(CHANNEL_CHUNKS);
+                let wake = self.wake.clone();
+                let reader = self.tasks.spawn(async move {
+                    let mut buf = vec![0u8; CHUNK];
+                    loop {
+                        let msg = match rd.read(&mut buf).await {
+                            Ok(0) => Up::Eof,
+                            Ok(n) => Up::Data(buf[..n].to_vec()),
+                            Err(_) => Up::Failed,
+                        };
+                        let last = !matches!(msg, Up::Data(_));
+                        if up_tx.send(msg).await.is_err() {
+                            return;
+                        }
+                        wake.notify_one();
+                        if last {
+                            return;
+                        }
+                    }
+                });
+                let wake = self.wake.clone();
+                let writer = self.tasks.spawn(async move {
+                    while let Some(chunk) = up_rx.recv().await {
+                        if wr.write_all(&chunk).await.is_err() {
+                            return;
+                        }
+                        wake.notify_one();
+                    }
+                    let _ = wr.shutdown().await;
+                });
+                self.open.insert(
+                    key,
+                    Open {
+                        handle,
+                        to_up: Some(to_up),
+                        from_up,
+                        out: None,
+                        up_done: false,
+                        closing: false,
+                        tasks: [reader, writer],
+                        active: std::time::Instant::now(),
+                        reset_pending: false,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Moves bytes between every open flow's socket and its channels, and
+    /// forgets flows whose socket is closed.
+    fn pump(&mut self) {
+        let idle = self.cfg.limits.idle_timeout;
+        let mut done = Vec::new();
+        for (key, f) in self.open.iter_mut() {
+            let sock = self.sockets.get_mut::<tcp::Socket>(f.handle);
+            // Sandbox -> upstream, while the channel has room.
+            while sock.can_recv() {
+                let Some(tx) = &f.to_up else { break };
+                match tx.try_reserve() {
+                    Ok(permit) => {
+                        let data = sock
+                            .recv(|b| {
+                                let n = b.len().min(CHUNK);
+                                (n, b[..n].to_vec())
+                            })
+                            .unwrap_or_default();
+                        if !data.is_empty() {
+                            f.active = std::time::Instant::now();
+                        }
+                        permit.send(data);
+                    }
+                    Err(mpsc::error::TrySendError::Full(())) => break,
+                    Err(mpsc::error::TrySendError::Closed(())) => {
+                        sock.abort();
+                        f.reset_pending = true;
+                        break;
+                    }
+                }
+            }
+            // (`may_recv` is false before the handshake ends too: only a
+            // state past a received FIN counts.)
+            let fin_received = matches!(
+                sock.state(),
+                tcp::State::CloseWait
+                    | tcp::State::LastAck
+                    | tcp::State::Closing
+                    | tcp::State::TimeWait
+                    | tcp::State::Closed
+            );
+            if fin_received && sock.recv_queue() == 0 {
+                // The workload sent FIN: the writer shuts the real socket's
+                // write side once the channel drains.
+                f.to_up = None;
+            }
+            // Upstream -> sandbox, while the socket has room.
+            loop {
+                if let Some((buf, off)) = &mut f.out {
+                    if !sock.can_send() {
+                        break;
+                    }
+                    match sock.send_slice(&buf[*off..]) {
+                        Ok(n) => {
+                            *off += n;
+                            if n > 0 {
+                                f.active = std::time::Instant::now();
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                    if *off < buf.len() {
+                        break;
+                    }
+                    f.out = None;
+                    continue;
+                }
+                if f.up_done {
+                    break;
+                }
+                match f.from_up.try_recv() {
+                    Ok(Up::Data(v)) => f.out = Some((v, 0)),
+                    Ok(Up::Eof) | Err(mpsc::error::TryRecvError::Disconnected) => f.up_done = true,
+                    Ok(Up::Failed) => {
+                        f.up_done = true;
+                        sock.abort();
+                        f.reset_pending = true;
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                }
+            }
+            if f.active.elapsed() >= idle && sock.is_open() {
+                sock.abort();
+                f.reset_pending = true;
+            }
+            if f.up_done && f.out.is_none() && !f.closing {
+                sock.close();
+                f.closing = true;
+            }
+            if matches!(sock.state(), tcp::State::Closed | tcp::State::TimeWait) {
+                if f.reset_pending {
+                    // Kept for one more poll, which sends the RST.
+                    f.reset_pending = false;
+                } else {
+                    done.push(*key);
+                }
+            }
+        }
+        for key in done {
+            if let Some(f) = self.open.remove(&key) {
+                for t in &f.tasks {
+                    t.abort();
+                }
+                self.sockets.remove(f.handle);
+            }
+        }
+    }
+}
+
+fn cidr_has(net: Ipv4Addr, prefix: u8, ip: Ipv4Addr) -> bool {
+    let mask = if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - prefix as u32)
+    };
+    u32::from(ip) & mask == u32::from(net)
+}
+
+/// Resolves (for a name), checks every address again, connects.
+async fn connect(
+    cfg: &Config,
+    policy: &SandboxPolicy,
+    name: Option<&str>,
+    literal: IpAddr,
+    port: u16,
+) -> Result<TcpStream, String> {
+    let addrs = match name {
+        Some(n) => dns::resolve(cfg.upstream_dns, n, cfg.limits.dns_timeout)
+            .await
+            .map_err(|e| e.to_string())?,
+        None => vec![literal],
+    };
+    let host = crate::host_addresses();
+    let mut last = String::from("no address");
+    for ip in addrs.into_iter().take(4) {
+        let flow = PolicyFlow {
+            name,
+            ip: Some(ip),
+            port,
+            proto: Proto::Tcp,
+        };
+        if let Err(why) = policy::decide(&cfg.operator, policy, &flow, &host) {
+            last = why.to_string();
+            continue;
+        }
+        match tokio::time::timeout(
+            cfg.limits.connect_timeout,
+            TcpStream::connect(SocketAddr::new(ip, port)),
+        )
+        .await
+        {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = format!("{ip}:{port}: {e}"),
+            Err(_) => last = format!("{ip}:{port}: connect timed out"),
+        }
+    }
+    Err(last)
+}
+
+/// An IPv4/UDP packet (UDP checksum 0: none, which IPv4 allows).
+fn udp_packet(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let total = 20 + 8 + payload.len();
+    let mut p = Vec::with_capacity(total);
+    p.extend_from_slice(&[0x45, 0]);
+    p.extend_from_slice(&(total as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]); // id, DF, TTL, UDP, checksum
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    let sum = ipv4_checksum(&p[..20]);
+    p[10..12].copy_from_slice(&sum.to_be_bytes());
+    p.extend_from_slice(&sport.to_be_bytes());
+    p.extend_from_slice(&dport.to_be_bytes());
+    p.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(payload);
+    p
+}
+
+fn ipv4_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+        .sum();
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_answers_are_valid_ipv4() {
+        let p = udp_packet(internal::GATEWAY, 53, internal::SANDBOX, 40000, b"hello");
+        let ip = Ipv4Packet::new_checked(&p[..]).unwrap();
+        assert!(ip.verify_checksum());
+        assert_eq!(ip.dst_addr(), internal::SANDBOX);
+        let udp = UdpPacket::new_checked(ip.payload()).unwrap();
+        assert_eq!(udp.dst_port(), 40000);
+        assert_eq!(udp.payload(), b"hello");
+    }
+
+    #[test]
+    fn fake_range_membership() {
+        assert!(cidr_has(
+            internal::FAKE_NET,
+            internal::FAKE_PREFIX,
+            Ipv4Addr::new(100, 127, 200, 1)
+        ));
+        assert!(!cidr_has(
+            internal::FAKE_NET,
+            internal::FAKE_PREFIX,
+            internal::GATEWAY
+        ));
+    }
+}

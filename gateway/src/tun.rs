@@ -1,0 +1,187 @@
+//! The sandbox's only way out: a TUN device made inside its network
+//! namespace, whose fd the hub keeps.
+//!
+//! A short-lived thread `setns()`es into the namespace (the hub's tokio
+//! threads never change namespace), opens `/dev/net/tun` (a path of the
+//! host's mount namespace: the thread changed only its network namespace),
+//! names the device [`IFNAME`], gives it [`internal::SANDBOX`]/16, brings it
+//! up and points the default route at it, all with plain ioctls on a
+//! socket made in the namespace.
+//!
+//! The device is not persistent: when the hub closes the fd (it stops the
+//! gateway, or dies), the kernel removes the device and its routes, and
+//! the sandbox is offline: it fails closed.
+
+use std::{
+    io,
+    net::Ipv4Addr,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+};
+
+use crate::policy::internal;
+
+/// The device's name inside the sandbox.
+pub const IFNAME: &str = "egress0";
+/// Its MTU; the user-space stack uses the same.
+pub const MTU: usize = 1500;
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+/// `struct ifreq`: a name and a 24-byte union, of which we use the
+/// address, the flags and the MTU.
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    data: [u8; 24],
+}
+
+impl IfReq {
+    fn new() -> Self {
+        let mut r = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            data: [0; 24],
+        };
+        r.name[..IFNAME.len()].copy_from_slice(IFNAME.as_bytes());
+        r
+    }
+
+    fn with_short(v: libc::c_short) -> Self {
+        let mut r = Self::new();
+        r.data[..2].copy_from_slice(&v.to_ne_bytes());
+        r
+    }
+
+    fn with_int(v: libc::c_int) -> Self {
+        let mut r = Self::new();
+        r.data[..4].copy_from_slice(&v.to_ne_bytes());
+        r
+    }
+
+    fn with_addr(a: Ipv4Addr) -> Self {
+        let mut r = Self::new();
+        let sin = sockaddr_in(a);
+        // SAFETY: sockaddr_in is 16 plain bytes, the union holds 24.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&sin as *const libc::sockaddr_in).cast::<u8>(),
+                std::mem::size_of::<libc::sockaddr_in>(),
+            )
+        };
+        r.data[..bytes.len()].copy_from_slice(bytes);
+        r
+    }
+}
+
+fn sockaddr_in(a: Ipv4Addr) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(a).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
+/// What the gateway holds inside one sandbox's namespace.
+pub struct Device {
+    /// The TUN device's fd (non-blocking).
+    pub tun: OwnedFd,
+    /// A UDP socket bound to `127.0.0.1:53` inside the namespace, so a
+    /// workload whose `/etc/resolv.conf` names no server (glibc and musl
+    /// then ask the local machine: typical of container images, whose
+    /// `/etc` is their own) still reaches the gateway's responder. `None`
+    /// when the port was taken.
+    pub loopback_dns: Option<std::net::UdpSocket>,
+}
+
+/// Makes and configures the device inside the namespace `netns` (an fd
+/// of `/proc/<pid>/ns/net`), and the loopback DNS socket.
+pub fn create_in(netns: &OwnedFd) -> io::Result<Device> {
+    let ns = netns.try_clone()?;
+    std::thread::Builder::new()
+        .name("sandhub-egress-tun".into())
+        .spawn(move || {
+            // SAFETY: setns on this thread only, with a namespace fd we own.
+            check(
+                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+                "setns",
+            )?;
+            let tun = create_here()?;
+            let loopback_dns = std::net::UdpSocket::bind("127.0.0.1:53")
+                .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                .ok();
+            Ok(Device { tun, loopback_dns })
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the TUN thread panicked"))?
+}
+
+/// The same in the current thread's network namespace.
+fn create_here() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscalls; every fd is owned at once.
+    unsafe {
+        let fd = libc::open(
+            c"/dev/net/tun".as_ptr(),
+            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        );
+        check(fd, "opening /dev/net/tun")?;
+        let tun = OwnedFd::from_raw_fd(fd);
+        let mut req = IfReq::with_short((libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short);
+        check(
+            libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req),
+            "TUNSETIFF",
+        )?;
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        check(s, "socket")?;
+        let sock = OwnedFd::from_raw_fd(s);
+        let s = sock.as_raw_fd();
+        let mut r = IfReq::with_addr(internal::SANDBOX);
+        check(libc::ioctl(s, libc::SIOCSIFADDR, &mut r), "SIOCSIFADDR")?;
+        let mask = Ipv4Addr::from(u32::MAX << (32 - internal::PREFIX as u32));
+        let mut r = IfReq::with_addr(mask);
+        check(
+            libc::ioctl(s, libc::SIOCSIFNETMASK, &mut r),
+            "SIOCSIFNETMASK",
+        )?;
+        let mut r = IfReq::with_int(MTU as libc::c_int);
+        check(libc::ioctl(s, libc::SIOCSIFMTU, &mut r), "SIOCSIFMTU")?;
+        let mut r = IfReq::with_short((libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short);
+        check(libc::ioctl(s, libc::SIOCSIFFLAGS, &mut r), "SIOCSIFFLAGS")?;
+        // default via the gateway's address, on the device.
+        let mut name = *b"egress0\0";
+        let mut rt: libc::rtentry = std::mem::zeroed();
+        let any = sockaddr_in(Ipv4Addr::UNSPECIFIED);
+        let gw = sockaddr_in(internal::GATEWAY);
+        std::ptr::copy_nonoverlapping(
+            (&any as *const libc::sockaddr_in).cast::<u8>(),
+            (&mut rt.rt_dst as *mut libc::sockaddr).cast::<u8>(),
+            std::mem::size_of::<libc::sockaddr_in>(),
+        );
+        std::ptr::copy_nonoverlapping(
+            (&any as *const libc::sockaddr_in).cast::<u8>(),
+            (&mut rt.rt_genmask as *mut libc::sockaddr).cast::<u8>(),
+            std::mem::size_of::<libc::sockaddr_in>(),
+        );
+        std::ptr::copy_nonoverlapping(
+            (&gw as *const libc::sockaddr_in).cast::<u8>(),
+            (&mut rt.rt_gateway as *mut libc::sockaddr).cast::<u8>(),
+            std::mem::size_of::<libc::sockaddr_in>(),
+        );
+        rt.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+        rt.rt_dev = name.as_mut_ptr().cast();
+        check(
+            libc::ioctl(s, libc::SIOCADDRT, &mut rt),
+            "adding the default route",
+        )?;
+        Ok(tun)
+    }
+}

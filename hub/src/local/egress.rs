@@ -1,0 +1,374 @@
+//! `network: egress` on the local backend: the operator's flags, and
+//! attaching a gateway (`sandhub-gateway`) to each such sandbox once it
+//! runs. The gateway's loop lives on the hub's runtime; its TUN fd is the
+//! sandbox's only way out, so a hub that is gone (or a gateway that is
+//! stopped) leaves the sandbox offline, never open.
+//!
+//! The policy a sandbox was started with is recorded beside its runtime
+//! handle (`network` in the row's runtime JSON), so a restarted hub
+//! re-attaches the same policy, not whatever the template says by then.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex},
+};
+
+use anyhow::Context;
+use clap::Args;
+use sandhub_api::{
+    error::Code,
+    hub::{Network, NetworkSpec, Template},
+    network::{parse_list, Pattern, Target},
+    validate,
+};
+use sandhub_client::{Error, Result};
+use sandhub_gateway::{policy::internal, Config, Gateway, Limits, OperatorPolicy, SandboxPolicy};
+
+use super::{
+    runtime::{Launched, NetNs},
+    store::SandboxRow,
+};
+
+/// The operator's egress flags (`sandhub serve`).
+#[derive(Debug, Clone, Args)]
+pub struct EgressArgs {
+    /// The resolver the egress gateway asks for the names sandboxes
+    /// connect to (`IP` or `IP:PORT`); default: the first `nameserver` of
+    /// the host's /etc/resolv.conf.
+    #[arg(long, value_name = "ADDR", env = "SANDHUB_EGRESS_DNS")]
+    pub egress_dns: Option<String>,
+
+    /// Private ranges (CIDRs, comma-separated) that `network: egress`
+    /// sandboxes may reach when their policy allows: 10/8, 172.16/12,
+    /// 192.168/16, 100.64/10 and fc00::/7 are closed otherwise.
+    /// Loopback, link-local and the host's own addresses stay closed
+    /// whatever this says.
+    #[arg(
+        long,
+        value_name = "CIDR",
+        env = "SANDHUB_EGRESS_ALLOW_PRIVATE",
+        value_delimiter = ','
+    )]
+    pub egress_allow_private: Vec<String>,
+
+    /// Destinations no egress sandbox may reach, whatever its template
+    /// says (patterns as in `allow_out`, comma-separated).
+    #[arg(
+        long,
+        value_name = "PATTERN",
+        env = "SANDHUB_EGRESS_DENY",
+        value_delimiter = ','
+    )]
+    pub egress_deny: Vec<String>,
+
+    /// What an egress template with an empty `allow_out` may reach:
+    /// `allow` (every name and open address) or `deny` (nothing).
+    #[arg(long, env = "SANDHUB_EGRESS_DEFAULT", default_value = "allow",
+          value_parser = ["allow", "deny"])]
+    pub egress_default: String,
+
+    /// Connections one egress sandbox may have open or opening at once.
+    #[arg(long, env = "SANDHUB_EGRESS_MAX_FLOWS", default_value_t = DEFAULT_MAX_FLOWS)]
+    pub egress_max_flows: usize,
+
+    /// An egress connection that moves no byte either way this long is
+    /// reset (its slot comes back).
+    #[arg(long, env = "SANDHUB_EGRESS_IDLE_TIMEOUT", default_value = "1h",
+          value_parser = sandhub_common::parse_duration)]
+    pub egress_idle_timeout: std::time::Duration,
+}
+
+/// The defaults the flags have (for hubs built without clap).
+impl Default for EgressArgs {
+    fn default() -> Self {
+        EgressArgs {
+            egress_dns: None,
+            egress_allow_private: Vec::new(),
+            egress_deny: Vec::new(),
+            egress_default: "allow".into(),
+            egress_max_flows: DEFAULT_MAX_FLOWS,
+            egress_idle_timeout: Limits::default().idle_timeout,
+        }
+    }
+}
+
+const DEFAULT_MAX_FLOWS: usize = 256;
+
+/// The first `nameserver` of a resolv.conf.
+fn first_nameserver(conf: &str) -> Option<IpAddr> {
+    conf.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .find_map(|rest| rest.trim().parse().ok())
+}
+
+fn parse_dns(s: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let ip: IpAddr = s
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse()
+        .with_context(|| format!("--egress-dns {s}: not an address"))?;
+    Ok(SocketAddr::new(ip, 53))
+}
+
+/// The gateways of one hub.
+pub struct Egress {
+    cfg: Arc<Config>,
+    running: Mutex<HashMap<String, Gateway>>,
+}
+
+impl std::fmt::Debug for Egress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Egress")
+            .field("upstream_dns", &self.cfg.upstream_dns)
+            .finish()
+    }
+}
+
+impl Egress {
+    pub fn new(args: &EgressArgs) -> anyhow::Result<Egress> {
+        let upstream_dns = match &args.egress_dns {
+            Some(s) => parse_dns(s)?,
+            None => {
+                let ip = std::fs::read_to_string("/etc/resolv.conf")
+                    .ok()
+                    .and_then(|c| first_nameserver(&c))
+                    // Nothing to ask: names simply do not resolve.
+                    .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+                SocketAddr::new(ip, 53)
+            }
+        };
+        let mut allow_private = Vec::new();
+        for (i, c) in args.egress_allow_private.iter().enumerate() {
+            match c.parse::<Pattern>() {
+                Ok(Pattern {
+                    target: Target::Cidr(net, len),
+                    port: None,
+                }) => allow_private.push((net, len)),
+                _ => anyhow::bail!(
+                    "--egress-allow-private[{i}] {c:?}: a CIDR without port, host bits zero"
+                ),
+            }
+        }
+        let deny = parse_list("--egress-deny", &args.egress_deny).map_err(anyhow::Error::msg)?;
+        let operator = OperatorPolicy::new(
+            allow_private,
+            deny,
+            args.egress_default != "deny",
+            &[internal::cidr()],
+        );
+        Ok(Egress {
+            cfg: Arc::new(Config {
+                upstream_dns,
+                operator,
+                limits: Limits {
+                    max_flows: args.egress_max_flows.max(1),
+                    idle_timeout: args
+                        .egress_idle_timeout
+                        .max(std::time::Duration::from_secs(1)),
+                    ..Limits::default()
+                },
+            }),
+            running: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// `--egress-default allow`.
+    pub fn default_allows_all(&self) -> bool {
+        self.cfg.operator.default_allows_all
+    }
+
+    /// Starts the gateway of a running sandbox, replacing any it had.
+    pub async fn attach(&self, id: &str, launched: &Launched, policy: SandboxPolicy) -> Result<()> {
+        let l = launched.clone();
+        let dev = tokio::task::spawn_blocking(move || {
+            let ns = NetNs::of(&l)?;
+            sandhub_gateway::tun::create_in(ns.fd())
+        })
+        .await
+        .map_err(|e| Error::internal(format!("egress task failed: {e}")))?
+        .map_err(|e| {
+            Error::new(
+                Code::FailedPrecondition,
+                format!("the egress gateway's TUN device could not be made (is /dev/net/tun there?): {e}"),
+            )
+        })?;
+        if dev.loopback_dns.is_none() {
+            tracing::warn!(%id, "egress: 127.0.0.1:53 was taken inside the sandbox; DNS only at 100.127.0.1");
+        }
+        let gw = sandhub_gateway::start(
+            dev.tun,
+            dev.loopback_dns,
+            self.cfg.clone(),
+            policy,
+            id.to_string(),
+        )
+        .map_err(|e| Error::internal(format!("starting the egress gateway: {e}")))?;
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), gw);
+        tracing::info!(%id, "egress gateway attached");
+        Ok(())
+    }
+
+    /// Stops a sandbox's gateway (if any): it is offline from now on.
+    pub fn detach(&self, id: &str) {
+        let gw = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        drop(gw);
+    }
+}
+
+/// What an egress sandbox was started with: its template's `network` and,
+/// if its create request narrowed it, that request's.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Recorded {
+    pub template: NetworkSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<NetworkSpec>,
+}
+
+impl Recorded {
+    /// What a launch of `row` applies: the template's `network` as it is
+    /// now, and the narrowing its create request recorded (kept in the
+    /// row's runtime JSON across suspend and resume).
+    pub fn for_launch(row: &SandboxRow, template: &Template) -> Recorded {
+        Recorded {
+            template: template.network.clone(),
+            sandbox: Self::of_row(row).and_then(|r| r.sandbox),
+        }
+    }
+
+    /// The record in a row's runtime JSON, if any.
+    pub fn of_row(row: &SandboxRow) -> Option<Recorded> {
+        let v = row.runtime.as_ref()?.get(RECORD_KEY)?;
+        serde_json::from_value(v.clone()).ok()
+    }
+
+    /// The runtime JSON of a row not launched yet whose create request
+    /// narrowed its template's network.
+    pub fn pre_launch(template: &NetworkSpec, sandbox: NetworkSpec) -> serde_json::Value {
+        let r = Recorded {
+            template: template.clone(),
+            sandbox: Some(sandbox),
+        };
+        serde_json::json!({ RECORD_KEY: r })
+    }
+
+    /// The mode the sandbox runs in: the template's, unless its request
+    /// took it offline.
+    pub fn mode(&self) -> Network {
+        match &self.sandbox {
+            Some(s) if s.mode == Network::None => Network::None,
+            _ => self.template.mode,
+        }
+    }
+
+    /// The parsed layers the gateway enforces.
+    pub fn policy(&self) -> Result<SandboxPolicy> {
+        let (template_allow, template_deny) = validate::parse_network(&self.template)?;
+        let (sandbox_allow, sandbox_deny) = match &self.sandbox {
+            Some(s) if s.mode == Network::Egress => validate::parse_network(s)?,
+            _ => Default::default(),
+        };
+        Ok(SandboxPolicy {
+            template_allow,
+            template_deny,
+            sandbox_allow,
+            sandbox_deny,
+        })
+    }
+}
+
+/// The key under which the row's runtime JSON keeps [`Recorded`].
+pub const RECORD_KEY: &str = "network";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resolv_conf_names_the_gateway() {
+        assert!(super::super::runtime::EGRESS_RESOLV_CONF
+            .contains(&format!("nameserver {}\n", internal::GATEWAY)));
+        assert_eq!(
+            first_nameserver("# x\nsearch a\nnameserver 10.255.255.53\nnameserver 1.1.1.1\n"),
+            Some("10.255.255.53".parse().unwrap())
+        );
+        assert_eq!(parse_dns("198.18.0.2").unwrap().port(), 53);
+        assert_eq!(parse_dns("198.18.0.2:5353").unwrap().port(), 5353);
+    }
+
+    #[test]
+    fn a_narrowing_is_recorded_before_launch_and_kept_across_launches() {
+        let tpl: NetworkSpec =
+            serde_json::from_value(serde_json::json!({"allow_out": ["*.test"]})).unwrap();
+        let narrow: NetworkSpec =
+            serde_json::from_value(serde_json::json!({"allow_out": ["pypi.test"]})).unwrap();
+        let mut row = SandboxRow {
+            id: "sb-1".into(),
+            tenant: "t".into(),
+            template: "web".into(),
+            state: sandhub_api::hub::SandboxState::Pending,
+            labels: Default::default(),
+            env: Default::default(),
+            launch: sandhub_api::hub::Launch::Cold,
+            created_at: 0,
+            shutdown_at: None,
+            idle_timeout_seconds: None,
+            last_activity: 0,
+            pool: None,
+            claimed: true,
+            forked_from: None,
+            runtime: Some(Recorded::pre_launch(&tpl, narrow.clone())),
+        };
+        let t = Template {
+            network: tpl.clone(),
+            ..Default::default()
+        };
+        let r = Recorded::for_launch(&row, &t);
+        assert_eq!(r.sandbox.as_ref(), Some(&narrow));
+        assert_eq!(r.mode(), Network::Egress);
+        let p = r.policy().unwrap();
+        assert_eq!(p.sandbox_allow.len(), 1);
+        // After launch the handle carries the record; a resume finds it.
+        row.runtime = Some(serde_json::json!({"shim_pid": 1, RECORD_KEY: r}));
+        assert_eq!(Recorded::for_launch(&row, &t).sandbox, Some(narrow));
+        // A request for `none` takes an egress template offline.
+        row.runtime = Some(Recorded::pre_launch(&tpl, Network::None.into()));
+        assert_eq!(Recorded::for_launch(&row, &t).mode(), Network::None);
+        // No record: the template alone.
+        row.runtime = None;
+        assert_eq!(Recorded::for_launch(&row, &t).sandbox, None);
+    }
+
+    #[test]
+    fn operator_flags_are_checked() {
+        let bad = EgressArgs {
+            egress_allow_private: vec!["10.0.0.1/8".into()],
+            ..Default::default()
+        };
+        assert!(Egress::new(&bad).is_err());
+        let bad = EgressArgs {
+            egress_deny: vec!["a.*.test".into()],
+            ..Default::default()
+        };
+        assert!(Egress::new(&bad).unwrap_err().to_string().contains("[0]"));
+        let ok = EgressArgs {
+            egress_dns: Some("198.18.0.2".into()),
+            egress_allow_private: vec!["10.20.0.0/16".into()],
+            egress_deny: vec!["*.corp.test".into()],
+            egress_default: "deny".into(),
+            egress_max_flows: 8,
+            ..Default::default()
+        };
+        let e = Egress::new(&ok).unwrap();
+        assert!(!e.default_allows_all());
+    }
+}

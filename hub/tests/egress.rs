@@ -1,0 +1,724 @@
+//! `network: egress` end to end (issue #27, local backend): a real
+//! `sandhub serve` (as root), real sandboxes, and a small "internet" the
+//! test builds itself: a network namespace joined to the host by a veth
+//! pair, holding an HTTP server (ports 80 and 8443) and a DNS server.
+//!
+//! Addresses, all owned by this machine while the test runs:
+//!
+//! ```text
+//! host side of the veth   198.18.0.1/24   (a host address: always closed)
+//! the test namespace      198.18.0.2/24   HTTP :80 :8443, DNS :53
+//!   on its lo             198.18.5.2      (CIDR entries)
+//!                         100.80.0.2      (a private range: closed unless opened)
+//!                         169.254.77.2    (link-local: always closed)
+//! ```
+//!
+//! The host routes those three to 198.18.0.2, so the host itself can reach
+//! every one of them: when the sandbox cannot, it is the gateway saying no.
+//! Nothing is ever sent to an address outside this list or loopback.
+//!
+//! Needs root, `ip` (iproute2) and `/dev/net/tun`; without them the tests
+//! say so and pass, except under `CI=true`, where they fail.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    net::{TcpListener, UdpSocket},
+    os::fd::AsRawFd,
+    process::Command,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use sandhub_api::hub::CreateSandbox;
+use sandhub_client::{http::HubClient, Sandboxes};
+use sandhub_gateway::dns::wire;
+use serde_json::json;
+
+use common::{error_body, shell, HubOptions, TestHub};
+
+/// The test "internets" share addresses: one at a time.
+static ONE_INTERNET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Whether the machine can run these tests; under CI a missing piece fails.
+fn prerequisites() -> bool {
+    let mut missing = Vec::new();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        missing.push("root");
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        missing.push("/dev/net/tun");
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        missing.push("the `ip` command (iproute2)");
+    }
+    if !std::path::Path::new("/usr/bin/python3").exists() {
+        missing.push("/usr/bin/python3 (the sandbox's probe)");
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(!ci(), "CI=true and missing: {}", missing.join(", "));
+    eprintln!("skipping: missing {}", missing.join(", "));
+    false
+}
+
+fn ip(args: &str) {
+    let out = Command::new("ip")
+        .args(args.split_whitespace())
+        .output()
+        .expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Bytes of `GET /big` and of the upload test.
+const BIG: usize = 16 << 20;
+
+/// Names the test DNS server knows, and their addresses.
+const ZONE: &[(&str, [u8; 4])] = &[
+    ("pypi.test", [198, 18, 0, 2]),
+    ("api.test", [198, 18, 0, 2]),
+    ("git.test", [198, 18, 0, 2]),
+    ("a.git.test", [198, 18, 0, 2]),
+    ("bad.git.test", [198, 18, 0, 2]),
+    ("cidr.test", [198, 18, 5, 2]),
+    ("rebind.test", [127, 0, 0, 1]),
+    ("hostaddr.test", [198, 18, 0, 1]),
+    ("private.test", [100, 80, 0, 2]),
+    ("linklocal.test", [169, 254, 77, 2]),
+];
+
+/// The test's own network: a namespace, a veth pair, routes, servers.
+struct Internet {
+    ns: String,
+    veth: String,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    /// Queries for a name, by name (the DNS server counts them).
+    dns_asked: Arc<Mutex<HashMap<String, usize>>>,
+    /// HTTP requests by path.
+    http_seen: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Internet {
+    fn up() -> Internet {
+        let pid = std::process::id() % 100_000;
+        let (ns, veth, peer) = (
+            format!("sheg{pid}"),
+            format!("shegh{pid}"),
+            format!("shegn{pid}"),
+        );
+        // Leftovers of a killed run of this same pid would be in the way.
+        let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        let _ = Command::new("ip").args(["link", "del", &veth]).output();
+        ip(&format!("netns add {ns}"));
+        let mut net = Internet {
+            ns: ns.clone(),
+            veth: veth.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            dns_asked: Default::default(),
+            http_seen: Default::default(),
+        };
+        ip(&format!(
+            "link add {veth} type veth peer name {peer} netns {ns}"
+        ));
+        ip(&format!("addr add 198.18.0.1/24 dev {veth}"));
+        ip(&format!("link set {veth} up"));
+        ip(&format!("-n {ns} link set lo up"));
+        ip(&format!("-n {ns} addr add 198.18.0.2/24 dev {peer}"));
+        ip(&format!("-n {ns} link set {peer} up"));
+        for a in ["198.18.5.2", "100.80.0.2", "169.254.77.2"] {
+            ip(&format!("-n {ns} addr add {a}/32 dev lo"));
+            ip(&format!("route add {a}/32 via 198.18.0.2 dev {veth}"));
+        }
+        ip(&format!("-n {ns} route add default via 198.18.0.1"));
+        for port in [80u16, 8443] {
+            net.serve_http(port);
+        }
+        net.serve_dns();
+        net
+    }
+
+    /// Runs `f` on a thread inside the test namespace.
+    fn spawn_inside(&mut self, f: impl FnOnce() + Send + 'static) {
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.ns)).unwrap();
+        self.threads.push(std::thread::spawn(move || {
+            // SAFETY: setns on this thread only.
+            assert_eq!(
+                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
+            f()
+        }));
+    }
+
+    fn serve_http(&mut self, port: u16) {
+        let (stop, seen) = (self.stop.clone(), self.http_seen.clone());
+        self.spawn_inside(move || {
+            let l = TcpListener::bind(("0.0.0.0", port)).unwrap();
+            l.set_nonblocking(true).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((mut s, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                let host = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Host: "))
+                    .unwrap_or("")
+                    .to_string();
+                *seen.lock().unwrap().entry(path.clone()).or_default() += 1;
+                if path == "/big" {
+                    // 16 MiB down: flow control through the gateway.
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\nConnection: close\r\n\r\n"
+                    );
+                    let chunk = vec![b'x'; 64 * 1024];
+                    for _ in 0..BIG / chunk.len() {
+                        if s.write_all(&chunk).is_err() {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                if path == "/upload" {
+                    // Counts the body (up); what came with the head counts too.
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let mut got = head.find("\r\n\r\n").map_or(0, |i| head.len() - i - 4);
+                    while got < len {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => got += n,
+                        }
+                    }
+                    let body = format!("hello upload {got}");
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    continue;
+                }
+                let local = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                let body = format!("hello {host} at {local}{path}");
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+    }
+
+    fn serve_dns(&mut self) {
+        let (stop, asked) = (self.stop.clone(), self.dns_asked.clone());
+        self.spawn_inside(move || {
+            let s = UdpSocket::bind("0.0.0.0:53").unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut buf = [0u8; 1500];
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((n, from)) = s.recv_from(&mut buf) else {
+                    continue;
+                };
+                let Ok(q) = wire::parse_query(&buf[..n]) else {
+                    continue;
+                };
+                *asked.lock().unwrap().entry(q.name.clone()).or_default() += 1;
+                let hit = ZONE.iter().find(|(name, _)| *name == q.name);
+                let answer = match (hit, q.qtype) {
+                    (Some((_, a)), wire::TYPE_A) => {
+                        wire::answer(&q, wire::NOERROR, &[(*a).into()], 1)
+                    }
+                    (Some(_), _) => wire::answer(&q, wire::NOERROR, &[], 1),
+                    (None, _) if q.name.starts_with("marker") => {
+                        wire::answer(&q, wire::NOERROR, &[[198, 18, 0, 2].into()], 1)
+                    }
+                    (None, _) => wire::answer(&q, wire::NXDOMAIN, &[], 1),
+                };
+                let _ = s.send_to(&answer, from);
+            }
+        });
+    }
+
+    fn asked(&self, name: &str) -> usize {
+        self.dns_asked
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn seen(&self, path: &str) -> usize {
+        self.http_seen
+            .lock()
+            .unwrap()
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Internet {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.veth])
+            .output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+/// Fetches each URL from inside the sandbox; one line per URL:
+/// `OK <status> <body>` or `ERR <exception class> <message>`. A refused
+/// connection is `ConnectionRefusedError`, a hang would be `timeout`.
+const PROBE: &str = r#"
+import socket, sys, urllib.request
+for url in sys.argv[1:]:
+    try:
+        with urllib.request.urlopen(url, timeout=20) as r:
+            print("OK", r.status, r.read().decode())
+    except Exception as e:
+        reason = getattr(e, "reason", e)
+        print("ERR", type(reason).__name__, reason)
+"#;
+
+async fn probe(c: &HubClient, id: &str, urls: &[&str]) -> Vec<String> {
+    let script = format!(
+        "env -u http_proxy -u HTTP_PROXY /usr/bin/python3 - {} <<'EOF'\n{PROBE}\nEOF",
+        urls.join(" ")
+    );
+    let r = shell(c, id, &script).await;
+    assert_eq!(r.exit_code, 0, "probe failed: {r:?}");
+    let lines: Vec<String> = r.stdout.lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), urls.len(), "{r:?}");
+    lines
+}
+
+fn assert_ok(line: &str, what: &str) {
+    assert!(line.starts_with("OK 200 hello"), "{what}: {line}");
+}
+
+fn assert_refused(line: &str, what: &str) {
+    assert!(
+        line.starts_with("ERR ConnectionRefusedError"),
+        "{what}: expected a refusal at once, got {line}"
+    );
+}
+
+fn assert_no_name(line: &str, what: &str) {
+    assert!(
+        line.starts_with("ERR gaierror") && line.contains("-2"),
+        "{what}: expected NXDOMAIN (EAI_NONAME), got {line}"
+    );
+}
+
+async fn put_template(hub: &TestHub, name: &str, body: serde_json::Value) -> reqwest::Response {
+    hub.http()
+        .put(format!("{}/v1/templates/{name}", hub.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn create(c: &HubClient, template: &str) -> String {
+    c.create(CreateSandbox {
+        template: Some(template.into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("creating a {template} sandbox: {e}"))
+    .id
+}
+
+const WEB_POLICY: &str = r#"{"mode": "egress",
+  "allow_out": ["pypi.test", "*.git.test", "198.18.5.0/24", "api.test:8443",
+                "rebind.test", "hostaddr.test", "private.test", "linklocal.test",
+                "198.18.0.1", "169.254.77.2", "100.80.0.2"],
+  "deny_out": ["bad.git.test", "198.18.5.2:8443"]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_sandboxes_reach_only_what_their_policy_and_the_closed_ranges_allow() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_INTERNET.lock().await;
+    let net = Internet::up();
+    // A host address the hub could listen on (198.18.0.1 is the host's).
+    let host_listener = TcpListener::bind("198.18.0.1:0").unwrap();
+    let host_port = host_listener.local_addr().unwrap().port();
+    let mut hub = TestHub::start(HubOptions {
+        extra_args: &["--egress-dns", "198.18.0.2"],
+        ..Default::default()
+    })
+    .await;
+    let c = hub.client(None);
+
+    // Bad patterns are 400 naming the entry.
+    for (bad, needle) in [
+        (json!(["a.*.test"]), "allow_out[0] \"a.*.test\""),
+        (json!(["ok.test", "x.test:70000"]), "allow_out[1]"),
+        (json!(["10.0.0.1/8"]), "host bits"),
+    ] {
+        let r = put_template(
+            &hub,
+            "bad",
+            json!({"network": {"mode": "egress", "allow_out": bad}}),
+        )
+        .await;
+        let body = error_body(r, 400, "INVALID_ARGUMENT").await;
+        assert!(body["message"].as_str().unwrap().contains(needle), "{body}");
+    }
+    let many: Vec<String> = (0..257).map(|i| format!("h{i}.test")).collect();
+    let r = put_template(
+        &hub,
+        "bad",
+        json!({"network": {"mode": "egress", "allow_out": many}}),
+    )
+    .await;
+    error_body(r, 400, "INVALID_ARGUMENT").await;
+
+    let policy: serde_json::Value = serde_json::from_str(WEB_POLICY).unwrap();
+    let r = put_template(&hub, "web", json!({ "network": policy })).await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let got: serde_json::Value = hub
+        .http()
+        .get(format!("{}/v1/templates/web", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["network"], policy, "the policy reads back as written");
+    let id = create(&c, "web").await;
+
+    let hub_port = hub.port;
+    let urls = [
+        "http://pypi.test/allowed".to_string(),
+        "http://a.git.test/wildcard".into(),
+        "http://git.test/not-below".into(),
+        "http://bad.git.test/deny-wins".into(),
+        "http://nope.test/unknown".into(),
+        "http://198.18.5.2/cidr".into(),
+        "http://198.18.0.2/literal-outside".into(),
+        "http://api.test:8443/port".into(),
+        "http://api.test/wrong-port".into(),
+        "http://198.18.5.2:8443/deny-cidr-port".into(),
+        format!("http://rebind.test:{hub_port}/healthz"),
+        format!("http://hostaddr.test:{host_port}/host"),
+        format!("http://198.18.0.1:{host_port}/host-literal"),
+        "http://linklocal.test/linklocal".into(),
+        "http://169.254.77.2/linklocal-literal".into(),
+        "http://private.test/private".into(),
+        "http://100.80.0.2/private-literal".into(),
+    ];
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let got = probe(&c, &id, &refs).await;
+    let log = |i: usize| format!("{} -> {}\n{}", urls[i], got[i], hub.log_tail());
+    assert_ok(&got[0], &log(0));
+    assert!(
+        got[0].contains("hello pypi.test at 198.18.0.2:80/allowed"),
+        "{}",
+        log(0)
+    );
+    assert_ok(&got[1], &log(1));
+    assert_no_name(&got[2], &log(2));
+    assert_no_name(&got[3], &log(3));
+    assert_no_name(&got[4], &log(4));
+    assert_ok(&got[5], &log(5));
+    assert_refused(&got[6], &log(6));
+    assert_ok(&got[7], &log(7));
+    assert_refused(&got[8], &log(8));
+    assert_refused(&got[9], &log(9));
+    // The hub's own port on loopback, through an allowed name that
+    // resolves there (DNS rebinding), and a host address, by name and
+    // literally: refused although the policy names them.
+    for (i, line) in got.iter().enumerate().skip(10) {
+        assert_refused(line, &log(i));
+    }
+    assert_eq!(net.seen("/literal-outside"), 0);
+    assert_eq!(net.seen("/wrong-port"), 0);
+    assert_eq!(net.seen("/deny-cidr-port"), 0);
+    assert_eq!(net.seen("/linklocal") + net.seen("/linklocal-literal"), 0);
+    assert_eq!(net.seen("/private") + net.seen("/private-literal"), 0);
+    host_listener.set_nonblocking(true).unwrap();
+    assert!(
+        host_listener.accept().is_err(),
+        "the host listener was reached"
+    );
+    // Denied names were never asked upstream: the decision is local.
+    assert_eq!(
+        net.asked("bad.git.test") + net.asked("nope.test") + net.asked("git.test"),
+        0
+    );
+    // The host itself reaches every test address (the refusals are the
+    // gateway's): the positive control.
+    for a in ["198.18.5.2", "100.80.0.2", "169.254.77.2"] {
+        let mut s = std::net::TcpStream::connect((a, 80)).unwrap_or_else(|e| panic!("{a}: {e}"));
+        write!(s, "GET /control HTTP/1.0\r\nHost: control\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        assert!(body.contains("hello control"), "{a}: {body}");
+    }
+
+    // The same responder on the sandbox's own 127.0.0.1:53, for images
+    // whose /etc/resolv.conf names no server.
+    let lo_dns = r#"/usr/bin/python3 - <<'EOF'
+import socket
+def ask(name):
+    q = bytes.fromhex("beef01000001000000000000")
+    q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\x00\x00\x01\x00\x01"
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(10)
+    s.sendto(q, ("127.0.0.1", 53))
+    a = s.recv(512)
+    print(name, a[3] & 15, int.from_bytes(a[6:8], "big"))
+ask("pypi.test")
+ask("nope.test")
+EOF
+"#;
+    let r = shell(&c, &id, lo_dns).await;
+    assert_eq!(r.stdout, "pypi.test 0 1\nnope.test 3 0\n", "{r:?}");
+
+    // Bulk both ways: the window closes and opens, nothing is lost.
+    let bulk = format!(
+        r#"/usr/bin/python3 - <<'EOF'
+import urllib.request
+with urllib.request.urlopen("http://pypi.test/big", timeout=60) as r:
+    n = 0
+    while True:
+        b = r.read(1 << 16)
+        if not b:
+            break
+        n += len(b)
+print("down", n)
+req = urllib.request.Request("http://pypi.test/upload", data=b"y" * {BIG}, method="POST")
+with urllib.request.urlopen(req, timeout=60) as r:
+    print(r.read().decode())
+EOF
+"#
+    );
+    let r = shell(&c, &id, &bulk).await;
+    assert_eq!(
+        r.stdout,
+        format!("down {BIG}\nhello upload {BIG}\n"),
+        "{r:?}\n{}",
+        hub.log_tail()
+    );
+
+    // Root inside: routes flushed and re-added by hand, an address of the
+    // test net claimed, DNS and HTTP sent to the test hosts directly.
+    // Whatever of it the kernel lets root do, nothing gets out.
+    let escape = r#"
+ip route flush table main 2>&1
+ip addr add 198.18.0.77/24 dev egress0 2>&1
+ip route add 198.18.0.0/24 dev egress0 2>&1
+ip route add default dev egress0 2>&1
+/usr/bin/python3 - <<'EOF'
+import socket
+q = bytes.fromhex("abcd01000001000000000000") + b"\x0bmarker-root\x04test\x00\x00\x01\x00\x01"
+for dst in ["198.18.0.2", "198.18.0.1", "100.127.0.1"]:
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(2)
+        s.sendto(q, (dst, 53))
+        print("udp", dst, "answered", len(s.recv(512)))
+    except Exception as e:
+        print("udp", dst, type(e).__name__)
+for dst in ["198.18.0.2", "198.18.0.1"]:
+    try:
+        c = socket.create_connection((dst, 80), timeout=10)
+        c.sendall(b"GET /root-escape HTTP/1.0\r\n\r\n")
+        print("tcp", dst, c.recv(100))
+    except Exception as e:
+        print("tcp", dst, type(e).__name__)
+EOF
+"#;
+    let r = shell(&c, &id, escape).await;
+    assert_eq!(net.asked("marker-root.test"), 0, "{r:?}");
+    assert_eq!(net.seen("/root-escape"), 0, "{r:?}");
+    // Only the gateway's own responder answers (NXDOMAIN: not allowed).
+    assert!(!r.stdout.contains("udp 198.18.0.2 answered"), "{r:?}");
+    assert!(!r.stdout.contains("udp 198.18.0.1 answered"), "{r:?}");
+    assert!(!r.stdout.contains("tcp 198.18.0.2 b"), "{r:?}");
+
+    // A create request narrows its template's policy, never widens it.
+    let narrowed = c
+        .create(CreateSandbox {
+            template: Some("web".into()),
+            network: Some(
+                serde_json::from_value(json!({"mode": "egress", "allow_out": ["pypi.test"]}))
+                    .unwrap(),
+            ),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .id;
+    let got = probe(
+        &c,
+        &narrowed,
+        &[
+            "http://pypi.test/narrowed",
+            "http://a.git.test/narrowed-out",
+        ],
+    )
+    .await;
+    assert_ok(&got[0], "narrowed: pypi.test");
+    assert_no_name(&got[1], "narrowed: a.git.test");
+    let r = hub
+        .http()
+        .post(format!("{}/v1/sandboxes", hub.url()))
+        .json(&json!({"template": "web", "network": {"mode": "egress", "allow_out": ["other.example"]}}))
+        .send()
+        .await
+        .unwrap();
+    let body = error_body(r, 400, "INVALID_ARGUMENT").await;
+    assert!(
+        body["message"].as_str().unwrap().contains("never widen"),
+        "{body}"
+    );
+
+    // kill -9 of the hub: the sandboxes' TUN devices go with it (they are
+    // offline, not open); the restarted hub gives each its gateway back,
+    // with the same policy.
+    let devices = |hub: &TestHub| -> Vec<String> {
+        let mine = std::fs::read_link("/proc/self/ns/net").unwrap();
+        common::host_pids_with_mount(&hub.token())
+            .into_iter()
+            .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/net")).is_ok_and(|ns| ns != mine))
+            .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/net/dev")).ok())
+            .collect()
+    };
+    let before = devices(&hub);
+    assert!(
+        !before.is_empty() && before.iter().all(|d| d.contains("egress0:")),
+        "{before:?}"
+    );
+    hub.kill9();
+    let after = devices(&hub);
+    assert!(!after.is_empty(), "the sandboxes outlive their hub");
+    assert!(
+        after.iter().all(|d| !d.contains("egress0:")),
+        "a sandbox kept its way out without a hub: {after:?}"
+    );
+    hub.restart().await;
+    let c = hub.client(None);
+    let got = probe(
+        &c,
+        &id,
+        &[
+            "http://pypi.test/after-restart",
+            "http://nope.test/after-restart",
+        ],
+    )
+    .await;
+    assert_ok(&got[0], &format!("after restart: {}", hub.log_tail()));
+    assert_no_name(&got[1], "after restart");
+    let got = probe(&c, &narrowed, &["http://a.git.test/narrowed-after-restart"]).await;
+    assert_no_name(
+        &got[0],
+        "the narrowed sandbox keeps its narrowing after a restart",
+    );
+    drop(hub);
+    drop(net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_ranges_open_only_where_the_operator_opens_them() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_INTERNET.lock().await;
+    let net = Internet::up();
+    let hub = TestHub::start(HubOptions {
+        extra_args: &[
+            "--egress-dns",
+            "198.18.0.2",
+            "--egress-allow-private",
+            "100.80.0.0/16",
+            "--egress-deny",
+            "*.git.test",
+            "--egress-idle-timeout",
+            "2s",
+        ],
+        ..Default::default()
+    })
+    .await;
+    let c = hub.client(None);
+    let r = put_template(&hub, "open", json!({"network": "egress"})).await;
+    assert!(r.status().is_success());
+    let id = create(&c, "open").await;
+    let got = probe(
+        &c,
+        &id,
+        &[
+            "http://private.test/opened",
+            "http://100.80.0.2/opened-literal",
+            "http://linklocal.test/still-closed",
+            "http://pypi.test/default-allows",
+            "http://a.git.test/operator-denied",
+        ],
+    )
+    .await;
+    assert_ok(&got[0], &got[0]);
+    assert_ok(&got[1], &got[1]);
+    assert_refused(&got[2], &got[2]);
+    assert_ok(&got[3], &got[3]);
+    assert_no_name(&got[4], &got[4]);
+    assert_eq!(net.seen("/opened") + net.seen("/opened-literal"), 2);
+
+    // A connection that moves nothing for --egress-idle-timeout is reset.
+    let idle = r#"/usr/bin/python3 - <<'EOF'
+import socket, time
+c = socket.create_connection(("pypi.test", 80), timeout=30)
+time.sleep(12)
+try:
+    print("recv", len(c.recv(100)))
+except Exception as e:
+    print(type(e).__name__)
+EOF
+"#;
+    let r = shell(&c, &id, idle).await;
+    assert_eq!(r.stdout, "ConnectionResetError\n", "{r:?}");
+    drop(hub);
+    drop(net);
+}
