@@ -423,7 +423,10 @@ fn reference_grammar(r: &str) -> Result<(), &'static str> {
     }
     if let Some(digest) = digest {
         let ok = digest.split_once(':').is_some_and(|(algorithm, hex)| {
-            algorithm.bytes().next().is_some_and(|b| b.is_ascii_alphabetic())
+            algorithm
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic())
                 && algorithm
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"+._-".contains(&b))
