@@ -20,21 +20,61 @@
 //! preflight, which the hub never grants), and upgrades need a same-origin
 //! `Origin` (CSWSH).
 
-use axum::{extract::Request, http::HeaderMap, middleware::Next, response::Response};
+use std::{
+    convert::Infallible,
+    future::{ready, Ready},
+    task::{Context, Poll},
+};
+
+use axum::{
+    extract::Request,
+    http::HeaderMap,
+    response::{IntoResponse, Response},
+};
+use futures::future::Either;
 use sandhub_api::error::Code;
+use tower::{Layer, Service};
 
 use super::ApiError;
 
-pub async fn guard(request: Request, next: Next) -> Response {
-    if !is_port_route(request.uri().path()) {
-        if let Some(why) = refused(request.headers()) {
-            return axum::response::IntoResponse::into_response(ApiError::new(
-                Code::PermissionDenied,
-                why,
-            ));
-        }
+/// The guard in front of every route. A plain layer rather than
+/// `middleware::from_fn`: it runs on every request, proxied ones included,
+/// and needs neither a boxed future nor a clone of the router per call.
+#[derive(Debug, Clone, Copy)]
+pub struct GuardLayer;
+
+impl<S> Layer<S> for GuardLayer {
+    type Service = Guard<S>;
+
+    fn layer(&self, inner: S) -> Guard<S> {
+        Guard(inner)
     }
-    next.run(request).await
+}
+
+#[derive(Debug, Clone)]
+pub struct Guard<S>(S);
+
+impl<S> Service<Request> for Guard<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<Ready<Result<Response, Infallible>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        if !is_port_route(request.uri().path()) {
+            if let Some(why) = refused(request.headers()) {
+                let answer = ApiError::new(Code::PermissionDenied, why).into_response();
+                return Either::Left(ready(Ok(answer)));
+            }
+        }
+        Either::Right(self.0.call(request))
+    }
 }
 
 /// `/v1/sandboxes/{id}/ports/{port}...`: traffic to a sandbox's server.

@@ -159,7 +159,7 @@ pub fn app(
         None => app,
     };
     // What only a sandbox's page could send never reaches a hub route.
-    let app = app.layer(middleware::from_fn(browser::guard));
+    let app = app.layer(browser::GuardLayer);
     // Outermost: a request for `{port}-{id}.<domain>` is that port's (or,
     // on 49983, envd's, through the diversion above).
     let app = match state.hosts.clone() {

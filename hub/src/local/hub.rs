@@ -349,19 +349,33 @@ impl Hub {
     pub(super) fn ready_row(&self, tenant: &str, id: &str, op: &str) -> Result<SandboxRow> {
         let row = found(self.store.get_sandbox(tenant, id)?, "sandbox", id)?;
         if row.state != SandboxState::Ready {
-            return Err(Error::new(
-                Code::FailedPrecondition,
-                format!(
-                    "sandbox {id} is {}; {op} needs it Ready{}",
-                    row.state.as_str(),
-                    if row.state == SandboxState::Suspended {
-                        format!(" (POST /v1/sandboxes/{id}/resume first)")
-                    } else {
-                        String::new()
-                    }
-                ),
-            ));
+            return Err(not_ready(id, row.state, op));
         }
         Ok(row)
     }
+
+    /// As [`Hub::ready_row`], reading only the sandbox's last activity
+    /// (the check every proxied request makes).
+    pub(super) fn ready_activity(&self, tenant: &str, id: &str, op: &str) -> Result<i64> {
+        let (state, last_activity) = found(self.store.state_of(tenant, id)?, "sandbox", id)?;
+        if state != SandboxState::Ready {
+            return Err(not_ready(id, state, op));
+        }
+        Ok(last_activity)
+    }
+}
+
+fn not_ready(id: &str, state: SandboxState, op: &str) -> Error {
+    Error::new(
+        Code::FailedPrecondition,
+        format!(
+            "sandbox {id} is {}; {op} needs it Ready{}",
+            state.as_str(),
+            if state == SandboxState::Suspended {
+                format!(" (POST /v1/sandboxes/{id}/resume first)")
+            } else {
+                String::new()
+            }
+        ),
+    )
 }

@@ -109,9 +109,9 @@ impl TenantView for TenantHub {
         // Per request on a kept connection: a read, and a write only when
         // the recorded activity is a second old (idle timeouts count in
         // seconds), not a write per request.
-        let row = self.hub.ready_row(&self.tenant, id, "port access")?;
+        let last_activity = self.hub.ready_activity(&self.tenant, id, "port access")?;
         let now = now_ms();
-        if now - row.last_activity >= 1000 {
+        if now - last_activity >= 1000 {
             let _ = self.hub.store.touch(id, now);
         }
         Ok(())

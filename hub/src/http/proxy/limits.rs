@@ -73,11 +73,41 @@ impl ProxyLimits {
     }
 }
 
+/// In flight per tenant, and per sandbox of that tenant. Entries that
+/// fall to zero are kept (the next request to the same sandbox, the usual
+/// case, then costs no allocation) and swept once there are many.
 #[derive(Default)]
 struct Counts {
     total: usize,
-    tenants: HashMap<String, usize>,
-    sandboxes: HashMap<(String, String), usize>,
+    tenants: HashMap<Arc<str>, TenantCount>,
+}
+
+#[derive(Default)]
+struct TenantCount {
+    n: usize,
+    sandboxes: HashMap<Arc<str>, usize>,
+}
+
+/// Past this many kept entries (tenants, or one tenant's sandboxes), the
+/// zero ones are dropped.
+const SWEEP_AT: usize = 1024;
+
+/// The key of `name` in `map`, inserted (with the zero entries swept
+/// first, when there are many) if missing: one allocation per new name.
+fn key_of<V: Default>(
+    map: &mut HashMap<Arc<str>, V>,
+    name: &str,
+    zero: fn(&V) -> bool,
+) -> Arc<str> {
+    if let Some((key, _)) = map.get_key_value(name) {
+        return key.clone();
+    }
+    if map.len() >= SWEEP_AT {
+        map.retain(|_, v| !zero(v));
+    }
+    let key: Arc<str> = Arc::from(name);
+    map.insert(key.clone(), V::default());
+    key
 }
 
 /// Counts what is in flight, and hands out [`Slot`]s within the caps.
@@ -89,15 +119,18 @@ pub struct Gate {
 impl Gate {
     /// A slot for one more request of `tenant` to sandbox `id`, or 429.
     pub fn admit(&self, limits: &ProxyLimits, tenant: &str, id: &str) -> ApiResult<Slot> {
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (tenant.to_string(), id.to_string());
-        let of_tenant = c.tenants.get(tenant).copied().unwrap_or(0);
-        let of_sandbox = c.sandboxes.get(&key).copied().unwrap_or(0);
-        let refused = if of_sandbox >= limits.per_sandbox {
+        let mut guard = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let c = &mut *guard;
+        let tenant = key_of(&mut c.tenants, tenant, |t| t.n == 0);
+        let t = c.tenants.get_mut(&tenant).expect("made above");
+        let id = key_of(&mut t.sandboxes, id, |n| *n == 0);
+        let of_tenant = t.n;
+        let of_sandbox = t.sandboxes.get_mut(&id).expect("made above");
+        let refused = if *of_sandbox >= limits.per_sandbox {
             Some(format!(
-                "{of_sandbox} requests to this sandbox's ports are in flight, at most {} \
+                "{} requests to this sandbox's ports are in flight, at most {} \
                  (--port-max-requests-per-sandbox)",
-                limits.per_sandbox
+                *of_sandbox, limits.per_sandbox
             ))
         } else if of_tenant >= limits.per_tenant {
             Some(format!(
@@ -117,12 +150,13 @@ impl Gate {
         if let Some(message) = refused {
             return Err(ApiError::new(Code::ResourceExhausted, message));
         }
+        *of_sandbox += 1;
+        t.n += 1;
         c.total += 1;
-        *c.tenants.entry(key.0.clone()).or_default() += 1;
-        *c.sandboxes.entry(key.clone()).or_default() += 1;
         Ok(Slot {
             counts: self.counts.clone(),
-            key,
+            tenant,
+            id,
         })
     }
 
@@ -135,23 +169,18 @@ impl Gate {
 /// One request's place under the caps, given back when dropped.
 pub struct Slot {
     counts: Arc<Mutex<Counts>>,
-    key: (String, String),
+    tenant: Arc<str>,
+    id: Arc<str>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         c.total = c.total.saturating_sub(1);
-        if let Some(n) = c.tenants.get_mut(&self.key.0) {
-            *n -= 1;
-            if *n == 0 {
-                c.tenants.remove(&self.key.0);
-            }
-        }
-        if let Some(n) = c.sandboxes.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                c.sandboxes.remove(&self.key);
+        if let Some(t) = c.tenants.get_mut(&self.tenant) {
+            t.n = t.n.saturating_sub(1);
+            if let Some(n) = t.sandboxes.get_mut(&self.id) {
+                *n = n.saturating_sub(1);
             }
         }
     }
