@@ -7,7 +7,9 @@ new / old of each measurement (median and range over the rounds).
         [--bench target/release/sandhub-bench] [--rounds 5] [--phases exec,ports,disk]
 
 A row's number is the bench's "measured" column (the hub's side: exec p50
-through the hub, requests/s through the port proxy, ...); details that are
+through the hub, requests/s through the port proxy, ...), and a row marked
+"[÷ its baseline]" is the bench's ratio to the baseline it measured in the
+same run (steadier on a loaded machine); details that are
 durations lists (import times) are summarised by their median. Above 1 means
 slower for a latency and faster for a throughput, as in the bench itself.
 """
@@ -29,6 +31,12 @@ def run_bench(bench: Path, hub: Path, phases: str, extra: list[str]) -> dict[str
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
     report = json.loads(out.stdout)
     numbers = {row["measurement"]: float(row["measured"]["amount"]) for row in report["rows"]}
+    # The bench's own ratio against its baseline, taken in the same run
+    # (direct sandboxd, wrk from the sandbox's namespace): it cancels the
+    # machine's load at that moment, which a side's absolute numbers do not.
+    for row in report["rows"]:
+        if row.get("ratio") is not None:
+            numbers[f"{row['measurement']} [÷ its baseline]"] = float(row["ratio"])
     for detail in report.get("details", []):
         value = str(detail["value"])
         # "12.3 ms, 11.9 ms, ..." style lists of import times.

@@ -425,7 +425,29 @@ mod tests {
         assert_eq!(gate.in_flight(), 3);
         gate.admit(&l, "b", "t1").unwrap();
         assert_eq!(gate.in_flight(), 3, "the new slot was dropped at once");
-        assert!(gate.counts.lock().unwrap().sandboxes.len() <= 3);
+        let c = gate.counts.lock().unwrap();
+        assert_eq!(c.tenants["a"].n, 2);
+        assert_eq!(c.tenants["a"].sandboxes["s1"], 1);
+        assert_eq!(c.tenants["b"].n, 1);
+    }
+
+    #[test]
+    fn counts_of_gone_sandboxes_and_tenants_do_not_pile_up() {
+        let gate = Gate::default();
+        let l = limits(1, 1, 1);
+        for i in 0..3 * SWEEP_AT {
+            let tenant = format!("t{}", i % (2 * SWEEP_AT));
+            drop(gate.admit(&l, &tenant, &format!("s{i}")).unwrap());
+            drop(gate.admit(&l, "one", &format!("s{i}")).unwrap());
+        }
+        let held = gate.admit(&l, "one", "held").unwrap();
+        let c = gate.counts.lock().unwrap();
+        assert!(c.tenants.len() <= SWEEP_AT + 1, "{}", c.tenants.len());
+        assert!(c.tenants["one"].sandboxes.len() <= SWEEP_AT + 1);
+        assert_eq!(c.total, 1);
+        drop(c);
+        drop(held);
+        assert_eq!(gate.in_flight(), 0);
     }
 
     #[test]
