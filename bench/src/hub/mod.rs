@@ -297,6 +297,15 @@ async fn ports(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Resul
             format!("ports, {}: wrk errors (both sides)", o.server),
             errors,
         );
+        let cpu: Vec<String> = o
+            .hub_cpu_us
+            .iter()
+            .map(|us| format!("{us:.1} µs"))
+            .collect();
+        report.detail(
+            format!("ports, {}: hub CPU per request, per round", o.server),
+            cpu.join(", "),
+        );
     }
     Ok(())
 }

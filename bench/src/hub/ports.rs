@@ -10,6 +10,12 @@
 //! one its tests use)
 //! and nginx answering `return 200` (no work at all per request: what the
 //! proxy's own cost per request looks like, with nothing to hide it).
+//!
+//! `http.server`'s requests/s fall as its concurrent connections rise
+//! (threads behind one GIL: ~15k/s on one connection, ~8k/s on 16, here),
+//! so a proxy that serialises requests can make it look faster than
+//! direct, and a cheaper proxy slower. The hub's CPU time per request,
+//! measured around each hub round, is the proxy's own cost either way.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -63,6 +69,28 @@ pub struct Outcome {
     pub hub: Vec<WrkResult>,
     pub command_direct: String,
     pub command_hub: String,
+    /// The hub's CPU time (user + system) per request carried, per hub
+    /// round: what the proxy itself costs, whatever else the machine runs.
+    pub hub_cpu_us: Vec<f64>,
+}
+
+/// User plus system CPU time of process `pid` so far, in microseconds
+/// (`/proc/<pid>/stat`, in clock ticks of 10 ms).
+fn cpu_us(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').context("no ) in stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, so 12 and
+    // 13 after the state (field 3, the first here).
+    let ticks: f64 = fields
+        .get(11..13)
+        .context("short stat")?
+        .iter()
+        .map(|f| f.parse::<f64>().unwrap_or(0.0))
+        .sum();
+    let per_s = 100.0; // USER_HZ on Linux
+    Ok(ticks / per_s * 1e6)
 }
 
 /// The pid of the process whose cmdline holds `marker`.
@@ -133,10 +161,18 @@ pub async fn proxy(
         };
         let mut direct = Vec::new();
         let mut through = Vec::new();
+        let mut hub_cpu_us = Vec::new();
         for round in 0..rounds {
             eprintln!("ports: {} round {}/{rounds}", server.name, round + 1);
             direct.push(run_in_netns(pid, &load, &direct_url)?);
-            through.push(load.run(&url)?);
+            let before = cpu_us(hub.pid())?;
+            let result = load.run(&url)?;
+            let spent = cpu_us(hub.pid())? - before;
+            let requests = result.requests_per_sec * duration.as_secs_f64();
+            if requests > 0.0 {
+                hub_cpu_us.push(spent / requests);
+            }
+            through.push(result);
         }
         out.push(Outcome {
             server: server.name,
@@ -147,6 +183,7 @@ pub async fn proxy(
                 load.command_line(&direct_url)
             ),
             command_hub: load.command_line(&url),
+            hub_cpu_us,
         });
     }
     hub.delete(&id).await?;
