@@ -116,11 +116,15 @@ pub struct Blobs {
 
 impl Blobs {
     /// Stores `input` under its sha256; returns the hex digest.
+    ///
+    /// Not synced: blobs are written only into an import's staging
+    /// directory, and all but the config are gone once it is registered;
+    /// the config is synced as it is moved into the store (`commit`). A
+    /// sync per staged layer was most of what staging added to an import.
     pub fn write(&self, input: &mut impl Read) -> io::Result<String> {
         let tmp = tempfile::NamedTempFile::new_in(&self.tmp)?;
         let mut file = tmp.as_file();
         let (hex, _) = ingest::copy_hashed(input, &mut file)?;
-        file.sync_all()?;
         let dest = self.dir.join(&hex);
         if !dest.exists() {
             tmp.persist(&dest).map_err(|e| e.error)?;

@@ -321,6 +321,10 @@ impl ImageStore {
     ) -> Result<Image, ErrorBody> {
         let dest = self.blobs.path(config_hex);
         if !dest.exists() {
+            // Durable before it is named: an import stages it unsynced.
+            File::open(config_file)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| internal("syncing the image config", e))?;
             std::fs::rename(config_file, &dest)
                 .map_err(|e| internal("moving the image config into place", e))?;
         }
