@@ -21,6 +21,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 fn ns_error(id: &str, e: io::Error) -> Error {
     match e.kind() {
         io::ErrorKind::Unsupported => Error::new(Code::FailedPrecondition, e.to_string()),
+        // Out of descriptors (a burst of connections past what the
+        // proxy's caps reckon with): the hub is full for now, not the
+        // sandbox broken, so the caller is told to come back, as at a cap.
+        _ if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => Error::new(
+            Code::ResourceExhausted,
+            format!("the hub is out of file descriptors for sandbox {id}'s ports: {e}; try again shortly"),
+        ),
         _ => Error::unavailable(format!("sandbox {id}: {e}")),
     }
 }
