@@ -161,6 +161,55 @@ pub struct Sandbox {
     /// has none, in lists, and where the backend cannot tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entrypoint: Option<EntrypointStatus>,
+    /// What its egress gateway counted (`network: egress`, on one
+    /// sandbox's GET while the gateway runs; absent otherwise). Counted
+    /// since the gateway last started (a hub restart starts from zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressUsage>,
+}
+
+/// An egress sandbox's counters. Bytes are TCP **payload** bytes: what the
+/// workload wrote to its connections (`bytes_out`) and what it could read
+/// from them (`bytes_in`); no IP/TCP headers, no DNS.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressUsage {
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// Connections the gateway carried (upstream connected).
+    pub connections_opened: u64,
+    /// Connections refused (policy, closed range, a limit, `egress_mb`, or
+    /// upstream unreachable).
+    pub connections_refused: u64,
+}
+
+/// One decision of an egress gateway on a connection attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressDecision {
+    /// RFC 3339, UTC.
+    pub at: String,
+    /// The name the workload resolved, when it dialled one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The address it dialled (for a name: the gateway's synthetic one).
+    pub address: String,
+    pub port: u16,
+    pub allowed: bool,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Payload bytes of an allowed connection so far.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/egress`: the last decisions (at most 256),
+/// oldest first. Empty for a sandbox without an egress gateway.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressLog {
+    pub decisions: Vec<EgressDecision>,
 }
 
 /// A sandbox's entrypoint: running, or how it ended. The words are

@@ -214,6 +214,58 @@ impl Egress {
         Ok(())
     }
 
+    /// What a sandbox's running gateway counted.
+    pub fn usage(&self, id: &str) -> Option<sandhub_api::hub::EgressUsage> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let t = running.get(id)?.meter().totals();
+        Some(sandhub_api::hub::EgressUsage {
+            bytes_out: t.bytes_out,
+            bytes_in: t.bytes_in,
+            connections_opened: t.connections_opened,
+            connections_refused: t.connections_refused,
+        })
+    }
+
+    /// A sandbox's decision log, oldest first (empty without a gateway).
+    pub fn decisions(&self, id: &str) -> Vec<sandhub_api::hub::EgressDecision> {
+        let meter = {
+            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            match running.get(id) {
+                Some(g) => g.meter().clone(),
+                None => return Vec::new(),
+            }
+        };
+        meter
+            .decisions()
+            .into_iter()
+            .map(|d| sandhub_api::hub::EgressDecision {
+                at: crate::backend::rfc3339(d.at_ms as i64),
+                name: d.name,
+                address: d.address.to_string(),
+                port: d.port,
+                allowed: d.allowed,
+                reason: (!d.reason.is_empty()).then_some(d.reason),
+                bytes_out: d.bytes_out,
+                bytes_in: d.bytes_in,
+            })
+            .collect()
+    }
+
+    /// Sums of every running gateway's counters per tenant, for
+    /// `/metrics` (`tenant_of` maps a sandbox id to its tenant).
+    pub fn usage_by_sandbox(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        let ids: Vec<String> = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| self.usage(&id).map(|u| (id, u)))
+            .collect()
+    }
+
     /// Stops a sandbox's gateway (if any): it is offline from now on.
     pub fn detach(&self, id: &str) {
         let gw = self

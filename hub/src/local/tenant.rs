@@ -91,6 +91,11 @@ impl TenantView for TenantHub {
         &self.tenant
     }
 
+    async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
+        found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        Ok(self.hub.backend.egress.decisions(id))
+    }
+
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
         self.hub.running(&self.tenant, id, op).map(|(_, c)| c)
     }
