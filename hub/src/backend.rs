@@ -55,10 +55,9 @@ pub trait TenantView: Sandboxes {
     async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>>;
     /// The last decisions of a sandbox's egress gateway, oldest first;
     /// empty when it has none (another tenant's sandbox is NOT_FOUND).
-    async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
-        self.get(id).await?;
-        Ok(Vec::new())
-    }
+    /// (No default: a wrapper that forgot to forward it would answer
+    /// empty.)
+    async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>>;
     /// Moves a sandbox's deadline to `seconds` from now (E2B's
     /// `set_timeout`: shorter or longer than before).
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {

@@ -202,6 +202,10 @@ impl TenantView for GuardedView {
         self.inner.list_ports(id).await
     }
 
+    async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
+        self.inner.egress_log(id).await
+    }
+
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<sandhub_api::hub::Sandbox> {
         self.inner.set_deadline(id, seconds).await
     }
