@@ -96,6 +96,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn ready(&self) -> Result<()>;
     /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.
     async fn sandbox_count(&self) -> Result<usize>;
+    /// Per tenant, what its egress gateways counted while the hub runs
+    /// (`/metrics`; empty where there are none).
+    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        Vec::new()
+    }
     /// The images side: the local backend's store, or on Kubernetes
     /// pre-pull onto the nodes (which hold the images).
     fn images(&self) -> Option<Arc<dyn ImageService>> {

@@ -169,6 +169,10 @@ impl Backend for Guarded {
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         self.inner.images()
     }
+
+    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        self.inner.egress_usage()
+    }
 }
 
 struct GuardedView {

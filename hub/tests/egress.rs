@@ -830,6 +830,25 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
     assert_eq!(d[1]["allowed"], false);
     assert!(!d[1]["reason"].as_str().unwrap().is_empty(), "{log}");
 
+    // /metrics: the same totals, one series per tenant (no sandbox label).
+    let m = hub
+        .http()
+        .get(format!("{}/metrics", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        format!("sandhub_egress_sent_bytes_total{{tenant=\"alice\"}} {sent}"),
+        format!("sandhub_egress_received_bytes_total{{tenant=\"alice\"}} {received}"),
+        "sandhub_egress_connections_opened_total{tenant=\"alice\"} 1".to_string(),
+        "sandhub_egress_connections_refused_total{tenant=\"alice\"} 1".to_string(),
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} not in:\n{m}");
+    }
+
     // Another tenant's sandbox is NOT_FOUND, like every route.
     error_body(
         get(common::BOB_KEY, format!("/v1/sandboxes/{id}/egress")).await,

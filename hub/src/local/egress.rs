@@ -116,7 +116,10 @@ fn parse_dns(s: &str) -> anyhow::Result<SocketAddr> {
 /// The gateways of one hub.
 pub struct Egress {
     cfg: Arc<Config>,
-    running: Mutex<HashMap<String, Gateway>>,
+    running: Mutex<HashMap<String, (String, Gateway)>>,
+    /// Per tenant, what gateways that are gone counted (so the tenant's
+    /// series on `/metrics` never go down while the hub runs).
+    retired: Mutex<HashMap<String, sandhub_gateway::meter::Totals>>,
 }
 
 impl std::fmt::Debug for Egress {
@@ -172,6 +175,7 @@ impl Egress {
                 },
             }),
             running: Mutex::new(HashMap::new()),
+            retired: Mutex::new(HashMap::new()),
         })
     }
 
@@ -181,7 +185,13 @@ impl Egress {
     }
 
     /// Starts the gateway of a running sandbox, replacing any it had.
-    pub async fn attach(&self, id: &str, launched: &Launched, policy: SandboxPolicy) -> Result<()> {
+    pub async fn attach(
+        &self,
+        tenant: &str,
+        id: &str,
+        launched: &Launched,
+        policy: SandboxPolicy,
+    ) -> Result<()> {
         let l = launched.clone();
         let dev = tokio::task::spawn_blocking(move || {
             let ns = NetNs::of(&l)?;
@@ -206,10 +216,14 @@ impl Egress {
             id.to_string(),
         )
         .map_err(|e| Error::internal(format!("starting the egress gateway: {e}")))?;
-        self.running
+        let old = self
+            .running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string(), gw);
+            .insert(id.to_string(), (tenant.to_string(), gw));
+        if let Some((t, old)) = old {
+            self.retire(&t, &old);
+        }
         tracing::info!(%id, "egress gateway attached");
         Ok(())
     }
@@ -217,7 +231,7 @@ impl Egress {
     /// What a sandbox's running gateway counted.
     pub fn usage(&self, id: &str) -> Option<sandhub_api::hub::EgressUsage> {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        let t = running.get(id)?.meter().totals();
+        let t = running.get(id)?.1.meter().totals();
         Some(sandhub_api::hub::EgressUsage {
             bytes_out: t.bytes_out,
             bytes_in: t.bytes_in,
@@ -231,7 +245,7 @@ impl Egress {
         let meter = {
             let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
             match running.get(id) {
-                Some(g) => g.meter().clone(),
+                Some((_, g)) => g.meter().clone(),
                 None => return Vec::new(),
             }
         };
@@ -251,19 +265,40 @@ impl Egress {
             .collect()
     }
 
-    /// Sums of every running gateway's counters per tenant, for
-    /// `/metrics` (`tenant_of` maps a sandbox id to its tenant).
-    pub fn usage_by_sandbox(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
-        let ids: Vec<String> = self
+    /// Every tenant's totals while the hub runs (gateways running and
+    /// gone), for `/metrics`.
+    pub fn usage_by_tenant(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        let mut sums = self
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for (tenant, gw) in self
             .running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
-        ids.into_iter()
-            .filter_map(|id| self.usage(&id).map(|u| (id, u)))
+            .values()
+        {
+            add(sums.entry(tenant.clone()).or_default(), gw.meter().totals());
+        }
+        sums.into_iter()
+            .map(|(tenant, t)| {
+                (
+                    tenant,
+                    sandhub_api::hub::EgressUsage {
+                        bytes_out: t.bytes_out,
+                        bytes_in: t.bytes_in,
+                        connections_opened: t.connections_opened,
+                        connections_refused: t.connections_refused,
+                    },
+                )
+            })
             .collect()
+    }
+
+    fn retire(&self, tenant: &str, gw: &Gateway) {
+        let mut r = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        add(r.entry(tenant.to_string()).or_default(), gw.meter().totals());
     }
 
     /// Stops a sandbox's gateway (if any): it is offline from now on.
@@ -273,8 +308,17 @@ impl Egress {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
-        drop(gw);
+        if let Some((tenant, gw)) = gw {
+            self.retire(&tenant, &gw);
+        }
     }
+}
+
+fn add(sum: &mut sandhub_gateway::meter::Totals, t: sandhub_gateway::meter::Totals) {
+    sum.bytes_out += t.bytes_out;
+    sum.bytes_in += t.bytes_in;
+    sum.connections_opened += t.connections_opened;
+    sum.connections_refused += t.connections_refused;
 }
 
 /// What an egress sandbox was started with: its template's `network` and,

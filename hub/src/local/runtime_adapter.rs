@@ -308,7 +308,9 @@ impl LocalBackend {
             .map_err(join_error)?
             .map_err(runtime_error)?;
         if let Some(policy) = policy {
-            if let Err(e) = self.egress.attach(&request.row.id, &launched, policy).await {
+            if let Err(e) = self
+                .egress
+                .attach(&request.row.tenant, &request.row.id, &launched, policy).await {
                 let (runtime, id, l) = (self.runtime.clone(), request.row.id.clone(), launched);
                 let _ = tokio::task::spawn_blocking(move || runtime.stop(&id, &l)).await;
                 return Err(e);
@@ -336,7 +338,7 @@ impl LocalBackend {
         }
         let launched = Self::launched(row)?;
         self.egress
-            .attach(&row.id, &launched, recorded.policy()?)
+            .attach(&row.tenant, &row.id, &launched, recorded.policy()?)
             .await
     }
 

@@ -159,6 +159,10 @@ impl Backend for Arc<Hub> {
         Ok(self.store.all_sandboxes()?.len())
     }
 
+    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        self.backend.egress.usage_by_tenant()
+    }
+
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         let hub = self.clone();
         // What uses images: every tenant's templates, and every sandbox the
