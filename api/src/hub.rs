@@ -15,6 +15,9 @@ pub use crate::network::{Network, NetworkSpec};
 pub const MAX_ID_LEN: usize = 63;
 pub const DEFAULT_TEMPLATE: &str = "default";
 
+/// The largest `egress_mb` (1 PiB).
+pub const MAX_EGRESS_MB: u64 = 1 << 30;
+
 /// Template limits beyond which no kernel can enforce the value (`pids.max`
 /// stops at the kernel's PID_MAX_LIMIT; 16 TiB of memory, 1024 cores).
 /// Below these a sandbox cannot even start its own daemon (the shim, PID 1
@@ -361,6 +364,13 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 16777216))]
     pub disk_mb: Option<u64>,
+    /// `network: egress` only: MiB of TCP payload (out and in together)
+    /// the sandbox may move through its gateway, 1 to [`MAX_EGRESS_MB`];
+    /// past it new connections are refused (open ones continue). Counted
+    /// since the gateway started (a hub restart starts again from zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1073741824))]
+    pub egress_mb: Option<u64>,
     /// `"none"`, `"host"`, `"egress"`, or `{mode, allow_out, deny_out}`
     /// (docs/networking.md).
     #[serde(default)]

@@ -849,6 +849,38 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
         assert!(m.lines().any(|l| l == line), "{line} not in:\n{m}");
     }
 
+    // egress_mb: validated; past the cap new connections are refused (the
+    // open one that crossed it finishes), with the reason in the log.
+    let put = |name: &'static str, body: serde_json::Value| {
+        let (http, url) = (hub.http(), hub.url());
+        async move {
+            http.put(format!("{url}/v1/templates/{name}"))
+                .bearer_auth(common::ALICE_KEY)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = put("capped", json!({"network": "egress", "egress_mb": 0})).await;
+    let body = error_body(r, 400, "INVALID_ARGUMENT").await;
+    assert!(body["message"].as_str().unwrap().contains("egress_mb"), "{body}");
+    let r = put("capped", json!({"network": "egress", "egress_mb": 1})).await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let capped = create(&alice, "capped").await;
+    let got = probe(&alice, &capped, &["http://pypi.test/big", "http://pypi.test/after-cap"]).await;
+    assert!(got[0].starts_with("OK 200"), "{}", &got[0][..got[0].len().min(80)]);
+    assert_refused(&got[1], &got[1]);
+    assert_eq!(net.seen("/after-cap"), 0);
+    let log: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{capped}/egress"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let last = log["decisions"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["allowed"], false, "{log}");
+    assert!(last["reason"].as_str().unwrap().contains("egress_mb"), "{log}");
+
     // Another tenant's sandbox is NOT_FOUND, like every route.
     error_body(
         get(common::BOB_KEY, format!("/v1/sandboxes/{id}/egress")).await,

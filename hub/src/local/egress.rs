@@ -191,6 +191,7 @@ impl Egress {
         id: &str,
         launched: &Launched,
         policy: SandboxPolicy,
+        egress_mb: Option<u64>,
     ) -> Result<()> {
         let l = launched.clone();
         let dev = tokio::task::spawn_blocking(move || {
@@ -208,12 +209,16 @@ impl Egress {
         if dev.loopback_dns.is_none() {
             tracing::warn!(%id, "egress: 127.0.0.1:53 was taken inside the sandbox; DNS only at 100.127.0.1");
         }
-        let gw = sandhub_gateway::start(
+        let gw = sandhub_gateway::start_metered(
             dev.tun,
             dev.loopback_dns,
             self.cfg.clone(),
             policy,
             id.to_string(),
+            sandhub_gateway::Metering {
+                meter: Default::default(),
+                cap_bytes: egress_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
+            },
         )
         .map_err(|e| Error::internal(format!("starting the egress gateway: {e}")))?;
         let old = self
@@ -328,6 +333,9 @@ pub struct Recorded {
     pub template: NetworkSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<NetworkSpec>,
+    /// The template's `egress_mb` at launch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_mb: Option<u64>,
 }
 
 impl Recorded {
@@ -338,6 +346,7 @@ impl Recorded {
         Recorded {
             template: template.network.clone(),
             sandbox: Self::of_row(row).and_then(|r| r.sandbox),
+            egress_mb: template.egress_mb,
         }
     }
 
@@ -353,6 +362,7 @@ impl Recorded {
         let r = Recorded {
             template: template.clone(),
             sandbox: Some(sandbox),
+            egress_mb: None,
         };
         serde_json::json!({ RECORD_KEY: r })
     }

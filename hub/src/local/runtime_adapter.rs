@@ -310,7 +310,13 @@ impl LocalBackend {
         if let Some(policy) = policy {
             if let Err(e) = self
                 .egress
-                .attach(&request.row.tenant, &request.row.id, &launched, policy).await {
+                .attach(
+                    &request.row.tenant,
+                    &request.row.id,
+                    &launched,
+                    policy,
+                    recorded.egress_mb,
+                ).await {
                 let (runtime, id, l) = (self.runtime.clone(), request.row.id.clone(), launched);
                 let _ = tokio::task::spawn_blocking(move || runtime.stop(&id, &l)).await;
                 return Err(e);
@@ -338,7 +344,13 @@ impl LocalBackend {
         }
         let launched = Self::launched(row)?;
         self.egress
-            .attach(&row.tenant, &row.id, &launched, recorded.policy()?)
+            .attach(
+                &row.tenant,
+                &row.id,
+                &launched,
+                recorded.policy()?,
+                recorded.egress_mb,
+            )
             .await
     }
 
