@@ -250,7 +250,12 @@ async fn the_loop_answers_dns_and_resets_what_the_policy_or_the_closed_ranges_re
     // nothing was opened, no byte moved.
     let t = gw.meter().totals();
     assert_eq!(
-        (t.connections_opened, t.connections_refused, t.bytes_out, t.bytes_in),
+        (
+            t.connections_opened,
+            t.connections_refused,
+            t.bytes_out,
+            t.bytes_in
+        ),
         (0, 4, 0, 0)
     );
     let log = gw.meter().decisions();

@@ -767,8 +767,10 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
         .http()
         .put(format!("{}/v1/templates/metered", hub.url()))
         .bearer_auth(common::ALICE_KEY)
-        .json(&json!({"network": {"mode": "egress", "allow_out": ["pypi.test:80"],
-                                  "deny_out": ["198.18.5.2:8443"]}}))
+        .json(
+            &json!({"network": {"mode": "egress", "allow_out": ["pypi.test:80"],
+                                  "deny_out": ["198.18.5.2:8443"]}}),
+        )
         .send()
         .await
         .unwrap();
@@ -823,7 +825,10 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
         (d[0]["bytes_out"].as_u64(), d[0]["bytes_in"].as_u64()),
         (Some(sent), Some(received))
     );
-    assert!(d[0]["address"].as_str().unwrap().starts_with("100.127."), "{log}");
+    assert!(
+        d[0]["address"].as_str().unwrap().starts_with("100.127."),
+        "{log}"
+    );
     assert!(d[0]["at"].as_str().unwrap().ends_with('Z'), "{log}");
     assert_eq!(d[1]["address"], "198.18.5.2");
     assert_eq!(d[1]["port"], 8443);
@@ -864,12 +869,24 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
     };
     let r = put("capped", json!({"network": "egress", "egress_mb": 0})).await;
     let body = error_body(r, 400, "INVALID_ARGUMENT").await;
-    assert!(body["message"].as_str().unwrap().contains("egress_mb"), "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("egress_mb"),
+        "{body}"
+    );
     let r = put("capped", json!({"network": "egress", "egress_mb": 1})).await;
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
     let capped = create(&alice, "capped").await;
-    let got = probe(&alice, &capped, &["http://pypi.test/big", "http://pypi.test/after-cap"]).await;
-    assert!(got[0].starts_with("OK 200"), "{}", &got[0][..got[0].len().min(80)]);
+    let got = probe(
+        &alice,
+        &capped,
+        &["http://pypi.test/big", "http://pypi.test/after-cap"],
+    )
+    .await;
+    assert!(
+        got[0].starts_with("OK 200"),
+        "{}",
+        &got[0][..got[0].len().min(80)]
+    );
     assert_refused(&got[1], &got[1]);
     assert_eq!(net.seen("/after-cap"), 0);
     let log: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{capped}/egress"))
@@ -879,7 +896,10 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
         .unwrap();
     let last = log["decisions"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["allowed"], false, "{log}");
-    assert!(last["reason"].as_str().unwrap().contains("egress_mb"), "{log}");
+    assert!(
+        last["reason"].as_str().unwrap().contains("egress_mb"),
+        "{log}"
+    );
 
     // Another tenant's sandbox is NOT_FOUND, like every route.
     error_body(

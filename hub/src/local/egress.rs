@@ -303,7 +303,10 @@ impl Egress {
 
     fn retire(&self, tenant: &str, gw: &Gateway) {
         let mut r = self.retired.lock().unwrap_or_else(|p| p.into_inner());
-        add(r.entry(tenant.to_string()).or_default(), gw.meter().totals());
+        add(
+            r.entry(tenant.to_string()).or_default(),
+            gw.meter().totals(),
+        );
     }
 
     /// Stops a sandbox's gateway (if any): it is offline from now on.

@@ -316,7 +316,9 @@ impl LocalBackend {
                     &launched,
                     policy,
                     recorded.egress_mb,
-                ).await {
+                )
+                .await
+            {
                 let (runtime, id, l) = (self.runtime.clone(), request.row.id.clone(), launched);
                 let _ = tokio::task::spawn_blocking(move || runtime.stop(&id, &l)).await;
                 return Err(e);

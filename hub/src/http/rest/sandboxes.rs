@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use axum::http::StatusCode;
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{
-        CreateSandbox, EgressLog, ForkRequest, Sandbox, SandboxList, Snapshot, SnapshotList,
-    },
+    hub::{CreateSandbox, EgressLog, ForkRequest, Sandbox, SandboxList, Snapshot, SnapshotList},
 };
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
