@@ -71,6 +71,10 @@ pub struct Limits {
     /// An open flow that moves no byte either way this long is reset, so
     /// forgotten connections give their slot back.
     pub idle_timeout: Duration,
+    /// `--egress-rate-mbit`: while the payload rate (both ways) since the
+    /// start of the current window (renewed each second) is above this,
+    /// new connections are refused.
+    pub rate_mbit: Option<u64>,
 }
 
 impl Default for Limits {
@@ -82,6 +86,7 @@ impl Default for Limits {
             dns_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(3600),
+            rate_mbit: None,
         }
     }
 }

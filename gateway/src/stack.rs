@@ -179,6 +179,8 @@ pub(crate) struct Loop {
     /// `egress_mb`: payload bytes both ways past which new connections
     /// are refused.
     cap_bytes: Option<u64>,
+    /// The rate window: when it began and the byte total then.
+    rate_window: (std::time::Instant, u64),
 }
 
 /// A datagram on `s`, or never when there is no socket.
@@ -290,6 +292,7 @@ impl Loop {
             lo_dns,
             meter,
             cap_bytes,
+            rate_window: (std::time::Instant::now(), 0),
         })
     }
 
@@ -361,6 +364,23 @@ impl Loop {
             }
             self.step();
         }
+    }
+
+    /// Why a new connection is refused under `--egress-rate-mbit`, if it is.
+    fn over_rate(&mut self) -> Option<String> {
+        let cap = self.cfg.limits.rate_mbit?;
+        let total = self.meter.total_bytes();
+        let (start, at_start) = self.rate_window;
+        let secs = start.elapsed().as_secs_f64().max(0.001);
+        let mbit = (total - at_start) as f64 * 8.0 / 1e6 / secs;
+        if start.elapsed() >= Duration::from_secs(1) {
+            self.rate_window = (std::time::Instant::now(), total);
+        }
+        (mbit > cap as f64).then(|| {
+            format!(
+                "--egress-rate-mbit: the sandbox moves {mbit:.1} Mbit/s, above the cap of {cap}"
+            )
+        })
     }
 
     /// Polls smoltcp, moves bytes, polls again, writes what it sent.
@@ -481,6 +501,13 @@ impl Loop {
                 self.meter.refused(name.as_deref(), dst_ip, port, &why);
                 return self.refuse(syn);
             }
+        }
+        if let Some(why) = self.over_rate() {
+            if self.log.admit() {
+                tracing::info!(sandbox = %self.sandbox, %why, "egress: refused");
+            }
+            self.meter.refused(name.as_deref(), dst_ip, port, &why);
+            return self.refuse(syn);
         }
         if self.open.len() + self.pending.len() >= self.cfg.limits.max_flows {
             if self.log.admit() {

@@ -755,7 +755,7 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
     let net = Internet::up();
     let hub = TestHub::start(HubOptions {
         api_keys: true,
-        extra_args: &["--egress-dns", "198.18.0.2"],
+        extra_args: &["--egress-dns", "198.18.0.2", "--egress-rate-mbit", "1"],
         ..Default::default()
     })
     .await;
@@ -898,6 +898,35 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
     assert_eq!(last["allowed"], false, "{log}");
     assert!(
         last["reason"].as_str().unwrap().contains("egress_mb"),
+        "{log}"
+    );
+
+    // --egress-rate-mbit 1: right after a 16 MiB download the rate is far
+    // above 1 Mbit/s, so the next connection is refused, with why.
+    let fast = create(&alice, "metered").await;
+    let got = probe(
+        &alice,
+        &fast,
+        &["http://pypi.test/big", "http://pypi.test/too-fast"],
+    )
+    .await;
+    assert!(
+        got[0].starts_with("OK 200"),
+        "{}",
+        &got[0][..got[0].len().min(80)]
+    );
+    assert_refused(&got[1], &got[1]);
+    let log: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{fast}/egress"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let last = log["decisions"].as_array().unwrap().last().unwrap().clone();
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--egress-rate-mbit"),
         "{log}"
     );
 

@@ -77,6 +77,13 @@ pub struct EgressArgs {
     #[arg(long, env = "SANDHUB_EGRESS_IDLE_TIMEOUT", default_value = "1h",
           value_parser = sandhub_common::parse_duration)]
     pub egress_idle_timeout: std::time::Duration,
+
+    /// A rate cap per egress sandbox, in Mbit/s of TCP payload (out and in
+    /// together): while a sandbox's rate since its last one-second window
+    /// is above it, its new connections are refused (the reason is in its
+    /// decision log). Unset: no cap.
+    #[arg(long, env = "SANDHUB_EGRESS_RATE_MBIT")]
+    pub egress_rate_mbit: Option<u64>,
 }
 
 /// The defaults the flags have (for hubs built without clap).
@@ -89,6 +96,7 @@ impl Default for EgressArgs {
             egress_default: "allow".into(),
             egress_max_flows: DEFAULT_MAX_FLOWS,
             egress_idle_timeout: Limits::default().idle_timeout,
+            egress_rate_mbit: None,
         }
     }
 }
@@ -171,6 +179,7 @@ impl Egress {
                     idle_timeout: args
                         .egress_idle_timeout
                         .max(std::time::Duration::from_secs(1)),
+                    rate_mbit: args.egress_rate_mbit.filter(|&r| r > 0),
                     ..Limits::default()
                 },
             }),
