@@ -15,6 +15,9 @@ pub use crate::network::{Network, NetworkSpec};
 pub const MAX_ID_LEN: usize = 63;
 pub const DEFAULT_TEMPLATE: &str = "default";
 
+/// The largest `egress_mb` (1 PiB).
+pub const MAX_EGRESS_MB: u64 = 1 << 30;
+
 /// Template limits beyond which no kernel can enforce the value (`pids.max`
 /// stops at the kernel's PID_MAX_LIMIT; 16 TiB of memory, 1024 cores).
 /// Below these a sandbox cannot even start its own daemon (the shim, PID 1
@@ -161,6 +164,55 @@ pub struct Sandbox {
     /// has none, in lists, and where the backend cannot tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entrypoint: Option<EntrypointStatus>,
+    /// What its egress gateway counted (`network: egress`, on one
+    /// sandbox's GET while the gateway runs; absent otherwise). Counted
+    /// since the gateway last started (a hub restart starts from zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressUsage>,
+}
+
+/// An egress sandbox's counters. Bytes are TCP **payload** bytes: what the
+/// workload wrote to its connections (`bytes_out`) and what it could read
+/// from them (`bytes_in`); no IP/TCP headers, no DNS.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressUsage {
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// Connections the gateway carried (upstream connected).
+    pub connections_opened: u64,
+    /// Connections refused (policy, closed range, a limit, `egress_mb`, or
+    /// upstream unreachable).
+    pub connections_refused: u64,
+}
+
+/// One decision of an egress gateway on a connection attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressDecision {
+    /// RFC 3339, UTC.
+    pub at: String,
+    /// The name the workload resolved, when it dialled one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The address it dialled (for a name: the gateway's synthetic one).
+    pub address: String,
+    pub port: u16,
+    pub allowed: bool,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Payload bytes of an allowed connection so far.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/egress`: the last decisions (at most 256),
+/// oldest first. Empty for a sandbox without an egress gateway.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressLog {
+    pub decisions: Vec<EgressDecision>,
 }
 
 /// A sandbox's entrypoint: running, or how it ended. The words are
@@ -312,6 +364,13 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 16777216))]
     pub disk_mb: Option<u64>,
+    /// `network: egress` only: MiB of TCP payload (out and in together)
+    /// the sandbox may move through its gateway, 1 to [`MAX_EGRESS_MB`];
+    /// past it new connections are refused (open ones continue). Counted
+    /// since the gateway started (a hub restart starts again from zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1073741824))]
+    pub egress_mb: Option<u64>,
     /// `"none"`, `"host"`, `"egress"`, or `{mode, allow_out, deny_out}`
     /// (docs/networking.md).
     #[serde(default)]

@@ -106,6 +106,7 @@ fn sandbox(id: &str, labels: BTreeMap<String, String>) -> Sandbox {
         pool: None,
         forked_from: None,
         entrypoint: None,
+        egress: None,
     }
 }
 

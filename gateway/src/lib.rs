@@ -15,6 +15,7 @@
 //!
 //! ```text
 //! lib.rs      Config, Limits, start() -> Gateway (drop stops it), host_addresses()
+//! meter.rs    counters and the bounded decision log (issue part 4)
 //! policy.rs   the decision: always-closed and private ranges, deny and
 //!             allow layers (pure; unit-tested)
 //! dns/        wire.rs (parse/build the few DNS messages), fakeip.rs (the
@@ -38,6 +39,7 @@
 //! Depends on `api` (the policy language) only: never on `hub`.
 
 pub mod dns;
+pub mod meter;
 pub mod policy;
 mod stack;
 pub mod tun;
@@ -50,6 +52,7 @@ use std::{
     time::Duration,
 };
 
+pub use meter::Meter;
 pub use policy::{OperatorPolicy, SandboxPolicy};
 
 /// Per-sandbox bounds.
@@ -68,6 +71,10 @@ pub struct Limits {
     /// An open flow that moves no byte either way this long is reset, so
     /// forgotten connections give their slot back.
     pub idle_timeout: Duration,
+    /// `--egress-rate-mbit`: while the payload rate (both ways) since the
+    /// start of the current window (renewed each second) is above this,
+    /// new connections are refused.
+    pub rate_mbit: Option<u64>,
 }
 
 impl Default for Limits {
@@ -79,6 +86,7 @@ impl Default for Limits {
             dns_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(3600),
+            rate_mbit: None,
         }
     }
 }
@@ -97,6 +105,7 @@ pub struct Config {
 /// offline).
 pub struct Gateway {
     task: tokio::task::JoinHandle<()>,
+    meter: Arc<Meter>,
 }
 
 impl Drop for Gateway {
@@ -108,6 +117,11 @@ impl Drop for Gateway {
 impl Gateway {
     pub fn is_running(&self) -> bool {
         !self.task.is_finished()
+    }
+
+    /// Its counters and decision log.
+    pub fn meter(&self) -> &Arc<Meter> {
+        &self.meter
     }
 }
 
@@ -121,12 +135,44 @@ pub fn start(
     policy: SandboxPolicy,
     sandbox: String,
 ) -> io::Result<Gateway> {
+    start_metered(tun, loopback_dns, cfg, policy, sandbox, Metering::default())
+}
+
+/// How one sandbox's gateway counts and caps.
+#[derive(Debug, Clone, Default)]
+pub struct Metering {
+    /// Counters and log (pass the old one on a re-attach to keep them).
+    pub meter: Arc<Meter>,
+    /// `egress_mb` in bytes: past it (payload both ways, see [`meter`]),
+    /// new connections are refused.
+    pub cap_bytes: Option<u64>,
+}
+
+/// [`start`] with the counters and cap given.
+pub fn start_metered(
+    tun: OwnedFd,
+    loopback_dns: Option<std::net::UdpSocket>,
+    cfg: Arc<Config>,
+    policy: SandboxPolicy,
+    sandbox: String,
+    metering: Metering,
+) -> io::Result<Gateway> {
     let lo_dns = loopback_dns
         .map(tokio::net::UdpSocket::from_std)
         .transpose()?;
-    let l = stack::Loop::new(sandbox, cfg, policy, tun, lo_dns)?;
+    let meter = metering.meter.clone();
+    let l = stack::Loop::new(
+        sandbox,
+        cfg,
+        policy,
+        tun,
+        lo_dns,
+        metering.meter,
+        metering.cap_bytes,
+    )?;
     Ok(Gateway {
         task: tokio::spawn(l.run()),
+        meter,
     })
 }
 

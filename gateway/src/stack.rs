@@ -55,6 +55,7 @@ use tokio::{
 
 use crate::{
     dns::{self, fakeip::FakePool},
+    meter::Meter,
     policy::{self, internal, Flow as PolicyFlow, Proto, SandboxPolicy},
     tun::MTU,
     Config,
@@ -139,6 +140,8 @@ struct Open {
     /// `abort()` was called: smoltcp sends the RST on its next poll, so
     /// the socket must live until then.
     reset_pending: bool,
+    /// Its entry in the decision log.
+    seq: u64,
 }
 
 enum Woke {
@@ -149,7 +152,7 @@ enum Woke {
 }
 
 enum Event {
-    Connected(Key, TcpStream),
+    Connected(Key, Option<String>, TcpStream),
     /// The name (if any) and why, for the log.
     Refused(Key, Option<String>, String),
 }
@@ -172,6 +175,12 @@ pub(crate) struct Loop {
     log: LogBudget,
     /// The responder on the sandbox's `127.0.0.1:53`.
     lo_dns: Option<tokio::net::UdpSocket>,
+    meter: Arc<Meter>,
+    /// `egress_mb`: payload bytes both ways past which new connections
+    /// are refused.
+    cap_bytes: Option<u64>,
+    /// The rate window: when it began and the byte total then.
+    rate_window: (std::time::Instant, u64),
 }
 
 /// A datagram on `s`, or never when there is no socket.
@@ -233,6 +242,8 @@ impl Loop {
         policy: SandboxPolicy,
         tun: OwnedFd,
         lo_dns: Option<tokio::net::UdpSocket>,
+        meter: Arc<Meter>,
+        cap_bytes: Option<u64>,
     ) -> io::Result<Loop> {
         // SAFETY: an OwnedFd is a valid fd that stays open as long as the
         // AsyncFd owns it.
@@ -279,6 +290,9 @@ impl Loop {
             events,
             log: LogBudget::new(),
             lo_dns,
+            meter,
+            cap_bytes,
+            rate_window: (std::time::Instant::now(), 0),
         })
     }
 
@@ -350,6 +364,23 @@ impl Loop {
             }
             self.step();
         }
+    }
+
+    /// Why a new connection is refused under `--egress-rate-mbit`, if it is.
+    fn over_rate(&mut self) -> Option<String> {
+        let cap = self.cfg.limits.rate_mbit?;
+        let total = self.meter.total_bytes();
+        let (start, at_start) = self.rate_window;
+        let secs = start.elapsed().as_secs_f64().max(0.001);
+        let mbit = (total - at_start) as f64 * 8.0 / 1e6 / secs;
+        if start.elapsed() >= Duration::from_secs(1) {
+            self.rate_window = (std::time::Instant::now(), total);
+        }
+        (mbit > cap as f64).then(|| {
+            format!(
+                "--egress-rate-mbit: the sandbox moves {mbit:.1} Mbit/s, above the cap of {cap}"
+            )
+        })
     }
 
     /// Polls smoltcp, moves bytes, polls again, writes what it sent.
@@ -427,6 +458,8 @@ impl Loop {
                 Some(n) => Some(n.to_string()),
                 None => {
                     tracing::debug!(sandbox = %self.sandbox, %dst, "egress: a fake IP no name holds");
+                    self.meter
+                        .refused(None, dst_ip, port, "a fake address no name holds");
                     return self.refuse(syn);
                 }
             }
@@ -451,12 +484,40 @@ impl Loop {
             if self.log.admit() {
                 tracing::info!(sandbox = %self.sandbox, name = name.as_deref().unwrap_or(""), %dst, port, %why, "egress: denied");
             }
+            self.meter
+                .refused(name.as_deref(), dst_ip, port, &why.to_string());
+            return self.refuse(syn);
+        }
+        if let Some(cap) = self.cap_bytes {
+            let used = self.meter.total_bytes();
+            if used >= cap {
+                let why = format!(
+                    "egress_mb: the sandbox's cap of {} MB is used ({used} payload bytes)",
+                    cap / (1024 * 1024)
+                );
+                if self.log.admit() {
+                    tracing::info!(sandbox = %self.sandbox, %why, "egress: refused");
+                }
+                self.meter.refused(name.as_deref(), dst_ip, port, &why);
+                return self.refuse(syn);
+            }
+        }
+        if let Some(why) = self.over_rate() {
+            if self.log.admit() {
+                tracing::info!(sandbox = %self.sandbox, %why, "egress: refused");
+            }
+            self.meter.refused(name.as_deref(), dst_ip, port, &why);
             return self.refuse(syn);
         }
         if self.open.len() + self.pending.len() >= self.cfg.limits.max_flows {
             if self.log.admit() {
                 tracing::info!(sandbox = %self.sandbox, max = self.cfg.limits.max_flows, "egress: too many flows; refused");
             }
+            let why = format!(
+                "too many connections open at once (--egress-max-flows {})",
+                self.cfg.limits.max_flows
+            );
+            self.meter.refused(name.as_deref(), dst_ip, port, &why);
             return self.refuse(syn);
         }
         self.pending.insert(key, syn);
@@ -465,7 +526,7 @@ impl Loop {
         let events = self.events_tx.clone();
         self.tasks.spawn(async move {
             let ev = match connect(&cfg, &policy, name.as_deref(), dst_ip, port).await {
-                Ok(s) => Event::Connected(key, s),
+                Ok(s) => Event::Connected(key, name, s),
                 Err(why) => Event::Refused(key, name, why),
             };
             let _ = events.send(ev).await;
@@ -479,11 +540,14 @@ impl Loop {
                     let (_, _, dst, port) = key;
                     tracing::info!(sandbox = %self.sandbox, name = name.as_deref().unwrap_or(""), %dst, port, %why, "egress: refused");
                 }
+                let (_, _, dst, port) = key;
+                self.meter
+                    .refused(name.as_deref(), IpAddr::V4(dst), port, &why);
                 if let Some(syn) = self.pending.remove(&key) {
                     self.refuse(syn);
                 }
             }
-            Event::Connected(key, stream) => {
+            Event::Connected(key, name, stream) => {
                 let Some(syn) = self.pending.remove(&key) else {
                     return;
                 };
@@ -512,6 +576,7 @@ impl Loop {
                     self.sockets.remove(handle);
                     return;
                 }
+                let seq = self.meter.opened(name.as_deref(), IpAddr::V4(dst), port);
                 let (mut rd, mut wr) = stream.into_split();
                 let (to_up, mut up_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
                 let (up_tx, from_up) = mpsc::channel::<Up>(CHANNEL_CHUNKS);
@@ -556,6 +621,7 @@ impl Loop {
                         tasks: [reader, writer],
                         active: std::time::Instant::now(),
                         reset_pending: false,
+                        seq,
                     },
                 );
             }
@@ -582,6 +648,7 @@ impl Loop {
                             .unwrap_or_default();
                         if !data.is_empty() {
                             f.active = std::time::Instant::now();
+                            self.meter.moved(f.seq, data.len() as u64, 0);
                         }
                         permit.send(data);
                     }
@@ -619,6 +686,7 @@ impl Loop {
                             *off += n;
                             if n > 0 {
                                 f.active = std::time::Instant::now();
+                                self.meter.moved(f.seq, 0, n as u64);
                             }
                         }
                         Err(_) => break,

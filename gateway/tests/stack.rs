@@ -178,7 +178,7 @@ async fn the_loop_answers_dns_and_resets_what_the_policy_or_the_closed_ranges_re
         template_allow: vec!["pypi.test".parse::<Pattern>().unwrap()],
         ..Default::default()
     };
-    let _gw = sandhub_gateway::start(gw_end, None, cfg, policy, "sb-test".into()).unwrap();
+    let gw = sandhub_gateway::start(gw_end, None, cfg, policy, "sb-test".into()).unwrap();
     let wait = Duration::from_secs(10);
     let ask = |name: &str| {
         tun.send(&udp(GATEWAY, 53, &wire::build_query(7, name, wire::TYPE_A)))
@@ -245,4 +245,33 @@ async fn the_loop_answers_dns_and_resets_what_the_policy_or_the_closed_ranges_re
     };
     assert_eq!(quiet, None);
     assert_eq!(asked.load(Ordering::SeqCst), 1);
+
+    // Every refused connection is counted and logged with its reason;
+    // nothing was opened, no byte moved.
+    let t = gw.meter().totals();
+    assert_eq!(
+        (
+            t.connections_opened,
+            t.connections_refused,
+            t.bytes_out,
+            t.bytes_in
+        ),
+        (0, 4, 0, 0)
+    );
+    let log = gw.meter().decisions();
+    let seen: Vec<_> = log
+        .iter()
+        .map(|d| (d.name.as_deref(), d.address.to_string(), d.port, d.allowed))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (None, "203.0.113.9".to_string(), 80, false),
+            (Some("pypi.test"), fake.to_string(), 80, false),
+            (None, unknown.to_string(), 443, false),
+            (None, GATEWAY.to_string(), 53, false),
+        ]
+    );
+    assert!(log.iter().all(|d| !d.reason.is_empty()), "{log:?}");
+    assert!(log[1].reason.contains("127.0.0.1"), "{:?}", log[1].reason);
 }

@@ -53,6 +53,11 @@ pub trait TenantView: Sandboxes {
     }
     /// The TCP ports listening inside a Ready sandbox.
     async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>>;
+    /// The last decisions of a sandbox's egress gateway, oldest first;
+    /// empty when it has none (another tenant's sandbox is NOT_FOUND).
+    /// (No default: a wrapper that forgot to forward it would answer
+    /// empty.)
+    async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>>;
     /// Moves a sandbox's deadline to `seconds` from now (E2B's
     /// `set_timeout`: shorter or longer than before).
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {
@@ -91,6 +96,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn ready(&self) -> Result<()>;
     /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.
     async fn sandbox_count(&self) -> Result<usize>;
+    /// Per tenant, what its egress gateways counted while the hub runs
+    /// (`/metrics`; empty where there are none).
+    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        Vec::new()
+    }
     /// The images side: the local backend's store, or on Kubernetes
     /// pre-pull onto the nodes (which hold the images).
     fn images(&self) -> Option<Arc<dyn ImageService>> {

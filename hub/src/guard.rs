@@ -169,6 +169,10 @@ impl Backend for Guarded {
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         self.inner.images()
     }
+
+    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        self.inner.egress_usage()
+    }
 }
 
 struct GuardedView {
@@ -200,6 +204,10 @@ impl TenantView for GuardedView {
 
     async fn list_ports(&self, id: &str) -> Result<Vec<sandhub_api::hub::ListeningPort>> {
         self.inner.list_ports(id).await
+    }
+
+    async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
+        self.inner.egress_log(id).await
     }
 
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<sandhub_api::hub::Sandbox> {

@@ -722,3 +722,235 @@ EOF
     drop(hub);
     drop(net);
 }
+
+/// Sends exactly N bytes on a raw connection and reads to EOF; prints
+/// `sent received`. The counters must say the same (payload bytes).
+const METERED: &str = r#"/usr/bin/python3 - <<'EOF'
+import socket
+body = b"y" * 300000
+req = b"POST /upload HTTP/1.1\r\nHost: pypi.test\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+c = socket.create_connection(("pypi.test", 80), timeout=30)
+c.sendall(req)
+got = 0
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got += len(b)
+print(len(req), got)
+try:
+    socket.create_connection(("198.18.5.2", 8443), timeout=10)
+    print("connected")
+except ConnectionRefusedError:
+    print("refused")
+EOF
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_INTERNET.lock().await;
+    let net = Internet::up();
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        extra_args: &["--egress-dns", "198.18.0.2", "--egress-rate-mbit", "1"],
+        ..Default::default()
+    })
+    .await;
+    let (alice, bob) = (
+        hub.client(Some(common::ALICE_KEY)),
+        hub.client(Some(common::BOB_KEY)),
+    );
+    let r = hub
+        .http()
+        .put(format!("{}/v1/templates/metered", hub.url()))
+        .bearer_auth(common::ALICE_KEY)
+        .json(
+            &json!({"network": {"mode": "egress", "allow_out": ["pypi.test:80"],
+                                  "deny_out": ["198.18.5.2:8443"]}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let id = create(&alice, "metered").await;
+    let r = shell(&alice, &id, METERED).await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{r:?}");
+    assert_eq!(lines[1], "refused");
+    let (sent, received) = lines[0].split_once(' ').unwrap();
+    let (sent, received): (u64, u64) = (sent.parse().unwrap(), received.parse().unwrap());
+    assert!(sent > 300_000 && received > 0, "{r:?}");
+    assert_eq!(net.seen("/upload"), 1);
+
+    // GET /v1/sandboxes/{id}: the counters are the payload bytes the
+    // workload wrote and read, exactly.
+    let get = |key: &'static str, path: String| {
+        let (http, url) = (hub.http(), hub.url());
+        async move {
+            http.get(format!("{url}{path}"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let sb: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        sb["egress"],
+        json!({"bytes_out": sent, "bytes_in": received,
+               "connections_opened": 1, "connections_refused": 1}),
+        "{sb}"
+    );
+
+    // The log: the allowed connection with its bytes, the refused one with why.
+    let log: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{id}/egress"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let d = log["decisions"].as_array().unwrap();
+    assert_eq!(d.len(), 2, "{log}");
+    assert_eq!(d[0]["name"], "pypi.test");
+    assert_eq!(d[0]["port"], 80);
+    assert_eq!(d[0]["allowed"], true);
+    assert_eq!(
+        (d[0]["bytes_out"].as_u64(), d[0]["bytes_in"].as_u64()),
+        (Some(sent), Some(received))
+    );
+    assert!(
+        d[0]["address"].as_str().unwrap().starts_with("100.127."),
+        "{log}"
+    );
+    assert!(d[0]["at"].as_str().unwrap().ends_with('Z'), "{log}");
+    assert_eq!(d[1]["address"], "198.18.5.2");
+    assert_eq!(d[1]["port"], 8443);
+    assert_eq!(d[1]["allowed"], false);
+    assert!(!d[1]["reason"].as_str().unwrap().is_empty(), "{log}");
+
+    // /metrics: the same totals, one series per tenant (no sandbox label).
+    let m = hub
+        .http()
+        .get(format!("{}/metrics", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        format!("sandhub_egress_sent_bytes_total{{tenant=\"alice\"}} {sent}"),
+        format!("sandhub_egress_received_bytes_total{{tenant=\"alice\"}} {received}"),
+        "sandhub_egress_connections_opened_total{tenant=\"alice\"} 1".to_string(),
+        "sandhub_egress_connections_refused_total{tenant=\"alice\"} 1".to_string(),
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} not in:\n{m}");
+    }
+
+    // egress_mb: validated; past the cap new connections are refused (the
+    // open one that crossed it finishes), with the reason in the log.
+    let put = |name: &'static str, body: serde_json::Value| {
+        let (http, url) = (hub.http(), hub.url());
+        async move {
+            http.put(format!("{url}/v1/templates/{name}"))
+                .bearer_auth(common::ALICE_KEY)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = put("capped", json!({"network": "egress", "egress_mb": 0})).await;
+    let body = error_body(r, 400, "INVALID_ARGUMENT").await;
+    assert!(
+        body["message"].as_str().unwrap().contains("egress_mb"),
+        "{body}"
+    );
+    let r = put("capped", json!({"network": "egress", "egress_mb": 1})).await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let capped = create(&alice, "capped").await;
+    let got = probe(
+        &alice,
+        &capped,
+        &["http://pypi.test/big", "http://pypi.test/after-cap"],
+    )
+    .await;
+    assert!(
+        got[0].starts_with("OK 200"),
+        "{}",
+        &got[0][..got[0].len().min(80)]
+    );
+    assert_refused(&got[1], &got[1]);
+    assert_eq!(net.seen("/after-cap"), 0);
+    let log: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{capped}/egress"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let last = log["decisions"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["allowed"], false, "{log}");
+    assert!(
+        last["reason"].as_str().unwrap().contains("egress_mb"),
+        "{log}"
+    );
+
+    // --egress-rate-mbit 1: right after a 16 MiB download the rate is far
+    // above 1 Mbit/s, so the next connection is refused, with why.
+    let fast = create(&alice, "metered").await;
+    let got = probe(
+        &alice,
+        &fast,
+        &["http://pypi.test/big", "http://pypi.test/too-fast"],
+    )
+    .await;
+    assert!(
+        got[0].starts_with("OK 200"),
+        "{}",
+        &got[0][..got[0].len().min(80)]
+    );
+    assert_refused(&got[1], &got[1]);
+    let log: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{fast}/egress"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let last = log["decisions"].as_array().unwrap().last().unwrap().clone();
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--egress-rate-mbit"),
+        "{log}"
+    );
+
+    // Another tenant's sandbox is NOT_FOUND, like every route.
+    error_body(
+        get(common::BOB_KEY, format!("/v1/sandboxes/{id}/egress")).await,
+        404,
+        "NOT_FOUND",
+    )
+    .await;
+    // A sandbox without a gateway: an empty log, no `egress` object.
+    let plain = create(&bob, "default").await;
+    let log: serde_json::Value = get(common::BOB_KEY, format!("/v1/sandboxes/{plain}/egress"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(log, json!({"decisions": []}));
+    let sb: serde_json::Value = get(common::BOB_KEY, format!("/v1/sandboxes/{plain}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(sb.get("egress").is_none(), "{sb}");
+    drop(hub);
+    drop(net);
+}

@@ -109,6 +109,14 @@ pub fn template_limits(t: &Template) -> Result<(), ErrorBody> {
             "disk_mb must be {MIN_DISK_MB} to {MAX_DISK_MB}"
         )));
     }
+    if t.egress_mb
+        .is_some_and(|m| !(1..=crate::hub::MAX_EGRESS_MB).contains(&m))
+    {
+        return Err(invalid(format!(
+            "egress_mb must be 1 to {}",
+            crate::hub::MAX_EGRESS_MB
+        )));
+    }
     Ok(())
 }
 

@@ -246,6 +246,7 @@ mod tests {
             pool: None,
             forked_from: None,
             entrypoint: None,
+            egress: None,
         };
         assert_eq!(
             sandbox_table(&[sandbox], now),

@@ -152,6 +152,7 @@ fn from_flags(set: SetArgs) -> Template {
         memory_mb: set.memory_mb,
         pids: set.pids,
         disk_mb: set.disk_mb,
+        egress_mb: None,
         network: match set.network.as_deref() {
             Some("host") => Network::Host.into(),
             Some("egress") => Network::Egress.into(),

@@ -222,6 +222,7 @@ pub fn sandbox_of(claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
         pool: Some(claim.spec.warm_pool_ref.name.clone()),
         forked_from: None,
         entrypoint: None,
+        egress: None,
     }
 }
 

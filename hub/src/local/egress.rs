@@ -77,6 +77,13 @@ pub struct EgressArgs {
     #[arg(long, env = "SANDHUB_EGRESS_IDLE_TIMEOUT", default_value = "1h",
           value_parser = sandhub_common::parse_duration)]
     pub egress_idle_timeout: std::time::Duration,
+
+    /// A rate cap per egress sandbox, in Mbit/s of TCP payload (out and in
+    /// together): while a sandbox's rate since its last one-second window
+    /// is above it, its new connections are refused (the reason is in its
+    /// decision log). Unset: no cap.
+    #[arg(long, env = "SANDHUB_EGRESS_RATE_MBIT")]
+    pub egress_rate_mbit: Option<u64>,
 }
 
 /// The defaults the flags have (for hubs built without clap).
@@ -89,6 +96,7 @@ impl Default for EgressArgs {
             egress_default: "allow".into(),
             egress_max_flows: DEFAULT_MAX_FLOWS,
             egress_idle_timeout: Limits::default().idle_timeout,
+            egress_rate_mbit: None,
         }
     }
 }
@@ -116,7 +124,10 @@ fn parse_dns(s: &str) -> anyhow::Result<SocketAddr> {
 /// The gateways of one hub.
 pub struct Egress {
     cfg: Arc<Config>,
-    running: Mutex<HashMap<String, Gateway>>,
+    running: Mutex<HashMap<String, (String, Gateway)>>,
+    /// Per tenant, what gateways that are gone counted (so the tenant's
+    /// series on `/metrics` never go down while the hub runs).
+    retired: Mutex<HashMap<String, sandhub_gateway::meter::Totals>>,
 }
 
 impl std::fmt::Debug for Egress {
@@ -168,10 +179,12 @@ impl Egress {
                     idle_timeout: args
                         .egress_idle_timeout
                         .max(std::time::Duration::from_secs(1)),
+                    rate_mbit: args.egress_rate_mbit.filter(|&r| r > 0),
                     ..Limits::default()
                 },
             }),
             running: Mutex::new(HashMap::new()),
+            retired: Mutex::new(HashMap::new()),
         })
     }
 
@@ -181,7 +194,14 @@ impl Egress {
     }
 
     /// Starts the gateway of a running sandbox, replacing any it had.
-    pub async fn attach(&self, id: &str, launched: &Launched, policy: SandboxPolicy) -> Result<()> {
+    pub async fn attach(
+        &self,
+        tenant: &str,
+        id: &str,
+        launched: &Launched,
+        policy: SandboxPolicy,
+        egress_mb: Option<u64>,
+    ) -> Result<()> {
         let l = launched.clone();
         let dev = tokio::task::spawn_blocking(move || {
             let ns = NetNs::of(&l)?;
@@ -198,20 +218,104 @@ impl Egress {
         if dev.loopback_dns.is_none() {
             tracing::warn!(%id, "egress: 127.0.0.1:53 was taken inside the sandbox; DNS only at 100.127.0.1");
         }
-        let gw = sandhub_gateway::start(
+        let gw = sandhub_gateway::start_metered(
             dev.tun,
             dev.loopback_dns,
             self.cfg.clone(),
             policy,
             id.to_string(),
+            sandhub_gateway::Metering {
+                meter: Default::default(),
+                cap_bytes: egress_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
+            },
         )
         .map_err(|e| Error::internal(format!("starting the egress gateway: {e}")))?;
-        self.running
+        let old = self
+            .running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string(), gw);
+            .insert(id.to_string(), (tenant.to_string(), gw));
+        if let Some((t, old)) = old {
+            self.retire(&t, &old);
+        }
         tracing::info!(%id, "egress gateway attached");
         Ok(())
+    }
+
+    /// What a sandbox's running gateway counted.
+    pub fn usage(&self, id: &str) -> Option<sandhub_api::hub::EgressUsage> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let t = running.get(id)?.1.meter().totals();
+        Some(sandhub_api::hub::EgressUsage {
+            bytes_out: t.bytes_out,
+            bytes_in: t.bytes_in,
+            connections_opened: t.connections_opened,
+            connections_refused: t.connections_refused,
+        })
+    }
+
+    /// A sandbox's decision log, oldest first (empty without a gateway).
+    pub fn decisions(&self, id: &str) -> Vec<sandhub_api::hub::EgressDecision> {
+        let meter = {
+            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            match running.get(id) {
+                Some((_, g)) => g.meter().clone(),
+                None => return Vec::new(),
+            }
+        };
+        meter
+            .decisions()
+            .into_iter()
+            .map(|d| sandhub_api::hub::EgressDecision {
+                at: crate::backend::rfc3339(d.at_ms as i64),
+                name: d.name,
+                address: d.address.to_string(),
+                port: d.port,
+                allowed: d.allowed,
+                reason: (!d.reason.is_empty()).then_some(d.reason),
+                bytes_out: d.bytes_out,
+                bytes_in: d.bytes_in,
+            })
+            .collect()
+    }
+
+    /// Every tenant's totals while the hub runs (gateways running and
+    /// gone), for `/metrics`.
+    pub fn usage_by_tenant(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        let mut sums = self
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for (tenant, gw) in self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            add(sums.entry(tenant.clone()).or_default(), gw.meter().totals());
+        }
+        sums.into_iter()
+            .map(|(tenant, t)| {
+                (
+                    tenant,
+                    sandhub_api::hub::EgressUsage {
+                        bytes_out: t.bytes_out,
+                        bytes_in: t.bytes_in,
+                        connections_opened: t.connections_opened,
+                        connections_refused: t.connections_refused,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn retire(&self, tenant: &str, gw: &Gateway) {
+        let mut r = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        add(
+            r.entry(tenant.to_string()).or_default(),
+            gw.meter().totals(),
+        );
     }
 
     /// Stops a sandbox's gateway (if any): it is offline from now on.
@@ -221,8 +325,17 @@ impl Egress {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
-        drop(gw);
+        if let Some((tenant, gw)) = gw {
+            self.retire(&tenant, &gw);
+        }
     }
+}
+
+fn add(sum: &mut sandhub_gateway::meter::Totals, t: sandhub_gateway::meter::Totals) {
+    sum.bytes_out += t.bytes_out;
+    sum.bytes_in += t.bytes_in;
+    sum.connections_opened += t.connections_opened;
+    sum.connections_refused += t.connections_refused;
 }
 
 /// What an egress sandbox was started with: its template's `network` and,
@@ -232,6 +345,9 @@ pub struct Recorded {
     pub template: NetworkSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<NetworkSpec>,
+    /// The template's `egress_mb` at launch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_mb: Option<u64>,
 }
 
 impl Recorded {
@@ -242,6 +358,7 @@ impl Recorded {
         Recorded {
             template: template.network.clone(),
             sandbox: Self::of_row(row).and_then(|r| r.sandbox),
+            egress_mb: template.egress_mb,
         }
     }
 
@@ -257,6 +374,7 @@ impl Recorded {
         let r = Recorded {
             template: template.clone(),
             sandbox: Some(sandbox),
+            egress_mb: None,
         };
         serde_json::json!({ RECORD_KEY: r })
     }

@@ -77,6 +77,7 @@ pub(super) fn to_api(row: &SandboxRow) -> Sandbox {
         pool: row.pool.clone(),
         forked_from: row.forked_from.clone(),
         entrypoint: None,
+        egress: None,
     }
 }
 
@@ -216,6 +217,7 @@ impl Hub {
         if row.state != SandboxState::Ready {
             return view;
         }
+        view.egress = self.backend.egress.usage(&row.id);
         let Ok(client) = self.client(row) else {
             return view;
         };

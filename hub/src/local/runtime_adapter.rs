@@ -308,7 +308,17 @@ impl LocalBackend {
             .map_err(join_error)?
             .map_err(runtime_error)?;
         if let Some(policy) = policy {
-            if let Err(e) = self.egress.attach(&request.row.id, &launched, policy).await {
+            if let Err(e) = self
+                .egress
+                .attach(
+                    &request.row.tenant,
+                    &request.row.id,
+                    &launched,
+                    policy,
+                    recorded.egress_mb,
+                )
+                .await
+            {
                 let (runtime, id, l) = (self.runtime.clone(), request.row.id.clone(), launched);
                 let _ = tokio::task::spawn_blocking(move || runtime.stop(&id, &l)).await;
                 return Err(e);
@@ -336,7 +346,13 @@ impl LocalBackend {
         }
         let launched = Self::launched(row)?;
         self.egress
-            .attach(&row.id, &launched, recorded.policy()?)
+            .attach(
+                &row.tenant,
+                &row.id,
+                &launched,
+                recorded.policy()?,
+                recorded.egress_mb,
+            )
             .await
     }
 

@@ -91,6 +91,11 @@ impl TenantView for TenantHub {
         &self.tenant
     }
 
+    async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
+        found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        Ok(self.hub.backend.egress.decisions(id))
+    }
+
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
         self.hub.running(&self.tenant, id, op).map(|(_, c)| c)
     }
@@ -152,6 +157,10 @@ impl Backend for Arc<Hub> {
 
     async fn sandbox_count(&self) -> Result<usize> {
         Ok(self.store.all_sandboxes()?.len())
+    }
+
+    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+        self.backend.egress.usage_by_tenant()
     }
 
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {

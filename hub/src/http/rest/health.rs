@@ -25,12 +25,27 @@ pub struct RequestLabels {
     pub code: u16,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+}
+
+/// Egress series (issue #27), one per tenant (never per sandbox: the
+/// label set stays as small as the tenant list).
+pub struct EgressMetrics {
+    pub bytes_out: Family<TenantLabels, Counter>,
+    pub bytes_in: Family<TenantLabels, Counter>,
+    pub opened: Family<TenantLabels, Counter>,
+    pub refused: Family<TenantLabels, Counter>,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub request_seconds: Histogram,
     pub sandboxes: Gauge<i64, std::sync::atomic::AtomicI64>,
     pub inflight: Gauge<i64, std::sync::atomic::AtomicI64>,
+    pub egress: EgressMetrics,
 }
 
 impl Default for Metrics {
@@ -62,7 +77,38 @@ impl Default for Metrics {
             "REST requests being served",
             inflight.clone(),
         );
+        let egress = EgressMetrics {
+            bytes_out: Default::default(),
+            bytes_in: Default::default(),
+            opened: Default::default(),
+            refused: Default::default(),
+        };
+        for (name, help, f) in [
+            (
+                "egress_sent_bytes",
+                "TCP payload bytes egress sandboxes sent out, by tenant",
+                &egress.bytes_out,
+            ),
+            (
+                "egress_received_bytes",
+                "TCP payload bytes egress sandboxes received, by tenant",
+                &egress.bytes_in,
+            ),
+            (
+                "egress_connections_opened",
+                "Connections egress gateways carried, by tenant",
+                &egress.opened,
+            ),
+            (
+                "egress_connections_refused",
+                "Connections egress gateways refused, by tenant",
+                &egress.refused,
+            ),
+        ] {
+            registry.register(name, help, f.clone());
+        }
         Metrics {
+            egress,
             registry,
             requests,
             request_seconds,
@@ -102,6 +148,20 @@ async fn readyz(State(state): State<AppState>) -> Response {
 async fn metrics(State(state): State<AppState>) -> Response {
     if let Ok(n) = state.hub.sandbox_count().await {
         state.metrics.sandboxes.set(n as i64);
+    }
+    for (tenant, u) in state.hub.egress_usage() {
+        let l = TenantLabels { tenant };
+        let e = &state.metrics.egress;
+        // Absolute totals the hub keeps (they only grow while it runs).
+        let set = |f: &Family<TenantLabels, Counter>, v: u64| {
+            f.get_or_create(&l)
+                .inner()
+                .store(v, std::sync::atomic::Ordering::Relaxed)
+        };
+        set(&e.bytes_out, u.bytes_out);
+        set(&e.bytes_in, u.bytes_in);
+        set(&e.opened, u.connections_opened);
+        set(&e.refused, u.connections_refused);
     }
     let mut out = String::new();
     let _ = encode(&mut out, &state.metrics.registry);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use axum::http::StatusCode;
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{CreateSandbox, ForkRequest, Sandbox, SandboxList, Snapshot, SnapshotList},
+    hub::{CreateSandbox, EgressLog, ForkRequest, Sandbox, SandboxList, Snapshot, SnapshotList},
 };
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -24,6 +24,20 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(delete_snapshot))
         .routes(routes!(reset))
         .routes(routes!(fork))
+        .routes(routes!(egress_log))
+}
+
+/// The last decisions (at most 256, oldest first) of a sandbox's egress
+/// gateway: what the workload tried to reach, allowed or refused and why,
+/// and the payload bytes of each allowed connection. Empty for a sandbox
+/// that is not `network: egress` or not running.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/egress", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = EgressLog), (status = 404, body = ErrorBody)))]
+async fn egress_log(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson<EgressLog>> {
+    Ok(ApiJson(EgressLog {
+        decisions: api.egress_log(&id).await?,
+    }))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -6,6 +6,12 @@ use super::*;
 
 #[async_trait]
 impl TenantView for KubeTenant {
+    /// No egress gateway on this backend yet (issue #27): always empty.
+    async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
+        self.get(id).await?;
+        Ok(Vec::new())
+    }
+
     fn tenant(&self) -> &str {
         &self.tenant
     }
