@@ -22,4 +22,4 @@ pub mod signal;
 
 pub use logging::Logging;
 pub use parse::{parse_bind, parse_duration};
-pub use signal::{terminated, Terminated};
+pub use signal::{terminated, StopSignals, Terminated};

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// Which signal asked the process to stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,17 +21,39 @@ impl fmt::Display for Terminated {
     }
 }
 
-/// Resolves at the first SIGTERM or SIGINT after it is first polled. Fails
-/// only when the handlers cannot be installed (no signal driver: a runtime
-/// built without `enable_io`), which a caller should treat as a start-up
-/// error rather than as a request to stop.
+/// SIGTERM and SIGINT handlers, installed when this is made. A server
+/// makes one before it binds: a signal that arrives between "listening"
+/// and the first poll of a lazily installed handler would otherwise take
+/// the default action and kill the process mid-start, uncleanly.
+pub struct StopSignals {
+    term: Signal,
+    int: Signal,
+}
+
+impl StopSignals {
+    /// Fails only when the handlers cannot be installed (no signal driver:
+    /// a runtime built without `enable_io`), which a caller should treat
+    /// as a start-up error rather than as a request to stop.
+    pub fn install() -> std::io::Result<StopSignals> {
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Resolves at the first SIGTERM or SIGINT since [`StopSignals::install`].
+    pub async fn recv(mut self) -> Terminated {
+        tokio::select! {
+            _ = self.term.recv() => Terminated::Sigterm,
+            _ = self.int.recv() => Terminated::Sigint,
+        }
+    }
+}
+
+/// Resolves at the first SIGTERM or SIGINT after it is first polled; for
+/// callers with nothing to race (a server uses [`StopSignals`]).
 pub async fn terminated() -> std::io::Result<Terminated> {
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(tokio::select! {
-        _ = term.recv() => Terminated::Sigterm,
-        _ = int.recv() => Terminated::Sigint,
-    })
+    Ok(StopSignals::install()?.recv().await)
 }
 
 #[cfg(test)]
@@ -63,6 +85,12 @@ mod tests {
             assert_eq!(unsafe { libc::raise(raw) }, 0);
             assert_eq!(wait.await.unwrap(), want);
         }
+        // A signal raised after install and before anyone waits is kept,
+        // not fatal: the window a server has between binding and awaiting.
+        let signals = StopSignals::install().unwrap();
+        // SAFETY: raise only sends a signal to this thread.
+        assert_eq!(unsafe { libc::raise(libc::SIGTERM) }, 0);
+        assert_eq!(signals.recv().await, Terminated::Sigterm);
         assert_eq!(Terminated::Sigterm.to_string(), "SIGTERM");
     }
 }

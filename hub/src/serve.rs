@@ -156,6 +156,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    // Before binding: a SIGTERM once we listen must shut down cleanly.
+    let signals = sandhub_common::StopSignals::install().context("SIGTERM/SIGINT handler")?;
     // Bound before anything is set up: a hub that cannot listen (the port
     // is taken) exits with nothing mounted. Streamed answers (MCP's SSE,
     // NDJSON) are written in small pieces; without TCP_NODELAY, Nagle +
@@ -167,7 +169,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The local hub, kept to let go of its disk volume at the end, on
     // every way out.
     let mut local_hub = None;
-    let served = serve(args, keys, listener, nofile, &mut local_hub).await;
+    let served = serve(args, keys, listener, signals, nofile, &mut local_hub).await;
     if let Some(hub) = local_hub {
         hub.shutdown();
     }
@@ -178,6 +180,7 @@ async fn serve(
     args: ServeArgs,
     keys: Option<Arc<ApiKeys>>,
     listener: tokio::net::TcpListener,
+    signals: sandhub_common::StopSignals,
     nofile: u64,
     local_hub: &mut Option<Arc<local::Hub>>,
 ) -> anyhow::Result<()> {
@@ -277,11 +280,7 @@ async fn serve(
     }
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            // Fails only without a signal driver; then serve until killed.
-            if let Err(e) = sandhub_common::terminated().await {
-                tracing::error!(error = %e, "no SIGTERM/SIGINT handler: serving until killed");
-                std::future::pending::<()>().await;
-            }
+            signals.recv().await;
             // Open MCP event streams would hold the shutdown forever.
             mcp_stop.cancel();
         })

@@ -89,15 +89,13 @@ async fn serve_http(
     let sessions = config.cancellation_token.clone();
     let service = sandhub_mcp::streamable_http_service_with(client, options, config);
     let app = axum::Router::new().nest_service("/mcp", service);
+    // Before binding: a SIGTERM once we listen must shut down cleanly.
+    let signals = sandhub_common::StopSignals::install()?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!("serving MCP at http://{}/mcp", listener.local_addr()?);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            // Fails only without a signal driver; then serve until killed.
-            if let Err(e) = sandhub_common::terminated().await {
-                tracing::error!(error = %e, "no SIGTERM/SIGINT handler: serving until killed");
-                std::future::pending::<()>().await;
-            }
+            signals.recv().await;
             sessions.cancel();
         })
         .await?;

@@ -70,6 +70,8 @@ pub struct Router {
     metrics_l: Option<TcpListener>,
     health_l: Option<TcpListener>,
     shutdown_timeout: Duration,
+    /// Installed before binding, so a SIGTERM once listening drains.
+    signals: sandhub_common::StopSignals,
 }
 
 async fn bind(flag: &str, value: &str) -> anyhow::Result<Option<TcpListener>> {
@@ -118,6 +120,7 @@ async fn bind_workers(
 
 impl Router {
     pub async fn build(args: &Args) -> anyhow::Result<Self> {
+        let signals = sandhub_common::StopSignals::install().context("SIGTERM/SIGINT handler")?;
         if args.enable_tracing || args.enable_otel_metrics {
             tracing::warn!("--enable-tracing/--enable-otel-metrics: this build exports no OpenTelemetry data; flags ignored");
         }
@@ -202,6 +205,7 @@ impl Router {
             metrics_l: bind("metrics-bind-address", &args.metrics_bind_address).await?,
             health_l: bind("health-probe-bind-address", &args.health_probe_bind_address).await?,
             shutdown_timeout: args.shutdown_timeout,
+            signals,
         })
     }
 
@@ -245,9 +249,7 @@ impl Router {
                 health_endpoint(cache.as_deref(), req)
             })));
         }
-        sandhub_common::terminated()
-            .await
-            .context("SIGTERM/SIGINT handler")?;
+        self.signals.recv().await;
         tracing::info!("shutting down: no new connections; draining");
         let _ = stop_tx.send(true);
         for t in tasks {

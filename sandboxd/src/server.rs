@@ -46,9 +46,11 @@ pub async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
 
 /// [`run`] with extra REST routes.
 pub async fn run_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> anyhow::Result<()> {
+    // Before binding: a SIGTERM once we listen must drain, not kill.
+    let signals = sandhub_common::StopSignals::install()?;
     let stop = CancellationToken::new();
     let servers = serve(daemon.clone(), stop.clone(), extra).await?;
-    serve_until_signal(daemon, stop, servers).await
+    serve_until_signal(daemon, signals, stop, servers).await
 }
 
 /// REST and gRPC listeners bound by someone else and handed over, e.g. by
@@ -67,6 +69,7 @@ pub async fn run_on(
     listeners: UnixListeners,
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
+    let signals = sandhub_common::StopSignals::install()?;
     let stop = CancellationToken::new();
     let idle = daemon.config.http_idle_timeout;
     let streams = max_concurrent_streams(&daemon.config);
@@ -91,15 +94,16 @@ pub async fn run_on(
         ),
     ];
     ready();
-    serve_until_signal(daemon, stop, servers).await
+    serve_until_signal(daemon, signals, stop, servers).await
 }
 
 async fn serve_until_signal(
     daemon: Arc<Daemon>,
+    signals: sandhub_common::StopSignals,
     stop: CancellationToken,
     servers: Vec<tokio::task::JoinHandle<()>>,
 ) -> anyhow::Result<()> {
-    let signal = sandhub_common::terminated().await?;
+    let signal = signals.recv().await;
     tracing::info!("{signal} received");
     drain(&daemon).await;
     stop.cancel();
