@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod internet;
 pub mod mcp;
 
 use std::{
