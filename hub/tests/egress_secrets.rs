@@ -207,8 +207,7 @@ fn in_memory(pid: i32, needle: &[u8]) -> bool {
         let Some((a, b)) = range.split_once('-') else {
             continue;
         };
-        let (Ok(mut at), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
-        else {
+        let (Ok(mut at), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
             continue;
         };
         // In 1 MiB windows that overlap by the needle's length.
@@ -298,14 +297,23 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     // this test records plain HTTP too (on 8080: the internet's own
     // server holds port 80 on every address, and records no headers).
     ip(&format!("-n {} addr add 198.18.5.3/32 dev lo", net.ns));
-    ip(&format!("route add 198.18.5.3/32 via 198.18.0.2 dev {}", net.veth));
+    ip(&format!(
+        "route add 198.18.5.3/32 via 198.18.0.2 dev {}",
+        net.veth
+    ));
     net.add_name("api2.test", [198, 18, 5, 3]);
     net.add_name("other.test", [198, 18, 0, 2]);
     let (ca_pem, tls) = test_pki();
     let log: Log = Default::default();
     // The internet's own stop flag: its drop joins these threads too.
     let stop = net.stop.clone();
-    serve(&mut net, "0.0.0.0:443", Some(tls), log.clone(), stop.clone());
+    serve(
+        &mut net,
+        "0.0.0.0:443",
+        Some(tls),
+        log.clone(),
+        stop.clone(),
+    );
     serve(&mut net, "198.18.5.3:8080", None, log.clone(), stop.clone());
 
     let files = tempfile::tempdir().unwrap();
@@ -344,7 +352,10 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     for (bad, needle) in [
         (secret("1KEY", "Authorization", "{value}"), "secrets[0]"),
         (secret("K", "Host", "{value}"), "secrets[0] \"K\".header"),
-        (secret("K", "Authorization", "Bearer"), "secrets[0] \"K\".format"),
+        (
+            secret("K", "Authorization", "Bearer"),
+            "secrets[0] \"K\".format",
+        ),
         (
             json!({"name": "K", "hosts": ["10.0.0.0/8"], "header": "X-Key"}),
             "secrets[0] \"K\".hosts[0]",
@@ -398,14 +409,22 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
         ("OK", json!({"value": "x".repeat(8193)})),
         ("OK", json!({"value": ""})),
     ] {
-        error_body(put(ALICE_KEY, name, body).await.unwrap(), 400, "INVALID_ARGUMENT").await;
+        error_body(
+            put(ALICE_KEY, name, body).await.unwrap(),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        .await;
     }
     let r = put(ALICE_KEY, "OPENAI_API_KEY", json!({"value": ALICE_VALUE}))
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
-    assert!(text.contains("OPENAI_API_KEY") && !text.contains(ALICE_VALUE), "{text}");
+    assert!(
+        text.contains("OPENAI_API_KEY") && !text.contains(ALICE_VALUE),
+        "{text}"
+    );
     let list = |key: &'static str| {
         let (http, url) = (http.clone(), url.clone());
         async move {
@@ -424,10 +443,19 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
         alices.contains("\"OPENAI_API_KEY\"") && alices.contains("\"tenant\""),
         "{alices}"
     );
-    assert!(!alices.contains(ALICE_VALUE) && !alices.contains("BOB_KEY"), "{alices}");
+    assert!(
+        !alices.contains(ALICE_VALUE) && !alices.contains("BOB_KEY"),
+        "{alices}"
+    );
     let bobs = list(BOB_KEY).await;
-    assert!(bobs.contains("\"BOB_KEY\"") && bobs.contains("\"operator\""), "{bobs}");
-    assert!(!bobs.contains(BOB_VALUE) && !bobs.contains("OPENAI_API_KEY"), "{bobs}");
+    assert!(
+        bobs.contains("\"BOB_KEY\"") && bobs.contains("\"operator\""),
+        "{bobs}"
+    );
+    assert!(
+        !bobs.contains(BOB_VALUE) && !bobs.contains("OPENAI_API_KEY"),
+        "{bobs}"
+    );
     // No route reads a value back.
     let r = http
         .get(format!("{url}/v1/secrets/OPENAI_API_KEY"))
@@ -441,13 +469,21 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     // --- alice's sandboxes ---
     let a = create(&alice, "agent").await;
     let b = create(&alice, "agent").await;
-    let env_a = shell_ok(&alice, &a, "echo $OPENAI_API_KEY; echo $SSL_CERT_FILE; echo $NODE_EXTRA_CA_CERTS").await;
+    let env_a = shell_ok(
+        &alice,
+        &a,
+        "echo $OPENAI_API_KEY; echo $SSL_CERT_FILE; echo $NODE_EXTRA_CA_CERTS",
+    )
+    .await;
     let lines: Vec<&str> = env_a.lines().collect();
     let (ph_a, bundle) = (lines[0].to_string(), lines[1]);
     assert!(ph_a.starts_with("sandhub-secret-"), "{env_a}");
     assert_eq!(bundle, "/etc/sandhub/ca-bundle.pem");
     assert_eq!(lines[2], "/etc/sandhub/ca.pem");
-    let ph_b = shell_ok(&alice, &b, "echo $OPENAI_API_KEY").await.trim().to_string();
+    let ph_b = shell_ok(&alice, &b, "echo $OPENAI_API_KEY")
+        .await
+        .trim()
+        .to_string();
     assert!(ph_b.starts_with("sandhub-secret-") && ph_b != ph_a);
     // The bundle is read-only inside.
     let r = shell(&alice, &a, "echo x >> /etc/sandhub/ca-bundle.pem").await;
@@ -467,7 +503,9 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     .await;
     let seen: Vec<Seen> = log.lock().unwrap().clone();
     let by = |host: &str, tls: bool| -> Vec<&Seen> {
-        seen.iter().filter(|s| s.host == host && s.tls == tls).collect()
+        seen.iter()
+            .filter(|s| s.host == host && s.tls == tls)
+            .collect()
     };
 
     // The value reached api.test in the named header, formatted.
@@ -476,12 +514,19 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
         .iter()
         .filter_map(|s| s.headers.get("authorization").map(String::as_str))
         .collect();
-    assert!(auths.contains(&format!("Bearer {ALICE_VALUE}").as_str()), "{seen:?}");
+    assert!(
+        auths.contains(&format!("Bearer {ALICE_VALUE}").as_str()),
+        "{seen:?}"
+    );
     // Another sandbox's placeholder is not replaced.
-    assert!(auths.contains(&format!("Bearer {ph_b}").as_str()), "{seen:?}");
+    assert!(
+        auths.contains(&format!("Bearer {ph_b}").as_str()),
+        "{seen:?}"
+    );
     // The placeholder in another header is not replaced either.
     assert!(
-        api.iter().any(|s| s.headers.get("x-api-key") == Some(&ph_a)),
+        api.iter()
+            .any(|s| s.headers.get("x-api-key") == Some(&ph_a)),
         "{seen:?}"
     );
     // The answer came back, the echoed value masked (same length).
@@ -489,7 +534,11 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     assert_eq!(out["api"]["status"], 200, "{out}");
     assert_eq!(out["api"]["body"], format!("auth={masked};key="), "{out}");
     assert_eq!(out["api"]["echo"], masked, "{out}");
-    assert_eq!(out["foreign"]["body"], format!("auth=Bearer {ph_b};key="), "{out}");
+    assert_eq!(
+        out["foreign"]["body"],
+        format!("auth=Bearer {ph_b};key="),
+        "{out}"
+    );
     // other.test has no secret: its TLS is the server's own (the hub's CA
     // is not used: verifying with the sandbox's bundle fails, with the
     // test CA it works), and the placeholder arrives as it is.
@@ -532,8 +581,14 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
             .map(|d| d["brokered"] == true)
             .collect::<Vec<_>>()
     };
-    assert!(!brokered("api.test").is_empty() && brokered("api.test").iter().all(|b| *b), "{decisions}");
-    assert!(!brokered("other.test").is_empty() && brokered("other.test").iter().all(|b| !b), "{decisions}");
+    assert!(
+        !brokered("api.test").is_empty() && brokered("api.test").iter().all(|b| *b),
+        "{decisions}"
+    );
+    assert!(
+        !brokered("other.test").is_empty() && brokered("other.test").iter().all(|b| !b),
+        "{decisions}"
+    );
     assert!(brokered("api2.test").iter().all(|b| !b), "{decisions}");
     assert!(ds.iter().all(|d| d["bytes_in"].as_u64().is_some()));
 
@@ -551,9 +606,15 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     let mut placeholder_in_memory = false;
     for &pid in &pids {
         let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        assert!(!contains(&env, value), "the value is in /proc/{pid}/environ");
+        assert!(
+            !contains(&env, value),
+            "the value is in /proc/{pid}/environ"
+        );
         placeholder_in_env |= contains(&env, ph_a.as_bytes());
-        assert!(!in_memory(pid, value), "the value is in the memory of {pid}");
+        assert!(
+            !in_memory(pid, value),
+            "the value is in the memory of {pid}"
+        );
         placeholder_in_memory |= in_memory(pid, ph_a.as_bytes());
     }
     // Positive controls: the same reads find the placeholder.
@@ -566,12 +627,22 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     }
     assert!(found.is_empty(), "the value is in {found:?}");
     let (mut with_placeholder, mut n) = (Vec::new(), 0);
-    files_with(&Path::new(&root).join("tmp"), ph_a.as_bytes(), &mut with_placeholder, &mut n);
+    files_with(
+        &Path::new(&root).join("tmp"),
+        ph_a.as_bytes(),
+        &mut with_placeholder,
+        &mut n,
+    );
     assert!(
-        with_placeholder.iter().any(|p| p.ends_with("/tmp/out.json")),
+        with_placeholder
+            .iter()
+            .any(|p| p.ends_with("/tmp/out.json")),
         "{with_placeholder:?} ({read} files read)"
     );
-    assert!(!hub.log().contains(ALICE_VALUE), "the value is in the hub's log");
+    assert!(
+        !hub.log().contains(ALICE_VALUE),
+        "the value is in the hub's log"
+    );
 
     // --- per tenant ---
     // Bob's template names alice's secret: bob has no value for it.
@@ -602,7 +673,10 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
          print(u.urlopen(u.Request('https://api.test/echo', headers={'X-Api-Key': os.environ['BOB_KEY']}), timeout=20).read().decode())\"",
     )
     .await;
-    assert_eq!(r.trim(), format!("auth=;key={}", "*".repeat(BOB_VALUE.len())));
+    assert_eq!(
+        r.trim(),
+        format!("auth=;key={}", "*".repeat(BOB_VALUE.len()))
+    );
     assert!(log
         .lock()
         .unwrap()
@@ -614,11 +688,24 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
             .bearer_auth(key)
             .send()
     };
-    error_body(del(BOB_KEY, "OPENAI_API_KEY").await.unwrap(), 404, "NOT_FOUND").await;
-    error_body(del(BOB_KEY, "BOB_KEY").await.unwrap(), 412, "FAILED_PRECONDITION").await;
+    error_body(
+        del(BOB_KEY, "OPENAI_API_KEY").await.unwrap(),
+        404,
+        "NOT_FOUND",
+    )
+    .await;
+    error_body(
+        del(BOB_KEY, "BOB_KEY").await.unwrap(),
+        412,
+        "FAILED_PRECONDITION",
+    )
+    .await;
     assert!(list(ALICE_KEY).await.contains("OPENAI_API_KEY"));
     // Alice deletes hers: gone from the list, and new sandboxes refused.
-    assert_eq!(del(ALICE_KEY, "OPENAI_API_KEY").await.unwrap().status(), 204);
+    assert_eq!(
+        del(ALICE_KEY, "OPENAI_API_KEY").await.unwrap().status(),
+        204
+    );
     assert!(!list(ALICE_KEY).await.contains("OPENAI_API_KEY"));
     let e = alice
         .create(CreateSandbox {

@@ -163,7 +163,10 @@ pub fn secrets(list: &[SecretRef]) -> Result<(), ErrorBody> {
 
 /// A template's list and a create request's together: the request adds
 /// secrets, never renames one the template has.
-pub fn merge_secrets(template: &[SecretRef], request: &[SecretRef]) -> Result<Vec<SecretRef>, ErrorBody> {
+pub fn merge_secrets(
+    template: &[SecretRef],
+    request: &[SecretRef],
+) -> Result<Vec<SecretRef>, ErrorBody> {
     let mut out = template.to_vec();
     for (i, s) in request.iter().enumerate() {
         if template.iter().any(|t| t.name == s.name) {
@@ -192,8 +195,10 @@ mod tests {
 
     #[test]
     fn good_entries_pass_and_hosts_default_to_443() {
-        let e = s(serde_json::json!({"name": "OPENAI_API_KEY", "hosts": ["api.openai.com", "*.example.org:8443"],
-                                     "header": "Authorization", "format": "Bearer {value}"}));
+        let e = s(
+            serde_json::json!({"name": "OPENAI_API_KEY", "hosts": ["api.openai.com", "*.example.org:8443"],
+                                     "header": "Authorization", "format": "Bearer {value}"}),
+        );
         let h = secret_ref("secrets[0]", &e).unwrap();
         assert_eq!(h[0].port, Some(443));
         assert_eq!(h[1].port, Some(8443));
@@ -211,7 +216,10 @@ mod tests {
             (serde_json::json!({"hosts": []}), "hosts"),
             (serde_json::json!({"hosts": ["*"]}), "hosts[0]"),
             (serde_json::json!({"hosts": ["10.0.0.0/8"]}), "hosts[0]"),
-            (serde_json::json!({"hosts": ["ok.test", "a.*.test"]}), "hosts[1]"),
+            (
+                serde_json::json!({"hosts": ["ok.test", "a.*.test"]}),
+                "hosts[1]",
+            ),
             (serde_json::json!({"header": "Host"}), "header"),
             (serde_json::json!({"header": "connection"}), "header"),
             (serde_json::json!({"header": "Transfer-Encoding"}), "header"),
@@ -231,12 +239,19 @@ mod tests {
             assert!(e.message.contains("secrets[0]"), "{}", e.message);
         }
         let one = s(base.clone());
-        assert!(secrets(&[one.clone(), one.clone()]).unwrap_err().message.contains("twice"));
+        assert!(secrets(&[one.clone(), one.clone()])
+            .unwrap_err()
+            .message
+            .contains("twice"));
         let many: Vec<SecretRef> = (0..MAX_SECRETS + 1)
-            .map(|i| SecretRef { name: format!("K{i}"), ..one.clone() })
+            .map(|i| SecretRef {
+                name: format!("K{i}"),
+                ..one.clone()
+            })
             .collect();
         assert!(secrets(&many).is_err());
-        assert!(merge_secrets(&[one.clone()], &[one]).is_err());
+        let same = std::slice::from_ref(&one);
+        assert!(merge_secrets(same, same).is_err());
     }
 
     #[test]

@@ -18,8 +18,8 @@ use std::{
 };
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
 };
 use rustls::{pki_types::PrivateKeyDer, sign::CertifiedKey};
 
@@ -152,8 +152,11 @@ mod tests {
         assert_eq!(a.cert_pem(), b.cert_pem());
         assert!(b.leaf("api.test").is_ok());
         // A key others may read is refused, not used.
-        std::fs::set_permissions(dir.join("ca-key.pem"), std::fs::Permissions::from_mode(0o644))
-            .unwrap();
+        std::fs::set_permissions(
+            dir.join("ca-key.pem"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
         assert!(Authority::load_or_create(&dir).is_err());
         let _ = std::fs::remove_dir_all(dir.parent().unwrap());
     }

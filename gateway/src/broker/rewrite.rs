@@ -62,7 +62,10 @@ mod tests {
     #[test]
     fn only_the_named_header_holding_the_placeholder_changes() {
         let mut h = HeaderMap::new();
-        h.insert("authorization", "Bearer sandhub-secret-aaaa".parse().unwrap());
+        h.insert(
+            "authorization",
+            "Bearer sandhub-secret-aaaa".parse().unwrap(),
+        );
         h.insert("x-other", "sandhub-secret-aaaa".parse().unwrap());
         rewrite(&mut h, &[secret()]);
         assert_eq!(h["authorization"], "Bearer sk-real");

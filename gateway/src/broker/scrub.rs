@@ -35,7 +35,11 @@ pub fn headers(headers: &mut HeaderMap, values: &[String]) {
 /// Masks every occurrence of every value in `buf`; whether any was.
 fn mask(buf: &mut [u8], values: &[String]) -> bool {
     let mut hit = false;
-    for v in values.iter().map(String::as_bytes).filter(|v| !v.is_empty()) {
+    for v in values
+        .iter()
+        .map(String::as_bytes)
+        .filter(|v| !v.is_empty())
+    {
         let mut i = 0;
         while i + v.len() <= buf.len() {
             if &buf[i..i + v.len()] == v {
@@ -62,7 +66,12 @@ pub struct Body<B> {
 
 impl<B> Body<B> {
     pub fn new(inner: B, values: Arc<Vec<String>>) -> Self {
-        let keep = values.iter().map(String::len).max().unwrap_or(0).saturating_sub(1);
+        let keep = values
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(0)
+            .saturating_sub(1);
         Body {
             inner,
             values,

@@ -549,10 +549,20 @@ mod tests {
         assert_eq!(p.sandbox_allow.len(), 1);
         // After launch the handle carries the record; a resume finds it.
         row.runtime = Some(serde_json::json!({"shim_pid": 1, RECORD_KEY: r}));
-        assert_eq!(Recorded::for_launch(&row, &t).unwrap().sandbox, Some(narrow));
+        assert_eq!(
+            Recorded::for_launch(&row, &t).unwrap().sandbox,
+            Some(narrow)
+        );
         // A request for `none` takes an egress template offline.
-        row.runtime = Some(Recorded::pre_launch(&tpl, Some(Network::None.into()), Vec::new()));
-        assert_eq!(Recorded::for_launch(&row, &t).unwrap().mode(), Network::None);
+        row.runtime = Some(Recorded::pre_launch(
+            &tpl,
+            Some(Network::None.into()),
+            Vec::new(),
+        ));
+        assert_eq!(
+            Recorded::for_launch(&row, &t).unwrap().mode(),
+            Network::None
+        );
         // No record: the template alone.
         row.runtime = None;
         assert_eq!(Recorded::for_launch(&row, &t).unwrap().sandbox, None);

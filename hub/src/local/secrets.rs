@@ -71,7 +71,9 @@ impl OperatorSecrets {
             for (name, value) in secrets {
                 validate::secret_name(name)
                     .and_then(|()| validate::secret_value(name, value))
-                    .map_err(|e| anyhow::anyhow!("{} tenant {tenant:?}: {}", path.display(), e.message))?;
+                    .map_err(|e| {
+                        anyhow::anyhow!("{} tenant {tenant:?}: {}", path.display(), e.message)
+                    })?;
             }
         }
         Ok(OperatorSecrets(all))
@@ -129,7 +131,10 @@ pub fn for_gateway(
                     .get(&s.name)
                     .cloned()
                     .ok_or_else(|| Error::internal(format!("{field}: no placeholder recorded")))?,
-                value: values.get(&s.name).cloned().ok_or_else(|| missing(&s.name))?,
+                value: values
+                    .get(&s.name)
+                    .cloned()
+                    .ok_or_else(|| missing(&s.name))?,
                 hosts,
                 header,
                 format: s.format.clone(),
@@ -223,7 +228,13 @@ impl Hub {
         if self.store.delete_secret(tenant, name)? {
             return Ok(());
         }
-        if self.backend.egress.operator_secrets().get(tenant, name).is_some() {
+        if self
+            .backend
+            .egress
+            .operator_secrets()
+            .get(tenant, name)
+            .is_some()
+        {
             return Err(Error::new(
                 Code::FailedPrecondition,
                 format!("secret {name:?} is the operator's (--secrets-file); only the operator can remove it"),
@@ -241,9 +252,16 @@ mod tests {
     fn the_secrets_file_is_private_checked_and_never_quoted() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("secrets.json");
-        std::fs::write(&p, r#"{"default": {"OPENAI_API_KEY": "sk-1"}, "bob": {"K": "v"}}"#).unwrap();
+        std::fs::write(
+            &p,
+            r#"{"default": {"OPENAI_API_KEY": "sk-1"}, "bob": {"K": "v"}}"#,
+        )
+        .unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(OperatorSecrets::load(&p).unwrap_err().to_string().contains("chmod 600"));
+        assert!(OperatorSecrets::load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("chmod 600"));
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         let s = OperatorSecrets::load(&p).unwrap();
         assert_eq!(s.get("default", "OPENAI_API_KEY").unwrap(), "sk-1");

@@ -250,7 +250,10 @@ impl Sandboxes for TenantHub {
             super::hub::secrets_need_host_root(&effective)?;
             hub.secret_values(&self.tenant, all.iter().map(|s| s.name.as_str()))?;
         } else if !effective.secrets.is_empty() {
-            hub.secret_values(&self.tenant, effective.secrets.iter().map(|s| s.name.as_str()))?;
+            hub.secret_values(
+                &self.tenant,
+                effective.secrets.iter().map(|s| s.name.as_str()),
+            )?;
         }
         if let (Some(pool), true) = (
             &pool,

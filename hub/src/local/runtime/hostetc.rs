@@ -374,7 +374,10 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(fs::read_to_string(eg.join("sandhub/ca.pem")).unwrap(), "CA\n");
+        assert_eq!(
+            fs::read_to_string(eg.join("sandhub/ca.pem")).unwrap(),
+            "CA\n"
+        );
         assert_ne!(eg, out);
         assert_eq!(
             fs::read_to_string(eg.join("resolv.conf")).unwrap(),

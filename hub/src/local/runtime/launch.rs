@@ -273,7 +273,7 @@ impl Runtime {
             EGRESS_RESOLV_CONF,
             self.egress_ca.as_deref(),
         )
-            .ctx(|| "preparing the egress sandboxes' /etc".to_string())?;
+        .ctx(|| "preparing the egress sandboxes' /etc".to_string())?;
         *slot = Some(p.clone());
         Ok(p)
     }
