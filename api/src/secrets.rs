@@ -21,6 +21,9 @@ pub const MAX_SECRET_HEADER: usize = 128;
 pub const MAX_SECRET_FORMAT: usize = 256;
 /// Largest value (`PUT /v1/secrets/{name}`, `--secrets-file`), in bytes.
 pub const MAX_SECRET_VALUE: usize = 8192;
+/// Smallest value: the gateway masks the value wherever an answer echoes
+/// it, and a short one would mask ordinary text (no real key is shorter).
+pub const MIN_SECRET_VALUE: usize = 8;
 /// Most values one tenant stores through the API.
 pub const MAX_TENANT_SECRETS: usize = 256;
 /// What the environment variable holds instead of the value; the rest

@@ -408,6 +408,7 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
         ("OK", json!({"value": "two\nlines"})),
         ("OK", json!({"value": "x".repeat(8193)})),
         ("OK", json!({"value": ""})),
+        ("OK", json!({"value": "short"})),
     ] {
         error_body(
             put(ALICE_KEY, name, body).await.unwrap(),

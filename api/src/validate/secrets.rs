@@ -18,7 +18,7 @@ use crate::{
     network::{Pattern, Target},
     secrets::{
         SecretRef, DEFAULT_PORT, MAX_SECRETS, MAX_SECRET_FORMAT, MAX_SECRET_HEADER,
-        MAX_SECRET_HOSTS, MAX_SECRET_NAME, MAX_SECRET_VALUE,
+        MAX_SECRET_HOSTS, MAX_SECRET_NAME, MAX_SECRET_VALUE, MIN_SECRET_VALUE,
     },
 };
 
@@ -66,10 +66,10 @@ fn header_safe(s: &str) -> bool {
 
 /// A value to store (`PUT /v1/secrets/{name}`, `--secrets-file`).
 pub fn secret_value(name: &str, value: &str) -> Result<(), ErrorBody> {
-    if value.is_empty() || value.len() > MAX_SECRET_VALUE || !header_safe(value) {
+    if !(MIN_SECRET_VALUE..=MAX_SECRET_VALUE).contains(&value.len()) || !header_safe(value) {
         return Err(invalid(format!(
-            "secret {name:?}: value must be 1 to {MAX_SECRET_VALUE} bytes of visible ASCII, \
-             space or tab (it goes into an HTTP header)"
+            "secret {name:?}: value must be {MIN_SECRET_VALUE} to {MAX_SECRET_VALUE} bytes of \
+             visible ASCII, space or tab (it goes into an HTTP header)"
         )));
     }
     Ok(())
@@ -258,6 +258,7 @@ mod tests {
     fn values_are_header_safe_and_bounded() {
         secret_value("K", "sk-abc 123").unwrap();
         assert!(secret_value("K", "").is_err());
+        assert!(secret_value("K", "short").is_err());
         assert!(secret_value("K", "a\nb").is_err());
         assert!(secret_value("K", "a\0b").is_err());
         assert!(secret_value("K", &"x".repeat(MAX_SECRET_VALUE + 1)).is_err());

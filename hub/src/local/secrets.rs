@@ -254,7 +254,7 @@ mod tests {
         let p = dir.path().join("secrets.json");
         std::fs::write(
             &p,
-            r#"{"default": {"OPENAI_API_KEY": "sk-1"}, "bob": {"K": "v"}}"#,
+            r#"{"default": {"OPENAI_API_KEY": "sk-1-long-enough"}, "bob": {"K": "v-long-enough"}}"#,
         )
         .unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -264,10 +264,13 @@ mod tests {
             .contains("chmod 600"));
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         let s = OperatorSecrets::load(&p).unwrap();
-        assert_eq!(s.get("default", "OPENAI_API_KEY").unwrap(), "sk-1");
+        assert_eq!(
+            s.get("default", "OPENAI_API_KEY").unwrap(),
+            "sk-1-long-enough"
+        );
         assert!(s.get("bob", "OPENAI_API_KEY").is_none());
         assert!(!format!("{s:?}").contains("sk-1"));
-        std::fs::write(&p, r#"{"default": {"K": "line\nbreak-sk-2"}}"#).unwrap();
+        std::fs::write(&p, r#"{"default": {"K": "line\nbreak-sk-2-long"}}"#).unwrap();
         let e = OperatorSecrets::load(&p).unwrap_err().to_string();
         assert!(e.contains("\"K\"") && !e.contains("sk-2"), "{e}");
         std::fs::write(&p, r#"{"default": ["sk-3"]}"#).unwrap();
