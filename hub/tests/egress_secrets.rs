@@ -178,6 +178,7 @@ out = {
     "other_hub_trust": get("https://other.test/echo", auth),
     "other": get("https://other.test/echo", auth, ssl.create_default_context(cafile="/tmp/test-ca.pem")),
     "plain": get("http://api2.test:8080/echo", auth),
+    "no_tls_upstream": get("https://api.test:8443/echo", auth),
 }
 with open("/tmp/out.json", "w") as f:
     json.dump(out, f)
@@ -279,7 +280,10 @@ async fn put_template(hub: &TestHub, key: &str, name: &str, body: Value) -> reqw
 }
 
 fn secret(name: &str, header: &str, format: &str) -> Value {
-    json!({"name": name, "hosts": ["api.test", "api2.test"], "header": header, "format": format})
+    // api.test:8443 is the internet's plain-HTTP server: brokering TLS
+    // there fails upstream, and the sandbox hears why (502).
+    json!({"name": name, "hosts": ["api.test", "api2.test", "api.test:8443"],
+           "header": header, "format": format})
 }
 
 fn policy() -> Value {
@@ -338,7 +342,7 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
         "--secrets-file",
         Box::leak(secrets_file.display().to_string().into_boxed_str()),
     ];
-    let hub = TestHub::start(HubOptions {
+    let mut hub = TestHub::start(HubOptions {
         api_keys: true,
         extra_args: Box::leak(args.into_boxed_slice()),
         ..Default::default()
@@ -558,6 +562,9 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     let plain = by("api2.test:8080", false);
     assert_eq!(plain.len(), 1, "{seen:?}");
     assert_eq!(plain[0].headers["authorization"], format!("Bearer {ph_a}"));
+    // A secret's host whose upstream fails TLS: a 502 that says why.
+    let e = out["no_tls_upstream"]["error"].as_str().unwrap_or_default();
+    assert!(e.contains("Bad Gateway"), "{out}");
     // Nothing but api.test's TLS requests ever carried the value.
     for s in &seen {
         if s.headers.values().any(|v| v.contains(ALICE_VALUE)) {
@@ -716,6 +723,40 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
         .await
         .unwrap_err();
     assert_eq!(e.code, sandhub_api::error::Code::FailedPrecondition, "{e}");
+
+    // --- a hub killed with -9 gives the sandbox its gateway back, with
+    // the same placeholder and the value as the store has it then ---
+    const NEW_VALUE: &str = "sk-alice-rotated-4Hq8Zt1Mv6Xc3Lp9Rb2N";
+    let r = put(ALICE_KEY, "OPENAI_API_KEY", json!({"value": NEW_VALUE}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    hub.kill9();
+    hub.restart().await;
+    let (alice, bob) = (hub.client(Some(ALICE_KEY)), hub.client(Some(BOB_KEY)));
+    let after = common::eventually("the brokered call after a restart", Duration::from_secs(60), || async {
+        let r = shell(
+            &alice,
+            &a,
+            "echo $OPENAI_API_KEY; env -u https_proxy -u HTTPS_PROXY /usr/bin/python3 -c \"import os, urllib.request as u; \
+             print(u.urlopen(u.Request('https://api.test/echo', headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']}), timeout=20).read().decode())\"",
+        )
+        .await;
+        (r.exit_code == 0).then_some(r.stdout)
+    })
+    .await;
+    let lines: Vec<&str> = after.lines().collect();
+    assert_eq!(lines[0], ph_a, "the placeholder is kept");
+    assert_eq!(
+        lines[1],
+        format!("auth=Bearer {};key=", "*".repeat(NEW_VALUE.len()))
+    );
+    assert!(log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|s| s.headers.get("authorization") == Some(&format!("Bearer {NEW_VALUE}"))));
+    assert!(!hub.log().contains(NEW_VALUE) && !hub.log().contains(ALICE_VALUE));
 
     for (c, id) in [(&alice, &a), (&alice, &b), (&bob, &c)] {
         let _ = c.delete(id).await;

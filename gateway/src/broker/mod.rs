@@ -193,14 +193,15 @@ impl Broker {
         .await
         .map_err(|_| "the sandbox's TLS handshake timed out".to_string())?
         .map_err(|e| format!("the sandbox's TLS handshake: {e}"))?;
-        let server_name = ServerName::try_from(name.clone()).map_err(|e| e.to_string())?;
-        let outside = tokio::time::timeout(
-            HANDSHAKE_TIMEOUT,
-            TlsConnector::from(self.upstream.clone()).connect(server_name, upstream),
-        )
-        .await
-        .map_err(|_| format!("{name}: the TLS handshake timed out"))?
-        .map_err(|e| format!("{name}: TLS: {e}"))?;
+        let outside = match self.connect_upstream(&name, upstream).await {
+            Ok(s) => s,
+            Err(why) => {
+                // The sandbox's TLS is up: it hears why, as one HTTP answer,
+                // instead of a connection that closes without a word.
+                let _ = refuse(inside, &why).await;
+                return Err(why);
+            }
+        };
         let (send, conn) = hyper::client::conn::http1::Builder::new()
             .max_buf_size(MAX_HEAD.max(8192))
             .max_headers(MAX_HEADERS)
@@ -242,6 +243,51 @@ impl Broker {
             }
         }
     }
+}
+
+impl Broker {
+    /// TLS to the secret's host, verified for its name.
+    async fn connect_upstream(
+        &self,
+        name: &str,
+        upstream: TcpStream,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+        let server_name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
+        tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            TlsConnector::from(self.upstream.clone()).connect(server_name, upstream),
+        )
+        .await
+        .map_err(|_| format!("{name}: the TLS handshake timed out"))?
+        .map_err(|e| format!("{name}: TLS: {e}"))
+    }
+}
+
+/// Answers the sandbox's first request with `502` and `why`, then closes.
+async fn refuse(
+    inside: tokio_rustls::server::TlsStream<DuplexStream>,
+    why: &str,
+) -> Result<(), hyper::Error> {
+    let body = format!("sandhub egress gateway: {why}\n");
+    let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+        let body = body.clone();
+        async move {
+            let mut resp = http::Response::new(http_body_util::Full::new(bytes::Bytes::from(body)));
+            *resp.status_mut() = http::StatusCode::BAD_GATEWAY;
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_buf_size(MAX_HEAD.max(8192))
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(inside), service)
+        .await
 }
 
 /// The certificates of a PEM file.
