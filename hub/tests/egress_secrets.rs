@@ -724,6 +724,54 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
         .unwrap_err();
     assert_eq!(e.code, sandhub_api::error::Code::FailedPrecondition, "{e}");
 
+    // --- a create request adds secrets to its template's ---
+    let req_secret = |name: &str| -> sandhub_api::secrets::SecretRef {
+        serde_json::from_value(secret(name, "X-Api-Key", "{value}")).unwrap()
+    };
+    let r = put_template(&hub, ALICE_KEY, "online", json!({"network": policy()})).await;
+    assert_eq!(r.status(), 200);
+    let created = |template: &str, name: &str| {
+        alice.create(CreateSandbox {
+            template: Some(template.into()),
+            secrets: vec![req_secret(name)],
+            ..Default::default()
+        })
+    };
+    // Not a secret the template names already; not without egress; not
+    // without a value.
+    let e = created("agent", "OPENAI_API_KEY").await.unwrap_err();
+    assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
+    let e = created("default", "EXTRA_KEY").await.unwrap_err();
+    assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
+    let e = created("online", "EXTRA_KEY").await.unwrap_err();
+    assert_eq!(e.code, sandhub_api::error::Code::FailedPrecondition, "{e}");
+    assert!(e.message.contains("EXTRA_KEY"), "{e}");
+    const EXTRA_VALUE: &str = "extra-value-Jw5Qn2Ks8Pt";
+    let r = put(ALICE_KEY, "EXTRA_KEY", json!({"value": EXTRA_VALUE}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let d = created("online", "EXTRA_KEY").await.unwrap().id;
+    let got = shell_ok(
+        &alice,
+        &d,
+        "echo $EXTRA_KEY; env -u https_proxy -u HTTPS_PROXY /usr/bin/python3 -c \"import os, urllib.request as u; \
+         print(u.urlopen(u.Request('https://api.test/echo', headers={'X-Api-Key': os.environ['EXTRA_KEY']}), timeout=20).read().decode())\"",
+    )
+    .await;
+    let lines: Vec<&str> = got.lines().collect();
+    assert!(lines[0].starts_with("sandhub-secret-"), "{got}");
+    assert_eq!(
+        lines[1],
+        format!("auth=;key={}", "*".repeat(EXTRA_VALUE.len()))
+    );
+    assert!(log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|s| s.headers.get("x-api-key").map(String::as_str) == Some(EXTRA_VALUE)));
+    let _ = alice.delete(&d).await;
+
     // --- a hub killed with -9 gives the sandbox its gateway back, with
     // the same placeholder and the value as the store has it then ---
     const NEW_VALUE: &str = "sk-alice-rotated-4Hq8Zt1Mv6Xc3Lp9Rb2N";
