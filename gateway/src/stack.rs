@@ -1,3 +1,7 @@
+//! Size: one sandbox's loop and every state it owns (held SYNs, open
+//! flows, their channels and brokers): a flow's whole life reads in order
+//! here, from its SYN to its last byte.
+//!
 //! One sandbox's gateway loop: packets from the TUN fd in, through a
 //! smoltcp interface, and out to real sockets the hub opens.
 //!

@@ -1,3 +1,7 @@
+//! Size: one scenario on one hub and one test internet, whose steps build
+//! on each other (values set, sandboxes made, a restart), plus the host-side
+//! readers (memory, files) it needs.
+//!
 //! Brokered secrets end to end (issue #27 part 3, local backend): a real
 //! `sandhub serve` (as root), real sandboxes, and the test "internet" of
 //! `common::internet` with an HTTPS API server at `api.test` whose

@@ -569,56 +569,6 @@ mod tests {
     }
 
     #[test]
-    fn placeholders_are_made_once_and_kept_across_launches() {
-        let secret = |name: &str| -> SecretRef {
-            serde_json::from_value(serde_json::json!({
-                "name": name, "hosts": ["api.test"], "header": "Authorization"}))
-            .unwrap()
-        };
-        let net: NetworkSpec = Network::Egress.into();
-        let t = Template {
-            network: net.clone(),
-            secrets: vec![secret("A")],
-            ..Default::default()
-        };
-        let mut row = SandboxRow {
-            id: "sb-1".into(),
-            tenant: "t".into(),
-            template: "web".into(),
-            state: sandhub_api::hub::SandboxState::Pending,
-            labels: Default::default(),
-            env: Default::default(),
-            launch: sandhub_api::hub::Launch::Cold,
-            created_at: 0,
-            shutdown_at: None,
-            idle_timeout_seconds: None,
-            last_activity: 0,
-            pool: None,
-            claimed: true,
-            forked_from: None,
-            // The create request added B.
-            runtime: Some(Recorded::pre_launch(&net, None, vec![secret("B")])),
-        };
-        let first = Recorded::for_launch(&row, &t).unwrap();
-        let names: Vec<&str> = first.secrets.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["A", "B"]);
-        assert_eq!(first.mode(), Network::Egress);
-        let env = first.secret_env();
-        assert!(env
-            .iter()
-            .any(|(k, v)| k == "A" && v.starts_with("sandhub-secret-")));
-        assert!(env.iter().any(|(k, _)| k == "SSL_CERT_FILE"));
-        // No value is ever in the record.
-        row.runtime = Some(serde_json::json!({ RECORD_KEY: first.clone() }));
-        let again = Recorded::for_launch(&row, &t).unwrap();
-        assert_eq!(again.placeholders, first.placeholders);
-        assert_eq!(again.request_secrets.len(), 1);
-        // A request naming the template's secret again is refused.
-        row.runtime = Some(Recorded::pre_launch(&net, None, vec![secret("A")]));
-        assert!(Recorded::for_launch(&row, &t).is_err());
-    }
-
-    #[test]
     fn operator_flags_are_checked() {
         let bad = EgressArgs {
             egress_allow_private: vec!["10.0.0.1/8".into()],

@@ -17,6 +17,7 @@ use std::{
 use anyhow::Context;
 use sandhub_api::{
     error::Code,
+    hub::{CreateSandbox, Network, Template},
     secrets::{
         SecretInfo, SecretList, SecretRef, SecretSource, MAX_TENANT_SECRETS, PLACEHOLDER_PREFIX,
     },
@@ -154,6 +155,32 @@ fn missing(name: &str) -> Error {
 }
 
 impl Hub {
+    /// A create request's secrets (added to its template's, with egress,
+    /// the host's root) and that every secret it will use has a value.
+    pub(super) fn check_secrets(
+        &self,
+        tenant: &str,
+        template: &Template,
+        req: &CreateSandbox,
+    ) -> Result<()> {
+        let all = validate::merge_secrets(&template.secrets, &req.secrets)?;
+        if !req.secrets.is_empty() {
+            let mode = match &req.network {
+                Some(n) if n.mode == Network::None => n.mode,
+                _ => template.network.mode,
+            };
+            if mode != Network::Egress {
+                return Err(Error::new(
+                    Code::InvalidArgument,
+                    "secrets need `network: egress`: only the egress gateway can broker them",
+                ));
+            }
+            super::hub::secrets_need_host_root(template)?;
+        }
+        self.secret_values(tenant, all.iter().map(|s| s.name.as_str()))
+            .map(|_| ())
+    }
+
     /// The values of `names` for `tenant` (the tenant's own over the
     /// operator's); FAILED_PRECONDITION naming the first that has none.
     pub(super) fn secret_values<'a>(
@@ -283,5 +310,63 @@ mod tests {
         let (a, b) = (placeholder(), placeholder());
         assert_ne!(a, b);
         assert!(a.starts_with(PLACEHOLDER_PREFIX) && a.len() == PLACEHOLDER_PREFIX.len() + 32);
+    }
+
+    #[test]
+    fn placeholders_are_made_once_and_kept_across_launches() {
+        let secret = |name: &str| -> SecretRef {
+            serde_json::from_value(serde_json::json!({
+                "name": name, "hosts": ["api.test"], "header": "Authorization"}))
+            .unwrap()
+        };
+        let net: sandhub_api::hub::NetworkSpec = Network::Egress.into();
+        let t = Template {
+            network: net.clone(),
+            secrets: vec![secret("A")],
+            ..Default::default()
+        };
+        let mut row = super::super::store::SandboxRow {
+            id: "sb-1".into(),
+            tenant: "t".into(),
+            template: "web".into(),
+            state: sandhub_api::hub::SandboxState::Pending,
+            labels: Default::default(),
+            env: Default::default(),
+            launch: sandhub_api::hub::Launch::Cold,
+            created_at: 0,
+            shutdown_at: None,
+            idle_timeout_seconds: None,
+            last_activity: 0,
+            pool: None,
+            claimed: true,
+            forked_from: None,
+            // The create request added B.
+            runtime: Some(super::super::egress::Recorded::pre_launch(
+                &net,
+                None,
+                vec![secret("B")],
+            )),
+        };
+        let first = super::super::egress::Recorded::for_launch(&row, &t).unwrap();
+        let names: Vec<&str> = first.secrets.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["A", "B"]);
+        assert_eq!(first.mode(), Network::Egress);
+        let env = first.secret_env();
+        assert!(env
+            .iter()
+            .any(|(k, v)| k == "A" && v.starts_with("sandhub-secret-")));
+        assert!(env.iter().any(|(k, _)| k == "SSL_CERT_FILE"));
+        // No value is ever in the record.
+        row.runtime = Some(serde_json::json!({ super::super::egress::RECORD_KEY: first.clone() }));
+        let again = super::super::egress::Recorded::for_launch(&row, &t).unwrap();
+        assert_eq!(again.placeholders, first.placeholders);
+        assert_eq!(again.request_secrets.len(), 1);
+        // A request naming the template's secret again is refused.
+        row.runtime = Some(super::super::egress::Recorded::pre_launch(
+            &net,
+            None,
+            vec![secret("A")],
+        ));
+        assert!(super::super::egress::Recorded::for_launch(&row, &t).is_err());
     }
 }

@@ -236,25 +236,7 @@ impl Sandboxes for TenantHub {
         // Extra environment means a different process tree: never warm.
         // So does a narrowed network (the warm members have the template's).
         // And so do secrets the request adds (placeholders, a gateway).
-        if !req.secrets.is_empty() {
-            let all = validate::merge_secrets(&effective.secrets, &req.secrets)?;
-            let mode = match &req.network {
-                Some(n) if n.mode == sandhub_api::hub::Network::None => n.mode,
-                _ => effective.network.mode,
-            };
-            if mode != sandhub_api::hub::Network::Egress {
-                return Err(invalid(
-                    "secrets need `network: egress`: only the egress gateway can broker them",
-                ));
-            }
-            super::hub::secrets_need_host_root(&effective)?;
-            hub.secret_values(&self.tenant, all.iter().map(|s| s.name.as_str()))?;
-        } else if !effective.secrets.is_empty() {
-            hub.secret_values(
-                &self.tenant,
-                effective.secrets.iter().map(|s| s.name.as_str()),
-            )?;
-        }
+        hub.check_secrets(&self.tenant, &effective, &req)?;
         if let (Some(pool), true) = (
             &pool,
             req.env.is_empty() && req.network.is_none() && req.secrets.is_empty(),
