@@ -213,7 +213,7 @@ impl Broker {
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let (send, secrets, values) = (send.clone(), secrets.clone(), values.clone());
             async move {
-                rewrite(req.headers_mut(), &secrets);
+                let _ = rewrite(req.headers_mut(), &secrets);
                 // The request body streams through as the workload wrote
                 // it (no value is ever put in a body).
                 let req = req.map(|b| scrub::Body::new(b, Arc::new(Vec::new())));

@@ -16,7 +16,13 @@ use super::Secret;
 /// workload that wrote `Bearer <placeholder>` (what SDKs do with the
 /// environment variable) and one that wrote the bare placeholder send the
 /// same thing.
-pub fn rewrite(headers: &mut HeaderMap, secrets: &[Secret]) {
+///
+/// Answers whether a value went in: such a request also asks for an
+/// uncompressed answer (`Accept-Encoding: identity`), so that an answer
+/// echoing the value can be masked ([`super::scrub`] reads bytes, not
+/// gzip).
+pub fn rewrite(headers: &mut HeaderMap, secrets: &[Secret]) -> bool {
+    let mut inserted = false;
     for s in secrets {
         let holds = headers
             .get_all(&s.header)
@@ -33,11 +39,19 @@ pub fn rewrite(headers: &mut HeaderMap, secrets: &[Secret]) {
         for v in old {
             if contains(v.as_bytes(), s.placeholder.as_bytes()) {
                 headers.append(&s.header, new.clone());
+                inserted = true;
             } else {
                 headers.append(&s.header, v);
             }
         }
     }
+    if inserted {
+        headers.insert(
+            http::header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
+    inserted
 }
 
 pub(crate) fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -67,9 +81,12 @@ mod tests {
             "Bearer sandhub-secret-aaaa".parse().unwrap(),
         );
         h.insert("x-other", "sandhub-secret-aaaa".parse().unwrap());
-        rewrite(&mut h, &[secret()]);
+        h.insert("accept-encoding", "gzip, br".parse().unwrap());
+        assert!(rewrite(&mut h, &[secret()]));
         assert_eq!(h["authorization"], "Bearer sk-real");
         assert_eq!(h["x-other"], "sandhub-secret-aaaa");
+        // An answer that echoes the value must come back maskable.
+        assert_eq!(h["accept-encoding"], "identity");
     }
 
     #[test]
@@ -77,11 +94,13 @@ mod tests {
         for v in ["Bearer sandhub-secret-bbbb", "Bearer sk-guess", ""] {
             let mut h = HeaderMap::new();
             h.insert("authorization", v.parse().unwrap());
-            rewrite(&mut h, &[secret()]);
+            h.insert("accept-encoding", "gzip".parse().unwrap());
+            assert!(!rewrite(&mut h, &[secret()]));
             assert_eq!(h["authorization"], v);
+            assert_eq!(h["accept-encoding"], "gzip");
         }
         let mut h = HeaderMap::new();
-        rewrite(&mut h, &[secret()]);
+        assert!(!rewrite(&mut h, &[secret()]));
         assert!(h.is_empty());
     }
 }
