@@ -15,6 +15,7 @@ use std::{
     os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::Path,
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use rcgen::{
@@ -24,8 +25,12 @@ use rcgen::{
 use rustls::{pki_types::PrivateKeyDer, sign::CertifiedKey};
 
 /// Leaf certificates kept at once; past it the cache starts over (a
-/// leaf costs a key generation and a signature, ~1 ms).
+/// leaf costs a key generation and a signature).
 pub const LEAF_CACHE: usize = 1024;
+/// A leaf is valid for 30 days and reused for 7, so a long-running hub
+/// never shows an expired one.
+const LEAF_VALID: Duration = Duration::from_secs(30 * 86400);
+const LEAF_REUSE: Duration = Duration::from_secs(7 * 86400);
 
 fn other(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -48,7 +53,7 @@ fn ca_params() -> CertificateParams {
 pub struct Authority {
     issuer: Issuer<'static, KeyPair>,
     cert_pem: String,
-    leaves: Mutex<HashMap<String, Arc<CertifiedKey>>>,
+    leaves: Mutex<HashMap<String, (Instant, Arc<CertifiedKey>)>>,
 }
 
 impl Authority {
@@ -105,13 +110,15 @@ impl Authority {
 
     /// A certificate for `name` signed by the CA (cached).
     pub fn leaf(&self, name: &str) -> io::Result<Arc<CertifiedKey>> {
-        if let Some(k) = self
+        if let Some((made, k)) = self
             .leaves
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
         {
-            return Ok(k.clone());
+            if made.elapsed() < LEAF_REUSE {
+                return Ok(k.clone());
+            }
         }
         let kp = KeyPair::generate().map_err(other)?;
         let mut p = CertificateParams::new(vec![name.to_string()]).map_err(other)?;
@@ -120,8 +127,8 @@ impl Authority {
         p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let now = std::time::SystemTime::now();
-        p.not_before = (now - std::time::Duration::from_secs(3600)).into();
-        p.not_after = (now + std::time::Duration::from_secs(30 * 86400)).into();
+        p.not_before = (now - Duration::from_secs(3600)).into();
+        p.not_after = (now + LEAF_VALID).into();
         let cert = p.signed_by(&kp, &self.issuer).map_err(other)?;
         let key = PrivateKeyDer::try_from(kp.serialize_der()).map_err(other)?;
         let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(other)?;
@@ -130,7 +137,7 @@ impl Authority {
         if leaves.len() >= LEAF_CACHE {
             leaves.clear();
         }
-        leaves.insert(name.to_string(), ck.clone());
+        leaves.insert(name.to_string(), (Instant::now(), ck.clone()));
         Ok(ck)
     }
 }
