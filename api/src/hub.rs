@@ -138,6 +138,10 @@ pub struct CreateSandbox {
     /// template's (docs/networking.md). Forces a cold start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkSpec>,
+    /// More brokered secrets than the template's (`network: egress`
+    /// only; docs/networking.md). Forces a cold start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::secrets::SecretRef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -205,6 +209,10 @@ pub struct EgressDecision {
     /// Payload bytes of an allowed connection so far.
     pub bytes_out: u64,
     pub bytes_in: u64,
+    /// The gateway terminated its TLS to put a secret's value in
+    /// (brokered secrets); absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub brokered: bool,
 }
 
 /// `GET /v1/sandboxes/{id}/egress`: the last decisions (at most 256),
@@ -375,6 +383,12 @@ pub struct Template {
     /// (docs/networking.md).
     #[serde(default)]
     pub network: NetworkSpec,
+    /// Secrets its sandboxes use without holding them (`network: egress`
+    /// only): the environment gets a placeholder, the gateway puts the
+    /// value in one header of requests to the secret's hosts
+    /// (docs/networking.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::secrets::SecretRef>,
     /// Kubernetes only: more containers in the sandbox's Pod (a grader, a
     /// service the task needs), at most [`MAX_SIDECARS`]. They share the
     /// Pod's network and, with `image`, its `/workspace`; `exec` reaches

@@ -14,4 +14,5 @@ pub mod sandboxd;
 pub mod sandboxd_token;
 #[cfg(feature = "scoped-token")]
 pub mod scoped_token;
+pub mod secrets;
 pub mod validate;

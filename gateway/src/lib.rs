@@ -23,6 +23,8 @@
 //!             responder, the upstream resolve)
 //! tun.rs      making and configuring the TUN device inside a namespace
 //! stack.rs    the per-sandbox loop: TUN <-> smoltcp <-> real sockets
+//! broker/     brokered secrets: the per-hub CA, TLS toward the sandbox
+//!             and upstream, the header rewrite, masking echoed values
 //! ```
 //!
 //! # Why smoltcp
@@ -38,6 +40,7 @@
 //!
 //! Depends on `api` (the policy language) only: never on `hub`.
 
+pub mod broker;
 pub mod dns;
 pub mod meter;
 pub mod policy;
@@ -98,6 +101,9 @@ pub struct Config {
     pub upstream_dns: SocketAddr,
     pub operator: OperatorPolicy,
     pub limits: Limits,
+    /// The hub's secrets broker (its CA, upstream trust); `None`: no
+    /// flow is ever intercepted.
+    pub broker: Option<Arc<broker::Broker>>,
 }
 
 /// A running gateway; dropping it stops the loop, closes every flow and
@@ -135,7 +141,15 @@ pub fn start(
     policy: SandboxPolicy,
     sandbox: String,
 ) -> io::Result<Gateway> {
-    start_metered(tun, loopback_dns, cfg, policy, sandbox, Metering::default())
+    start_metered(
+        tun,
+        loopback_dns,
+        cfg,
+        policy,
+        sandbox,
+        Metering::default(),
+        Vec::new(),
+    )
 }
 
 /// How one sandbox's gateway counts and caps.
@@ -148,7 +162,8 @@ pub struct Metering {
     pub cap_bytes: Option<u64>,
 }
 
-/// [`start`] with the counters and cap given.
+/// [`start`] with the counters and cap given, and the secrets the
+/// gateway brokers for this sandbox (used only when `cfg.broker` is set).
 pub fn start_metered(
     tun: OwnedFd,
     loopback_dns: Option<std::net::UdpSocket>,
@@ -156,20 +171,13 @@ pub fn start_metered(
     policy: SandboxPolicy,
     sandbox: String,
     metering: Metering,
+    secrets: Vec<broker::Secret>,
 ) -> io::Result<Gateway> {
     let lo_dns = loopback_dns
         .map(tokio::net::UdpSocket::from_std)
         .transpose()?;
     let meter = metering.meter.clone();
-    let l = stack::Loop::new(
-        sandbox,
-        cfg,
-        policy,
-        tun,
-        lo_dns,
-        metering.meter,
-        metering.cap_bytes,
-    )?;
+    let l = stack::Loop::new(sandbox, cfg, policy, tun, lo_dns, metering, secrets)?;
     Ok(Gateway {
         task: tokio::spawn(l.run()),
         meter,

@@ -53,6 +53,9 @@ pub struct Decision {
     /// Payload bytes of the flow so far (allowed ones only).
     pub bytes_out: u64,
     pub bytes_in: u64,
+    /// The gateway terminated its TLS to broker a secret (the bytes are
+    /// still the workload's own, as it wrote and read them).
+    pub brokered: bool,
 }
 
 #[derive(Debug, Default)]
@@ -128,11 +131,18 @@ impl Meter {
             reason: why.to_string(),
             bytes_out: 0,
             bytes_in: 0,
+            brokered: false,
         });
     }
 
     /// An allowed, connected flow; the answer names its log entry.
-    pub(crate) fn opened(&self, name: Option<&str>, address: IpAddr, port: u16) -> u64 {
+    pub(crate) fn opened(
+        &self,
+        name: Option<&str>,
+        address: IpAddr,
+        port: u16,
+        brokered: bool,
+    ) -> u64 {
         self.opened.fetch_add(1, Ordering::Relaxed);
         self.push(Decision {
             at_ms: now_ms(),
@@ -143,6 +153,7 @@ impl Meter {
             reason: String::new(),
             bytes_out: 0,
             bytes_in: 0,
+            brokered,
         })
     }
 
@@ -169,18 +180,18 @@ mod tests {
     fn the_log_keeps_the_last_entries_and_bytes_reach_theirs() {
         let m = Meter::default();
         let a: IpAddr = "203.0.113.1".parse().unwrap();
-        let first = m.opened(Some("a.test"), a, 443);
+        let first = m.opened(Some("a.test"), a, 443, true);
         for i in 0..LOG_CAPACITY as u16 {
             m.refused(None, a, i, "denied");
         }
-        let last = m.opened(None, a, 80);
+        let last = m.opened(None, a, 80, false);
         m.moved(first, 5, 6); // fell off: totals only
         m.moved(last, 7, 8);
         let log = m.decisions();
         assert_eq!(log.len(), LOG_CAPACITY);
         assert_eq!(log[0].port, 1);
         let l = log.last().unwrap();
-        assert!(l.allowed);
+        assert!(l.allowed && !l.brokered);
         assert_eq!((l.bytes_out, l.bytes_in), (7, 8));
         assert_eq!(
             m.totals(),

@@ -1,3 +1,7 @@
+//! Size: one sandbox's loop and every state it owns (held SYNs, open
+//! flows, their channels and brokers): a flow's whole life reads in order
+//! here, from its SYN to its last byte.
+//!
 //! One sandbox's gateway loop: packets from the TUN fd in, through a
 //! smoltcp interface, and out to real sockets the hub opens.
 //!
@@ -54,6 +58,7 @@ use tokio::{
 };
 
 use crate::{
+    broker::Secret,
     dns::{self, fakeip::FakePool},
     meter::Meter,
     policy::{self, internal, Flow as PolicyFlow, Proto, SandboxPolicy},
@@ -134,7 +139,8 @@ struct Open {
     out: Option<(Vec<u8>, usize)>,
     up_done: bool,
     closing: bool,
-    tasks: [AbortHandle; 2],
+    /// Its reader and writer, and its broker when brokered.
+    tasks: Vec<AbortHandle>,
     /// When a byte last moved either way.
     active: std::time::Instant,
     /// `abort()` was called: smoltcp sends the RST on its next poll, so
@@ -151,8 +157,20 @@ enum Woke {
     Other,
 }
 
+/// What an allowed flow's bytes go to.
+enum Upstream {
+    /// The real connection, byte for byte.
+    Tcp(TcpStream),
+    /// The broker's end of an in-memory pipe, and the broker's task
+    /// (it holds the real connection).
+    Brokered(
+        tokio::io::DuplexStream,
+        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ),
+}
+
 enum Event {
-    Connected(Key, Option<String>, TcpStream),
+    Connected(Key, Option<String>, Upstream),
     /// The name (if any) and why, for the log.
     Refused(Key, Option<String>, String),
 }
@@ -181,6 +199,8 @@ pub(crate) struct Loop {
     cap_bytes: Option<u64>,
     /// The rate window: when it began and the byte total then.
     rate_window: (std::time::Instant, u64),
+    /// The secrets this sandbox's flows may carry (brokered secrets).
+    secrets: Arc<Vec<Secret>>,
 }
 
 /// A datagram on `s`, or never when there is no socket.
@@ -242,8 +262,8 @@ impl Loop {
         policy: SandboxPolicy,
         tun: OwnedFd,
         lo_dns: Option<tokio::net::UdpSocket>,
-        meter: Arc<Meter>,
-        cap_bytes: Option<u64>,
+        metering: crate::Metering,
+        secrets: Vec<Secret>,
     ) -> io::Result<Loop> {
         // SAFETY: an OwnedFd is a valid fd that stays open as long as the
         // AsyncFd owns it.
@@ -290,9 +310,10 @@ impl Loop {
             events,
             log: LogBudget::new(),
             lo_dns,
-            meter,
-            cap_bytes,
+            meter: metering.meter,
+            cap_bytes: metering.cap_bytes,
             rate_window: (std::time::Instant::now(), 0),
+            secrets: Arc::new(secrets),
         })
     }
 
@@ -524,9 +545,34 @@ impl Loop {
         let cfg = self.cfg.clone();
         let policy = self.policy.clone();
         let events = self.events_tx.clone();
+        // Brokered: the flow's name and port are one of a secret's hosts.
+        let brokering = match (&cfg.broker, &name) {
+            (Some(b), Some(n)) => {
+                let s: Vec<Secret> = self
+                    .secrets
+                    .iter()
+                    .filter(|s| s.applies(n, port))
+                    .cloned()
+                    .collect();
+                (!s.is_empty()).then(|| (b.clone(), n.clone(), Arc::new(s)))
+            }
+            _ => None,
+        };
+        let sandbox = self.sandbox.clone();
         self.tasks.spawn(async move {
             let ev = match connect(&cfg, &policy, name.as_deref(), dst_ip, port).await {
-                Ok(s) => Event::Connected(key, name, s),
+                Ok(s) => match brokering {
+                    None => Event::Connected(key, name, Upstream::Tcp(s)),
+                    Some((broker, n, secrets)) => {
+                        let (ours, theirs) = tokio::io::duplex(CHUNK * CHANNEL_CHUNKS);
+                        let relay = async move {
+                            if let Err(e) = broker.relay(n.clone(), secrets, theirs, s).await {
+                                tracing::info!(%sandbox, name = %n, error = %e, "egress: a brokered connection ended");
+                            }
+                        };
+                        Event::Connected(key, name, Upstream::Brokered(ours, Box::pin(relay)))
+                    }
+                },
                 Err(why) => Event::Refused(key, name, why),
             };
             let _ = events.send(ev).await;
@@ -547,7 +593,7 @@ impl Loop {
                     self.refuse(syn);
                 }
             }
-            Event::Connected(key, name, stream) => {
+            Event::Connected(key, name, upstream) => {
                 let Some(syn) = self.pending.remove(&key) else {
                     return;
                 };
@@ -576,8 +622,23 @@ impl Loop {
                     self.sockets.remove(handle);
                     return;
                 }
-                let seq = self.meter.opened(name.as_deref(), IpAddr::V4(dst), port);
-                let (mut rd, mut wr) = stream.into_split();
+                let mut tasks = Vec::with_capacity(3);
+                type Rd = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+                type Wr = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+                let (mut rd, mut wr): (Rd, Wr) = match upstream {
+                    Upstream::Tcp(s) => {
+                        let (r, w) = s.into_split();
+                        (Box::new(r), Box::new(w))
+                    }
+                    Upstream::Brokered(pipe, relay) => {
+                        tasks.push(self.tasks.spawn(relay));
+                        let (r, w) = tokio::io::split(pipe);
+                        (Box::new(r), Box::new(w))
+                    }
+                };
+                let seq =
+                    self.meter
+                        .opened(name.as_deref(), IpAddr::V4(dst), port, !tasks.is_empty());
                 let (to_up, mut up_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
                 let (up_tx, from_up) = mpsc::channel::<Up>(CHANNEL_CHUNKS);
                 let wake = self.wake.clone();
@@ -618,7 +679,10 @@ impl Loop {
                         out: None,
                         up_done: false,
                         closing: false,
-                        tasks: [reader, writer],
+                        tasks: {
+                            tasks.extend([reader, writer]);
+                            tasks
+                        },
                         active: std::time::Instant::now(),
                         reset_pending: false,
                         seq,

@@ -173,6 +173,7 @@ async fn the_loop_answers_dns_and_resets_what_the_policy_or_the_closed_ranges_re
         upstream_dns,
         operator: OperatorPolicy::new(vec![], vec![], false, &[]),
         limits: Limits::default(),
+        broker: None,
     });
     let policy = SandboxPolicy {
         template_allow: vec!["pypi.test".parse::<Pattern>().unwrap()],

@@ -58,6 +58,23 @@ pub trait TenantView: Sandboxes {
     /// (No default: a wrapper that forgot to forward it would answer
     /// empty.)
     async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>>;
+    /// Stores a secret's value for this tenant (`PUT /v1/secrets/{name}`).
+    async fn put_secret(
+        &self,
+        name: &str,
+        value: String,
+    ) -> Result<sandhub_api::secrets::SecretInfo> {
+        let _ = (name, value);
+        Err(no_secrets())
+    }
+    /// This tenant's secret names (never values).
+    async fn list_secrets(&self) -> Result<sandhub_api::secrets::SecretList> {
+        Err(no_secrets())
+    }
+    async fn delete_secret(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Err(no_secrets())
+    }
     /// Moves a sandbox's deadline to `seconds` from now (E2B's
     /// `set_timeout`: shorter or longer than before).
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {
@@ -67,6 +84,13 @@ pub trait TenantView: Sandboxes {
             "moving a sandbox's deadline is not supported on this backend",
         ))
     }
+}
+
+fn no_secrets() -> sandhub_client::Error {
+    sandhub_client::Error::new(
+        Code::Unimplemented,
+        "brokered secrets need the local backend's egress gateway (not yet on Kubernetes)",
+    )
 }
 
 /// A TCP connection toward a sandbox port, and the headers an HTTP request

@@ -213,6 +213,22 @@ impl TenantView for GuardedView {
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<sandhub_api::hub::Sandbox> {
         self.inner.set_deadline(id, seconds).await
     }
+
+    async fn put_secret(
+        &self,
+        name: &str,
+        value: String,
+    ) -> Result<sandhub_api::secrets::SecretInfo> {
+        self.inner.put_secret(name, value).await
+    }
+
+    async fn list_secrets(&self) -> Result<sandhub_api::secrets::SecretList> {
+        self.inner.list_secrets().await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<()> {
+        self.inner.delete_secret(name).await
+    }
 }
 
 /// Everything not checked here goes straight through.

@@ -1628,6 +1628,8 @@ async fn openapi_document_describes_every_route() {
         ("/v1/sandboxes/{id}/ports/{port}/{path}", &["get"]),
         ("/v1/templates", &["get"]),
         ("/v1/templates/{name}", &["get", "put", "delete"]),
+        ("/v1/secrets", &["get"]),
+        ("/v1/secrets/{name}", &["put", "delete"]),
         ("/v1/pools", &["get"]),
         ("/v1/pools/{name}", &["get", "put", "delete"]),
         ("/v1/images/prepull", &["post"]),

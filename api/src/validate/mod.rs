@@ -1,7 +1,8 @@
 //! What a request must satisfy before any backend acts on it, stated once so
 //! the local and the kubernetes backend refuse the same requests with the
 //! same `{code, message}`: names, labels, environment, lifetimes, template
-//! limits, pool sizes and image references (prepull and pull requests).
+//! limits, pool sizes, image references (prepull and pull requests) and
+//! brokered secrets (`secrets.rs`).
 //! Pure checks: no I/O, nothing about the host (a template's host
 //! directories are the local backend's own business).
 
@@ -152,6 +153,7 @@ impl CreateSandbox {
         if let Some(n) = &self.network {
             network(n)?;
         }
+        secrets(&self.secrets)?;
         env(&self.env)
     }
 }
@@ -161,6 +163,12 @@ impl Template {
     /// (`root_fs`, `seed_dir`) are checked by the backend that has a host.
     pub fn validate(&self) -> Result<(), ErrorBody> {
         template_limits(self)?;
+        secrets(&self.secrets)?;
+        if !self.secrets.is_empty() && self.network.mode != Network::Egress {
+            return Err(invalid(
+                "secrets need `network: egress`: only the egress gateway can broker them".into(),
+            ));
+        }
         if let Some(image) = &self.image {
             image_reference(image)?;
             if self.root_fs.is_some() {
@@ -582,6 +590,9 @@ pub fn narrow_network(
 fn mode_name(m: Network) -> &'static str {
     crate::network::mode_word(m)
 }
+
+mod secrets;
+pub use secrets::{merge_secrets, secret_hosts, secret_name, secret_ref, secret_value, secrets};
 
 #[cfg(test)]
 mod tests;

@@ -59,6 +59,7 @@ pub async fn create(args: CreateArgs) -> Result<i32> {
             shutdown_after_seconds: args.shutdown_after.map(whole_seconds),
             idle_timeout_seconds: args.idle_timeout.map(whole_seconds),
             network: None,
+            secrets: Vec::new(),
         })
         .await?;
     output::show(args.client.output, &sandbox, || &sandbox.id)?;

@@ -160,6 +160,7 @@ fn from_flags(set: SetArgs) -> Template {
         },
         // Flags cannot say them; a JSON file (`template set --file`) can.
         sidecars: Vec::new(),
+        secrets: Vec::new(),
     }
 }
 

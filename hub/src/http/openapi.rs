@@ -18,6 +18,7 @@ use utoipa::OpenApi;
         (name = "files", description = "Files in a sandbox's workspace"),
         (name = "lifecycle", description = "Suspend, resume, snapshot, reset, fork"),
         (name = "templates", description = "What a sandbox is"),
+        (name = "secrets", description = "Values the egress gateway puts into requests; write-only"),
         (name = "pools", description = "Warm sandboxes, claimed in milliseconds"),
         (name = "ports", description = "TCP servers inside a sandbox, proxied (HTTP, SSE, WebSocket)"),
         (name = "images", description = "The local image store: import, list, remove, prune; pre-pull on either backend"),

@@ -9,8 +9,9 @@
 //! re-attaches the same policy, not whatever the template says by then.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     net::{IpAddr, SocketAddr},
+    path::Path,
     sync::{Arc, Mutex},
 };
 
@@ -20,13 +21,19 @@ use sandhub_api::{
     error::Code,
     hub::{Network, NetworkSpec, Template},
     network::{parse_list, Pattern, Target},
+    secrets::SecretRef,
     validate,
 };
 use sandhub_client::{Error, Result};
-use sandhub_gateway::{policy::internal, Config, Gateway, Limits, OperatorPolicy, SandboxPolicy};
+use sandhub_gateway::{
+    broker::{Broker, Secret},
+    policy::internal,
+    Config, Gateway, Limits, OperatorPolicy, SandboxPolicy,
+};
 
 use super::{
     runtime::{Launched, NetNs},
+    secrets::{placeholder, OperatorSecrets},
     store::SandboxRow,
 };
 
@@ -84,6 +91,19 @@ pub struct EgressArgs {
     /// decision log). Unset: no cap.
     #[arg(long, env = "SANDHUB_EGRESS_RATE_MBIT")]
     pub egress_rate_mbit: Option<u64>,
+
+    /// More CA certificates (a PEM file) the gateway trusts, beside the
+    /// system's, when it opens TLS upstream to broker a secret (an
+    /// internal API with a private CA; the tests' own CA).
+    #[arg(long, value_name = "PEM", env = "SANDHUB_EGRESS_CA_FILE")]
+    pub egress_ca_file: Option<std::path::PathBuf>,
+
+    /// Secret values the operator provides, per tenant: a JSON object
+    /// `{"TENANT": {"NAME": "value"}}` (`default` is the tenant of a hub
+    /// without API keys), mode 0600. A tenant's own value
+    /// (`PUT /v1/secrets/NAME`) wins over the file's.
+    #[arg(long, value_name = "FILE", env = "SANDHUB_SECRETS_FILE")]
+    pub secrets_file: Option<std::path::PathBuf>,
 }
 
 /// The defaults the flags have (for hubs built without clap).
@@ -97,6 +117,8 @@ impl Default for EgressArgs {
             egress_max_flows: DEFAULT_MAX_FLOWS,
             egress_idle_timeout: Limits::default().idle_timeout,
             egress_rate_mbit: None,
+            egress_ca_file: None,
+            secrets_file: None,
         }
     }
 }
@@ -128,6 +150,8 @@ pub struct Egress {
     /// Per tenant, what gateways that are gone counted (so the tenant's
     /// series on `/metrics` never go down while the hub runs).
     retired: Mutex<HashMap<String, sandhub_gateway::meter::Totals>>,
+    /// `--secrets-file`.
+    operator_secrets: OperatorSecrets,
 }
 
 impl std::fmt::Debug for Egress {
@@ -139,7 +163,9 @@ impl std::fmt::Debug for Egress {
 }
 
 impl Egress {
-    pub fn new(args: &EgressArgs) -> anyhow::Result<Egress> {
+    /// The hub's egress: its flags, and its secrets broker with the CA in
+    /// `state_dir/egress-ca` (made there on the first start).
+    pub fn new(args: &EgressArgs, state_dir: &Path) -> anyhow::Result<Egress> {
         let upstream_dns = match &args.egress_dns {
             Some(s) => parse_dns(s)?,
             None => {
@@ -170,10 +196,17 @@ impl Egress {
             args.egress_default != "deny",
             &[internal::cidr()],
         );
+        let broker = Broker::new(&state_dir.join("egress-ca"), args.egress_ca_file.as_deref())
+            .context("the egress CA (brokered secrets)")?;
+        let operator_secrets = match &args.secrets_file {
+            Some(p) => OperatorSecrets::load(p).context("--secrets-file")?,
+            None => OperatorSecrets::default(),
+        };
         Ok(Egress {
             cfg: Arc::new(Config {
                 upstream_dns,
                 operator,
+                broker: Some(Arc::new(broker)),
                 limits: Limits {
                     max_flows: args.egress_max_flows.max(1),
                     idle_timeout: args
@@ -185,7 +218,18 @@ impl Egress {
             }),
             running: Mutex::new(HashMap::new()),
             retired: Mutex::new(HashMap::new()),
+            operator_secrets,
         })
+    }
+
+    /// The CA certificate (PEM) egress sandboxes trust.
+    pub fn ca_pem(&self) -> Option<String> {
+        self.cfg.broker.as_ref().map(|b| b.ca_pem().to_string())
+    }
+
+    /// `--secrets-file`'s values.
+    pub fn operator_secrets(&self) -> &OperatorSecrets {
+        &self.operator_secrets
     }
 
     /// `--egress-default allow`.
@@ -201,6 +245,7 @@ impl Egress {
         launched: &Launched,
         policy: SandboxPolicy,
         egress_mb: Option<u64>,
+        secrets: Vec<Secret>,
     ) -> Result<()> {
         let l = launched.clone();
         let dev = tokio::task::spawn_blocking(move || {
@@ -228,6 +273,7 @@ impl Egress {
                 meter: Default::default(),
                 cap_bytes: egress_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
             },
+            secrets,
         )
         .map_err(|e| Error::internal(format!("starting the egress gateway: {e}")))?;
         let old = self
@@ -275,6 +321,7 @@ impl Egress {
                 reason: (!d.reason.is_empty()).then_some(d.reason),
                 bytes_out: d.bytes_out,
                 bytes_in: d.bytes_in,
+                brokered: d.brokered,
             })
             .collect()
     }
@@ -348,18 +395,43 @@ pub struct Recorded {
     /// The template's `egress_mb` at launch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_mb: Option<u64>,
+    /// The secrets the create request added to the template's (kept
+    /// across launches, like the narrowing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_secrets: Vec<SecretRef>,
+    /// Every secret of this launch: the template's, then the request's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretRef>,
+    /// Each secret's placeholder (its environment variable's value),
+    /// kept across launches. Never a value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub placeholders: BTreeMap<String, String>,
 }
 
 impl Recorded {
     /// What a launch of `row` applies: the template's `network` as it is
     /// now, and the narrowing its create request recorded (kept in the
     /// row's runtime JSON across suspend and resume).
-    pub fn for_launch(row: &SandboxRow, template: &Template) -> Recorded {
-        Recorded {
-            template: template.network.clone(),
-            sandbox: Self::of_row(row).and_then(|r| r.sandbox),
-            egress_mb: template.egress_mb,
+    pub fn for_launch(row: &SandboxRow, template: &Template) -> Result<Recorded> {
+        let before = Self::of_row(row);
+        let request_secrets = before
+            .as_ref()
+            .map(|r| r.request_secrets.clone())
+            .unwrap_or_default();
+        let secrets = validate::merge_secrets(&template.secrets, &request_secrets)?;
+        let mut placeholders = BTreeMap::new();
+        for s in &secrets {
+            let kept = before.as_ref().and_then(|r| r.placeholders.get(&s.name));
+            placeholders.insert(s.name.clone(), kept.cloned().unwrap_or_else(placeholder));
         }
+        Ok(Recorded {
+            template: template.network.clone(),
+            sandbox: before.and_then(|r| r.sandbox),
+            egress_mb: template.egress_mb,
+            request_secrets,
+            secrets,
+            placeholders,
+        })
     }
 
     /// The record in a row's runtime JSON, if any.
@@ -369,14 +441,34 @@ impl Recorded {
     }
 
     /// The runtime JSON of a row not launched yet whose create request
-    /// narrowed its template's network.
-    pub fn pre_launch(template: &NetworkSpec, sandbox: NetworkSpec) -> serde_json::Value {
+    /// narrowed its template's network or added secrets.
+    pub fn pre_launch(
+        template: &NetworkSpec,
+        sandbox: Option<NetworkSpec>,
+        request_secrets: Vec<SecretRef>,
+    ) -> serde_json::Value {
         let r = Recorded {
             template: template.clone(),
-            sandbox: Some(sandbox),
+            sandbox,
             egress_mb: None,
+            request_secrets,
+            secrets: Vec::new(),
+            placeholders: BTreeMap::new(),
         };
         serde_json::json!({ RECORD_KEY: r })
+    }
+
+    /// The placeholders the sandbox's environment holds, and, when it has
+    /// secrets, where its tools find the CA bundle.
+    pub fn secret_env(&self) -> Vec<(String, String)> {
+        if self.placeholders.is_empty() {
+            return Vec::new();
+        }
+        self.placeholders
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .chain(super::secrets::ca_env())
+            .collect()
     }
 
     /// The mode the sandbox runs in: the template's, unless its request
@@ -444,26 +536,36 @@ mod tests {
             pool: None,
             claimed: true,
             forked_from: None,
-            runtime: Some(Recorded::pre_launch(&tpl, narrow.clone())),
+            runtime: Some(Recorded::pre_launch(&tpl, Some(narrow.clone()), Vec::new())),
         };
         let t = Template {
             network: tpl.clone(),
             ..Default::default()
         };
-        let r = Recorded::for_launch(&row, &t);
+        let r = Recorded::for_launch(&row, &t).unwrap();
         assert_eq!(r.sandbox.as_ref(), Some(&narrow));
         assert_eq!(r.mode(), Network::Egress);
         let p = r.policy().unwrap();
         assert_eq!(p.sandbox_allow.len(), 1);
         // After launch the handle carries the record; a resume finds it.
         row.runtime = Some(serde_json::json!({"shim_pid": 1, RECORD_KEY: r}));
-        assert_eq!(Recorded::for_launch(&row, &t).sandbox, Some(narrow));
+        assert_eq!(
+            Recorded::for_launch(&row, &t).unwrap().sandbox,
+            Some(narrow)
+        );
         // A request for `none` takes an egress template offline.
-        row.runtime = Some(Recorded::pre_launch(&tpl, Network::None.into()));
-        assert_eq!(Recorded::for_launch(&row, &t).mode(), Network::None);
+        row.runtime = Some(Recorded::pre_launch(
+            &tpl,
+            Some(Network::None.into()),
+            Vec::new(),
+        ));
+        assert_eq!(
+            Recorded::for_launch(&row, &t).unwrap().mode(),
+            Network::None
+        );
         // No record: the template alone.
         row.runtime = None;
-        assert_eq!(Recorded::for_launch(&row, &t).sandbox, None);
+        assert_eq!(Recorded::for_launch(&row, &t).unwrap().sandbox, None);
     }
 
     #[test]
@@ -472,12 +574,16 @@ mod tests {
             egress_allow_private: vec!["10.0.0.1/8".into()],
             ..Default::default()
         };
-        assert!(Egress::new(&bad).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Egress::new(&bad, dir.path()).is_err());
         let bad = EgressArgs {
             egress_deny: vec!["a.*.test".into()],
             ..Default::default()
         };
-        assert!(Egress::new(&bad).unwrap_err().to_string().contains("[0]"));
+        assert!(Egress::new(&bad, dir.path())
+            .unwrap_err()
+            .to_string()
+            .contains("[0]"));
         let ok = EgressArgs {
             egress_dns: Some("198.18.0.2".into()),
             egress_allow_private: vec!["10.20.0.0/16".into()],
@@ -486,7 +592,10 @@ mod tests {
             egress_max_flows: 8,
             ..Default::default()
         };
-        let e = Egress::new(&ok).unwrap();
+        let e = Egress::new(&ok, dir.path()).unwrap();
         assert!(!e.default_allows_all());
+        // The CA is made once and kept.
+        let ca = e.ca_pem().unwrap();
+        assert_eq!(Egress::new(&ok, dir.path()).unwrap().ca_pem().unwrap(), ca);
     }
 }

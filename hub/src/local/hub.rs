@@ -115,6 +115,19 @@ pub(super) fn check_template(t: &Template, template_dirs: &[PathBuf]) -> Result<
             check_template_dir(what, p, template_dirs)?;
         }
     }
+    secrets_need_host_root(t)
+}
+
+/// Brokered secrets need the hub's CA in the sandbox's trust store, which
+/// the hub writes into the `/etc` it gives sandboxes of the host's root;
+/// an image's or a `root_fs`'s `/etc` is their own (not done yet).
+pub(super) fn secrets_need_host_root(t: &Template) -> Result<()> {
+    if !t.secrets.is_empty() && (t.image.is_some() || t.root_fs.is_some()) {
+        return Err(invalid(
+            "secrets: not yet with `image` or `root_fs` (the hub's CA goes into the /etc of \
+             sandboxes of the host's root only)",
+        ));
+    }
     Ok(())
 }
 
@@ -295,12 +308,26 @@ impl Hub {
             Some(snap) => Some(self.snapshot_path(snap)?),
             None => None,
         };
+        // The values of every secret it names, looked up now: a secret
+        // without one fails the start, naming it.
+        let request_secrets = super::egress::Recorded::of_row(row)
+            .map(|r| r.request_secrets)
+            .unwrap_or_default();
+        let secret_values = self.secret_values(
+            &row.tenant,
+            template
+                .secrets
+                .iter()
+                .chain(&request_secrets)
+                .map(|s| s.name.as_str()),
+        )?;
         let handle = self
             .backend
             .launch(LaunchRequest {
                 row,
                 template: &template,
                 snapshot_layer,
+                secret_values,
             })
             .await?;
         Self::failpoint_launched_not_recorded().await;

@@ -44,7 +44,15 @@ impl Hub {
             if row.runtime.is_some() && self.backend.is_alive(&row) {
                 tracing::info!(id = %row.id, "re-attached to running sandbox");
                 // Its TUN device went with the old hub: offline until this.
-                if let Err(e) = self.backend.reattach(&row).await {
+                let names = super::egress::Recorded::of_row(&row)
+                    .map(|r| r.secrets)
+                    .unwrap_or_default();
+                let values = self.secret_values(&row.tenant, names.iter().map(|s| s.name.as_str()));
+                let attached = match values {
+                    Ok(v) => self.backend.reattach(&row, &v).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = attached {
                     tracing::warn!(id = %row.id, error = %e, "the egress gateway could not be re-attached; the sandbox stays offline");
                 }
                 continue;

@@ -14,11 +14,14 @@
 //! pools.rs           warm pools: the refiller
 //! ports.rs           a sandbox's TCP ports, reached inside its network namespace
 //! plan.rs            the pure decisions lifecycle and pools apply (unit-tested)
-//! store/             the SQLite store (sandboxes, templates, pools, snapshots, gym envs)
+//! store/             the SQLite store (sandboxes, templates, pools, snapshots, gym envs,
+//!                    tenants' secret values)
 //! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
 //! disk.rs            disk-quota flags and opening the quota volume
 //! egress.rs          `network: egress`: the operator's flags, attaching a gateway
 //!                    (crate `sandhub-gateway`) to each such sandbox
+//! secrets.rs         brokered secrets: values (--secrets-file, the store),
+//!                    placeholders, what each sandbox's gateway is handed
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)
 //! runtime/           the namespace runtime itself (see its docs)
 //! ```
@@ -33,6 +36,7 @@ mod pools;
 mod ports;
 pub mod runtime;
 mod runtime_adapter;
+mod secrets;
 pub mod store;
 mod tenant;
 

@@ -30,6 +30,9 @@ pub struct LaunchRequest<'a> {
     pub row: &'a SandboxRow,
     pub template: &'a Template,
     pub snapshot_layer: Option<PathBuf>,
+    /// The values of the secrets the sandbox names (template's and
+    /// request's), for its gateway only.
+    pub secret_values: BTreeMap<String, String>,
 }
 
 pub struct LocalBackend {
@@ -89,6 +92,10 @@ impl LocalBackend {
             state_dir.join("runtime"),
             allow_no_cgroup_limits,
         )?;
+        let egress = Egress::new(egress, state_dir).context("--egress-* flags")?;
+        if let Some(pem) = egress.ca_pem() {
+            runtime = runtime.with_egress_ca(pem);
+        }
         let quotas = super::disk::open_quotas(state_dir, disk)?;
         let (sandboxes, snapshots, legacy) = match &quotas {
             Some(q) => {
@@ -115,7 +122,7 @@ impl LocalBackend {
             seeds: state_dir.join("seeds"),
             quotas,
             default_disk_mb: disk.default_disk_mb,
-            egress: Arc::new(Egress::new(egress).context("--egress-* flags")?),
+            egress: Arc::new(egress),
             images: Arc::new(
                 super::image::ImageStore::open(
                     state_dir,
@@ -294,14 +301,28 @@ impl LocalBackend {
     /// An egress sandbox gets its gateway before this returns; if that
     /// fails, the sandbox is stopped and the launch fails.
     pub async fn launch(&self, request: LaunchRequest<'_>) -> Result<serde_json::Value> {
-        let recorded = Recorded::for_launch(request.row, request.template);
+        let recorded = Recorded::for_launch(request.row, request.template)?;
         let mode = recorded.mode();
-        // Parsed before anything starts: a bad list is the caller's 400.
+        if !recorded.secrets.is_empty() && mode != Network::Egress {
+            return Err(Error::new(
+                Code::InvalidArgument,
+                "secrets need `network: egress`: only the egress gateway can broker them",
+            ));
+        }
+        // Parsed before anything starts: a bad list is the caller's 400,
+        // a secret without a value its FAILED_PRECONDITION.
         let policy = match mode {
             Network::Egress => Some(recorded.policy()?),
             _ => None,
         };
-        let spec = self.spec(&request, mode)?;
+        let secrets = super::secrets::for_gateway(
+            &recorded.secrets,
+            &recorded.placeholders,
+            &request.secret_values,
+        )?;
+        let mut spec = self.spec(&request, mode)?;
+        // Placeholders last: they win over any env of the same name.
+        spec.env.extend(recorded.secret_env());
         let runtime = self.runtime.clone();
         let launched = tokio::task::spawn_blocking(move || runtime.launch(&spec))
             .await
@@ -316,6 +337,7 @@ impl LocalBackend {
                     &launched,
                     policy,
                     recorded.egress_mb,
+                    secrets,
                 )
                 .await
             {
@@ -326,7 +348,7 @@ impl LocalBackend {
         }
         let mut value =
             serde_json::to_value(&launched).map_err(|e| Error::internal(e.to_string()))?;
-        if mode == Network::Egress || recorded.sandbox.is_some() {
+        if mode == Network::Egress || recorded.sandbox.is_some() || !recorded.secrets.is_empty() {
             if let (Some(obj), Ok(r)) = (value.as_object_mut(), serde_json::to_value(&recorded)) {
                 obj.insert(egress::RECORD_KEY.into(), r);
             }
@@ -337,13 +359,21 @@ impl LocalBackend {
     /// After a hub restart: gives a running egress sandbox its gateway
     /// back, with the policy it was started with. Until then (and if this
     /// fails) it is offline: its TUN device went with the old hub.
-    pub async fn reattach(&self, row: &SandboxRow) -> Result<()> {
+    /// `values`: the values of the secrets it was started with (a secret
+    /// whose value is gone fails the re-attach: the sandbox stays offline).
+    pub async fn reattach(
+        &self,
+        row: &SandboxRow,
+        values: &BTreeMap<String, String>,
+    ) -> Result<()> {
         let Some(recorded) = Recorded::of_row(row) else {
             return Ok(());
         };
         if recorded.mode() != Network::Egress {
             return Ok(());
         }
+        let secrets =
+            super::secrets::for_gateway(&recorded.secrets, &recorded.placeholders, values)?;
         let launched = Self::launched(row)?;
         self.egress
             .attach(
@@ -352,6 +382,7 @@ impl LocalBackend {
                 &launched,
                 recorded.policy()?,
                 recorded.egress_mb,
+                secrets,
             )
             .await
     }

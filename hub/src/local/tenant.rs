@@ -96,6 +96,22 @@ impl TenantView for TenantHub {
         Ok(self.hub.backend.egress.decisions(id))
     }
 
+    async fn put_secret(
+        &self,
+        name: &str,
+        value: String,
+    ) -> Result<sandhub_api::secrets::SecretInfo> {
+        self.hub.put_secret(&self.tenant, name, &value)
+    }
+
+    async fn list_secrets(&self) -> Result<sandhub_api::secrets::SecretList> {
+        self.hub.list_secrets(&self.tenant)
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<()> {
+        self.hub.delete_secret(&self.tenant, name)
+    }
+
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
         self.hub.running(&self.tenant, id, op).map(|(_, c)| c)
     }
@@ -219,7 +235,12 @@ impl Sandboxes for TenantHub {
         let shutdown_at = req.shutdown_after_seconds.map(|s| now + (s as i64) * 1000);
         // Extra environment means a different process tree: never warm.
         // So does a narrowed network (the warm members have the template's).
-        if let (Some(pool), true) = (&pool, req.env.is_empty() && req.network.is_none()) {
+        // And so do secrets the request adds (placeholders, a gateway).
+        hub.check_secrets(&self.tenant, &effective, &req)?;
+        if let (Some(pool), true) = (
+            &pool,
+            req.env.is_empty() && req.network.is_none() && req.secrets.is_empty(),
+        ) {
             let claim = Claim {
                 tenant: &self.tenant,
                 pool: &pool.name,
@@ -248,9 +269,9 @@ impl Sandboxes for TenantHub {
             pool: None,
             claimed: true,
             forked_from: None,
-            runtime: req
-                .network
-                .map(|n| super::egress::Recorded::pre_launch(&effective.network, n)),
+            runtime: (req.network.is_some() || !req.secrets.is_empty()).then(|| {
+                super::egress::Recorded::pre_launch(&effective.network, req.network, req.secrets)
+            }),
         };
         let row = hub.create_cold(row).await?;
         Ok(hub.view(&row).await)

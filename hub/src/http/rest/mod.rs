@@ -9,6 +9,7 @@ mod ports;
 mod prepull;
 mod processes;
 mod sandboxes;
+mod secrets;
 mod templates;
 
 use utoipa_axum::router::OpenApiRouter;
@@ -22,6 +23,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(processes::routes())
         .merge(files::routes())
         .merge(templates::routes())
+        .merge(secrets::routes())
         .merge(pools::routes())
         .merge(ports::routes())
         .merge(images::routes())

@@ -57,29 +57,71 @@ pub fn prepare_host_etc(state_root: &Path) -> io::Result<PathBuf> {
 
 /// The same copy for `network: egress` sandboxes, whose `resolv.conf`
 /// names the gateway's DNS responder instead of the host's resolver (which
-/// such a sandbox can never reach).
-pub fn prepare_egress_etc(state_root: &Path, resolv_conf: &str) -> io::Result<PathBuf> {
-    prepare_with(Path::new("/etc"), state_root, Some(resolv_conf))
+/// such a sandbox can never reach). With the hub's CA (brokered secrets),
+/// the copy also holds `sandhub/ca.pem`, and the system bundle with the
+/// CA appended as `sandhub/ca-bundle.pem` and in place of
+/// `ssl/certs/ca-certificates.crt` (the trust store most tools read when
+/// no variable names another): the CA signs only for the names whose
+/// secrets the gateway brokers, so trusting it opens nothing else.
+pub fn prepare_egress_etc(
+    state_root: &Path,
+    resolv_conf: &str,
+    ca_pem: Option<&str>,
+) -> io::Result<PathBuf> {
+    let mut files = vec![("resolv.conf", resolv_conf.to_string())];
+    if let Some(ca) = ca_pem {
+        let system = SYSTEM_BUNDLES
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        let bundle = format!("{}\n{ca}", system.trim_end());
+        files.push((CA_FILE, ca.to_string()));
+        files.push((CA_BUNDLE, bundle.clone()));
+        if Path::new("/etc/ssl/certs/ca-certificates.crt").exists() {
+            files.push(("ssl/certs/ca-certificates.crt", bundle));
+        }
+    }
+    prepare_with(Path::new("/etc"), state_root, &files)
 }
+
+/// The hub's CA and the bundle with it, relative to `/etc`.
+pub const CA_FILE: &str = "sandhub/ca.pem";
+pub const CA_BUNDLE: &str = "sandhub/ca-bundle.pem";
+
+/// Where hosts keep their CA bundle (Debian, Fedora, Alpine/others).
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
 
 pub(crate) fn prepare_from(etc: &Path, state_root: &Path) -> io::Result<PathBuf> {
-    prepare_with(etc, state_root, None)
+    prepare_with(etc, state_root, &[])
 }
 
-fn prepare_with(etc: &Path, state_root: &Path, resolv: Option<&str>) -> io::Result<PathBuf> {
+/// `files`: paths relative to the copy, written over what the host has.
+fn prepare_with(etc: &Path, state_root: &Path, files: &[(&str, String)]) -> io::Result<PathBuf> {
     let parent = state_root.join("host-etc");
     std::fs::create_dir_all(&parent)
         .map_err(|e| annotate(format!("creating {}", parent.display()), e))?;
     let mut plan = Vec::new();
     walk(etc, Path::new(""), &mut plan)
         .map_err(|e| annotate(format!("reading {}", etc.display()), e))?;
-    let final_dir = match resolv {
-        None => parent.join(format!("{:016x}", fingerprint(&plan))),
-        Some(r) => parent.join(format!(
-            "{:016x}-resolv-{:016x}",
+    let final_dir = if files.is_empty() {
+        parent.join(format!("{:016x}", fingerprint(&plan)))
+    } else {
+        let mut all = Vec::new();
+        for (rel, content) in files {
+            all.extend_from_slice(rel.as_bytes());
+            all.push(0);
+            all.extend_from_slice(content.as_bytes());
+            all.push(0);
+        }
+        parent.join(format!(
+            "{:016x}-with-{:016x}",
             fingerprint(&plan),
-            fnv(r.as_bytes())
-        )),
+            fnv(&all)
+        ))
     };
     if final_dir.is_dir() {
         return Ok(final_dir);
@@ -92,13 +134,16 @@ fn prepare_with(etc: &Path, state_root: &Path, resolv: Option<&str>) -> io::Resu
             .map_or(0, |d| d.as_nanos())
     ));
     let built = copy(etc, &tmp, &plan)
-        .and_then(|()| match resolv {
-            Some(r) => {
-                let path = tmp.join("resolv.conf");
+        .and_then(|()| {
+            for (rel, content) in files {
+                let path = tmp.join(rel);
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
                 let _ = std::fs::remove_file(&path);
-                std::fs::write(&path, r)
+                std::fs::write(&path, content)?;
             }
-            None => Ok(()),
+            Ok(())
         })
         .and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
     if let Err(e) = built {
@@ -320,7 +365,19 @@ mod tests {
         // Unchanged source: the same copy is reused.
         assert_eq!(prepare_from(e, state.path()).unwrap(), out);
         // The egress copy differs only in resolv.conf.
-        let eg = prepare_with(e, state.path(), Some("nameserver 100.127.0.1\n")).unwrap();
+        let eg = prepare_with(
+            e,
+            state.path(),
+            &[
+                ("resolv.conf", "nameserver 100.127.0.1\n".into()),
+                ("sandhub/ca.pem", "CA\n".into()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            fs::read_to_string(eg.join("sandhub/ca.pem")).unwrap(),
+            "CA\n"
+        );
         assert_ne!(eg, out);
         assert_eq!(
             fs::read_to_string(eg.join("resolv.conf")).unwrap(),

@@ -160,6 +160,8 @@ pub struct Runtime {
     host_etc: PathBuf,
     /// The `/etc` copy of egress sandboxes, made on first use.
     egress_etc: std::sync::Mutex<Option<PathBuf>>,
+    /// The hub's egress CA (brokered secrets), for that copy.
+    egress_ca: Option<String>,
     log_filter: String,
     /// Disk quotas (issue #12 row 6); `None`: sandboxes write without limit.
     disk_quotas: Option<Arc<DiskQuotas>>,
@@ -222,9 +224,16 @@ impl Runtime {
             idmap: IdMap::for_current_user(),
             host_etc,
             egress_etc: std::sync::Mutex::new(None),
+            egress_ca: None,
             log_filter,
             disk_quotas: None,
         })
+    }
+
+    /// Puts the hub's egress CA (PEM) into egress sandboxes' trust store.
+    pub fn with_egress_ca(mut self, pem: String) -> Self {
+        self.egress_ca = Some(pem);
+        self
     }
 
     /// Gives every sandbox launched from now on the disk quota of its
@@ -259,8 +268,12 @@ impl Runtime {
         if let Some(p) = slot.as_ref() {
             return Ok(p.clone());
         }
-        let p = hostetc::prepare_egress_etc(&self.state_root, EGRESS_RESOLV_CONF)
-            .ctx(|| "preparing the egress sandboxes' /etc".to_string())?;
+        let p = hostetc::prepare_egress_etc(
+            &self.state_root,
+            EGRESS_RESOLV_CONF,
+            self.egress_ca.as_deref(),
+        )
+        .ctx(|| "preparing the egress sandboxes' /etc".to_string())?;
         *slot = Some(p.clone());
         Ok(p)
     }

@@ -92,7 +92,7 @@ pub mod treecopy;
 pub mod workspace;
 
 pub use error::RuntimeError;
-pub use hostetc::prepare_host_etc;
+pub use hostetc::{prepare_host_etc, CA_BUNDLE, CA_FILE};
 pub use idmap::{IdMap, HOST_ID_BASE};
 pub use launch::{Launched, Runtime, SandboxSpec, EGRESS_RESOLV_CONF};
 pub use mounts::host_memory_kib;

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 mod catalog;
 mod gym;
+mod secrets;
 mod snapshots;
 
 /// One sandbox as stored. Times are Unix milliseconds.
@@ -215,6 +216,7 @@ impl Store {
             .map_err(db_err)?;
         conn.execute_batch(SCHEMA).map_err(db_err)?;
         conn.execute_batch(gym::SCHEMA).map_err(db_err)?;
+        conn.execute_batch(secrets::SCHEMA).map_err(db_err)?;
         add_missing_columns(&conn).map_err(db_err)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(Store {
