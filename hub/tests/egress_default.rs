@@ -408,4 +408,12 @@ async fn without_gateways_the_default_template_is_offline_and_the_hub_says_so_on
         .await
         .unwrap_err();
     assert!(err.to_string().contains("/dev/net/tun"), "{err}");
+    // Its disk volume was mounted in its own mount namespace, which goes
+    // with it; the empty mount point on the shared /run stays: remove it.
+    let mount_point = sandhub::local::runtime::quota::plan::mount_point(
+        std::path::Path::new(sandhub::local::runtime::quota::DEFAULT_RUN_DIR),
+        &hub.state_dir.canonicalize().unwrap(),
+    );
+    drop(hub);
+    let _ = std::fs::remove_dir(mount_point);
 }
