@@ -165,8 +165,7 @@ async fn interfaces(c: &HubClient, id: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_template_installs_packages_and_clones_over_https_with_private_ranges_closed(
-) {
+async fn the_default_template_installs_packages_and_clones_over_https_with_private_ranges_closed() {
     if !prerequisites() {
         return;
     }

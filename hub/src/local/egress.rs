@@ -558,4 +558,20 @@ mod tests {
         let e = Egress::new(&ok).unwrap();
         assert!(!e.default_allows_all());
     }
+
+    #[test]
+    fn default_network_none_is_none_and_egress_is_egress_only_where_gateways_run() {
+        let off = EgressArgs {
+            default_network: "none".into(),
+            ..Default::default()
+        };
+        assert_eq!(Egress::new(&off).unwrap().default_network(), Network::None);
+        // Whatever this machine allows, the answer is the probe's.
+        let on = Egress::new(&EgressArgs::default()).unwrap();
+        let expected = match gateways_possible() {
+            Ok(()) => Network::Egress,
+            Err(_) => Network::None,
+        };
+        assert_eq!(on.default_network(), expected);
+    }
 }

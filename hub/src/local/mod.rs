@@ -17,8 +17,9 @@
 //! store/             the SQLite store (sandboxes, templates, pools, snapshots, gym envs)
 //! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
 //! disk.rs            disk-quota flags and opening the quota volume
-//! egress.rs          `network: egress`: the operator's flags, attaching a gateway
-//!                    (crate `sandhub-gateway`) to each such sandbox
+//! egress.rs          `network: egress`: the operator's flags (the built-in `default`
+//!                    template's network among them), attaching a gateway (crate
+//!                    `sandhub-gateway`) to each such sandbox
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)
 //! runtime/           the namespace runtime itself (see its docs)
 //! ```
