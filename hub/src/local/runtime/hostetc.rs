@@ -57,30 +57,23 @@ pub fn prepare_host_etc(state_root: &Path) -> io::Result<PathBuf> {
 
 /// The same copy for `network: egress` sandboxes, whose `resolv.conf`
 /// names the gateway's DNS responder instead of the host's resolver (which
-/// such a sandbox can never reach).
-pub fn prepare_egress_etc(state_root: &Path, resolv_conf: &str) -> io::Result<PathBuf> {
-    prepare_with(Path::new("/etc"), state_root, Some(resolv_conf))
+/// such a sandbox can never reach), made from `host_copy` (what
+/// [`prepare_host_etc`] returned) by hard links: only `resolv.conf` is new.
+/// The built-in `default` template is egress, so every hub needs both; a
+/// second walk and copy of `/etc` cost each hub's first egress create
+/// 180-240 ms (a debug build), the links take a few ms.
+pub fn prepare_egress_etc(host_copy: &Path, resolv_conf: &str) -> io::Result<PathBuf> {
+    derive_with_resolv(host_copy, resolv_conf)
 }
 
 pub(crate) fn prepare_from(etc: &Path, state_root: &Path) -> io::Result<PathBuf> {
-    prepare_with(etc, state_root, None)
-}
-
-fn prepare_with(etc: &Path, state_root: &Path, resolv: Option<&str>) -> io::Result<PathBuf> {
     let parent = state_root.join("host-etc");
     std::fs::create_dir_all(&parent)
         .map_err(|e| annotate(format!("creating {}", parent.display()), e))?;
     let mut plan = Vec::new();
     walk(etc, Path::new(""), &mut plan)
         .map_err(|e| annotate(format!("reading {}", etc.display()), e))?;
-    let final_dir = match resolv {
-        None => parent.join(format!("{:016x}", fingerprint(&plan))),
-        Some(r) => parent.join(format!(
-            "{:016x}-resolv-{:016x}",
-            fingerprint(&plan),
-            fnv(r.as_bytes())
-        )),
-    };
+    let final_dir = parent.join(format!("{:016x}", fingerprint(&plan)));
     if final_dir.is_dir() {
         return Ok(final_dir);
     }
@@ -91,16 +84,7 @@ fn prepare_with(etc: &Path, state_root: &Path, resolv: Option<&str>) -> io::Resu
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ));
-    let built = copy(etc, &tmp, &plan)
-        .and_then(|()| match resolv {
-            Some(r) => {
-                let path = tmp.join("resolv.conf");
-                let _ = std::fs::remove_file(&path);
-                std::fs::write(&path, r)
-            }
-            None => Ok(()),
-        })
-        .and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
+    let built = copy(etc, &tmp, &plan).and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
     if let Err(e) = built {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(annotate(
@@ -123,6 +107,94 @@ fn prepare_with(etc: &Path, state_root: &Path, resolv: Option<&str>) -> io::Resu
             ))
         }
     }
+}
+
+/// `<host copy>-resolv-<hash>`: the host copy hard-linked entry by entry
+/// (owners and modes as they are there, already shifted), with its own
+/// `resolv.conf`. Both are only ever mounted read-only, and neither is
+/// written once renamed into place, so sharing inodes shares nothing a
+/// sandbox could change.
+fn derive_with_resolv(host: &Path, resolv: &str) -> io::Result<PathBuf> {
+    let name = host
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| io::Error::other("the host /etc copy has no name"))?;
+    let final_dir = host.with_file_name(format!("{name}-resolv-{:016x}", fnv(resolv.as_bytes())));
+    if final_dir.is_dir() {
+        return Ok(final_dir);
+    }
+    let tmp = host.with_file_name(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let is_root = super::sys::effective_ids().0 == 0;
+    let built = link_tree(host, &tmp, is_root).and_then(|()| {
+        let path = tmp.join("resolv.conf");
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::write(&path, resolv)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        if is_root {
+            // Owned like the copy's root: the sandbox's root.
+            let top = std::fs::metadata(host)?;
+            std::os::unix::fs::lchown(&path, Some(top.uid()), Some(top.gid()))?;
+        }
+        Ok(())
+    });
+    if let Err(e) = built {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(annotate(
+            format!("linking {} to {}", host.display(), tmp.display()),
+            e,
+        ));
+    }
+    match std::fs::rename(&tmp, &final_dir) {
+        Ok(()) => Ok(final_dir),
+        Err(_) if final_dir.is_dir() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(final_dir)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(annotate(
+                format!("renaming into {}", final_dir.display()),
+                e,
+            ))
+        }
+    }
+}
+
+/// Directories made (mode and owner as in `src`), files hard-linked,
+/// symlinks made again. `src` is a copy this hub made: no entry in it is
+/// a workload's.
+fn link_tree(src: &Path, dst: &Path, is_root: bool) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(src)?;
+    std::fs::create_dir(dst)?;
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    if is_root {
+        std::os::unix::fs::lchown(dst, Some(meta.uid()), Some(meta.gid()))?;
+    }
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let (from, to) = (entry.path(), dst.join(entry.file_name()));
+        let m = std::fs::symlink_metadata(&from)?;
+        if m.is_dir() {
+            link_tree(&from, &to, is_root)?;
+        } else if m.file_type().is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
+            if is_root {
+                std::os::unix::fs::lchown(&to, Some(m.uid()), Some(m.gid()))?;
+            }
+        } else {
+            std::fs::hard_link(&from, &to)?;
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -320,13 +392,32 @@ mod tests {
         // Unchanged source: the same copy is reused.
         assert_eq!(prepare_from(e, state.path()).unwrap(), out);
         // The egress copy differs only in resolv.conf.
-        let eg = prepare_with(e, state.path(), Some("nameserver 100.127.0.1\n")).unwrap();
+        let eg = prepare_egress_etc(&out, "nameserver 100.127.0.1\n").unwrap();
         assert_ne!(eg, out);
         assert_eq!(
             fs::read_to_string(eg.join("resolv.conf")).unwrap(),
             "nameserver 100.127.0.1\n"
         );
         assert!(eg.join("passwd").is_file());
+        assert_eq!(
+            fs::read_link(eg.join("mtab")).unwrap(),
+            PathBuf::from("../proc/self/mounts")
+        );
+        assert!(eg.join("ssh/ssh_config").is_file());
+        // The host copy keeps its own resolv.conf; the files are shared.
+        assert_eq!(
+            fs::read_to_string(out.join("resolv.conf")).unwrap(),
+            "nameserver 1.1.1.1\n"
+        );
+        let (a, b) = (
+            fs::metadata(out.join("passwd")).unwrap(),
+            fs::metadata(eg.join("passwd")).unwrap(),
+        );
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
+        assert_eq!(
+            prepare_egress_etc(&out, "nameserver 100.127.0.1\n").unwrap(),
+            eg
+        );
         fs::write(e.join("hosts"), "127.0.0.1 localhost\n").unwrap();
         assert_ne!(prepare_from(e, state.path()).unwrap(), out);
     }
