@@ -419,6 +419,38 @@ except ConnectionRefusedError:
 EOF
 "#;
 
+/// In a new sandbox of alice's `template`: downloads `/big` (16 MiB), then
+/// asks for `after`, which must be refused at once. Returns the last
+/// decision of the sandbox's log (the refusal, with its reason).
+async fn big_then_refused(
+    hub: &TestHub,
+    alice: &HubClient,
+    template: &str,
+    after: &str,
+) -> serde_json::Value {
+    let id = create(alice, template).await;
+    let after_url = format!("http://pypi.test{after}");
+    let got = probe(alice, &id, &["http://pypi.test/big", &after_url]).await;
+    assert!(
+        got[0].starts_with("OK 200"),
+        "{}",
+        &got[0][..got[0].len().min(80)]
+    );
+    assert_refused(&got[1], &got[1]);
+    let log: serde_json::Value = hub
+        .http()
+        .get(format!("{}/v1/sandboxes/{id}/egress", hub.url()))
+        .bearer_auth(common::ALICE_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let last = log["decisions"].as_array().unwrap().last().cloned();
+    last.unwrap_or_else(|| panic!("no decisions: {log}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
     if !prerequisites() {
@@ -548,59 +580,23 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
     );
     let r = put("capped", json!({"network": "egress", "egress_mb": 1})).await;
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    let capped = create(&alice, "capped").await;
-    let got = probe(
-        &alice,
-        &capped,
-        &["http://pypi.test/big", "http://pypi.test/after-cap"],
-    )
-    .await;
-    assert!(
-        got[0].starts_with("OK 200"),
-        "{}",
-        &got[0][..got[0].len().min(80)]
-    );
-    assert_refused(&got[1], &got[1]);
+    let last = big_then_refused(&hub, &alice, "capped", "/after-cap").await;
     assert_eq!(net.seen("/after-cap"), 0);
-    let log: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{capped}/egress"))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let last = log["decisions"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!(last["allowed"], false, "{log}");
+    assert_eq!(last["allowed"], false, "{last}");
     assert!(
         last["reason"].as_str().unwrap().contains("egress_mb"),
-        "{log}"
+        "{last}"
     );
 
     // --egress-rate-mbit 1: right after a 16 MiB download the rate is far
     // above 1 Mbit/s, so the next connection is refused, with why.
-    let fast = create(&alice, "metered").await;
-    let got = probe(
-        &alice,
-        &fast,
-        &["http://pypi.test/big", "http://pypi.test/too-fast"],
-    )
-    .await;
-    assert!(
-        got[0].starts_with("OK 200"),
-        "{}",
-        &got[0][..got[0].len().min(80)]
-    );
-    assert_refused(&got[1], &got[1]);
-    let log: serde_json::Value = get(common::ALICE_KEY, format!("/v1/sandboxes/{fast}/egress"))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let last = log["decisions"].as_array().unwrap().last().unwrap().clone();
+    let last = big_then_refused(&hub, &alice, "metered", "/too-fast").await;
     assert!(
         last["reason"]
             .as_str()
             .unwrap()
             .contains("--egress-rate-mbit"),
-        "{log}"
+        "{last}"
     );
 
     // Another tenant's sandbox is NOT_FOUND, like every route.
@@ -611,7 +607,16 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
     )
     .await;
     // A sandbox without a gateway: an empty log, no `egress` object.
-    let plain = create(&bob, "default").await;
+    let r = hub
+        .http()
+        .put(format!("{}/v1/templates/offline", hub.url()))
+        .bearer_auth(common::BOB_KEY)
+        .json(&json!({"network": "none"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let plain = create(&bob, "offline").await;
     let log: serde_json::Value = get(common::BOB_KEY, format!("/v1/sandboxes/{plain}/egress"))
         .await
         .json()

@@ -734,6 +734,9 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     };
     let r = put_template(&hub, ALICE_KEY, "online", json!({"network": policy()})).await;
     assert_eq!(r.status(), 200);
+    // (The built-in `default` is online now: an offline template of its own.)
+    let r = put_template(&hub, ALICE_KEY, "offline", json!({"network": "none"})).await;
+    assert_eq!(r.status(), 200);
     let created = |template: &str, name: &str| {
         alice.create(CreateSandbox {
             template: Some(template.into()),
@@ -745,7 +748,7 @@ async fn brokered_secrets_reach_only_their_header_and_never_the_sandbox() {
     // without a value.
     let e = created("agent", "OPENAI_API_KEY").await.unwrap_err();
     assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
-    let e = created("default", "EXTRA_KEY").await.unwrap_err();
+    let e = created("offline", "EXTRA_KEY").await.unwrap_err();
     assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
     let e = created("online", "EXTRA_KEY").await.unwrap_err();
     assert_eq!(e.code, sandhub_api::error::Code::FailedPrecondition, "{e}");

@@ -292,8 +292,17 @@ async fn isolation_network_none_has_only_loopback() {
     })
     .await;
     let c = hub.client(None);
-    // `network: none` is the default.
-    let sb = create_from(&c, "default").await;
+    // Named: the built-in `default` template is online (`network: egress`).
+    put_template(
+        &c,
+        "offline",
+        Template {
+            network: sandhub_api::hub::Network::None.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let sb = create_from(&c, "offline").await;
 
     let dev = sh_ok(&c, &sb.id, "cat /proc/net/dev").await;
     let interfaces: Vec<&str> = dev

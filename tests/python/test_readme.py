@@ -14,7 +14,13 @@ environment run in README order and share what they leave behind (the hub the qu
 tour starts), but no shell variables: each block defines what it uses.
 
 - `local`: a network namespace of its own with only `lo`, so the hub listens on the
-  README's 127.0.0.1:7070 without meeting any other process's port. Afterwards every
+  README's 127.0.0.1:7070 without meeting any other process's port; its only way out
+  is a veth pair to a stand-in PyPI (`sandhub_testing.pypi`: `pypi.org` and
+  `files.pythonhosted.org` answered by a DNS server and an HTTPS index in a namespace
+  of the test's own), so the quick tour's `pip install requests` from a sandbox of
+  the online `default` template works without the real internet. Each block runs in a
+  private mount namespace whose `/etc/resolv.conf` names the stand-in's DNS server and
+  whose system CA bundle trusts its test CA. Afterwards every
   pool and sandbox is deleted through the API, the hub is stopped, and any process
   still holding a mount of the test's directory is killed.
 - `kubernetes`: the test cluster of scripts/test.sh (SANDHUB_TEST_KUBECONFIG, copied to
@@ -54,6 +60,7 @@ import pytest
 import yaml
 from sandhub_testing import LOOPBACK, binary, free_port, need
 from sandhub_testing.k8s import cluster_kubeconfig
+from sandhub_testing.pypi import StandInPyPI
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 README = REPO_ROOT / "README.md"
@@ -81,7 +88,9 @@ class Run:
 
 # Keyed by the block's first line.
 RUN: dict[str, Run] = {
-    "sandhub serve &": Run("quick-tour", "local", expect=(r"(?m)^hi$",)),
+    "sandhub serve &": Run(
+        "quick-tour", "local", expect=(r"(?m)^hi$", r"Successfully installed requests-0\.0\.1")
+    ),
     "id=$(curl -s -XPOST localhost:7070/v1/sandboxes": Run(
         "rest",
         "local",
@@ -410,7 +419,7 @@ sys.exit(1 if left else 0)
 def local_results() -> Iterator[dict[str, Result]]:
     """Runs the local blocks in README order in one network namespace; cleans up after."""
     need_root()
-    need_tools("unshare", "nsenter", "ip", "curl", "jq")
+    need_tools("unshare", "nsenter", "ip", "curl", "jq", "mount", "openssl")
     tmp = Path(tempfile.mkdtemp(prefix="sandhub-readme-"))
     home, work = tmp / "home", tmp / "work"
     home.mkdir()
@@ -421,12 +430,15 @@ def local_results() -> Iterator[dict[str, Result]]:
         stdout=subprocess.PIPE, text=True,
     )
     world = World(tmp, work, {})
+    pypi: StandInPyPI | None = None
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "up", (
             "could not make a network namespace (unshare --net)"
         )
         netns = f"/proc/{holder.pid}/ns/net"
-        world.wrap = ["nsenter", f"--net={netns}", "--"]
+        # The quick tour's `pip install requests` gets this stand-in's wheel.
+        pypi = StandInPyPI(tmp, netns, {"requests": "0.0.1"}).__enter__()
+        world.wrap = ["nsenter", f"--net={netns}", "--", *pypi.wrap()]
         world.env = {
             "PATH": f"{bins}:{SYSTEM_PATH}",
             "HOME": str(home),
@@ -460,6 +472,8 @@ def local_results() -> Iterator[dict[str, Result]]:
         finally:
             world.stop_processes()
             kill_leftovers(str(tmp), home / ".local/share/sandhub")
+            if pypi is not None:
+                pypi.__exit__(None, None, None)
             holder.kill()
             holder.wait()
             remove_tmp(tmp)
@@ -481,6 +495,9 @@ def test_local_block(block_id: str, local_results: dict[str, Result]) -> None:
     if block_id == "quick-tour":
         # `sandhub cp "$id":a.txt ./a.txt` wrote here.
         assert (result.log.parent / "work" / "a.txt").read_text() == "hi\n"
+        # pip's wheel came from the stand-in index, through the sandbox's gateway.
+        seen = (result.log.parent / "pypi" / "requests.log").read_text()
+        assert "pypi.org /simple/requests/" in seen and "/packages/requests-0.0.1" in seen, seen
 
 
 def test_local_blocks_exist() -> None:

@@ -7,6 +7,11 @@
 //! The policy a sandbox was started with is recorded beside its runtime
 //! handle (`network` in the row's runtime JSON), so a restarted hub
 //! re-attaches the same policy, not whatever the template says by then.
+//!
+//! `--default-network` sets the network of the built-in `default` template
+//! (`egress` unless the operator says `none`); a hub that cannot make a TUN
+//! device in a network namespace (no `/dev/net/tun`, not root) falls back
+//! to `none` with one warning at start ([`Egress::default_network`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -104,6 +109,14 @@ pub struct EgressArgs {
     /// (`PUT /v1/secrets/NAME`) wins over the file's.
     #[arg(long, value_name = "FILE", env = "SANDHUB_SECRETS_FILE")]
     pub secrets_file: Option<std::path::PathBuf>,
+    /// The network of the built-in `default` template (a `default`
+    /// template a tenant stores wins): `egress` (online through the
+    /// gateway, private ranges closed) or `none` (loopback only). Where
+    /// this hub cannot run gateways (no /dev/net/tun, not root) `egress`
+    /// falls back to `none`, with a warning at start.
+    #[arg(long, env = "SANDHUB_DEFAULT_NETWORK", default_value = "egress",
+          value_parser = ["egress", "none"])]
+    pub default_network: String,
 }
 
 /// The defaults the flags have (for hubs built without clap).
@@ -119,11 +132,43 @@ impl Default for EgressArgs {
             egress_rate_mbit: None,
             egress_ca_file: None,
             secrets_file: None,
+            default_network: "egress".into(),
         }
     }
 }
 
 const DEFAULT_MAX_FLOWS: usize = 256;
+
+/// Whether this hub can attach gateways: makes what an attach makes (a
+/// TUN device with its address and route) in a fresh network namespace of
+/// its own, which goes away with the probe. Fails as an attach would
+/// without `/dev/net/tun`, or without the rights to make namespaces and
+/// devices. Once, at start: one namespace and one device.
+fn gateways_possible() -> std::io::Result<()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let ns = std::thread::Builder::new()
+        .name("sandhub-egress-probe".into())
+        .spawn(|| -> std::io::Result<OwnedFd> {
+            // SAFETY: unshare affects this short-lived thread only; the
+            // fd opened is owned at once.
+            unsafe {
+                if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let fd = libc::open(
+                    c"/proc/thread-self/ns/net".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                );
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(OwnedFd::from_raw_fd(fd))
+            }
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("the probe thread panicked"))??;
+    sandhub_gateway::tun::create_in(&ns).map(drop)
+}
 
 /// The first `nameserver` of a resolv.conf.
 fn first_nameserver(conf: &str) -> Option<IpAddr> {
@@ -152,6 +197,8 @@ pub struct Egress {
     retired: Mutex<HashMap<String, sandhub_gateway::meter::Totals>>,
     /// `--secrets-file`.
     operator_secrets: OperatorSecrets,
+    /// The built-in `default` template's network, as it runs on this hub.
+    default_network: Network,
 }
 
 impl std::fmt::Debug for Egress {
@@ -219,6 +266,21 @@ impl Egress {
             running: Mutex::new(HashMap::new()),
             retired: Mutex::new(HashMap::new()),
             operator_secrets,
+            default_network: match args.default_network.as_str() {
+                "none" => Network::None,
+                _ => match gateways_possible() {
+                    Ok(()) => Network::Egress,
+                    Err(e) => {
+                        tracing::warn!(
+                            error = %e,
+                            "--default-network egress: this hub cannot run egress gateways, so \
+                             the built-in `default` template is `network: none` (offline); \
+                             templates that say `network: egress` will fail to start"
+                        );
+                        Network::None
+                    }
+                },
+            },
         })
     }
 
@@ -230,6 +292,12 @@ impl Egress {
     /// `--secrets-file`'s values.
     pub fn operator_secrets(&self) -> &OperatorSecrets {
         &self.operator_secrets
+    }
+
+    /// The network of the built-in `default` template on this hub:
+    /// `--default-network`, or `none` where gateways cannot run.
+    pub fn default_network(&self) -> Network {
+        self.default_network
     }
 
     /// `--egress-default allow`.
@@ -597,5 +665,25 @@ mod tests {
         // The CA is made once and kept.
         let ca = e.ca_pem().unwrap();
         assert_eq!(Egress::new(&ok, dir.path()).unwrap().ca_pem().unwrap(), ca);
+    }
+
+    #[test]
+    fn default_network_none_is_none_and_egress_is_egress_only_where_gateways_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let off = EgressArgs {
+            default_network: "none".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            Egress::new(&off, dir.path()).unwrap().default_network(),
+            Network::None
+        );
+        // Whatever this machine allows, the answer is the probe's.
+        let on = Egress::new(&EgressArgs::default(), dir.path()).unwrap();
+        let expected = match gateways_possible() {
+            Ok(()) => Network::Egress,
+            Err(_) => Network::None,
+        };
+        assert_eq!(on.default_network(), expected);
     }
 }

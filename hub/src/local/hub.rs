@@ -216,10 +216,20 @@ impl Hub {
     pub fn template(&self, tenant: &str, name: &str) -> Result<Template> {
         match self.store.get_template(tenant, name)? {
             Some(t) => Ok(t),
-            None if name == DEFAULT_TEMPLATE => Ok(Template::default()),
+            None if name == DEFAULT_TEMPLATE => Ok(self.builtin_default()),
             None => Err(Error::not_found(format!(
                 "template {name} not found; create it with PUT /v1/templates/{name}"
             ))),
+        }
+    }
+
+    /// The `default` template of a tenant that stored none: the host's
+    /// root filesystem with the network of `--default-network` (`none`
+    /// where this hub cannot run gateways), so `GET` shows what runs.
+    pub(super) fn builtin_default(&self) -> Template {
+        Template {
+            network: self.backend.egress.default_network().into(),
+            ..Template::default()
         }
     }
 

@@ -18,8 +18,9 @@
 //!                    tenants' secret values)
 //! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
 //! disk.rs            disk-quota flags and opening the quota volume
-//! egress.rs          `network: egress`: the operator's flags, attaching a gateway
-//!                    (crate `sandhub-gateway`) to each such sandbox
+//! egress.rs          `network: egress`: the operator's flags (the built-in `default`
+//!                    template's network among them), attaching a gateway (crate
+//!                    `sandhub-gateway`) to each such sandbox
 //! secrets.rs         brokered secrets: values (--secrets-file, the store),
 //!                    placeholders, what each sandbox's gateway is handed
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)

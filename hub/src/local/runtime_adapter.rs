@@ -96,6 +96,7 @@ impl LocalBackend {
         if let Some(pem) = egress.ca_pem() {
             runtime = runtime.with_egress_ca(pem);
         }
+        runtime = runtime.begin_egress_etc();
         let quotas = super::disk::open_quotas(state_dir, disk)?;
         let (sandboxes, snapshots, legacy) = match &quotas {
             Some(q) => {

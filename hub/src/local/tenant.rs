@@ -558,7 +558,7 @@ impl Sandboxes for TenantHub {
                 0,
                 NamedTemplate {
                     name: DEFAULT_TEMPLATE.into(),
-                    template: Template::default(),
+                    template: self.hub.builtin_default(),
                 },
             );
         }

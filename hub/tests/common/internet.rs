@@ -100,6 +100,9 @@ pub const ZONE: &[(&str, [u8; 4])] = &[
     ("linklocal.test", [169, 254, 77, 2]),
 ];
 
+/// The lock file behind [`Internet`]'s cross-process lock.
+pub const LOCK: &str = "/run/sandhub-test-internet.lock";
+
 /// The test's own network: a namespace, a veth pair, routes, servers.
 pub struct Internet {
     pub ns: String,
@@ -110,12 +113,25 @@ pub struct Internet {
     dns_asked: Arc<Mutex<HashMap<String, usize>>>,
     /// HTTP requests by path.
     http_seen: Arc<Mutex<HashMap<String, usize>>>,
+    /// An exclusive `flock` on [`LOCK`], held while this is up:
+    /// [`ONE_INTERNET`] orders the tests of one process, this orders test
+    /// processes (two suites, two worktrees) that would claim the same
+    /// addresses.
+    _lock: std::fs::File,
     /// Names the DNS server answers beyond [`ZONE`] ([`Internet::add_name`]).
     extra_names: Arc<Mutex<HashMap<String, [u8; 4]>>>,
 }
 
 impl Internet {
     pub fn up() -> Internet {
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK)
+            .expect("opening the test internet's lock file");
+        // SAFETY: flock on a file this function owns; blocks until free.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
         let pid = std::process::id() % 100_000;
         let (ns, veth, peer) = (
             format!("sheg{pid}"),
@@ -134,6 +150,7 @@ impl Internet {
             dns_asked: Default::default(),
             http_seen: Default::default(),
             extra_names: Default::default(),
+            _lock: lock,
         };
         ip(&format!(
             "link add {veth} type veth peer name {peer} netns {ns}"

@@ -41,6 +41,10 @@ pub struct HubOptions {
     /// Start the hub with this hard and soft `RLIMIT_NOFILE` (systemd's
     /// 1024, say), which it then cannot raise.
     pub nofile: Option<u64>,
+    /// An argv the hub's command line is appended to (`unshare ... --`),
+    /// to start it in a changed world (a mount namespace without
+    /// `/dev/net/tun`, say). Empty: the hub itself.
+    pub wrapper: &'static [&'static str],
 }
 
 pub struct TestHub {
@@ -188,7 +192,14 @@ impl TestHub {
     }
 
     fn command(&self) -> Command {
-        let mut cmd = Command::new(EXE);
+        let mut cmd = match self.options.wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut cmd = Command::new(first);
+                cmd.args(rest).arg(EXE);
+                cmd
+            }
+            None => Command::new(EXE),
+        };
         cmd.arg("serve")
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))

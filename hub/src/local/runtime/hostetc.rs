@@ -57,14 +57,21 @@ pub fn prepare_host_etc(state_root: &Path) -> io::Result<PathBuf> {
 
 /// The same copy for `network: egress` sandboxes, whose `resolv.conf`
 /// names the gateway's DNS responder instead of the host's resolver (which
-/// such a sandbox can never reach). With the hub's CA (brokered secrets),
-/// the copy also holds `sandhub/ca.pem`, and the system bundle with the
-/// CA appended as `sandhub/ca-bundle.pem` and in place of
-/// `ssl/certs/ca-certificates.crt` (the trust store most tools read when
-/// no variable names another): the CA signs only for the names whose
-/// secrets the gateway brokers, so trusting it opens nothing else.
+/// such a sandbox can never reach), made from `host_copy` (what
+/// [`prepare_host_etc`] returned) by hard links: only the files written
+/// here are new. The built-in `default` template is egress, so every hub
+/// needs both: a second walk and copy of `/etc` (1245 entries here) cost
+/// each hub's first egress create 180-240 ms in a debug build; the links
+/// take 60-130 ms, and the runtime makes them on a thread at start.
+///
+/// With the hub's CA (brokered secrets), the copy also holds
+/// `sandhub/ca.pem`, and the system bundle with the CA appended as
+/// `sandhub/ca-bundle.pem` and in place of `ssl/certs/ca-certificates.crt`
+/// (the trust store most tools read when no variable names another): the
+/// CA signs only for the names whose secrets the gateway brokers, so
+/// trusting it opens nothing else.
 pub fn prepare_egress_etc(
-    state_root: &Path,
+    host_copy: &Path,
     resolv_conf: &str,
     ca_pem: Option<&str>,
 ) -> io::Result<PathBuf> {
@@ -77,11 +84,11 @@ pub fn prepare_egress_etc(
         let bundle = format!("{}\n{ca}", system.trim_end());
         files.push((CA_FILE, ca.to_string()));
         files.push((CA_BUNDLE, bundle.clone()));
-        if Path::new("/etc/ssl/certs/ca-certificates.crt").exists() {
+        if host_copy.join("ssl/certs/ca-certificates.crt").exists() {
             files.push(("ssl/certs/ca-certificates.crt", bundle));
         }
     }
-    prepare_with(Path::new("/etc"), state_root, &files)
+    derive_with(host_copy, &files)
 }
 
 /// The hub's CA and the bundle with it, relative to `/etc`.
@@ -96,33 +103,13 @@ const SYSTEM_BUNDLES: &[&str] = &[
 ];
 
 pub(crate) fn prepare_from(etc: &Path, state_root: &Path) -> io::Result<PathBuf> {
-    prepare_with(etc, state_root, &[])
-}
-
-/// `files`: paths relative to the copy, written over what the host has.
-fn prepare_with(etc: &Path, state_root: &Path, files: &[(&str, String)]) -> io::Result<PathBuf> {
     let parent = state_root.join("host-etc");
     std::fs::create_dir_all(&parent)
         .map_err(|e| annotate(format!("creating {}", parent.display()), e))?;
     let mut plan = Vec::new();
     walk(etc, Path::new(""), &mut plan)
         .map_err(|e| annotate(format!("reading {}", etc.display()), e))?;
-    let final_dir = if files.is_empty() {
-        parent.join(format!("{:016x}", fingerprint(&plan)))
-    } else {
-        let mut all = Vec::new();
-        for (rel, content) in files {
-            all.extend_from_slice(rel.as_bytes());
-            all.push(0);
-            all.extend_from_slice(content.as_bytes());
-            all.push(0);
-        }
-        parent.join(format!(
-            "{:016x}-with-{:016x}",
-            fingerprint(&plan),
-            fnv(&all)
-        ))
-    };
+    let final_dir = parent.join(format!("{:016x}", fingerprint(&plan)));
     if final_dir.is_dir() {
         return Ok(final_dir);
     }
@@ -133,19 +120,7 @@ fn prepare_with(etc: &Path, state_root: &Path, files: &[(&str, String)]) -> io::
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ));
-    let built = copy(etc, &tmp, &plan)
-        .and_then(|()| {
-            for (rel, content) in files {
-                let path = tmp.join(rel);
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir)?;
-                }
-                let _ = std::fs::remove_file(&path);
-                std::fs::write(&path, content)?;
-            }
-            Ok(())
-        })
-        .and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
+    let built = copy(etc, &tmp, &plan).and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
     if let Err(e) = built {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(annotate(
@@ -168,6 +143,116 @@ fn prepare_with(etc: &Path, state_root: &Path, files: &[(&str, String)]) -> io::
             ))
         }
     }
+}
+
+/// `<host copy>-resolv-<hash>`: the host copy hard-linked entry by entry
+/// (owners and modes as they are there, already shifted), with its own
+/// `resolv.conf`. Both are only ever mounted read-only, and neither is
+/// written once renamed into place, so sharing inodes shares nothing a
+/// sandbox could change.
+fn derive_with(host: &Path, files: &[(&str, String)]) -> io::Result<PathBuf> {
+    let name = host
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| io::Error::other("the host /etc copy has no name"))?;
+    let mut all = Vec::new();
+    for (rel, content) in files {
+        all.extend_from_slice(rel.as_bytes());
+        all.push(0);
+        all.extend_from_slice(content.as_bytes());
+        all.push(0);
+    }
+    let final_dir = host.with_file_name(format!("{name}-with-{:016x}", fnv(&all)));
+    if final_dir.is_dir() {
+        return Ok(final_dir);
+    }
+    let tmp = host.with_file_name(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let is_root = super::sys::effective_ids().0 == 0;
+    // Owned like the copy's root: the sandbox's root.
+    let top = std::fs::metadata(host)?;
+    let own = |path: &Path| -> io::Result<()> {
+        if is_root {
+            std::os::unix::fs::lchown(path, Some(top.uid()), Some(top.gid()))?;
+        }
+        Ok(())
+    };
+    let built = link_tree(host, &tmp, is_root).and_then(|()| {
+        for (rel, content) in files {
+            let path = tmp.join(rel);
+            if let Some(dir) = path.parent() {
+                if !dir.is_dir() {
+                    std::fs::create_dir_all(dir)?;
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+                    own(dir)?;
+                }
+            }
+            // Unlinked first: writing through the link would change the
+            // host copy, which `network: none` sandboxes mount.
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            std::fs::write(&path, content)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+            own(&path)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = built {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(annotate(
+            format!("linking {} to {}", host.display(), tmp.display()),
+            e,
+        ));
+    }
+    match std::fs::rename(&tmp, &final_dir) {
+        Ok(()) => Ok(final_dir),
+        Err(_) if final_dir.is_dir() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(final_dir)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(annotate(
+                format!("renaming into {}", final_dir.display()),
+                e,
+            ))
+        }
+    }
+}
+
+/// Directories made (mode and owner as in `src`), files hard-linked,
+/// symlinks made again. `src` is a copy this hub made: no entry in it is
+/// a workload's.
+fn link_tree(src: &Path, dst: &Path, is_root: bool) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(src)?;
+    std::fs::create_dir(dst)?;
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    if is_root {
+        std::os::unix::fs::lchown(dst, Some(meta.uid()), Some(meta.gid()))?;
+    }
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let (from, to) = (entry.path(), dst.join(entry.file_name()));
+        let m = std::fs::symlink_metadata(&from)?;
+        if m.is_dir() {
+            link_tree(&from, &to, is_root)?;
+        } else if m.file_type().is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
+            if is_root {
+                std::os::unix::fs::lchown(&to, Some(m.uid()), Some(m.gid()))?;
+            }
+        } else {
+            std::fs::hard_link(&from, &to)?;
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -365,25 +450,37 @@ mod tests {
         // Unchanged source: the same copy is reused.
         assert_eq!(prepare_from(e, state.path()).unwrap(), out);
         // The egress copy differs only in resolv.conf.
-        let eg = prepare_with(
-            e,
-            state.path(),
-            &[
-                ("resolv.conf", "nameserver 100.127.0.1\n".into()),
-                ("sandhub/ca.pem", "CA\n".into()),
-            ],
-        )
-        .unwrap();
-        assert_eq!(
-            fs::read_to_string(eg.join("sandhub/ca.pem")).unwrap(),
-            "CA\n"
-        );
+        let eg = prepare_egress_etc(&out, "nameserver 100.127.0.1\n", None).unwrap();
         assert_ne!(eg, out);
         assert_eq!(
             fs::read_to_string(eg.join("resolv.conf")).unwrap(),
             "nameserver 100.127.0.1\n"
         );
         assert!(eg.join("passwd").is_file());
+        assert_eq!(
+            fs::read_link(eg.join("mtab")).unwrap(),
+            PathBuf::from("../proc/self/mounts")
+        );
+        assert!(eg.join("ssh/ssh_config").is_file());
+        // The host copy keeps its own resolv.conf; the files are shared.
+        assert_eq!(
+            fs::read_to_string(out.join("resolv.conf")).unwrap(),
+            "nameserver 1.1.1.1\n"
+        );
+        let (a, b) = (
+            fs::metadata(out.join("passwd")).unwrap(),
+            fs::metadata(eg.join("passwd")).unwrap(),
+        );
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
+        assert_eq!(
+            prepare_egress_etc(&out, "nameserver 100.127.0.1\n", None).unwrap(),
+            eg
+        );
+        // With the hub's CA: its own files, and the host copy untouched.
+        let with_ca = prepare_egress_etc(&out, "nameserver 100.127.0.1\n", Some("CA\n")).unwrap();
+        assert_ne!(with_ca, eg);
+        assert_eq!(fs::read_to_string(with_ca.join(CA_FILE)).unwrap(), "CA\n");
+        assert!(!out.join(CA_FILE).exists() && !eg.join(CA_FILE).exists());
         fs::write(e.join("hosts"), "127.0.0.1 localhost\n").unwrap();
         assert_ne!(prepare_from(e, state.path()).unwrap(), out);
     }

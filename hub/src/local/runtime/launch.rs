@@ -148,6 +148,15 @@ pub struct Launched {
     pub socket_dir: PathBuf,
 }
 
+/// Where the egress sandboxes' `/etc` copy is.
+#[derive(Debug)]
+enum EgressEtc {
+    Making(std::thread::JoinHandle<std::io::Result<PathBuf>>),
+    Made(PathBuf),
+    /// Not begun, or failed (tried again at the next egress launch).
+    Unmade,
+}
+
 /// Starts and stops sandboxes on this machine. Cheap to share (`&self`
 /// everywhere); `launch` blocks for the few milliseconds a start takes.
 #[derive(Debug)]
@@ -158,8 +167,8 @@ pub struct Runtime {
     cgroups: Option<Backend>,
     idmap: IdMap,
     host_etc: PathBuf,
-    /// The `/etc` copy of egress sandboxes, made on first use.
-    egress_etc: std::sync::Mutex<Option<PathBuf>>,
+    /// The `/etc` copy of egress sandboxes ([`Runtime::begin_egress_etc`]).
+    egress_etc: std::sync::Mutex<EgressEtc>,
     /// The hub's egress CA (brokered secrets), for that copy.
     egress_ca: Option<String>,
     log_filter: String,
@@ -222,9 +231,9 @@ impl Runtime {
             allow_no_cgroup_limits,
             cgroups,
             idmap: IdMap::for_current_user(),
-            host_etc,
-            egress_etc: std::sync::Mutex::new(None),
+            egress_etc: std::sync::Mutex::new(EgressEtc::Unmade),
             egress_ca: None,
+            host_etc,
             log_filter,
             disk_quotas: None,
         })
@@ -233,6 +242,20 @@ impl Runtime {
     /// Puts the hub's egress CA (PEM) into egress sandboxes' trust store.
     pub fn with_egress_ca(mut self, pem: String) -> Self {
         self.egress_ca = Some(pem);
+        self
+    }
+
+    /// Begins the egress sandboxes' `/etc` copy on a thread of its own (the
+    /// built-in `default` template is egress, so most hubs need it, and its
+    /// ~100 ms of links then overlap the start). Called once the CA is
+    /// known; without it the first egress launch makes the copy.
+    pub fn begin_egress_etc(self) -> Self {
+        let (host, ca) = (self.host_etc.clone(), self.egress_ca.clone());
+        let made = std::thread::Builder::new()
+            .name("sandhub-egress-etc".into())
+            .spawn(move || hostetc::prepare_egress_etc(&host, EGRESS_RESOLV_CONF, ca.as_deref()))
+            .map_or(EgressEtc::Unmade, EgressEtc::Making);
+        *self.egress_etc.lock().unwrap_or_else(|p| p.into_inner()) = made;
         self
     }
 
@@ -260,24 +283,27 @@ impl Runtime {
             .ctx(|| format!("preparing layer {}", dir.display()))
     }
 
-    /// Starts a sandbox and returns once its sandboxd accepts connections
-    /// on both sockets. On error nothing of the attempt keeps running.
     /// The sanitized `/etc` whose `resolv.conf` names the egress gateway.
     fn egress_etc(&self) -> Result<PathBuf, RuntimeError> {
         let mut slot = self.egress_etc.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = slot.as_ref() {
-            return Ok(p.clone());
-        }
-        let p = hostetc::prepare_egress_etc(
-            &self.state_root,
-            EGRESS_RESOLV_CONF,
-            self.egress_ca.as_deref(),
-        )
-        .ctx(|| "preparing the egress sandboxes' /etc".to_string())?;
-        *slot = Some(p.clone());
+        let made = match std::mem::replace(&mut *slot, EgressEtc::Unmade) {
+            EgressEtc::Made(p) => Ok(p),
+            EgressEtc::Making(thread) => thread
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the /etc thread panicked"))),
+            EgressEtc::Unmade => hostetc::prepare_egress_etc(
+                &self.host_etc,
+                EGRESS_RESOLV_CONF,
+                self.egress_ca.as_deref(),
+            ),
+        };
+        let p = made.ctx(|| "preparing the egress sandboxes' /etc".to_string())?;
+        *slot = EgressEtc::Made(p.clone());
         Ok(p)
     }
 
+    /// Starts a sandbox and returns once its sandboxd accepts connections
+    /// on both sockets. On error nothing of the attempt keeps running.
     pub fn launch(&self, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
         let started = Instant::now();
         validate_id(&spec.id)?;
