@@ -122,6 +122,26 @@ impl Serialize for NetworkSpec {
     }
 }
 
+/// A spec written always as an object (`{"mode": "none"}` rather than
+/// `"none"`): the form of a request body, which is a JSON object on every
+/// route (`PATCH /v1/sandboxes/{id}/network`).
+#[derive(Debug, Clone, Copy)]
+pub struct AsObject<'a>(pub &'a NetworkSpec);
+
+impl Serialize for AsObject<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("mode", mode_word(self.0.mode))?;
+        if !self.0.allow_out.is_empty() {
+            m.serialize_entry("allow_out", &self.0.allow_out)?;
+        }
+        if !self.0.deny_out.is_empty() {
+            m.serialize_entry("deny_out", &self.0.deny_out)?;
+        }
+        m.end()
+    }
+}
+
 impl<'de> Deserialize<'de> for NetworkSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;

@@ -57,9 +57,8 @@ use crate::{
     dns::{self, fakeip::FakePool},
     meter::Meter,
     policy::{self, internal, Flow as PolicyFlow, Proto, SandboxPolicy},
-    PolicyCell,
     tun::MTU,
-    Config,
+    Config, PolicyCell,
 };
 
 /// Bytes one read of a real socket moves at most.
@@ -355,8 +354,12 @@ impl Loop {
                 }
                 Woke::Event(ev) => self.on_event(ev),
                 Woke::LoopbackDns(msg, from) => {
-                    let answer =
-                        dns::respond(&self.cfg.operator, &self.policy.load(), &mut self.pool, &msg);
+                    let answer = dns::respond(
+                        &self.cfg.operator,
+                        &self.policy.load(),
+                        &mut self.pool,
+                        &msg,
+                    );
                     if let (Some(a), Some(s)) = (answer, &self.lo_dns) {
                         // Non-blocking: a full socket buffer drops the answer.
                         let _ = s.try_send_to(&a, from);

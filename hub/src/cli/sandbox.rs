@@ -247,6 +247,7 @@ mod tests {
             forked_from: None,
             entrypoint: None,
             egress: None,
+            network: None,
         };
         assert_eq!(
             sandbox_table(&[sandbox], now),

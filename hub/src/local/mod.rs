@@ -19,6 +19,7 @@
 //! disk.rs            disk-quota flags and opening the quota volume
 //! egress.rs          `network: egress`: the operator's flags, attaching a gateway
 //!                    (crate `sandhub-gateway`) to each such sandbox
+//! network.rs         PATCH .../network: a running sandbox's narrowing replaced
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)
 //! runtime/           the namespace runtime itself (see its docs)
 //! ```
@@ -28,6 +29,7 @@ pub mod egress;
 mod hub;
 pub mod image;
 mod lifecycle;
+mod network;
 pub mod plan;
 mod pools;
 mod ports;

@@ -1,0 +1,273 @@
+//! `PATCH /v1/sandboxes/{id}/network` end to end (issue #27): a real
+//! `sandhub serve` (as root), real egress sandboxes, and the small
+//! "internet" of `common::internet`. A change applies to the next
+//! connection and the next DNS query, leaves other sandboxes alone, never
+//! widens the template's policy, and is what a restarted hub enforces.
+
+mod common;
+
+use sandhub_api::hub::{CreateSandbox, NetworkSpec};
+use sandhub_client::{http::HubClient, Sandboxes};
+use serde_json::json;
+
+use common::{
+    error_body,
+    internet::{assert_no_name, assert_ok, prerequisites, probe, Internet, ONE_INTERNET},
+    shell, HubOptions, TestHub, ALICE_KEY, BOB_KEY,
+};
+
+async fn create(c: &HubClient, template: &str) -> String {
+    c.create(CreateSandbox {
+        template: Some(template.into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("creating a {template} sandbox: {e}"))
+    .id
+}
+
+async fn patch(hub: &TestHub, key: &str, id: &str, body: serde_json::Value) -> reqwest::Response {
+    hub.http()
+        .patch(format!("{}/v1/sandboxes/{id}/network", hub.url()))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The fake IP the sandbox's resolver gives `name` now.
+async fn resolve(c: &HubClient, id: &str, name: &str) -> String {
+    let r = shell(
+        c,
+        id,
+        &format!("/usr/bin/python3 -c 'import socket; print(socket.gethostbyname(\"{name}\"))'"),
+    )
+    .await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    r.stdout.trim().to_string()
+}
+
+/// A new TCP connection to `ip:80` from inside: `connected` or the error.
+async fn dial(c: &HubClient, id: &str, ip: &str) -> String {
+    let script = format!(
+        r#"/usr/bin/python3 - <<'EOF'
+import socket
+try:
+    socket.create_connection(("{ip}", 80), timeout=20).close()
+    print("connected")
+except Exception as e:
+    print(type(e).__name__)
+EOF
+"#
+    );
+    shell(c, id, &script).await.stdout.trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_patch_applies_to_new_connections_at_once_and_survives_a_hub_kill() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_INTERNET.lock().await;
+    let net = Internet::up();
+    let mut hub = TestHub::start(HubOptions {
+        api_keys: true,
+        extra_args: &["--egress-dns", "198.18.0.2"],
+        ..Default::default()
+    })
+    .await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let bob = hub.client(Some(BOB_KEY));
+    alice
+        .put_template(
+            "web",
+            serde_json::from_value(json!({"network": {"mode": "egress",
+                "allow_out": ["pypi.test", "*.git.test", "api.test:8443"]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (a, b) = (create(&alice, "web").await, create(&alice, "web").await);
+    let got = probe(&alice, &a, &["http://pypi.test/a0", "http://a.git.test/a0"]).await;
+    assert_ok(&got[0], "before: pypi.test");
+    assert_ok(&got[1], "before: a.git.test");
+    // A name resolved under the old policy: its fake IP is dialled again
+    // after the change, with no DNS in between.
+    let git_ip = resolve(&alice, &a, "a.git.test").await;
+    assert!(git_ip.starts_with("100.127."), "{git_ip}");
+
+    // Narrower: 200 with the sandbox, its narrowing in the answer.
+    let r = patch(&hub, ALICE_KEY, &a, json!({"allow_out": ["pypi.test"]})).await;
+    assert_eq!(r.status(), 200);
+    let sb: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(sb["id"], a.as_str());
+    assert_eq!(
+        sb["network"],
+        json!({"mode": "egress", "allow_out": ["pypi.test"]})
+    );
+    let got = probe(&alice, &a, &["http://pypi.test/a1", "http://a.git.test/a1"]).await;
+    assert_ok(&got[0], "narrowed: pypi.test");
+    assert_no_name(&got[1], "narrowed: a.git.test is no longer answered");
+    assert_eq!(dial(&alice, &a, &git_ip).await, "ConnectionRefusedError");
+    // The other sandbox of the same template is untouched.
+    let got = probe(&alice, &b, &["http://a.git.test/b1"]).await;
+    assert_ok(&got[0], &format!("the other sandbox: {}", hub.log_tail()));
+    assert_eq!(net.seen("/a1"), 1, "only pypi.test was reached from a");
+    assert_eq!(net.seen("/b1"), 1);
+
+    // Never wider than the template (the entry named), a bad pattern named,
+    // no other mode: 400.
+    for (body, needle) in [
+        (
+            json!({"allow_out": ["pypi.test", "other.example"]}),
+            "allow_out[1] \"other.example\"",
+        ),
+        (
+            json!({"allow_out": ["api.test"]}),
+            "allow_out[0] \"api.test\"",
+        ),
+        (
+            json!({"allow_out": ["a.*.test"]}),
+            "allow_out[0] \"a.*.test\"",
+        ),
+        (json!({"mode": "host"}), "widen"),
+    ] {
+        let r = patch(&hub, ALICE_KEY, &a, body.clone()).await;
+        let e = error_body(r, 400, "INVALID_ARGUMENT").await;
+        assert!(
+            e["message"].as_str().unwrap().contains(needle),
+            "{body}: {e}"
+        );
+    }
+    // Hostile bodies are 400 JSON, never a panic.
+    for raw in [
+        "{",
+        "\"none\"",
+        "[1]",
+        r#"{"mode": "egress", "allow_out": "pypi.test"}"#,
+        r#"{"nope": 1}"#,
+    ] {
+        let r = hub
+            .http()
+            .patch(format!("{}/v1/sandboxes/{a}/network", hub.url()))
+            .bearer_auth(ALICE_KEY)
+            .header("content-type", "application/json")
+            .body(raw)
+            .send()
+            .await
+            .unwrap();
+        error_body(r, 400, "INVALID_ARGUMENT").await;
+    }
+    // The Rust client says the same.
+    let e = alice
+        .set_network(
+            &a,
+            serde_json::from_value(json!({"allow_out": ["x.example"]})).unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument);
+    // Another tenant's sandbox: 404, and nothing changes.
+    let r = patch(&hub, BOB_KEY, &a, json!({"mode": "none"})).await;
+    error_body(r, 404, "NOT_FOUND").await;
+    assert!(bob.set_network(&a, NetworkSpec::default()).await.is_err());
+
+    // `none`: every new name and connection refused at once.
+    let pypi_ip = resolve(&alice, &a, "pypi.test").await;
+    let sb = alice
+        .set_network(&a, sandhub_api::hub::Network::None.into())
+        .await
+        .unwrap();
+    assert_eq!(sb.network, Some(sandhub_api::hub::Network::None.into()));
+    let asked = net.asked("pypi.test");
+    let got = probe(&alice, &a, &["http://pypi.test/off"]).await;
+    assert_no_name(&got[0], "none: pypi.test");
+    assert_eq!(dial(&alice, &a, &pypi_ip).await, "ConnectionRefusedError");
+    assert_eq!(net.asked("pypi.test"), asked, "none asks nothing upstream");
+    assert_eq!(net.seen("/off"), 0);
+    let log: serde_json::Value = hub
+        .http()
+        .get(format!("{}/v1/sandboxes/{a}/egress", hub.url()))
+        .bearer_auth(ALICE_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let last = log["decisions"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["allowed"], false, "{last}");
+    assert!(last["reason"].as_str().unwrap().contains("none"), "{last}");
+
+    // kill -9 and restart: the patched policy (`none`) is what runs.
+    hub.kill9();
+    hub.restart().await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let got = probe(&alice, &a, &["http://pypi.test/off-after-restart"]).await;
+    assert_no_name(
+        &got[0],
+        &format!("none after a restart: {}", hub.log_tail()),
+    );
+    assert_eq!(
+        alice.get(&a).await.unwrap().network,
+        Some(sandhub_api::hub::Network::None.into())
+    );
+    let got = probe(&alice, &b, &["http://a.git.test/b-after-restart"]).await;
+    assert_ok(&got[0], "the other sandbox after a restart");
+    // Opened again (within the template) after the restart, then killed
+    // again: the narrowing is what the next hub enforces.
+    let r = patch(
+        &hub,
+        ALICE_KEY,
+        &a,
+        json!({"mode": "egress", "allow_out": ["pypi.test"]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    hub.restart().await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let got = probe(&alice, &a, &["http://pypi.test/a2", "http://a.git.test/a2"]).await;
+    assert_ok(
+        &got[0],
+        &format!("narrowed after a restart: {}", hub.log_tail()),
+    );
+    assert_no_name(&got[1], "narrowed after a restart: a.git.test");
+
+    // Suspend and resume keep it too; a sandbox not Ready is 412.
+    alice.suspend(&a).await.unwrap();
+    let r = patch(&hub, ALICE_KEY, &a, json!({"mode": "egress"})).await;
+    error_body(r, 412, "FAILED_PRECONDITION").await;
+    alice.resume(&a).await.unwrap();
+    let got = probe(&alice, &a, &["http://pypi.test/a3", "http://a.git.test/a3"]).await;
+    assert_ok(&got[0], "narrowed after a resume");
+    assert_no_name(&got[1], "narrowed after a resume: a.git.test");
+    // Plain `egress`: back to the template's policy.
+    let sb = alice
+        .set_network(&a, sandhub_api::hub::Network::Egress.into())
+        .await
+        .unwrap();
+    assert_eq!(sb.network, None);
+    let got = probe(&alice, &a, &["http://a.git.test/a4"]).await;
+    assert_ok(&got[0], "the template's policy again");
+
+    // A sandbox that runs without a gateway cannot be switched to egress.
+    let offline = create(&alice, "default").await;
+    let r = patch(
+        &hub,
+        ALICE_KEY,
+        &offline,
+        json!({"allow_out": ["pypi.test"]}),
+    )
+    .await;
+    let e = error_body(r, 412, "FAILED_PRECONDITION").await;
+    assert!(e["message"].as_str().unwrap().contains("egress"), "{e}");
+    let r = patch(&hub, ALICE_KEY, &offline, json!({"mode": "none"})).await;
+    assert_eq!(
+        r.status(),
+        200,
+        "`none` on an offline sandbox changes nothing"
+    );
+    drop(hub);
+    drop(net);
+}
