@@ -13,6 +13,7 @@ use serde_json::json;
 use common::{
     error_body,
     internet::{assert_no_name, assert_ok, prerequisites, probe, Internet, ONE_INTERNET},
+    mcp::{text, McpClient},
     shell, HubOptions, TestHub, ALICE_KEY, BOB_KEY,
 };
 
@@ -268,6 +269,82 @@ async fn a_network_patch_applies_to_new_connections_at_once_and_survives_a_hub_k
         200,
         "`none` on an offline sandbox changes nothing"
     );
+    drop(hub);
+    drop(net);
+}
+
+/// MCP `create_sandbox` takes the same `network` field: the narrowing
+/// reaches the hub (and the gateway), a widening is the hub's
+/// INVALID_ARGUMENT, a bad pattern is named before any round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_create_sandbox_narrows_the_network_like_rest() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_INTERNET.lock().await;
+    let net = Internet::up();
+    let hub = TestHub::start(HubOptions {
+        extra_args: &["--egress-dns", "198.18.0.2"],
+        ..Default::default()
+    })
+    .await;
+    let c = hub.client(None);
+    c.put_template(
+        "web",
+        serde_json::from_value(json!({"network": {"mode": "egress",
+            "allow_out": ["pypi.test", "*.git.test"]}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut mcp = McpClient::connect(&hub.url(), None).await;
+    let created = mcp
+        .call_ok(
+            "create_sandbox",
+            json!({"warmpool": "web", "network": {"allow_out": ["pypi.test"]}}),
+        )
+        .await;
+    let id = created["sandbox_claim_name"].as_str().unwrap().to_string();
+    assert_eq!(
+        c.get(&id).await.unwrap().network,
+        Some(
+            serde_json::from_value(json!({"mode": "egress", "allow_out": ["pypi.test"]})).unwrap()
+        )
+    );
+    let got = probe(&c, &id, &["http://pypi.test/mcp", "http://a.git.test/mcp"]).await;
+    assert_ok(&got[0], "mcp-narrowed: pypi.test");
+    assert_no_name(&got[1], "mcp-narrowed: a.git.test");
+    assert_eq!(net.seen("/mcp"), 1);
+    // `none` as the plain word.
+    let off = mcp
+        .call_ok(
+            "create_sandbox",
+            json!({"warmpool": "web", "network": "none"}),
+        )
+        .await;
+    let off = off["sandbox_claim_name"].as_str().unwrap().to_string();
+    let got = probe(&c, &off, &["http://pypi.test/mcp-off"]).await;
+    assert!(got[0].starts_with("ERR"), "{}", got[0]);
+    for (network, needle) in [
+        (
+            json!({"allow_out": ["other.example"]}),
+            "allow_out[0] \"other.example\"",
+        ),
+        (
+            json!({"allow_out": ["a.*.test"]}),
+            "allow_out[0] \"a.*.test\"",
+        ),
+    ] {
+        let r = mcp
+            .call(
+                "create_sandbox",
+                json!({"warmpool": "web", "network": network}),
+            )
+            .await;
+        assert_eq!(r["isError"], true, "{r}");
+        let t = text(&r);
+        assert!(t.contains("INVALID_ARGUMENT") && t.contains(needle), "{t}");
+    }
     drop(hub);
     drop(net);
 }
