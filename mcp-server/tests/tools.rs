@@ -100,7 +100,7 @@ fn create_sandbox_takes_the_network_field_of_the_rest_api() {
         assert!(object["properties"][key].is_object(), "{key}: {network}");
     }
     assert_eq!(object["properties"]["allow_out"]["maxItems"], 256);
-    let required = tool.input_schema["required"].as_array();
+    let required = tool.input_schema.get("required").and_then(|r| r.as_array());
     assert!(
         !required.into_iter().flatten().any(|r| r == "network"),
         "network is optional"
