@@ -348,3 +348,177 @@ async fn mcp_create_sandbox_narrows_the_network_like_rest() {
     drop(hub);
     drop(net);
 }
+
+/// E2B's words on the raw E2B HTTP shape (`sandhub serve --e2b`), enforced
+/// by the gateway in the test internet: `allow_internet_access: false` is
+/// offline, `denyOut: ["0.0.0.0/0"]` with `allowOut` reaches only those,
+/// `PUT /sandboxes/{id}/network` changes it live, and what cannot be said
+/// in Sandhub's deny-wins words is E2B's 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_network_words_map_onto_the_gateway() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_INTERNET.lock().await;
+    let net = Internet::up();
+    let hub = TestHub::start(HubOptions {
+        extra_args: &["--e2b", "--egress-dns", "198.18.0.2"],
+        ..Default::default()
+    })
+    .await;
+    let c = hub.client(None);
+    c.put_template(
+        "web",
+        serde_json::from_value(json!({"network": {"mode": "egress",
+            "allow_out": ["pypi.test", "*.git.test", "198.18.5.0/24"]}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let e2b = |method: reqwest::Method, path: &str| {
+        hub.http()
+            .request(method, format!("{}{path}", hub.url()))
+            .header("X-API-Key", "e2b_test")
+    };
+    let create = |body: serde_json::Value| async move {
+        let r = e2b(reqwest::Method::POST, "/sandboxes")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json::<serde_json::Value>().await.unwrap())
+    };
+
+    // Offline.
+    let (status, off) = create(json!({"templateID": "web", "allow_internet_access": false})).await;
+    assert_eq!(status, 201, "{off}");
+    let off = off["sandboxID"].as_str().unwrap().to_string();
+    let got = probe(
+        &c,
+        &off,
+        &["http://pypi.test/e2b-off", "http://198.18.5.2/e2b-off"],
+    )
+    .await;
+    assert_no_name(&got[0], "allow_internet_access: false");
+    assert!(
+        got[1].starts_with("ERR ConnectionRefusedError"),
+        "{}",
+        got[1]
+    );
+    assert_eq!(net.seen("/e2b-off"), 0);
+
+    // Only allowOut.
+    let (status, only) = create(json!({"templateID": "web",
+        "network": {"allowOut": ["pypi.test"], "denyOut": ["0.0.0.0/0"], "dnsServers": ["8.8.8.8"]}}))
+    .await;
+    assert_eq!(status, 201, "{only}");
+    let only = only["sandboxID"].as_str().unwrap().to_string();
+    let got = probe(
+        &c,
+        &only,
+        &["http://pypi.test/e2b-only", "http://a.git.test/e2b-only"],
+    )
+    .await;
+    assert_ok(&got[0], "allowOut: pypi.test");
+    assert_no_name(&got[1], "allowOut: a.git.test");
+    let info: serde_json::Value = e2b(reqwest::Method::GET, &format!("/sandboxes/{only}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["network"]["allowOut"], json!(["pypi.test"]), "{info}");
+    assert_eq!(info["allowInternetAccess"], false, "{info}");
+
+    // Everything but denyOut.
+    let (status, partial) =
+        create(json!({"templateID": "web", "network": {"denyOut": ["198.18.5.0/24"]}})).await;
+    assert_eq!(status, 201, "{partial}");
+    let partial = partial["sandboxID"].as_str().unwrap().to_string();
+    let got = probe(
+        &c,
+        &partial,
+        &[
+            "http://a.git.test/e2b-partial",
+            "http://198.18.5.2/e2b-partial",
+        ],
+    )
+    .await;
+    assert_ok(&got[0], "denyOut: a.git.test");
+    assert!(
+        got[1].starts_with("ERR ConnectionRefusedError"),
+        "{}",
+        got[1]
+    );
+
+    // Live: the offline sandbox opened to one name, then cleared to the
+    // template's policy (an empty body clears the rules, as in E2B).
+    let r = e2b(reqwest::Method::PUT, &format!("/sandboxes/{off}/network"))
+        .json(&json!({"allowOut": ["a.git.test"], "allow_internet_access": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204, "{}", r.text().await.unwrap());
+    let got = probe(
+        &c,
+        &off,
+        &["http://a.git.test/e2b-put", "http://pypi.test/e2b-put"],
+    )
+    .await;
+    assert_ok(&got[0], "PUT: a.git.test");
+    assert_no_name(&got[1], "PUT: pypi.test");
+    let r = e2b(reqwest::Method::PUT, &format!("/sandboxes/{off}/network"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let got = probe(&c, &off, &["http://pypi.test/e2b-cleared"]).await;
+    assert_ok(&got[0], "PUT {}: the template's policy");
+
+    // What cannot be said, and what is not supported: E2B's error shape.
+    for (body, needle) in [
+        (
+            json!({"templateID": "web", "network": {"denyOut": ["198.18.5.0/24"], "allowOut": ["198.18.5.2"]}}),
+            "deny wins",
+        ),
+        (
+            json!({"templateID": "web", "network": {"denyOut": ["evil.test"]}}),
+            "denyOut[0]",
+        ),
+        (
+            json!({"templateID": "web", "network": {"maskRequestHost": "x.test"}}),
+            "maskRequestHost",
+        ),
+        (
+            json!({"templateID": "web", "network": {"rules": {"api.test": {"headers": {}}}}}),
+            "rules",
+        ),
+        (
+            json!({"templateID": "web", "network": {"egressProxy": {"address": "198.18.0.2:1080"}}}),
+            "egressProxy",
+        ),
+        (
+            json!({"templateID": "web", "network": {"allowOut": ["other.example"], "denyOut": ["0.0.0.0/0"]}}),
+            "never widen",
+        ),
+    ] {
+        let (status, e) = create(body.clone()).await;
+        assert_eq!(status, 400, "{body}: {e}");
+        assert_eq!(e["code"], 400, "{e}");
+        assert!(
+            e["message"].as_str().unwrap().contains(needle),
+            "{body}: {e}"
+        );
+    }
+    let r = e2b(reqwest::Method::PUT, &format!("/sandboxes/{only}/network"))
+        .json(&json!({"allowOut": ["other.example"], "denyOut": ["0.0.0.0/0"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    drop(hub);
+    drop(net);
+}

@@ -173,7 +173,9 @@ impl NativeClient {
         body: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let network: NetworkSpec = parse("network", body)?;
-        run!(self, py, |b| Ok(json(&b.hub()?.set_network(&id, network).await?)?))
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.set_network(&id, network).await?
+        )?))
     }
 
     fn fork<'py>(&self, py: Python<'py>, id: String, body: &str) -> PyResult<Bound<'py, PyAny>> {
