@@ -173,6 +173,11 @@ pub struct Sandbox {
     /// since the gateway last started (a hub restart starts from zero).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<EgressUsage>,
+    /// The sandbox's own narrowing of its template's `network`, as its
+    /// create request or the last `PATCH /v1/sandboxes/{id}/network` set
+    /// it; absent when it has none (it runs with the template's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
 }
 
 /// An egress sandbox's counters. Bytes are TCP **payload** bytes: what the

@@ -122,6 +122,26 @@ impl Serialize for NetworkSpec {
     }
 }
 
+/// A spec written always as an object (`{"mode": "none"}` rather than
+/// `"none"`): the form of a request body, which is a JSON object on every
+/// route (`PATCH /v1/sandboxes/{id}/network`).
+#[derive(Debug, Clone, Copy)]
+pub struct AsObject<'a>(pub &'a NetworkSpec);
+
+impl Serialize for AsObject<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("mode", mode_word(self.0.mode))?;
+        if !self.0.allow_out.is_empty() {
+            m.serialize_entry("allow_out", &self.0.allow_out)?;
+        }
+        if !self.0.deny_out.is_empty() {
+            m.serialize_entry("deny_out", &self.0.deny_out)?;
+        }
+        m.end()
+    }
+}
+
 impl<'de> Deserialize<'de> for NetworkSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
@@ -476,168 +496,5 @@ pub fn parse_list(field: &str, list: &[String]) -> Result<Vec<Pattern>, String> 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn p(s: &str) -> Pattern {
-        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
-    }
-
-    fn bad(s: &str) -> String {
-        match s.parse::<Pattern>() {
-            Ok(p) => panic!("{s} parsed as {p:?}"),
-            Err(e) => e.0,
-        }
-    }
-
-    #[test]
-    fn patterns_parse() {
-        assert_eq!(
-            p("*"),
-            Pattern {
-                target: Target::Any,
-                port: None
-            }
-        );
-        assert_eq!(p("*:443").port, Some(443));
-        assert_eq!(p("PyPI.test.").target, Target::Name("pypi.test".into()));
-        assert_eq!(
-            p("*.git.example.com:22"),
-            Pattern {
-                target: Target::Below("git.example.com".into()),
-                port: Some(22)
-            }
-        );
-        assert_eq!(
-            p("203.0.113.0/24:443"),
-            Pattern {
-                target: Target::Cidr("203.0.113.0".parse().unwrap(), 24),
-                port: Some(443)
-            }
-        );
-        assert_eq!(
-            p("203.0.113.7").target,
-            Target::Cidr("203.0.113.7".parse().unwrap(), 32)
-        );
-        assert_eq!(
-            p("2001:db8::/32").target,
-            Target::Cidr("2001:db8::".parse().unwrap(), 32)
-        );
-        assert_eq!(p("[2001:db8::/32]:443").port, Some(443));
-        assert_eq!(
-            p("[2001:db8::1]").target,
-            Target::Cidr("2001:db8::1".parse().unwrap(), 128)
-        );
-        assert_eq!(
-            p("0.0.0.0/0").target,
-            Target::Cidr("0.0.0.0".parse().unwrap(), 0)
-        );
-    }
-
-    #[test]
-    fn bad_patterns_say_why() {
-        assert!(bad("").contains("empty"));
-        assert!(bad("a.*.com").contains("first label"));
-        assert!(bad("*foo.com").contains("first label"));
-        assert!(bad("foo.*").contains("first label"));
-        assert!(bad("**.com").contains("first label"));
-        assert!(bad("pypi.test:0").contains("1-65535"));
-        assert!(bad("pypi.test:65536").contains("1-65535"));
-        assert!(bad("pypi.test:").contains("1-65535"));
-        assert!(bad("pypi.test:+1").contains("1-65535"));
-        assert!(bad("10.0.0.1/8").contains("host bits"));
-        assert!(bad("2001:db8::1/32").contains("host bits"));
-        assert!(bad("10.0.0.0/33").contains("over 32"));
-        assert!(bad("300.1.1.1").contains("no address"));
-        assert!(bad("[10.0.0.0/8]:80").contains("IPv6"));
-        assert!(bad("[2001:db8::/32]443").contains("after"));
-        assert!(bad("exa mple.com").contains("no DNS name"));
-        assert!(bad("-a.com").contains("no DNS name"));
-        assert!(bad("a..com").contains("no DNS name"));
-        assert!(bad(&format!("{}.com", "a".repeat(64))).contains("no DNS name"));
-        assert!(bad(&"a".repeat(400)).contains("longer"));
-        assert!(bad(":80").contains("no host"));
-    }
-
-    #[test]
-    fn wildcards_match_strictly_below() {
-        let w = p("*.example.org");
-        assert!(w.matches_name("a.example.org"));
-        assert!(w.matches_name("a.b.example.org"));
-        assert!(!w.matches_name("example.org"));
-        assert!(!w.matches_name("badexample.org"));
-        assert!(!w.matches_ip("1.2.3.4".parse().unwrap()));
-    }
-
-    #[test]
-    fn cidrs_match_their_family_and_mapped_v4() {
-        let c = p("203.0.113.0/24");
-        assert!(c.matches_ip("203.0.113.200".parse().unwrap()));
-        assert!(!c.matches_ip("203.0.114.1".parse().unwrap()));
-        assert!(c.matches_ip("::ffff:203.0.113.9".parse().unwrap()));
-        assert!(!p("2001:db8::/32").matches_ip("203.0.113.9".parse().unwrap()));
-        assert!(!c.matches_name("203.0.113.1"));
-    }
-
-    #[test]
-    fn covering_is_subset_by_target_and_port() {
-        assert!(p("*").covers(&p("a.test:443")));
-        assert!(p("*").covers(&p("10.0.0.0/8")));
-        assert!(!p("*:443").covers(&p("a.test")));
-        assert!(p("*.test").covers(&p("a.test:80")));
-        assert!(p("*.test").covers(&p("*.a.test")));
-        assert!(p("*.test").covers(&p("*.test")));
-        assert!(!p("*.a.test").covers(&p("*.test")));
-        assert!(!p("a.test").covers(&p("*.a.test")));
-        assert!(!p("a.test").covers(&p("b.test")));
-        assert!(p("a.test").covers(&p("a.test:22")));
-        assert!(!p("a.test:22").covers(&p("a.test")));
-        assert!(p("10.0.0.0/8").covers(&p("10.1.0.0/16:80")));
-        assert!(!p("10.1.0.0/16").covers(&p("10.0.0.0/8")));
-        assert!(!p("10.0.0.0/8").covers(&p("a.test")));
-        assert!(!p("a.test").covers(&p("*")));
-    }
-
-    #[test]
-    fn wire_forms_round_trip_and_stay_plain() {
-        for (json, mode) in [
-            ("\"none\"", Network::None),
-            ("\"host\"", Network::Host),
-            ("\"egress\"", Network::Egress),
-        ] {
-            let s: NetworkSpec = serde_json::from_str(json).unwrap();
-            assert_eq!(s, mode.into());
-            assert_eq!(serde_json::to_string(&s).unwrap(), json);
-        }
-        let s: NetworkSpec = serde_json::from_str(
-            r#"{"mode":"egress","allow_out":["a.test"],"deny_out":["b.test"]}"#,
-        )
-        .unwrap();
-        assert_eq!(s.allow_out, ["a.test"]);
-        assert_eq!(
-            serde_json::to_string(&s).unwrap(),
-            r#"{"mode":"egress","allow_out":["a.test"],"deny_out":["b.test"]}"#
-        );
-        // An object without lists is written back as the string.
-        let s: NetworkSpec = serde_json::from_str(r#"{"mode":"host"}"#).unwrap();
-        assert_eq!(serde_json::to_string(&s).unwrap(), "\"host\"");
-        // Lists without a mode mean egress.
-        let s: NetworkSpec = serde_json::from_str(r#"{"allow_out":["a.test"]}"#).unwrap();
-        assert_eq!(s.mode, Network::Egress);
-        assert!(serde_json::from_str::<NetworkSpec>(r#"{"mode":"egress","allow":[]}"#).is_err());
-        assert!(serde_json::from_str::<NetworkSpec>("\"internet\"").is_err());
-    }
-
-    #[test]
-    fn lists_name_the_bad_entry_and_are_capped() {
-        let e = parse_list("allow_out", &["a.test".into(), "a.*.test".into()]).unwrap_err();
-        assert!(e.starts_with("allow_out[1] \"a.*.test\""), "{e}");
-        let many: Vec<String> = (0..=MAX_NETWORK_ENTRIES)
-            .map(|i| format!("h{i}.test"))
-            .collect();
-        assert!(parse_list("deny_out", &many)
-            .unwrap_err()
-            .contains("at most 256"));
-        assert_eq!(parse_list("deny_out", &many[..256]).unwrap().len(), 256);
-    }
-}
+#[path = "network_tests.rs"]
+mod tests;

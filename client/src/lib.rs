@@ -29,8 +29,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sandhub_api::{
     hub::{
-        CreateSandbox, ExecRequest, ExecResult, ForkRequest, NamedTemplate, Pool, PoolSpec,
-        Sandbox, Snapshot, Template,
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, NamedTemplate, NetworkSpec, Pool,
+        PoolSpec, Sandbox, Snapshot, Template,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -86,6 +86,11 @@ pub trait Sandboxes: Send + Sync {
     /// Drops every change to the workspace and kills every process.
     async fn reset(&self, id: &str) -> Result<Sandbox>;
     async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox>;
+    /// Replaces a running sandbox's own narrowing of its template's
+    /// `network` (`PATCH /v1/sandboxes/{id}/network`): new connections and
+    /// DNS queries follow it at once. It may narrow the template's policy,
+    /// never widen it; `none` cuts the sandbox off.
+    async fn set_network(&self, id: &str, network: NetworkSpec) -> Result<Sandbox>;
 
     // Templates and pools.
     async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate>;

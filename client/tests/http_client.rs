@@ -107,6 +107,7 @@ fn sandbox(id: &str, labels: BTreeMap<String, String>) -> Sandbox {
         forked_from: None,
         entrypoint: None,
         egress: None,
+        network: None,
     }
 }
 

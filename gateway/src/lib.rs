@@ -17,7 +17,8 @@
 //! lib.rs      Config, Limits, start() -> Gateway (drop stops it), host_addresses()
 //! meter.rs    counters and the bounded decision log (issue part 4)
 //! policy.rs   the decision: always-closed and private ranges, deny and
-//!             allow layers (pure; unit-tested)
+//!             allow layers (pure; unit-tested); PolicyCell (lib.rs) holds
+//!             a running gateway's swappable copy
 //! dns/        wire.rs (parse/build the few DNS messages), fakeip.rs (the
 //!             per-sandbox name <-> fake IP pool), mod.rs (the sandbox-side
 //!             responder, the upstream resolve)
@@ -51,7 +52,7 @@ use std::{
     io,
     net::{IpAddr, SocketAddr},
     os::fd::OwnedFd,
-    sync::Arc,
+    sync::{Arc, RwLock},
     time::Duration,
 };
 
@@ -112,6 +113,30 @@ pub struct Config {
 pub struct Gateway {
     task: tokio::task::JoinHandle<()>,
     meter: Arc<Meter>,
+    policy: PolicyCell,
+}
+
+/// A sandbox's policy as its running gateway reads it: once per new flow
+/// and per DNS query, so a [`Gateway::set_policy`] applies to the next
+/// connection and the next name at once (`PATCH /v1/sandboxes/{id}/network`).
+/// Flows already open keep going: they were judged when they began.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyCell(Arc<RwLock<Arc<SandboxPolicy>>>);
+
+impl PolicyCell {
+    pub fn new(policy: SandboxPolicy) -> Self {
+        PolicyCell(Arc::new(RwLock::new(Arc::new(policy))))
+    }
+
+    /// The policy now (a cheap clone of an `Arc`; the lock is held only
+    /// for that clone, never across a decision).
+    pub fn load(&self) -> Arc<SandboxPolicy> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn store(&self, policy: SandboxPolicy) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+    }
 }
 
 impl Drop for Gateway {
@@ -128,6 +153,17 @@ impl Gateway {
     /// Its counters and decision log.
     pub fn meter(&self) -> &Arc<Meter> {
         &self.meter
+    }
+
+    /// Replaces the sandbox's policy: new flows and DNS queries are judged
+    /// by it from now on (see [`PolicyCell`]).
+    pub fn set_policy(&self, policy: SandboxPolicy) {
+        self.policy.store(policy);
+    }
+
+    /// The policy it enforces now.
+    pub fn policy(&self) -> Arc<SandboxPolicy> {
+        self.policy.load()
     }
 }
 
@@ -177,10 +213,12 @@ pub fn start_metered(
         .map(tokio::net::UdpSocket::from_std)
         .transpose()?;
     let meter = metering.meter.clone();
-    let l = stack::Loop::new(sandbox, cfg, policy, tun, lo_dns, metering, secrets)?;
+    let policy = PolicyCell::new(policy);
+    let l = stack::Loop::new(sandbox, cfg, policy.clone(), tun, lo_dns, metering, secrets)?;
     Ok(Gateway {
         task: tokio::spawn(l.run()),
         meter,
+        policy,
     })
 }
 

@@ -89,6 +89,8 @@ pub enum Reason {
     NotAllowed(&'static str),
     /// UDP other than the gateway's DNS.
     Udp,
+    /// The sandbox's network was set to `none` while it runs.
+    Offline,
 }
 
 impl std::fmt::Display for Reason {
@@ -99,6 +101,7 @@ impl std::fmt::Display for Reason {
             Reason::Denied(who) => write!(f, "denied by the {who}'s deny_out"),
             Reason::NotAllowed(who) => write!(f, "not in the {who}'s allow_out"),
             Reason::Udp => f.write_str("UDP is for DNS only"),
+            Reason::Offline => f.write_str("the sandbox's network was set to `none`"),
         }
     }
 }
@@ -160,6 +163,10 @@ pub struct SandboxPolicy {
     /// The create request's narrowing `allow_out` (empty: none).
     pub sandbox_allow: Vec<Pattern>,
     pub sandbox_deny: Vec<Pattern>,
+    /// `network: none` set on the running sandbox (`PATCH`): every name
+    /// and every connection is refused, whatever the lists say. The
+    /// gateway keeps running so that a later change can open it again.
+    pub offline: bool,
 }
 
 /// One connection attempt. `name` is set when the workload dialed a name
@@ -209,6 +216,9 @@ impl SandboxPolicy {
     /// Steps 3 and 4 (the lists) for a flow; steps 1 and 2 need its
     /// address: [`decide`] does all four.
     pub fn lists_allow(&self, op: &OperatorPolicy, flow: &Flow<'_>) -> Result<(), Reason> {
+        if self.offline {
+            return Err(Reason::Offline);
+        }
         if flow.proto == Proto::Udp {
             return Err(Reason::Udp);
         }
@@ -235,6 +245,9 @@ impl SandboxPolicy {
     /// entry without a port matches it (a deny with a port only refuses
     /// that port, at connect time).
     pub fn name_answered(&self, op: &OperatorPolicy, name: &str) -> Result<(), Reason> {
+        if self.offline {
+            return Err(Reason::Offline);
+        }
         let name = normalize_name(name);
         for (who, list) in [
             ("operator", &op.deny),
@@ -342,6 +355,23 @@ mod tests {
             port,
             proto: Proto::Tcp,
         }
+    }
+
+    #[test]
+    fn an_offline_policy_refuses_every_name_and_flow_whatever_its_lists() {
+        let op = OperatorPolicy::new(vec![], vec![], true, &[]);
+        let mut p = sb(&["*"], &[]);
+        assert!(p.name_answered(&op, "pypi.test").is_ok());
+        p.offline = true;
+        assert_eq!(p.name_answered(&op, "pypi.test"), Err(Reason::Offline));
+        assert_eq!(
+            decide(&op, &p, &named("pypi.test", "203.0.113.7", 443), &[]),
+            Err(Reason::Offline)
+        );
+        assert_eq!(
+            decide(&op, &p, &literal("203.0.113.7", 80), &[]),
+            Err(Reason::Offline)
+        );
     }
 
     #[test]

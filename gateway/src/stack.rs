@@ -63,7 +63,7 @@ use crate::{
     meter::Meter,
     policy::{self, internal, Flow as PolicyFlow, Proto, SandboxPolicy},
     tun::MTU,
-    Config,
+    Config, PolicyCell,
 };
 
 /// Bytes one read of a real socket moves at most.
@@ -178,7 +178,8 @@ enum Event {
 pub(crate) struct Loop {
     sandbox: String,
     cfg: Arc<Config>,
-    policy: SandboxPolicy,
+    /// Read afresh for every SYN and DNS query (a PATCH swaps it).
+    policy: PolicyCell,
     tun: AsyncFd<OwnedFd>,
     iface: Interface,
     dev: Queues,
@@ -259,7 +260,7 @@ impl Loop {
     pub(crate) fn new(
         sandbox: String,
         cfg: Arc<Config>,
-        policy: SandboxPolicy,
+        policy: PolicyCell,
         tun: OwnedFd,
         lo_dns: Option<tokio::net::UdpSocket>,
         metering: crate::Metering,
@@ -374,8 +375,12 @@ impl Loop {
                 }
                 Woke::Event(ev) => self.on_event(ev),
                 Woke::LoopbackDns(msg, from) => {
-                    let answer =
-                        dns::respond(&self.cfg.operator, &self.policy, &mut self.pool, &msg);
+                    let answer = dns::respond(
+                        &self.cfg.operator,
+                        &self.policy.load(),
+                        &mut self.pool,
+                        &msg,
+                    );
                     if let (Some(a), Some(s)) = (answer, &self.lo_dns) {
                         // Non-blocking: a full socket buffer drops the answer.
                         let _ = s.try_send_to(&a, from);
@@ -435,7 +440,7 @@ impl Loop {
                 if dst == internal::GATEWAY && udp.dst_port() == 53 {
                     let answer = dns::respond(
                         &self.cfg.operator,
-                        &self.policy,
+                        &self.policy.load(),
                         &mut self.pool,
                         udp.payload(),
                     );
@@ -493,13 +498,15 @@ impl Loop {
             port,
             proto: Proto::Tcp,
         };
+        // The policy as it is now: a PATCH applies from the next SYN.
+        let policy = self.policy.load();
         let verdict = match flow.ip {
             Some(ip) => self
                 .cfg
                 .operator
                 .address_open(ip, &[])
-                .and_then(|()| self.policy.lists_allow(&self.cfg.operator, &flow)),
-            None => self.policy.lists_allow(&self.cfg.operator, &flow),
+                .and_then(|()| policy.lists_allow(&self.cfg.operator, &flow)),
+            None => policy.lists_allow(&self.cfg.operator, &flow),
         };
         if let Err(why) = verdict {
             if self.log.admit() {
@@ -543,7 +550,6 @@ impl Loop {
         }
         self.pending.insert(key, syn);
         let cfg = self.cfg.clone();
-        let policy = self.policy.clone();
         let events = self.events_tx.clone();
         // Brokered: the flow's name and port are one of a secret's hosts.
         let brokering = match (&cfg.broker, &name) {

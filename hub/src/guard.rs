@@ -331,6 +331,15 @@ impl Sandboxes for GuardedView {
         self.inner.fork(id, request).await
     }
 
+    async fn set_network(
+        &self,
+        id: &str,
+        network: sandhub_api::hub::NetworkSpec,
+    ) -> Result<Sandbox> {
+        sandhub_api::validate::network(&network)?;
+        self.inner.set_network(id, network).await
+    }
+
     async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate> {
         self.inner.put_template(name, template).await
     }

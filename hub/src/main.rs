@@ -62,6 +62,9 @@ enum Command {
     Snapshot(cli::snapshot::SnapshotArgs),
     /// A new sandbox from a snapshot of this one; prints its id.
     Fork(cli::sandbox::ForkArgs),
+    /// Show a sandbox's network, or narrow it while it runs (`--allow-out`,
+    /// `--deny-out`, `--none`): new connections follow at once.
+    Network(cli::network::NetworkArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -97,6 +100,7 @@ fn main() -> anyhow::Result<()> {
             Command::Reset(args) => cli::exit(cli::sandbox::reset(args).await),
             Command::Snapshot(args) => cli::exit(cli::snapshot::run(args).await),
             Command::Fork(args) => cli::exit(cli::sandbox::fork(args).await),
+            Command::Network(args) => cli::exit(cli::network::run(args).await),
         }
     })
 }

@@ -936,6 +936,104 @@ fn lifecycle_verbs() {
     assert_fails_with(&hub.cli(&["suspend", "sb-nope"]), "NOT_FOUND");
 }
 
+/// `create --allow-out/--deny-out` and `network ID` carry the API's words:
+/// what the hub keeps is what was typed, a widening is the hub's
+/// INVALID_ARGUMENT, `--none` cuts the sandbox off. (What the gateway
+/// then enforces is `hub/tests/egress_patch.rs`.)
+#[test]
+fn create_narrows_the_network_and_network_patches_it() {
+    let hub = Hub::start();
+    hub.cli(&["template", "set", "web", "--network", "egress"])
+        .ok();
+    let sb = hub
+        .cli(&[
+            "create",
+            "--template",
+            "web",
+            "--label",
+            "suite=cli",
+            "--allow-out",
+            "pypi.test",
+            "--allow-out",
+            "*.git.test:443",
+            "--deny-out",
+            "bad.git.test",
+            "--output",
+            "json",
+        ])
+        .ok()
+        .json();
+    let id = sb["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        sb["network"],
+        serde_json::json!({"mode": "egress", "allow_out": ["pypi.test", "*.git.test:443"],
+               "deny_out": ["bad.git.test"]})
+    );
+    // No flag: shows it.
+    assert_eq!(
+        hub.cli(&["network", &id]).ok().stdout(),
+        format!(
+            "{id} {{\"mode\":\"egress\",\"allow_out\":[\"pypi.test\",\"*.git.test:443\"],\"deny_out\":[\"bad.git.test\"]}}\n"
+        )
+    );
+    let patched = hub
+        .cli(&[
+            "network",
+            &id,
+            "--allow-out",
+            "pypi.test",
+            "--output",
+            "json",
+        ])
+        .ok()
+        .json();
+    assert_eq!(
+        patched["network"],
+        serde_json::json!({"mode": "egress", "allow_out": ["pypi.test"]})
+    );
+    assert_eq!(
+        hub.cli(&["network", &id, "--none"]).ok().stdout(),
+        format!("{id} \"none\"\n")
+    );
+    assert_eq!(
+        hub.cli(&["network", &id, "--network", "egress"])
+            .ok()
+            .stdout(),
+        format!("{id} template\n")
+    );
+    // The env var is the flag's.
+    let run = run(
+        hub.command(&["network", &id])
+            .env("SANDHUB_ALLOW_OUT", "a.test,b.test"),
+        b"",
+    );
+    assert!(
+        run.stdout().contains("[\"a.test\",\"b.test\"]"),
+        "{}",
+        run.stderr
+    );
+    // The hub's refusals, as every verb shows them.
+    let widen = hub.cli(&[
+        "network",
+        &id,
+        "--allow-out",
+        "pypi.test",
+        "--network",
+        "host",
+    ]);
+    assert_fails_with(&widen, "INVALID_ARGUMENT");
+    let bad = hub.cli(&["create", "--template", "web", "--allow-out", "a.*.test"]);
+    assert_fails_with(&bad, "INVALID_ARGUMENT");
+    assert!(bad.stderr.contains("allow_out[0]"), "{}", bad.stderr);
+    assert_fails_with(&hub.cli(&["network", "sb-nope", "--none"]), "NOT_FOUND");
+    // `--none` with lists is a usage error (exit 2), not a request.
+    assert_eq!(
+        hub.cli(&["network", &id, "--none", "--allow-out", "x.test"])
+            .code(),
+        2
+    );
+}
+
 #[test]
 fn snapshot_ls_and_rm() {
     let hub = Hub::start();

@@ -1633,6 +1633,7 @@ async fn openapi_document_describes_every_route() {
         ("/v1/sandboxes/{id}/snapshots", &["get", "post"]),
         ("/v1/sandboxes/{id}/reset", &["post"]),
         ("/v1/sandboxes/{id}/fork", &["post"]),
+        ("/v1/sandboxes/{id}/network", &["patch"]),
         ("/v1/sandboxes/{id}/ports", &["get"]),
         ("/v1/sandboxes/{id}/ports/{port}/{path}", &["get"]),
         ("/v1/templates", &["get"]),

@@ -82,6 +82,31 @@ fn every_tool_documents_itself_for_a_model() {
     }
 }
 
+/// `create_sandbox` takes the REST API's `network` (docs/networking.md):
+/// the mode alone or the object with its two lists, nothing else.
+#[test]
+fn create_sandbox_takes_the_network_field_of_the_rest_api() {
+    let tools = SandhubMcp::new(Unreachable).tools();
+    let tool = tools.iter().find(|t| t.name == "create_sandbox").unwrap();
+    let network = &tool.input_schema["properties"]["network"];
+    let one_of = network["oneOf"].as_array().expect("network: oneOf");
+    assert_eq!(
+        one_of[0]["enum"],
+        serde_json::json!(["none", "egress", "host"])
+    );
+    let object = &one_of[1];
+    assert_eq!(object["additionalProperties"], false);
+    for key in ["mode", "allow_out", "deny_out"] {
+        assert!(object["properties"][key].is_object(), "{key}: {network}");
+    }
+    assert_eq!(object["properties"]["allow_out"]["maxItems"], 256);
+    let required = tool.input_schema.get("required").and_then(|r| r.as_array());
+    assert!(
+        !required.into_iter().flatten().any(|r| r == "network"),
+        "network is optional"
+    );
+}
+
 #[test]
 fn upstream_parameter_names_are_kept() {
     let tools = SandhubMcp::new(Unreachable).tools();

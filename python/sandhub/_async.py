@@ -379,6 +379,17 @@ class AsyncSandbox:
         """Keeps a copy of the workspace as it is now."""
         return Snapshot._from(c.loads(await self._hub._native.snapshot(self.id)))
 
+    async def set_network(self, network: c.Network) -> AsyncSandbox:
+        """Replaces the sandbox's own narrowing of its template's network
+        (``PATCH /v1/sandboxes/{id}/network``): new connections and DNS
+        queries follow it at once, open connections go on. It may narrow
+        the template's policy, never widen it (:class:`InvalidArgumentError`
+        naming the entry); ``"none"`` cuts the sandbox off, ``"egress"``
+        goes back to the template's policy. A sandbox started without a
+        gateway cannot be given one (:class:`FailedPreconditionError`)."""
+        raw = await self._hub._native.set_network(self.id, c.dumps(c.network_json(network)))
+        return self._set(raw)
+
     async def fork(
         self, *, snapshot: str | Snapshot | None = None, labels: Mapping[str, str] | None = None
     ) -> AsyncSandbox:
@@ -455,11 +466,15 @@ class AsyncHub:
         env: Mapping[str, str] | None = None,
         shutdown_after_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        network: c.Network | None = None,
         wait: bool = True,
         wait_timeout: float = 600.0,
     ) -> AsyncSandbox:
         """Creates a sandbox (claimed from ``pool`` when given); with ``wait``
-        returns once it is Ready. Never retried (it is not idempotent)."""
+        returns once it is Ready. ``network`` narrows the template's (never
+        widens it): ``"none"``, a :class:`NetworkPolicy` or the API's
+        object, e.g. ``{"allow_out": ["pypi.org"]}``; it forces a cold
+        start. Never retried (it is not idempotent)."""
         body: dict[str, Any] = {}
         for k, v in (("template", template), ("pool", pool), ("shutdown_after_seconds", shutdown_after_seconds),
                      ("idle_timeout_seconds", idle_timeout_seconds)):
@@ -469,6 +484,8 @@ class AsyncHub:
             body["labels"] = dict(labels)
         if env:
             body["env"] = dict(env)
+        if network is not None:
+            body["network"] = c.network_json(network)
         sb = AsyncSandbox(self, SandboxInfo._from(c.loads(await self._native.create(c.dumps(body)))))
         deadline = time.monotonic() + wait_timeout
         while wait and sb.state == "Pending":

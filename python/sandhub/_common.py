@@ -6,7 +6,7 @@ import json
 import os
 from typing import IO, Any, Iterator, Mapping, Sequence, Union
 
-from .types import ProcessExitEvent, ProcessOutputEvent, StepResult
+from .types import NetworkPolicy, ProcessExitEvent, ProcessOutputEvent, StepResult
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 #: Upload chunk size: large enough that the per-chunk cost vanishes, small
@@ -15,6 +15,10 @@ CHUNK = 1 << 20
 
 Command = Union[str, Sequence[str]]
 Data = Union[bytes, bytearray, memoryview, str, IO[bytes]]
+#: A ``network`` argument: the mode alone (``"none"``, ``"egress"``), a
+#: :class:`NetworkPolicy`, or the API's object as a mapping
+#: (``{"allow_out": [...], "deny_out": [...]}``).
+Network = Union[str, NetworkPolicy, Mapping[str, Any]]
 
 
 def hub_url(url: str | None) -> str:
@@ -31,6 +35,18 @@ def dumps(value: Any) -> str:
 
 def loads(text: str) -> Any:
     return json.loads(text)
+
+
+def network_json(network: Network) -> dict[str, Any]:
+    """A ``network`` argument as the API's object (``{"mode": ...}`` for a
+    bare mode: request bodies are objects). The hub validates it."""
+    if isinstance(network, NetworkPolicy):
+        return network._json()
+    if isinstance(network, str):
+        return {"mode": network}
+    if isinstance(network, Mapping):
+        return dict(network)
+    raise TypeError(f"network: a mode, a NetworkPolicy or a mapping, not {type(network).__name__}")
 
 
 def exec_body(

@@ -18,6 +18,7 @@ __all__ = [
     "Snapshot",
     "ListeningPort",
     "SandboxInfo",
+    "NetworkPolicy",
     "Template",
     "Pool",
     "Image",
@@ -159,6 +160,40 @@ class EntrypointStatus:
 
 
 @dataclass(frozen=True)
+class NetworkPolicy:
+    """A sandbox's ``network`` (docs/networking.md): ``mode`` (``none``,
+    ``egress`` or ``host``) and, for ``egress``, where it may connect
+    (``allow_out``) and may never connect (``deny_out``; deny wins).
+    Patterns: a name (``pypi.org``), a wildcard below a name
+    (``*.github.com``), a CIDR (``203.0.113.0/24``), each with an optional
+    ``:PORT``. On a sandbox it may only narrow its template's policy."""
+
+    mode: Literal["none", "egress", "host"] = "egress"
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
+
+    def _json(self) -> dict[str, Any]:
+        """The request body's form (always an object)."""
+        body: dict[str, Any] = {"mode": self.mode}
+        if self.allow_out:
+            body["allow_out"] = list(self.allow_out)
+        if self.deny_out:
+            body["deny_out"] = list(self.deny_out)
+        return body
+
+    @classmethod
+    def _from(cls, data: str | dict[str, Any]) -> NetworkPolicy:
+        if isinstance(data, str):
+            return cls(mode=data)  # type: ignore[arg-type]
+        known = _known(cls, data)
+        for k in ("allow_out", "deny_out"):
+            if k in known:
+                known[k] = tuple(known[k])
+        # An object with lists but no mode means egress (the API's rule).
+        return cls(**known)
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """What the hub knows about a sandbox at the time of the call."""
 
@@ -175,12 +210,17 @@ class SandboxInfo:
     #: Set on one sandbox's create/get answer while it is Ready and has an
     #: entrypoint (the local backend); None otherwise.
     entrypoint: EntrypointStatus | None = None
+    #: Its own narrowing of its template's network (from ``create`` or
+    #: ``set_network``); None when it runs with the template's.
+    network: NetworkPolicy | None = None
 
     @classmethod
     def _from(cls, data: dict[str, Any]) -> SandboxInfo:
         known = _known(cls, data)
         if isinstance(known.get("entrypoint"), dict):
             known["entrypoint"] = EntrypointStatus._from(known["entrypoint"])
+        if isinstance(known.get("network"), (str, dict)):
+            known["network"] = NetworkPolicy._from(known["network"])
         return cls(**known)
 
 

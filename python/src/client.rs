@@ -9,7 +9,8 @@ use pyo3::{exceptions::PyValueError, prelude::*};
 use sandhub_api::{
     gym::{BatchStep, CreateEnv, ResetRequest},
     hub::{
-        CreateSandbox, ExecRequest, ForkRequest, PoolSpec, PrepullRequest, PullRequest, Template,
+        CreateSandbox, ExecRequest, ForkRequest, NetworkSpec, PoolSpec, PrepullRequest,
+        PullRequest, Template,
     },
 };
 use sandhub_client::{
@@ -163,6 +164,18 @@ impl NativeClient {
 
     fn snapshot<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
         run!(self, py, |b| Ok(json(&b.hub()?.snapshot(&id).await?)?))
+    }
+
+    fn set_network<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        body: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let network: NetworkSpec = parse("network", body)?;
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.set_network(&id, network).await?
+        )?))
     }
 
     fn fork<'py>(&self, py: Python<'py>, id: String, body: &str) -> PyResult<Bound<'py, PyAny>> {

@@ -18,10 +18,10 @@ use reqwest::{header, Method, RequestBuilder, Response};
 use sandhub_api::{
     error::Code,
     hub::{
-        CreateSandbox, ExecRequest, ExecResult, ForkRequest, Image, ImageList, NamedTemplate, Pool,
-        PoolList, PoolSpec, PrepullRequest, PrepullResult, PruneResult, PullEvent, PullRequest,
-        ResizeRequest, Sandbox, SandboxList, SignalRequest, Snapshot, SnapshotList, Template,
-        TemplateList,
+        CreateSandbox, ExecRequest, ExecResult, ForkRequest, Image, ImageList, NamedTemplate,
+        NetworkSpec, Pool, PoolList, PoolSpec, PrepullRequest, PrepullResult, PruneResult,
+        PullEvent, PullRequest, ResizeRequest, Sandbox, SandboxList, SignalRequest, Snapshot,
+        SnapshotList, Template, TemplateList,
     },
     sandboxd::{DirectoryListing, FileEntry},
 };
@@ -515,6 +515,16 @@ impl Sandboxes for HubClient {
             self.sandbox(Method::POST, id, "/fork")
                 .json(&request)
                 .timeout(SLOW),
+        )
+        .await
+    }
+
+    async fn set_network(&self, id: &str, network: NetworkSpec) -> Result<Sandbox> {
+        self.call(
+            self.sandbox(Method::PATCH, id, "/network")
+                // A body is always an object (`{"mode": "none"}`).
+                .json(&sandhub_api::network::AsObject(&network))
+                .timeout(QUICK),
         )
         .await
     }

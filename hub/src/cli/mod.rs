@@ -12,6 +12,7 @@ pub mod args;
 pub mod cp;
 pub mod exec;
 pub mod image;
+pub mod network;
 mod output;
 pub mod pool;
 pub mod port_forward;

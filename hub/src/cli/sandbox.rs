@@ -44,6 +44,10 @@ pub struct CreateArgs {
     #[arg(long, value_name = "DURATION", env = "SANDHUB_IDLE_TIMEOUT", value_parser = parse_duration)]
     idle_timeout: Option<Duration>,
 
+    /// Narrowing of the template's network (forces a cold start).
+    #[command(flatten)]
+    network: super::network::NetworkFlags,
+
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -58,7 +62,7 @@ pub async fn create(args: CreateArgs) -> Result<i32> {
             env: to_map(args.env),
             shutdown_after_seconds: args.shutdown_after.map(whole_seconds),
             idle_timeout_seconds: args.idle_timeout.map(whole_seconds),
-            network: None,
+            network: args.network.spec(),
             secrets: Vec::new(),
         })
         .await?;
@@ -248,6 +252,7 @@ mod tests {
             forked_from: None,
             entrypoint: None,
             egress: None,
+            network: None,
         };
         assert_eq!(
             sandbox_table(&[sandbox], now),

@@ -72,10 +72,11 @@ pub fn complete_responses(openapi: &mut utoipa::openapi::OpenApi) {
     let too_large = error("The body is larger than the hub accepts");
     let not_json = error("The body's content type says it is not JSON");
     for item in openapi.paths.paths.values_mut() {
-        let ops: [&mut Option<Operation>; 5] = [
+        let ops: [&mut Option<Operation>; 6] = [
             &mut item.get,
             &mut item.put,
             &mut item.post,
+            &mut item.patch,
             &mut item.delete,
             &mut item.head,
         ];

@@ -223,6 +223,7 @@ pub fn sandbox_of(claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
         forked_from: None,
         entrypoint: None,
         egress: None,
+        network: None,
     }
 }
 

@@ -433,6 +433,20 @@ impl Egress {
         );
     }
 
+    /// Gives a running gateway a new policy, applied to the next
+    /// connection and the next DNS query (`PATCH .../network`). False when
+    /// the sandbox has no gateway running (it is offline anyway).
+    pub fn set_policy(&self, id: &str, policy: SandboxPolicy) -> bool {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        match running.get(id) {
+            Some((_, gw)) => {
+                gw.set_policy(policy);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Stops a sandbox's gateway (if any): it is offline from now on.
     pub fn detach(&self, id: &str) {
         let gw = self
@@ -454,7 +468,7 @@ fn add(sum: &mut sandhub_gateway::meter::Totals, t: sandhub_gateway::meter::Tota
 }
 
 /// What an egress sandbox was started with: its template's `network` and,
-/// if its create request narrowed it, that request's.
+/// if its create request (or a `PATCH` since) narrowed it, that narrowing.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Recorded {
     pub template: NetworkSpec,
@@ -474,6 +488,12 @@ pub struct Recorded {
     /// kept across launches. Never a value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub placeholders: BTreeMap<String, String>,
+    /// Set by a `PATCH` on a sandbox that runs with a gateway: a `none`
+    /// narrowing then keeps the gateway (refusing everything) rather than
+    /// launching without one, so the sandbox can be opened again by a
+    /// later `PATCH`, before and after a restart, suspend or resume alike.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_gateway: bool,
 }
 
 impl Recorded {
@@ -494,6 +514,7 @@ impl Recorded {
         }
         Ok(Recorded {
             template: template.network.clone(),
+            keep_gateway: before.as_ref().is_some_and(|r| r.keep_gateway),
             sandbox: before.and_then(|r| r.sandbox),
             egress_mb: template.egress_mb,
             request_secrets,
@@ -522,6 +543,7 @@ impl Recorded {
             request_secrets,
             secrets: Vec::new(),
             placeholders: BTreeMap::new(),
+            keep_gateway: false,
         };
         serde_json::json!({ RECORD_KEY: r })
     }
@@ -540,15 +562,16 @@ impl Recorded {
     }
 
     /// The mode the sandbox runs in: the template's, unless its request
-    /// took it offline.
+    /// took it offline (a `PATCH` to `none` keeps the gateway instead).
     pub fn mode(&self) -> Network {
         match &self.sandbox {
-            Some(s) if s.mode == Network::None => Network::None,
+            Some(s) if s.mode == Network::None && !self.keep_gateway => Network::None,
             _ => self.template.mode,
         }
     }
 
-    /// The parsed layers the gateway enforces.
+    /// The parsed layers the gateway enforces (a `none` narrowing on a
+    /// kept gateway: refuse everything).
     pub fn policy(&self) -> Result<SandboxPolicy> {
         let (template_allow, template_deny) = validate::parse_network(&self.template)?;
         let (sandbox_allow, sandbox_deny) = match &self.sandbox {
@@ -560,8 +583,55 @@ impl Recorded {
             template_deny,
             sandbox_allow,
             sandbox_deny,
+            offline: self
+                .sandbox
+                .as_ref()
+                .is_some_and(|s| s.mode == Network::None),
         })
     }
+
+    /// A running sandbox's network after `PATCH .../network` with
+    /// `request`: it replaces the sandbox's own narrowing, which must
+    /// narrow the template's by the create rule. What can change depends
+    /// on how the sandbox runs: with a gateway, anything within the
+    /// template; offline or on the host's network, nothing (but the same
+    /// mode again, which changes nothing).
+    pub fn patched(&self, request: NetworkSpec, default_allows_all: bool) -> Result<Recorded> {
+        match self.mode() {
+            Network::Egress => {
+                validate::narrow_network(&self.template, &request, default_allows_all)?;
+                let mut next = self.clone();
+                // Plain `egress` is the template's policy: no narrowing.
+                next.sandbox =
+                    (request.mode != Network::Egress || !request.is_plain()).then_some(request);
+                next.keep_gateway = true;
+                Ok(next)
+            }
+            mode => refuse_patch(mode, &request).map(|()| self.clone()),
+        }
+    }
+}
+
+/// `PATCH .../network` on a sandbox that runs without a gateway: only the
+/// mode it has is accepted (a no-op); anything else needs a new sandbox,
+/// since the mode decides how the sandbox's namespaces are made.
+pub fn refuse_patch(mode: Network, request: &NetworkSpec) -> Result<()> {
+    validate::network(request)?;
+    if request.mode == mode && request.is_plain() {
+        return Ok(());
+    }
+    let why = match mode {
+        Network::None => "it has no egress gateway (it was started offline); create a sandbox from an `egress` template instead",
+        _ => "it runs on the host's network, which cannot be narrowed while it runs",
+    };
+    Err(Error::new(
+        Code::FailedPrecondition,
+        format!(
+            "network: the sandbox runs with network `{}` and cannot change to `{}`: {why}",
+            sandhub_api::network::mode_word(mode),
+            sandhub_api::network::mode_word(request.mode)
+        ),
+    ))
 }
 
 /// The key under which the row's runtime JSON keeps [`Recorded`].
@@ -685,5 +755,63 @@ mod tests {
             Err(_) => Network::None,
         };
         assert_eq!(on.default_network(), expected);
+    }
+
+    #[test]
+    fn a_patch_narrows_by_the_create_rule_and_none_keeps_the_gateway_closed() {
+        let spec = |v: serde_json::Value| -> NetworkSpec { serde_json::from_value(v).unwrap() };
+        let rec = Recorded {
+            template: spec(serde_json::json!({"allow_out": ["*.test"]})),
+            sandbox: None,
+            egress_mb: None,
+            keep_gateway: false,
+            request_secrets: Vec::new(),
+            secrets: Vec::new(),
+            placeholders: BTreeMap::new(),
+        };
+        let narrowed = rec
+            .patched(spec(serde_json::json!({"allow_out": ["pypi.test"]})), true)
+            .unwrap();
+        assert_eq!(narrowed.policy().unwrap().sandbox_allow.len(), 1);
+        let widened = rec
+            .patched(spec(serde_json::json!({"allow_out": ["pypi.org"]})), true)
+            .unwrap_err();
+        assert_eq!(widened.code, Code::InvalidArgument);
+        assert!(
+            widened.message.contains("allow_out[0]"),
+            "{}",
+            widened.message
+        );
+        // `none`: the gateway stays and refuses all, across launches too.
+        let off = narrowed
+            .patched(spec(serde_json::json!("none")), true)
+            .unwrap();
+        assert_eq!(off.mode(), Network::Egress);
+        assert!(off.policy().unwrap().offline);
+        let back = off
+            .patched(spec(serde_json::json!("egress")), true)
+            .unwrap();
+        assert_eq!(back.sandbox, None);
+        assert!(!back.policy().unwrap().offline);
+        // Offline or host sandboxes: nothing but their own mode.
+        let started_offline = Recorded {
+            sandbox: Some(Network::None.into()),
+            ..rec.clone()
+        };
+        let e = started_offline
+            .patched(spec(serde_json::json!("egress")), true)
+            .unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition);
+        started_offline
+            .patched(spec(serde_json::json!("none")), true)
+            .unwrap();
+        let host = Recorded {
+            template: Network::Host.into(),
+            ..rec
+        };
+        let e = host
+            .patched(spec(serde_json::json!("none")), true)
+            .unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition);
     }
 }

@@ -78,6 +78,7 @@ pub(super) fn to_api(row: &SandboxRow) -> Sandbox {
         forked_from: row.forked_from.clone(),
         entrypoint: None,
         egress: None,
+        network: super::egress::Recorded::of_row(row).and_then(|r| r.sandbox),
     }
 }
 

@@ -23,6 +23,7 @@
 //!                    `sandhub-gateway`) to each such sandbox
 //! secrets.rs         brokered secrets: values (--secrets-file, the store),
 //!                    placeholders, what each sandbox's gateway is handed
+//! network.rs         PATCH .../network: a running sandbox's narrowing replaced
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)
 //! runtime/           the namespace runtime itself (see its docs)
 //! ```
@@ -32,6 +33,7 @@ pub mod egress;
 mod hub;
 pub mod image;
 mod lifecycle;
+mod network;
 pub mod plan;
 mod pools;
 mod ports;

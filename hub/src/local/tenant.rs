@@ -12,7 +12,7 @@ use sandhub_api::{
     error::Code,
     hub::{
         CreateSandbox, ExecRequest, ExecResult, ForkRequest, Launch, ListeningPort, NamedTemplate,
-        Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE,
+        NetworkSpec, Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE,
     },
     sandboxd::{DirectoryListing, FileEntry},
     validate,
@@ -474,6 +474,10 @@ impl Sandboxes for TenantHub {
         let (row, _) = self.hub.running(&self.tenant, id, "reset")?;
         self.hub.backend.reset(&row).await?;
         Ok(self.hub.view(&row).await)
+    }
+
+    async fn set_network(&self, id: &str, network: NetworkSpec) -> Result<Sandbox> {
+        self.hub.set_network(&self.tenant, id, network).await
     }
 
     async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox> {

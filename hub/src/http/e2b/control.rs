@@ -10,7 +10,7 @@ use axum::{
     extract::{Path, Query},
     http::{HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::{get, post, put},
     Extension, Json, Router,
 };
 use sandhub_api::{
@@ -21,7 +21,10 @@ use sandhub_client::{Error, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{E2b, ENVD_VERSION};
+use super::{
+    network::{describe, translate, E2bNetwork, Offline},
+    E2b, ENVD_VERSION,
+};
 use crate::{
     backend::TenantView,
     http::{Api, AppState},
@@ -47,6 +50,7 @@ pub fn routes() -> Router<AppState> {
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/network", put(set_network))
 }
 
 /// E2B's API errors: `{code: <HTTP status>, message}`.
@@ -84,6 +88,10 @@ struct NewSandbox {
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default, rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    network: Option<E2bNetwork>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -133,6 +141,13 @@ async fn detail(api: &Arc<dyn TenantView>, e2b: &E2b, sb: &Sandbox) -> Value {
         "running"
     });
     v["metadata"] = json!(sb.labels);
+    let (internet, network) = describe(sb.network.as_ref());
+    if let Some(i) = internet {
+        v["allowInternetAccess"] = json!(i);
+    }
+    if let Some(n) = network {
+        v["network"] = n;
+    }
     v
 }
 
@@ -169,12 +184,34 @@ async fn create(
             None | Some("") | Some(E2B_BASE) => DEFAULT_TEMPLATE.to_string(),
             Some(t) => t.to_string(),
         };
+        let network = match (&req.network, req.allow_internet_access) {
+            (None, None | Some(true)) => None,
+            (n, internet) => {
+                // "Nothing may be reached" keeps a gateway where the
+                // template has one, so a later PUT can open it again.
+                let egress = api
+                    .get_template(&template)
+                    .await
+                    .is_ok_and(|t| t.template.network.mode == sandhub_api::hub::Network::Egress);
+                let offline = if egress {
+                    Offline::DenyAll
+                } else {
+                    Offline::None
+                };
+                translate(
+                    &n.as_ref().map_or_else(E2bNetwork::default, |n| n.clone()),
+                    internet,
+                    offline,
+                )?
+            }
+        };
         let sb = api
             .create(CreateSandbox {
                 template: Some(template),
                 labels: req.metadata.unwrap_or_default(),
                 env: req.env_vars.unwrap_or_default(),
                 shutdown_after_seconds: Some(timeout_of(req.timeout)?),
+                network,
                 ..Default::default()
             })
             .await?;
@@ -249,6 +286,34 @@ async fn set_timeout(Api(api): Api, Path(id): Path<String>, body: axum::body::By
             Error::new(Code::InvalidArgument, "give the new timeout in seconds")
         })?))?;
         api.set_deadline(&id, seconds).await
+    }
+    .await;
+    match outcome {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => api_error(&e),
+    }
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces the running sandbox's rules
+/// (omitted fields clear them, as in E2B): our `PATCH .../network` with
+/// the translated words (`none` when nothing may be reached: on an egress
+/// sandbox its gateway stays, refusing all). 204 as E2B answers.
+async fn set_network(Api(api): Api, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let req: E2bNetwork = if body.iter().all(u8::is_ascii_whitespace) {
+        E2bNetwork::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return api_error(&Error::new(Code::InvalidArgument, format!("bad body: {e}")))
+            }
+        }
+    };
+    let outcome = async {
+        live(&api, &id).await?;
+        let spec = translate(&req, None, Offline::None)?
+            .unwrap_or_else(|| sandhub_api::hub::Network::Egress.into());
+        api.set_network(&id, spec).await
     }
     .await;
     match outcome {

@@ -4,7 +4,8 @@
 //! `E2B_API_KEY` is a Sandhub API key.
 //!
 //! - `control.rs`: the control plane (`/v2/sandboxes`, `/sandboxes/...`),
-//!   authenticated like every hub route (the key may come as `X-API-Key`).
+//!   authenticated like every hub route (the key may come as `X-API-Key`);
+//!   `network.rs` translates its outbound-network words into ours.
 //! - envd, the in-sandbox data plane: any request naming a sandbox in
 //!   `E2b-Sandbox-Id` is diverted here before the hub's own routes, and
 //!   authorized by that sandbox's access token (`../signing.rs`), which also
@@ -20,6 +21,7 @@ mod control;
 mod files;
 mod filesystem;
 mod inside;
+mod network;
 mod outbox;
 mod paths;
 mod process;

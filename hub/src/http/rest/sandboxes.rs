@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use axum::http::StatusCode;
 use sandhub_api::{
     error::{Code, ErrorBody},
-    hub::{CreateSandbox, EgressLog, ForkRequest, Sandbox, SandboxList, Snapshot, SnapshotList},
+    hub::{
+        CreateSandbox, EgressLog, ForkRequest, NetworkSpec, Sandbox, SandboxList, Snapshot,
+        SnapshotList,
+    },
 };
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -25,6 +28,31 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(reset))
         .routes(routes!(fork))
         .routes(routes!(egress_log))
+        .routes(routes!(set_network))
+}
+
+/// Change a running sandbox's network: the body (the `network` shape of a
+/// create request) replaces the sandbox's own narrowing of its template's
+/// policy, by the same rule as on create (never wider). New connections
+/// and DNS queries follow it at once; open ones go on. `none` refuses
+/// every new connection and name. Kept across hub restarts, suspend and
+/// resume.
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = NetworkSpec,
+    responses(
+        (status = 200, body = Sandbox),
+        (status = 400, body = ErrorBody, description = "A bad pattern, or an entry that would widen the template's policy (named); on Kubernetes: no gateway yet"),
+        (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "Not Ready, or a sandbox without a gateway (`none`, `host`) asked for another mode"),
+        (status = 413, body = ErrorBody),
+    ))]
+async fn set_network(
+    Api(api): Api,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(network): ApiJson<NetworkSpec>,
+) -> ApiResult<ApiJson<Sandbox>> {
+    Ok(ApiJson(api.set_network(&id, network).await?))
 }
 
 /// The last decisions (at most 256, oldest first) of a sandbox's egress

@@ -11,7 +11,7 @@ use rmcp::{
 };
 use sandhub_api::{
     error::Code,
-    hub::{CreateSandbox, Sandbox, SandboxState},
+    hub::{CreateSandbox, NetworkSpec, Sandbox, SandboxState},
 };
 use sandhub_client::Sandboxes;
 use schemars::JsonSchema;
@@ -59,6 +59,38 @@ pub struct CreateSandboxParams {
     /// ignored.
     #[serde(default)]
     pub pod_annotations: Option<BTreeMap<String, String>>,
+    /// Narrow the template's outbound network (never widen it): "none" for offline, or {"mode": "egress", "allow_out": [...], "deny_out": [...]} with patterns such as "pypi.org", "*.github.com", "203.0.113.0/24", "api.example.com:443". Default: the template's.
+    #[serde(default)]
+    #[schemars(schema_with = "network_schema")]
+    pub network: Option<NetworkSpec>,
+}
+
+/// The schema of `network`: the REST API's words (`NetworkSpec` has its
+/// own serde, so its schema is written out here).
+fn network_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let list = |what: &str| {
+        serde_json::json!({
+            "type": "array",
+            "maxItems": sandhub_api::network::MAX_NETWORK_ENTRIES,
+            "items": {"type": "string", "maxLength": sandhub_api::network::MAX_PATTERN_LEN},
+            "description": what,
+        })
+    };
+    schemars::json_schema!({
+        "description": "Narrow the template's outbound network (never widen it): \"none\" for offline, or {\"mode\": \"egress\", \"allow_out\": [...], \"deny_out\": [...]} with patterns such as \"pypi.org\", \"*.github.com\", \"203.0.113.0/24\", \"api.example.com:443\". Default: the template's.",
+        "oneOf": [
+            {"type": "string", "enum": ["none", "egress", "host"]},
+            {
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "mode": {"type": "string", "enum": ["none", "egress", "host"]},
+                    "allow_out": list("Where the sandbox may connect; each entry within the template's"),
+                    "deny_out": list("Where it may never connect (deny wins over allow)"),
+                },
+            },
+        ],
+    })
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -179,6 +211,11 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
         // before any round trip, in the same words.
         sandhub_api::validate::labels(&labels).map_err(|e| ToolError::invalid(e.message))?;
         labels.extend(self.session.selector());
+        if let Some(n) = &p.network {
+            // Bad patterns are named here; a widening is the hub's to
+            // refuse (it knows the template).
+            sandhub_api::validate::network(n).map_err(|e| ToolError::invalid(e.message))?;
+        }
         let name = p
             .warmpool
             .filter(|w| !w.trim().is_empty())
@@ -195,6 +232,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             pool,
             labels,
             shutdown_after_seconds: Some(shutdown_after),
+            network: p.network,
             ..CreateSandbox::default()
         };
         let created = bounded("creating the sandbox", ready_timeout, async {
