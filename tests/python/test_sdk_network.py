@@ -15,6 +15,7 @@ from sandhub import NetworkPolicy
 from sdk_fixtures import hub_url, running_hub  # noqa: F401 (fixtures)
 
 TEMPLATE = "sdk-egress"
+OFFLINE = "sdk-offline"
 POLICY = {"mode": "egress", "allow_out": ["pypi.test", "*.git.test"]}
 #: Whether the sandbox's resolver (the gateway's) gives the name an address.
 RESOLVES = "/usr/bin/python3 -c 'import socket,sys\ntry: socket.gethostbyname(sys.argv[1]); print(\"yes\")\nexcept OSError: print(\"no\")' "
@@ -24,6 +25,8 @@ RESOLVES = "/usr/bin/python3 -c 'import socket,sys\ntry: socket.gethostbyname(sy
 def hub(hub_url: str) -> sandhub.Hub:
     h = sandhub.Hub(hub_url)
     h.templates.put(TEMPLATE, {"network": POLICY})
+    # The built-in `default` is online (egress); an offline one of our own.
+    h.templates.put(OFFLINE, {"network": "none"})
     return h
 
 
@@ -67,7 +70,7 @@ def test_set_network_applies_at_once_and_never_widens(hub: sandhub.Hub):
         sb.set_network("egress")
         assert sb.info.network is None and resolves(sb, "a.git.test")
     # A sandbox started offline has no gateway to narrow.
-    with hub.create() as offline:
+    with hub.create(OFFLINE) as offline:
         with pytest.raises(sandhub.FailedPreconditionError, match="egress"):
             offline.set_network({"allow_out": ["pypi.test"]})
 

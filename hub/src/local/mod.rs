@@ -23,6 +23,7 @@
 //!                    `sandhub-gateway`) to each such sandbox
 //! secrets.rs         brokered secrets: values (--secrets-file, the store),
 //!                    placeholders, what each sandbox's gateway is handed
+//! tenant_secrets.rs  /v1/secrets and the create-time check (Hub methods)
 //! network.rs         PATCH .../network: a running sandbox's narrowing replaced
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)
 //! runtime/           the namespace runtime itself (see its docs)
@@ -42,6 +43,7 @@ mod runtime_adapter;
 mod secrets;
 pub mod store;
 mod tenant;
+mod tenant_secrets;
 
 use std::{path::PathBuf, sync::Arc};
 

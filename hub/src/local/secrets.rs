@@ -1,7 +1,8 @@
 //! Brokered secrets on the local backend (issue #27 part 3): where values
 //! come from (the operator's `--secrets-file`, the tenant's
 //! `PUT /v1/secrets/{name}` in the store), the placeholders sandboxes get
-//! instead, and what the gateway is handed.
+//! instead, and what the gateway is handed. The tenant-facing calls
+//! (`/v1/secrets`, the create-time check) are in `tenant_secrets.rs`.
 //!
 //! Values never leave the hub's process toward a sandbox: not in its
 //! environment, its files, the runtime JSON of its row (which records
@@ -17,17 +18,13 @@ use std::{
 use anyhow::Context;
 use sandhub_api::{
     error::Code,
-    hub::{CreateSandbox, Network, Template},
-    secrets::{
-        SecretInfo, SecretList, SecretRef, SecretSource, MAX_TENANT_SECRETS, PLACEHOLDER_PREFIX,
-    },
+    secrets::{SecretRef, PLACEHOLDER_PREFIX},
     validate,
 };
 use sandhub_client::{Error, Result};
 use sandhub_gateway::broker::Secret;
 
-use super::{hub::Hub, runtime};
-use crate::backend::{now_ms, rfc3339};
+use super::runtime;
 
 /// The operator's values, per tenant (`--secrets-file`).
 #[derive(Default)]
@@ -80,11 +77,11 @@ impl OperatorSecrets {
         Ok(OperatorSecrets(all))
     }
 
-    fn get(&self, tenant: &str, name: &str) -> Option<&String> {
+    pub(super) fn get(&self, tenant: &str, name: &str) -> Option<&String> {
         self.0.get(tenant)?.get(name)
     }
 
-    fn names(&self, tenant: &str) -> impl Iterator<Item = &String> {
+    pub(super) fn names(&self, tenant: &str) -> impl Iterator<Item = &String> {
         self.0.get(tenant).into_iter().flat_map(|m| m.keys())
     }
 }
@@ -144,7 +141,7 @@ pub fn for_gateway(
         .collect()
 }
 
-fn missing(name: &str) -> Error {
+pub(super) fn missing(name: &str) -> Error {
     Error::new(
         Code::FailedPrecondition,
         format!(
@@ -154,126 +151,10 @@ fn missing(name: &str) -> Error {
     )
 }
 
-impl Hub {
-    /// A create request's secrets (added to its template's, with egress,
-    /// the host's root) and that every secret it will use has a value.
-    pub(super) fn check_secrets(
-        &self,
-        tenant: &str,
-        template: &Template,
-        req: &CreateSandbox,
-    ) -> Result<()> {
-        let all = validate::merge_secrets(&template.secrets, &req.secrets)?;
-        if !req.secrets.is_empty() {
-            let mode = match &req.network {
-                Some(n) if n.mode == Network::None => n.mode,
-                _ => template.network.mode,
-            };
-            if mode != Network::Egress {
-                return Err(Error::new(
-                    Code::InvalidArgument,
-                    "secrets need `network: egress`: only the egress gateway can broker them",
-                ));
-            }
-            super::hub::secrets_need_host_root(template)?;
-        }
-        self.secret_values(tenant, all.iter().map(|s| s.name.as_str()))
-            .map(|_| ())
-    }
-
-    /// The values of `names` for `tenant` (the tenant's own over the
-    /// operator's); FAILED_PRECONDITION naming the first that has none.
-    pub(super) fn secret_values<'a>(
-        &self,
-        tenant: &str,
-        names: impl IntoIterator<Item = &'a str>,
-    ) -> Result<BTreeMap<String, String>> {
-        let mut out = BTreeMap::new();
-        for name in names {
-            let v = match self.store.secret_value(tenant, name)? {
-                Some(v) => v,
-                None => self
-                    .backend
-                    .egress
-                    .operator_secrets()
-                    .get(tenant, name)
-                    .cloned()
-                    .ok_or_else(|| missing(name))?,
-            };
-            out.insert(name.to_string(), v);
-        }
-        Ok(out)
-    }
-
-    pub(super) fn put_secret(&self, tenant: &str, name: &str, value: &str) -> Result<SecretInfo> {
-        validate::secret_name(name)?;
-        validate::secret_value(name, value)?;
-        let now = now_ms();
-        if !self
-            .store
-            .put_secret(tenant, name, value, now, MAX_TENANT_SECRETS)?
-        {
-            return Err(Error::new(
-                Code::ResourceExhausted,
-                format!("a tenant stores at most {MAX_TENANT_SECRETS} secrets; delete one first"),
-            ));
-        }
-        Ok(SecretInfo {
-            name: name.to_string(),
-            source: SecretSource::Tenant,
-            updated_at: Some(rfc3339(now)),
-        })
-    }
-
-    pub(super) fn list_secrets(&self, tenant: &str) -> Result<SecretList> {
-        let mut secrets: Vec<SecretInfo> = self
-            .store
-            .list_secrets(tenant)?
-            .into_iter()
-            .map(|(name, at)| SecretInfo {
-                name,
-                source: SecretSource::Tenant,
-                updated_at: Some(rfc3339(at)),
-            })
-            .collect();
-        let egress = &self.backend.egress;
-        for name in egress.operator_secrets().names(tenant) {
-            if !secrets.iter().any(|s| &s.name == name) {
-                secrets.push(SecretInfo {
-                    name: name.clone(),
-                    source: SecretSource::Operator,
-                    updated_at: None,
-                });
-            }
-        }
-        secrets.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(SecretList { secrets })
-    }
-
-    pub(super) fn delete_secret(&self, tenant: &str, name: &str) -> Result<()> {
-        validate::secret_name(name)?;
-        if self.store.delete_secret(tenant, name)? {
-            return Ok(());
-        }
-        if self
-            .backend
-            .egress
-            .operator_secrets()
-            .get(tenant, name)
-            .is_some()
-        {
-            return Err(Error::new(
-                Code::FailedPrecondition,
-                format!("secret {name:?} is the operator's (--secrets-file); only the operator can remove it"),
-            ));
-        }
-        Err(Error::not_found(format!("secret {name:?}")))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sandhub_api::hub::{Network, Template};
 
     #[test]
     fn the_secrets_file_is_private_checked_and_never_quoted() {

@@ -42,7 +42,8 @@ async fn put_secret(
 /// Delete the caller's value (an operator's `--secrets-file` value stays).
 #[utoipa::path(delete, path = "/v1/secrets/{name}", tag = "secrets",
     params(("name" = String, Path, description = "The secret's name")),
-    responses((status = 204), (status = 404, body = ErrorBody),
+    responses((status = 204), (status = 400, body = ErrorBody, description = "not a secret's name"),
+              (status = 404, body = ErrorBody),
               (status = 412, body = ErrorBody, description = "the operator's value")))]
 async fn delete_secret(Api(api): Api, ApiPath(name): ApiPath<String>) -> ApiResult<StatusCode> {
     api.delete_secret(&name).await?;
