@@ -350,4 +350,39 @@ mod tests {
         assert!(text.contains("sandhub_egress_connections_refused_total{tenant=\"abc\"} 2\n"));
         assert!(text.ends_with("# EOF\n"));
     }
+
+    #[test]
+    fn the_shipped_deployment_runs_flags_this_command_has_on_the_port_pods_are_told() {
+        use clap::Parser;
+        use k8s_openapi::api::{apps::v1::Deployment, core::v1::Service};
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: EgressProxyArgs,
+        }
+        let dep: Deployment =
+            serde_yaml::from_str(include_str!("../../deploy/egress/deployment.yaml")).unwrap();
+        let c = &dep.spec.unwrap().template.spec.unwrap().containers[0];
+        let argv = c.args.clone().unwrap();
+        assert_eq!(argv[0], "egress-proxy");
+        let parsed = Cmd::try_parse_from(
+            std::iter::once("egress-proxy".to_string()).chain(argv[1..].iter().cloned()),
+        )
+        .unwrap()
+        .args;
+        let port = sandhub_api::k8s::egress::PROXY_PORT;
+        assert_eq!(parsed.listen.port(), port);
+        let svc: Service =
+            serde_yaml::from_str(include_str!("../../deploy/egress/service.yaml")).unwrap();
+        let ports = svc.spec.unwrap().ports.unwrap();
+        assert!(ports.iter().any(|p| p.port == port as i32));
+        // The hub's default --egress-proxy names this Service and port.
+        let hub = crate::kube::KubeArgs::augment_args(clap::Command::new("x"));
+        let default = hub
+            .get_arguments()
+            .find(|a| a.get_id() == "egress_proxy")
+            .and_then(|a| a.get_default_values().first().cloned())
+            .unwrap();
+        assert_eq!(default.to_str().unwrap(), format!("sandhub-egress:{port}"));
+    }
 }
