@@ -581,6 +581,19 @@ fn bounds_flows_per_sandbox_oversized_heads_and_slow_handshakes() {
     let h = read_head(&mut s);
     assert!(h.is_empty() || h.starts_with("HTTP/1.1 400"), "{h}");
 
+    // A bare CR inside a header line: 400, never forwarded.
+    let mut s = dial(proxy);
+    // (One write: `write!` would send the pieces one by one, and the proxy
+    // closes as soon as it has read the bad line.)
+    s.write_all(
+        format!(
+            "GET http://pypi.test:{port}/ HTTP/1.1\r\nProxy-Authorization: Basic {cred}\r\nX-A: a\rInjected: b\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    assert!(read_head(&mut s).starts_with("HTTP/1.1 400"));
+
     // A client that says nothing is closed after the handshake timeout.
     let mut s = dial(proxy);
     let t = std::time::Instant::now();

@@ -57,6 +57,11 @@ async fn read_head(conn: &mut BufReader<TcpStream>) -> Option<Head> {
         budget -= n as u64;
         let text = String::from_utf8(line).ok()?;
         let text = text.trim_end_matches(['\r', '\n']).to_string();
+        // A bare CR inside a line is where two parsers disagree (the
+        // forwarded head must mean to the upstream what it meant here).
+        if text.contains('\r') {
+            return None;
+        }
         if text.is_empty() {
             break;
         }

@@ -6,7 +6,8 @@ use super::*;
 
 #[async_trait]
 impl TenantView for KubeTenant {
-    /// No egress gateway on this backend yet (issue #27): always empty.
+    /// The decisions live in `sandhub egress-proxy`'s memory (its replicas'),
+    /// not the hub's: always empty here (docs/networking.md, Kubernetes).
     async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
         self.get(id).await?;
         Ok(Vec::new())
