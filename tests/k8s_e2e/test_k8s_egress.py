@@ -10,8 +10,8 @@ sent anywhere else.
 What is proven where: the test cluster enforces no NetworkPolicy, so for "a Pod that
 ignores the proxy cannot connect" only the objects are asserted (the Pod carries the
 label the shipped policy selects, and the policy admits DNS and the proxy only). The
-proxy's enforcement is proven by driving requests through it with the Pod's own
-`HTTP_PROXY` credential. Brokered secrets are not available on Kubernetes yet (the hub
+proxy's enforcement is proven by driving requests through it: from inside the Pod with its
+own environment (busybox wget), and from the test with the Pod's credential. Brokered secrets are not available on Kubernetes yet (the hub
 refuses such templates; asserted here); they work through the proxy's library in
 gateway/tests/proxy.rs.
 """
@@ -45,6 +45,9 @@ from sandhub_testing.net import LOOPBACK, free_port
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 240
 HOST_SIDE, INSIDE = "198.18.0.1", "198.18.0.2"
+# The real node's CNI bridge address (dev/k8s/real-node.sh): the host as its Pods reach it,
+# so the proxy listens there for the Pod's own requests.
+CNI_GATEWAY = "10.88.0.1"
 HTTP_PORT = 8080
 NAMES = {"allowed.test": INSIDE, "denied.test": INSIDE, "rebind.test": "127.0.0.1"}
 
@@ -152,7 +155,7 @@ def stack(cluster: Cluster, internet: str, resolver: int) -> Iterator[tuple[str,
     port, metrics = free_port(), free_port()
     proxy = cluster.spawn("egress-proxy", [
         str(binary("sandhub")), "egress-proxy",
-        "--listen", f"{LOOPBACK}:{port}", "--metrics-listen", f"{LOOPBACK}:{metrics}",
+        "--listen", f"{CNI_GATEWAY}:{port}", "--metrics-listen", f"{LOOPBACK}:{metrics}",
         "--kubeconfig", cluster.kubeconfig, "--namespace", cluster.ns,
         "--sandboxd-token-key-file", str(cluster.token_key_file),
         "--egress-dns", f"{LOOPBACK}:{resolver}",
@@ -165,7 +168,7 @@ def stack(cluster: Cluster, internet: str, resolver: int) -> Iterator[tuple[str,
             return bool(r.status == 200)
 
     wait_for("the egress proxy", healthy, timeout=30)
-    hub, url = cluster.start_hub("--base-template", POOL, "--egress-proxy", f"{LOOPBACK}:{port}")
+    hub, url = cluster.start_hub("--base-template", POOL, "--egress-proxy", f"{CNI_GATEWAY}:{port}")
     try:
         yield url, port, metrics
     finally:
@@ -215,9 +218,9 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
     assert pod.metadata.labels["sandhub.io/network"] == "egress"
     env = {e.name: e.value for e in pod.spec.containers[0].env or []}
     cred = credential(cluster, sid)
-    proxy_url = f"http://{sid}:{cred}@{LOOPBACK}:{port}"
+    proxy_url = f"http://{sid}:{cred}@{CNI_GATEWAY}:{port}"
     assert env["HTTP_PROXY"] == env["http_proxy"] == env["HTTPS_PROXY"] == proxy_url, env
-    assert env["ALL_PROXY"] == f"socks5h://{sid}:{cred}@{LOOPBACK}:{port}"
+    assert env["ALL_PROXY"] == f"socks5h://{sid}:{cred}@{CNI_GATEWAY}:{port}"
     assert env["NO_PROXY"] == "localhost,127.0.0.1,::1"
     assert cluster.sandboxd_token(pod.metadata.name) not in str(env)
     # The shipped policy selects this Pod and lets it reach DNS and the proxy only; the
@@ -231,11 +234,21 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
     assert [p["podSelector"]["matchLabels"] for p in peers] == [
         {"k8s-app": "kube-dns"}, {"app.kubernetes.io/name": "sandhub-egress"}]
 
-    # The proxy path, with the Pod's own credential.
+    # From inside the Pod: its own environment takes a plain HTTP client (busybox wget)
+    # through the proxy to the allowed host; the denied one gets the proxy's 403.
+    def run(*argv: str) -> Any:
+        return ok(requests.post(f"{url}/v1/sandboxes/{sid}/exec", json={"command": list(argv)}, timeout=60))
+
+    out = run("/bin/busybox", "wget", "-q", "-O", "-", f"http://allowed.test:{HTTP_PORT}/from-the-pod")
+    assert out["exit_code"] == 0 and out["stdout"] == "seen /from-the-pod", out
+    out = run("/bin/busybox", "wget", "-q", "-O", "-", f"http://denied.test:{HTTP_PORT}/")
+    assert out["exit_code"] != 0 and "403" in out["stderr"], out
+
+    # The rest from the test, with the Pod's own credential.
     via = {"http": env["HTTP_PROXY"]}
     r = requests.get(f"http://allowed.test:{HTTP_PORT}/pkg", proxies=via, timeout=30)
     assert r.status_code == 200 and r.text == "seen /pkg", r.text
-    with socket.create_connection((LOOPBACK, port), timeout=30) as s:
+    with socket.create_connection((CNI_GATEWAY, port), timeout=30) as s:
         auth = base64.b64encode(f"{sid}:{cred}".encode()).decode()
         s.sendall(f"CONNECT allowed.test:{HTTP_PORT} HTTP/1.1\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode())
         assert s.recv(1024).startswith(b"HTTP/1.1 200")
@@ -249,7 +262,7 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
     for host, why in [("denied.test", "deny_out"), ("rebind.test", "always-closed")]:
         r = requests.get(f"http://{host}:{HTTP_PORT}/", proxies=via, timeout=30)
         assert r.status_code == 403 and why in r.text, (host, r.text)
-    bad = {"http": f"http://{sid}:{'0' * 64}@{LOOPBACK}:{port}"}
+    bad = {"http": f"http://{sid}:{'0' * 64}@{CNI_GATEWAY}:{port}"}
     assert requests.get(f"http://allowed.test:{HTTP_PORT}/", proxies=bad, timeout=30).status_code == 407
 
     # PATCH .../network applies to the next connection (a watch event away).
@@ -266,7 +279,7 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
     # Metered, by tenant.
     text = requests.get(f"http://{LOOPBACK}:{metrics}/metrics", timeout=10).text
     opened = [line for line in text.splitlines() if line.startswith("sandhub_egress_connections_opened_total{")]
-    assert opened and int(opened[0].rsplit(" ", 1)[1]) >= 2, text
+    assert opened and int(opened[0].rsplit(" ", 1)[1]) >= 3, text
     requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60)
 
 
