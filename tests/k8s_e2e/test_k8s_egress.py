@@ -206,6 +206,7 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
         "pool": "webx", "network": {"mode": "egress", "allow_out": ["allowed.test", "rebind.test"]}},
         timeout=TIMEOUT), 201)
     sid = sb["id"]
+    assert sb["network"] == {"mode": "egress", "allow_out": ["allowed.test", "rebind.test"]}, sb
 
     # The objects: the template labels its Pods, the claim records the policy, the Pod
     # has the proxy environment with its own credential (never its sandboxd token).
@@ -266,7 +267,8 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
     assert requests.get(f"http://allowed.test:{HTTP_PORT}/", proxies=bad, timeout=30).status_code == 407
 
     # PATCH .../network applies to the next connection (a watch event away).
-    ok(requests.patch(f"{url}/v1/sandboxes/{sid}/network", json={"mode": "none"}, timeout=60))
+    patched = ok(requests.patch(f"{url}/v1/sandboxes/{sid}/network", json={"mode": "none"}, timeout=60))
+    assert patched["network"] == "none", patched
 
     def closed() -> bool:
         r = requests.get(f"http://allowed.test:{HTTP_PORT}/", proxies=via, timeout=30)

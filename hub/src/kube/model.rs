@@ -248,7 +248,13 @@ pub fn sandbox_of(claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
         forked_from: None,
         entrypoint: None,
         egress: None,
-        network: None,
+        // The sandbox's own narrowing, as its claim records it.
+        network: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(super::egress::POLICY_ANNOTATION))
+            .and_then(|j| super::egress::Recorded::from_annotation(j))
+            .and_then(|r| r.sandbox),
     }
 }
 
@@ -465,6 +471,8 @@ mod tests {
             Recorded::from_annotation(&c.metadata.annotations.as_ref().unwrap()[POLICY_ANNOTATION])
                 .unwrap();
         assert_eq!(rec, egress.recorded);
+        // The hub's view shows the sandbox's own narrowing.
+        assert_eq!(sandbox_of(&c, None).network, egress.recorded.sandbox);
         let env: Vec<_> = c
             .spec
             .env
