@@ -532,6 +532,25 @@ fn a_brokered_secret_reaches_its_host_through_connect_and_never_the_client() {
         "{body}"
     );
     assert!(!seen.lock().unwrap().concat().contains(VALUE));
+    // The secret's own host and port in plain HTTP (absolute form) is
+    // carried as it is, never brokered: the TLS server gets bytes it
+    // cannot read, and no value.
+    let mut s = dial(proxy);
+    s.write_all(
+        format!(
+            "GET http://api.test:{tls_port}/ HTTP/1.1\r\nAuthorization: Bearer {PLACEHOLDER}\r\nProxy-Authorization: Basic {cred}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    // (Our end closed: the TLS server then stops waiting for the rest of
+    // the "record" those bytes announce.)
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let answer = read_all(&mut s);
+    assert!(!answer.contains(VALUE), "{answer}");
+    let last = meter.decisions().pop().unwrap();
+    assert_eq!(last.name.as_deref(), Some("api.test"));
+    assert!(last.allowed && !last.brokered, "{last:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -181,7 +181,7 @@ pub(crate) async fn serve(proxy: Arc<Proxy>, mut conn: BufReader<TcpStream>) {
         let Some(dest) = authority(&head.target, None) else {
             return answer(&mut conn, "400 Bad Request", "", "CONNECT wants host:port").await;
         };
-        let opened = tokio::time::timeout(deadline, proxy.open(&client, &dest)).await;
+        let opened = tokio::time::timeout(deadline, proxy.open(&client, &dest, true)).await;
         let dialed = match opened {
             Ok(Ok(d)) => d,
             Ok(Err(r)) => return refused(&mut conn, r).await,
@@ -213,7 +213,10 @@ async fn forward(proxy: &Arc<Proxy>, client: Client, head: Head, mut conn: BufRe
         )
         .await;
     };
-    let opened = tokio::time::timeout(proxy.limits.handshake_timeout, proxy.open(&client, &dest));
+    let opened = tokio::time::timeout(
+        proxy.limits.handshake_timeout,
+        proxy.open(&client, &dest, false),
+    );
     let mut dialed = match opened.await {
         Ok(Ok(d)) => d,
         Ok(Err(r)) => return refused(&mut conn, r).await,
@@ -221,9 +224,8 @@ async fn forward(proxy: &Arc<Proxy>, client: Client, head: Head, mut conn: BufRe
             return answer(&mut conn, "504 Gateway Timeout", "", "connecting timed out").await
         }
     };
-    // Plain HTTP is never brokered: a secret's placeholder goes out as
-    // the workload wrote it.
-    dialed.secrets.clear();
+    // Plain HTTP is never brokered (`open(.., false)`): a secret's
+    // placeholder goes out as the workload wrote it.
     let mut out = format!("{} {} {}\r\n", head.method, path, head.version);
     let mut has_host = false;
     for (n, v) in &head.headers {

@@ -306,8 +306,15 @@ impl Proxy {
 
     /// The whole decision and the dial, as the TUN gateway makes them for
     /// a SYN: lists (and a literal's ranges), the byte cap, `max_flows`,
-    /// then resolve + re-check + connect.
-    pub(crate) async fn open(self: &Arc<Self>, c: &Client, dest: &Dest) -> Result<Dialed, Refusal> {
+    /// then resolve + re-check + connect. `tunnel`: the client's bytes go
+    /// through as they are (CONNECT, SOCKS), so a secret's host may be
+    /// brokered; a forwarded plain-HTTP request never is.
+    pub(crate) async fn open(
+        self: &Arc<Self>,
+        c: &Client,
+        dest: &Dest,
+        tunnel: bool,
+    ) -> Result<Dialed, Refusal> {
         let op = &self.cfg.operator;
         let flow = Flow {
             name: dest.name.as_deref(),
@@ -370,7 +377,7 @@ impl Proxy {
         // Brokered: a name flow whose name and port are a secret's host,
         // and a broker to terminate its TLS.
         let secrets: Vec<Secret> = match (&self.cfg.broker, &dest.name) {
-            (Some(_), Some(n)) => {
+            (Some(_), Some(n)) if tunnel => {
                 c.sb.secrets
                     .iter()
                     .filter(|s| s.applies(n, dest.port))

@@ -116,7 +116,7 @@ pub(crate) async fn serve(proxy: Arc<Proxy>, mut conn: BufReader<TcpStream>) {
                 return None;
             }
         };
-        match proxy.open(&client, &dest).await {
+        match proxy.open(&client, &dest, true).await {
             Ok(d) => Some((client, dest, d)),
             Err(r) => {
                 let code = match r {
