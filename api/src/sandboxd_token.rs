@@ -23,6 +23,10 @@ pub const DIGEST_ENV: &str = "SANDBOXD_SANDBOX_TOKEN_SHA256";
 /// Shorter keys are refused: HMAC-SHA256 wants a full-strength key.
 pub const MIN_KEY_LEN: usize = 32;
 const DOMAIN: &[u8] = b"sandhub-sandboxd-token/v1";
+/// The egress proxy's credentials (issue #27, Kubernetes): the same key,
+/// another domain, so a Pod's proxy credential (which its workload can
+/// read) is never its sandboxd token, nor reveals it.
+const PROXY_DOMAIN: &[u8] = b"sandhub-egress-proxy/v1";
 
 /// The HMAC key; never printed.
 #[derive(Clone)]
@@ -64,10 +68,20 @@ impl SandboxdTokens {
 
     /// The token that opens Sandbox `sandbox` in `namespace`.
     pub fn token(&self, namespace: &str, sandbox: &str) -> String {
+        self.derive(DOMAIN, namespace, sandbox)
+    }
+
+    /// The credential sandbox `sandbox` (the hub's id: its claim's name)
+    /// presents to `sandhub egress-proxy` (`HTTP_PROXY`'s password).
+    pub fn proxy_credential(&self, namespace: &str, sandbox: &str) -> String {
+        self.derive(PROXY_DOMAIN, namespace, sandbox)
+    }
+
+    fn derive(&self, domain: &[u8], namespace: &str, sandbox: &str) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes any key");
         // NUL separators: names never hold NUL, so no two (namespace,
         // sandbox) pairs feed the MAC the same bytes.
-        for part in [DOMAIN, namespace.as_bytes(), sandbox.as_bytes()] {
+        for part in [domain, namespace.as_bytes(), sandbox.as_bytes()] {
             mac.update(part);
             mac.update(&[0]);
         }
@@ -99,6 +113,17 @@ mod tests {
         // The separator keeps ("a", "bc") and ("ab", "c") apart.
         assert_ne!(t.token("a", "bc"), t.token("ab", "c"));
         assert_ne!(a, tokens(8).token("ns", "pool-abcde"), "another key");
+    }
+
+    #[test]
+    fn proxy_credentials_are_per_sandbox_and_never_the_sandboxd_token() {
+        let t = tokens(7);
+        let c = t.proxy_credential("ns", "sb-1");
+        assert_eq!(c, t.proxy_credential("ns", "sb-1"));
+        assert_eq!(c.len(), 64);
+        assert_ne!(c, t.proxy_credential("ns", "sb-2"));
+        assert_ne!(c, t.token("ns", "sb-1"));
+        assert_ne!(c, t.digest("ns", "sb-1"));
     }
 
     #[test]

@@ -134,13 +134,27 @@ pub fn default_rules() -> (Vec<NetworkPolicyIngressRule>, Vec<NetworkPolicyEgres
 
 pub fn desired_policy(t: &SandboxTemplate) -> NetworkPolicy {
     let hash = name_hash(&t.name_any());
-    let (ingress, egress) = match &t.spec.network_policy {
+    let (ingress, mut egress) = match &t.spec.network_policy {
         Some(custom) => (
             custom.ingress.clone().unwrap_or_default(),
             custom.egress.clone().unwrap_or_default(),
         ),
         None => default_rules(),
     };
+    // A `network: egress` template's Pods (the hub labels them) reach DNS
+    // and the sandhub-egress proxy only: their way out is the proxy, which
+    // judges every connection (issue #27). Whatever else the template
+    // says would widen that, so it is replaced.
+    let pod_labels = t
+        .spec
+        .blueprint
+        .pod_template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.as_ref());
+    if sandhub_api::k8s::egress::is_egress(pod_labels) {
+        egress = sandhub_api::k8s::egress::proxy_rules();
+    }
     NetworkPolicy {
         metadata: ObjectMeta {
             name: Some(policy_name(&t.name_any())),
@@ -332,6 +346,41 @@ mod tests {
                 assert!(p.ip_block.is_none());
             }
         }
+    }
+
+    #[test]
+    fn an_egress_template_reaches_only_dns_and_the_proxy_whatever_its_rules() {
+        use sandhub_api::k8s::common::PodMetadata;
+        use sandhub_api::k8s::egress;
+        let mut t = SandboxTemplate::new("web", Default::default());
+        t.spec.blueprint.pod_template.metadata = Some(PodMetadata {
+            labels: Some(BTreeMap::from([(
+                egress::NETWORK_LABEL.to_string(),
+                egress::EGRESS.to_string(),
+            )])),
+            annotations: None,
+        });
+        t.spec.network_policy = Some(UserRules {
+            ingress: None,
+            egress: Some(vec![NetworkPolicyEgressRule::default()]),
+        });
+        let spec = desired_policy(&t).spec.unwrap();
+        assert_eq!(spec.egress.unwrap(), egress::proxy_rules());
+        // Without the label: the template's own rules, as before.
+        t.spec.blueprint.pod_template.metadata = None;
+        assert_eq!(desired_policy(&t).spec.unwrap().egress.unwrap().len(), 1);
+        // The default keeps its ingress for a labelled template.
+        t.spec.network_policy = None;
+        t.spec.blueprint.pod_template.metadata = Some(PodMetadata {
+            labels: Some(BTreeMap::from([(
+                egress::NETWORK_LABEL.to_string(),
+                egress::EGRESS.to_string(),
+            )])),
+            annotations: None,
+        });
+        let spec = desired_policy(&t).spec.unwrap();
+        assert_eq!(spec.ingress.unwrap(), default_rules().0);
+        assert_eq!(spec.egress.unwrap(), egress::proxy_rules());
     }
 
     #[test]

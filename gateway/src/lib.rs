@@ -26,6 +26,9 @@
 //! stack.rs    the per-sandbox loop: TUN <-> smoltcp <-> real sockets
 //! broker/     brokered secrets: the per-hub CA, TLS toward the sandbox
 //!             and upstream, the header rewrite, masking echoed values
+//! proxy/      the same gateway as an HTTP CONNECT / SOCKS5 proxy, for
+//!             Kubernetes Pods (no TUN there): per-sandbox credentials,
+//!             the same decision and dial (stack::connect), the broker
 //! ```
 //!
 //! # Why smoltcp
@@ -45,6 +48,7 @@ pub mod broker;
 pub mod dns;
 pub mod meter;
 pub mod policy;
+pub mod proxy;
 mod stack;
 pub mod tun;
 

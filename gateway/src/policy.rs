@@ -118,6 +118,9 @@ pub struct OperatorPolicy {
     /// `--egress-default allow`: an egress template with no `allow_out`
     /// may reach any open name or address.
     pub default_allows_all: bool,
+    /// Test only ([`OperatorPolicy::open_loopback_for_tests`]): loopback
+    /// is reachable, so tests can run their "internet" on 127.0.0.1.
+    loopback_for_tests: bool,
 }
 
 impl OperatorPolicy {
@@ -137,13 +140,27 @@ impl OperatorPolicy {
             allow_private,
             deny,
             default_allows_all,
+            loopback_for_tests: false,
         }
+    }
+
+    /// Opens loopback (and only loopback) despite step 1. For tests that
+    /// serve their target hosts on 127.0.0.1 without a network namespace;
+    /// no flag of any binary calls it. Everything else of the decision
+    /// (names, lists, private and link-local ranges) stays as it is.
+    #[doc(hidden)]
+    pub fn open_loopback_for_tests(mut self) -> Self {
+        self.loopback_for_tests = true;
+        self
     }
 
     /// Steps 1 and 2: whether `ip` may be reached at all. `host_addrs`:
     /// the host's own addresses, read by the caller.
     pub fn address_open(&self, ip: IpAddr, host_addrs: &[IpAddr]) -> Result<(), Reason> {
         let ip = canonical(ip);
+        if self.loopback_for_tests && ip.is_loopback() {
+            return Ok(());
+        }
         if in_any(&self.closed, ip) || host_addrs.iter().any(|h| canonical(*h) == ip) {
             return Err(Reason::Closed(ip));
         }

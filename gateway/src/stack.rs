@@ -218,7 +218,7 @@ async fn recv_dns(
 /// Decision lines a sandbox may put in the hub's log per window: a
 /// workload that dials a closed address in a loop must not fill the
 /// hub's disk. Past the budget, one line says how many were left out.
-struct LogBudget {
+pub(crate) struct LogBudget {
     window: std::time::Instant,
     used: u32,
     dropped: u64,
@@ -228,7 +228,7 @@ impl LogBudget {
     const PER_WINDOW: u32 = 20;
     const WINDOW: Duration = Duration::from_secs(10);
 
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         LogBudget {
             window: std::time::Instant::now(),
             used: 0,
@@ -237,7 +237,7 @@ impl LogBudget {
     }
 
     /// Whether one more line may be logged now.
-    fn admit(&mut self) -> bool {
+    pub(crate) fn admit(&mut self) -> bool {
         if self.window.elapsed() >= Self::WINDOW {
             if self.dropped > 0 {
                 tracing::info!(
@@ -579,7 +579,7 @@ impl Loop {
                         Event::Connected(key, name, Upstream::Brokered(ours, Box::pin(relay)))
                     }
                 },
-                Err(why) => Event::Refused(key, name, why),
+                Err(why) => Event::Refused(key, name, why.to_string()),
             };
             let _ = events.send(ev).await;
         });
@@ -818,22 +818,27 @@ fn cidr_has(net: Ipv4Addr, prefix: u8, ip: Ipv4Addr) -> bool {
     u32::from(ip) & mask == u32::from(net)
 }
 
-/// Resolves (for a name), checks every address again, connects.
-async fn connect(
+/// Resolves (for a name), checks every address again, connects. The TUN
+/// loop and the proxy ([`crate::proxy`]) both dial through this one
+/// function, so the anti-rebinding check cannot differ between them.
+pub(crate) async fn connect(
     cfg: &Config,
     policy: &SandboxPolicy,
     name: Option<&str>,
     literal: IpAddr,
     port: u16,
-) -> Result<TcpStream, String> {
+) -> Result<TcpStream, DialError> {
     let addrs = match name {
         Some(n) => dns::resolve(cfg.upstream_dns, n, cfg.limits.dns_timeout)
             .await
-            .map_err(|e| e.to_string())?,
+            .map_err(|e| DialError::Failed(e.to_string()))?,
         None => vec![literal],
     };
     let host = crate::host_addresses();
     let mut last = String::from("no address");
+    // Whether every address was refused by the policy (rebinding to a
+    // closed range, a deny CIDR), not by the network.
+    let mut all_refused = true;
     for ip in addrs.into_iter().take(4) {
         let flow = PolicyFlow {
             name,
@@ -858,8 +863,30 @@ async fn connect(
             Ok(Err(e)) => last = format!("{ip}:{port}: {e}"),
             Err(_) => last = format!("{ip}:{port}: connect timed out"),
         }
+        all_refused = false;
     }
-    Err(last)
+    Err(if all_refused {
+        DialError::Refused(last)
+    } else {
+        DialError::Failed(last)
+    })
+}
+
+/// Why [`connect`] opened nothing.
+#[derive(Debug)]
+pub(crate) enum DialError {
+    /// The policy refused every address the name resolved to.
+    Refused(String),
+    /// Resolving or connecting failed.
+    Failed(String),
+}
+
+impl std::fmt::Display for DialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DialError::Refused(s) | DialError::Failed(s) => f.write_str(s),
+        }
+    }
 }
 
 /// An IPv4/UDP packet (UDP checksum 0: none, which IPv4 allows).

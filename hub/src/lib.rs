@@ -7,6 +7,9 @@
 //! - [`serve`]: `sandhub serve`, the hub service on either backend.
 //! - [`mcp`]: `sandhub mcp`, MCP on stdio (a hub URL, or a local hub in-process).
 //! - [`cli`]: the client commands (`create`, `exec`, `cp`, `pool`, ...).
+//! - [`egress_proxy`]: `sandhub egress-proxy`, the egress gateway in proxy
+//!   form for Kubernetes Pods (policies from the claims `kube` writes;
+//!   flags and resolver shared with `local::egress`).
 //!
 //! Front doors:
 //! - [`http`]: the HTTP app: state, auth, extractors; its children `rest/`
@@ -37,6 +40,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod egress_proxy;
 pub mod entrypoint;
 pub mod guard;
 pub mod http;

@@ -11,6 +11,8 @@ pub mod claim;
 #[cfg(feature = "k8s")]
 pub mod common;
 #[cfg(feature = "k8s")]
+pub mod egress;
+#[cfg(feature = "k8s")]
 pub mod sandbox;
 #[cfg(feature = "k8s")]
 pub mod template;

@@ -46,7 +46,7 @@ use rustls::{
     ClientConfig, RootCertStore, ServerConfig,
 };
 use sandhub_api::network::Pattern;
-use tokio::{io::DuplexStream, net::TcpStream, sync::Mutex};
+use tokio::{net::TcpStream, sync::Mutex};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 pub use rewrite::rewrite;
@@ -171,13 +171,17 @@ impl Broker {
 
     /// Carries one flow: `sandbox` is the loop's end of the sandbox's
     /// connection, `upstream` the real one. Ends when either side does.
-    pub async fn relay(
+    pub async fn relay<S>(
         self: Arc<Self>,
         name: String,
         secrets: Arc<Vec<Secret>>,
-        sandbox: DuplexStream,
+        sandbox: S,
         upstream: TcpStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), String>
+    where
+        // The TUN loop's in-memory pipe, or the proxy's client connection.
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let leaf = self.ca.leaf(&name).map_err(|e| e.to_string())?;
         let mut sc = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
@@ -264,10 +268,13 @@ impl Broker {
 }
 
 /// Answers the sandbox's first request with `502` and `why`, then closes.
-async fn refuse(
-    inside: tokio_rustls::server::TlsStream<DuplexStream>,
+async fn refuse<S>(
+    inside: tokio_rustls::server::TlsStream<S>,
     why: &str,
-) -> Result<(), hyper::Error> {
+) -> Result<(), hyper::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let body = format!("sandhub egress gateway: {why}\n");
     let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
         let body = body.clone();

@@ -4,6 +4,7 @@
 //! tenant and MCP session are labels on the claim), so a restarted hub
 //! finds every sandbox again and keeps nothing of its own.
 
+pub mod egress;
 mod images;
 mod model;
 mod owner;
@@ -140,6 +141,17 @@ pub struct KubeArgs {
     #[arg(long, env = "SANDHUB_BASE_TEMPLATE", default_value = sandhub_api::hub::DEFAULT_TEMPLATE)]
     pub base_template: String,
 
+    /// `host:port` of the `sandhub-egress` Service (`sandhub
+    /// egress-proxy`) that `network: egress` Pods use as their proxy; a
+    /// short name resolves in --namespace. Egress sandboxes also need
+    /// --sandboxd-token-key-file: their proxy credentials derive from it.
+    #[arg(
+        long,
+        env = "SANDHUB_EGRESS_PROXY",
+        default_value = "sandhub-egress:3128"
+    )]
+    pub egress_proxy: String,
+
     /// The main container of pre-pull DaemonSets (it only waits).
     #[arg(
         long,
@@ -185,6 +197,10 @@ pub(crate) struct Shared {
     prepull_slots: tokio::sync::Semaphore,
     /// Tenants with a pre-pull running (one each).
     prepulls: Mutex<std::collections::HashSet<String>>,
+    /// `--egress-proxy`, and the key egress sandboxes' proxy credentials
+    /// derive from (`--sandboxd-token-key-file`; none: egress refused).
+    egress_proxy: String,
+    proxy_tokens: Option<sandhub_api::sandboxd_token::SandboxdTokens>,
 }
 
 impl Shared {
@@ -235,7 +251,9 @@ impl Shared {
 const CHANGED_TTL: Duration = Duration::from_secs(30);
 
 /// The reflector behind [`Shared::cached_claim`]: claims created by hubs.
-fn claim_cache(client: &kube::Client, namespace: &str) -> Store<SandboxClaim> {
+/// The hub's claims in `namespace`, kept by a watch (the hub's own reads,
+/// and `sandhub egress-proxy`'s policies).
+pub(crate) fn claim_cache(client: &kube::Client, namespace: &str) -> Store<SandboxClaim> {
     let api: Api<SandboxClaim> = Api::namespaced(client.clone(), namespace);
     let selector = format!(
         "{}={}",
@@ -257,24 +275,34 @@ pub struct KubeTenancy {
     shared: Arc<Shared>,
 }
 
+/// A client from `kubeconfig`, else in-cluster, else $KUBECONFIG or
+/// ~/.kube/config.
+pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding a kube config")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
 impl KubeTenancy {
     pub async fn connect(args: &KubeArgs, policy: Policy) -> anyhow::Result<Self> {
-        let config = match &args.kubeconfig {
-            Some(path) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("finding a kube config")?,
-        };
-        let client = kube::Client::try_from(config)?;
-        let auth = match (&args.sandboxd_token_key_file, &args.sandboxd_token_secret) {
-            (Some(path), _) => SandboxdAuth::PerSandbox(
+        let client = client(args.kubeconfig.as_deref()).await?;
+        let proxy_tokens = match &args.sandboxd_token_key_file {
+            Some(path) => Some(
                 sandhub_api::sandboxd_token::SandboxdTokens::from_file(path)
                     .map_err(|e| anyhow::anyhow!("--sandboxd-token-key-file: {e}"))?,
             ),
+            None => None,
+        };
+        let auth = match (&proxy_tokens, &args.sandboxd_token_secret) {
+            (Some(tokens), _) => SandboxdAuth::PerSandbox(tokens.clone()),
             (None, Some(name)) => {
                 tracing::warn!(
                     secret = %name,
@@ -323,6 +351,8 @@ impl KubeTenancy {
                 image_pull_policy: args.image_pull_policy,
                 prepull_slots: tokio::sync::Semaphore::new(args.max_prepull_daemonsets.max(1)),
                 prepulls: Mutex::default(),
+                egress_proxy: args.egress_proxy.clone(),
+                proxy_tokens,
                 client,
             }),
         })

@@ -40,9 +40,20 @@ pub fn selector(tenant: &str, labels: &BTreeMap<String, String>) -> String {
     parts.join(",")
 }
 
+/// What an egress sandbox's claim carries (kube/egress.rs): its recorded
+/// policy and the proxy environment.
+#[derive(Debug, Clone)]
+pub struct EgressClaim {
+    pub recorded: super::egress::Recorded,
+    pub env: Vec<(String, String)>,
+}
+
 /// The claim for `request` in `pool`; `now` anchors `shutdown_after_seconds`.
 /// A deadline no clock can hold is INVALID_ARGUMENT (the caller range-checks
 /// first; this is the backstop that keeps `now + seconds` from panicking).
+/// `egress`: set for a sandbox of a `network: egress` template (its
+/// request's `network` is in its record); without it a request `network`
+/// other than `none` is refused, as there is nothing to narrow.
 pub fn claim_for(
     id: &str,
     tenant: &str,
@@ -50,31 +61,45 @@ pub fn claim_for(
     template: &str,
     request: &CreateSandbox,
     now: std::time::SystemTime,
+    egress: Option<&EgressClaim>,
 ) -> Result<SandboxClaim, sandhub_client::Error> {
-    if request.network.is_some() {
-        return Err(sandhub_client::Error::new(
-            sandhub_api::error::Code::InvalidArgument,
-            "network on create: the kubernetes backend has no egress gateway yet (issue #27)",
-        ));
+    if egress.is_none() {
+        if let Some(n) = &request.network {
+            super::egress::refuse_patch(n)?;
+        }
     }
     let mut labels = request.labels.clone();
     labels.insert(TENANT_LABEL.into(), tenant_label_value(tenant));
     labels.insert(names::CREATED_BY.into(), CREATED_BY_HUB.into());
-    let annotations = BTreeMap::from([
+    let mut annotations = BTreeMap::from([
         (TEMPLATE_ANNOTATION.to_string(), template.to_string()),
         (
             names::CLIENT_FIRST_REQUESTED_AT.to_string(),
             humantime::format_rfc3339_seconds(now).to_string(),
         ),
     ]);
+    if let Some(e) = egress {
+        annotations.insert(
+            super::egress::POLICY_ANNOTATION.to_string(),
+            e.recorded.to_annotation(),
+        );
+    }
     let lifecycle = match request.shutdown_after_seconds {
         None => None,
         Some(secs) => Some(lifecycle_at(now, secs)?),
     };
-    let env = (!request.env.is_empty()).then(|| {
-        request
-            .env
-            .iter()
+    // The proxy's variables last, replacing any the request named: the
+    // credential is the hub's to give (a claim's env forces a cold start,
+    // so each egress Pod is made with its own).
+    let mut vars: Vec<(String, String)> = request
+        .env
+        .iter()
+        .filter(|(k, _)| !egress.is_some_and(|e| e.env.iter().any(|(p, _)| p == *k)))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    vars.extend(egress.iter().flat_map(|e| e.env.iter().cloned()));
+    let env = (!vars.is_empty()).then(|| {
+        vars.iter()
             .map(|(name, value)| ClaimEnvVar {
                 name: name.clone(),
                 value: value.clone(),
@@ -223,7 +248,13 @@ pub fn sandbox_of(claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
         forked_from: None,
         entrypoint: None,
         egress: None,
-        network: None,
+        // The sandbox's own narrowing, as its claim records it.
+        network: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(super::egress::POLICY_ANNOTATION))
+            .and_then(|j| super::egress::Recorded::from_annotation(j))
+            .and_then(|r| r.sandbox),
     }
 }
 
@@ -263,6 +294,7 @@ mod tests {
             "python",
             &CreateSandbox::default(),
             std::time::SystemTime::UNIX_EPOCH,
+            None,
         )
         .unwrap();
         c.status = Some(SandboxClaimStatus {
@@ -298,6 +330,7 @@ mod tests {
             "tpl",
             &req,
             std::time::SystemTime::UNIX_EPOCH,
+            None,
         )
         .unwrap();
         let labels = c.metadata.labels.as_ref().unwrap();
@@ -382,8 +415,96 @@ mod tests {
                 shutdown_after_seconds: Some(secs),
                 ..Default::default()
             };
-            let e = claim_for("sb", "t", "p", "p", &req, std::time::SystemTime::now()).unwrap_err();
+            let e = claim_for(
+                "sb",
+                "t",
+                "p",
+                "p",
+                &req,
+                std::time::SystemTime::now(),
+                None,
+            )
+            .unwrap_err();
             assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{secs}");
         }
+    }
+
+    #[test]
+    fn an_egress_claim_carries_its_policy_and_the_proxy_env_over_the_requests() {
+        use crate::kube::egress::{Recorded, TemplateNetwork, POLICY_ANNOTATION};
+        let tpl = TemplateNetwork {
+            network: serde_json::from_value(
+                serde_json::json!({"mode": "egress", "allow_out": ["*.test"]}),
+            )
+            .unwrap(),
+            egress_mb: None,
+        };
+        let narrow = serde_json::from_value(
+            serde_json::json!({"mode": "egress", "allow_out": ["pypi.test"]}),
+        )
+        .unwrap();
+        let egress = EgressClaim {
+            recorded: Recorded::new(&tpl, Some(narrow)).unwrap(),
+            env: vec![(
+                "HTTP_PROXY".into(),
+                "http://sb-e:c@sandhub-egress:3128".into(),
+            )],
+        };
+        let req = CreateSandbox {
+            env: BTreeMap::from([
+                ("A".into(), "1".into()),
+                ("HTTP_PROXY".into(), "http://elsewhere:1".into()),
+            ]),
+            ..Default::default()
+        };
+        let c = claim_for(
+            "sb-e",
+            "t",
+            "p",
+            "web",
+            &req,
+            std::time::SystemTime::UNIX_EPOCH,
+            Some(&egress),
+        )
+        .unwrap();
+        let rec =
+            Recorded::from_annotation(&c.metadata.annotations.as_ref().unwrap()[POLICY_ANNOTATION])
+                .unwrap();
+        assert_eq!(rec, egress.recorded);
+        // The hub's view shows the sandbox's own narrowing.
+        assert_eq!(sandbox_of(&c, None).network, egress.recorded.sandbox);
+        let env: Vec<_> = c
+            .spec
+            .env
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.value))
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("A".to_string(), "1".to_string()),
+                (
+                    "HTTP_PROXY".to_string(),
+                    "http://sb-e:c@sandhub-egress:3128".to_string()
+                )
+            ]
+        );
+        // Without a proxy policy, a request network other than `none` is refused.
+        let req = CreateSandbox {
+            network: Some(sandhub_api::hub::Network::Egress.into()),
+            ..Default::default()
+        };
+        let e = claim_for(
+            "sb",
+            "t",
+            "p",
+            "p",
+            &req,
+            std::time::SystemTime::now(),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, sandhub_api::error::Code::FailedPrecondition);
     }
 }

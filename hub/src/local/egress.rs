@@ -188,6 +188,43 @@ fn parse_dns(s: &str) -> anyhow::Result<SocketAddr> {
     Ok(SocketAddr::new(ip, 53))
 }
 
+/// The upstream resolver and the operator's part of the decision, from
+/// `--egress-dns`, `--egress-allow-private`, `--egress-deny` and
+/// `--egress-default` (`sandhub serve` and `sandhub egress-proxy` alike).
+pub fn operator_config(
+    egress_dns: Option<&str>,
+    allow_private_flag: &[String],
+    deny_flag: &[String],
+    default: &str,
+) -> anyhow::Result<(SocketAddr, OperatorPolicy)> {
+    let upstream_dns = match &egress_dns {
+        Some(s) => parse_dns(s)?,
+        None => {
+            let ip = std::fs::read_to_string("/etc/resolv.conf")
+                .ok()
+                .and_then(|c| first_nameserver(&c))
+                // Nothing to ask: names simply do not resolve.
+                .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+            SocketAddr::new(ip, 53)
+        }
+    };
+    let mut allow_private = Vec::new();
+    for (i, c) in allow_private_flag.iter().enumerate() {
+        match c.parse::<Pattern>() {
+            Ok(Pattern {
+                target: Target::Cidr(net, len),
+                port: None,
+            }) => allow_private.push((net, len)),
+            _ => anyhow::bail!(
+                "--egress-allow-private[{i}] {c:?}: a CIDR without port, host bits zero"
+            ),
+        }
+    }
+    let deny = parse_list("--egress-deny", deny_flag).map_err(anyhow::Error::msg)?;
+    let operator = OperatorPolicy::new(allow_private, deny, default != "deny", &[internal::cidr()]);
+    Ok((upstream_dns, operator))
+}
+
 /// The gateways of one hub.
 pub struct Egress {
     cfg: Arc<Config>,
@@ -213,36 +250,12 @@ impl Egress {
     /// The hub's egress: its flags, and its secrets broker with the CA in
     /// `state_dir/egress-ca` (made there on the first start).
     pub fn new(args: &EgressArgs, state_dir: &Path) -> anyhow::Result<Egress> {
-        let upstream_dns = match &args.egress_dns {
-            Some(s) => parse_dns(s)?,
-            None => {
-                let ip = std::fs::read_to_string("/etc/resolv.conf")
-                    .ok()
-                    .and_then(|c| first_nameserver(&c))
-                    // Nothing to ask: names simply do not resolve.
-                    .unwrap_or(IpAddr::from([127, 0, 0, 1]));
-                SocketAddr::new(ip, 53)
-            }
-        };
-        let mut allow_private = Vec::new();
-        for (i, c) in args.egress_allow_private.iter().enumerate() {
-            match c.parse::<Pattern>() {
-                Ok(Pattern {
-                    target: Target::Cidr(net, len),
-                    port: None,
-                }) => allow_private.push((net, len)),
-                _ => anyhow::bail!(
-                    "--egress-allow-private[{i}] {c:?}: a CIDR without port, host bits zero"
-                ),
-            }
-        }
-        let deny = parse_list("--egress-deny", &args.egress_deny).map_err(anyhow::Error::msg)?;
-        let operator = OperatorPolicy::new(
-            allow_private,
-            deny,
-            args.egress_default != "deny",
-            &[internal::cidr()],
-        );
+        let (upstream_dns, operator) = operator_config(
+            args.egress_dns.as_deref(),
+            &args.egress_allow_private,
+            &args.egress_deny,
+            &args.egress_default,
+        )?;
         let broker = Broker::new(&state_dir.join("egress-ca"), args.egress_ca_file.as_deref())
             .context("the egress CA (brokered secrets)")?;
         let operator_secrets = match &args.secrets_file {

@@ -158,13 +158,8 @@ pub fn refuse_local_only(t: &Template) -> Result<(), Error> {
             "a sandbox Pod never joins its node's network",
         );
     }
-    if t.network.mode == Network::Egress {
-        return no(
-            "network: egress",
-            "the egress gateway runs on the local backend only so far (issue #27)",
-        );
-    }
-    Ok(())
+    // `network: egress` runs through `sandhub egress-proxy` (kube/egress.rs).
+    super::egress::refuse_unsupported(t)
 }
 
 /// sandboxd's `--default-cwd`, `--user` and `--entrypoint` as the
@@ -263,9 +258,53 @@ pub fn tenant_template(
         r.limits.get_or_insert_with(BTreeMap::new).extend(limits);
     }
     add_sidecars(&mut base.blueprint.pod_template, main, &t.sidecars)?;
+    mark_network(&mut base.blueprint.pod_template, t);
+    if t.network.mode == Network::Egress {
+        // Each egress sandbox's claim brings its own proxy environment
+        // (kube/egress.rs), replacing any same-named template variable.
+        base.env_vars_injection_policy = sandhub_api::k8s::template::InjectionPolicy::Overrides;
+    }
     let mut out = SandboxTemplate::new(&owner::object_name(tenant, name), base);
     out.metadata = owner::tenant_metadata(tenant, name);
     Ok(out)
+}
+
+/// Records the template's `network` on its Pod template, and labels
+/// egress Pods for the NetworkPolicy that admits only DNS and the proxy
+/// (a base's own label or annotation of those names is replaced).
+fn mark_network(pod_template: &mut PodTemplate, t: &Template) {
+    use super::egress::{TemplateNetwork, NETWORK_ANNOTATION, NETWORK_LABEL};
+    if let Some(meta) = pod_template.metadata.as_mut() {
+        meta.labels.iter_mut().for_each(|l| {
+            l.remove(NETWORK_LABEL);
+        });
+        meta.annotations.iter_mut().for_each(|a| {
+            a.remove(NETWORK_ANNOTATION);
+        });
+    }
+    if t.network.mode != Network::Egress {
+        return;
+    }
+    let meta = pod_template.metadata.get_or_insert_with(Default::default);
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(NETWORK_LABEL.into(), "egress".into());
+    meta.annotations.get_or_insert_with(BTreeMap::new).insert(
+        NETWORK_ANNOTATION.into(),
+        serde_json::to_string(&TemplateNetwork::of(t)).unwrap_or_default(),
+    );
+}
+
+/// The network a SandboxTemplate records (`none` when it records none).
+pub fn network_of(spec: &SandboxTemplateSpec) -> super::egress::TemplateNetwork {
+    spec.blueprint
+        .pod_template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(super::egress::NETWORK_ANNOTATION))
+        .and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_default()
 }
 
 /// The Pod template annotation that names the containers a tenant's
@@ -432,6 +471,8 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         memory_mb: limit("memory").and_then(parse_mib),
         disk_mb: limit("ephemeral-storage").and_then(parse_mib),
         sidecars: sidecars_of(&spec.blueprint.pod_template),
+        network: network_of(spec).network,
+        egress_mb: network_of(spec).egress_mb,
         ..Template::default()
     }
 }

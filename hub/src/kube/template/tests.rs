@@ -264,3 +264,68 @@ fn quantities_parse() {
     assert_eq!(parse_mib("1048576"), Some(1));
     assert_eq!(parse_mib("x"), None);
 }
+
+#[test]
+fn an_egress_template_labels_its_pods_and_records_its_network() {
+    use crate::kube::egress::{NETWORK_ANNOTATION, NETWORK_LABEL};
+    let network: sandhub_api::hub::NetworkSpec = serde_json::from_value(
+        serde_json::json!({"mode": "egress", "allow_out": ["pypi.test"], "deny_out": ["bad.test"]}),
+    )
+    .unwrap();
+    let t = Template {
+        network: network.clone(),
+        egress_mb: Some(7),
+        ..image_template()
+    };
+    let st = tenant_template(
+        "a",
+        "web",
+        builtin_base(SANDBOXD),
+        &t,
+        SANDBOXD,
+        PullPolicy::Never,
+    )
+    .unwrap();
+    let meta = st.spec.blueprint.pod_template.metadata.as_ref().unwrap();
+    assert_eq!(meta.labels.as_ref().unwrap()[NETWORK_LABEL], "egress");
+    assert!(meta.annotations.as_ref().unwrap()[NETWORK_ANNOTATION].contains("pypi.test"));
+    // Read back as the tenant wrote it.
+    let back = template_of(&st.spec, SANDBOXD);
+    assert_eq!((back.network, back.egress_mb), (network, Some(7)));
+    // `none` carries neither, even over a base that had them.
+    let mut base = st.spec.clone();
+    base.blueprint.pod_template.spec = builtin_base(SANDBOXD).blueprint.pod_template.spec;
+    let off = tenant_template(
+        "a",
+        "off",
+        base,
+        &image_template(),
+        SANDBOXD,
+        PullPolicy::Never,
+    )
+    .unwrap();
+    let meta = off.spec.blueprint.pod_template.metadata.unwrap();
+    assert!(!meta.labels.unwrap_or_default().contains_key(NETWORK_LABEL));
+    assert!(!meta
+        .annotations
+        .unwrap_or_default()
+        .contains_key(NETWORK_ANNOTATION));
+    // Brokered secrets have no value store on this backend yet: refused.
+    let with_secret = Template {
+        secrets: vec![serde_json::from_value(serde_json::json!({
+            "name": "OPENAI_API_KEY", "hosts": ["api.test"], "header": "Authorization"
+        }))
+        .unwrap()],
+        ..t
+    };
+    let e = tenant_template(
+        "a",
+        "s",
+        builtin_base(SANDBOXD),
+        &with_secret,
+        SANDBOXD,
+        PullPolicy::Never,
+    )
+    .unwrap_err();
+    assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
+}

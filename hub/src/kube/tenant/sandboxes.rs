@@ -6,7 +6,8 @@ use super::*;
 
 #[async_trait]
 impl TenantView for KubeTenant {
-    /// No egress gateway on this backend yet (issue #27): always empty.
+    /// The decisions live in `sandhub egress-proxy`'s memory (its replicas'),
+    /// not the hub's: always empty here (docs/networking.md, Kubernetes).
     async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
         self.get(id).await?;
         Ok(Vec::new())
@@ -78,6 +79,7 @@ impl Sandboxes for KubeTenant {
             }
         }
         let id = new_id("sb");
+        let egress = self.egress_claim(&id, &pool.template, &req).await?;
         let claim = model::claim_for(
             &id,
             &self.tenant,
@@ -85,6 +87,7 @@ impl Sandboxes for KubeTenant {
             &pool.template,
             &req,
             SystemTime::now(),
+            egress.as_ref(),
         )?;
         self.claims()
             .create(&PostParams::default(), &claim)
@@ -256,20 +259,42 @@ impl Sandboxes for KubeTenant {
         Err(unimplemented("reset"))
     }
 
-    /// As a create `network` is refused here: no gateway on this backend
-    /// yet. A bad body is still named first, and another tenant's sandbox
-    /// is NOT_FOUND, as on the local backend.
+    /// Rewrites the policy the claim records; `sandhub egress-proxy`
+    /// watches claims, so the sandbox's next connection follows it. A bad
+    /// body is named first, and another tenant's sandbox is NOT_FOUND, as
+    /// on the local backend; a sandbox without a proxy policy (`none`)
+    /// cannot change.
     async fn set_network(
         &self,
         id: &str,
         network: sandhub_api::hub::NetworkSpec,
     ) -> Result<Sandbox> {
+        use crate::kube::egress::{refuse_patch, Recorded, POLICY_ANNOTATION};
         sandhub_api::validate::network(&network)?;
-        self.claim(id).await?;
-        Err(sandhub_client::Error::new(
-            Code::InvalidArgument,
-            "network: the kubernetes backend has no egress gateway yet (issue #27), so a sandbox's network cannot change",
-        ))
+        let claim = self.claim(id).await?;
+        let recorded = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POLICY_ANNOTATION))
+            .and_then(|j| Recorded::from_annotation(j));
+        let Some(recorded) = recorded else {
+            refuse_patch(&network)?;
+            return Ok(self.view(&claim).await);
+        };
+        let next = recorded.patched(network)?;
+        // A merge patch guarded by the resourceVersion read: a concurrent
+        // PATCH makes this one fail (CONFLICT) instead of being lost.
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": claim.metadata.resource_version,
+            "annotations": {POLICY_ANNOTATION: next.to_annotation()},
+        }});
+        let claim = self
+            .claims()
+            .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| kube_error(&format!("changing sandbox {id}'s network"), e))?;
+        Ok(self.view(&claim).await)
     }
 
     async fn fork(&self, _id: &str, request: ForkRequest) -> Result<Sandbox> {
@@ -309,5 +334,37 @@ impl Sandboxes for KubeTenant {
 
     async fn delete_pool(&self, name: &str) -> Result<()> {
         self.remove_pool(name).await
+    }
+}
+
+impl KubeTenant {
+    /// What the claim of sandbox `id` of template `template` carries when
+    /// that template is `network: egress` (kube/egress.rs); `None` else.
+    async fn egress_claim(
+        &self,
+        id: &str,
+        template: &str,
+        req: &CreateSandbox,
+    ) -> Result<Option<model::EgressClaim>> {
+        let (t, _) = self.find(&self.templates(), "template", template).await?;
+        let net = template::network_of(&t.spec);
+        if net.network.mode != sandhub_api::hub::Network::Egress {
+            return Ok(None);
+        }
+        let Some(tokens) = &self.shared.proxy_tokens else {
+            return Err(Error::new(
+                Code::FailedPrecondition,
+                "network: egress on the kubernetes backend needs the hub's \
+                 --sandboxd-token-key-file (the proxy credentials derive from it)",
+            ));
+        };
+        let recorded = crate::kube::egress::Recorded::new(&net, req.network.clone())?;
+        let env = crate::kube::egress::proxy_env(
+            tokens,
+            &self.shared.namespace,
+            id,
+            &self.shared.egress_proxy,
+        );
+        Ok(Some(model::EgressClaim { recorded, env }))
     }
 }
