@@ -270,16 +270,20 @@ fn remove(ns: &str, veth: &str) {
     let _ = Command::new("ip").args(["netns", "del", ns]).output();
 }
 
-/// On Ctrl-C, removes the namespace and veth (the hub, in the same process
-/// group, gets the SIGINT too and stops itself), then exits 130. Runs when
-/// the single-threaded runtime next polls, so at worst after the blocking
+/// On Ctrl-C, removes the namespace and veth, then SIGKILLs this run's
+/// sandbox processes (those under `state_dir`: sandboxes outlive the hub,
+/// which in the same process group gets the SIGINT too and stops), as the
+/// suite's normal teardown ends, and exits 130. Runs when the
+/// single-threaded runtime next polls, so at worst after the blocking
 /// command of the moment (one download) ends.
-pub fn cleanup_on_ctrl_c(net: &Internet) {
+pub fn cleanup_on_ctrl_c(net: &Internet, state_dir: std::path::PathBuf) {
     let (ns, veth) = (net.ns.clone(), net.veth.clone());
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
             eprintln!("interrupted: removing {ns} and {veth}");
             remove(&ns, &veth);
+            let killed = super::procs::kill_leftovers(&state_dir);
+            eprintln!("interrupted: killed {killed} sandbox processes of this run");
             std::process::exit(130);
         }
     });

@@ -96,7 +96,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let internet = args.phases.contains(&Phase::Egress).then(|| {
         let net = internet::Internet::up();
         if let Ok(net) = &net {
-            internet::cleanup_on_ctrl_c(net);
+            internet::cleanup_on_ctrl_c(net, state.clone());
             extra.extend(egress::hub_flags(&args));
         }
         net
