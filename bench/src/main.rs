@@ -6,7 +6,8 @@
 //! - [`sandboxd`]: the daemon inside every sandbox: exec round trip vs a
 //!   plain fork+exec, file upload/download vs `cp`, idle RSS.
 //! - [`hub`]: `sandhub serve` end to end: warm claim, cold create, reset,
-//!   exec via the hub vs straight to sandboxd, MCP, Gym, memory per sandbox.
+//!   exec via the hub vs straight to sandboxd, MCP, Gym, memory per sandbox,
+//!   and (opt-in) images, ports, the egress gateway vs the host.
 //! - [`router`]: sandhub-router vs nginx as a reverse proxy under wrk, at
 //!   several concurrencies (throughput, p50/p99).
 //! - [`controller`]: `sandhub-controller` on the real apiserver: a burst of
@@ -45,7 +46,8 @@ struct Cli {
 enum Suite {
     /// sandboxd: exec round trip, file transfer throughput, memory.
     Sandboxd(sandboxd::Args),
-    /// hub: claim/create/reset latency, exec via hub vs sandboxd, MCP, Gym, memory.
+    /// hub: claim/create/reset latency, exec via hub vs sandboxd, MCP, Gym, memory;
+    /// opt-in phases (images, ports, egress gateway vs host, ...).
     Hub(hub::Args),
     /// router: sandhub-router vs nginx under wrk (throughput, p50/p99).
     Router(router::Args),

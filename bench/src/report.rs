@@ -68,6 +68,9 @@ pub enum Target {
     RatioAtLeast(f64),
     /// The measured value itself must not exceed this.
     AtMost(Value),
+    /// The measured value may exceed the baseline by this much at most
+    /// (a latency the component adds, e.g. "+1 ms").
+    AboveBaselineAtMost(Value),
 }
 
 impl Value {
@@ -90,6 +93,7 @@ impl Row {
             Target::RatioAtMost(max) => ratio <= max,
             Target::RatioAtLeast(min) => ratio >= min,
             Target::AtMost(max) => measured.amount <= max.amount,
+            Target::AboveBaselineAtMost(d) => measured.amount - baseline.amount <= d.amount,
         });
         Row {
             measurement: measurement.into(),
@@ -134,6 +138,7 @@ impl fmt::Display for Target {
             Target::RatioAtMost(r) => write!(f, "≤ {r}×"),
             Target::RatioAtLeast(r) => write!(f, "≥ {r}×"),
             Target::AtMost(v) => write!(f, "≤ {v}"),
+            Target::AboveBaselineAtMost(v) => write!(f, "≤ +{v}"),
         }
     }
 }
@@ -273,6 +278,15 @@ mod tests {
             Some(Target::RatioAtLeast(0.5)),
         );
         assert_eq!(r.pass, Some(false));
+        let added = Some(Target::AboveBaselineAtMost(us(1000.0)));
+        assert_eq!(
+            Row::compare("connect", us(300.0), us(1200.0), added).pass,
+            Some(true)
+        );
+        assert_eq!(
+            Row::compare("connect", us(300.0), us(1400.0), added).pass,
+            Some(false)
+        );
     }
 
     #[test]

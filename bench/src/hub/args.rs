@@ -122,6 +122,38 @@ pub struct Args {
     #[arg(long, env = "SANDHUB_BENCH_PORTS_CONNECTIONS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(super) ports_connections: u32,
+
+    /// Rounds of the egress phase (each: download, connects and DNS on the
+    /// host and through the gateway, which side first alternating).
+    #[arg(long, env = "SANDHUB_BENCH_EGRESS_ROUNDS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(super) egress_rounds: u32,
+
+    /// MiB of each download of the egress phase.
+    #[arg(long, env = "SANDHUB_BENCH_EGRESS_DOWNLOAD_MIB", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=16_384))]
+    pub(super) egress_download_mib: u32,
+
+    /// Timed TCP connects per side and round of the egress phase.
+    #[arg(long, env = "SANDHUB_BENCH_EGRESS_CONNECTS", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(super) egress_connects: u32,
+
+    /// Timed DNS queries per side, round and kind (same name, new name).
+    #[arg(long, env = "SANDHUB_BENCH_EGRESS_DNS_QUERIES", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=30_000))]
+    pub(super) egress_dns_queries: u32,
+
+    /// Timed cold creates of each template (egress, none) in the egress phase.
+    #[arg(long, env = "SANDHUB_BENCH_EGRESS_CREATES", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(super) egress_creates: u32,
+
+    /// Idle sandboxes of each template whose hub memory is measured (both
+    /// batches run at once; the hub gets tenant caps that admit them).
+    #[arg(long, env = "SANDHUB_BENCH_EGRESS_IDLE_SANDBOXES", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub(super) egress_idle_sandboxes: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -153,6 +185,11 @@ pub(super) enum Phase {
     /// E2B `commands.run("true")` vs the sandhub SDK's (not in the default
     /// set: it needs --e2b-python; the hub then runs with --e2b).
     E2b,
+    /// The egress gateway vs the host: download, TCP connect and DNS, cold
+    /// create of `egress` vs `none`, hub memory per 100 idle sandboxes (not
+    /// in the default set: it needs root, `ip` and /dev/net/tun, and builds
+    /// its own network namespace, 198.19.0.0/24).
+    Egress,
 }
 
 impl Args {

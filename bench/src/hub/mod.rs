@@ -18,7 +18,11 @@
 //!    interleaved (the registry starts before the hub, which gets
 //!    `--insecure-registry` for it);
 //! 10. (opt-in, `disk`) bytes of unpacked layers in the store after
-//!     importing ten images that share a base layer vs one image's.
+//!     importing ten images that share a base layer vs one image's;
+//! 11. (opt-in, `egress`) the egress gateway vs the host: download, TCP
+//!     connect, DNS, cold create of `egress` vs `none`, hub memory per 100
+//!     idle sandboxes (its own network namespace comes up before the hub,
+//!     which gets `--egress-dns` for it; see `egress.rs`).
 //!
 //! At the end it deletes everything it made through the API, SIGTERMs the
 //! hub and kills any sandbox process that outlived both.
@@ -26,8 +30,10 @@
 mod args;
 mod disk;
 mod e2b;
+mod egress;
 mod gym;
 mod image;
+mod internet;
 mod mcp;
 mod ports;
 mod procs;
@@ -85,6 +91,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     if args.phases.contains(&Phase::E2b) {
         extra.push("--e2b".to_string());
     }
+    // The egress phase's internet, like the registry, is up before the hub
+    // and down only after the hub's sandboxes are gone.
+    let internet = args.phases.contains(&Phase::Egress).then(|| {
+        let net = internet::Internet::up();
+        if let Ok(net) = &net {
+            internet::cleanup_on_ctrl_c(net, state.clone());
+            extra.extend(egress::hub_flags(&args));
+        }
+        net
+    });
     let mut hub = Hub::start(
         &args.sandhub_bin(),
         &state,
@@ -98,7 +114,17 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         format!("{} KiB", procs::rss_kib(hub.pid())),
     );
 
-    let outcome = phases(&args, &mut hub, &mut report, registry.as_ref(), work.path()).await;
+    let outcome = phases(
+        &args,
+        &mut hub,
+        &mut report,
+        Outside {
+            registry: registry.as_ref(),
+            internet: internet.as_ref(),
+        },
+        work.path(),
+    )
+    .await;
     report.detail(
         "hub RSS at end",
         format!("{} KiB", procs::rss_kib(hub.pid())),
@@ -109,6 +135,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     if let Some(Ok(r)) = registry.as_mut() {
         r.down();
     }
+    drop(internet);
     let killed = procs::kill_leftovers(&state);
     if killed > 0 {
         eprintln!("teardown: killed {killed} leftover sandbox processes");
@@ -126,13 +153,19 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+/// What some phases need besides the hub, started before it.
+struct Outside<'a> {
+    registry: Option<&'a anyhow::Result<pull::Registry>>,
+    internet: Option<&'a anyhow::Result<internet::Internet>>,
+}
+
 /// Runs the selected phases in order; a failing phase is reported as a
 /// detail (and on stderr) and the next one still runs.
 async fn phases(
     args: &Args,
     hub: &mut Hub,
     report: &mut Report,
-    registry: Option<&anyhow::Result<pull::Registry>>,
+    outside: Outside<'_>,
     work: &std::path::Path,
 ) -> anyhow::Result<()> {
     let mut failed = Vec::new();
@@ -148,10 +181,15 @@ async fn phases(
             Phase::Memory => memory(args, hub, report).await,
             Phase::Sdk => sdk(args, hub, report).await,
             Phase::Image => image_root(args, hub, report).await,
-            Phase::Pull => pull(args, hub, report, registry, work).await,
+            Phase::Pull => pull(args, hub, report, outside.registry, work).await,
             Phase::Disk => disk(args, hub, report).await,
             Phase::Ports => ports(args, hub, report).await,
             Phase::E2b => e2b(args, hub, report).await,
+            Phase::Egress => match outside.internet {
+                Some(Ok(net)) => egress::run(args, hub, report, net).await,
+                Some(Err(e)) => Err(anyhow::anyhow!("bringing up the bench internet: {e:#}")),
+                None => Err(anyhow::anyhow!("no bench internet was started")),
+            },
         };
         if let Err(e) = r {
             eprintln!("{phase:?}: FAILED: {e:#}");

@@ -76,7 +76,7 @@ pub struct Outcome {
 
 /// User plus system CPU time of process `pid` so far, in microseconds
 /// (`/proc/<pid>/stat`, in clock ticks of 10 ms).
-fn cpu_us(pid: u32) -> anyhow::Result<f64> {
+pub(super) fn cpu_us(pid: u32) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command (which may hold spaces) in parentheses.
     let rest = stat.rsplit_once(')').context("no ) in stat")?.1;

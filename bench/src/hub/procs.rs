@@ -14,6 +14,9 @@ pub struct Totals {
     pub pss_kib: u64,
     /// Private (clean + dirty) pages: what exists only for this process.
     pub private_kib: u64,
+    /// Anonymous pages (heap, stacks): unlike PSS, not moved by other
+    /// processes mapping the same files.
+    pub anon_kib: u64,
 }
 
 /// The shims of sandboxes living under `state_dir`, and their descendants.
@@ -61,6 +64,7 @@ pub fn totals(pids: &[u32]) -> Totals {
         t.rss_kib += field(&rollup, "Rss");
         t.pss_kib += field(&rollup, "Pss");
         t.private_kib += field(&rollup, "Private_Clean") + field(&rollup, "Private_Dirty");
+        t.anon_kib += field(&rollup, "Anonymous");
     }
     t
 }

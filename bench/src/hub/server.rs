@@ -127,9 +127,16 @@ impl Hub {
 
     /// `POST /v1/sandboxes {}`: the new sandbox's id and how it was launched.
     pub async fn create(&mut self) -> anyhow::Result<(String, String)> {
-        let v = self
-            .call(Method::POST, "/v1/sandboxes", Some(json!({})))
-            .await?;
+        self.create_with(json!({})).await
+    }
+
+    /// The same from a named template.
+    pub async fn create_from(&mut self, template: &str) -> anyhow::Result<(String, String)> {
+        self.create_with(json!({ "template": template })).await
+    }
+
+    async fn create_with(&mut self, body: Value) -> anyhow::Result<(String, String)> {
+        let v = self.call(Method::POST, "/v1/sandboxes", Some(body)).await?;
         let id = str_field(&v, "id")?;
         self.sandboxes.insert(id.clone());
         let launch = match v.get("launch") {
