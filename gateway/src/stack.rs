@@ -73,7 +73,8 @@ const CHANNEL_CHUNKS: usize = 4;
 /// Packets read from the TUN per wake-up before the stack runs.
 const READ_BATCH: usize = 64;
 /// Packets waiting to be written to the TUN; more are dropped (TCP resends).
-const MAX_TX_QUEUE: usize = 1024;
+/// About 1.5 MiB of full packets per sandbox, whatever the MTU.
+const MAX_TX_QUEUE: usize = (1536 * 1024) / MTU;
 
 /// The packets between the TUN fd and smoltcp.
 struct Queues {
