@@ -71,6 +71,15 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHUB_SANDBOX_DOMAIN")]
     pub sandbox_domain: Option<String>,
 
+    /// The keys E2B access tokens and port links are signed with (a mounted
+    /// Secret): one per line, newest first, each at least 32 bytes. Tokens
+    /// are signed with the first and accepted under any. Required with
+    /// --e2b or --sandbox-domain on the kubernetes backend, so that every
+    /// replica opens every other's tokens; the local backend otherwise
+    /// keeps a key of its own in its state dir.
+    #[arg(long, env = "SANDHUB_SIGNING_KEY_FILE")]
+    pub signing_key_file: Option<PathBuf>,
+
     /// How often deadlines, idle timeouts and dead sandboxes are checked.
     #[arg(long, env = "SANDHUB_REAP_INTERVAL", default_value = "1s", value_parser = sandhub_common::parse_duration)]
     pub reap_interval: Duration,
@@ -216,23 +225,7 @@ async fn serve(
             format!("kubernetes, namespace {}", args.kube.namespace),
         ),
     };
-    // The key the hub signs its tokens with (E2B access tokens, port
-    // links): kept with the sandboxes on the local backend, so tokens
-    // outlive a restart; on Kubernetes (no state dir) this process's own.
-    let tokens = if !args.e2b && args.sandbox_domain.is_none() {
-        None
-    } else {
-        Some(Arc::new(match args.backend {
-            BackendKind::Local => Tokens::load_or_create(
-                &args
-                    .state_dir
-                    .clone()
-                    .unwrap_or_else(default_state_dir)
-                    .join("signing.key"),
-            )?,
-            BackendKind::Kubernetes => Tokens::random(),
-        }))
-    };
+    let tokens = signing_tokens(&args).await?;
     let e2b = match (&tokens, args.e2b) {
         (Some(t), true) => Some(Arc::new(
             E2b::new(
@@ -289,4 +282,35 @@ async fn serve(
     // next `sandhub serve` re-attaches to them (`run` lets go of the disk).
     tracing::info!("sandhub stopped; sandboxes keep running");
     Ok(())
+}
+
+/// The keys the hub signs its own tokens with (E2B access tokens, port
+/// links), when a surface that uses them is on: the operator's file, or on
+/// the local backend the hub's own key kept with the sandboxes. Replicas on
+/// Kubernetes must share one file, and check that they do before serving.
+async fn signing_tokens(args: &ServeArgs) -> anyhow::Result<Option<Arc<Tokens>>> {
+    if !args.e2b && args.sandbox_domain.is_none() {
+        return Ok(None);
+    }
+    let tokens = match (&args.signing_key_file, args.backend) {
+        (Some(path), _) => Tokens::from_file(path).context("--signing-key-file")?,
+        (None, BackendKind::Local) => Tokens::load_or_create(
+            &args
+                .state_dir
+                .clone()
+                .unwrap_or_else(default_state_dir)
+                .join("signing.key"),
+        )?,
+        (None, BackendKind::Kubernetes) => anyhow::bail!(
+            "--e2b and --sandbox-domain on the kubernetes backend need --signing-key-file \
+             (SANDHUB_SIGNING_KEY_FILE): every replica must sign with the same key, or a token \
+             one replica issues fails on the next"
+        ),
+    };
+    if args.backend == BackendKind::Kubernetes {
+        let client = crate::kube::client(args.kube.kubeconfig.as_deref()).await?;
+        crate::kube::signing::agree(&client, &args.kube.namespace, &tokens.fingerprints()).await?;
+    }
+    tracing::info!(fingerprints = ?tokens.fingerprints(), "signing keys loaded");
+    Ok(Some(Arc::new(tokens)))
 }

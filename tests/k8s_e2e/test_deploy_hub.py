@@ -56,3 +56,29 @@ def test_hub_mounts_the_sandboxd_token_key_it_is_given():
     )
     (controller_volume,) = controller["spec"]["template"]["spec"]["volumes"]
     assert volume["secret"]["secretName"] == controller_volume["secret"]["secretName"] == "sandboxd-token-key"
+
+
+def test_every_replica_mounts_one_signing_key_and_records_only_its_fingerprint():
+    """Issue #28: the replicas sign E2B tokens and port links with one mounted
+    key (a Secret), and the Role lets them touch one ConfigMap (the
+    fingerprint record) beyond creating it, and no Secret."""
+    dep = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
+    assert dep["spec"]["replicas"] >= 2
+    pod = dep["spec"]["template"]["spec"]
+    hub = pod["containers"][0]
+    flag = next(a for a in hub["args"] if a.startswith("--signing-key-file="))
+    path = Path(flag.split("=", 1)[1])
+    mount = next(m for m in hub["volumeMounts"] if path.parent == Path(m["mountPath"]))
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "sandhub-signing-key"
+
+    role = next(d for d in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()) if d and d["kind"] == "Role")
+    cm_rules = [r for r in role["rules"] if "configmaps" in r["resources"]]
+    assert cm_rules, role["rules"]
+    for rule in cm_rules:
+        if rule.get("resourceNames"):
+            assert rule["resourceNames"] == ["sandhub-hub-signing-keys"], rule
+        else:
+            # `create` cannot be narrowed by name in RBAC; it is all the hub may do to others.
+            assert rule["verbs"] == ["create"], rule

@@ -4,8 +4,17 @@
 //! A token is `<tenant, base64url>.<HMAC-SHA256(key, tenant NUL scope)>`:
 //! it names its tenant (its bearer carries no API key) and opens only its
 //! scope (a sandbox; a sandbox's port until a deadline), so a token for one
-//! opens no other. The key is the hub's own, kept in its state dir (0600)
-//! so tokens outlive a restart.
+//! opens no other.
+//!
+//! Where the key comes from:
+//! - the operator's `--signing-key-file` (a mounted Secret): one key per
+//!   line, newest first. Every replica of a hub on Kubernetes reads the same
+//!   file, so a token one replica signed opens on every other and outlives
+//!   restarts. Tokens are signed with the first key and accepted under any,
+//!   so a rotation puts the new key first and drops the old one after the
+//!   longest token's lifetime;
+//! - otherwise, on the local backend, the hub's own key in its state dir
+//!   (0600), made on first start.
 
 use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path};
 
@@ -16,9 +25,22 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 const KEY_LEN: usize = 32;
+/// More keys than this in one file is a mistake, not a rotation.
+const MAX_KEYS: usize = 8;
+/// What a key's fingerprint is the MAC of: it names the key in logs and in
+/// the cluster's record of the replicas' key (`kube::signing`), and reveals
+/// nothing of it.
+const FINGERPRINT_DOMAIN: &[u8] = b"sandhub-signing-key-fingerprint/v1";
 
+/// The keys, newest first; never printed.
 pub struct Tokens {
-    key: [u8; KEY_LEN],
+    keys: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokens {{ fingerprints: {:?} }}", self.fingerprints())
+    }
 }
 
 impl Tokens {
@@ -30,7 +52,9 @@ impl Tokens {
                     .as_slice()
                     .try_into()
                     .map_err(|_| anyhow::anyhow!("{}: not a {KEY_LEN}-byte key", path.display()))?;
-                Ok(Tokens { key })
+                Ok(Tokens {
+                    keys: vec![key.to_vec()],
+                })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let tokens = Tokens::random();
@@ -44,7 +68,7 @@ impl Tokens {
                     .mode(0o600)
                     .open(path)
                     .with_context(|| format!("creating {}", path.display()))?;
-                file.write_all(&tokens.key)?;
+                file.write_all(&tokens.keys[0])?;
                 file.sync_all()?;
                 Ok(tokens)
             }
@@ -52,15 +76,64 @@ impl Tokens {
         }
     }
 
+    /// The operator's keys: one per line, newest first, each at least
+    /// [`KEY_LEN`] bytes once its surrounding whitespace is cut; blank
+    /// lines and `#` comments are skipped.
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("{}", path.display()))
+    }
+
+    fn parse(text: &[u8]) -> anyhow::Result<Self> {
+        let mut keys = Vec::new();
+        for (n, line) in text.split(|b| *b == b'\n').enumerate() {
+            let line = line.trim_ascii();
+            if line.is_empty() || line.starts_with(b"#") {
+                continue;
+            }
+            anyhow::ensure!(
+                line.len() >= KEY_LEN,
+                "line {}: a signing key needs at least {KEY_LEN} bytes, this one has {}",
+                n + 1,
+                line.len()
+            );
+            keys.push(line.to_vec());
+        }
+        anyhow::ensure!(!keys.is_empty(), "no signing key in the file");
+        anyhow::ensure!(
+            keys.len() <= MAX_KEYS,
+            "{} signing keys; at most {MAX_KEYS} (newest first) are accepted",
+            keys.len()
+        );
+        Ok(Tokens { keys })
+    }
+
     /// A key for this process only (tokens die with it).
     pub fn random() -> Self {
         Tokens {
-            key: rand::random(),
+            keys: vec![rand::random::<[u8; KEY_LEN]>().to_vec()],
         }
     }
 
-    fn mac(&self, tenant: &str, scope: &str) -> [u8; 32] {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("any key length");
+    /// Each key's fingerprint, newest first: 16 hex digits of a MAC under
+    /// its own domain, so equal fingerprints mean equal keys and nothing
+    /// about a key can be learned from its fingerprint.
+    pub fn fingerprints(&self) -> Vec<String> {
+        self.keys
+            .iter()
+            .map(|key| {
+                let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+                mac.update(FINGERPRINT_DOMAIN);
+                mac.finalize().into_bytes()[..8]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn mac(key: &[u8], tenant: &str, scope: &str) -> [u8; 32] {
+        let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
         mac.update(tenant.as_bytes());
         mac.update(b"\0");
         mac.update(scope.as_bytes());
@@ -72,17 +145,24 @@ impl Tokens {
         format!(
             "{}.{}",
             B64.encode(tenant),
-            B64.encode(self.mac(tenant, scope))
+            B64.encode(Self::mac(&self.keys[0], tenant, scope))
         )
     }
 
-    /// The tenant `token` was issued to, if it opens `scope`.
+    /// The tenant `token` was issued to, if it opens `scope` under any of
+    /// the keys (every key is tried, so the time taken does not say which
+    /// one matched).
     pub fn verify(&self, token: &str, scope: &str) -> Option<String> {
         let (tenant, mac) = token.split_once('.')?;
         let tenant = String::from_utf8(B64.decode(tenant).ok()?).ok()?;
         let mac = B64.decode(mac).ok()?;
-        let want = self.mac(&tenant, scope);
-        bool::from(want.as_slice().ct_eq(mac.as_slice())).then_some(tenant)
+        let mut ok = subtle::Choice::from(0);
+        for key in &self.keys {
+            ok |= Self::mac(key, &tenant, scope)
+                .as_slice()
+                .ct_eq(mac.as_slice());
+        }
+        bool::from(ok).then_some(tenant)
     }
 }
 
@@ -117,5 +197,52 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         std::fs::write(&path, b"short").unwrap();
         assert!(Tokens::load_or_create(&path).is_err());
+    }
+
+    const OLD: &str = "old-key-old-key-old-key-old-key-old-key";
+    const NEW: &str = "new-key-new-key-new-key-new-key-new-key";
+
+    #[test]
+    fn a_rotation_signs_with_the_newest_key_and_accepts_the_previous() {
+        let before = Tokens::parse(OLD.as_bytes()).unwrap();
+        let rotated =
+            Tokens::parse(format!("# newest first\n{NEW}\n\n  {OLD}  \n").as_bytes()).unwrap();
+        let after = Tokens::parse(NEW.as_bytes()).unwrap();
+        let old_token = before.issue("t", "sb");
+        // During the grace period both keys open old and new tokens...
+        assert_eq!(rotated.verify(&old_token, "sb").as_deref(), Some("t"));
+        let new_token = rotated.issue("t", "sb");
+        assert_eq!(after.verify(&new_token, "sb").as_deref(), Some("t"));
+        // ...and a replica still on the old key alone refuses new ones,
+        // which is why the new key goes in as the second line first.
+        assert_eq!(before.verify(&new_token, "sb"), None);
+        // Once the old key is dropped, its tokens stop opening anything.
+        assert_eq!(after.verify(&old_token, "sb"), None);
+        assert_eq!(
+            rotated.fingerprints(),
+            [
+                after.fingerprints()[0].clone(),
+                before.fingerprints()[0].clone()
+            ]
+        );
+        assert_ne!(before.fingerprints(), after.fingerprints());
+        assert!(
+            !format!("{rotated:?}").contains("key-"),
+            "keys are never printed"
+        );
+    }
+
+    #[test]
+    fn bad_key_files_are_refused_with_the_reason() {
+        for (text, why) in [
+            ("", "no signing key"),
+            ("# only a comment\n", "no signing key"),
+            ("short\n", "line 1"),
+            (&format!("{NEW}\nshort"), "line 2"),
+            (&format!("{NEW}\n").repeat(9), "at most 8"),
+        ] {
+            let err = format!("{:#}", Tokens::parse(text.as_bytes()).unwrap_err());
+            assert!(err.contains(why), "{text:?}: {err}");
+        }
     }
 }

@@ -12,6 +12,7 @@ mod ports;
 mod prepull;
 mod reach;
 mod sidecar_exec;
+pub mod signing;
 mod startup;
 mod template;
 mod tenant;

@@ -49,6 +49,9 @@ class Cluster:
     # The key the controller and the hub derive each Sandbox's own sandboxd
     # token from (--sandboxd-token-key-file); no Pod ever holds it.
     token_key_file: Path
+    # The keys every hub replica signs E2B tokens and port links with
+    # (--signing-key-file): one file shared by all, as a mounted Secret is.
+    signing_key_file: Path
     logs: Path
     api: k8s.ApiClient
     procs: list[subprocess.Popen[Any]] = field(default_factory=list)
@@ -105,6 +108,8 @@ class Cluster:
 
     def start_hub(self, *extra: str) -> tuple[subprocess.Popen[Any], str]:
         port = free_port()
+        keys = ([] if any(a.startswith("--signing-key-file") for a in extra)
+                else ["--signing-key-file", str(self.signing_key_file)])
         proc = self.spawn(
             "hub",
             [
@@ -115,6 +120,7 @@ class Cluster:
                 "--namespace", self.ns,
                 "--sandboxd-token-key-file", str(self.token_key_file),
                 "--listen", f"{LOOPBACK}:{port}",
+                *keys,
                 *extra,
             ],
         )
@@ -273,7 +279,11 @@ def e2e_cluster() -> Iterator[Cluster]:
     key_file = logs / "sandboxd-token-key"
     key_file.write_text(secrets.token_urlsafe(48) + "\n")
     key_file.chmod(0o600)
-    c = Cluster(kubeconfig=kubeconfig, ns=ns, token_key_file=key_file, logs=logs, api=api)
+    signing_key_file = logs / "signing-keys"
+    signing_key_file.write_text(secrets.token_urlsafe(48) + "\n")
+    signing_key_file.chmod(0o600)
+    c = Cluster(kubeconfig=kubeconfig, ns=ns, token_key_file=key_file,
+                signing_key_file=signing_key_file, logs=logs, api=api)
     try:
         install_crds(api)
         c.custom.create_namespaced_custom_object(*EXT, ns, "sandboxtemplates", template())

@@ -1,0 +1,157 @@
+"""Hub replicas on the kubernetes backend (issue #28): what one replica signs
+opens on every other, and survives the replica that signed it.
+
+Two `sandhub serve --backend kubernetes --e2b --sandbox-domain` processes
+share one `--signing-key-file`, as the replicas of deploy/hub share the
+mounted Secret, and a client alternates between them the way a Service
+would. A replica with another key refuses to start; one in the middle of a
+key rotation starts."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import requests
+from sandhub_testing import stop_process, wait_for
+from sandhub_testing.binaries import binary
+from sandhub_testing.hub_k8s import POOL, Cluster, wait_for_pool
+from sandhub_testing.net import LOOPBACK, free_port
+
+HEADERS = {"x-api-key": "any-key-on-an-open-hub"}
+DOMAIN = "sandboxes.test"
+PORT = 8000
+
+
+def envd(url: str, sid: str, token: str, rpc: str, body: dict[str, Any]) -> requests.Response:
+    """One envd Connect call, unary JSON, through the hub at `url`."""
+    return requests.post(
+        f"{url}/{rpc}",
+        json=body,
+        headers={
+            "e2b-sandbox-id": sid,
+            "e2b-sandbox-port": "49983",
+            "x-access-token": token,
+            "content-type": "application/json",
+        },
+        timeout=60,
+    )
+
+
+def open_link(url: str, link: str) -> requests.Response:
+    """A minted port link, visited at hub `url` (whatever replica minted it):
+    its token is traded for a cookie, which then opens the port."""
+    parts = urlsplit(link)
+    token = parse_qs(parts.query)["sandhub_token"][0]
+    host = {"Host": parts.netloc}
+    r = requests.get(f"{url}/?sandhub_token={token}", headers=host, allow_redirects=False, timeout=30)
+    assert r.status_code == 303, r.text
+    return requests.get(f"{url}/hello.txt", headers={**host, "cookie": f"sandhub_port={token}"}, timeout=30)
+
+
+def start(cluster: Cluster, *extra: str) -> tuple[subprocess.Popen[Any], str]:
+    return cluster.start_hub("--e2b", "--sandbox-domain", DOMAIN, *extra)
+
+
+def test_tokens_and_links_of_one_replica_open_on_every_other(cluster: Cluster, tmp_path: Path):
+    a, url_a = start(cluster)
+    b, url_b = start(cluster)
+    c: subprocess.Popen[Any] | None = None
+    try:
+        # An E2B sandbox made through A...
+        r = requests.post(f"{url_a}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
+                          headers=HEADERS, timeout=200)
+        assert r.status_code == 201, r.text
+        sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        # ...is used through B with the token A signed.
+        dirname = f"/workspace/made-through-b-{secrets.token_hex(3)}"
+        r = envd(url_b, sid, token, "filesystem.Filesystem/MakeDir", {"path": dirname})
+        assert r.status_code == 200, r.text
+        r = envd(url_a, sid, token, "filesystem.Filesystem/Stat", {"path": dirname})
+        assert r.status_code == 200 and r.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY", r.text
+        # A forged token opens nothing on either.
+        for url in (url_a, url_b):
+            r = envd(url, sid, token[:-4] + "AAAA", "filesystem.Filesystem/Stat", {"path": dirname})
+            assert r.status_code == 401, r.text
+
+        # A port link minted on A opens on B.
+        body = "served in the pod " + secrets.token_hex(4)
+        script = f"printf '%s' '{body}' > /workspace/hello.txt && busybox httpd -p {PORT} -h /workspace"
+        r = requests.post(f"{url_a}/v1/sandboxes/{sid}/exec", json={"command": ["sh", "-c", script]}, timeout=60)
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+        r = requests.post(f"{url_a}/v1/sandboxes/{sid}/port-urls/{PORT}?ttl_seconds=600", timeout=30)
+        assert r.status_code == 200, r.text
+        link = r.json()["url"]
+        assert urlsplit(link).netloc.startswith(f"{PORT}-{sid}."), link
+        opened = wait_for("the port link minted on A to open on B",
+                          lambda: (lambda r: r if r.status_code == 200 else None)(open_link(url_b, link)),
+                          timeout=60)
+        assert opened.text == body
+
+        # kill -9 of A: B and a replica started after it still open both.
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=10)
+        c, url_c = start(cluster)
+        for url in (url_b, url_c):
+            r = envd(url, sid, token, "filesystem.Filesystem/Stat", {"path": dirname})
+            assert r.status_code == 200, (url, r.text)
+            assert open_link(url, link).text == body
+            info = requests.get(f"{url}/sandboxes/{sid}", headers=HEADERS, timeout=30)
+            assert info.status_code == 200 and info.json()["state"] == "running", info.text
+
+        r = requests.delete(f"{url_c}/sandboxes/{sid}", headers=HEADERS, timeout=60)
+        assert r.status_code == 204, r.text
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        for p in (a, b, c):
+            if p is not None:
+                stop_process(p)
+    wait_for_pool(cluster, 2)
+
+
+def test_a_replica_with_another_key_refuses_to_start_and_a_rotation_starts(cluster: Cluster, tmp_path: Path):
+    first, _ = start(cluster)  # records the shared key's fingerprint, if no test did yet
+    stop_process(first)
+    old = cluster.signing_key_file.read_text().strip()
+
+    stranger = tmp_path / "another-key"
+    stranger.write_text(secrets.token_urlsafe(48) + "\n")
+    log = cluster.logs / "hub.log"
+    seen = log.stat().st_size
+    proc = cluster.spawn("hub", [
+        *start_argv(cluster), "--signing-key-file", str(stranger),
+    ])
+    assert proc.wait(timeout=60) != 0, "a replica with a key the others do not share must not serve"
+    said = log.read_bytes()[seen:].decode(errors="replace")
+    assert "does not agree with the other replicas" in said, said[-2000:]
+    assert old not in said and stranger.read_text().strip() not in said, "keys are never logged"
+
+    # The new key first, the shared one second: tokens pass both ways, it serves.
+    rotated = tmp_path / "rotated"
+    rotated.write_text(secrets.token_urlsafe(48) + "\n" + old + "\n")
+    hub, url = start(cluster, "--signing-key-file", str(rotated))
+    try:
+        assert requests.get(f"{url}/readyz", timeout=10).status_code == 200
+    finally:
+        stop_process(hub)
+    # Back to the shared key alone (the record now names the rotated file's
+    # keys, which accept it): the session's other tests keep working.
+    again, _ = start(cluster)
+    stop_process(again)
+
+
+def start_argv(cluster: Cluster) -> list[str]:
+    """The argv `Cluster.start_hub` runs, minus its signing key, on a free port."""
+    return [
+        str(binary("sandhub")), "serve",
+        "--backend", "kubernetes",
+        "--kubeconfig", cluster.kubeconfig,
+        "--namespace", cluster.ns,
+        "--sandboxd-token-key-file", str(cluster.token_key_file),
+        "--listen", f"{LOOPBACK}:{free_port()}",
+        "--e2b", "--sandbox-domain", DOMAIN,
+    ]
