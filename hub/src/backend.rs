@@ -185,14 +185,25 @@ fn no_pull() -> ErrorBody {
 }
 
 /// Where environments are kept across restarts.
+#[async_trait]
 pub trait EnvStore: Send + Sync + 'static {
-    fn insert(&self, row: &GymEnvRow) -> Result<()>;
+    async fn insert(&self, row: &GymEnvRow) -> Result<()>;
     /// The episode state after a call at `now`.
-    fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()>;
-    fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>>;
-    fn delete(&self, id: &str) -> Result<()>;
+    async fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()>;
+    async fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>>;
+    async fn delete(&self, id: &str) -> Result<()>;
     /// `(id, tenant)` of every env unused for its idle timeout at `now`.
-    fn idle(&self, now: i64) -> Result<Vec<(String, String)>>;
+    async fn idle(&self, now: i64) -> Result<Vec<(String, String)>>;
+    /// Other processes (hub replicas) write the same envs: what this hub
+    /// holds in memory is re-read before each call instead of trusted.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// The env's sandboxes carry the env's idle timeout (a backend without
+    /// idle timeouts has the sweeper alone close idle envs).
+    fn sandbox_idle_timeouts(&self) -> bool {
+        true
+    }
 }
 
 /// What an environment's next call depends on, beyond its configuration.

@@ -211,19 +211,27 @@ async fn serve(
                 format!("local, state in {}", state_dir.display()),
             )
         }
-        BackendKind::Kubernetes => (
+        BackendKind::Kubernetes => {
             // The same tenant quotas as the local backend (pool replicas).
-            Arc::new(
-                KubeTenancy::connect(
-                    &args.kube,
-                    Policy::resolve(&args.local.policy, local::runtime::host_memory_kib()),
-                )
-                .await?,
-            ),
-            // No store on this backend: envs live in this hub's memory.
-            Arc::default(),
-            format!("kubernetes, namespace {}", args.kube.namespace),
-        ),
+            let kube = KubeTenancy::connect(
+                &args.kube,
+                Policy::resolve(&args.local.policy, local::runtime::host_memory_kib()),
+            )
+            .await?;
+            // Gym envs are ConfigMaps any replica reads; every replica
+            // sweeps idle ones (a close that another already made is a no-op).
+            let gym = Arc::new(Gym::persistent(Arc::new(kube.env_store())));
+            let backend: Arc<dyn Backend> = Arc::new(kube);
+            gym.spawn_sweeper(
+                backend.clone(),
+                args.reap_interval.max(Duration::from_secs(5)),
+            );
+            (
+                backend,
+                gym,
+                format!("kubernetes, namespace {}", args.kube.namespace),
+            )
+        }
     };
     let tokens = signing_tokens(&args).await?;
     let e2b = match (&tokens, args.e2b) {

@@ -113,6 +113,63 @@ def test_tokens_and_links_of_one_replica_open_on_every_other(cluster: Cluster, t
     wait_for_pool(cluster, 2)
 
 
+def step(url: str, env: str, action: str) -> dict[str, Any]:
+    r = requests.post(f"{url}/gym/v1/envs/{env}/step", json={"action": action}, timeout=120)
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def test_a_gym_env_made_on_one_replica_is_stepped_on_any_and_outlives_it(cluster: Cluster):
+    a, url_a = start(cluster)
+    b, url_b = start(cluster)
+    c: subprocess.Popen[Any] | None = None
+    try:
+        r = requests.post(f"{url_a}/gym/v1/envs", json={
+            "pool": POOL,
+            "reward": [{"kind": "exit_code", "equals": 0, "weight": 1.0}],
+            "max_episode_steps": 10,
+        }, timeout=200)
+        assert r.status_code == 201, r.text
+        env = r.json()["env_id"]
+        # Recorded in the cluster, under the tenant's digest only.
+        cm = cluster.core.read_namespaced_config_map(f"sandhub-gym-{env}", cluster.ns)
+        assert cm.metadata.labels["sandhub.io/gym-env"] == "true"
+
+        r = requests.post(f"{url_b}/gym/v1/envs/{env}/reset", json={"seed": 7}, timeout=200)
+        assert r.status_code == 200, r.text
+        first = step(url_b, env, "echo one > /workspace/a && cat /workspace/a")
+        assert first["observation"].startswith("one") and first["reward"] == 1.0, first
+        assert first["info"]["step"] == 1, first
+        # A steps it next and sees B's step count, workspace and sandbox.
+        second = step(url_a, env, "cat /workspace/a")
+        assert second["info"]["step"] == 2 and second["observation"].startswith("one"), second
+        assert second["info"]["sandbox_id"] == first["info"]["sandbox_id"]
+
+        # kill -9 of the replica that made it: B and a new replica go on.
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=10)
+        c, url_c = start(cluster)
+        third = step(url_c, env, "echo $SANDHUB_SEED")
+        assert third["info"]["step"] == 3 and third["observation"].startswith("7"), third
+        fourth = step(url_b, env, "false")
+        assert fourth["info"]["step"] == 4 and fourth["reward"] == 0.0, fourth
+
+        # Closed through one replica, gone on every other.
+        assert requests.delete(f"{url_c}/gym/v1/envs/{env}", timeout=60).status_code == 204
+        r = requests.post(f"{url_b}/gym/v1/envs/{env}/step", json={"action": "true"}, timeout=60)
+        assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND", r.text
+        # Another id shape is simply not found, never turned into an object name.
+        r = requests.post(f"{url_b}/gym/v1/envs/..%2Fkube-root-ca.crt/step", json={"action": "true"}, timeout=60)
+        assert r.status_code == 404, r.text
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        for p in (a, b, c):
+            if p is not None:
+                stop_process(p)
+    wait_for_pool(cluster, 2)
+
+
 def test_a_replica_with_another_key_refuses_to_start_and_a_rotation_starts(cluster: Cluster, tmp_path: Path):
     first, _ = start(cluster)  # records the shared key's fingerprint, if no test did yet
     stop_process(first)

@@ -5,6 +5,7 @@
 //! finds every sandbox again and keeps nothing of its own.
 
 pub mod egress;
+pub mod gym;
 mod images;
 mod model;
 mod owner;
@@ -412,6 +413,11 @@ impl Backend for KubeTenancy {
 }
 
 impl KubeTenancy {
+    /// Where this backend keeps Gym environments: ConfigMaps every replica reads.
+    pub fn env_store(&self) -> gym::KubeEnvStore {
+        gym::KubeEnvStore::new(self.shared.client.clone(), &self.shared.namespace)
+    }
+
     fn claims(&self) -> Api<SandboxClaim> {
         Api::namespaced(self.shared.client.clone(), &self.shared.namespace)
     }

@@ -101,6 +101,12 @@ impl Env {
         Ok(env)
     }
 
+    /// Takes the episode state another replica recorded (its configuration
+    /// never changes after creation).
+    pub fn refresh(&mut self, row: GymEnvRow) {
+        self.state = row.episode;
+    }
+
     /// The row that stores this environment, used at `now`.
     pub fn row(&self, now: i64) -> GymEnvRow {
         GymEnvRow {

@@ -1,12 +1,11 @@
 //! Which environments exist: the ones in use, in memory, each behind its
-//! own lock, and (on the local backend) all of them in the state store, so
-//! that after a hub restart an env is loaded again on its first call.
+//! own lock, and all of them in a store (the local backend's SQLite, or
+//! ConfigMaps on Kubernetes), so that after a hub restart an env is loaded
+//! again on its first call. A store other replicas write too is `shared`:
+//! then the env's state is re-read at the start of every call, so any
+//! replica can step any env.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use sandhub_api::{
     error::Code,
@@ -27,8 +26,9 @@ struct Slot {
 /// The environments of one hub.
 #[derive(Default)]
 pub struct Gym {
-    envs: Mutex<HashMap<String, Arc<Slot>>>,
-    /// None: envs live only in memory (the Kubernetes backend has no store).
+    /// An async lock: it is held across a store read (see `slot`).
+    envs: tokio::sync::Mutex<HashMap<String, Arc<Slot>>>,
+    /// None: envs live only in this process's memory (tests).
     store: Option<Arc<dyn EnvStore>>,
 }
 
@@ -40,7 +40,7 @@ impl Gym {
     /// Envs that survive a hub restart.
     pub fn persistent(store: Arc<dyn EnvStore>) -> Self {
         Gym {
-            envs: Mutex::default(),
+            envs: tokio::sync::Mutex::default(),
             store: Some(store),
         }
     }
@@ -49,10 +49,13 @@ impl Gym {
     /// before the caller learns its id.
     pub async fn create(&self, api: &dyn TenantView, spec: CreateEnv) -> Result<EnvCreated> {
         let mut env = Env::new(new_id("env"), api.tenant().to_string(), spec)?;
-        env.sandbox_idle_timeout = self.store.is_some();
+        env.sandbox_idle_timeout = self
+            .store
+            .as_ref()
+            .is_some_and(|s| s.sandbox_idle_timeouts());
         env.prepare(api).await?;
         if let Some(store) = &self.store {
-            if let Err(e) = store.insert(&env.row(now_ms())) {
+            if let Err(e) = store.insert(&env.row(now_ms())).await {
                 env.close(api).await;
                 return Err(e);
             }
@@ -72,20 +75,17 @@ impl Gym {
             tenant: env.tenant.clone(),
             env: Arc::new(tokio::sync::Mutex::new(env)),
         });
-        self.envs
-            .lock()
-            .unwrap()
-            .insert(created.env_id.clone(), slot);
+        self.envs.lock().await.insert(created.env_id.clone(), slot);
         Ok(created)
     }
 
     /// The caller's environment, loaded from the store when this hub has
     /// not seen it yet. Another tenant's is simply not found.
-    fn slot(&self, tenant: &str, id: &str) -> Result<Arc<Slot>> {
+    async fn slot(&self, tenant: &str, id: &str) -> Result<Arc<Slot>> {
         // Held across the store read, so that a close (which deletes the
         // row before it drops the slot) can never race a load into leaving
         // a stale slot behind.
-        let mut envs = self.envs.lock().unwrap();
+        let mut envs = self.envs.lock().await;
         if let Some(slot) = envs.get(id) {
             return if slot.tenant == tenant {
                 Ok(slot.clone())
@@ -96,8 +96,9 @@ impl Gym {
         let Some(store) = &self.store else {
             return Err(not_found(id));
         };
-        let row = store.get(tenant, id)?.ok_or_else(|| not_found(id))?;
-        let env = Env::restore(row)?;
+        let row = store.get(tenant, id).await?.ok_or_else(|| not_found(id))?;
+        let mut env = Env::restore(row)?;
+        env.sandbox_idle_timeout = store.sandbox_idle_timeouts();
         tracing::info!(env = %id, tenant = %tenant, "gym environment loaded from the store");
         let slot = Arc::new(Slot {
             tenant: tenant.to_string(),
@@ -109,10 +110,22 @@ impl Gym {
 
     /// The caller's open environment, locked for one call.
     pub async fn lock(&self, tenant: &str, id: &str) -> Result<OwnedMutexGuard<Env>> {
-        let slot = self.slot(tenant, id)?;
-        let env = slot.env.clone().lock_owned().await;
+        let slot = self.slot(tenant, id).await?;
+        let mut env = slot.env.clone().lock_owned().await;
         if env.closed {
             return Err(not_found(id));
+        }
+        if let Some(store) = self.store.as_ref().filter(|s| s.shared()) {
+            // Another replica may have stepped or closed it since this one
+            // last did: its record, not this memory, is the env.
+            match store.get(tenant, id).await? {
+                Some(row) => env.refresh(row),
+                None => {
+                    env.closed = true;
+                    self.envs.lock().await.remove(id);
+                    return Err(not_found(id));
+                }
+            }
         }
         Ok(env)
     }
@@ -121,7 +134,7 @@ impl Gym {
     pub async fn step(&self, api: &dyn TenantView, id: &str, action: String) -> Result<StepResult> {
         let mut env = self.lock(api.tenant(), id).await?;
         let result = env.step(api, action).await;
-        self.save(&env)?;
+        self.save(&env).await?;
         result
     }
 
@@ -134,15 +147,15 @@ impl Gym {
     ) -> Result<ResetResult> {
         let mut env = self.lock(api.tenant(), id).await?;
         let result = env.reset(api, seed).await;
-        self.save(&env)?;
+        self.save(&env).await?;
         result
     }
 
     /// Records the episode state after a call. Every call saves, failed ones
     /// too: what a call changed before failing (a new sandbox) must stick.
-    pub fn save(&self, env: &Env) -> Result<()> {
+    pub async fn save(&self, env: &Env) -> Result<()> {
         match &self.store {
-            Some(store) if !env.closed => store.save(&env.id, env.episode(), now_ms()),
+            Some(store) if !env.closed => store.save(&env.id, env.episode(), now_ms()).await,
             _ => Ok(()),
         }
     }
@@ -151,9 +164,9 @@ impl Gym {
     pub async fn close(&self, api: &dyn TenantView, env: &mut Env) -> Result<()> {
         env.close(api).await;
         if let Some(store) = &self.store {
-            store.delete(&env.id)?;
+            store.delete(&env.id).await?;
         }
-        self.envs.lock().unwrap().remove(&env.id);
+        self.envs.lock().await.remove(&env.id);
         Ok(())
     }
 
@@ -164,13 +177,13 @@ impl Gym {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        for (id, tenant) in store.idle(now)? {
-            let slot = match self.slot(&tenant, &id) {
+        for (id, tenant) in store.idle(now).await? {
+            let slot = match self.slot(&tenant, &id).await {
                 Ok(slot) => slot,
                 Err(e) if e.code == Code::Internal => {
                     // Unreadable: it can never be used again either.
                     tracing::warn!(env = %id, error = %e, "deleting an idle env that cannot be loaded");
-                    store.delete(&id)?;
+                    store.delete(&id).await?;
                     continue;
                 }
                 Err(e) => {
@@ -186,7 +199,7 @@ impl Gym {
                 continue;
             }
             // Judged on its row as it is now: a call may have ended since.
-            let still_idle = store.get(&tenant, &id)?.is_some_and(|row| {
+            let still_idle = store.get(&tenant, &id).await?.is_some_and(|row| {
                 row.last_used + (row.idle_timeout_seconds as i64).saturating_mul(1000) <= now
             });
             if !still_idle {

@@ -110,24 +110,25 @@ impl Store {
 }
 
 /// The local backend keeps envs in its SQLite store, next to their sandboxes.
+#[async_trait::async_trait]
 impl EnvStore for Hub {
-    fn insert(&self, row: &GymEnvRow) -> Result<()> {
+    async fn insert(&self, row: &GymEnvRow) -> Result<()> {
         self.store.insert_gym_env(row)
     }
 
-    fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()> {
+    async fn save(&self, id: &str, episode: &Episode, now: i64) -> Result<()> {
         self.store.save_gym_episode(id, episode, now)
     }
 
-    fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>> {
+    async fn get(&self, tenant: &str, id: &str) -> Result<Option<GymEnvRow>> {
         self.store.get_gym_env(tenant, id)
     }
 
-    fn delete(&self, id: &str) -> Result<()> {
+    async fn delete(&self, id: &str) -> Result<()> {
         self.store.delete_gym_env(id)
     }
 
-    fn idle(&self, now: i64) -> Result<Vec<(String, String)>> {
+    async fn idle(&self, now: i64) -> Result<Vec<(String, String)>> {
         self.store.idle_gym_envs(now)
     }
 }
