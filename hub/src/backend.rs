@@ -130,6 +130,11 @@ pub trait Backend: Send + Sync + 'static {
     fn images(&self) -> Option<Arc<dyn ImageService>> {
         None
     }
+    /// Where MCP sessions are recorded for the other replicas of this hub
+    /// (Kubernetes); none where one process serves everything. (No
+    /// default: a wrapper that forgot to forward it would silently tie
+    /// every session to one replica.)
+    fn shared_mcp_sessions(&self) -> Option<Arc<dyn sandhub_mcp::SharedSessions>>;
 }
 
 /// An image store as the front doors use it. Blocking work runs on

@@ -173,6 +173,10 @@ impl Backend for Guarded {
     fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
         self.inner.egress_usage()
     }
+
+    fn shared_mcp_sessions(&self) -> Option<Arc<dyn sandhub_mcp::SharedSessions>> {
+        self.inner.shared_mcp_sessions()
+    }
 }
 
 struct GuardedView {

@@ -28,7 +28,11 @@ use rmcp::transport::streamable_http_server::{
 };
 use tower::ServiceExt;
 
-use crate::{provider::SandboxesProvider, SandhubMcp};
+use crate::{
+    provider::SandboxesProvider,
+    shared::{SharedSession, SharedSessions},
+    SandhubMcp,
+};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 /// Sessions bound before the first sweep of ended ones.
@@ -41,6 +45,8 @@ pub struct McpService<P> {
     sessions: Arc<LocalSessionManager>,
     provider: Arc<P>,
     owners: Arc<Owners>,
+    /// Where other replicas find this one's sessions, and it theirs.
+    shared: Option<Arc<dyn SharedSessions>>,
 }
 
 impl<P> Clone for McpService<P> {
@@ -50,6 +56,7 @@ impl<P> Clone for McpService<P> {
             sessions: self.sessions.clone(),
             provider: self.provider.clone(),
             owners: self.owners.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -59,12 +66,14 @@ impl<P> McpService<P> {
         inner: StreamableHttpService<SandhubMcp<P>, LocalSessionManager>,
         sessions: Arc<LocalSessionManager>,
         provider: Arc<P>,
+        shared: Option<Arc<dyn SharedSessions>>,
     ) -> Self {
         McpService {
             inner,
             sessions,
             provider,
             owners: Arc::default(),
+            shared,
         }
     }
 }
@@ -123,6 +132,26 @@ impl Owners {
     }
 }
 
+/// True when the shared records say `principal` opened session `id`. A
+/// store that cannot be read answers no: the session is unknown here.
+async fn opened_elsewhere_by(
+    shared: Option<&dyn SharedSessions>,
+    id: &str,
+    principal: &str,
+) -> bool {
+    let Some(shared) = shared else {
+        return false;
+    };
+    match shared.load(id).await {
+        Ok(Some(record)) => record.principal.as_deref() == Some(principal),
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading an MCP session's record");
+            false
+        }
+    }
+}
+
 /// Exactly what rmcp answers for a session it does not know, so that a
 /// foreign session and a missing one cannot be told apart.
 fn session_not_found() -> Response {
@@ -160,6 +189,7 @@ impl<P: SandboxesProvider> tower::Service<Request<Body>> for McpService<P> {
         let inner = self.inner.clone();
         let owners = self.owners.clone();
         let sessions = self.sessions.clone();
+        let shared = self.shared.clone();
         Box::pin(async move {
             let Some(principal) = principal else {
                 // The provider binds nothing (one fixed client for all).
@@ -168,7 +198,14 @@ impl<P: SandboxesProvider> tower::Service<Request<Body>> for McpService<P> {
             };
             if let Some(id) = &session {
                 if !owners.owned_by(id, &principal) {
-                    return Ok(session_not_found());
+                    // Opened through another replica (or before a restart)?
+                    if !opened_elsewhere_by(shared.as_deref(), id, &principal).await {
+                        return Ok(session_not_found());
+                    }
+                    owners.bind(id.clone(), principal.clone(), &sessions).await;
+                }
+                if let Some(shared) = &shared {
+                    shared.touch(id).await;
                 }
             }
             let response = inner.oneshot(request).await?;
@@ -177,10 +214,28 @@ impl<P: SandboxesProvider> tower::Service<Request<Body>> for McpService<P> {
                 None => {
                     if let Some(id) = response.headers().get(SESSION_HEADER) {
                         let id = String::from_utf8_lossy(id.as_bytes()).into_owned();
+                        if let Some(shared) = &shared {
+                            let record = SharedSession {
+                                principal: Some(principal.clone()),
+                                initialize: None,
+                            };
+                            if let Err(e) = shared.store(&id, &record).await {
+                                // The session still works here; other
+                                // replicas answer it as unknown.
+                                tracing::warn!(error = %e, "recording an MCP session for other replicas");
+                            }
+                        }
                         owners.bind(id, principal, &sessions).await;
                     }
                 }
-                Some(id) if deleting && response.status().is_success() => owners.unbind(id),
+                Some(id) if deleting && response.status().is_success() => {
+                    owners.unbind(id);
+                    if let Some(shared) = &shared {
+                        if let Err(e) = shared.delete(id).await {
+                            tracing::warn!(error = %e, "deleting an ended MCP session's record");
+                        }
+                    }
+                }
                 Some(_) => {}
             }
             Ok(as_upstream(deleting, response.map(Body::new)))
@@ -202,6 +257,48 @@ mod tests {
         assert!(!owners.owned_by("s2", "alice"));
         owners.unbind("s1");
         assert!(!owners.owned_by("s1", "alice"));
+    }
+
+    /// A store in this process's memory: the logic under test is the
+    /// binding's, not the store's (the hub's is tested on a real cluster).
+    #[derive(Default)]
+    struct InMemory(Mutex<HashMap<String, SharedSession>>);
+
+    #[async_trait::async_trait]
+    impl SharedSessions for InMemory {
+        async fn load(&self, s: &str) -> Result<Option<SharedSession>, String> {
+            Ok(lock(&self.0).get(s).cloned())
+        }
+        async fn store(&self, s: &str, r: &SharedSession) -> Result<(), String> {
+            lock(&self.0).insert(s.into(), r.clone());
+            Ok(())
+        }
+        async fn delete(&self, s: &str) -> Result<(), String> {
+            lock(&self.0).remove(s);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_opened_elsewhere_is_served_only_to_its_principal() {
+        let store = InMemory::default();
+        store
+            .store(
+                "s1",
+                &SharedSession {
+                    principal: Some("alice".into()),
+                    initialize: None,
+                },
+            )
+            .await
+            .unwrap();
+        assert!(opened_elsewhere_by(Some(&store), "s1", "alice").await);
+        assert!(!opened_elsewhere_by(Some(&store), "s1", "bob").await);
+        assert!(!opened_elsewhere_by(Some(&store), "s2", "alice").await);
+        assert!(!opened_elsewhere_by(None, "s1", "alice").await);
+        // A record without its principal (half written) opens nothing.
+        store.store("s3", &SharedSession::default()).await.unwrap();
+        assert!(!opened_elsewhere_by(Some(&store), "s3", "").await);
     }
 
     #[tokio::test]

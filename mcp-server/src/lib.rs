@@ -35,14 +35,16 @@ mod process;
 mod provider;
 mod server;
 mod session;
+mod shared;
 mod transport;
 
 pub use provider::SandboxesProvider;
 pub use server::{McpOptions, SandhubMcp};
 pub use session::SESSION_LABEL;
+pub use shared::{SharedSession, SharedSessions};
 pub use transport::{
-    serve_stdio, serve_stdio_with, streamable_http_service, streamable_http_service_with,
-    McpService,
+    serve_stdio, serve_stdio_with, streamable_http_service, streamable_http_service_shared,
+    streamable_http_service_with, McpService,
 };
 
 /// rmcp's HTTP server config, re-exported so the hub can set allowed

@@ -13,7 +13,12 @@ use rmcp::{
 };
 
 pub use crate::binding::McpService;
-use crate::{provider::SandboxesProvider, server::McpOptions, SandhubMcp};
+use crate::{
+    provider::SandboxesProvider,
+    server::McpOptions,
+    shared::{RmcpStore, SharedSessions},
+    SandhubMcp,
+};
 
 /// Streamable HTTP with default limits and rmcp's default config (which
 /// accepts only loopback `Host` headers; see
@@ -36,6 +41,22 @@ pub fn streamable_http_service_with<P: SandboxesProvider>(
     options: McpOptions,
     config: StreamableHttpServerConfig,
 ) -> McpService<P> {
+    streamable_http_service_shared(provider, options, config, None)
+}
+
+/// As [`streamable_http_service_with`], and with `shared`, sessions any
+/// replica can serve: each is recorded there (its principal, the client's
+/// `initialize`), and a replica that does not know a session rebuilds it
+/// from its record ([`crate::shared`]).
+pub fn streamable_http_service_shared<P: SandboxesProvider>(
+    provider: P,
+    options: McpOptions,
+    mut config: StreamableHttpServerConfig,
+    shared: Option<Arc<dyn SharedSessions>>,
+) -> McpService<P> {
+    if let Some(shared) = &shared {
+        config.session_store = Some(Arc::new(RmcpStore(shared.clone())));
+    }
     let provider = Arc::new(provider);
     let options = Arc::new(options);
     let router = SandhubMcp::<P>::router();
@@ -52,7 +73,7 @@ pub fn streamable_http_service_with<P: SandboxesProvider>(
         sessions.clone(),
         config,
     );
-    McpService::new(inner, sessions, provider)
+    McpService::new(inner, sessions, provider, shared)
 }
 
 /// Serves one session on stdin/stdout until the client disconnects.

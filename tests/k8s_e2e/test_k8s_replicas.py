@@ -9,6 +9,7 @@ key rotation starts."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import signal
 import subprocess
@@ -162,6 +163,108 @@ def test_a_gym_env_made_on_one_replica_is_stepped_on_any_and_outlives_it(cluster
         # Another id shape is simply not found, never turned into an object name.
         r = requests.post(f"{url_b}/gym/v1/envs/..%2Fkube-root-ca.crt/step", json={"action": "true"}, timeout=60)
         assert r.status_code == 404, r.text
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        for p in (a, b, c):
+            if p is not None:
+                stop_process(p)
+    wait_for_pool(cluster, 2)
+
+
+class Mcp:
+    """MCP over streamable HTTP, spoken by hand so that each request can go
+    to the replica the test picks (a client library keeps one connection)."""
+
+    def __init__(self) -> None:
+        self.session = ""
+        self.next_id = 0
+
+    def post(self, url: str, message: dict[str, Any]) -> requests.Response:
+        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        if self.session:
+            headers["mcp-session-id"] = self.session
+            headers["mcp-protocol-version"] = "2025-06-18"
+        return requests.post(f"{url}/mcp", json=message, headers=headers, timeout=200)
+
+    def request(self, url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.next_id += 1
+        r = self.post(url, {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        assert r.status_code == 200, (url, r.status_code, r.text)
+        if not self.session:
+            self.session = r.headers["mcp-session-id"]
+        # A JSON answer, or an SSE stream whose data lines carry it.
+        bodies = [r.text] if r.headers["content-type"].startswith("application/json") else [
+            line[len("data:"):].strip() for line in r.text.splitlines() if line.startswith("data:")]
+        for body in bodies:
+            if body:
+                msg: dict[str, Any] = json.loads(body)
+                if msg.get("id") == self.next_id:
+                    assert "error" not in msg, msg
+                    result: dict[str, Any] = msg["result"]
+                    return result
+        raise AssertionError(f"no answer to {method} in {r.text!r}")
+
+    def open(self, url: str) -> None:
+        self.request(url, "initialize", {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "replica-test", "version": "1"}})
+        r = self.post(url, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert r.status_code == 202, r.text
+
+    def tool(self, url: str, name: str, **arguments: Any) -> dict[str, Any]:
+        result = self.request(url, "tools/call", {"name": name, "arguments": arguments})
+        assert not result.get("isError"), (name, result)
+        out: dict[str, Any] = result["structuredContent"]
+        return out
+
+
+def test_an_mcp_session_opened_on_one_replica_is_served_by_any(cluster: Cluster):
+    a, url_a = start(cluster)
+    b, url_b = start(cluster)
+    c: subprocess.Popen[Any] | None = None
+    try:
+        mcp = Mcp()
+        mcp.open(url_a)
+        # B has never seen the session: it rebuilds it from the cluster.
+        name = mcp.tool(url_b, "create_sandbox", warmpool=POOL)["sandbox_claim_name"]
+        ran = mcp.tool(url_a, "execute_command", sandbox_claim_name=name, command="echo hi > f && cat f")
+        assert ran["exit_code"] == 0 and ran["stdout"] == "hi\n", ran
+        listed = mcp.tool(url_b, "list_sandboxes")
+        assert name in json.dumps(listed), listed
+        # The session's records name neither the session id nor the tenant's key.
+        records = [cm for cm in cluster.core.list_namespaced_config_map(cluster.ns).items
+                   if (cm.metadata.labels or {}).get("sandhub.io/mcp-session-record") == "true"]
+        assert records and all(mcp.session not in cm.metadata.name for cm in records)
+
+        # kill -9 of the replica that opened it; B and a new replica go on.
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=10)
+        c, url_c = start(cluster)
+        ran = mcp.tool(url_c, "execute_command", sandbox_claim_name=name, command="cat f")
+        assert ran["stdout"] == "hi\n", ran
+        # Another session never sees this one's sandbox, on any replica.
+        other = Mcp()
+        other.open(url_b)
+        r = other.request(url_c, "tools/call", {"name": "execute_command",
+                                                "arguments": {"sandbox_claim_name": name, "command": "true"}})
+        assert r.get("isError"), r
+        # A session id nobody opened is unknown everywhere.
+        stranger = Mcp()
+        stranger.session = "0" * 32
+        r2 = stranger.post(url_b, {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+        assert r2.status_code == 404, r2.text
+
+        assert mcp.tool(url_b, "delete_sandbox", sandbox_claim_name=name)
+        # Ending the session on C removes its record for every replica.
+        r2 = requests.delete(f"{url_c}/mcp", headers={"mcp-session-id": mcp.session,
+                                                      "mcp-protocol-version": "2025-06-18"}, timeout=60)
+        assert r2.status_code == 200, r2.text
+        d, url_d = start(cluster)
+        try:
+            r2 = mcp.post(url_d, {"jsonrpc": "2.0", "id": 99, "method": "tools/list", "params": {}})
+            assert r2.status_code == 404, r2.text
+        finally:
+            stop_process(d)
         wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
     finally:
         for p in (a, b, c):

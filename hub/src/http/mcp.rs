@@ -57,10 +57,12 @@ pub fn http_service(
         config = config.disable_allowed_hosts();
     }
     let stop = config.cancellation_token.clone();
-    let service = sandhub_mcp::streamable_http_service_with(
+    let shared = hub.shared_mcp_sessions();
+    let service = sandhub_mcp::streamable_http_service_shared(
         TenantSandboxes(hub),
         sandhub_mcp::McpOptions::default(),
         config,
+        shared,
     );
     (service, stop)
 }

@@ -7,6 +7,7 @@
 pub mod egress;
 pub mod gym;
 mod images;
+pub mod mcp_sessions;
 mod model;
 mod owner;
 mod ports;
@@ -203,6 +204,8 @@ pub(crate) struct Shared {
     /// derive from (`--sandboxd-token-key-file`; none: egress refused).
     egress_proxy: String,
     proxy_tokens: Option<sandhub_api::sandboxd_token::SandboxdTokens>,
+    /// MCP session records every replica reads (`mcp_sessions.rs`).
+    mcp_sessions: Arc<mcp_sessions::KubeMcpSessions>,
 }
 
 impl Shared {
@@ -335,8 +338,14 @@ impl KubeTenancy {
                 auth,
             },
         };
+        let mcp_sessions = Arc::new(mcp_sessions::KubeMcpSessions::new(
+            client.clone(),
+            &args.namespace,
+        ));
+        spawn_mcp_session_sweeper(mcp_sessions.clone());
         Ok(KubeTenancy {
             shared: Arc::new(Shared {
+                mcp_sessions,
                 namespace: args.namespace.clone(),
                 reach,
                 ready_timeout: args.ready_timeout,
@@ -359,6 +368,22 @@ impl KubeTenancy {
             }),
         })
     }
+}
+
+/// Every replica sweeps the records of vanished MCP sessions now and then;
+/// two sweeping at once delete nothing twice (404 is fine).
+fn spawn_mcp_session_sweeper(sessions: Arc<mcp_sessions::KubeMcpSessions>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(600));
+        loop {
+            tick.tick().await;
+            match sessions.sweep(crate::backend::now_ms()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(records = n, "swept the records of idle MCP sessions"),
+                Err(e) => tracing::warn!(error = %e, "sweeping MCP session records"),
+            }
+        }
+    });
 }
 
 async fn read_token(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<String> {
@@ -396,6 +421,10 @@ impl Backend for KubeTenancy {
         Some(Arc::new(KubeImages {
             shared: self.shared.clone(),
         }))
+    }
+
+    fn shared_mcp_sessions(&self) -> Option<Arc<dyn sandhub_mcp::SharedSessions>> {
+        Some(self.shared.mcp_sessions.clone())
     }
 
     async fn sandbox_count(&self) -> Result<usize> {

@@ -167,6 +167,11 @@ impl Backend for Arc<Hub> {
         Arc::new(Hub::tenant(self, tenant))
     }
 
+    /// One process serves every session of a local hub.
+    fn shared_mcp_sessions(&self) -> Option<Arc<dyn sandhub_mcp::SharedSessions>> {
+        None
+    }
+
     async fn ready(&self) -> Result<()> {
         self.store.list_pools(Some("")).map(|_| ())
     }

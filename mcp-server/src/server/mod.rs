@@ -117,9 +117,22 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
         router
     }
 
-    /// This session's random id (the value of its sandboxes' session label).
+    /// This session's id (the value of its sandboxes' session label).
     pub fn session_id(&self) -> &str {
         self.session.id()
+    }
+
+    /// Over HTTP, the session's id comes from its `Mcp-Session-Id`, so every
+    /// replica serving it derives the same one (see `session.rs`).
+    fn bind_session(&self, context: &RequestContext<RoleServer>) {
+        if let Some(id) = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+        {
+            self.session.bind_http(id);
+        }
     }
 
     /// The tools this server lists, sorted by name.
@@ -255,6 +268,7 @@ impl<P: SandboxesProvider> ServerHandler for SandhubMcp<P> {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
+        self.bind_session(&context);
         // serde names a mistyped field's expected type but not the field;
         // checking the JSON types first lets the message name it.
         if let Some(tool) = self.tool_router.get(&name) {
@@ -332,6 +346,7 @@ impl<P: SandboxesProvider> ServerHandler for SandhubMcp<P> {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        self.bind_session(&context);
         self.read_sandboxes_resource(&request.uri, &context)
             .await
             .map(Into::into)
