@@ -86,6 +86,18 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub ports: PortArgs,
+
+    /// On SIGTERM, how long the hub keeps taking new requests while
+    /// `/readyz` fails, so that a Service stops sending it any (Kubernetes
+    /// removes a terminating Pod's endpoint a few seconds late). Then it
+    /// stops accepting and finishes what is in flight.
+    #[arg(long, env = "SANDHUB_DRAIN_DELAY", default_value = "0s", value_parser = sandhub_common::parse_duration)]
+    pub drain_delay: Duration,
+
+    /// After the drain delay, how long requests in flight (an exec, a
+    /// download) get to finish before the hub exits anyway.
+    #[arg(long, env = "SANDHUB_DRAIN_TIMEOUT", default_value = "30s", value_parser = sandhub_common::parse_duration)]
+    pub drain_timeout: Duration,
 }
 
 /// Bounds on traffic carried to sandbox ports (every proxying route).
@@ -249,6 +261,7 @@ async fn serve(
         (Some(t), Some(domain)) => Some(Arc::new(HostRouting::new(domain, t.clone(), args.e2b))),
         _ => None,
     };
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (app, mcp_stop) = http::app(
         AppState {
             hub,
@@ -259,6 +272,7 @@ async fn serve(
             },
             hosts,
             ports: Arc::new(PortPool::new(args.ports.limits(nofile))),
+            draining: draining.clone(),
         },
         keys,
         e2b.clone(),
@@ -279,13 +293,29 @@ async fn serve(
              export E2B_API_URL={url} E2B_SANDBOX_URL={url}\n  export E2B_API_KEY={key}"
         );
     }
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            signals.recv().await;
-            // Open MCP event streams would hold the shutdown forever.
-            mcp_stop.cancel();
-        })
-        .await?;
+    let (drain_delay, drain_timeout) = (args.drain_delay, args.drain_timeout);
+    let (stopping_tx, stopping) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        signals.recv().await;
+        draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(delay = ?drain_delay, "draining: /readyz fails, still serving");
+        tokio::time::sleep(drain_delay).await;
+        tracing::info!(timeout = ?drain_timeout, "no new connections; finishing requests in flight");
+        let _ = stopping_tx.send(());
+        // Open MCP event streams would hold the shutdown forever.
+        mcp_stop.cancel();
+    });
+    let server = std::future::IntoFuture::into_future(server);
+    tokio::pin!(server);
+    tokio::select! {
+        served = &mut server => served?,
+        // Past the bound, requests still in flight are cut: a stuck client
+        // must not keep a replica from ever stopping.
+        _ = async {
+            let _ = stopping.await;
+            tokio::time::sleep(drain_timeout).await;
+        } => tracing::warn!("requests still in flight after --drain-timeout; stopping anyway"),
+    }
     // Sandboxes are separate process trees: they keep running, and the
     // next `sandhub serve` re-attaches to them (`run` lets go of the disk).
     tracing::info!("sandhub stopped; sandboxes keep running");

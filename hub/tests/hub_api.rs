@@ -1873,3 +1873,88 @@ async fn the_local_backend_refuses_sidecars_and_other_containers() {
     assert_eq!(err.code, Code::InvalidArgument, "{err}");
     assert_eq!(sh_ok(&c, &sb.id, "echo alive").await, "alive\n");
 }
+
+/// Issue #28: a stopping hub fails readiness at once, keeps serving for
+/// `--drain-delay` (a Service still sends it requests meanwhile), finishes
+/// what is in flight, and never waits past `--drain-timeout`.
+#[tokio::test]
+async fn a_stopping_hub_drains_then_cuts_what_outlives_the_bound() {
+    let mut hub = TestHub::start(HubOptions {
+        extra_args: &["--drain-delay", "2s", "--drain-timeout", "3s"],
+        ..HubOptions::default()
+    })
+    .await;
+    let http = hub.http();
+    let c = hub.client(None);
+    let id = c.create(CreateSandbox::default()).await.unwrap().id;
+    // Started before the signal: an exec that outlives the drain delay.
+    let exec = {
+        let url = format!("{}/v1/sandboxes/{id}/exec", hub.url());
+        let http = http.clone();
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"command": ["sh", "-c", "sleep 3; echo finished"]}))
+                .send()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hub.sigterm();
+    let t0 = std::time::Instant::now();
+    let ready = eventually("/readyz to fail", Duration::from_secs(2), || {
+        let http = http.clone();
+        let url = format!("{}/readyz", hub.url());
+        async move {
+            let r = http.get(url).send().await.ok()?;
+            (r.status() == 503).then_some(r)
+        }
+    })
+    .await;
+    let body: Value = ready.json().await.unwrap();
+    assert_eq!(body["code"], "UNAVAILABLE");
+    assert!(
+        body["message"].as_str().unwrap().contains("draining"),
+        "{body}"
+    );
+    // Within the delay, new requests are still served.
+    let listed = http
+        .get(format!("{}/v1/sandboxes", hub.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // The exec in flight finishes after the delay, within the bound.
+    let done = exec.await.unwrap().unwrap();
+    assert_eq!(done.status(), 200);
+    let done: Value = done.json().await.unwrap();
+    assert_eq!(done["stdout"], "finished\n", "{done}");
+    let status = hub.exited_within(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+
+    // An exec that would outlive the bound is cut: the hub stops anyway.
+    hub.restart().await;
+    let http = hub.http();
+    let url = format!("{}/v1/sandboxes/{id}/exec", hub.url());
+    let stuck = tokio::spawn({
+        let http = http.clone();
+        async move {
+            http.post(url)
+                .json(&json!({"command": ["sleep", "60"]}))
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hub.sigterm();
+    let t0 = std::time::Instant::now();
+    let status = hub.exited_within(Duration::from_secs(20)).await;
+    assert!(status.is_some(), "the hub waited past --drain-timeout");
+    assert!(
+        t0.elapsed() >= Duration::from_secs(5),
+        "it waited the delay and the bound first"
+    );
+    assert!(stuck.await.unwrap().is_err(), "the stuck request was cut");
+    // Up again, so that the sandbox is deleted through the API at the end.
+    hub.restart().await;
+}

@@ -22,7 +22,8 @@ def test_hub_manifests_pass_a_server_side_dry_run(cluster: Cluster):
             if doc:
                 utils.create_from_dict(cluster.api, doc, namespace=cluster.ns, dry_run="All")
                 kinds.append(doc["kind"])
-    assert sorted(kinds) == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert sorted(kinds) == ["Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
+                             "ServiceAccount"]
     # A dry run stores nothing.
     apps = k8s.AppsV1Api(cluster.api)
     assert all(d.metadata.name != "sandhub-hub" for d in apps.list_namespaced_deployment(cluster.ns).items)
@@ -78,3 +79,18 @@ def test_every_replica_mounts_one_signing_key_and_records_only_its_fingerprint()
     assert cm_rules, role["rules"]
     # Gym envs and the key record: no watch, no update, no collection delete.
     assert set().union(*(set(r["verbs"]) for r in cm_rules)) <= {"get", "list", "create", "patch", "delete"}
+
+
+def test_replicas_drain_before_they_stop_and_one_always_serves():
+    """Issue #28: a stopping replica fails readiness and finishes its requests
+    within the grace period; a disruption never takes the last replica."""
+    dep = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
+    pod = dep["spec"]["template"]["spec"]
+    hub = pod["containers"][0]
+    flags = dict(a.split("=", 1) for a in hub["args"] if a.startswith("--drain-"))
+    seconds = {k: int(v.rstrip("s")) for k, v in flags.items()}
+    assert seconds["--drain-delay"] >= hub["readinessProbe"]["periodSeconds"], seconds
+    assert pod["terminationGracePeriodSeconds"] > seconds["--drain-delay"] + seconds["--drain-timeout"]
+    pdb = yaml.safe_load((DEPLOY / "pdb.yaml").read_text())
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert 1 <= pdb["spec"]["minAvailable"] < dep["spec"]["replicas"]

@@ -80,6 +80,9 @@ pub struct AppState {
     pub hosts: Option<Arc<hosts::HostRouting>>,
     /// Keep-alive connections to sandbox ports, for every door that proxies.
     pub ports: Arc<proxy::PortPool>,
+    /// Set once the hub is stopping: `/readyz` fails, so load balancers
+    /// send new requests to other replicas while this one finishes its own.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Marks a request that came to a sandbox's own host (`{port}-{id}.D`):

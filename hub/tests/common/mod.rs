@@ -289,6 +289,26 @@ impl TestHub {
         panic!("sandhub serve would not start:\n{}", self.log_tail());
     }
 
+    /// SIGTERM to the hub (as a kubelet stopping its Pod sends).
+    pub fn sigterm(&self) {
+        let pid = self.child.as_ref().expect("the hub runs").id();
+        // SAFETY: a plain kill(2) of our own child.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    }
+
+    /// Waits up to `timeout` for the hub to exit; its status, if it did.
+    pub async fn exited_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut()?.try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// `kill -9` of the hub; its sandboxes keep running.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

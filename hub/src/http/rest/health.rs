@@ -132,10 +132,17 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Readiness: the state store answers.
+/// Readiness: the state store answers, and the hub is not draining.
 #[utoipa::path(get, path = "/readyz", tag = "service", security(()),
     responses((status = 200, body = String), (status = 503, body = ErrorBody)))]
 async fn readyz(State(state): State<AppState>) -> Response {
+    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return ApiError::new(
+            Code::Unavailable,
+            "draining: this hub is stopping; other replicas take new requests",
+        )
+        .into_response();
+    }
     match state.hub.ready().await {
         Ok(()) => "ok".into_response(),
         Err(e) => ApiError::new(Code::Unavailable, e.message).into_response(),
