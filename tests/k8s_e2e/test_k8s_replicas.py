@@ -9,6 +9,7 @@ key rotation starts."""
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import signal
@@ -168,6 +169,39 @@ def test_a_gym_env_made_on_one_replica_is_stepped_on_any_and_outlives_it(cluster
         for p in (a, b, c):
             if p is not None:
                 stop_process(p)
+    wait_for_pool(cluster, 2)
+
+
+def test_a_rest_process_started_on_one_replica_takes_input_and_signals_on_another(cluster: Cluster):
+    a, url_a = start(cluster)
+    b, url_b = start(cluster)
+    try:
+        r = requests.post(f"{url_a}/v1/sandboxes", json={"pool": POOL}, timeout=200)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        with requests.post(f"{url_a}/v1/sandboxes/{sid}/processes",
+                           json={"command": ["sh", "-c", "read line; echo got $line; sleep 600"]},
+                           stream=True, timeout=120) as stream:
+            assert stream.status_code == 200, stream.text
+            lines = stream.iter_lines()
+            started = json.loads(next(lines))
+            assert started["type"] == "started", started
+            pid = started["pid"]
+            # The pid names sandboxd's process: another replica reaches it.
+            r = requests.post(f"{url_b}/v1/sandboxes/{sid}/processes/{pid}/stdin", data=b"hello\n", timeout=30)
+            assert r.status_code == 204, r.text
+            out = json.loads(next(lines))
+            assert out["type"] == "stdout" and base64.b64decode(out["data"]) == b"got hello\n", out
+            r = requests.post(f"{url_b}/v1/sandboxes/{sid}/processes/{pid}/signal",
+                              json={"signal": "SIGKILL"}, timeout=30)
+            assert r.status_code == 204, r.text
+            ended = json.loads(next(lines))
+            assert ended == {"type": "exited", "exit_code": 137}, ended
+        assert requests.delete(f"{url_b}/v1/sandboxes/{sid}", timeout=60).status_code == 204
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        stop_process(a)
+        stop_process(b)
     wait_for_pool(cluster, 2)
 
 
