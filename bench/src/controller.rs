@@ -79,6 +79,12 @@ struct Cluster {
 
 impl Cluster {
     fn start(repo: &Path) -> Result<Cluster> {
+        Self::start_with(repo, "up")
+    }
+
+    /// `verb`: `up` (fake node), or `up-real-node` (root: containerd,
+    /// kubelet and runc running the sandboxd image).
+    fn start_with(repo: &Path, verb: &str) -> Result<Cluster> {
         let dir = tempfile::Builder::new()
             .prefix("sandhub-bench-k8s-")
             .tempdir()?;
@@ -88,12 +94,12 @@ impl Cluster {
         );
         let st = Command::new("bash")
             .arg(repo.join("dev/k8s/cluster.sh"))
-            .arg("up")
+            .arg(verb)
             .arg(dir.path())
             .stdout(Stdio::null())
             .status()?;
         if !st.success() {
-            bail!("dev/k8s/cluster.sh up failed");
+            bail!("dev/k8s/cluster.sh {verb} failed");
         }
         Ok(Cluster {
             kubeconfig: dir.path().join("kubeconfig"),
@@ -116,7 +122,57 @@ impl Drop for Cluster {
     }
 }
 
-struct Controller(Child);
+/// A test cluster with the real node, for suites that run sandboxd in Pods.
+pub(crate) struct RealNodeCluster(Cluster);
+
+impl RealNodeCluster {
+    pub(crate) fn start(repo: &Path) -> Result<Self> {
+        Ok(RealNodeCluster(Cluster::start_with(repo, "up-real-node")?))
+    }
+
+    pub(crate) fn kubeconfig(&self) -> &Path {
+        &self.0.kubeconfig
+    }
+}
+
+pub(crate) struct Controller(Child);
+
+impl Controller {
+    /// `sandhub-controller --extensions` on namespace `ns`, with `extra` flags.
+    pub(crate) fn start(
+        bin: &Path,
+        kubeconfig: &Path,
+        ns: &str,
+        extra: &[String],
+        log: &Path,
+    ) -> Result<Self> {
+        let child = Command::new(bin)
+            .args([
+                "--extensions",
+                "--leader-elect=false",
+                "--watch-namespace",
+                ns,
+            ])
+            .args([
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--health-probe-bind-address",
+                "127.0.0.1:0",
+            ])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Controller(child))
+    }
+}
 
 impl Drop for Controller {
     fn drop(&mut self) {
@@ -125,11 +181,11 @@ impl Drop for Controller {
     }
 }
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-async fn client(kubeconfig: &Path) -> Result<Client> {
+pub(crate) async fn client(kubeconfig: &Path) -> Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)?;
     let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     cfg.read_timeout = Some(Duration::from_secs(300));
@@ -158,31 +214,7 @@ pub async fn run(args: Args) -> Result<Report> {
     create_namespace(&nss, &ns).await?;
     let floor = floor(&client, &nss, &format!("{ns}-floor"), &args).await?;
     let log = std::env::temp_dir().join(format!("{ns}-controller.log"));
-    let child = Command::new(&bin)
-        .args([
-            "--extensions",
-            "--leader-elect=false",
-            "--watch-namespace",
-            &ns,
-        ])
-        .args([
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-            "--health-probe-bind-address",
-            "127.0.0.1:0",
-        ])
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(&args.controller_args)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let controller = Controller(child);
+    let controller = Controller::start(&bin, &kubeconfig, &ns, &args.controller_args, &log)?;
 
     let result = bursts(&client, &ns, &args).await;
     drop(controller);

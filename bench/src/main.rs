@@ -12,6 +12,8 @@
 //!   several concurrencies (throughput, p50/p99).
 //! - [`controller`]: `sandhub-controller` on the real apiserver: a burst of
 //!   claims on a full warm pool and on an empty one, claim→Ready latency.
+//! - [`replicas`]: 1, 2 and 4 hubs on the test cluster's real node behind
+//!   one loopback address: throughput, p50/p99, and a replica killed mid-run.
 //! - [`stats`]: percentiles and medians.
 //! - [`report`]: the result table, its JSON form, and progress lines.
 //! - [`machine`]: what the numbers were measured on.
@@ -19,6 +21,7 @@
 mod controller;
 mod hub;
 mod machine;
+mod replicas;
 mod report;
 mod router;
 mod sandboxd;
@@ -53,6 +56,9 @@ enum Suite {
     Router(router::Args),
     /// controller: claim→Ready latency of a warm and a cold claim burst.
     Controller(controller::Args),
+    /// replicas: 1, 2 and 4 hubs on the test cluster behind one address
+    /// (throughput, p50/p99), and one replica killed mid-run.
+    Replicas(replicas::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,6 +72,7 @@ fn main() -> anyhow::Result<()> {
         Suite::Sandboxd(args) => runtime.block_on(sandboxd::run(args))?,
         Suite::Hub(args) => runtime.block_on(hub::run(args))?,
         Suite::Controller(args) => runtime.block_on(controller::run(args))?,
+        Suite::Replicas(args) => runtime.block_on(replicas::run(args))?,
         Suite::Router(args) => router::run_sync(args)?,
     };
     if cli.json {

@@ -57,6 +57,8 @@ pub enum Unit {
     Mebibytes,
     /// Operations (e.g. Gym env steps) per second.
     PerSecond,
+    /// A plain count (e.g. failed calls).
+    Count,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -127,7 +129,9 @@ impl fmt::Display for Value {
             Unit::Microseconds => write!(f, "{:.0} µs", self.amount),
             Unit::MegabytesPerSecond => write!(f, "{:.0} MB/s", self.amount),
             Unit::Mebibytes => write!(f, "{:.2} MiB", self.amount),
+            Unit::PerSecond if self.amount < 10.0 => write!(f, "{:.2}/s", self.amount),
             Unit::PerSecond => write!(f, "{:.0}/s", self.amount),
+            Unit::Count => write!(f, "{:.0}", self.amount),
         }
     }
 }
