@@ -116,6 +116,8 @@ impl PortStream {
 pub trait Backend: Send + Sync + 'static {
     /// The view one API key has; `session` tags what an MCP session creates.
     fn tenant(&self, tenant: &str) -> Arc<dyn TenantView>;
+    /// `local` or `kubernetes`: the `backend` label of the metrics.
+    fn kind(&self) -> &'static str;
     /// Readiness: the state behind the hub answers.
     async fn ready(&self) -> Result<()>;
     /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.

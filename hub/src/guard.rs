@@ -32,7 +32,10 @@ use sandhub_client::{
     StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
 
-use crate::backend::{Backend, TenantView};
+use crate::{
+    backend::{Backend, TenantView},
+    ops::{Op, Operations},
+};
 
 /// What the operator bounds for every tenant (`sandhub serve` flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,15 +140,26 @@ pub fn drainable(data: ByteStream) -> (ByteStream, Remainder) {
 /// What a receiver left of a [`drainable`] stream.
 pub type Remainder = sandhub_common::drain::Unread<ByteStream>;
 
-/// A backend with the shared checks in front of it.
+/// A backend with the shared checks in front of it, each operation timed.
 pub struct Guarded {
     inner: Arc<dyn Backend>,
     limits: Limits,
+    ops: Arc<Operations>,
 }
 
 impl Guarded {
+    /// With histograms nobody reads (stdio MCP, tests).
     pub fn wrap(inner: Arc<dyn Backend>, limits: Limits) -> Arc<dyn Backend> {
-        Arc::new(Guarded { inner, limits })
+        Self::wrap_measured(inner, limits, Arc::default())
+    }
+
+    /// With the operations recorded in `ops` (the hub's `/metrics`).
+    pub fn wrap_measured(
+        inner: Arc<dyn Backend>,
+        limits: Limits,
+        ops: Arc<Operations>,
+    ) -> Arc<dyn Backend> {
+        Arc::new(Guarded { inner, limits, ops })
     }
 }
 
@@ -155,7 +169,13 @@ impl Backend for Guarded {
         Arc::new(GuardedView {
             inner: self.inner.tenant(tenant),
             limits: self.limits,
+            ops: self.ops.clone(),
+            backend: self.inner.kind(),
         })
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
     }
 
     async fn ready(&self) -> Result<()> {
@@ -182,6 +202,19 @@ impl Backend for Guarded {
 struct GuardedView {
     inner: Arc<dyn TenantView>,
     limits: Limits,
+    ops: Arc<Operations>,
+    backend: &'static str,
+}
+
+impl GuardedView {
+    /// `call`, timed as `op` whatever its answer.
+    async fn timed<T>(
+        &self,
+        op: Op,
+        call: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.ops.time(op, self.backend, |_| op, call).await
+    }
 }
 
 #[async_trait]
@@ -199,7 +232,8 @@ impl TenantView for GuardedView {
     }
 
     async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
-        self.inner.connect_port(id, port).await
+        self.timed(Op::PortConnect, self.inner.connect_port(id, port))
+            .await
     }
 
     async fn port_access(&self, id: &str) -> Result<()> {
@@ -240,7 +274,14 @@ impl TenantView for GuardedView {
 impl Sandboxes for GuardedView {
     async fn create(&self, request: CreateSandbox) -> Result<Sandbox> {
         request.validate()?;
-        self.inner.create(request).await
+        self.ops
+            .time(
+                Op::Create,
+                self.backend,
+                Op::of_create,
+                self.inner.create(request),
+            )
+            .await
     }
 
     async fn get(&self, id: &str) -> Result<Sandbox> {
@@ -252,16 +293,16 @@ impl Sandboxes for GuardedView {
     }
 
     async fn delete(&self, id: &str) -> Result<()> {
-        self.inner.delete(id).await
+        self.timed(Op::Delete, self.inner.delete(id)).await
     }
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
         request.validate()?;
-        self.inner.exec(id, request).await
+        self.timed(Op::Exec, self.inner.exec(id, request)).await
     }
 
     async fn start(&self, id: &str, request: StartProcess) -> Result<ProcessEvents> {
-        self.inner.start(id, request).await
+        self.timed(Op::Start, self.inner.start(id, request)).await
     }
 
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {
@@ -277,7 +318,8 @@ impl Sandboxes for GuardedView {
     }
 
     async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
-        self.inner.read_file(id, path).await
+        self.timed(Op::Download, self.inner.read_file(id, path))
+            .await
     }
 
     async fn write_file(
@@ -288,11 +330,14 @@ impl Sandboxes for GuardedView {
         options: WriteOptions,
     ) -> Result<()> {
         let (data, tripped) = self.limits.cap_upload(data);
-        let result = self.inner.write_file(id, path, data, options).await;
-        if tripped.is_set() {
-            return Err(self.limits.upload_too_large());
-        }
-        result
+        self.timed(Op::Upload, async {
+            let result = self.inner.write_file(id, path, data, options).await;
+            if tripped.is_set() {
+                return Err(self.limits.upload_too_large());
+            }
+            result
+        })
+        .await
     }
 
     async fn list_files(&self, id: &str, path: &str) -> Result<DirectoryListing> {
@@ -312,15 +357,15 @@ impl Sandboxes for GuardedView {
     }
 
     async fn suspend(&self, id: &str) -> Result<Sandbox> {
-        self.inner.suspend(id).await
+        self.timed(Op::Suspend, self.inner.suspend(id)).await
     }
 
     async fn resume(&self, id: &str) -> Result<Sandbox> {
-        self.inner.resume(id).await
+        self.timed(Op::Resume, self.inner.resume(id)).await
     }
 
     async fn snapshot(&self, id: &str) -> Result<Snapshot> {
-        self.inner.snapshot(id).await
+        self.timed(Op::Snapshot, self.inner.snapshot(id)).await
     }
 
     async fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<()> {
@@ -328,11 +373,11 @@ impl Sandboxes for GuardedView {
     }
 
     async fn reset(&self, id: &str) -> Result<Sandbox> {
-        self.inner.reset(id).await
+        self.timed(Op::Reset, self.inner.reset(id)).await
     }
 
     async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox> {
-        self.inner.fork(id, request).await
+        self.timed(Op::Fork, self.inner.fork(id, request)).await
     }
 
     async fn set_network(

@@ -16,7 +16,8 @@
 //!   (`/v1`, probes, metrics), `gym/` (`/gym/v1`), `e2b/` (E2B's API),
 //!   `hosts` (ports by host name), `proxy/` (to sandbox ports), `browser`,
 //!   `signing` and the `/mcp` mount (its own `# Layout` lists them).
-//! - [`guard`]: the operator's limits, checked in front of every backend.
+//! - [`guard`]: the operator's limits, checked in front of every backend,
+//!   and each operation timed into [`ops`] (`sandhub_operation_seconds`).
 //!
 //! The seam and the two backends behind it:
 //! - [`backend`]: [`Backend`] and [`TenantView`], what the front doors need,
@@ -47,6 +48,7 @@ pub mod http;
 pub mod kube;
 pub mod local;
 pub mod mcp;
+pub mod ops;
 pub mod policy;
 pub mod proc_net;
 pub mod serve;

@@ -1958,3 +1958,70 @@ async fn a_stopping_hub_drains_then_cuts_what_outlives_the_bound() {
     // Up again, so that the sandbox is deleted through the API at the end.
     hub.restart().await;
 }
+
+/// Issue #30: every operation is timed into one histogram family whose
+/// labels come from closed sets (op, backend, outcome), whichever front
+/// door it came in by.
+#[tokio::test]
+async fn operations_are_timed_by_op_backend_and_outcome() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let id = c.create(CreateSandbox::default()).await.unwrap().id;
+    c.exec(&id, exec_request(Command::Argv(vec!["true".into()])))
+        .await
+        .unwrap();
+    c.exec(&id, exec_request(Command::Argv(vec!["true".into()])))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.exec(
+            "no-such-sandbox",
+            exec_request(Command::Argv(vec!["true".into()]))
+        )
+        .await
+        .unwrap_err()
+        .code,
+        Code::NotFound
+    );
+    c.delete(&id).await.unwrap();
+    let text = hub
+        .http()
+        .get(format!("{}/metrics", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |labels: &str| {
+        let prefix = format!("sandhub_operation_seconds_count{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|v| v.trim().parse::<u64>().unwrap())
+    };
+    assert_eq!(
+        count(r#"op="exec",backend="local",outcome="ok""#),
+        Some(2),
+        "{text}"
+    );
+    assert_eq!(
+        count(r#"op="exec",backend="local",outcome="not_found""#),
+        Some(1),
+        "{text}"
+    );
+    assert_eq!(
+        count(r#"op="create_cold",backend="local",outcome="ok""#),
+        Some(1),
+        "{text}"
+    );
+    assert_eq!(
+        count(r#"op="delete",backend="local",outcome="ok""#),
+        Some(1),
+        "{text}"
+    );
+    // The sandbox id a caller sent never becomes a label.
+    assert!(
+        !text.contains("no-such-sandbox") && !text.contains(&id),
+        "{text}"
+    );
+}

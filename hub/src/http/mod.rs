@@ -132,7 +132,11 @@ pub fn app(
     let openapi = Arc::new(openapi);
     // Every front door below (REST, Gym, MCP) acts through this one view.
     let state = AppState {
-        hub: crate::guard::Guarded::wrap(state.hub, state.limits),
+        hub: crate::guard::Guarded::wrap_measured(
+            state.hub,
+            state.limits,
+            state.metrics.operations.clone(),
+        ),
         ..state
     };
     let (mcp, mcp_stop) = mcp::http_service(state.hub.clone(), keys.is_some());

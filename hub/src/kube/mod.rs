@@ -402,6 +402,10 @@ async fn read_token(client: &kube::Client, namespace: &str, name: &str) -> anyho
 
 #[async_trait]
 impl Backend for KubeTenancy {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+
     fn tenant(&self, tenant: &str) -> Arc<dyn TenantView> {
         Arc::new(KubeTenant {
             shared: self.shared.clone(),

@@ -167,6 +167,10 @@ impl Backend for Arc<Hub> {
         Arc::new(Hub::tenant(self, tenant))
     }
 
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
     /// One process serves every session of a local hub.
     fn shared_mcp_sessions(&self) -> Option<Arc<dyn sandhub_mcp::SharedSessions>> {
         None

@@ -46,6 +46,8 @@ pub struct Metrics {
     pub sandboxes: Gauge<i64, std::sync::atomic::AtomicI64>,
     pub inflight: Gauge<i64, std::sync::atomic::AtomicI64>,
     pub egress: EgressMetrics,
+    /// `sandhub_operation_seconds{op, backend, outcome}` (`crate::ops`).
+    pub operations: Arc<crate::ops::Operations>,
 }
 
 impl Default for Metrics {
@@ -107,8 +109,11 @@ impl Default for Metrics {
         ] {
             registry.register(name, help, f.clone());
         }
+        let operations = Arc::new(crate::ops::Operations::default());
+        operations.register(&mut registry);
         Metrics {
             egress,
+            operations,
             registry,
             requests,
             request_seconds,
