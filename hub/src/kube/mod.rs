@@ -11,6 +11,7 @@ mod owner;
 mod ports;
 mod prepull;
 mod reach;
+pub mod secrets;
 mod sidecar_exec;
 mod startup;
 mod template;
@@ -40,7 +41,7 @@ use self::{
     tenant::KubeTenant,
 };
 pub use self::{
-    model::{TEMPLATE_ANNOTATION, TENANT_LABEL},
+    model::{tenant_label_value, TEMPLATE_ANNOTATION, TENANT_LABEL},
     reach::SANDBOXD_TOKEN_HEADER,
 };
 use crate::{
@@ -201,6 +202,9 @@ pub(crate) struct Shared {
     /// derive from (`--sandboxd-token-key-file`; none: egress refused).
     egress_proxy: String,
     proxy_tokens: Option<sandhub_api::sandboxd_token::SandboxdTokens>,
+    /// `--secrets-file`: the operator's values (the tenants' own are in
+    /// Secrets, kube/secrets.rs).
+    operator_secrets: Arc<crate::secrets_file::OperatorSecrets>,
 }
 
 impl Shared {
@@ -292,7 +296,13 @@ pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Resu
 }
 
 impl KubeTenancy {
-    pub async fn connect(args: &KubeArgs, policy: Policy) -> anyhow::Result<Self> {
+    /// `operator_secrets`: the hub's `--secrets-file` (values the hub only
+    /// checks exist; the proxy reads the same file for the values).
+    pub async fn connect(
+        args: &KubeArgs,
+        policy: Policy,
+        operator_secrets: crate::secrets_file::OperatorSecrets,
+    ) -> anyhow::Result<Self> {
         let client = client(args.kubeconfig.as_deref()).await?;
         let proxy_tokens = match &args.sandboxd_token_key_file {
             Some(path) => Some(
@@ -353,6 +363,7 @@ impl KubeTenancy {
                 prepulls: Mutex::default(),
                 egress_proxy: args.egress_proxy.clone(),
                 proxy_tokens,
+                operator_secrets: Arc::new(operator_secrets),
                 client,
             }),
         })

@@ -438,13 +438,14 @@ mod tests {
             )
             .unwrap(),
             egress_mb: None,
+            secrets: Vec::new(),
         };
         let narrow = serde_json::from_value(
             serde_json::json!({"mode": "egress", "allow_out": ["pypi.test"]}),
         )
         .unwrap();
         let egress = EgressClaim {
-            recorded: Recorded::new(&tpl, Some(narrow)).unwrap(),
+            recorded: Recorded::new(&tpl, Some(narrow), &[]).unwrap(),
             env: vec![(
                 "HTTP_PROXY".into(),
                 "http://sb-e:c@sandhub-egress:3128".into(),

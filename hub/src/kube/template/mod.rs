@@ -257,6 +257,19 @@ pub fn tenant_template(
         }
         r.limits.get_or_insert_with(BTreeMap::new).extend(limits);
     }
+    if t.network.mode == Network::Egress {
+        // The proxy's CA and trust bundle, for brokered secrets: public,
+        // so every egress Pod mounts it (a create request may add secrets
+        // to a template that has none); only a sandbox with secrets gets
+        // the variables that point at it (kube/egress.rs).
+        let (volume, mount) = super::egress::ca_volume();
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+        mounts.retain(|m| m.name != volume.name && m.mount_path != mount.mount_path);
+        mounts.push(mount);
+        let volumes = pod.volumes.get_or_insert_with(Vec::new);
+        volumes.retain(|v| v.name != volume.name);
+        volumes.push(volume);
+    }
     add_sidecars(&mut base.blueprint.pod_template, main, &t.sidecars)?;
     mark_network(&mut base.blueprint.pod_template, t);
     if t.network.mode == Network::Egress {
@@ -473,6 +486,7 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         sidecars: sidecars_of(&spec.blueprint.pod_template),
         network: network_of(spec).network,
         egress_mb: network_of(spec).egress_mb,
+        secrets: network_of(spec).secrets,
         ..Template::default()
     }
 }
