@@ -11,9 +11,13 @@ What is proven where: the test cluster enforces no NetworkPolicy, so for "a Pod 
 ignores the proxy cannot connect" only the objects are asserted (the Pod carries the
 label the shipped policy selects, and the policy admits DNS and the proxy only). The
 proxy's enforcement is proven by driving requests through it: from inside the Pod with its
-own environment (busybox wget), and from the test with the Pod's credential. Brokered secrets are not available on Kubernetes yet (the hub
-refuses such templates; asserted here); they work through the proxy's library in
-gateway/tests/proxy.rs.
+own environment (busybox wget), and from the test with the Pod's credential.
+
+Brokered secrets: the test internet also serves HTTPS (a certificate of the test's own CA
+for `api.test` and `plain.test`, which the proxy trusts through --egress-ca-file). The
+value goes in with `PUT /v1/secrets`, lives in the tenant's Secret, and must reach the
+server in the named header while the Pod, its claim and its files hold only the
+placeholder; a host that is not the secret's gets the placeholder.
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ HOST_SIDE, INSIDE = "198.18.0.1", "198.18.0.2"
 # so the proxy listens there for the Pod's own requests.
 CNI_GATEWAY = "10.88.0.1"
 HTTP_PORT = 8080
-NAMES = {"allowed.test": INSIDE, "denied.test": INSIDE, "rebind.test": "127.0.0.1"}
+HTTPS_PORT = 8443
+NAMES = {"allowed.test": INSIDE, "denied.test": INSIDE, "rebind.test": "127.0.0.1",
+         "api.test": INSIDE, "plain.test": INSIDE}
 
 SERVER = f"""
 import http.server
@@ -62,8 +68,62 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
+import hashlib, ssl, sys, threading
+class T(http.server.BaseHTTPRequestHandler):
+    # What the server saw in Authorization: as sent, and its digest (the proxy masks
+    # an echoed secret value, so the digest is what proves the value arrived).
+    def do_GET(self):
+        auth = self.headers.get("Authorization", "")
+        body = (auth + "\\n" + hashlib.sha256(auth.encode()).hexdigest()).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+tls = http.server.ThreadingHTTPServer(("{INSIDE}", {HTTPS_PORT}), T)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
+threading.Thread(target=tls.serve_forever, daemon=True).start()
 http.server.ThreadingHTTPServer(("{INSIDE}", {HTTP_PORT}), H).serve_forever()
 """
+
+
+def make_pki(dir: Path) -> tuple[Path, Path, Path]:
+    """The test internet's CA and a server certificate for api.test and plain.test:
+    (ca.pem, cert.pem, key.pem)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandhub test internet CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "api.test")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("api.test"), x509.DNSName("plain.test")]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = (dir / "ca.pem", dir / "cert.pem", dir / "key.pem")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
 
 
 def ip(*args: str) -> None:
@@ -71,7 +131,12 @@ def ip(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def internet() -> Iterator[str]:
+def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def internet(pki: tuple[Path, Path, Path]) -> Iterator[str]:
     """The test's own internet; yields the namespace name."""
     if os.geteuid() != 0:
         pytest.skip("needs root (a network namespace and a veth pair)")
@@ -88,11 +153,14 @@ def internet() -> Iterator[str]:
         ip("-n", ns, "addr", "add", f"{INSIDE}/24", "dev", peer)
         ip("-n", ns, "link", "set", peer, "up")
         ip("-n", ns, "link", "set", "lo", "up")
-        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER])
+        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER,
+                                   str(pki[1]), str(pki[2])])
 
         def up() -> bool:
-            with socket.create_connection((INSIDE, HTTP_PORT), timeout=1):
-                return True
+            for p in (HTTP_PORT, HTTPS_PORT):
+                with socket.create_connection((INSIDE, p), timeout=1):
+                    pass
+            return True
 
         wait_for("the test internet's HTTP server", up, timeout=20)
         yield ns
@@ -150,7 +218,8 @@ def resolver() -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def stack(cluster: Cluster, internet: str, resolver: int) -> Iterator[tuple[str, int, int]]:
+def stack(cluster: Cluster, internet: str, resolver: int,
+          pki: tuple[Path, Path, Path]) -> Iterator[tuple[str, int, int]]:
     """The proxy and a hub that points Pods at it; yields (hub URL, proxy port, metrics port)."""
     port, metrics = free_port(), free_port()
     proxy = cluster.spawn("egress-proxy", [
@@ -159,6 +228,8 @@ def stack(cluster: Cluster, internet: str, resolver: int) -> Iterator[tuple[str,
         "--kubeconfig", cluster.kubeconfig, "--namespace", cluster.ns,
         "--sandboxd-token-key-file", str(cluster.token_key_file),
         "--egress-dns", f"{LOOPBACK}:{resolver}",
+        # The test internet's HTTPS server is signed by the test's own CA.
+        "--egress-ca-file", str(pki[0]),
     ])
 
     def healthy() -> bool:
@@ -196,9 +267,9 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
                "deny_out": ["denied.test"]}
     put = ok(requests.put(f"{url}/v1/templates/webx", json={"network": network}, timeout=60))
     assert put["network"] == network, put
-    # Brokered secrets have no value store on this backend yet: refused, not ignored.
+    # Secrets need egress: refused on an offline template, not ignored.
     r = requests.put(f"{url}/v1/templates/withsecret", timeout=60, json={
-        "network": "egress",
+        "network": "none",
         "secrets": [{"name": "K", "hosts": ["allowed.test"], "header": "Authorization"}]})
     assert r.status_code == 400 and "secrets" in r.json()["message"], r.text
     ok(requests.put(f"{url}/v1/pools/webx", json={"template": "webx", "replicas": 1}, timeout=60))
@@ -285,6 +356,90 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
     requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60)
 
 
+def test_a_secret_reaches_its_host_in_its_header_and_never_the_pod(
+    cluster: Cluster, stack: tuple[str, int, int], pki: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    url, port, _ = stack
+    value = "sk-" + secrets.token_hex(16)
+    # The value goes in write-only and lives in the tenant's Secret (labelled for the proxy).
+    info = ok(requests.put(f"{url}/v1/secrets/API_KEY", json={"value": value}, timeout=60))
+    assert info["name"] == "API_KEY" and info["source"] == "tenant" and value not in str(info), info
+    listed = ok(requests.get(f"{url}/v1/secrets", timeout=60))
+    assert [s["name"] for s in listed["secrets"]] == ["API_KEY"] and value not in str(listed)
+    stored = cluster.core.list_namespaced_secret(cluster.ns, label_selector="sandhub.io/secrets=tenant").items
+    assert len(stored) == 1 and base64.b64decode(stored[0].data["API_KEY"]).decode() == value
+    network = {"mode": "egress", "allow_out": ["api.test", "plain.test"]}
+    spec = {"name": "API_KEY", "hosts": [f"api.test:{HTTPS_PORT}"], "header": "Authorization",
+            "format": "Bearer {value}"}
+    tpl = ok(requests.put(f"{url}/v1/templates/brokered", json={"network": network, "secrets": [spec]},
+                          timeout=60))
+    assert tpl["secrets"][0]["name"] == "API_KEY", tpl
+    ok(requests.put(f"{url}/v1/pools/brokered", json={"template": "brokered", "replicas": 0}, timeout=60))
+    # A secret without a value is refused at create, naming it.
+    r = requests.post(f"{url}/v1/sandboxes", timeout=TIMEOUT, json={
+        "pool": "brokered", "secrets": [{"name": "NOPE", "hosts": ["api.test"], "header": "X-Key"}]})
+    assert r.json()["code"] == "FAILED_PRECONDITION" and "NOPE" in r.text, r.text
+    sid = ok(requests.post(f"{url}/v1/sandboxes", json={"pool": "brokered"}, timeout=TIMEOUT), 201)["id"]
+    try:
+        pod = cluster.core.read_namespaced_pod(cluster.pod_of(sid), cluster.ns)
+        env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+        placeholder = env["API_KEY"]
+        assert placeholder.startswith("sandhub-secret-"), env
+        bundle = "/etc/sandhub/egress-ca/ca-bundle.crt"
+        assert env["SSL_CERT_FILE"] == env["REQUESTS_CA_BUNDLE"] == env["CURL_CA_BUNDLE"] == bundle, env
+        assert env["NODE_EXTRA_CA_CERTS"] == "/etc/sandhub/egress-ca/ca.crt"
+        # The value is nowhere the Pod or its objects can show it.
+        claim = cluster.claim(sid)
+        assert placeholder in claim["metadata"]["annotations"]["sandhub.io/egress-policy"]
+        for what, text in [("pod", str(cluster.api.sanitize_for_serialization(pod))), ("claim", str(claim))]:
+            assert value not in text, what
+
+        def run(*argv: str) -> Any:
+            return ok(requests.post(f"{url}/v1/sandboxes/{sid}/exec", json={"command": list(argv)}, timeout=60))
+
+        out = run("/bin/busybox", "sh", "-c", "env; cat /proc/1/environ")
+        assert out["exit_code"] == 0 and placeholder in out["stdout"] and value not in out["stdout"], out
+        out = run("/bin/busybox", "grep", "-rl", value, "/etc", "/tmp", "/workspace", "/root")
+        assert out["exit_code"] == 1 and out["stdout"] == "", out
+        # The Pod mounts the proxy's CA, as the proxy published it (no key in it).
+        cm = cluster.core.read_namespaced_config_map("sandhub-egress-ca", cluster.ns)
+        assert "PRIVATE KEY" not in str(cm.data)
+        out = run("/bin/busybox", "cat", "/etc/sandhub/egress-ca/ca.crt")
+        assert out["stdout"] == cm.data["ca.crt"], out
+        assert run("/bin/busybox", "cat", bundle)["stdout"].endswith(cm.data["ca.crt"])
+
+        # Through the proxy with the Pod's own credential and environment: the secret's
+        # host sees the value in the named header (its digest; the answer's echo is masked),
+        # over TLS the Pod's bundle verifies.
+        ca_file = tmp_path / "pod-ca.crt"
+        ca_file.write_text(cm.data["ca.crt"])
+        via = {"https": env["HTTPS_PROXY"]}
+        r = requests.get(f"https://api.test:{HTTPS_PORT}/brokered", proxies=via, verify=str(ca_file),
+                         headers={"Authorization": f"Bearer {placeholder}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        echoed, digest = r.text.split("\n")
+        assert digest == hashlib.sha256(f"Bearer {value}".encode()).hexdigest(), r.text
+        assert value not in r.text and placeholder not in echoed, r.text
+        # Another host (not the secret's): the tunnel is the server's own TLS, and the
+        # server sees the placeholder as the workload wrote it.
+        r = requests.get(f"https://plain.test:{HTTPS_PORT}/plain", proxies=via, verify=str(pki[0]),
+                         headers={"Authorization": f"Bearer {placeholder}"}, timeout=30)
+        assert r.status_code == 200 and r.text.split("\n")[0] == f"Bearer {placeholder}", r.text
+        # Deleted: the next connection carries the placeholder, never a stale value.
+        assert requests.delete(f"{url}/v1/secrets/API_KEY", timeout=60).status_code == 204
+
+        def gone() -> bool:
+            r = requests.get(f"https://plain.test:{HTTPS_PORT}/", proxies=via, verify=str(pki[0]), timeout=30)
+            r2 = requests.get(f"https://api.test:{HTTPS_PORT}/", proxies=via, verify=str(pki[0]),
+                              headers={"Authorization": f"Bearer {placeholder}"}, timeout=30)
+            return r.status_code == 200 and r2.text.split("\n")[0] == f"Bearer {placeholder}"
+
+        wait_for("the proxy to follow the deleted value", gone, timeout=30)
+        assert requests.get(f"{url}/v1/secrets", timeout=60).json()["secrets"] == []
+    finally:
+        requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60)
+
+
 def test_the_egress_manifests_pass_a_server_side_dry_run(cluster: Cluster) -> None:
     deploy = REPO / "deploy" / "egress"
     kinds = []
@@ -297,6 +452,13 @@ def test_the_egress_manifests_pass_a_server_side_dry_run(cluster: Cluster) -> No
                              "Service", "ServiceAccount"]
     role = yaml.safe_load_all((deploy / "rbac.yaml").read_text())
     (rules,) = [d["rules"] for d in role if d and d["kind"] == "Role"]
-    # Reads claims, and nothing else: it writes no policy, reads no Secret.
-    assert rules == [{"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
-                      "verbs": ["get", "list", "watch"]}]
+    # Reads claims (never writes a policy); reads Secrets (values, its CA) and may create
+    # one (the CA), never update or delete; writes only its own ConfigMap by name.
+    assert rules == [
+        {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch", "create"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["sandhub-egress-ca"],
+         "verbs": ["get", "update"]},
+    ]

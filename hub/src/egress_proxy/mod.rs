@@ -21,10 +21,12 @@
 //! ```text
 //! mod.rs     flags, the claims directory, /metrics, run()
 //! ca.rs      the shared CA: its Secret, and the ConfigMap Pods mount
+//! meter.rs   the hub's meter route: one sandbox's counters and decisions
 //! values.rs  secret values: the tenants' Secrets (watched), the operator's file
 //! ```
 
 mod ca;
+mod meter;
 mod values;
 
 use std::{
@@ -121,6 +123,13 @@ pub struct EgressProxyArgs {
     #[arg(long, env = "SANDHUB_EGRESS_IDLE_TIMEOUT", default_value = "1h",
           value_parser = sandhub_common::parse_duration)]
     pub egress_idle_timeout: Duration,
+
+    /// A rate cap per egress sandbox, in Mbit/s of TCP payload (out and in
+    /// together), as on `sandhub serve`: while a sandbox's rate since its
+    /// last one-second window is above it, its new connections are
+    /// refused (per proxy replica: each meters what it carries).
+    #[arg(long, env = "SANDHUB_EGRESS_RATE_MBIT")]
+    pub egress_rate_mbit: Option<u64>,
 
     /// Client connections at once over all sandboxes (authenticated or
     /// not); more are closed at accept.
@@ -314,6 +323,7 @@ pub async fn run(args: EgressProxyArgs) -> anyhow::Result<()> {
         limits: Limits {
             max_flows: args.egress_max_flows.max(1),
             idle_timeout: args.egress_idle_timeout.max(Duration::from_secs(1)),
+            rate_mbit: args.egress_rate_mbit.filter(|&r| r > 0),
             ..Limits::default()
         },
         broker: Some(Arc::new(broker)),
@@ -340,8 +350,34 @@ pub async fn run(args: EgressProxyArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--metrics-listen {}", args.metrics_listen))?;
     let reader = claims.clone();
+    let metered = claims.clone();
+    let meter_token = Arc::new(claims.tokens.meter_token(&args.namespace));
     let app = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            &format!("{}/{{id}}", sandhub_api::k8s::egress::METER_PATH),
+            axum::routing::get(
+                move |axum::extract::Path(id): axum::extract::Path<String>,
+                      headers: axum::http::HeaderMap| {
+                    let (claims, token) = (metered.clone(), meter_token.clone());
+                    async move {
+                        let auth = headers
+                            .get(axum::http::header::AUTHORIZATION)
+                            .and_then(|v| v.to_str().ok());
+                        if !meter::authorized(auth, &token) {
+                            return Err(axum::http::StatusCode::UNAUTHORIZED);
+                        }
+                        let m = claims
+                            .meters
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get(&id)
+                            .map(|(_, m)| m.clone());
+                        Ok(axum::Json(meter::report(m.as_deref())))
+                    }
+                },
+            ),
+        )
         .route(
             "/metrics",
             axum::routing::get(move || {

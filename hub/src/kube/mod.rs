@@ -6,6 +6,7 @@
 
 pub mod egress;
 mod images;
+mod meters;
 mod model;
 mod owner;
 mod ports;
@@ -153,6 +154,16 @@ pub struct KubeArgs {
     )]
     pub egress_proxy: String,
 
+    /// The Service of the `sandhub egress-proxy` replicas: the hub asks each
+    /// of its endpoints (port `metrics`) for an egress sandbox's counters
+    /// and decisions, and merges them.
+    #[arg(
+        long,
+        env = "SANDHUB_EGRESS_PROXY_SERVICE",
+        default_value = sandhub_api::k8s::egress::PROXY_APP
+    )]
+    pub egress_proxy_service: String,
+
     /// The main container of pre-pull DaemonSets (it only waits).
     #[arg(
         long,
@@ -205,6 +216,9 @@ pub(crate) struct Shared {
     /// `--secrets-file`: the operator's values (the tenants' own are in
     /// Secrets, kube/secrets.rs).
     operator_secrets: Arc<crate::secrets_file::OperatorSecrets>,
+    /// `--egress-proxy-service`: whose EndpointSlices name the proxy
+    /// replicas the hub asks for counters (kube/meters.rs).
+    egress_service: String,
 }
 
 impl Shared {
@@ -364,6 +378,8 @@ impl KubeTenancy {
                 egress_proxy: args.egress_proxy.clone(),
                 proxy_tokens,
                 operator_secrets: Arc::new(operator_secrets),
+                egress_service: args.egress_proxy_service.clone(),
+
                 client,
             }),
         })

@@ -40,6 +40,15 @@ pub fn selector(tenant: &str, labels: &BTreeMap<String, String>) -> String {
     parts.join(",")
 }
 
+/// Whether a claim is an egress sandbox's (it records a proxy policy).
+pub fn is_egress(claim: &SandboxClaim) -> bool {
+    claim
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(super::egress::POLICY_ANNOTATION))
+}
+
 /// What an egress sandbox's claim carries (kube/egress.rs): its recorded
 /// policy and the proxy environment.
 #[derive(Debug, Clone)]

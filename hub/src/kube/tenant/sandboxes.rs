@@ -6,11 +6,14 @@ use super::*;
 
 #[async_trait]
 impl TenantView for KubeTenant {
-    /// The decisions live in `sandhub egress-proxy`'s memory (its replicas'),
-    /// not the hub's: always empty here (docs/networking.md, Kubernetes).
+    /// The decisions live in `sandhub egress-proxy`'s replicas: asked and
+    /// merged (kube/meters.rs); empty for a sandbox without egress.
     async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
-        self.get(id).await?;
-        Ok(Vec::new())
+        let claim = self.claim(id).await?;
+        if !model::is_egress(&claim) {
+            return Ok(Vec::new());
+        }
+        Ok(self.shared.egress_report(id).await.decisions)
     }
 
     fn tenant(&self) -> &str {
@@ -122,7 +125,12 @@ impl Sandboxes for KubeTenant {
 
     async fn get(&self, id: &str) -> Result<Sandbox> {
         let claim = self.claim(id).await?;
-        Ok(self.view(&claim).await)
+        let mut sb = self.view(&claim).await;
+        if model::is_egress(&claim) {
+            // One sandbox's GET, as on the local backend (lists do not ask).
+            sb.egress = Some(self.shared.egress_report(id).await.usage);
+        }
+        Ok(sb)
     }
 
     async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Sandbox>> {
