@@ -54,6 +54,9 @@ HOST_SIDE, INSIDE = "198.18.0.1", "198.18.0.2"
 CNI_GATEWAY = "10.88.0.1"
 HTTP_PORT = 8080
 HTTPS_PORT = 8443
+# The Service the hub asks for counters (not `sandhub-egress`: the manifests' dry run
+# creates that name in the same namespace).
+PROXY_SERVICE = "sandhub-egress-test"
 NAMES = {"allowed.test": INSIDE, "denied.test": INSIDE, "rebind.test": "127.0.0.1",
          "api.test": INSIDE, "plain.test": INSIDE}
 
@@ -62,6 +65,8 @@ import http.server
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = ("seen " + self.path).encode()
+        if self.path.startswith("/bytes/"):
+            body = b"x" * min(int(self.path[7:]), 1 << 24)
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -224,7 +229,8 @@ def stack(cluster: Cluster, internet: str, resolver: int,
     port, metrics = free_port(), free_port()
     proxy = cluster.spawn("egress-proxy", [
         str(binary("sandhub")), "egress-proxy",
-        "--listen", f"{CNI_GATEWAY}:{port}", "--metrics-listen", f"{LOOPBACK}:{metrics}",
+        # Metrics where the hub asks for counters (the EndpointSlice below names it).
+        "--listen", f"{CNI_GATEWAY}:{port}", "--metrics-listen", f"{CNI_GATEWAY}:{metrics}",
         "--kubeconfig", cluster.kubeconfig, "--namespace", cluster.ns,
         "--sandboxd-token-key-file", str(cluster.token_key_file),
         "--egress-dns", f"{LOOPBACK}:{resolver}",
@@ -235,11 +241,26 @@ def stack(cluster: Cluster, internet: str, resolver: int,
     def healthy() -> bool:
         if proxy.poll() is not None:
             raise AssertionError(f"egress-proxy exited; see {cluster.logs}/egress-proxy.log")
-        with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics}/healthz", timeout=2) as r:
+        with urllib.request.urlopen(f"http://{CNI_GATEWAY}:{metrics}/healthz", timeout=2) as r:
             return bool(r.status == 200)
 
     wait_for("the egress proxy", healthy, timeout=30)
-    hub, url = cluster.start_hub("--base-template", POOL, "--egress-proxy", f"{CNI_GATEWAY}:{port}")
+    # The proxy runs on the host here, not as Pods: its Service's EndpointSlice (what the hub
+    # asks for a sandbox's counters) is written by hand, naming it on the CNI bridge.
+    utils.create_from_dict(cluster.api, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": PROXY_SERVICE},
+        "spec": {"ports": [{"name": "proxy", "port": 3128}, {"name": "metrics", "port": 9464}]}},
+        namespace=cluster.ns)
+    utils.create_from_dict(cluster.api, {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "sandhub-egress-test",
+                     "labels": {"kubernetes.io/service-name": PROXY_SERVICE}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [CNI_GATEWAY], "conditions": {"ready": True}}],
+        "ports": [{"name": "proxy", "port": port, "protocol": "TCP"},
+                  {"name": "metrics", "port": metrics, "protocol": "TCP"}]}, namespace=cluster.ns)
+    hub, url = cluster.start_hub("--base-template", POOL, "--egress-proxy", f"{CNI_GATEWAY}:{port}",
+                                 "--egress-proxy-service", PROXY_SERVICE)
     try:
         yield url, port, metrics
     finally:
@@ -350,7 +371,7 @@ def test_an_egress_pod_gets_its_proxy_and_the_proxy_enforces_its_policy(
     assert r.status_code == 400, r.text
 
     # Metered, by tenant.
-    text = requests.get(f"http://{LOOPBACK}:{metrics}/metrics", timeout=10).text
+    text = requests.get(f"http://{CNI_GATEWAY}:{metrics}/metrics", timeout=10).text
     opened = [line for line in text.splitlines() if line.startswith("sandhub_egress_connections_opened_total{")]
     assert opened and int(opened[0].rsplit(" ", 1)[1]) >= 3, text
     requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60)
@@ -436,6 +457,69 @@ def test_a_secret_reaches_its_host_in_its_header_and_never_the_pod(
 
         wait_for("the proxy to follow the deleted value", gone, timeout=30)
         assert requests.get(f"{url}/v1/secrets", timeout=60).json()["secrets"] == []
+    finally:
+        requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60)
+
+
+def test_the_hub_shows_what_the_proxy_counted_and_the_cap_refuses(
+    cluster: Cluster, stack: tuple[str, int, int]
+) -> None:
+    url, port, _ = stack
+    network = {"mode": "egress", "allow_out": ["allowed.test"]}
+    ok(requests.put(f"{url}/v1/templates/metered", json={"network": network, "egress_mb": 1}, timeout=60))
+    ok(requests.put(f"{url}/v1/pools/metered", json={"template": "metered", "replicas": 0}, timeout=60))
+    sid = ok(requests.post(f"{url}/v1/sandboxes", json={"pool": "metered"}, timeout=TIMEOUT), 201)["id"]
+    try:
+        cred = credential(cluster, sid)
+        size = 600_000
+
+        def download() -> tuple[int, int]:
+            """A CONNECT tunnel carrying one plain request: (bytes sent, bytes received)."""
+            req = (f"GET /bytes/{size} HTTP/1.1\r\nHost: allowed.test\r\n"
+                   "Connection: close\r\n\r\n").encode()
+            with socket.create_connection((CNI_GATEWAY, port), timeout=30) as s:
+                auth = base64.b64encode(f"{sid}:{cred}".encode()).decode()
+                s.sendall(f"CONNECT allowed.test:{HTTP_PORT} HTTP/1.1\r\n"
+                          f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    head += s.recv(1)
+                assert head.startswith(b"HTTP/1.1 200"), head
+                s.sendall(req)
+                got = b""
+                while chunk := s.recv(65536):
+                    got += chunk
+            assert got.endswith(b"x" * 100) and len(got) > size, len(got)
+            return len(req), len(got)
+
+        sent, received = download()
+
+        # The hub asks the proxy (every replica its Service lists) and shows the payload
+        # bytes exactly: what the client wrote into the tunnel and what it read from it.
+        def counted() -> Any:
+            sb = ok(requests.get(f"{url}/v1/sandboxes/{sid}", timeout=30))
+            return sb if (sb.get("egress") or {}).get("bytes_in") == received else None
+
+        sb = wait_for("the hub to show the proxy's count", counted, timeout=30)
+        assert sb["egress"] == {"bytes_out": sent, "bytes_in": received,
+                                "connections_opened": 1, "connections_refused": 0}, sb
+        log = ok(requests.get(f"{url}/v1/sandboxes/{sid}/egress", timeout=30))["decisions"]
+        assert [(d["name"], d["port"], d["allowed"], d["bytes_out"], d["bytes_in"]) for d in log] == [
+            ("allowed.test", HTTP_PORT, True, sent, received)], log
+
+        # egress_mb 1: a second download passes the cap (checked as each connection opens),
+        # the next connection is refused with its reason, and the log says so.
+        download()
+        via = {"http": f"http://{sid}:{cred}@{CNI_GATEWAY}:{port}"}
+        r = requests.get(f"http://allowed.test:{HTTP_PORT}/", proxies=via, timeout=30)
+        assert r.status_code == 403 and "egress_mb" in r.text, r.text
+        log = ok(requests.get(f"{url}/v1/sandboxes/{sid}/egress", timeout=30))["decisions"]
+        assert [d["allowed"] for d in log] == [True, True, False], log
+        assert "egress_mb" in log[-1]["reason"], log
+        usage = ok(requests.get(f"{url}/v1/sandboxes/{sid}", timeout=30))["egress"]
+        assert usage["connections_refused"] == 1 and usage["bytes_in"] > 1 << 20, usage
+        # Another tenant's hub call sees nothing of it; a sandbox without egress has no log.
+        assert requests.get(f"{url}/v1/sandboxes/sb-nope/egress", timeout=30).status_code == 404
     finally:
         requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60)
 
