@@ -36,6 +36,8 @@ def test_hub_role_grants_only_what_the_backend_uses(cluster: Cluster):
     # The sandboxd token key is mounted; the only Secrets the hub touches are the tenants'
     # secret values (one per tenant, merge-patched): never listed, watched or deleted.
     assert verbs.get(("", "secrets")) == {"get", "create", "patch"}, verbs
+    # Finds the egress proxy's replicas (for a sandbox's counters): list, nothing else.
+    assert verbs.get(("discovery.k8s.io", "endpointslices")) == {"list"}, verbs
     assert "update" not in set().union(*verbs.values()) and "*" not in set().union(*verbs.values())
 
 
