@@ -83,11 +83,26 @@ pub fn value_of(s: &Secret, name: &str) -> Option<String> {
     validate::secret_value(name, &v).ok().map(|()| v)
 }
 
+/// Bytes of names and values one tenant's Secret holds at most: the API
+/// server refuses a Secret over 1 MiB, and [`MAX_TENANT_SECRETS`] values
+/// of the largest size would be 2 MiB, so the cap is said here, as
+/// RESOURCE_EXHAUSTED, not found out as an API error.
+pub const MAX_VALUES_BYTES: usize = 768 * 1024;
+
 /// `s` with `name` set to `value` at `now`; `false`: the tenant is at
-/// [`MAX_TENANT_SECRETS`] and `name` is a new one.
+/// [`MAX_TENANT_SECRETS`] and `name` is a new one, or the values would
+/// pass [`MAX_VALUES_BYTES`].
 pub fn with_value(s: &mut Secret, name: &str, value: &str, now: i64) -> bool {
     let data = s.data.get_or_insert_with(BTreeMap::new);
     if !data.contains_key(name) && data.len() >= MAX_TENANT_SECRETS {
+        return false;
+    }
+    let others: usize = data
+        .iter()
+        .filter(|(k, _)| k.as_str() != name)
+        .map(|(k, v)| k.len() + v.0.len())
+        .sum();
+    if others + name.len() + value.len() > MAX_VALUES_BYTES {
         return false;
     }
     data.insert(name.to_string(), ByteString(value.as_bytes().to_vec()));
@@ -161,6 +176,15 @@ mod tests {
             serde_json::json!(ByteString(b"value-long-enough".to_vec()))
         );
         assert!(!updated(&s).contains_key("K"));
+        // The bytes are capped below the API server's 1 MiB per Secret.
+        let mut big = new_object("bob");
+        let v = "v".repeat(sandhub_api::secrets::MAX_SECRET_VALUE);
+        let fits = MAX_VALUES_BYTES / (v.len() + 4);
+        for i in 0..fits {
+            assert!(with_value(&mut big, &format!("K{i:03}"), &v, 1), "{i}");
+        }
+        assert!(!with_value(&mut big, "K999", &v, 1));
+        assert!(with_value(&mut big, "K000", "short-value-ok", 1));
         // A value edited in by hand that `PUT` would refuse is no value.
         s.data.as_mut().unwrap().insert(
             "BAD".into(),

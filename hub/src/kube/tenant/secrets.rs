@@ -93,7 +93,11 @@ impl KubeTenant {
         if stored != Some(true) {
             return Err(Error::new(
                 Code::ResourceExhausted,
-                format!("a tenant stores at most {MAX_TENANT_SECRETS} secrets; delete one first"),
+                format!(
+                    "a tenant stores at most {MAX_TENANT_SECRETS} secrets and {} KiB of names and \
+                     values on this backend; delete one first",
+                    crate::kube::secrets::MAX_VALUES_BYTES / 1024
+                ),
             ));
         }
         Ok(SecretInfo {
