@@ -178,6 +178,9 @@ impl Directory for Claims {
             }
         };
         let tenant = tenant_of(&claim);
+        // Values as they are now: a `PUT` or `DELETE` applies to the next
+        // connection.
+        let secrets = self.values.secrets(id, &tenant, &recorded);
         let meter = self
             .meters
             .lock()
@@ -186,7 +189,6 @@ impl Directory for Claims {
             .or_insert_with(|| (tenant, Arc::default()))
             .1
             .clone();
-        let secrets = self.values.secrets(id, &tenant_of(&claim), &recorded);
         Some(ProxySandbox {
             credential: self.tokens.proxy_credential(&self.namespace, id),
             policy: Arc::new(policy),
