@@ -406,7 +406,7 @@ def test_a_secret_reaches_its_host_in_its_header_and_never_the_pod(
         env = {e.name: e.value for e in pod.spec.containers[0].env or []}
         placeholder = env["API_KEY"]
         assert placeholder.startswith("sandhub-secret-"), env
-        bundle = "/etc/sandhub/egress-ca/ca-bundle.crt"
+        bundle = "/etc/sandhub/ca-bundle/ca-bundle.crt"
         assert env["SSL_CERT_FILE"] == env["REQUESTS_CA_BUNDLE"] == env["CURL_CA_BUNDLE"] == bundle, env
         assert env["NODE_EXTRA_CA_CERTS"] == "/etc/sandhub/egress-ca/ca.crt"
         # The value is nowhere the Pod or its objects can show it.
@@ -422,12 +422,16 @@ def test_a_secret_reaches_its_host_in_its_header_and_never_the_pod(
         assert out["exit_code"] == 0 and placeholder in out["stdout"] and value not in out["stdout"], out
         out = run("/bin/busybox", "grep", "-rl", value, "/etc", "/tmp", "/workspace", "/root")
         assert out["exit_code"] == 1 and out["stdout"] == "", out
-        # The Pod mounts the proxy's CA, as the proxy published it (no key in it).
+        # The Pod mounts the proxy's CA, as the proxy published it (no key in it), and its
+        # sandboxd wrote the bundle: the image's own roots (this image has none), then the CA.
         cm = cluster.core.read_namespaced_config_map("sandhub-egress-ca", cluster.ns)
-        assert "PRIVATE KEY" not in str(cm.data)
+        assert list(cm.data) == ["ca.crt"] and "PRIVATE KEY" not in str(cm.data)
         out = run("/bin/busybox", "cat", "/etc/sandhub/egress-ca/ca.crt")
         assert out["stdout"] == cm.data["ca.crt"], out
-        assert run("/bin/busybox", "cat", bundle)["stdout"].endswith(cm.data["ca.crt"])
+        roots = run("/bin/busybox", "sh", "-c", "cat /etc/ssl/certs/ca-certificates.crt "
+                    "/etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem 2>/dev/null; true")["stdout"]
+        assert run("/bin/busybox", "cat", bundle)["stdout"] == (
+            roots.rstrip() + "\n" if roots.strip() else "") + cm.data["ca.crt"]
 
         # Through the proxy with the Pod's own credential and environment: the secret's
         # host sees the value in the named header (its digest; the answer's echo is masked),

@@ -2,14 +2,9 @@
 //! Secret `sandhub-egress-ca` (made by the first replica that finds none;
 //! a replica that loses the create race reads the winner's), and its
 //! public half in the ConfigMap `sandhub-egress-ca` that egress Pods
-//! mount (kube/egress.rs): `ca.crt`, and `ca-bundle.crt`, the proxy's
-//! system roots with the CA appended, for `SSL_CERT_FILE` and friends.
-//!
-//! Why the bundle carries the proxy image's roots and not the sandbox
-//! image's: the hub cannot read a Pod's image, and the sandbox must keep
-//! trusting the public hosts it reaches through the tunnel. An image's own
-//! extra roots are still in the image's default store, which tools use
-//! when the variables are unset (docs/security.md).
+//! mount (kube/egress.rs): `ca.crt`. Each Pod's sandboxd appends it to the
+//! image's own roots (`sandboxd::trust`), so the Pod keeps trusting what
+//! its image trusts.
 //!
 //! The key never leaves the Secret and this process: the ConfigMap holds
 //! certificates only.
@@ -27,17 +22,10 @@ use kube::{
 };
 use sandhub_gateway::broker::ca::Authority;
 
-use crate::kube::egress::{CA_BUNDLE_KEY, CA_CERT_KEY, CA_CONFIGMAP, CA_SECRET};
+use crate::kube::egress::{CA_CERT_KEY, CA_CONFIGMAP, CA_SECRET};
 
 /// The Secret's key of the CA's private key.
 pub const CA_KEY_KEY: &str = "ca.key";
-/// Where images keep their CA bundle (Debian, Fedora, Alpine/others).
-const SYSTEM_BUNDLES: &[&str] = &[
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-    "/etc/ssl/cert.pem",
-];
-
 fn labels() -> Option<BTreeMap<String, String>> {
     Some(BTreeMap::from([(
         "app.kubernetes.io/name".to_string(),
@@ -73,17 +61,9 @@ pub fn new_secret(namespace: &str, cert: &str, key: &str) -> Secret {
     }
 }
 
-/// The ConfigMap's data: the certificate, and `system` roots with it.
-pub fn public_data(cert: &str, system: &str) -> BTreeMap<String, String> {
-    let bundle = if system.trim().is_empty() {
-        cert.to_string()
-    } else {
-        format!("{}\n{cert}", system.trim_end())
-    };
-    BTreeMap::from([
-        (CA_CERT_KEY.to_string(), cert.to_string()),
-        (CA_BUNDLE_KEY.to_string(), bundle),
-    ])
+/// The ConfigMap's data: the certificate alone (never the key).
+pub fn public_data(cert: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(CA_CERT_KEY.to_string(), cert.to_string())])
 }
 
 /// The CA every replica shares: read, or made and stored.
@@ -119,16 +99,7 @@ pub async fn load_or_create(client: &Client, namespace: &str) -> anyhow::Result<
 
 /// Writes the ConfigMap when it is missing or says something else.
 async fn publish(client: &Client, namespace: &str, cert: &str) -> anyhow::Result<()> {
-    let system = SYSTEM_BUNDLES
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default();
-    if system.is_empty() {
-        tracing::warn!(
-            "egress proxy: no system CA bundle here; the Pods' bundle holds the brokering CA only"
-        );
-    }
-    let data = public_data(cert, &system);
+    let data = public_data(cert);
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let what = || format!("the CA ConfigMap {namespace}/{CA_CONFIGMAP}");
     let mut cm = ConfigMap {
@@ -165,19 +136,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_public_half_holds_certificates_only_and_the_secret_both() {
+    fn the_public_half_holds_the_certificate_only_and_the_secret_both() {
         let (cert, key) = Authority::generate().unwrap();
         let s = new_secret("ns", &cert, &key);
         assert_eq!(read_secret(&s), Some((cert.clone(), key.clone())));
-        let data = public_data(
-            &cert,
-            "-----BEGIN CERTIFICATE-----\nROOT\n-----END CERTIFICATE-----\n",
-        );
+        let data = public_data(&cert);
         assert_eq!(data[CA_CERT_KEY], cert);
-        assert!(data[CA_BUNDLE_KEY].starts_with("-----BEGIN CERTIFICATE-----\nROOT"));
-        assert!(data[CA_BUNDLE_KEY].ends_with(&cert));
         assert!(!data.values().any(|v| v.contains("PRIVATE KEY")));
-        // No system roots: the bundle is the CA alone, never empty.
-        assert_eq!(public_data(&cert, "")[CA_BUNDLE_KEY], cert);
     }
 }

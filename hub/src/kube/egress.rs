@@ -23,9 +23,10 @@
 //!   [`TemplateNetwork`]; a sandbox's [`Recorded`] policy lists its secrets
 //!   (template's and request's) and the placeholder each got
 //!   (`sandhub-secret-<random>`, not a secret: the proxy matches it). The
-//!   Pod gets the placeholders and [`ca_env`]: the trust bundle of the
-//!   ConfigMap [`CA_CONFIGMAP`] (the proxy's CA, kept by the proxy in the
-//!   Secret [`CA_SECRET`]) that every egress Pod mounts at [`CA_DIR`].
+//!   Pod gets the placeholders and [`ca_env`]: the trust bundle sandboxd
+//!   writes at start ([`BUNDLE_FILE`]: the image's roots and the CA of the
+//!   ConfigMap [`CA_CONFIGMAP`], which every egress Pod mounts at
+//!   [`CA_DIR`]; the proxy keeps the CA's key in the Secret [`CA_SECRET`]).
 //!   Values live in the tenant's Secret (`kube/secrets.rs`) or the
 //!   operator's `--secrets-file`, and only the proxy reads them.
 
@@ -55,15 +56,22 @@ pub const POLICY_ANNOTATION: &str = "sandhub.io/egress-policy";
 /// The Secret (in the hub's namespace) holding the proxy's CA key and
 /// certificate; made by the first proxy replica that finds none.
 pub const CA_SECRET: &str = "sandhub-egress-ca";
-/// The ConfigMap with the CA certificate ([`CA_CERT_KEY`]) and the trust
-/// bundle ([`CA_BUNDLE_KEY`]) that egress Pods mount; kept by the proxy.
+/// The ConfigMap with the CA certificate ([`CA_CERT_KEY`]) that egress
+/// Pods mount; kept by the proxy.
 pub const CA_CONFIGMAP: &str = "sandhub-egress-ca";
 pub const CA_CERT_KEY: &str = "ca.crt";
-pub const CA_BUNDLE_KEY: &str = "ca-bundle.crt";
 /// Where egress Pods mount [`CA_CONFIGMAP`].
 pub const CA_DIR: &str = "/etc/sandhub/egress-ca";
 /// The Pod volume of [`CA_CONFIGMAP`].
 pub const CA_VOLUME: &str = "sandhub-egress-ca";
+/// Where sandboxd writes the Pod's trust bundle at start (an emptyDir): the
+/// image's own roots with the proxy's CA ([`BUNDLE_FILE`]).
+pub const BUNDLE_DIR: &str = "/etc/sandhub/ca-bundle";
+pub const BUNDLE_FILE: &str = "/etc/sandhub/ca-bundle/ca-bundle.crt";
+pub const BUNDLE_VOLUME: &str = "sandhub-ca-bundle";
+/// sandboxd's flags (as the variables it reads them from) that write it.
+pub const SANDBOXD_EXTRA_CA_ENV: &str = "SANDBOXD_EXTRA_CA_FILE";
+pub const SANDBOXD_BUNDLE_OUT_ENV: &str = "SANDBOXD_CA_BUNDLE_OUT";
 
 /// What of a template the proxy needs, kept on its SandboxTemplate.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -205,9 +213,10 @@ pub fn secret_env(r: &Recorded) -> Vec<(String, String)> {
     env
 }
 
-/// The trust variables (the local backend's set, at [`CA_DIR`]).
+/// The trust variables (the local backend's set): the bundle sandboxd
+/// wrote, and the CA alone for Node.
 pub fn ca_env() -> impl Iterator<Item = (String, String)> {
-    let bundle = format!("{CA_DIR}/{CA_BUNDLE_KEY}");
+    let bundle = BUNDLE_FILE.to_string();
     let ca = format!("{CA_DIR}/{CA_CERT_KEY}");
     [
         ("SSL_CERT_FILE", bundle.clone()),
@@ -221,10 +230,30 @@ pub fn ca_env() -> impl Iterator<Item = (String, String)> {
     .map(|(k, v)| (k.to_string(), v))
 }
 
-/// The CA ConfigMap as an egress Pod mounts it: optional, so a Pod
-/// starts before the first proxy replica has written it (only brokered
-/// hosts need it), read-only (a public certificate and public roots).
-pub fn ca_volume() -> (Volume, VolumeMount) {
+/// What an egress Pod's main (sandboxd's) container gets: the CA
+/// ConfigMap, optional (a Pod starts before the first proxy replica has
+/// written it; only brokered hosts need it) and read-only; the emptyDir
+/// sandboxd writes the bundle into; and the sandboxd variables that say so.
+pub fn ca_volumes() -> (Vec<Volume>, Vec<VolumeMount>, Vec<(&'static str, String)>) {
+    let (cm, cm_mount) = ca_volume();
+    let bundle = Volume {
+        name: BUNDLE_VOLUME.into(),
+        empty_dir: Some(Default::default()),
+        ..Default::default()
+    };
+    let bundle_mount = VolumeMount {
+        name: BUNDLE_VOLUME.into(),
+        mount_path: BUNDLE_DIR.into(),
+        ..Default::default()
+    };
+    let env = vec![
+        (SANDBOXD_EXTRA_CA_ENV, format!("{CA_DIR}/{CA_CERT_KEY}")),
+        (SANDBOXD_BUNDLE_OUT_ENV, BUNDLE_FILE.to_string()),
+    ];
+    (vec![cm, bundle], vec![cm_mount, bundle_mount], env)
+}
+
+fn ca_volume() -> (Volume, VolumeMount) {
     (
         Volume {
             name: CA_VOLUME.into(),
@@ -381,7 +410,7 @@ mod tests {
         assert_eq!(back.secrets, r.secrets);
         let env: BTreeMap<_, _> = secret_env(&r).into_iter().collect();
         assert_eq!(env["A"], r.placeholders["A"]);
-        assert_eq!(env["SSL_CERT_FILE"], format!("{CA_DIR}/{CA_BUNDLE_KEY}"));
+        assert_eq!(env["SSL_CERT_FILE"], BUNDLE_FILE);
         assert_eq!(
             env["NODE_EXTRA_CA_CERTS"],
             format!("{CA_DIR}/{CA_CERT_KEY}")

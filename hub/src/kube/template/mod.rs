@@ -258,17 +258,29 @@ pub fn tenant_template(
         r.limits.get_or_insert_with(BTreeMap::new).extend(limits);
     }
     if t.network.mode == Network::Egress {
-        // The proxy's CA and trust bundle, for brokered secrets: public,
-        // so every egress Pod mounts it (a create request may add secrets
-        // to a template that has none); only a sandbox with secrets gets
-        // the variables that point at it (kube/egress.rs).
-        let (volume, mount) = super::egress::ca_volume();
+        // The proxy's CA and the bundle sandboxd writes with it, for
+        // brokered secrets: public, so every egress Pod has them (a create
+        // request may add secrets to a template that has none); only a
+        // sandbox with secrets gets the variables that point at the bundle
+        // (kube/egress.rs).
+        let (new_volumes, new_mounts, vars) = super::egress::ca_volumes();
         let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
-        mounts.retain(|m| m.name != volume.name && m.mount_path != mount.mount_path);
-        mounts.push(mount);
+        mounts.retain(|m| {
+            !new_mounts
+                .iter()
+                .any(|n| n.name == m.name || n.mount_path == m.mount_path)
+        });
+        mounts.extend(new_mounts);
+        let env = c.env.get_or_insert_with(Vec::new);
+        env.retain(|e| !vars.iter().any(|(k, _)| *k == e.name));
+        env.extend(vars.into_iter().map(|(k, v)| EnvVar {
+            name: k.to_string(),
+            value: Some(v),
+            value_from: None,
+        }));
         let volumes = pod.volumes.get_or_insert_with(Vec::new);
-        volumes.retain(|v| v.name != volume.name);
-        volumes.push(volume);
+        volumes.retain(|v| !new_volumes.iter().any(|n| n.name == v.name));
+        volumes.extend(new_volumes);
     }
     add_sidecars(&mut base.blueprint.pod_template, main, &t.sidecars)?;
     mark_network(&mut base.blueprint.pod_template, t);

@@ -347,6 +347,25 @@ fn an_egress_template_labels_its_pods_and_records_its_network() {
         .iter()
         .flatten()
         .any(|m| m.mount_path == crate::kube::egress::CA_DIR && m.read_only == Some(true)));
+    // sandboxd writes the bundle (the image's roots and the CA) into an emptyDir.
+    assert!(main
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == crate::kube::egress::BUNDLE_DIR));
+    let env: BTreeMap<_, _> = main
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        env[crate::kube::egress::SANDBOXD_BUNDLE_OUT_ENV],
+        crate::kube::egress::BUNDLE_FILE
+    );
+    assert!(
+        env[crate::kube::egress::SANDBOXD_EXTRA_CA_ENV].starts_with(crate::kube::egress::CA_DIR)
+    );
     // Secrets without egress: refused.
     let offline = Template {
         network: Default::default(),
