@@ -27,6 +27,9 @@ const DOMAIN: &[u8] = b"sandhub-sandboxd-token/v1";
 /// another domain, so a Pod's proxy credential (which its workload can
 /// read) is never its sandboxd token, nor reveals it.
 const PROXY_DOMAIN: &[u8] = b"sandhub-egress-proxy/v1";
+/// The hub's bearer on the proxy's meter route (another domain again:
+/// no Pod ever holds it, and it opens no sandbox).
+const METER_DOMAIN: &[u8] = b"sandhub-egress-meter/v1";
 
 /// The HMAC key; never printed.
 #[derive(Clone)]
@@ -75,6 +78,12 @@ impl SandboxdTokens {
     /// presents to `sandhub egress-proxy` (`HTTP_PROXY`'s password).
     pub fn proxy_credential(&self, namespace: &str, sandbox: &str) -> String {
         self.derive(PROXY_DOMAIN, namespace, sandbox)
+    }
+
+    /// What the hub presents to `sandhub egress-proxy`'s meter route
+    /// (`Authorization: Bearer ...`) for the sandboxes of `namespace`.
+    pub fn meter_token(&self, namespace: &str) -> String {
+        self.derive(METER_DOMAIN, namespace, "")
     }
 
     fn derive(&self, domain: &[u8], namespace: &str, sandbox: &str) -> String {

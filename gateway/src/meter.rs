@@ -73,6 +73,9 @@ pub struct Meter {
     opened: AtomicU64,
     refused: AtomicU64,
     ring: Mutex<Ring>,
+    /// The proxy's `--egress-rate-mbit` window: (its start, total bytes
+    /// then); `None` until the first check.
+    rate_window: Mutex<Option<(std::time::Instant, u64)>>,
 }
 
 fn now_ms() -> u64 {
@@ -172,9 +175,46 @@ impl Meter {
     }
 }
 
+impl Meter {
+    /// Why a new connection is refused under `--egress-rate-mbit` `cap`,
+    /// if it is: the payload rate (both ways) since the start of the
+    /// current window (renewed each second) is above it. The TUN loop
+    /// keeps its own window; the proxy, whose connections of one sandbox
+    /// arrive on many tasks, keeps it here.
+    pub fn over_rate(&self, cap: u64) -> Option<String> {
+        let total = self.total_bytes();
+        let mut w = self.rate_window.lock().unwrap_or_else(|p| p.into_inner());
+        let (start, at_start) = *w.get_or_insert((std::time::Instant::now(), total));
+        let secs = start.elapsed().as_secs_f64().max(0.001);
+        let mbit = total.saturating_sub(at_start) as f64 * 8.0 / 1e6 / secs;
+        if start.elapsed() >= std::time::Duration::from_secs(1) {
+            *w = Some((std::time::Instant::now(), total));
+        }
+        (mbit > cap as f64).then(|| {
+            format!(
+                "--egress-rate-mbit: the sandbox moves {mbit:.1} Mbit/s, above the cap of {cap}"
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rate_window_refuses_while_above_the_cap() {
+        let m = Meter::default();
+        assert_eq!(m.over_rate(1), None); // opens the window
+        let seq = m.opened(None, "203.0.113.1".parse().unwrap(), 80, false);
+        m.moved(seq, 1_000_000, 1_000_000); // 16 Mbit within a few microseconds
+        let why = m.over_rate(1).unwrap();
+        assert!(
+            why.contains("--egress-rate-mbit") && why.contains("cap of 1"),
+            "{why}"
+        );
+        assert_eq!(m.over_rate(u64::MAX), None);
+    }
 
     #[test]
     fn the_log_keeps_the_last_entries_and_bytes_reach_theirs() {

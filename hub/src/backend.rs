@@ -89,7 +89,7 @@ pub trait TenantView: Sandboxes {
 fn no_secrets() -> sandhub_client::Error {
     sandhub_client::Error::new(
         Code::Unimplemented,
-        "brokered secrets need the local backend's egress gateway (not yet on Kubernetes)",
+        "brokered secrets are not available on this backend",
     )
 }
 

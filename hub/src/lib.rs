@@ -31,6 +31,8 @@
 //! - [`policy`]: the operator's sandbox defaults and tenant quotas, for both.
 //! - [`entrypoint`]: whether a sandbox's entrypoint runs, or how it ended, for both.
 //! - [`proc_net`]: the kernel's TCP tables (what listens in a sandbox), for both.
+//! - [`secrets_file`]: the operator's secret values (`--secrets-file`), for
+//!   both backends and the egress proxy.
 //!
 //! Request validation is not here: it is part of the API contract
 //! (`sandhub_api::validate`), so both backends refuse the same requests.
@@ -51,6 +53,7 @@ pub mod mcp;
 pub mod ops;
 pub mod policy;
 pub mod proc_net;
+pub mod secrets_file;
 pub mod serve;
 
 pub use backend::{Backend, TenantView};

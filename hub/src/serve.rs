@@ -228,6 +228,10 @@ async fn serve(
             let kube = KubeTenancy::connect(
                 &args.kube,
                 Policy::resolve(&args.local.policy, local::runtime::host_memory_kib()),
+                match &args.local.egress.secrets_file {
+                    Some(p) => crate::secrets_file::OperatorSecrets::load(p)?,
+                    None => Default::default(),
+                },
             )
             .await?;
             // Gym envs are ConfigMaps any replica reads; every replica

@@ -116,6 +116,16 @@ pub struct Config {
           value_parser = parse_seconds)]
     pub legacy_exec_timeout: Duration,
 
+    /// A CA certificate (PEM) to trust beside the image's roots: with
+    /// `--ca-bundle-out`, the image's system bundle and this are written
+    /// there at start (the egress proxy's CA, for brokered secrets).
+    #[arg(long, env = "SANDBOXD_EXTRA_CA_FILE", requires = "ca_bundle_out")]
+    pub extra_ca_file: Option<PathBuf>,
+
+    /// Where the bundle of `--extra-ca-file` goes.
+    #[arg(long, env = "SANDBOXD_CA_BUNDLE_OUT", requires = "extra_ca_file")]
+    pub ca_bundle_out: Option<PathBuf>,
+
     /// Log format: `text` or `json`.
     #[arg(long, env = "SANDBOXD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

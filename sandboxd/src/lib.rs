@@ -17,6 +17,7 @@ pub mod process;
 pub mod rest;
 pub mod server;
 pub mod transfer;
+pub mod trust;
 pub mod watcher;
 
 pub use config::Config;

@@ -6,6 +6,12 @@ use sandboxd::{server, Config, Daemon};
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     sandhub_common::Logging::new(&config.log_format).init();
+    if let (Some(ca), Some(out)) = (&config.extra_ca_file, &config.ca_bundle_out) {
+        // Never fatal: without it only brokered hosts fail their TLS.
+        if let Err(e) = sandboxd::trust::write_bundle(ca, out, sandboxd::trust::SYSTEM_BUNDLES) {
+            tracing::warn!(out = %out.display(), error = %e, "writing the CA bundle");
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -18,6 +18,24 @@ pub const EGRESS: &str = "egress";
 pub const PROXY_APP: &str = "sandhub-egress";
 /// The proxy's port: HTTP CONNECT and SOCKS5 on one port.
 pub const PROXY_PORT: u16 = 3128;
+/// The proxy's `/metrics`, `/healthz` and meter route port, and its name
+/// on the Service (the hub finds each replica's through EndpointSlices).
+pub const METRICS_PORT: u16 = 9464;
+pub const METRICS_PORT_NAME: &str = "metrics";
+/// `GET {METER_PATH}/{sandbox id}` on [`METRICS_PORT`]: one replica's
+/// [`MeterReport`] of a sandbox, for the hub (bearer: the meter token,
+/// `SandboxdTokens::meter_token`).
+pub const METER_PATH: &str = "/internal/v1/egress";
+/// Decisions one replica reports at most (its log's capacity).
+pub const MAX_REPORTED_DECISIONS: usize = 256;
+
+/// What one proxy replica counted for one sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MeterReport {
+    pub usage: crate::hub::EgressUsage,
+    /// Oldest first.
+    pub decisions: Vec<crate::hub::EgressDecision>,
+}
 
 fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
     LabelSelector {

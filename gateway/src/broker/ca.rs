@@ -2,6 +2,9 @@
 //! sandbox when it brokers a secret, and the bounded cache of those
 //! leaf certificates.
 //!
+//! On Kubernetes the CA lives in a Kubernetes Secret that the egress
+//! proxy replicas share ([`Authority::generate`], [`Authority::from_pem`]).
+//!
 //! The CA is made once into the hub's state dir (`egress-ca/ca.pem`,
 //! `egress-ca/ca-key.pem`, the key 0600 in a 0700 directory) and loaded
 //! on every start after, so sandboxes that outlive a hub restart keep
@@ -95,7 +98,22 @@ impl Authority {
                 (c.pem(), kp.serialize_pem())
             }
         };
-        let kp = KeyPair::from_pem(&key_pem).map_err(other)?;
+        Authority::from_pem(cert_pem, &key_pem)
+    }
+
+    /// A new CA: (certificate PEM, key PEM). For a store other than a
+    /// directory (the egress proxy's Kubernetes Secret).
+    pub fn generate() -> io::Result<(String, String)> {
+        let kp = KeyPair::generate().map_err(other)?;
+        let c = ca_params().self_signed(&kp).map_err(other)?;
+        Ok((c.pem(), kp.serialize_pem()))
+    }
+
+    /// The CA from its certificate and key (as [`Authority::generate`]
+    /// made them). The subject is fixed, so the issuer is rebuilt from the
+    /// key alone; `cert_pem` is what sandboxes are told to trust.
+    pub fn from_pem(cert_pem: String, key_pem: &str) -> io::Result<Authority> {
+        let kp = KeyPair::from_pem(key_pem).map_err(other)?;
         Ok(Authority {
             issuer: Issuer::new(ca_params(), kp),
             cert_pem,
@@ -166,6 +184,16 @@ mod tests {
         .unwrap();
         assert!(Authority::load_or_create(&dir).is_err());
         let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+    }
+
+    #[test]
+    fn a_generated_ca_loads_from_its_pem_and_junk_is_refused() {
+        let (cert, key) = Authority::generate().unwrap();
+        assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
+        let a = Authority::from_pem(cert.clone(), &key).unwrap();
+        assert_eq!(a.cert_pem(), cert);
+        assert!(a.leaf("api.test").is_ok());
+        assert!(Authority::from_pem(cert, "not a key").is_err());
     }
 
     fn tempfile_dir() -> std::path::PathBuf {

@@ -25,7 +25,8 @@
 //!
 //! ```text
 //! mod.rs     Secret, Broker (per hub), relay() (one flow)
-//! ca.rs      the per-hub CA and the bounded leaf-certificate cache
+//! ca.rs      the per-hub CA (a directory, or PEM the caller keeps) and the
+//!            bounded leaf-certificate cache
 //! rewrite.rs the request header rewrite (pure; unit-tested)
 //! scrub.rs   masking the value in answers (headers, streamed bodies)
 //! ```
@@ -129,7 +130,12 @@ impl Broker {
     /// The hub's broker: its CA in `ca_dir` (made there the first time),
     /// upstream trust from the system's roots plus `extra_roots` (PEM).
     pub fn new(ca_dir: &Path, extra_roots: Option<&Path>) -> io::Result<Broker> {
-        let ca = ca::Authority::load_or_create(ca_dir)?;
+        Broker::with_authority(ca::Authority::load_or_create(ca_dir)?, extra_roots)
+    }
+
+    /// A broker over a CA its caller keeps (the egress proxy's Kubernetes
+    /// Secret, shared by its replicas).
+    pub fn with_authority(ca: ca::Authority, extra_roots: Option<&Path>) -> io::Result<Broker> {
         let mut roots = RootCertStore::empty();
         let native = rustls_native_certs::load_native_certs();
         for c in native.certs {

@@ -305,7 +305,8 @@ impl Proxy {
     }
 
     /// The whole decision and the dial, as the TUN gateway makes them for
-    /// a SYN: lists (and a literal's ranges), the byte cap, `max_flows`,
+    /// a SYN: lists (and a literal's ranges), the byte cap, the rate cap,
+    /// `max_flows`,
     /// then resolve + re-check + connect. `tunnel`: the client's bytes go
     /// through as they are (CONNECT, SOCKS), so a secret's host may be
     /// brokered; a forwarded plain-HTTP request never is.
@@ -340,6 +341,14 @@ impl Proxy {
                 );
                 return Err(self.refuse(c, dest, Refusal::Policy(why)));
             }
+        }
+        if let Some(why) = self
+            .cfg
+            .limits
+            .rate_mbit
+            .and_then(|cap| c.sb.meter.over_rate(cap))
+        {
+            return Err(self.refuse(c, dest, Refusal::Policy(why)));
         }
         let slot = {
             let mut flows = self.flows.lock().unwrap_or_else(|p| p.into_inner());

@@ -8,11 +8,13 @@ pub mod egress;
 pub mod gym;
 mod images;
 pub mod mcp_sessions;
+mod meters;
 mod model;
 mod owner;
 mod ports;
 mod prepull;
 mod reach;
+pub mod secrets;
 mod sidecar_exec;
 pub mod signing;
 mod startup;
@@ -43,7 +45,7 @@ use self::{
     tenant::KubeTenant,
 };
 pub use self::{
-    model::{TEMPLATE_ANNOTATION, TENANT_LABEL},
+    model::{tenant_label_value, TEMPLATE_ANNOTATION, TENANT_LABEL},
     reach::SANDBOXD_TOKEN_HEADER,
 };
 use crate::{
@@ -155,6 +157,16 @@ pub struct KubeArgs {
     )]
     pub egress_proxy: String,
 
+    /// The Service of the `sandhub egress-proxy` replicas: the hub asks each
+    /// of its endpoints (port `metrics`) for an egress sandbox's counters
+    /// and decisions, and merges them.
+    #[arg(
+        long,
+        env = "SANDHUB_EGRESS_PROXY_SERVICE",
+        default_value = sandhub_api::k8s::egress::PROXY_APP
+    )]
+    pub egress_proxy_service: String,
+
     /// The main container of pre-pull DaemonSets (it only waits).
     #[arg(
         long,
@@ -206,6 +218,12 @@ pub(crate) struct Shared {
     proxy_tokens: Option<sandhub_api::sandboxd_token::SandboxdTokens>,
     /// MCP session records every replica reads (`mcp_sessions.rs`).
     mcp_sessions: Arc<mcp_sessions::KubeMcpSessions>,
+    /// `--secrets-file`: the operator's values (the tenants' own are in
+    /// Secrets, kube/secrets.rs).
+    operator_secrets: Arc<crate::secrets_file::OperatorSecrets>,
+    /// `--egress-proxy-service`: whose EndpointSlices name the proxy
+    /// replicas the hub asks for counters (kube/meters.rs).
+    egress_service: String,
 }
 
 impl Shared {
@@ -297,7 +315,13 @@ pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Resu
 }
 
 impl KubeTenancy {
-    pub async fn connect(args: &KubeArgs, policy: Policy) -> anyhow::Result<Self> {
+    /// `operator_secrets`: the hub's `--secrets-file` (values the hub only
+    /// checks exist; the proxy reads the same file for the values).
+    pub async fn connect(
+        args: &KubeArgs,
+        policy: Policy,
+        operator_secrets: crate::secrets_file::OperatorSecrets,
+    ) -> anyhow::Result<Self> {
         let client = client(args.kubeconfig.as_deref()).await?;
         let proxy_tokens = match &args.sandboxd_token_key_file {
             Some(path) => Some(
@@ -364,6 +388,9 @@ impl KubeTenancy {
                 prepulls: Mutex::default(),
                 egress_proxy: args.egress_proxy.clone(),
                 proxy_tokens,
+                operator_secrets: Arc::new(operator_secrets),
+                egress_service: args.egress_proxy_service.clone(),
+
                 client,
             }),
         })

@@ -40,6 +40,15 @@ pub fn selector(tenant: &str, labels: &BTreeMap<String, String>) -> String {
     parts.join(",")
 }
 
+/// Whether a claim is an egress sandbox's (it records a proxy policy).
+pub fn is_egress(claim: &SandboxClaim) -> bool {
+    claim
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(super::egress::POLICY_ANNOTATION))
+}
+
 /// What an egress sandbox's claim carries (kube/egress.rs): its recorded
 /// policy and the proxy environment.
 #[derive(Debug, Clone)]
@@ -438,13 +447,14 @@ mod tests {
             )
             .unwrap(),
             egress_mb: None,
+            secrets: Vec::new(),
         };
         let narrow = serde_json::from_value(
             serde_json::json!({"mode": "egress", "allow_out": ["pypi.test"]}),
         )
         .unwrap();
         let egress = EgressClaim {
-            recorded: Recorded::new(&tpl, Some(narrow)).unwrap(),
+            recorded: Recorded::new(&tpl, Some(narrow), &[]).unwrap(),
             env: vec![(
                 "HTTP_PROXY".into(),
                 "http://sb-e:c@sandhub-egress:3128".into(),

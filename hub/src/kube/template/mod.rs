@@ -257,6 +257,31 @@ pub fn tenant_template(
         }
         r.limits.get_or_insert_with(BTreeMap::new).extend(limits);
     }
+    if t.network.mode == Network::Egress {
+        // The proxy's CA and the bundle sandboxd writes with it, for
+        // brokered secrets: public, so every egress Pod has them (a create
+        // request may add secrets to a template that has none); only a
+        // sandbox with secrets gets the variables that point at the bundle
+        // (kube/egress.rs).
+        let (new_volumes, new_mounts, vars) = super::egress::ca_volumes();
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+        mounts.retain(|m| {
+            !new_mounts
+                .iter()
+                .any(|n| n.name == m.name || n.mount_path == m.mount_path)
+        });
+        mounts.extend(new_mounts);
+        let env = c.env.get_or_insert_with(Vec::new);
+        env.retain(|e| !vars.iter().any(|(k, _)| *k == e.name));
+        env.extend(vars.into_iter().map(|(k, v)| EnvVar {
+            name: k.to_string(),
+            value: Some(v),
+            value_from: None,
+        }));
+        let volumes = pod.volumes.get_or_insert_with(Vec::new);
+        volumes.retain(|v| !new_volumes.iter().any(|n| n.name == v.name));
+        volumes.extend(new_volumes);
+    }
     add_sidecars(&mut base.blueprint.pod_template, main, &t.sidecars)?;
     mark_network(&mut base.blueprint.pod_template, t);
     if t.network.mode == Network::Egress {
@@ -473,6 +498,7 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         sidecars: sidecars_of(&spec.blueprint.pod_template),
         network: network_of(spec).network,
         egress_mb: network_of(spec).egress_mb,
+        secrets: network_of(spec).secrets,
         ..Template::default()
     }
 }

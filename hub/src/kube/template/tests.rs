@@ -310,7 +310,8 @@ fn an_egress_template_labels_its_pods_and_records_its_network() {
         .annotations
         .unwrap_or_default()
         .contains_key(NETWORK_ANNOTATION));
-    // Brokered secrets have no value store on this backend yet: refused.
+    // Brokered secrets: recorded (no value exists here to record), read
+    // back, and the Pod mounts the proxy's CA ConfigMap.
     let with_secret = Template {
         secrets: vec![serde_json::from_value(serde_json::json!({
             "name": "OPENAI_API_KEY", "hosts": ["api.test"], "header": "Authorization"
@@ -318,11 +319,63 @@ fn an_egress_template_labels_its_pods_and_records_its_network() {
         .unwrap()],
         ..t
     };
-    let e = tenant_template(
+    let st = tenant_template(
         "a",
         "s",
         builtin_base(SANDBOXD),
         &with_secret,
+        SANDBOXD,
+        PullPolicy::Never,
+    )
+    .unwrap();
+    assert_eq!(template_of(&st.spec, SANDBOXD).secrets, with_secret.secrets);
+    let pod = &st.spec.blueprint.pod_template.spec;
+    let ca = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == crate::kube::egress::CA_VOLUME)
+        .unwrap();
+    let cm = ca.config_map.as_ref().unwrap();
+    assert_eq!(
+        (cm.name.as_str(), cm.optional),
+        (crate::kube::egress::CA_CONFIGMAP, Some(true))
+    );
+    let main = &pod.containers[0];
+    assert!(main
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == crate::kube::egress::CA_DIR && m.read_only == Some(true)));
+    // sandboxd writes the bundle (the image's roots and the CA) into an emptyDir.
+    assert!(main
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == crate::kube::egress::BUNDLE_DIR));
+    let env: BTreeMap<_, _> = main
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        env[crate::kube::egress::SANDBOXD_BUNDLE_OUT_ENV],
+        crate::kube::egress::BUNDLE_FILE
+    );
+    assert!(
+        env[crate::kube::egress::SANDBOXD_EXTRA_CA_ENV].starts_with(crate::kube::egress::CA_DIR)
+    );
+    // Secrets without egress: refused.
+    let offline = Template {
+        network: Default::default(),
+        ..with_secret
+    };
+    let e = tenant_template(
+        "a",
+        "s",
+        builtin_base(SANDBOXD),
+        &offline,
         SANDBOXD,
         PullPolicy::Never,
     )

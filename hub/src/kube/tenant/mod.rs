@@ -8,10 +8,12 @@
 //! - [`sandboxes`]: `impl Sandboxes` and `impl TenantView` (the sandbox
 //!   members; the template and pool members call the two below);
 //! - [`templates`]: the tenant's SandboxTemplates;
-//! - [`pools`]: the tenant's SandboxWarmPools.
+//! - [`pools`]: the tenant's SandboxWarmPools;
+//! - [`secrets`]: `/v1/secrets` over the tenant's values Secret.
 
 mod pools;
 mod sandboxes;
+mod secrets;
 mod templates;
 
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};

@@ -6,15 +6,35 @@ use super::*;
 
 #[async_trait]
 impl TenantView for KubeTenant {
-    /// The decisions live in `sandhub egress-proxy`'s memory (its replicas'),
-    /// not the hub's: always empty here (docs/networking.md, Kubernetes).
+    /// The decisions live in `sandhub egress-proxy`'s replicas: asked and
+    /// merged (kube/meters.rs); empty for a sandbox without egress.
     async fn egress_log(&self, id: &str) -> Result<Vec<sandhub_api::hub::EgressDecision>> {
-        self.get(id).await?;
-        Ok(Vec::new())
+        let claim = self.claim(id).await?;
+        if !model::is_egress(&claim) {
+            return Ok(Vec::new());
+        }
+        Ok(self.shared.egress_report(id).await.decisions)
     }
 
     fn tenant(&self) -> &str {
         &self.tenant
+    }
+
+    /// Values go to the tenant's Secret (kube/secrets.rs).
+    async fn put_secret(
+        &self,
+        name: &str,
+        value: String,
+    ) -> Result<sandhub_api::secrets::SecretInfo> {
+        self.put_secret_value(name, &value).await
+    }
+
+    async fn list_secrets(&self) -> Result<sandhub_api::secrets::SecretList> {
+        self.secret_list().await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<()> {
+        self.remove_secret(name).await
     }
 
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
@@ -105,7 +125,12 @@ impl Sandboxes for KubeTenant {
 
     async fn get(&self, id: &str) -> Result<Sandbox> {
         let claim = self.claim(id).await?;
-        Ok(self.view(&claim).await)
+        let mut sb = self.view(&claim).await;
+        if model::is_egress(&claim) {
+            // One sandbox's GET, as on the local backend (lists do not ask).
+            sb.egress = Some(self.shared.egress_report(id).await.usage);
+        }
+        Ok(sb)
     }
 
     async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Sandbox>> {
@@ -348,6 +373,18 @@ impl KubeTenant {
     ) -> Result<Option<model::EgressClaim>> {
         let (t, _) = self.find(&self.templates(), "template", template).await?;
         let net = template::network_of(&t.spec);
+        let offline = req
+            .network
+            .as_ref()
+            .is_some_and(|n| n.mode == sandhub_api::hub::Network::None);
+        if !req.secrets.is_empty()
+            && (offline || net.network.mode != sandhub_api::hub::Network::Egress)
+        {
+            // The local backend's words: never silently dropped.
+            return Err(Error::invalid(
+                "secrets need `network: egress`: only the egress gateway can broker them",
+            ));
+        }
         if net.network.mode != sandhub_api::hub::Network::Egress {
             return Ok(None);
         }
@@ -358,13 +395,17 @@ impl KubeTenant {
                  --sandboxd-token-key-file (the proxy credentials derive from it)",
             ));
         };
-        let recorded = crate::kube::egress::Recorded::new(&net, req.network.clone())?;
-        let env = crate::kube::egress::proxy_env(
+        let recorded = crate::kube::egress::Recorded::new(&net, req.network.clone(), &req.secrets)?;
+        // Every secret must have a value now, not fail at the first request.
+        self.secret_values(recorded.secrets.iter().map(|s| s.name.as_str()))
+            .await?;
+        let mut env = crate::kube::egress::proxy_env(
             tokens,
             &self.shared.namespace,
             id,
             &self.shared.egress_proxy,
         );
+        env.extend(crate::kube::egress::secret_env(&recorded));
         Ok(Some(model::EgressClaim { recorded, env }))
     }
 }

@@ -10,6 +10,24 @@
 //! the next one. A claim that is gone, or has no policy, opens nothing.
 //! Counters per sandbox, summed by tenant on `/metrics` with the local
 //! hub's series names (`sandhub_egress_*`).
+//!
+//! Brokered secrets: the claim's record lists the sandbox's secrets and
+//! placeholders; the values come from the tenants' Secrets and the
+//! operator's `--secrets-file` ([`values`]); TLS toward the Pod is
+//! terminated with the CA all replicas share ([`ca`]).
+//!
+//! # Layout
+//!
+//! ```text
+//! mod.rs     flags, the claims directory, /metrics, run()
+//! ca.rs      the shared CA: its Secret, and the ConfigMap Pods mount
+//! meter.rs   the hub's meter route: one sandbox's counters and decisions
+//! values.rs  secret values: the tenants' Secrets (watched), the operator's file
+//! ```
+
+mod ca;
+mod meter;
+mod values;
 
 use std::{
     collections::HashMap,
@@ -106,10 +124,28 @@ pub struct EgressProxyArgs {
           value_parser = sandhub_common::parse_duration)]
     pub egress_idle_timeout: Duration,
 
+    /// A rate cap per egress sandbox, in Mbit/s of TCP payload (out and in
+    /// together), as on `sandhub serve`: while a sandbox's rate since its
+    /// last one-second window is above it, its new connections are
+    /// refused (per proxy replica: each meters what it carries).
+    #[arg(long, env = "SANDHUB_EGRESS_RATE_MBIT")]
+    pub egress_rate_mbit: Option<u64>,
+
     /// Client connections at once over all sandboxes (authenticated or
     /// not); more are closed at accept.
     #[arg(long, env = "SANDHUB_EGRESS_PROXY_MAX_CLIENTS", default_value_t = 4096)]
     pub max_clients: usize,
+
+    /// The operator's secret values (the hub's --secrets-file: a JSON
+    /// object `{"TENANT": {"NAME": "value"}}`, mode 0600). Tenants' own
+    /// values (`PUT /v1/secrets`) are read from their Secrets.
+    #[arg(long, value_name = "FILE", env = "SANDHUB_SECRETS_FILE")]
+    pub secrets_file: Option<PathBuf>,
+
+    /// More CA certificates (a PEM file) the proxy trusts, beside the
+    /// system's, when it opens TLS upstream to broker a secret.
+    #[arg(long, value_name = "PEM", env = "SANDHUB_EGRESS_CA_FILE")]
+    pub egress_ca_file: Option<PathBuf>,
 }
 
 /// Claims (from the watch) → what the proxy needs; one meter per sandbox.
@@ -122,6 +158,8 @@ struct Claims {
     /// Per tenant label, what sandboxes that are gone counted (series
     /// never go down while the proxy runs).
     retired: Mutex<HashMap<String, Totals>>,
+    /// Brokered secrets' values.
+    values: values::Values,
 }
 
 impl Directory for Claims {
@@ -139,11 +177,10 @@ impl Directory for Claims {
                 return None;
             }
         };
-        let tenant = claim
-            .labels()
-            .get(TENANT_LABEL)
-            .cloned()
-            .unwrap_or_default();
+        let tenant = tenant_of(&claim);
+        // Values as they are now: a `PUT` or `DELETE` applies to the next
+        // connection.
+        let secrets = self.values.secrets(id, &tenant, &recorded);
         let meter = self
             .meters
             .lock()
@@ -155,11 +192,20 @@ impl Directory for Claims {
         Some(ProxySandbox {
             credential: self.tokens.proxy_credential(&self.namespace, id),
             policy: Arc::new(policy),
-            secrets: Arc::new(Vec::new()),
+            secrets: Arc::new(secrets),
             meter,
             cap_bytes: recorded.egress_mb.map(|mb| mb.saturating_mul(1024 * 1024)),
         })
     }
+}
+
+/// A claim's tenant label (a digest of the tenant's name).
+fn tenant_of(claim: &SandboxClaim) -> String {
+    claim
+        .labels()
+        .get(TENANT_LABEL)
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn add(sum: &mut Totals, t: Totals) {
@@ -264,25 +310,33 @@ pub async fn run(args: EgressProxyArgs) -> anyhow::Result<()> {
         &args.egress_deny,
         &args.egress_default,
     )?;
+    let operator_secrets = match &args.secrets_file {
+        Some(p) => crate::secrets_file::OperatorSecrets::load(p)?,
+        None => Default::default(),
+    };
+    let client = crate::kube::client(args.kubeconfig.as_deref()).await?;
+    let authority = ca::load_or_create(&client, &args.namespace).await?;
+    let broker =
+        sandhub_gateway::broker::Broker::with_authority(authority, args.egress_ca_file.as_deref())
+            .context("--egress-ca-file")?;
     let cfg = Arc::new(Config {
         upstream_dns,
         operator,
         limits: Limits {
             max_flows: args.egress_max_flows.max(1),
             idle_timeout: args.egress_idle_timeout.max(Duration::from_secs(1)),
+            rate_mbit: args.egress_rate_mbit.filter(|&r| r > 0),
             ..Limits::default()
         },
-        // Brokered secrets need a value store the cluster does not have
-        // yet: egress templates with secrets are refused by the hub.
-        broker: None,
+        broker: Some(Arc::new(broker)),
     });
-    let client = crate::kube::client(args.kubeconfig.as_deref()).await?;
     let claims = Arc::new(Claims {
         store: crate::kube::claim_cache(&client, &args.namespace),
         namespace: args.namespace.clone(),
         tokens,
         meters: Mutex::default(),
         retired: Mutex::default(),
+        values: values::Values::watch(&client, &args.namespace, &operator_secrets),
     });
     let pruner = claims.clone();
     tokio::spawn(async move {
@@ -298,8 +352,34 @@ pub async fn run(args: EgressProxyArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--metrics-listen {}", args.metrics_listen))?;
     let reader = claims.clone();
+    let metered = claims.clone();
+    let meter_token = Arc::new(claims.tokens.meter_token(&args.namespace));
     let app = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            &format!("{}/{{id}}", sandhub_api::k8s::egress::METER_PATH),
+            axum::routing::get(
+                move |axum::extract::Path(id): axum::extract::Path<String>,
+                      headers: axum::http::HeaderMap| {
+                    let (claims, token) = (metered.clone(), meter_token.clone());
+                    async move {
+                        let auth = headers
+                            .get(axum::http::header::AUTHORIZATION)
+                            .and_then(|v| v.to_str().ok());
+                        if !meter::authorized(auth, &token) {
+                            return Err(axum::http::StatusCode::UNAUTHORIZED);
+                        }
+                        let m = claims
+                            .meters
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get(&id)
+                            .map(|(_, m)| m.clone());
+                        Ok(axum::Json(meter::report(m.as_deref())))
+                    }
+                },
+            ),
+        )
         .route(
             "/metrics",
             axum::routing::get(move || {
@@ -361,7 +441,7 @@ mod tests {
             args: EgressProxyArgs,
         }
         let dep: Deployment =
-            serde_yaml::from_str(include_str!("../../deploy/egress/deployment.yaml")).unwrap();
+            serde_yaml::from_str(include_str!("../../../deploy/egress/deployment.yaml")).unwrap();
         let c = &dep.spec.unwrap().template.spec.unwrap().containers[0];
         let argv = c.args.clone().unwrap();
         assert_eq!(argv[0], "egress-proxy");
@@ -373,7 +453,7 @@ mod tests {
         let port = sandhub_api::k8s::egress::PROXY_PORT;
         assert_eq!(parsed.listen.port(), port);
         let svc: Service =
-            serde_yaml::from_str(include_str!("../../deploy/egress/service.yaml")).unwrap();
+            serde_yaml::from_str(include_str!("../../../deploy/egress/service.yaml")).unwrap();
         let ports = svc.spec.unwrap().ports.unwrap();
         assert!(ports.iter().any(|p| p.port == port as i32));
         // The hub's default --egress-proxy names this Service and port.
