@@ -20,8 +20,9 @@
 //!             allow layers (pure; unit-tested); PolicyCell (lib.rs) holds
 //!             a running gateway's swappable copy
 //! dns/        wire.rs (parse/build the few DNS messages), fakeip.rs (the
-//!             per-sandbox name <-> fake IP pool), mod.rs (the sandbox-side
-//!             responder, the upstream resolve)
+//!             per-sandbox name <-> fake IP pool), cache.rs (the
+//!             per-sandbox upstream answer cache: TTLs, LRU), mod.rs (the
+//!             sandbox-side responder, the upstream resolve)
 //! tun.rs      making and configuring the TUN device inside a namespace
 //! stack.rs    the per-sandbox loop: TUN <-> smoltcp <-> real sockets;
 //!             re-judges open flows when the policy changes

@@ -59,7 +59,7 @@ use tokio::{
 
 use crate::{
     broker::Secret,
-    dns::{self, fakeip::FakePool},
+    dns::{self, cache::DnsCache, fakeip::FakePool},
     meter::Meter,
     policy::{self, internal, Flow as PolicyFlow, Proto, SandboxPolicy},
     tun::MTU,
@@ -211,6 +211,8 @@ pub(crate) struct Loop {
     secrets: Arc<Vec<Secret>>,
     /// UDP flows the policy names.
     udp: udp::Relay,
+    /// Upstream answers for this sandbox's names (addresses only).
+    dns_cache: Arc<std::sync::Mutex<DnsCache>>,
     /// The policy open flows were last judged by (`None`: judge again).
     judged: Option<Arc<SandboxPolicy>>,
 }
@@ -306,6 +308,7 @@ impl Loop {
             .clamp(1, (1 << (32 - internal::FAKE_PREFIX)) - 2);
         let (events_tx, events) = mpsc::channel(cfg.limits.max_flows.max(1));
         let wake = Arc::new(Notify::new());
+        let dns_cache = Arc::new(std::sync::Mutex::new(DnsCache::default()));
         Ok(Loop {
             sandbox,
             pool: FakePool::new(internal::FAKE_NET, fake_cap),
@@ -318,7 +321,8 @@ impl Loop {
             pending: HashMap::new(),
             open: HashMap::new(),
             tasks: JoinSet::new(),
-            udp: udp::Relay::new(wake.clone()),
+            udp: udp::Relay::new(wake.clone(), dns_cache.clone()),
+            dns_cache,
             judged: None,
             wake,
             events_tx,
@@ -583,8 +587,10 @@ impl Loop {
             _ => None,
         };
         let sandbox = self.sandbox.clone();
+        let dns_cache = self.dns_cache.clone();
         self.tasks.spawn(async move {
-            let ev = match connect(&cfg, &policy, name.as_deref(), dst_ip, port).await {
+            let cache = Some(&*dns_cache);
+            let ev = match connect_cached(&cfg, &policy, name.as_deref(), dst_ip, port, cache).await {
                 Ok(s) => match brokering {
                     None => {
                         let peer = s.peer_addr().ok().map(|a| a.ip());
@@ -983,11 +989,27 @@ pub(crate) async fn connect(
     literal: IpAddr,
     port: u16,
 ) -> Result<TcpStream, DialError> {
-    let addrs = match name {
-        Some(n) => dns::resolve(cfg.upstream_dns, n, cfg.limits.dns_timeout)
+    connect_cached(cfg, policy, name, literal, port, None).await
+}
+
+/// [`connect`] resolving through a sandbox's DNS cache, when given (the
+/// checks after resolving are the same: they run on every address dialled).
+pub(crate) async fn connect_cached(
+    cfg: &Config,
+    policy: &SandboxPolicy,
+    name: Option<&str>,
+    literal: IpAddr,
+    port: u16,
+    cache: Option<&std::sync::Mutex<DnsCache>>,
+) -> Result<TcpStream, DialError> {
+    let addrs = match (name, cache) {
+        (Some(n), Some(c)) => dns::resolve_cached(cfg.upstream_dns, n, cfg.limits.dns_timeout, c)
             .await
             .map_err(|e| DialError::Failed(e.to_string()))?,
-        None => vec![literal],
+        (Some(n), None) => dns::resolve(cfg.upstream_dns, n, cfg.limits.dns_timeout)
+            .await
+            .map_err(|e| DialError::Failed(e.to_string()))?,
+        (None, _) => vec![literal],
     };
     let host = crate::host_addresses();
     let mut last = String::from("no address");

@@ -25,7 +25,7 @@ use std::{
     collections::{HashMap, VecDeque},
     io,
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -36,7 +36,7 @@ use tokio::{
 };
 
 use crate::{
-    dns,
+    dns::{self, cache::DnsCache},
     meter::Meter,
     policy::{self, Flow as PolicyFlow, Proto, SandboxPolicy},
     Config,
@@ -106,10 +106,12 @@ pub(crate) struct Relay {
     events: mpsc::Receiver<Event>,
     wake: Arc<Notify>,
     last_sweep: Instant,
+    /// The sandbox's upstream answers (shared with its TCP flows).
+    dns_cache: Arc<Mutex<DnsCache>>,
 }
 
 impl Relay {
-    pub(crate) fn new(wake: Arc<Notify>) -> Relay {
+    pub(crate) fn new(wake: Arc<Notify>, dns_cache: Arc<Mutex<DnsCache>>) -> Relay {
         let (events_tx, events) = mpsc::channel(EVENTS);
         Relay {
             flows: HashMap::new(),
@@ -119,6 +121,7 @@ impl Relay {
             events,
             wake,
             last_sweep: Instant::now(),
+            dns_cache,
         }
     }
 
@@ -221,15 +224,24 @@ impl Relay {
             );
             return self.refuse(cx, key, name.as_deref(), &why, log);
         }
-        let (cfg, policy, events, wake) = (
+        let (cfg, policy, events, wake, cache) = (
             cx.cfg.clone(),
             cx.policy.clone(),
             self.events_tx.clone(),
             self.wake.clone(),
+            self.dns_cache.clone(),
         );
         let task_name = name.clone();
         self.tasks.spawn(async move {
-            let ev = match dial(&cfg, &policy, task_name.as_deref(), IpAddr::V4(dst), port).await {
+            let dialled = dial(
+                &cfg,
+                &policy,
+                &cache,
+                task_name.as_deref(),
+                IpAddr::V4(dst),
+                port,
+            );
+            let ev = match dialled.await {
                 Ok((sock, peer)) => Event::Opened(key, Arc::new(sock), peer),
                 Err(why) => Event::Refused(key, why),
             };
@@ -381,12 +393,13 @@ impl Relay {
 async fn dial(
     cfg: &Config,
     policy: &SandboxPolicy,
+    cache: &Mutex<DnsCache>,
     name: Option<&str>,
     literal: IpAddr,
     port: u16,
 ) -> Result<(UdpSocket, IpAddr), String> {
     let addrs = match name {
-        Some(n) => dns::resolve(cfg.upstream_dns, n, cfg.limits.dns_timeout)
+        Some(n) => dns::resolve_cached(cfg.upstream_dns, n, cfg.limits.dns_timeout, cache)
             .await
             .map_err(|e| e.to_string())?,
         None => vec![literal],
@@ -462,7 +475,7 @@ mod tests {
         let meter = Meter::default();
         let mut tx = VecDeque::new();
         let wake = Arc::new(Notify::new());
-        let mut relay = Relay::new(wake);
+        let mut relay = Relay::new(wake, Default::default());
         let allow = format!("udp:127.0.0.1:{port}");
         let pol = policy(&[&allow]);
         let sb = Ipv4Addr::new(100, 127, 0, 2);

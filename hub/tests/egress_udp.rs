@@ -288,6 +288,18 @@ async fn udp_reaches_only_the_ports_the_policy_names() {
     assert_eq!(sb["egress"]["bytes_in"].as_u64(), Some(both), "{sb}");
     assert_eq!(sb["egress"]["connections_opened"], 2, "{sb}");
 
+    // Two new flows to one name in a row: the second is resolved from the
+    // sandbox's DNS cache (the test resolver's TTL of 1 s is kept 5 s).
+    let asked = net.asked("echo.udp.test");
+    let twice = vec!["echo.udp.test:7000".to_string(); 2];
+    let got = udp_probe(&c, &id, &twice).await;
+    assert!(got.iter().all(|l| l.starts_with("ECHO")), "{got:?}");
+    assert_eq!(
+        net.asked("echo.udp.test"),
+        asked + 1,
+        "one upstream query for two flows"
+    );
+
     // The built-in default (`*`, the operator's allow) opens no UDP.
     let dflt = create(&c, "default").await;
     let got = udp_probe(&c, &dflt, &["198.18.5.2:7000".to_string()]).await;
