@@ -32,11 +32,13 @@
 //! | `203.0.113.0/24`, `203.0.113.7` | addresses in the CIDR (a bare address is /32 or /128) |
 //! | `2001:db8::/32`, `[2001:db8::/32]:443`, `[2001:db8::1]:22` | IPv6: brackets when a port follows |
 //! | any of these + `:PORT` | the same, on that TCP port only |
+//! | `udp:` + any of these + `:PORT` | UDP datagrams to that port (the port is required) |
 //!
 //! Names are matched by name entries, addresses by CIDR entries: a CIDR
 //! allows a workload to dial an address directly, and a CIDR in `deny_out`
 //! also refuses a name whose resolved address falls in it. `*` stands for
-//! both. Deny wins over allow.
+//! both. Deny wins over allow. An allow entry opens its own transport only
+//! (plain: TCP, `udp:`: UDP); a plain deny entry refuses both.
 
 use std::{
     fmt,
@@ -208,7 +210,8 @@ impl utoipa::PartialSchema for NetworkSpec {
             .description(Some(
                 "`none` (only lo), `host` (operator-only), `egress` (through the hub's gateway), \
                  or {mode, allow_out, deny_out}: patterns are names, `*.` wildcards, CIDRs \
-                 (`[v6/len]:port` with a port), each with an optional `:port`; deny wins.",
+                 (`[v6/len]:port` with a port), each with an optional `:port` (TCP); \
+                 `udp:HOST:PORT` opens a UDP port; deny wins.",
             ))
             .into()
     }
