@@ -480,6 +480,78 @@ with open(sys.argv[1], "w") as f:
         f.write("%s %s %.3f\n" % (n, state, at))
 "#;
 
+/// Starts the holder in the background (`/tmp/<tag>.out`), once its
+/// connections are up.
+async fn hold(c: &HubClient, id: &str, tag: &str, names: &str) {
+    shell_ok(
+        c,
+        id,
+        &format!(
+            "setsid nohup /usr/bin/python3 /tmp/hold.py /tmp/{tag}.out {names} \
+             >/tmp/{tag}.err 2>&1 </dev/null &"
+        ),
+    )
+    .await;
+    let t0 = Instant::now();
+    loop {
+        let r = shell(c, id, &format!("cat /tmp/{tag}.out.ready 2>/dev/null")).await;
+        if r.stdout.contains("ready") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the holder never connected: {}",
+            shell(c, id, &format!("cat /tmp/{tag}.err")).await.stdout
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A few round trips through each connection first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// `PATCH .../network`; the Unix time it was sent at.
+async fn patch(hub: &TestHub, id: &str, body: serde_json::Value) -> f64 {
+    let at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let r = hub
+        .http()
+        .patch(format!("{}/v1/sandboxes/{id}/network", hub.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    at
+}
+
+/// The holder's report, once it has ended.
+async fn held(c: &HubClient, id: &str, tag: &str) -> String {
+    let t0 = Instant::now();
+    loop {
+        let r = shell(c, id, &format!("cat /tmp/{tag}.out 2>/dev/null")).await;
+        if r.stdout.ends_with('\n') && !r.stdout.is_empty() {
+            return r.stdout;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the holder never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `name -> (state, unix time)` of a holder's report.
+fn rows(out: &str) -> HashMap<&str, (&str, f64)> {
+    out.lines()
+        .map(|l| {
+            let v: Vec<&str> = l.split_whitespace().collect();
+            (v[0], (v[1], v[2].parse().unwrap()))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_narrowing_patch_resets_the_connections_it_refuses_and_only_those() {
     if !prerequisites() {
@@ -505,64 +577,13 @@ async fn a_narrowing_patch_resets_the_connections_it_refuses_and_only_those() {
     .await;
     assert!(r.status().is_success());
     let id = create(&c, "hold").await;
-    shell_ok(
-        &c,
-        &id,
-        &format!(
-            "cat > /tmp/hold.py <<'EOF'\n{HOLD}\nEOF\n\
-             setsid nohup /usr/bin/python3 /tmp/hold.py /tmp/hold.out keep.test cut.test \
-             >/tmp/hold.err 2>&1 </dev/null &"
-        ),
-    )
-    .await;
-    let t0 = Instant::now();
-    loop {
-        let r = shell(&c, &id, "cat /tmp/hold.out.ready 2>/dev/null").await;
-        if r.stdout.contains("ready") {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the holder never connected: {}",
-            shell(&c, &id, "cat /tmp/hold.err").await.stdout
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    shell_ok(&c, &id, &format!("cat > /tmp/hold.py <<'EOF'\n{HOLD}\nEOF")).await;
 
-    let patched_at = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
-    let r = hub
-        .http()
-        .patch(format!("{}/v1/sandboxes/{id}/network", hub.url()))
-        .json(&json!({"allow_out": ["keep.test"]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-
-    let t0 = Instant::now();
-    let out = loop {
-        let r = shell(&c, &id, "cat /tmp/hold.out 2>/dev/null").await;
-        if r.stdout.lines().count() == 2 {
-            break r.stdout;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the holder never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let rows: HashMap<&str, (&str, f64)> = out
-        .lines()
-        .map(|l| {
-            let v: Vec<&str> = l.split_whitespace().collect();
-            (v[0], (v[1], v[2].parse().unwrap()))
-        })
-        .collect();
-    let (state, at) = rows["cut.test"];
+    hold(&c, &id, "one", "keep.test cut.test").await;
+    let patched_at = patch(&hub, &id, json!({"allow_out": ["keep.test"]})).await;
+    let out = held(&c, &id, "one").await;
+    let got = rows(&out);
+    let (state, at) = got["cut.test"];
     assert_eq!(state, "ConnectionResetError", "{out}");
     let after = at - patched_at;
     eprintln!(
@@ -573,8 +594,8 @@ async fn a_narrowing_patch_resets_the_connections_it_refuses_and_only_those() {
         (0.0..1.0).contains(&after),
         "reset {after:.3} s after the PATCH: {out}"
     );
-    assert_eq!(rows["keep.test"].0, "alive", "{out}");
-    assert!(rows["keep.test"].1 - patched_at > 3.0, "{out}");
+    assert_eq!(got["keep.test"].0, "alive", "{out}");
+    assert!(got["keep.test"].1 - patched_at > 3.0, "{out}");
 
     let log = decisions(&hub, &id).await;
     let cut: Vec<_> = log
@@ -613,6 +634,21 @@ async fn a_narrowing_patch_resets_the_connections_it_refuses_and_only_those() {
     assert!(
         r.stdout.contains("gaierror"),
         "cut.test no longer resolves: {r:?}"
+    );
+
+    // `none`: the connection that was allowed is reset too.
+    hold(&c, &id, "two", "keep.test").await;
+    let patched_at = patch(&hub, &id, json!({"mode": "none"})).await;
+    let out = held(&c, &id, "two").await;
+    let (state, at) = rows(&out)["keep.test"];
+    assert_eq!(state, "ConnectionResetError", "{out}");
+    assert!((0.0..1.0).contains(&(at - patched_at)), "{out}");
+    let log = decisions(&hub, &id).await;
+    assert!(
+        log.iter().any(|d| d["name"] == "keep.test"
+            && d["allowed"] == false
+            && d["reason"].as_str().unwrap().contains("set to `none`")),
+        "{log:#?}"
     );
     drop(net);
 }
