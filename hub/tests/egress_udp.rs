@@ -201,8 +201,8 @@ async fn udp_reaches_only_the_ports_the_policy_names() {
     let say = |i: usize| format!("{} -> {}\n{}", targets[i], got[i], hub.log_tail());
     assert!(got[0].starts_with("ECHO 100.127.128."), "{}", say(0));
     assert_eq!(got[1], "ECHO 198.18.5.2", "{}", say(1));
-    for i in 2..=8 {
-        assert!(got[i].starts_with("NOTHING"), "{}", say(i));
+    for (i, line) in got.iter().enumerate().skip(2) {
+        assert!(line.starts_with("NOTHING"), "{}", say(i));
     }
     // Nothing refused ever left the gateway.
     let seen = seen.lock().unwrap().clone();
