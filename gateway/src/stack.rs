@@ -213,7 +213,7 @@ pub(crate) struct Loop {
     udp: udp::Relay,
     /// Upstream answers for this sandbox's names (addresses only).
     dns_cache: Arc<std::sync::Mutex<DnsCache>>,
-    /// The policy open flows were last judged by (`None`: judge again).
+    /// The policy open flows were last judged by.
     judged: Option<Arc<SandboxPolicy>>,
 }
 
@@ -725,7 +725,7 @@ impl Loop {
                     },
                 );
                 // Judged when its SYN came; a PATCH may have come since.
-                self.judged = None;
+                self.judge_tcp(&self.policy.load(), &[key]);
             }
         }
     }
@@ -843,6 +843,38 @@ impl Loop {
 
 /// UDP flows and re-judging: kept apart from the TCP path above.
 impl Loop {
+    /// Resets those of the open TCP flows `keys` that `policy` refuses,
+    /// each logged as a decision with the reason.
+    fn judge_tcp(&mut self, policy: &SandboxPolicy, keys: &[Key]) {
+        for key in keys {
+            let Some(f) = self.open.get_mut(key) else {
+                continue;
+            };
+            let (_, _, dst, port) = *key;
+            let flow = PolicyFlow {
+                name: f.name.as_deref(),
+                ip: f.peer.or(f.name.is_none().then_some(IpAddr::V4(dst))),
+                port,
+                proto: Proto::Tcp,
+            };
+            let Err(why) = policy.lists_allow(&self.cfg.operator, &flow) else {
+                continue;
+            };
+            let sock = self.sockets.get_mut::<tcp::Socket>(f.handle);
+            if !sock.is_open() || f.reset_pending {
+                continue;
+            }
+            sock.abort();
+            f.reset_pending = true;
+            let why = format!("reset by a change of the sandbox's network: {why}");
+            if self.log.admit() {
+                tracing::info!(sandbox = %self.sandbox, name = f.name.as_deref().unwrap_or(""), %dst, port, %why, "egress: connection reset");
+            }
+            self.meter
+                .closed(f.name.as_deref(), IpAddr::V4(dst), port, &why, false);
+        }
+    }
+
     /// The waker a [`crate::Gateway`] pokes when its policy changes.
     pub(crate) fn waker(&self) -> Arc<Notify> {
         self.wake.clone()
@@ -933,30 +965,8 @@ impl Loop {
             return;
         }
         self.judged = Some(policy.clone());
-        for (key, f) in self.open.iter_mut() {
-            let (_, _, dst, port) = *key;
-            let flow = PolicyFlow {
-                name: f.name.as_deref(),
-                ip: f.peer.or(f.name.is_none().then_some(IpAddr::V4(dst))),
-                port,
-                proto: Proto::Tcp,
-            };
-            let Err(why) = policy.lists_allow(&self.cfg.operator, &flow) else {
-                continue;
-            };
-            let sock = self.sockets.get_mut::<tcp::Socket>(f.handle);
-            if !sock.is_open() || f.reset_pending {
-                continue;
-            }
-            sock.abort();
-            f.reset_pending = true;
-            let why = format!("reset by a change of the sandbox's network: {why}");
-            if self.log.admit() {
-                tracing::info!(sandbox = %self.sandbox, name = f.name.as_deref().unwrap_or(""), %dst, port, %why, "egress: connection reset");
-            }
-            self.meter
-                .closed(f.name.as_deref(), IpAddr::V4(dst), port, &why, false);
-        }
+        let keys: Vec<Key> = self.open.keys().copied().collect();
+        self.judge_tcp(&policy, &keys);
         let mut cx = udp::Ctx {
             cfg: &self.cfg,
             policy,

@@ -312,7 +312,7 @@ impl Relay {
                     }
                 }
                 // Judged when it began; a PATCH may have come since.
-                self.rejudge(cx);
+                self.judge(cx, &[key]);
             }
             Event::Datagram(key, payload) => {
                 let Some(f) = self.flows.get_mut(&key) else {
@@ -335,9 +335,21 @@ impl Relay {
 
     /// Closes flows the sandbox's policy no longer allows (a `PATCH`),
     /// judged by name and by the address actually connected.
+    /// Refusals remembered under the old policy are forgotten: a flow it
+    /// refused may be one the new policy opens.
     pub(crate) fn rejudge(&mut self, cx: &mut Ctx<'_>) {
+        self.refused.clear();
+        let keys: Vec<Key> = self.flows.keys().copied().collect();
+        self.judge(cx, &keys);
+    }
+
+    /// Closes those of `keys` the policy in `cx` refuses.
+    fn judge(&mut self, cx: &mut Ctx<'_>, keys: &[Key]) {
         let mut cut = Vec::new();
-        for (key, f) in &self.flows {
+        for key in keys {
+            let Some(f) = self.flows.get(key) else {
+                continue;
+            };
             let (_, _, dst, port) = *key;
             let flow = PolicyFlow {
                 name: f.name.as_deref(),
@@ -535,5 +547,7 @@ mod tests {
         assert_eq!(relay.len(), 0);
         let last = meter.decisions().pop().unwrap();
         assert!(last.reason.contains("closed by a change"), "{last:?}");
+        // And forgets refusals made under the old one.
+        assert!(!relay.knows(&other));
     }
 }
