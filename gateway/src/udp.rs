@@ -549,5 +549,17 @@ mod tests {
         assert!(last.reason.contains("closed by a change"), "{last:?}");
         // And forgets refusals made under the old one.
         assert!(!relay.knows(&other));
+        // Idle flows give their slot back.
+        relay.open(&mut cx!(), (sb, 4004, lo, port), None, b"c", false);
+        assert_eq!(relay.len(), 1);
+        relay.sweep(Duration::from_secs(3600));
+        assert_eq!(
+            relay.len(),
+            1,
+            "at most one sweep a second, and it is not idle"
+        );
+        relay.last_sweep -= Duration::from_secs(2);
+        relay.sweep(Duration::ZERO);
+        assert_eq!(relay.len(), 0);
     }
 }
