@@ -19,7 +19,8 @@
 //! connections), idle ones forgotten after [`UDP_IDLE`] (or the
 //! operator's `--egress-idle-timeout`, when shorter); [`EVENTS`] datagrams
 //! from upstream waiting for the loop, more dropped; datagrams that would
-//! not fit the TUN's MTU dropped.
+//! not fit the TUN's MTU dropped (so each flow's reader holds one buffer
+//! of [`MAX_DATAGRAM`] + 1 bytes: about 2.3 MiB for 256 flows).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -52,8 +53,9 @@ const PENDING_DATAGRAMS: usize = 8;
 const EVENTS: usize = 256;
 /// How long a refused flow stays refused without another log entry.
 const REFUSED_MEMORY: Duration = Duration::from_secs(10);
-/// Largest datagram read from upstream.
-const MAX_DATAGRAM: usize = 65_535;
+/// Largest datagram payload that fits one packet to the sandbox (IPv4
+/// and UDP headers are 28 bytes); larger ones from upstream are dropped.
+const MAX_DATAGRAM: usize = crate::tun::MTU - 28;
 
 /// (sandbox address, sandbox port, destination, destination port).
 pub(crate) type Key = (Ipv4Addr, u16, Ipv4Addr, u16);
@@ -276,9 +278,12 @@ impl Relay {
                     .opened_udp(f.name.as_deref(), IpAddr::V4(dst), port);
                 let (events, wake, rd) = (self.events_tx.clone(), self.wake.clone(), sock.clone());
                 let reader = self.tasks.spawn(async move {
-                    let mut buf = vec![0u8; MAX_DATAGRAM];
+                    // One byte more than fits: a longer datagram is seen
+                    // truncated, and dropped rather than passed on cut.
+                    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
                     loop {
                         match rd.recv(&mut buf).await {
+                            Ok(n) if n > MAX_DATAGRAM => {}
                             Ok(n) => {
                                 // Full: dropped, as a congested link would.
                                 if events
@@ -478,7 +483,7 @@ mod tests {
         let echo = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let port = echo.local_addr().unwrap().port();
         std::thread::spawn(move || {
-            let mut b = [0u8; 2048];
+            let mut b = vec![0u8; 65_536];
             while let Ok((n, from)) = echo.recv_from(&mut b) {
                 let _ = echo.send_to(&b[..n], from);
             }
@@ -527,6 +532,11 @@ mod tests {
         assert_eq!(udp.payload(), b"ping");
         let t = meter.totals();
         assert_eq!((t.bytes_out, t.bytes_in, t.connections_opened), (4, 4, 1));
+        // An answer too large for one packet to the sandbox is dropped,
+        // not passed on cut.
+        relay.carry(&mut cx!(), ok, &vec![7u8; MAX_DATAGRAM + 100]);
+        let quiet = tokio::time::timeout(Duration::from_millis(300), relay.next()).await;
+        assert!(quiet.is_err(), "an oversized datagram came through");
         assert_eq!(t.connections_refused, 1);
         // The table is bounded: a second allowed flow fits, a third not.
         relay.open(&mut cx!(), (sb, 4002, lo, port), None, b"a", false);
