@@ -218,6 +218,9 @@ pub struct EgressDecision {
     /// (brokered secrets); absent otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub brokered: bool,
+    /// A UDP flow (a `udp:` entry's); absent for TCP.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub udp: bool,
 }
 
 /// `GET /v1/sandboxes/{id}/egress`: the last decisions (at most 256),

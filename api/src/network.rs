@@ -32,11 +32,13 @@
 //! | `203.0.113.0/24`, `203.0.113.7` | addresses in the CIDR (a bare address is /32 or /128) |
 //! | `2001:db8::/32`, `[2001:db8::/32]:443`, `[2001:db8::1]:22` | IPv6: brackets when a port follows |
 //! | any of these + `:PORT` | the same, on that TCP port only |
+//! | `udp:` + any of these + `:PORT` | UDP datagrams to that port (the port is required) |
 //!
 //! Names are matched by name entries, addresses by CIDR entries: a CIDR
 //! allows a workload to dial an address directly, and a CIDR in `deny_out`
 //! also refuses a name whose resolved address falls in it. `*` stands for
-//! both. Deny wins over allow.
+//! both. Deny wins over allow. An allow entry opens its own transport only
+//! (plain: TCP, `udp:`: UDP); a plain deny entry refuses both.
 
 use std::{
     fmt,
@@ -208,7 +210,8 @@ impl utoipa::PartialSchema for NetworkSpec {
             .description(Some(
                 "`none` (only lo), `host` (operator-only), `egress` (through the hub's gateway), \
                  or {mode, allow_out, deny_out}: patterns are names, `*.` wildcards, CIDRs \
-                 (`[v6/len]:port` with a port), each with an optional `:port`; deny wins.",
+                 (`[v6/len]:port` with a port), each with an optional `:port` (TCP); \
+                 `udp:HOST:PORT` opens a UDP port; deny wins.",
             ))
             .into()
     }
@@ -230,13 +233,31 @@ pub enum Target {
     Cidr(IpAddr, u8),
 }
 
+/// The transport an entry speaks of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// A plain entry. In `allow_out` it opens TCP only; in `deny_out` it
+    /// refuses TCP and UDP alike (deny wins, so a plain deny closes a
+    /// destination whatever a `udp:` allow entry says).
+    #[default]
+    Tcp,
+    /// `udp:HOST:PORT`: UDP datagrams to that port only (the gateway's own
+    /// DNS responder needs no entry).
+    Udp,
+}
+
 /// One parsed `allow_out` / `deny_out` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pattern {
     pub target: Target,
     /// `None`: every port.
     pub port: Option<u16>,
+    /// `udp:` entries name a UDP port; plain ones are TCP.
+    pub proto: Transport,
 }
+
+/// The prefix of a UDP entry (`udp:stun.example.org:3478`).
+pub const UDP_PREFIX: &str = "udp:";
 
 /// Why a pattern was refused (the caller names the entry).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -353,80 +374,109 @@ impl FromStr for Pattern {
         if s.len() > MAX_PATTERN_LEN {
             return err(format!("longer than {MAX_PATTERN_LEN} characters"));
         }
-        // `[v6 or v6/len]` with an optional `:port`.
-        if let Some(rest) = s.strip_prefix('[') {
-            let Some((inside, after)) = rest.split_once(']') else {
-                return err("`[` without `]`");
-            };
-            let port = match after {
-                "" => None,
-                p => match p.strip_prefix(':') {
-                    Some(p) => Some(parse_port(p)?),
-                    None => return err(format!("`{after}` after `]` (expected `:PORT`)")),
-                },
-            };
-            let target = parse_cidr(inside)?;
-            if !matches!(target, Target::Cidr(IpAddr::V6(_), _)) {
-                return err("brackets are for IPv6 addresses");
+        // `udp:` first: what follows is an ordinary entry, which must
+        // name its port (UDP has no "every port": each one is opened on
+        // purpose, since the gateway relays datagrams it cannot read).
+        if let Some(rest) = s.strip_prefix(UDP_PREFIX) {
+            let p = parse_plain(rest)?;
+            if p.port.is_none() {
+                return err("a `udp:` entry needs a port (`udp:HOST:PORT`)");
             }
-            return Ok(Pattern { target, port });
-        }
-        // Two or more colons and no brackets: a bare IPv6 address or CIDR,
-        // never with a port (`2001:db8::1:443` would be ambiguous).
-        if s.matches(':').count() >= 2 {
-            return match parse_cidr(s)? {
-                t @ Target::Cidr(IpAddr::V6(_), _) => Ok(Pattern {
-                    target: t,
-                    port: None,
-                }),
-                _ => err("not an IPv6 address; write [ADDR/LEN]:PORT for a port"),
-            };
-        }
-        let (host, port) = match s.rsplit_once(':') {
-            Some((h, p)) => (h, Some(parse_port(p)?)),
-            None => (s, None),
-        };
-        if host.is_empty() {
-            return err("no host before the port");
-        }
-        if host == "*" {
             return Ok(Pattern {
-                target: Target::Any,
-                port,
+                proto: Transport::Udp,
+                ..p
             });
         }
-        let looks_numeric = host
-            .bytes()
-            .all(|b| b.is_ascii_digit() || b == b'.' || b == b'/');
-        if looks_numeric || host.contains('/') {
-            return Ok(Pattern {
-                target: parse_cidr(host)?,
-                port,
-            });
-        }
-        let host = normalize_name(host);
-        let (below, name) = match host.strip_prefix("*.") {
-            Some(rest) => (true, rest),
-            None => (false, host.as_str()),
-        };
-        if name.contains('*') {
-            return err("`*` may only stand alone or as the first label (`*.example.org`)");
-        }
-        if !is_dns_name(name) {
-            return err(format!(
-                "`{name}` is no DNS name (labels of 1-63 of [a-z0-9-_], 253 bytes at most)"
-            ));
-        }
-        let name = name.to_string();
-        Ok(Pattern {
-            target: if below {
-                Target::Below(name)
-            } else {
-                Target::Name(name)
-            },
-            port,
-        })
+        parse_plain(s)
     }
+}
+
+/// An entry without a transport prefix.
+fn parse_plain(s: &str) -> Result<Pattern, PatternError> {
+    if s.is_empty() {
+        return err("an empty pattern");
+    }
+    // `[v6 or v6/len]` with an optional `:port`.
+    if let Some(rest) = s.strip_prefix('[') {
+        let Some((inside, after)) = rest.split_once(']') else {
+            return err("`[` without `]`");
+        };
+        let port = match after {
+            "" => None,
+            p => match p.strip_prefix(':') {
+                Some(p) => Some(parse_port(p)?),
+                None => return err(format!("`{after}` after `]` (expected `:PORT`)")),
+            },
+        };
+        let target = parse_cidr(inside)?;
+        if !matches!(target, Target::Cidr(IpAddr::V6(_), _)) {
+            return err("brackets are for IPv6 addresses");
+        }
+        return Ok(Pattern {
+            target,
+            port,
+            proto: Transport::Tcp,
+        });
+    }
+    // Two or more colons and no brackets: a bare IPv6 address or CIDR,
+    // never with a port (`2001:db8::1:443` would be ambiguous).
+    if s.matches(':').count() >= 2 {
+        return match parse_cidr(s)? {
+            t @ Target::Cidr(IpAddr::V6(_), _) => Ok(Pattern {
+                target: t,
+                port: None,
+                proto: Transport::Tcp,
+            }),
+            _ => err("not an IPv6 address; write [ADDR/LEN]:PORT for a port"),
+        };
+    }
+    let (host, port) = match s.rsplit_once(':') {
+        Some((h, p)) => (h, Some(parse_port(p)?)),
+        None => (s, None),
+    };
+    if host.is_empty() {
+        return err("no host before the port");
+    }
+    if host == "*" {
+        return Ok(Pattern {
+            target: Target::Any,
+            port,
+            proto: Transport::Tcp,
+        });
+    }
+    let looks_numeric = host
+        .bytes()
+        .all(|b| b.is_ascii_digit() || b == b'.' || b == b'/');
+    if looks_numeric || host.contains('/') {
+        return Ok(Pattern {
+            target: parse_cidr(host)?,
+            port,
+            proto: Transport::Tcp,
+        });
+    }
+    let host = normalize_name(host);
+    let (below, name) = match host.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, host.as_str()),
+    };
+    if name.contains('*') {
+        return err("`*` may only stand alone or as the first label (`*.example.org`)");
+    }
+    if !is_dns_name(name) {
+        return err(format!(
+            "`{name}` is no DNS name (labels of 1-63 of [a-z0-9-_], 253 bytes at most)"
+        ));
+    }
+    let name = name.to_string();
+    Ok(Pattern {
+        target: if below {
+            Target::Below(name)
+        } else {
+            Target::Name(name)
+        },
+        port,
+        proto: Transport::Tcp,
+    })
 }
 
 impl Pattern {
@@ -455,6 +505,18 @@ impl Pattern {
         self.port.is_none_or(|p| p == port)
     }
 
+    /// Whether this entry, as an allow entry, opens `proto` (a plain
+    /// entry opens TCP only, a `udp:` entry UDP only).
+    pub fn allows_transport(&self, proto: Transport) -> bool {
+        self.proto == proto
+    }
+
+    /// Whether this entry, as a deny entry, refuses `proto` (a plain one
+    /// refuses both; a `udp:` one UDP only).
+    pub fn denies_transport(&self, proto: Transport) -> bool {
+        self.proto == Transport::Tcp || proto == Transport::Udp
+    }
+
     /// Whether everything `other` matches, this matches too: how a create
     /// request's `allow_out` entry is checked against its template's.
     pub fn covers(&self, other: &Pattern) -> bool {
@@ -474,7 +536,7 @@ impl Pattern {
             }
             _ => false,
         };
-        port_ok && target_ok
+        port_ok && target_ok && self.proto == other.proto
     }
 }
 

@@ -19,7 +19,8 @@ fn patterns_parse() {
         p("*"),
         Pattern {
             target: Target::Any,
-            port: None
+            port: None,
+            proto: Transport::Tcp,
         }
     );
     assert_eq!(p("*:443").port, Some(443));
@@ -28,14 +29,16 @@ fn patterns_parse() {
         p("*.git.example.com:22"),
         Pattern {
             target: Target::Below("git.example.com".into()),
-            port: Some(22)
+            port: Some(22),
+            proto: Transport::Tcp,
         }
     );
     assert_eq!(
         p("203.0.113.0/24:443"),
         Pattern {
             target: Target::Cidr("203.0.113.0".parse().unwrap(), 24),
-            port: Some(443)
+            port: Some(443),
+            proto: Transport::Tcp,
         }
     );
     assert_eq!(
@@ -161,4 +164,49 @@ fn lists_name_the_bad_entry_and_are_capped() {
         .unwrap_err()
         .contains("at most 256"));
     assert_eq!(parse_list("deny_out", &many[..256]).unwrap().len(), 256);
+}
+
+#[test]
+fn udp_entries_need_a_port_and_match_udp_only() {
+    assert_eq!(
+        p("udp:stun.test:3478"),
+        Pattern {
+            target: Target::Name("stun.test".into()),
+            port: Some(3478),
+            proto: Transport::Udp,
+        }
+    );
+    assert_eq!(
+        p("udp:203.0.113.0/24:3478").target,
+        Target::Cidr("203.0.113.0".parse().unwrap(), 24)
+    );
+    assert_eq!(p("udp:[2001:db8::1]:53").proto, Transport::Udp);
+    assert_eq!(p("udp:*:3478").target, Target::Any);
+    for s in [
+        "udp:stun.test",
+        "udp:203.0.113.5",
+        "udp:*",
+        "udp:[2001:db8::1]",
+        "udp:2001:db8::1",
+    ] {
+        let e = bad(s);
+        assert!(e.contains("port") || e.contains("IPv6"), "{s}: {e}");
+    }
+    assert!(bad("udp:").contains("empty"), "{}", bad("udp:"));
+    assert!(bad("udp:stun.test:0").contains("1-65535"));
+    assert!(
+        bad("udp:udp:x:1").contains("no address"),
+        "{}",
+        bad("udp:udp:x:1")
+    );
+    // Allow entries open their own transport; plain deny entries refuse both.
+    let (plain, udp) = (p("stun.test:3478"), p("udp:stun.test:3478"));
+    assert!(plain.allows_transport(Transport::Tcp) && !plain.allows_transport(Transport::Udp));
+    assert!(udp.allows_transport(Transport::Udp) && !udp.allows_transport(Transport::Tcp));
+    assert!(plain.denies_transport(Transport::Udp) && plain.denies_transport(Transport::Tcp));
+    assert!(udp.denies_transport(Transport::Udp) && !udp.denies_transport(Transport::Tcp));
+    // Narrowing keeps the transport: neither covers the other.
+    assert!(!p("*").covers(&udp) && !udp.covers(&plain));
+    assert!(p("udp:*.test:3478").covers(&udp));
+    assert!(!p("udp:*.test:3479").covers(&udp));
 }

@@ -20,10 +20,14 @@
 //!             allow layers (pure; unit-tested); PolicyCell (lib.rs) holds
 //!             a running gateway's swappable copy
 //! dns/        wire.rs (parse/build the few DNS messages), fakeip.rs (the
-//!             per-sandbox name <-> fake IP pool), mod.rs (the sandbox-side
-//!             responder, the upstream resolve)
+//!             per-sandbox name <-> fake IP pool), cache.rs (the
+//!             per-sandbox upstream answer cache: TTLs, LRU), mod.rs (the
+//!             sandbox-side responder, the upstream resolve)
 //! tun.rs      making and configuring the TUN device inside a namespace
-//! stack.rs    the per-sandbox loop: TUN <-> smoltcp <-> real sockets
+//! stack.rs    the per-sandbox loop: TUN <-> smoltcp <-> real sockets;
+//!             re-judges open flows when the policy changes
+//! udp.rs      UDP flows the policy names (`udp:HOST:PORT`): judged on
+//!             the first datagram, one connected host socket each
 //! broker/     brokered secrets: the per-hub CA, TLS toward the sandbox
 //!             and upstream, the header rewrite, masking echoed values
 //! proxy/      the same gateway as an HTTP CONNECT / SOCKS5 proxy, for
@@ -51,6 +55,7 @@ pub mod policy;
 pub mod proxy;
 mod stack;
 pub mod tun;
+mod udp;
 
 use std::{
     io,
@@ -118,12 +123,15 @@ pub struct Gateway {
     task: tokio::task::JoinHandle<()>,
     meter: Arc<Meter>,
     policy: PolicyCell,
+    /// Wakes the loop, which then judges its open flows again.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// A sandbox's policy as its running gateway reads it: once per new flow
 /// and per DNS query, so a [`Gateway::set_policy`] applies to the next
 /// connection and the next name at once (`PATCH /v1/sandboxes/{id}/network`).
-/// Flows already open keep going: they were judged when they began.
+/// The loop also judges its open flows again when the policy changes:
+/// those the new one refuses are reset (TCP) or closed (UDP).
 #[derive(Debug, Clone, Default)]
 pub struct PolicyCell(Arc<RwLock<Arc<SandboxPolicy>>>);
 
@@ -160,9 +168,11 @@ impl Gateway {
     }
 
     /// Replaces the sandbox's policy: new flows and DNS queries are judged
-    /// by it from now on (see [`PolicyCell`]).
+    /// by it from now on (see [`PolicyCell`]), and open flows it refuses
+    /// are reset at once.
     pub fn set_policy(&self, policy: SandboxPolicy) {
         self.policy.store(policy);
+        self.wake.notify_one();
     }
 
     /// The policy it enforces now.
@@ -219,10 +229,12 @@ pub fn start_metered(
     let meter = metering.meter.clone();
     let policy = PolicyCell::new(policy);
     let l = stack::Loop::new(sandbox, cfg, policy.clone(), tun, lo_dns, metering, secrets)?;
+    let wake = l.waker();
     Ok(Gateway {
         task: tokio::spawn(l.run()),
         meter,
         policy,
+        wake,
     })
 }
 

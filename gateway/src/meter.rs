@@ -8,9 +8,11 @@
 //! What a byte is: **payload** bytes of TCP flows, as the workload wrote
 //! them (`bytes_out`: what the gateway took from the sandbox's socket for
 //! upstream) and as it can read them (`bytes_in`: what the gateway put
-//! into the sandbox's socket from upstream). No IP, TCP or TLS framing of
-//! either side is counted, and neither are DNS answers of the gateway's
-//! own responder.
+//! into the sandbox's socket from upstream), and of UDP flows the payload
+//! of each datagram relayed. No IP, TCP, UDP or TLS framing of either
+//! side is counted, and neither are DNS answers of the gateway's own
+//! responder. A UDP flow counts as a connection (opened or refused) once,
+//! on its first datagram.
 
 use std::{
     collections::VecDeque,
@@ -56,6 +58,8 @@ pub struct Decision {
     /// The gateway terminated its TLS to broker a secret (the bytes are
     /// still the workload's own, as it wrote and read them).
     pub brokered: bool,
+    /// A UDP flow (`udp:` entries); TCP otherwise.
+    pub udp: bool,
 }
 
 #[derive(Debug, Default)]
@@ -125,17 +129,37 @@ impl Meter {
 
     pub(crate) fn refused(&self, name: Option<&str>, address: IpAddr, port: u16, why: &str) {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        self.push(Decision {
-            at_ms: now_ms(),
-            name: name.map(str::to_string),
-            address,
-            port,
-            allowed: false,
-            reason: why.to_string(),
-            bytes_out: 0,
-            bytes_in: 0,
-            brokered: false,
-        });
+        self.push(denial(name, address, port, why, false));
+    }
+
+    /// A UDP flow refused on its first datagram.
+    pub(crate) fn refused_udp(&self, name: Option<&str>, address: IpAddr, port: u16, why: &str) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.push(denial(name, address, port, why, true));
+    }
+
+    /// An open flow the gateway closed (a `PATCH` narrowed the policy): a
+    /// decision of its own in the log, not counted as a refused connection
+    /// (it was opened).
+    pub(crate) fn closed(
+        &self,
+        name: Option<&str>,
+        address: IpAddr,
+        port: u16,
+        why: &str,
+        udp: bool,
+    ) {
+        self.push(denial(name, address, port, why, udp));
+    }
+
+    pub(crate) fn closed_udp(&self, name: Option<&str>, address: IpAddr, port: u16, why: &str) {
+        self.closed(name, address, port, why, true);
+    }
+
+    /// An allowed UDP flow whose socket is open; the answer names its entry.
+    pub(crate) fn opened_udp(&self, name: Option<&str>, address: IpAddr, port: u16) -> u64 {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        self.push(denial(name, address, port, "", true).allow())
     }
 
     /// An allowed, connected flow; the answer names its log entry.
@@ -157,6 +181,7 @@ impl Meter {
             bytes_out: 0,
             bytes_in: 0,
             brokered,
+            udp: false,
         })
     }
 
@@ -195,6 +220,31 @@ impl Meter {
                 "--egress-rate-mbit: the sandbox moves {mbit:.1} Mbit/s, above the cap of {cap}"
             )
         })
+    }
+}
+
+fn denial(name: Option<&str>, address: IpAddr, port: u16, why: &str, udp: bool) -> Decision {
+    Decision {
+        at_ms: now_ms(),
+        name: name.map(str::to_string),
+        address,
+        port,
+        allowed: false,
+        reason: why.to_string(),
+        bytes_out: 0,
+        bytes_in: 0,
+        brokered: false,
+        udp,
+    }
+}
+
+impl Decision {
+    fn allow(self) -> Decision {
+        Decision {
+            allowed: true,
+            reason: String::new(),
+            ..self
+        }
     }
 }
 

@@ -70,11 +70,9 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Proto {
-    Tcp,
-    Udp,
-}
+/// A flow's transport: the pattern language's own ([`Transport`]), so a
+/// `udp:` entry and a UDP flow are the same word.
+pub use sandhub_api::network::Transport as Proto;
 
 /// Why a flow or a name was refused (for logs and, later, the decision log).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +85,6 @@ pub enum Reason {
     Denied(&'static str),
     /// No allow entry of this layer matched.
     NotAllowed(&'static str),
-    /// UDP other than the gateway's DNS.
-    Udp,
     /// The sandbox's network was set to `none` while it runs.
     Offline,
 }
@@ -100,7 +96,6 @@ impl std::fmt::Display for Reason {
             Reason::Private(ip) => write!(f, "{ip} is private and not opened by the operator"),
             Reason::Denied(who) => write!(f, "denied by the {who}'s deny_out"),
             Reason::NotAllowed(who) => write!(f, "not in the {who}'s allow_out"),
-            Reason::Udp => f.write_str("UDP is for DNS only"),
             Reason::Offline => f.write_str("the sandbox's network was set to `none`"),
         }
     }
@@ -198,7 +193,8 @@ pub struct Flow<'a> {
 
 fn deny_hits(list: &[Pattern], flow: &Flow<'_>) -> bool {
     list.iter().any(|p| {
-        p.matches_port(flow.port)
+        p.denies_transport(flow.proto)
+            && p.matches_port(flow.port)
             && (flow.name.is_some_and(|n| p.matches_name(n))
                 || flow.ip.is_some_and(|ip| p.matches_ip(canonical(ip))))
     })
@@ -206,7 +202,8 @@ fn deny_hits(list: &[Pattern], flow: &Flow<'_>) -> bool {
 
 fn allow_hits(list: &[Pattern], flow: &Flow<'_>) -> bool {
     list.iter().any(|p| {
-        p.matches_port(flow.port)
+        p.allows_transport(flow.proto)
+            && p.matches_port(flow.port)
             && match flow.name {
                 Some(n) => p.matches_name(n),
                 None => flow.ip.is_some_and(|ip| p.matches_ip(canonical(ip))),
@@ -214,9 +211,12 @@ fn allow_hits(list: &[Pattern], flow: &Flow<'_>) -> bool {
     })
 }
 
+/// `--egress-default allow`: every name and address, over TCP (UDP is
+/// opened only by `udp:` entries).
 const ANY: Pattern = Pattern {
     target: Target::Any,
     port: None,
+    proto: Proto::Tcp,
 };
 
 impl SandboxPolicy {
@@ -235,9 +235,6 @@ impl SandboxPolicy {
     pub fn lists_allow(&self, op: &OperatorPolicy, flow: &Flow<'_>) -> Result<(), Reason> {
         if self.offline {
             return Err(Reason::Offline);
-        }
-        if flow.proto == Proto::Udp {
-            return Err(Reason::Udp);
         }
         for (who, list) in [
             ("operator", &op.deny),
@@ -595,13 +592,97 @@ mod tests {
     }
 
     #[test]
-    fn udp_is_never_a_flow() {
-        let f = Flow {
-            name: None,
-            ip: Some(ip("198.18.0.2")),
-            port: 53,
+    fn udp_flows_need_a_udp_entry_and_plain_denies_refuse_them() {
+        let udp = |name: Option<&'static str>, addr: &str, port: u16| Flow {
+            name,
+            ip: Some(ip(addr)),
+            port,
             proto: Proto::Udp,
         };
-        assert_eq!(decide(&op(), &sb(&["*"], &[]), &f, &[]), Err(Reason::Udp));
+        // `*` (and the operator's default) opens TCP only.
+        assert_eq!(
+            decide(&op(), &sb(&["*"], &[]), &udp(None, "198.18.0.2", 53), &[]),
+            Err(Reason::NotAllowed("template"))
+        );
+        assert_eq!(
+            decide(
+                &op(),
+                &sb(&[], &[]),
+                &udp(Some("stun.test"), "198.18.0.2", 3478),
+                &[]
+            ),
+            Err(Reason::NotAllowed("template"))
+        );
+        let open = sb(&["*", "udp:stun.test:3478", "udp:198.18.5.0/24:7"], &[]);
+        assert_eq!(
+            decide(
+                &op(),
+                &open,
+                &udp(Some("stun.test"), "198.18.0.2", 3478),
+                &[]
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            decide(&op(), &open, &udp(None, "198.18.5.2", 7), &[]),
+            Ok(())
+        );
+        // Another port, another name, and a TCP flow to the UDP port.
+        for f in [
+            udp(Some("stun.test"), "198.18.0.2", 3479),
+            udp(Some("other.test"), "198.18.0.2", 3478),
+            udp(None, "198.18.5.2", 8),
+        ] {
+            assert!(decide(&op(), &open, &f, &[]).is_err(), "{f:?}");
+        }
+        assert!(open
+            .lists_allow(&op(), &named("stun.test", "198.18.0.2", 3478))
+            .is_ok()); // via `*`
+        let only_udp = sb(&["udp:stun.test:3478"], &[]);
+        assert_eq!(
+            only_udp.lists_allow(&op(), &named("stun.test", "198.18.0.2", 3478)),
+            Err(Reason::NotAllowed("template"))
+        );
+        // The name resolves: a `udp:` entry makes it answerable.
+        assert_eq!(only_udp.name_answered(&op(), "stun.test"), Ok(()));
+        // Closed ranges and rebinding as for TCP.
+        assert!(matches!(
+            decide(
+                &op(),
+                &sb(&["udp:*:53"], &[]),
+                &udp(Some("x.test"), "127.0.0.1", 53),
+                &[]
+            ),
+            Err(Reason::Closed(_))
+        ));
+        // A plain deny refuses UDP too; a `udp:` deny leaves TCP alone.
+        for deny in ["stun.test", "198.18.0.0/16", "udp:stun.test:3478"] {
+            assert_eq!(
+                decide(
+                    &op(),
+                    &sb(&["udp:stun.test:3478"], &[deny]),
+                    &udp(Some("stun.test"), "198.18.0.2", 3478),
+                    &[]
+                ),
+                Err(Reason::Denied("template")),
+                "{deny}"
+            );
+        }
+        assert_eq!(
+            sb(&["*"], &["udp:stun.test:3478"])
+                .lists_allow(&op(), &named("stun.test", "198.18.0.2", 3478)),
+            Ok(())
+        );
+        // The operator's deny list applies to UDP as to TCP.
+        let strict = OperatorPolicy::new(vec![], pats(&["stun.test"]), true, &[]);
+        assert_eq!(
+            decide(
+                &strict,
+                &open,
+                &udp(Some("stun.test"), "198.18.0.2", 3478),
+                &[]
+            ),
+            Err(Reason::Denied("operator"))
+        );
     }
 }

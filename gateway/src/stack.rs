@@ -59,11 +59,11 @@ use tokio::{
 
 use crate::{
     broker::Secret,
-    dns::{self, fakeip::FakePool},
+    dns::{self, cache::DnsCache, fakeip::FakePool},
     meter::Meter,
     policy::{self, internal, Flow as PolicyFlow, Proto, SandboxPolicy},
     tun::MTU,
-    Config, PolicyCell,
+    udp, Config, PolicyCell,
 };
 
 /// Bytes one read of a real socket moves at most.
@@ -149,11 +149,16 @@ struct Open {
     reset_pending: bool,
     /// Its entry in the decision log.
     seq: u64,
+    /// What it was judged by, to judge it again when the policy changes:
+    /// the name dialled, and the address actually connected upstream.
+    name: Option<String>,
+    peer: Option<IpAddr>,
 }
 
 enum Woke {
     Packets(Vec<Vec<u8>>, Option<io::Error>),
     Event(Event),
+    Udp(udp::Event),
     LoopbackDns(Vec<u8>, SocketAddr),
     Other,
 }
@@ -171,7 +176,8 @@ enum Upstream {
 }
 
 enum Event {
-    Connected(Key, Option<String>, Upstream),
+    /// The flow, its name, the address connected, the connection.
+    Connected(Key, Option<String>, Option<IpAddr>, Upstream),
     /// The name (if any) and why, for the log.
     Refused(Key, Option<String>, String),
 }
@@ -203,6 +209,12 @@ pub(crate) struct Loop {
     rate_window: (std::time::Instant, u64),
     /// The secrets this sandbox's flows may carry (brokered secrets).
     secrets: Arc<Vec<Secret>>,
+    /// UDP flows the policy names.
+    udp: udp::Relay,
+    /// Upstream answers for this sandbox's names (addresses only).
+    dns_cache: Arc<std::sync::Mutex<DnsCache>>,
+    /// The policy open flows were last judged by.
+    judged: Option<Arc<SandboxPolicy>>,
 }
 
 /// A datagram on `s`, or never when there is no socket.
@@ -295,6 +307,8 @@ impl Loop {
             .fake_pool
             .clamp(1, (1 << (32 - internal::FAKE_PREFIX)) - 2);
         let (events_tx, events) = mpsc::channel(cfg.limits.max_flows.max(1));
+        let wake = Arc::new(Notify::new());
+        let dns_cache = Arc::new(std::sync::Mutex::new(DnsCache::default()));
         Ok(Loop {
             sandbox,
             pool: FakePool::new(internal::FAKE_NET, fake_cap),
@@ -307,7 +321,10 @@ impl Loop {
             pending: HashMap::new(),
             open: HashMap::new(),
             tasks: JoinSet::new(),
-            wake: Arc::new(Notify::new()),
+            udp: udp::Relay::new(wake.clone(), dns_cache.clone()),
+            dns_cache,
+            judged: None,
+            wake,
             events_tx,
             events,
             log: LogBudget::new(),
@@ -356,6 +373,7 @@ impl Loop {
                     Err(e) => Woke::Packets(Vec::new(), Some(e)),
                 },
                 Some(ev) = self.events.recv() => Woke::Event(ev),
+                ev = self.udp.next() => Woke::Udp(ev),
                 r = recv_dns(&self.lo_dns, &mut dns_buf) => match r {
                     Ok((n, from)) => Woke::LoopbackDns(dns_buf[..n].to_vec(), from),
                     Err(_) => Woke::Other,
@@ -375,6 +393,7 @@ impl Loop {
                     }
                 }
                 Woke::Event(ev) => self.on_event(ev),
+                Woke::Udp(ev) => self.on_udp_event(ev),
                 Woke::LoopbackDns(msg, from) => {
                     let answer = dns::respond(
                         &self.cfg.operator,
@@ -389,6 +408,7 @@ impl Loop {
                 }
                 Woke::Other => {}
             }
+            self.rejudge_if_changed();
             self.step();
         }
     }
@@ -452,7 +472,8 @@ impl Loop {
                         }
                     }
                 } else {
-                    tracing::debug!(sandbox = %self.sandbox, %dst, port = udp.dst_port(), "egress: UDP dropped");
+                    let key = (src, udp.src_port(), dst, udp.dst_port());
+                    self.on_udp(key, udp.payload());
                 }
             }
             IpProtocol::Tcp => {
@@ -566,18 +587,24 @@ impl Loop {
             _ => None,
         };
         let sandbox = self.sandbox.clone();
+        let dns_cache = self.dns_cache.clone();
         self.tasks.spawn(async move {
-            let ev = match connect(&cfg, &policy, name.as_deref(), dst_ip, port).await {
+            let cache = Some(&*dns_cache);
+            let ev = match connect_cached(&cfg, &policy, name.as_deref(), dst_ip, port, cache).await {
                 Ok(s) => match brokering {
-                    None => Event::Connected(key, name, Upstream::Tcp(s)),
+                    None => {
+                        let peer = s.peer_addr().ok().map(|a| a.ip());
+                        Event::Connected(key, name, peer, Upstream::Tcp(s))
+                    }
                     Some((broker, n, secrets)) => {
+                        let peer = s.peer_addr().ok().map(|a| a.ip());
                         let (ours, theirs) = tokio::io::duplex(CHUNK * CHANNEL_CHUNKS);
                         let relay = async move {
                             if let Err(e) = broker.relay(n.clone(), secrets, theirs, s).await {
                                 tracing::info!(%sandbox, name = %n, error = %e, "egress: a brokered connection ended");
                             }
                         };
-                        Event::Connected(key, name, Upstream::Brokered(ours, Box::pin(relay)))
+                        Event::Connected(key, name, peer, Upstream::Brokered(ours, Box::pin(relay)))
                     }
                 },
                 Err(why) => Event::Refused(key, name, why.to_string()),
@@ -600,7 +627,7 @@ impl Loop {
                     self.refuse(syn);
                 }
             }
-            Event::Connected(key, name, upstream) => {
+            Event::Connected(key, name, peer, upstream) => {
                 let Some(syn) = self.pending.remove(&key) else {
                     return;
                 };
@@ -693,8 +720,12 @@ impl Loop {
                         active: std::time::Instant::now(),
                         reset_pending: false,
                         seq,
+                        name,
+                        peer,
                     },
                 );
+                // Judged when its SYN came; a PATCH may have come since.
+                self.judge_tcp(&self.policy.load(), &[key]);
             }
         }
     }
@@ -810,6 +841,145 @@ impl Loop {
     }
 }
 
+/// UDP flows and re-judging: kept apart from the TCP path above.
+impl Loop {
+    /// Resets those of the open TCP flows `keys` that `policy` refuses,
+    /// each logged as a decision with the reason.
+    fn judge_tcp(&mut self, policy: &SandboxPolicy, keys: &[Key]) {
+        for key in keys {
+            let Some(f) = self.open.get_mut(key) else {
+                continue;
+            };
+            let (_, _, dst, port) = *key;
+            let flow = PolicyFlow {
+                name: f.name.as_deref(),
+                ip: f.peer.or(f.name.is_none().then_some(IpAddr::V4(dst))),
+                port,
+                proto: Proto::Tcp,
+            };
+            let Err(why) = policy.lists_allow(&self.cfg.operator, &flow) else {
+                continue;
+            };
+            let sock = self.sockets.get_mut::<tcp::Socket>(f.handle);
+            if !sock.is_open() || f.reset_pending {
+                continue;
+            }
+            sock.abort();
+            f.reset_pending = true;
+            let why = format!("reset by a change of the sandbox's network: {why}");
+            if self.log.admit() {
+                tracing::info!(sandbox = %self.sandbox, name = f.name.as_deref().unwrap_or(""), %dst, port, %why, "egress: connection reset");
+            }
+            self.meter
+                .closed(f.name.as_deref(), IpAddr::V4(dst), port, &why, false);
+        }
+    }
+
+    /// The waker a [`crate::Gateway`] pokes when its policy changes.
+    pub(crate) fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// A datagram from the sandbox that is not DNS to the gateway.
+    fn on_udp(&mut self, key: udp::Key, payload: &[u8]) {
+        let policy = self.policy.load();
+        macro_rules! cx {
+            () => {
+                udp::Ctx {
+                    cfg: &self.cfg,
+                    policy: policy.clone(),
+                    meter: &self.meter,
+                    sandbox: &self.sandbox,
+                    tx: &mut self.dev.tx,
+                    tx_cap: MAX_TX_QUEUE,
+                    mtu: MTU,
+                }
+            };
+        }
+        self.udp.sweep(self.cfg.limits.idle_timeout);
+        if self.udp.knows(&key) {
+            return self.udp.carry(&mut cx!(), key, payload);
+        }
+        let (_, _, dst, _) = key;
+        let name = if cidr_has(internal::FAKE_NET, internal::FAKE_PREFIX, dst) {
+            match self.pool.lookup(dst) {
+                Some(n) => Some(n.to_string()),
+                None => {
+                    let log = self.log.admit();
+                    let why = "a fake address no name holds";
+                    return self.udp.refuse(&mut cx!(), key, None, why, log);
+                }
+            }
+        } else {
+            None
+        };
+        let limit = self.new_flow_refusal();
+        let log = self.log.admit();
+        match limit {
+            Some(why) => self.udp.refuse(&mut cx!(), key, name.as_deref(), &why, log),
+            None => self.udp.open(&mut cx!(), key, name, payload, log),
+        }
+    }
+
+    fn on_udp_event(&mut self, ev: udp::Event) {
+        self.udp.sweep(self.cfg.limits.idle_timeout);
+        let mut cx = udp::Ctx {
+            cfg: &self.cfg,
+            policy: self.policy.load(),
+            meter: &self.meter,
+            sandbox: &self.sandbox,
+            tx: &mut self.dev.tx,
+            tx_cap: MAX_TX_QUEUE,
+            mtu: MTU,
+        };
+        self.udp.on_event(&mut cx, ev);
+    }
+
+    /// `egress_mb` and `--egress-rate-mbit` for a new UDP flow (a SYN
+    /// checks the same in [`Loop::on_syn`]).
+    fn new_flow_refusal(&mut self) -> Option<String> {
+        if let Some(cap) = self.cap_bytes {
+            let used = self.meter.total_bytes();
+            if used >= cap {
+                return Some(format!(
+                    "egress_mb: the sandbox's cap of {} MB is used ({used} payload bytes)",
+                    cap / (1024 * 1024)
+                ));
+            }
+        }
+        self.over_rate()
+    }
+
+    /// When the policy changed since open flows were judged (a `PATCH`),
+    /// resets every TCP connection and closes every UDP flow it no longer
+    /// allows, each logged as a decision with the reason. Judged by the
+    /// lists (the operator's ranges do not change while a hub runs), by
+    /// name and by the address actually connected, as at connect time.
+    fn rejudge_if_changed(&mut self) {
+        let policy = self.policy.load();
+        if self
+            .judged
+            .as_ref()
+            .is_some_and(|j| Arc::ptr_eq(j, &policy))
+        {
+            return;
+        }
+        self.judged = Some(policy.clone());
+        let keys: Vec<Key> = self.open.keys().copied().collect();
+        self.judge_tcp(&policy, &keys);
+        let mut cx = udp::Ctx {
+            cfg: &self.cfg,
+            policy,
+            meter: &self.meter,
+            sandbox: &self.sandbox,
+            tx: &mut self.dev.tx,
+            tx_cap: MAX_TX_QUEUE,
+            mtu: MTU,
+        };
+        self.udp.rejudge(&mut cx);
+    }
+}
+
 fn cidr_has(net: Ipv4Addr, prefix: u8, ip: Ipv4Addr) -> bool {
     let mask = if prefix == 0 {
         0
@@ -829,11 +999,27 @@ pub(crate) async fn connect(
     literal: IpAddr,
     port: u16,
 ) -> Result<TcpStream, DialError> {
-    let addrs = match name {
-        Some(n) => dns::resolve(cfg.upstream_dns, n, cfg.limits.dns_timeout)
+    connect_cached(cfg, policy, name, literal, port, None).await
+}
+
+/// [`connect`] resolving through a sandbox's DNS cache, when given (the
+/// checks after resolving are the same: they run on every address dialled).
+pub(crate) async fn connect_cached(
+    cfg: &Config,
+    policy: &SandboxPolicy,
+    name: Option<&str>,
+    literal: IpAddr,
+    port: u16,
+    cache: Option<&std::sync::Mutex<DnsCache>>,
+) -> Result<TcpStream, DialError> {
+    let addrs = match (name, cache) {
+        (Some(n), Some(c)) => dns::resolve_cached(cfg.upstream_dns, n, cfg.limits.dns_timeout, c)
             .await
             .map_err(|e| DialError::Failed(e.to_string()))?,
-        None => vec![literal],
+        (Some(n), None) => dns::resolve(cfg.upstream_dns, n, cfg.limits.dns_timeout)
+            .await
+            .map_err(|e| DialError::Failed(e.to_string()))?,
+        (None, _) => vec![literal],
     };
     let host = crate::host_addresses();
     let mut last = String::from("no address");
@@ -891,7 +1077,13 @@ impl std::fmt::Display for DialError {
 }
 
 /// An IPv4/UDP packet (UDP checksum 0: none, which IPv4 allows).
-fn udp_packet(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn udp_packet(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    dport: u16,
+    payload: &[u8],
+) -> Vec<u8> {
     let total = 20 + 8 + payload.len();
     let mut p = Vec::with_capacity(total);
     p.extend_from_slice(&[0x45, 0]);

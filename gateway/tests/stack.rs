@@ -247,8 +247,8 @@ async fn the_loop_answers_dns_and_resets_what_the_policy_or_the_closed_ranges_re
     assert_eq!(quiet, None);
     assert_eq!(asked.load(Ordering::SeqCst), 1);
 
-    // Every refused connection is counted and logged with its reason;
-    // nothing was opened, no byte moved.
+    // Every refused connection (and the UDP flow) is counted and logged
+    // with its reason; nothing was opened, no byte moved.
     let t = gw.meter().totals();
     assert_eq!(
         (
@@ -257,7 +257,7 @@ async fn the_loop_answers_dns_and_resets_what_the_policy_or_the_closed_ranges_re
             t.bytes_out,
             t.bytes_in
         ),
-        (0, 4, 0, 0)
+        (0, 5, 0, 0)
     );
     let log = gw.meter().decisions();
     let seen: Vec<_> = log
@@ -271,8 +271,13 @@ async fn the_loop_answers_dns_and_resets_what_the_policy_or_the_closed_ranges_re
             (Some("pypi.test"), fake.to_string(), 80, false),
             (None, unknown.to_string(), 443, false),
             (None, GATEWAY.to_string(), 53, false),
+            (None, "198.51.100.1".to_string(), 53, false),
         ]
     );
     assert!(log.iter().all(|d| !d.reason.is_empty()), "{log:?}");
+    assert_eq!(
+        log.iter().map(|d| d.udp).collect::<Vec<_>>(),
+        [false, false, false, false, true]
+    );
     assert!(log[1].reason.contains("127.0.0.1"), "{:?}", log[1].reason);
 }

@@ -166,7 +166,8 @@ class NetworkPolicy:
     (``allow_out``) and may never connect (``deny_out``; deny wins).
     Patterns: a name (``pypi.org``), a wildcard below a name
     (``*.github.com``), a CIDR (``203.0.113.0/24``), each with an optional
-    ``:PORT``. On a sandbox it may only narrow its template's policy."""
+    TCP ``:PORT``; ``udp:HOST:PORT`` opens a UDP port. On a sandbox it may
+    only narrow its template's policy."""
 
     mode: Literal["none", "egress", "host"] = "egress"
     allow_out: tuple[str, ...] = ()

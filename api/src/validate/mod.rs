@@ -575,6 +575,7 @@ pub fn narrow_network(
         tpl_allow.push(Pattern {
             target: Target::Any,
             port: None,
+            proto: Default::default(),
         });
     }
     for (i, (entry, pattern)) in request.allow_out.iter().zip(&req_allow).enumerate() {

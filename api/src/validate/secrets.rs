@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 
 use crate::{
     error::{Code, ErrorBody},
-    network::{Pattern, Target},
+    network::{Pattern, Target, Transport},
     secrets::{
         SecretRef, DEFAULT_PORT, MAX_SECRETS, MAX_SECRET_FORMAT, MAX_SECRET_HEADER,
         MAX_SECRET_HOSTS, MAX_SECRET_NAME, MAX_SECRET_VALUE, MIN_SECRET_VALUE,
@@ -97,6 +97,11 @@ pub fn secret_hosts(field: &str, hosts: &[String]) -> Result<Vec<Pattern>, Error
             let p: Pattern = h
                 .parse()
                 .map_err(|e| invalid(format!("{field}.hosts[{i}] {h:?}: {e}")))?;
+            if p.proto != Transport::Tcp {
+                return Err(invalid(format!(
+                    "{field}.hosts[{i}] {h:?}: secrets are brokered over TCP (TLS); no `udp:` entries"
+                )));
+            }
             match p.target {
                 Target::Name(_) | Target::Below(_) => Ok(Pattern {
                     port: Some(p.port.unwrap_or(DEFAULT_PORT)),

@@ -414,4 +414,44 @@ mod network {
             false,
         ));
     }
+
+    #[test]
+    fn udp_entries_are_validated_and_never_widen() {
+        let mut t = Template {
+            network: spec(Network::Egress, &["pypi.test", "udp:stun.test"], &[]),
+            ..Default::default()
+        };
+        let m = message(t.validate());
+        assert!(m.contains("network.allow_out[1] \"udp:stun.test\""), "{m}");
+        assert!(m.contains("needs a port"), "{m}");
+        t.network = spec(Network::Egress, &[], &["udp:10.0.0.1/8:53"]);
+        assert!(message(t.validate()).contains("deny_out[0]"));
+        t.network = spec(
+            Network::Egress,
+            &[
+                "udp:stun.test:3478",
+                "udp:203.0.113.0/24:53",
+                "udp:[2001:db8::1]:443",
+            ],
+            &["udp:bad.stun.test:3478"],
+        );
+        t.validate().unwrap();
+        // The operator's default (`*`) and TCP entries cover no UDP entry;
+        // a `udp:` template entry covers narrower `udp:` ones only.
+        let open = spec(Network::Egress, &[], &[]);
+        let udp = spec(Network::Egress, &["udp:stun.test:3478"], &[]);
+        assert!(message(narrow_network(&open, &udp, true)).contains("allow_out[0]"));
+        let tpl = spec(Network::Egress, &["*.test", "udp:*.test:3478"], &[]);
+        narrow_network(&tpl, &udp, true).unwrap();
+        narrow_network(&tpl, &spec(Network::Egress, &["stun.test:3478"], &[]), true).unwrap();
+        let other_port = spec(Network::Egress, &["udp:stun.test:3479"], &[]);
+        assert!(message(narrow_network(&tpl, &other_port, true)).contains("allow_out[0]"));
+        // Secrets go over TLS: a `udp:` host is refused, naming it.
+        let e = secret_hosts("secrets[0] \"K\"", &["udp:api.test:443".into()]).unwrap_err();
+        assert!(
+            e.message.contains("hosts[0]") && e.message.contains("udp"),
+            "{}",
+            e.message
+        );
+    }
 }

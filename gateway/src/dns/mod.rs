@@ -6,15 +6,19 @@
 //!   NXDOMAIN. It asks nobody: what the name really is, is settled when
 //!   the workload connects.
 //! - Outside: [`resolve`] asks the operator's resolver (`--egress-dns`)
-//!   for a name's `A` records when a connection to it is opened.
+//!   for a name's `A` records when a connection to it is opened;
+//!   [`resolve_cached`] keeps the answer in the sandbox's [`cache`] for
+//!   its TTL.
 
+pub mod cache;
 pub mod fakeip;
 pub mod wire;
 
 use std::{
     io,
     net::{IpAddr, SocketAddr},
-    time::Duration,
+    sync::Mutex,
+    time::{Duration, Instant},
 };
 
 use sandhub_api::network::is_dns_name;
@@ -65,6 +69,39 @@ pub async fn resolve(
     name: &str,
     per_try: Duration,
 ) -> io::Result<Vec<IpAddr>> {
+    resolve_ttl(upstream, name, per_try).await.map(|(a, _)| a)
+}
+
+/// [`resolve`] through `cache`: a fresh answer is used as it is, a new one
+/// is kept for its TTL. Only addresses are cached; the caller judges each
+/// one it dials, cached or not.
+pub async fn resolve_cached(
+    upstream: SocketAddr,
+    name: &str,
+    per_try: Duration,
+    cache: &Mutex<cache::DnsCache>,
+) -> io::Result<Vec<IpAddr>> {
+    let hit = cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(name, Instant::now());
+    if let Some(addrs) = hit {
+        return Ok(addrs);
+    }
+    let (addrs, ttl) = resolve_ttl(upstream, name, per_try).await?;
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .put(name, &addrs, ttl, Instant::now());
+    Ok(addrs)
+}
+
+/// [`resolve`] and the answer's TTL.
+async fn resolve_ttl(
+    upstream: SocketAddr,
+    name: &str,
+    per_try: Duration,
+) -> io::Result<(Vec<IpAddr>, u32)> {
     let bind: SocketAddr = if upstream.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
     } else {
@@ -82,12 +119,12 @@ pub async fn resolve(
                 Ok(r) => r?,
                 Err(_) => break,
             };
-            let Ok((rcode, addrs)) = wire::parse_response(&buf[..n], id) else {
+            let Ok((rcode, addrs, ttl)) = wire::parse_response_ttl(&buf[..n], id) else {
                 continue;
             };
             let v4: Vec<IpAddr> = addrs.into_iter().filter(IpAddr::is_ipv4).collect();
             return match rcode {
-                NOERROR if !v4.is_empty() => Ok(v4),
+                NOERROR if !v4.is_empty() => Ok((v4, ttl)),
                 NOERROR | NXDOMAIN => Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("{name} has no address"),

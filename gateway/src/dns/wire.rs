@@ -177,6 +177,12 @@ pub fn build_query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
 
 /// The rcode and the A/AAAA addresses of an answer to query `id`.
 pub fn parse_response(b: &[u8], id: u16) -> Result<(u8, Vec<IpAddr>), WireError> {
+    parse_response_ttl(b, id).map(|(rcode, addrs, _)| (rcode, addrs))
+}
+
+/// [`parse_response`] and the smallest TTL of its answer records (0
+/// when there are none): how long the answer may be kept.
+pub fn parse_response_ttl(b: &[u8], id: u16) -> Result<(u8, Vec<IpAddr>, u32), WireError> {
     if b.len() < 12 || u16_at(b, 0)? != id {
         return Err(WireError("not our answer"));
     }
@@ -192,15 +198,20 @@ pub fn parse_response(b: &[u8], id: u16) -> Result<(u8, Vec<IpAddr>), WireError>
         at = read_name(b, at)?.1 + 4;
     }
     let mut addrs = Vec::new();
+    let mut ttl: Option<u32> = None;
     for _ in 0..an {
         let (_, end) = read_name(b, at)?;
         let rtype = u16_at(b, end)?;
         let class = u16_at(b, end + 2)?;
+        let rttl = (u32::from(u16_at(b, end + 4)?) << 16) | u32::from(u16_at(b, end + 6)?);
         let len = u16_at(b, end + 8)? as usize;
         let data = b
             .get(end + 10..end + 10 + len)
             .ok_or(WireError("truncated record"))?;
         if class == CLASS_IN {
+            // RFC 2181: a TTL with the top bit set counts as 0.
+            let rttl = if rttl > i32::MAX as u32 { 0 } else { rttl };
+            ttl = Some(ttl.map_or(rttl, |t| t.min(rttl)));
             match (rtype, len) {
                 (TYPE_A, 4) => addrs.push(IpAddr::V4(Ipv4Addr::new(
                     data[0], data[1], data[2], data[3],
@@ -215,7 +226,7 @@ pub fn parse_response(b: &[u8], id: u16) -> Result<(u8, Vec<IpAddr>), WireError>
         }
         at = end + 10 + len;
     }
-    Ok((rcode, addrs))
+    Ok((rcode, addrs, ttl.unwrap_or(0)))
 }
 
 #[cfg(test)]
@@ -234,6 +245,7 @@ mod tests {
         let (rcode, addrs) = parse_response(&a, 0x1234).unwrap();
         assert_eq!(rcode, NOERROR);
         assert_eq!(addrs, [IpAddr::V4(Ipv4Addr::new(100, 127, 128, 1))]);
+        assert_eq!(parse_response_ttl(&a, 0x1234).unwrap().2, 60);
         let nx = answer(&parsed, NXDOMAIN, &[], 0);
         assert_eq!(parse_response(&nx, 0x1234).unwrap(), (NXDOMAIN, vec![]));
         assert!(parse_response(&nx, 0x9999).is_err());

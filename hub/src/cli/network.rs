@@ -20,8 +20,8 @@ pub struct NetworkFlags {
     mode: Option<String>,
 
     /// A destination the sandbox may reach, within its template's
-    /// `allow_out` (a name, `*.name`, a CIDR, each with an optional
-    /// `:PORT`), repeatable (env: comma-separated).
+    /// `allow_out` (a name, `*.name`, a CIDR, each with an optional TCP
+    /// `:PORT`; `udp:HOST:PORT` for UDP), repeatable (env: comma-separated).
     #[arg(
         long = "allow-out",
         value_name = "PATTERN",

@@ -34,6 +34,7 @@ fn decision(d: Decision) -> EgressDecision {
         bytes_out: d.bytes_out,
         bytes_in: d.bytes_in,
         brokered: d.brokered,
+        udp: d.udp,
     }
 }
 

@@ -199,6 +199,7 @@ mod tests {
             bytes_out: 1,
             bytes_in: 2,
             brokered: false,
+            udp: false,
         }
     }
 

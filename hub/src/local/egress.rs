@@ -25,7 +25,7 @@ use clap::Args;
 use sandhub_api::{
     error::Code,
     hub::{Network, NetworkSpec, Template},
-    network::{parse_list, Pattern, Target},
+    network::{parse_list, Pattern, Target, Transport},
     secrets::SecretRef,
     validate,
 };
@@ -214,6 +214,7 @@ pub fn operator_config(
             Ok(Pattern {
                 target: Target::Cidr(net, len),
                 port: None,
+                proto: Transport::Tcp,
             }) => allow_private.push((net, len)),
             _ => anyhow::bail!(
                 "--egress-allow-private[{i}] {c:?}: a CIDR without port, host bits zero"
@@ -403,6 +404,7 @@ impl Egress {
                 bytes_out: d.bytes_out,
                 bytes_in: d.bytes_in,
                 brokered: d.brokered,
+                udp: d.udp,
             })
             .collect()
     }

@@ -162,6 +162,7 @@ fn everything() -> Pattern {
     Pattern {
         target: Target::Cidr([0, 0, 0, 0].into(), 0),
         port: None,
+        proto: Default::default(),
     }
 }
 
