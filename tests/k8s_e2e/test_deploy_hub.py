@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import requests
 import yaml
 from kubernetes import client as k8s
 from kubernetes import utils
-
+from sandhub_testing import stop_process
 from sandhub_testing.hub_k8s import Cluster
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "hub"
@@ -97,3 +98,23 @@ def test_replicas_drain_before_they_stop_and_one_always_serves():
     pdb = yaml.safe_load((DEPLOY / "pdb.yaml").read_text())
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
     assert 1 <= pdb["spec"]["minAvailable"] < dep["spec"]["replicas"]
+
+
+def test_the_hpa_example_scales_the_hub_deployment_on_its_own_series(cluster: Cluster):
+    """deploy/hub/hpa-example.yaml is valid for the real apiserver, targets the
+    hub's Deployment, stays above the PodDisruptionBudget, and names a series
+    the hub exports."""
+    hpa = yaml.safe_load((DEPLOY / "hpa-example.yaml").read_text())
+    utils.create_from_dict(cluster.api, hpa, namespace=cluster.ns, dry_run="All")
+    dep = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
+    pdb = yaml.safe_load((DEPLOY / "pdb.yaml").read_text())
+    assert hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+    assert hpa["spec"]["minReplicas"] > pdb["spec"]["minAvailable"]
+    (metric,) = hpa["spec"]["metrics"]
+    name = metric["pods"]["metric"]["name"]
+    hub, url = cluster.start_hub()
+    try:
+        exported = requests.get(f"{url}/metrics", timeout=30).text
+    finally:
+        stop_process(hub)
+    assert any(line.startswith(name) for line in exported.splitlines()), exported
