@@ -66,15 +66,22 @@ use crate::{
     Config, PolicyCell,
 };
 
-/// Bytes one read of a real socket moves at most.
-const CHUNK: usize = 16 * 1024;
+/// Bytes one read of a real socket moves at most: one full TUN packet's
+/// worth, so a bulk download costs one channel message per segment.
+const CHUNK: usize = 64 * 1024;
 /// Chunks queued per direction per flow.
-const CHANNEL_CHUNKS: usize = 4;
+const CHANNEL_CHUNKS: usize = 2;
 /// Packets read from the TUN per wake-up before the stack runs.
 const READ_BATCH: usize = 64;
-/// Packets waiting to be written to the TUN; more are dropped (TCP resends).
-/// About 1.5 MiB of full packets per sandbox, whatever the MTU.
+/// Packets waiting to be written to the TUN: about 1.5 MiB of full
+/// packets per sandbox, whatever the MTU. While it is full smoltcp is
+/// told the device is busy (its segments stay in the socket buffers);
+/// a reply generated while receiving is dropped, as a wire would.
 const MAX_TX_QUEUE: usize = (1536 * 1024) / MTU;
+/// `poll_egress` passes per step: each sends at most one segment per
+/// socket, so one pass per wake-up would cap a flow at one segment per
+/// ACK received. Bounded so one busy sandbox yields the thread.
+const EGRESS_PASSES: usize = 64;
 
 /// The packets between the TUN fd and smoltcp.
 struct Queues {
@@ -112,7 +119,7 @@ impl Device for Queues {
     }
 
     fn transmit(&mut self, _: SmolInstant) -> Option<TxToken<'_>> {
-        Some(TxToken(&mut self.tx))
+        (self.tx.len() < MAX_TX_QUEUE).then_some(TxToken(&mut self.tx))
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
@@ -149,6 +156,8 @@ struct Open {
     reset_pending: bool,
     /// Its entry in the decision log.
     seq: u64,
+    /// Bytes of the sandbox's bulk budget its buffers hold (0: small).
+    bulk: usize,
 }
 
 enum Woke {
@@ -203,6 +212,8 @@ pub(crate) struct Loop {
     rate_window: (std::time::Instant, u64),
     /// The secrets this sandbox's flows may carry (brokered secrets).
     secrets: Arc<Vec<Secret>>,
+    /// Bytes of `Limits::bulk_budget` the open flows hold.
+    bulk_held: usize,
 }
 
 /// A datagram on `s`, or never when there is no socket.
@@ -316,6 +327,7 @@ impl Loop {
             cap_bytes: metering.cap_bytes,
             rate_window: (std::time::Instant::now(), 0),
             secrets: Arc::new(secrets),
+            bulk_held: 0,
         })
     }
 
@@ -410,13 +422,25 @@ impl Loop {
         })
     }
 
-    /// Polls smoltcp, moves bytes, polls again, writes what it sent.
+    /// Polls smoltcp (every received packet), moves bytes, then sends
+    /// what the windows allow, writing to the TUN after every pass.
     fn step(&mut self) {
         self.iface
             .poll(SmolInstant::now(), &mut self.dev, &mut self.sockets);
         self.pump();
-        self.iface
-            .poll(SmolInstant::now(), &mut self.dev, &mut self.sockets);
+        for _ in 0..EGRESS_PASSES {
+            let sent = self
+                .iface
+                .poll_egress(SmolInstant::now(), &mut self.dev, &mut self.sockets);
+            self.flush();
+            if sent == smoltcp::iface::PollResult::None {
+                break;
+            }
+        }
+    }
+
+    /// Writes every queued packet to the TUN.
+    fn flush(&mut self) {
         let fd = self.tun.get_ref().as_raw_fd();
         while let Some(p) = self.dev.tx.pop_front() {
             // SAFETY: write(2) of a buffer we own. A full TUN queue drops
@@ -604,7 +628,19 @@ impl Loop {
                 let Some(syn) = self.pending.remove(&key) else {
                     return;
                 };
-                let size = self.cfg.limits.socket_buffer;
+                // Bulk buffers while the sandbox's budget allows. Zeroed
+                // allocations this large are fresh pages from the kernel:
+                // memory is used as data fills them, and returned when the
+                // flow ends.
+                let limits = &self.cfg.limits;
+                let bulk = 2 * limits.bulk_buffer;
+                let (size, bulk) = if limits.bulk_buffer > limits.socket_buffer
+                    && self.bulk_held + bulk <= limits.bulk_budget
+                {
+                    (limits.bulk_buffer, bulk)
+                } else {
+                    (limits.socket_buffer, 0)
+                };
                 let mut sock = tcp::Socket::new(
                     tcp::SocketBuffer::new(vec![0; size]),
                     tcp::SocketBuffer::new(vec![0; size]),
@@ -629,6 +665,7 @@ impl Loop {
                     self.sockets.remove(handle);
                     return;
                 }
+                self.bulk_held += bulk;
                 let mut tasks = Vec::with_capacity(3);
                 type Rd = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
                 type Wr = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
@@ -650,11 +687,13 @@ impl Loop {
                 let (up_tx, from_up) = mpsc::channel::<Up>(CHANNEL_CHUNKS);
                 let wake = self.wake.clone();
                 let reader = self.tasks.spawn(async move {
-                    let mut buf = vec![0u8; CHUNK];
                     loop {
-                        let msg = match rd.read(&mut buf).await {
+                        // A fresh buffer per read, handed over as is (no
+                        // copy); `read_buf` fills its spare capacity.
+                        let mut buf = Vec::with_capacity(CHUNK);
+                        let msg = match rd.read_buf(&mut buf).await {
                             Ok(0) => Up::Eof,
-                            Ok(n) => Up::Data(buf[..n].to_vec()),
+                            Ok(_) => Up::Data(buf),
                             Err(_) => Up::Failed,
                         };
                         let last = !matches!(msg, Up::Data(_));
@@ -693,6 +732,7 @@ impl Loop {
                         active: std::time::Instant::now(),
                         reset_pending: false,
                         seq,
+                        bulk,
                     },
                 );
             }
@@ -805,6 +845,7 @@ impl Loop {
                     t.abort();
                 }
                 self.sockets.remove(f.handle);
+                self.bulk_held -= f.bulk;
             }
         }
     }
@@ -933,6 +974,26 @@ mod tests {
         let udp = UdpPacket::new_checked(ip.payload()).unwrap();
         assert_eq!(udp.dst_port(), 40000);
         assert_eq!(udp.payload(), b"hello");
+    }
+
+    #[test]
+    fn a_full_tx_queue_tells_smoltcp_the_device_is_busy() {
+        // Busy, not a silent drop: smoltcp keeps the segment in the
+        // socket's buffer and sends it on a later pass, instead of
+        // waiting for a retransmission timeout.
+        let mut q = Queues {
+            rx: VecDeque::new(),
+            tx: VecDeque::new(),
+        };
+        for _ in 0..MAX_TX_QUEUE {
+            let t = q.transmit(SmolInstant::now()).expect("room left");
+            smoltcp::phy::TxToken::consume(t, 40, |b| b.fill(1));
+        }
+        assert_eq!(q.tx.len(), MAX_TX_QUEUE);
+        assert!(q.transmit(SmolInstant::now()).is_none());
+        q.tx.pop_front();
+        assert!(q.transmit(SmolInstant::now()).is_some());
+        assert!(MAX_TX_QUEUE >= 16, "a window's worth of full packets fits");
     }
 
     #[test]
