@@ -27,9 +27,14 @@
 //!    buffer.
 //!
 //! Bounds: at most `max_flows` flows (open or connecting), `socket_buffer`
-//! bytes per direction per flow in smoltcp plus [`CHANNEL_CHUNKS`] chunks
-//! of [`CHUNK`] bytes per direction in the channels; the fake-IP pool at
-//! `fake_pool` names; [`MAX_TX_QUEUE`] packets waiting for the TUN.
+//! bytes per direction per flow in smoltcp (`bulk_buffer` instead while the
+//! flows' bulk buffers stay within `bulk_budget`) plus [`CHANNEL_CHUNKS`]
+//! chunks of [`CHUNK`] bytes per direction in the channels; the fake-IP
+//! pool at `fake_pool` names; [`MAX_TX_QUEUE`] packets waiting for the TUN.
+//!
+//! Throughput: the cost is per packet (syscalls, wake-ups), so the TUN's
+//! MTU is 65535, a wake-up reads up to [`READ_BATCH`] packets and sends
+//! every segment the windows allow ([`EGRESS_PASSES`]) before sleeping.
 
 use std::{
     collections::{HashMap, VecDeque},

@@ -22,12 +22,14 @@ use crate::policy::internal;
 
 /// The device's name inside the sandbox.
 pub const IFNAME: &str = "egress0";
-/// Its MTU; the user-space stack uses the same. The link exists only
-/// between the sandbox's kernel and this process, so nothing on a real
-/// wire limits it, and the gateway's cost is per packet (TUN reads and
-/// writes, wake-ups: 86% of its samples in a profile of a download): at
-/// 1500 a 256 MiB download through the gateway ran at 0.03-0.16x of the
-/// host's, at 9000 about 4x faster (`bench/`, phase `egress`).
+/// Its MTU, the largest IPv4 packet; the user-space stack uses the same,
+/// so TCP segments are about 64 KiB (MSS 65495) both ways. The link exists
+/// only between the sandbox's kernel and this process, so nothing on a
+/// real wire limits it, and the gateway's cost is per packet (TUN reads
+/// and writes, wake-ups: 86% of its samples in a profile at 1500). A
+/// 256 MiB download through the gateway ran at 0.03-0.16x of the host's
+/// at 1500 and about 0.3-0.4x at 9000 (`bench/`, phase `egress`; see
+/// docs/benchmarks.md for 65535).
 pub const MTU: usize = 65535;
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;

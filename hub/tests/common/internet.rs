@@ -367,13 +367,15 @@ impl Drop for Internet {
 
 /// Fetches each URL from inside the sandbox; one line per URL:
 /// `OK <status> <body>` or `ERR <exception class> <message>`. A refused
-/// connection is `ConnectionRefusedError`, a hang would be `timeout`.
+/// connection is `ConnectionRefusedError`, a hang would be `timeout`. A
+/// body over 64 KiB (`/big`, binary) is given as `<N bytes>`.
 pub const PROBE: &str = r#"
 import socket, sys, urllib.request
 for url in sys.argv[1:]:
     try:
         with urllib.request.urlopen(url, timeout=20) as r:
-            print("OK", r.status, r.read().decode())
+            b = r.read()
+            print("OK", r.status, b.decode() if len(b) <= 1 << 16 else f"<{len(b)} bytes>")
     except Exception as e:
         reason = getattr(e, "reason", e)
         print("ERR", type(reason).__name__, reason)
