@@ -87,6 +87,9 @@ const MAX_TX_QUEUE: usize = (1536 * 1024) / MTU;
 /// socket, so one pass per wake-up would cap a flow at one segment per
 /// ACK received. Bounded so one busy sandbox yields the thread.
 const EGRESS_PASSES: usize = 64;
+// The queue holds a bulk flow's whole window (`Limits::bulk_buffer`,
+// 1 MiB: 16 full packets), so the MTU cannot silently shrink it below that.
+const _: () = assert!(MAX_TX_QUEUE >= 16);
 
 /// The packets between the TUN fd and smoltcp.
 struct Queues {
@@ -998,7 +1001,6 @@ mod tests {
         assert!(q.transmit(SmolInstant::now()).is_none());
         q.tx.pop_front();
         assert!(q.transmit(SmolInstant::now()).is_some());
-        assert!(MAX_TX_QUEUE >= 16, "a window's worth of full packets fits");
     }
 
     #[test]
