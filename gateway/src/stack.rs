@@ -224,6 +224,28 @@ pub(crate) struct Loop {
     bulk_held: usize,
 }
 
+thread_local! {
+    /// One packet's read buffer per runtime thread, shared by every
+    /// sandbox's loop on it (a read never waits, and its packet is copied
+    /// out at once): a 64 KiB buffer per loop would be 6 MiB of hub memory
+    /// per 100 idle sandboxes.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One `read(2)` of the TUN; a packet read is appended to `batch`. Returns
+/// what `read` returned.
+fn read_packet(fd: std::os::fd::RawFd, batch: &mut Vec<Vec<u8>>) -> isize {
+    READ_BUF.with_borrow_mut(|buf| {
+        buf.resize(MTU + 64, 0);
+        // SAFETY: read(2) into a buffer we own, within its length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            batch.push(buf[..n as usize].to_vec());
+        }
+        n
+    })
+}
+
 /// A datagram on `s`, or never when there is no socket.
 async fn recv_dns(
     s: &Option<tokio::net::UdpSocket>,
@@ -340,7 +362,6 @@ impl Loop {
     }
 
     pub(crate) async fn run(mut self) {
-        let mut buf = vec![0u8; MTU + 64];
         let mut dns_buf = vec![0u8; crate::dns::wire::MAX_MESSAGE];
         loop {
             let delay = self
@@ -356,10 +377,8 @@ impl Loop {
                         let mut failed = None;
                         while batch.len() < READ_BATCH {
                             let fd = guard.get_inner().as_raw_fd();
-                            // SAFETY: read(2) into a buffer we own.
-                            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                            let n = read_packet(fd, &mut batch);
                             if n > 0 {
-                                batch.push(buf[..n as usize].to_vec());
                                 continue;
                             }
                             let e = io::Error::last_os_error();
