@@ -28,8 +28,8 @@ pub const IFNAME: &str = "egress0";
 /// real wire limits it, and the gateway's cost is per packet (TUN reads
 /// and writes, wake-ups: 86% of its samples in a profile at 1500). A
 /// 256 MiB download through the gateway ran at 0.03-0.16x of the host's
-/// at 1500 and about 0.3-0.4x at 9000 (`bench/`, phase `egress`; see
-/// docs/benchmarks.md for 65535).
+/// at 1500, about 0.3-0.4x at 9000 and 0.55-0.62x at 65535 (`bench/`,
+/// phase `egress`; docs/benchmarks.md).
 pub const MTU: usize = 65535;
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
