@@ -75,6 +75,14 @@ pub struct Limits {
     pub max_flows: usize,
     /// smoltcp's buffer per direction per flow, in bytes.
     pub socket_buffer: usize,
+    /// The larger buffer per direction a flow gets instead while the
+    /// sandbox's [`Limits::bulk_budget`] allows: at the TUN's 64 KiB
+    /// packets, [`Limits::socket_buffer`] holds one segment in flight, and
+    /// a bulk transfer stalls on every ACK.
+    pub bulk_buffer: usize,
+    /// Bytes of bulk buffers (both directions) one sandbox's open flows
+    /// hold at once; later flows get `socket_buffer`.
+    pub bulk_budget: usize,
     /// Names holding a fake IP at once.
     pub fake_pool: u32,
     /// One upstream DNS try (there are two).
@@ -95,6 +103,8 @@ impl Default for Limits {
         Limits {
             max_flows: 256,
             socket_buffer: 64 * 1024,
+            bulk_buffer: 1024 * 1024,
+            bulk_budget: 4 * 1024 * 1024,
             fake_pool: 4096,
             dns_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),

@@ -22,13 +22,15 @@ use crate::policy::internal;
 
 /// The device's name inside the sandbox.
 pub const IFNAME: &str = "egress0";
-/// Its MTU; the user-space stack uses the same. The link exists only
-/// between the sandbox's kernel and this process, so nothing on a real
-/// wire limits it, and the gateway's cost is per packet (TUN reads and
-/// writes, wake-ups: 86% of its samples in a profile of a download): at
-/// 1500 a 256 MiB download through the gateway ran at 0.03-0.16x of the
-/// host's, at 9000 about 4x faster (`bench/`, phase `egress`).
-pub const MTU: usize = 9000;
+/// Its MTU, the largest IPv4 packet; the user-space stack uses the same,
+/// so TCP segments are about 64 KiB (MSS 65495) both ways. The link exists
+/// only between the sandbox's kernel and this process, so nothing on a
+/// real wire limits it, and the gateway's cost is per packet (TUN reads
+/// and writes, wake-ups: 86% of its samples in a profile at 1500). A
+/// 256 MiB download through the gateway ran at 0.03-0.16x of the host's
+/// at 1500, about 0.3-0.4x at 9000 and 0.55-0.62x at 65535 (`bench/`,
+/// phase `egress`; docs/benchmarks.md).
+pub const MTU: usize = 65535;
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 

@@ -18,9 +18,11 @@
 //! Bounds: at most `max_flows` UDP flows per sandbox (beside as many TCP
 //! connections), idle ones forgotten after [`UDP_IDLE`] (or the
 //! operator's `--egress-idle-timeout`, when shorter); [`EVENTS`] datagrams
-//! from upstream waiting for the loop, more dropped; datagrams that would
-//! not fit the TUN's MTU dropped (so each flow's reader holds one buffer
-//! of [`MAX_DATAGRAM`] + 1 bytes: about 2.3 MiB for 256 flows).
+//! from upstream waiting for the loop, more dropped; datagrams over
+//! [`MAX_DATAGRAM`] bytes (a jumbo frame's payload, far above what DNS,
+//! QUIC or STUN send) dropped, so each flow's reader holds one buffer of
+//! [`MAX_DATAGRAM`] + 1 bytes (about 2.3 MiB for 256 flows) whatever the
+//! TUN's MTU.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -53,9 +55,12 @@ const PENDING_DATAGRAMS: usize = 8;
 const EVENTS: usize = 256;
 /// How long a refused flow stays refused without another log entry.
 const REFUSED_MEMORY: Duration = Duration::from_secs(10);
-/// Largest datagram payload that fits one packet to the sandbox (IPv4
-/// and UDP headers are 28 bytes); larger ones from upstream are dropped.
-const MAX_DATAGRAM: usize = crate::tun::MTU - 28;
+/// Largest datagram payload relayed either way: a 9000-byte jumbo frame's
+/// (IPv4 and UDP headers are 28 bytes), well within the TUN's MTU; larger
+/// ones are dropped. Not the TUN's 65535: that would make each flow's
+/// buffer 64 KiB.
+const MAX_DATAGRAM: usize = 9000 - 28;
+const _: () = assert!(MAX_DATAGRAM + 28 <= crate::tun::MTU);
 
 /// (sandbox address, sandbox port, destination, destination port).
 pub(crate) type Key = (Ipv4Addr, u16, Ipv4Addr, u16);
@@ -150,6 +155,9 @@ impl Relay {
 
     /// A datagram from the sandbox on a flow already known.
     pub(crate) fn carry(&mut self, cx: &mut Ctx<'_>, key: Key, payload: &[u8]) {
+        if payload.len() > MAX_DATAGRAM {
+            return; // over the bound both ways: what is held stays small
+        }
         let Some(f) = self.flows.get_mut(&key) else {
             return; // refused lately: dropped
         };
@@ -201,6 +209,9 @@ impl Relay {
         first: &[u8],
         log: bool,
     ) {
+        if first.len() > MAX_DATAGRAM {
+            return; // over the bound: no flow is held for it
+        }
         let (_, _, dst, port) = key;
         let flow = PolicyFlow {
             name: name.as_deref(),
@@ -333,7 +344,7 @@ impl Relay {
                 f.active = Instant::now();
                 cx.meter.moved(*seq, 0, payload.len() as u64);
                 cx.tx
-                    .push_back(crate::stack::udp_packet(dst, dport, src, sport, &payload));
+                    .push_back(udp_packet(dst, dport, src, sport, &payload));
             }
         }
     }
@@ -450,6 +461,43 @@ async fn dial(
         }
     }
     Err(last)
+}
+
+/// An IPv4/UDP packet (UDP checksum 0: none, which IPv4 allows): relayed
+/// answers here, and the DNS responder's answers in `stack.rs`.
+pub(crate) fn udp_packet(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    dport: u16,
+    payload: &[u8],
+) -> Vec<u8> {
+    let total = 20 + 8 + payload.len();
+    let mut p = Vec::with_capacity(total);
+    p.extend_from_slice(&[0x45, 0]);
+    p.extend_from_slice(&(total as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]); // id, DF, TTL, UDP, checksum
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    let sum = ipv4_checksum(&p[..20]);
+    p[10..12].copy_from_slice(&sum.to_be_bytes());
+    p.extend_from_slice(&sport.to_be_bytes());
+    p.extend_from_slice(&dport.to_be_bytes());
+    p.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(payload);
+    p
+}
+
+fn ipv4_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+        .sum();
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    !(sum as u16)
 }
 
 #[cfg(test)]

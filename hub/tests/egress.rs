@@ -195,15 +195,21 @@ EOF
     let bulk = format!(
         r#"/usr/bin/python3 - <<'EOF'
 import urllib.request
+# Byte for byte: the test internet's pattern, the offset mod 251.
+pattern = bytes(range(251)) * ((1 << 17) // 251 + 2)
+def expected(at, n):
+    return pattern[at % 251:at % 251 + n]
 with urllib.request.urlopen("http://pypi.test/big", timeout=60) as r:
-    n = 0
+    n = wrong = 0
     while True:
         b = r.read(1 << 16)
         if not b:
             break
+        wrong += b != expected(n, len(b))
         n += len(b)
-print("down", n)
-req = urllib.request.Request("http://pypi.test/upload", data=b"y" * {BIG}, method="POST")
+print("down", n, "wrong reads", wrong)
+body = b"".join(expected(at, 1 << 16) for at in range(0, {BIG}, 1 << 16))
+req = urllib.request.Request("http://pypi.test/upload", data=body, method="POST")
 with urllib.request.urlopen(req, timeout=60) as r:
     print(r.read().decode())
 EOF
@@ -212,7 +218,7 @@ EOF
     let r = shell(&c, &id, &bulk).await;
     assert_eq!(
         r.stdout,
-        format!("down {BIG}\nhello upload {BIG}\n"),
+        format!("down {BIG} wrong reads 0\nhello upload {BIG}\n"),
         "{r:?}\n{}",
         hub.log_tail()
     );

@@ -86,6 +86,13 @@ pub fn ip(args: &str) {
 /// Bytes of `GET /big` and of the upload test.
 pub const BIG: usize = 16 << 20;
 
+/// The byte at `offset` of `GET /big`'s body and of what the upload test
+/// sends: the offset mod 251, a prime that divides no segment or buffer
+/// size, so a lost, repeated or reordered segment changes what arrives.
+pub fn big_byte(offset: usize) -> u8 {
+    (offset % 251) as u8
+}
+
 /// Names the test DNS server knows, and their addresses.
 pub const ZONE: &[(&str, [u8; 4])] = &[
     ("pypi.test", [198, 18, 0, 2]),
@@ -205,6 +212,11 @@ impl Internet {
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
+                // What came after the head, as sent (the upload checks it).
+                let rest = head
+                    .windows(4)
+                    .position(|w| w == b"\r\n\r\n")
+                    .map_or(Vec::new(), |i| head[i + 4..].to_vec());
                 let head = String::from_utf8_lossy(&head).into_owned();
                 let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
                 let host = head
@@ -219,8 +231,11 @@ impl Internet {
                         s,
                         "HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\nConnection: close\r\n\r\n"
                     );
-                    let chunk = vec![b'x'; 64 * 1024];
-                    for _ in 0..BIG / chunk.len() {
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    for c in 0..BIG / chunk.len() {
+                        for (i, b) in chunk.iter_mut().enumerate() {
+                            *b = big_byte(c * 64 * 1024 + i);
+                        }
                         if s.write_all(&chunk).is_err() {
                             break;
                         }
@@ -234,14 +249,27 @@ impl Internet {
                         .find_map(|l| l.strip_prefix("Content-Length: "))
                         .and_then(|v| v.trim().parse().ok())
                         .unwrap_or(0);
-                    let mut got = head.find("\r\n\r\n").map_or(0, |i| head.len() - i - 4);
+                    // The body must be `big_byte`'s pattern, byte for byte.
+                    let mut got = 0;
+                    let mut wrong = 0usize;
+                    let mut check = |bytes: &[u8], got: &mut usize| {
+                        for b in bytes {
+                            wrong += usize::from(*b != big_byte(*got));
+                            *got += 1;
+                        }
+                    };
+                    check(&rest, &mut got);
                     while got < len {
                         match s.read(&mut buf) {
                             Ok(0) | Err(_) => break,
-                            Ok(n) => got += n,
+                            Ok(n) => check(&buf[..n], &mut got),
                         }
                     }
-                    let body = format!("hello upload {got}");
+                    let body = if wrong == 0 {
+                        format!("hello upload {got}")
+                    } else {
+                        format!("hello upload {got}, {wrong} bytes wrong")
+                    };
                     let _ = write!(
                         s,
                         "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -339,13 +367,15 @@ impl Drop for Internet {
 
 /// Fetches each URL from inside the sandbox; one line per URL:
 /// `OK <status> <body>` or `ERR <exception class> <message>`. A refused
-/// connection is `ConnectionRefusedError`, a hang would be `timeout`.
+/// connection is `ConnectionRefusedError`, a hang would be `timeout`. A
+/// body over 64 KiB (`/big`, binary) is given as `<N bytes>`.
 pub const PROBE: &str = r#"
 import socket, sys, urllib.request
 for url in sys.argv[1:]:
     try:
         with urllib.request.urlopen(url, timeout=20) as r:
-            print("OK", r.status, r.read().decode())
+            b = r.read()
+            print("OK", r.status, b.decode() if len(b) <= 1 << 16 else f"<{len(b)} bytes>")
     except Exception as e:
         reason = getattr(e, "reason", e)
         print("ERR", type(reason).__name__, reason)
