@@ -69,7 +69,8 @@ pub fn is_dns1123_label(s: &str) -> bool {
     alnum(b[0]) && alnum(b[b.len() - 1]) && b.iter().all(|&c| alnum(c) || c == b'-')
 }
 
-/// Decimal 1..=65535, digits only (no sign, no spaces).
+/// Decimal 1..=65535 in at most 5 digits (no sign, no spaces; `000001` is
+/// refused rather than parsed: no port needs more digits).
 pub fn parse_port(s: &str) -> Result<u16, RouteError> {
     if s.is_empty() || s.len() > 5 || !s.bytes().all(|c| c.is_ascii_digit()) {
         return Err(RouteError::BadPort);

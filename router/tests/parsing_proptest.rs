@@ -38,6 +38,7 @@ proptest! {
     fn port_accepts_exactly_1_to_65535(s in "[0-9+ -]{0,7}") {
         let want = s.bytes().all(|b| b.is_ascii_digit())
             && !s.is_empty()
+            && s.len() <= 5
             && s.parse::<u64>().is_ok_and(|p| (1..=65535).contains(&p));
         prop_assert_eq!(parse_port(&s).is_ok(), want);
         if let Ok(p) = parse_port(&s) {
