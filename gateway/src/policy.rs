@@ -23,7 +23,12 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use sandhub_api::network::{cidr_contains, normalize_name, Pattern, Target};
+use sandhub_api::{
+    error::ErrorBody,
+    hub::{Network, NetworkSpec},
+    network::{cidr_contains, normalize_name, Pattern, Target},
+    validate,
+};
 
 /// A CIDR: network address (host bits zero) and prefix length.
 pub type Cidr = (IpAddr, u8);
@@ -220,6 +225,27 @@ const ANY: Pattern = Pattern {
 };
 
 impl SandboxPolicy {
+    /// A sandbox's layers, parsed: its template's lists, and the narrowing
+    /// its create request or a `PATCH` recorded (`sandbox`); a recorded
+    /// `none` makes it offline. Both backends enforce what this returns.
+    pub fn layered(
+        template: &NetworkSpec,
+        sandbox: Option<&NetworkSpec>,
+    ) -> Result<Self, ErrorBody> {
+        let (template_allow, template_deny) = validate::parse_network(template)?;
+        let (sandbox_allow, sandbox_deny) = match sandbox {
+            Some(s) if s.mode == Network::Egress => validate::parse_network(s)?,
+            _ => Default::default(),
+        };
+        Ok(SandboxPolicy {
+            template_allow,
+            template_deny,
+            sandbox_allow,
+            sandbox_deny,
+            offline: sandbox.is_some_and(|s| s.mode == Network::None),
+        })
+    }
+
     fn template_allow<'a>(&'a self, op: &OperatorPolicy) -> &'a [Pattern] {
         if !self.template_allow.is_empty() {
             &self.template_allow

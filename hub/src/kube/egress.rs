@@ -160,21 +160,10 @@ impl Recorded {
 
     /// The parsed layers the proxy enforces.
     pub fn policy(&self) -> Result<SandboxPolicy> {
-        let (template_allow, template_deny) = validate::parse_network(&self.template)?;
-        let (sandbox_allow, sandbox_deny) = match &self.sandbox {
-            Some(s) if s.mode == Network::Egress => validate::parse_network(s)?,
-            _ => Default::default(),
-        };
-        Ok(SandboxPolicy {
-            template_allow,
-            template_deny,
-            sandbox_allow,
-            sandbox_deny,
-            offline: self
-                .sandbox
-                .as_ref()
-                .is_some_and(|s| s.mode == Network::None),
-        })
+        Ok(SandboxPolicy::layered(
+            &self.template,
+            self.sandbox.as_ref(),
+        )?)
     }
 
     pub fn to_annotation(&self) -> String {

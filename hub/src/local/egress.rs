@@ -588,21 +588,10 @@ impl Recorded {
     /// The parsed layers the gateway enforces (a `none` narrowing on a
     /// kept gateway: refuse everything).
     pub fn policy(&self) -> Result<SandboxPolicy> {
-        let (template_allow, template_deny) = validate::parse_network(&self.template)?;
-        let (sandbox_allow, sandbox_deny) = match &self.sandbox {
-            Some(s) if s.mode == Network::Egress => validate::parse_network(s)?,
-            _ => Default::default(),
-        };
-        Ok(SandboxPolicy {
-            template_allow,
-            template_deny,
-            sandbox_allow,
-            sandbox_deny,
-            offline: self
-                .sandbox
-                .as_ref()
-                .is_some_and(|s| s.mode == Network::None),
-        })
+        Ok(SandboxPolicy::layered(
+            &self.template,
+            self.sandbox.as_ref(),
+        )?)
     }
 
     /// A running sandbox's network after `PATCH .../network` with

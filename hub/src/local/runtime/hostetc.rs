@@ -121,28 +121,12 @@ pub(crate) fn prepare_from(etc: &Path, state_root: &Path) -> io::Result<PathBuf>
             .map_or(0, |d| d.as_nanos())
     ));
     let built = copy(etc, &tmp, &plan).and_then(|()| IdMap::for_current_user().shift_tree(&tmp));
-    if let Err(e) = built {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(annotate(
-            format!("copying {} to {}", etc.display(), tmp.display()),
-            e,
-        ));
-    }
-    match std::fs::rename(&tmp, &final_dir) {
-        Ok(()) => Ok(final_dir),
-        // Another hub process won the race with an identical copy.
-        Err(_) if final_dir.is_dir() => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            Ok(final_dir)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            Err(annotate(
-                format!("renaming into {}", final_dir.display()),
-                e,
-            ))
-        }
-    }
+    publish(
+        built,
+        &tmp,
+        final_dir,
+        format!("copying {} to {}", etc.display(), tmp.display()),
+    )
 }
 
 /// `<host copy>-resolv-<hash>`: the host copy hard-linked entry by entry
@@ -204,21 +188,38 @@ fn derive_with(host: &Path, files: &[(&str, String)]) -> io::Result<PathBuf> {
         }
         Ok(())
     });
+    publish(
+        built,
+        &tmp,
+        final_dir,
+        format!("linking {} to {}", host.display(), tmp.display()),
+    )
+}
+
+/// Directories made (mode and owner as in `src`), files hard-linked,
+/// symlinks made again. `src` is a copy this hub made: no entry in it is
+/// a workload's.
+/// Moves a copy `built` in `tmp` to `final_dir` (content-addressed), or
+/// removes it on failure. Another hub process that already put an identical
+/// copy there won the race: that one is used.
+fn publish(
+    built: io::Result<()>,
+    tmp: &Path,
+    final_dir: PathBuf,
+    building: String,
+) -> io::Result<PathBuf> {
     if let Err(e) = built {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(annotate(
-            format!("linking {} to {}", host.display(), tmp.display()),
-            e,
-        ));
+        let _ = std::fs::remove_dir_all(tmp);
+        return Err(annotate(building, e));
     }
-    match std::fs::rename(&tmp, &final_dir) {
+    match std::fs::rename(tmp, &final_dir) {
         Ok(()) => Ok(final_dir),
         Err(_) if final_dir.is_dir() => {
-            let _ = std::fs::remove_dir_all(&tmp);
+            let _ = std::fs::remove_dir_all(tmp);
             Ok(final_dir)
         }
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
+            let _ = std::fs::remove_dir_all(tmp);
             Err(annotate(
                 format!("renaming into {}", final_dir.display()),
                 e,
@@ -227,9 +228,6 @@ fn derive_with(host: &Path, files: &[(&str, String)]) -> io::Result<PathBuf> {
     }
 }
 
-/// Directories made (mode and owner as in `src`), files hard-linked,
-/// symlinks made again. `src` is a copy this hub made: no entry in it is
-/// a workload's.
 fn link_tree(src: &Path, dst: &Path, is_root: bool) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(src)?;
     std::fs::create_dir(dst)?;
