@@ -122,6 +122,9 @@ pub trait Backend: Send + Sync + 'static {
     async fn ready(&self) -> Result<()>;
     /// Sandboxes the hub holds (claimed and warm), for the metrics gauge.
     async fn sandbox_count(&self) -> Result<usize>;
+    /// Each pool's and each tenant's gauges, read at every scrape. (No
+    /// default: a wrapper that forgot to forward it would report nothing.)
+    async fn gauges(&self) -> Result<crate::gauges::Gauges>;
     /// Per tenant, what its egress gateways counted while the hub runs
     /// (`/metrics`; empty where there are none).
     fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {

@@ -186,6 +186,10 @@ impl Backend for Guarded {
         self.inner.sandbox_count().await
     }
 
+    async fn gauges(&self) -> Result<crate::gauges::Gauges> {
+        self.inner.gauges().await
+    }
+
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         self.inner.images()
     }

@@ -18,6 +18,8 @@
 //!   `signing` and the `/mcp` mount (its own `# Layout` lists them).
 //! - [`guard`]: the operator's limits, checked in front of every backend,
 //!   and each operation timed into [`ops`] (`sandhub_operation_seconds`).
+//! - [`gauges`]: the pool and tenant gauges `/metrics` reads from the
+//!   backend at each scrape.
 //!
 //! The seam and the two backends behind it:
 //! - [`backend`]: [`Backend`] and [`TenantView`], what the front doors need,
@@ -45,6 +47,7 @@ pub mod backend;
 pub mod cli;
 pub mod egress_proxy;
 pub mod entrypoint;
+pub mod gauges;
 pub mod guard;
 pub mod http;
 pub mod kube;

@@ -1963,6 +1963,186 @@ async fn a_stopping_hub_drains_then_cuts_what_outlives_the_bound() {
 /// labels come from closed sets (op, backend, outcome), whichever front
 /// door it came in by.
 #[tokio::test]
+async fn pool_and_tenant_gauges_follow_the_pools_and_quotas() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    put_template(&c, "warm", Template::default()).await;
+    let spec = |replicas| PoolSpec {
+        template: "warm".into(),
+        replicas,
+    };
+    c.put_pool("warm", spec(2)).await.unwrap();
+    let pools = &c;
+    eventually("the pool to fill", WAIT, move || async move {
+        (pools.get_pool("warm").await.ok()?.ready == 2).then_some(())
+    })
+    .await;
+    let scrape = || async {
+        hub.http()
+            .get(format!("{}/metrics", hub.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let value = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{series} ")))
+            .map(|v| v.trim().parse::<u64>().unwrap())
+    };
+    let text = scrape().await;
+    let tenant = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sandhub_tenant_sandboxes{tenant=\""))
+        .and_then(|l| l.split('"').next())
+        .unwrap_or_else(|| panic!("no tenant gauge: {text}"))
+        .to_string();
+    let pool = format!("{{tenant=\"{tenant}\",pool=\"warm\"}}");
+    let of_tenant = format!("{{tenant=\"{tenant}\"}}");
+    assert_eq!(
+        value(&text, &format!("sandhub_pool_target{pool}")),
+        Some(2),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, &format!("sandhub_pool_ready{pool}")),
+        Some(2),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, &format!("sandhub_pool_failing{pool}")),
+        Some(0),
+        "{text}"
+    );
+    // Requests are counted by route template, never by the path a caller sent.
+    assert!(
+        text.contains(
+            r#"sandhub_http_requests_total{method="PUT",route="/v1/pools/{name}",code="200"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("/v1/pools/warm"), "{text}");
+    // The two warm members count against the tenant's quota, as admission counts them.
+    assert_eq!(
+        value(&text, &format!("sandhub_tenant_sandboxes{of_tenant}")),
+        Some(2),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, &format!("sandhub_tenant_sandboxes_quota{of_tenant}")),
+        Some(128),
+        "{text}"
+    );
+    assert!(
+        value(
+            &text,
+            &format!("sandhub_tenant_memory_reserved_bytes{of_tenant}")
+        )
+        .unwrap()
+            >= 2 * (256 << 20),
+        "{text}"
+    );
+    // A deleted pool stops being reported, and its members' gauges go with them.
+    c.delete_pool("warm").await.unwrap();
+    let text = scrape().await;
+    assert!(!text.contains("pool=\"warm\""), "{text}");
+    assert_eq!(
+        value(&text, &format!("sandhub_tenant_sandboxes{of_tenant}")),
+        None,
+        "{text}"
+    );
+}
+
+/// `deploy/grafana/sandhub-dashboard.json` queries only series this hub
+/// exports: every `sandhub_*` name in its expressions appears in a scrape
+/// after the work that makes each one appear.
+#[tokio::test]
+async fn the_grafana_dashboard_queries_only_series_the_hub_exports() {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/grafana/sandhub-dashboard.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut exprs = Vec::new();
+    fn collect(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                        _ => collect(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| collect(v, out)),
+            _ => {}
+        }
+    }
+    collect(&dashboard, &mut exprs);
+    let mut series: Vec<String> = exprs
+        .iter()
+        .flat_map(|e| {
+            e.match_indices("sandhub_")
+                .map(|(i, _)| {
+                    e[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect::<String>()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    series.sort();
+    series.dedup();
+    assert!(series.len() >= 10, "{series:?}");
+
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    put_template(&c, "warm", Template::default()).await;
+    c.put_pool(
+        "warm",
+        PoolSpec {
+            template: "warm".into(),
+            replicas: 1,
+        },
+    )
+    .await
+    .unwrap();
+    let id = c.create(CreateSandbox::default()).await.unwrap().id;
+    c.exec(&id, exec_request(Command::Argv(vec!["true".into()])))
+        .await
+        .unwrap();
+    c.snapshot(&id).await.unwrap();
+    let text = hub
+        .http()
+        .get(format!("{}/metrics", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let missing: Vec<&String> = series
+        .iter()
+        .filter(|s| {
+            !text.lines().any(|l| {
+                l.strip_prefix(s.as_str())
+                    .is_some_and(|r| r.starts_with(['{', ' ']))
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}, which the hub does not export:\n{text}"
+    );
+}
+
+#[tokio::test]
 async fn operations_are_timed_by_op_backend_and_outcome() {
     let hub = TestHub::start(HubOptions::default()).await;
     let c = hub.client(None);

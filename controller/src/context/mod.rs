@@ -6,6 +6,8 @@
 //!   the one gate both the claim and the warm-pool controllers use.
 //! - [`cache`]: a reflector store kept by a background task, for any
 //!   controller.
+//! - [`shared_cache`]: the same, plus a stream of the objects it stored, for
+//!   a controller whose reconcile reads the store its trigger came from.
 
 pub mod refill;
 
@@ -15,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ReflectHandle, Store};
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
@@ -175,4 +177,43 @@ where
         });
     tokio::spawn(stream);
     reader
+}
+
+/// How many changed objects a [`shared_cache`] holds for a slow consumer
+/// before its watch waits (backpressure, not loss).
+const SHARED_CACHE_BUFFER: usize = 1024;
+
+/// A reflector store kept by a background task, and a stream of each object
+/// *after* the store took it. A controller that reconciles from a store must
+/// be triggered by this stream, not by a watch of its own: a separate watch
+/// can deliver a change before the store has it, and a reconcile that then
+/// reads the old object may conclude there is nothing to do and wait for a
+/// change that already came (a warm pool once kept its stale members that
+/// way). Deletions are not streamed: use it where they need no trigger.
+pub(crate) fn shared_cache<K>(api: Api<K>, wc: watcher::Config) -> (Store<K>, ReflectHandle<K>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store_shared(SHARED_CACHE_BUFFER);
+    let changes = writer
+        .subscribe()
+        .expect("a shared store always has a dispatcher");
+    let kind = K::kind(&()).to_string();
+    let stream = kube::runtime::watcher(api, wc)
+        .default_backoff()
+        .reflect_shared(writer)
+        .for_each(move |ev| {
+            if let Err(e) = ev {
+                tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(stream);
+    (reader, changes)
 }

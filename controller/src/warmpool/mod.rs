@@ -23,7 +23,7 @@ use sandhub_api::k8s::conditions::launch_type;
 use sandhub_api::k8s::names::{self, name_hash};
 use sandhub_api::k8s::{Sandbox, SandboxTemplate, SandboxWarmPool};
 
-use crate::context::{cache, Context, SANDBOX_WARM_POOL_CONTROLLER};
+use crate::context::{cache, shared_cache, Context, SANDBOX_WARM_POOL_CONTROLLER};
 use crate::object::controlled_by_kind;
 use expectations::Expectations;
 use reconcile::PoolCtx;
@@ -31,7 +31,10 @@ use reconcile::PoolCtx;
 /// Runs the warm pool controller until the process stops.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let sandboxes = cache(ctx.watch_api::<Sandbox>(), ctx.watcher_config());
-    let templates = cache(ctx.watch_api::<SandboxTemplate>(), ctx.watcher_config());
+    // Template edits trigger from the store's own stream: a pass must see
+    // the edit that woke it, or a Recreate rollout can stall.
+    let (templates, template_changes) =
+        shared_cache(ctx.watch_api::<SandboxTemplate>(), ctx.watcher_config());
     sandboxes.wait_until_ready().await?;
     templates.wait_until_ready().await?;
     tracing::info!("warm pool controller: caches synced");
@@ -52,7 +55,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     };
     let by_template = {
         let pools = pools.clone();
-        move |t: SandboxTemplate| {
+        move |t: Arc<SandboxTemplate>| {
             let ns = t.namespace();
             let name = t.name_any();
             pools
@@ -65,11 +68,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     controller
         .with_config(Config::default().concurrency(ctx.flags.sandbox_warm_pool_concurrent_workers))
         .watches(ctx.watch_api::<Sandbox>(), ctx.watcher_config(), by_sandbox)
-        .watches(
-            ctx.watch_api::<SandboxTemplate>(),
-            ctx.watcher_config(),
-            by_template,
-        )
+        .watches_shared_stream(template_changes, by_template)
         .run(reconcile::reconcile, reconcile::error_policy, cx)
         .for_each(|res| {
             if let Err(e) = res {

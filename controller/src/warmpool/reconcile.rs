@@ -274,7 +274,14 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
         .iter()
         .any(|m| !m.ready && !m.terminating && !m.unschedulable)
         .then_some(STARTING_RECHECK);
-    let wait = [recheck, grace_end, refill_wait, starting]
+    // Likewise a member's deletion can trigger this pass before the cache
+    // drops it: while any is terminating, its replacement is counted as
+    // waiting, so look again soon rather than wait for an event that came.
+    let terminating = members
+        .iter()
+        .any(|m| m.terminating)
+        .then_some(STARTING_RECHECK);
+    let wait = [recheck, grace_end, refill_wait, starting, terminating]
         .into_iter()
         .flatten()
         .min();

@@ -149,6 +149,8 @@ pub fn app(
                 async move { axum::Json(doc.as_ref().clone()) }
             }),
         )
+        // Which route template served a request, for its metrics label.
+        .route_layer(middleware::from_fn(rest::health::tag_route))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))

@@ -5,6 +5,7 @@
 //! finds every sandbox again and keeps nothing of its own.
 
 pub mod egress;
+mod gauges;
 pub mod gym;
 mod images;
 pub mod mcp_sessions;
@@ -456,6 +457,10 @@ impl Backend for KubeTenancy {
 
     fn shared_mcp_sessions(&self) -> Option<Arc<dyn sandhub_mcp::SharedSessions>> {
         Some(self.shared.mcp_sessions.clone())
+    }
+
+    async fn gauges(&self) -> Result<crate::gauges::Gauges> {
+        KubeTenancy::gauges(self).await
     }
 
     async fn sandbox_count(&self) -> Result<usize> {

@@ -12,6 +12,7 @@
 //! tenant.rs          TenantHub: one tenant's Sandboxes; Backend for Arc<Hub>
 //! lifecycle.rs       locks, recovery after a restart, the reaper
 //! pools.rs           warm pools: the refiller
+//! gauges.rs          the pool and tenant gauges of /metrics (Hub::gauges)
 //! ports.rs           a sandbox's TCP ports, reached inside its network namespace
 //! plan.rs            the pure decisions lifecycle and pools apply (unit-tested)
 //! store/             the SQLite store (sandboxes, templates, pools, snapshots, gym envs,
@@ -31,6 +32,7 @@
 
 pub mod disk;
 pub mod egress;
+mod gauges;
 mod hub;
 pub mod image;
 mod lifecycle;

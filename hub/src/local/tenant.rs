@@ -184,6 +184,10 @@ impl Backend for Arc<Hub> {
         Ok(self.store.all_sandboxes()?.len())
     }
 
+    async fn gauges(&self) -> Result<crate::gauges::Gauges> {
+        self.gauges()
+    }
+
     fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
         self.backend.egress.usage_by_tenant()
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::{
-    extract::{Request, State},
+    extract::{MatchedPath, Request, State},
     http::header,
     middleware::Next,
     response::{IntoResponse, Response},
@@ -22,6 +22,10 @@ use crate::http::{ApiError, AppState};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub method: String,
+    /// The route template (`/v1/sandboxes/{id}/exec`), never the raw path,
+    /// so ids never become labels; `other` for what no route matched
+    /// (port hosts, envd traffic, 404s).
+    pub route: String,
     pub code: u16,
 }
 
@@ -48,6 +52,8 @@ pub struct Metrics {
     pub egress: EgressMetrics,
     /// `sandhub_operation_seconds{op, backend, outcome}` (`crate::ops`).
     pub operations: Arc<crate::ops::Operations>,
+    /// Pools' and tenants' gauges (`crate::gauges`).
+    pub gauges: crate::gauges::GaugeMetrics,
 }
 
 impl Default for Metrics {
@@ -61,7 +67,7 @@ impl Default for Metrics {
         let inflight = Gauge::default();
         registry.register(
             "http_requests",
-            "REST requests by method and status",
+            "HTTP requests by method, route template and status",
             requests.clone(),
         );
         registry.register(
@@ -111,7 +117,10 @@ impl Default for Metrics {
         }
         let operations = Arc::new(crate::ops::Operations::default());
         operations.register(&mut registry);
+        let gauges = crate::gauges::GaugeMetrics::default();
+        gauges.register(&mut registry);
         Metrics {
+            gauges,
             egress,
             operations,
             registry,
@@ -161,6 +170,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
     if let Ok(n) = state.hub.sandbox_count().await {
         state.metrics.sandboxes.set(n as i64);
     }
+    match state.hub.gauges().await {
+        Ok(g) => state.metrics.gauges.set(&g),
+        // The last values stay: a scrape during an API hiccup shows them
+        // rather than dropping every pool from the dashboards.
+        Err(e) => tracing::debug!(error = %e.message, "reading pool and tenant gauges"),
+    }
     for (tenant, u) in state.hub.egress_usage() {
         let l = TenantLabels { tenant };
         let e = &state.metrics.egress;
@@ -192,7 +207,11 @@ pub async fn count_requests(
     request: Request,
     next: Next,
 ) -> Response {
-    let method = request.method().to_string();
+    // A method outside the standard set is one label, not one per spelling.
+    let method = match request.method().as_str() {
+        m @ ("GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS") => m.to_string(),
+        _ => "other".to_string(),
+    };
     let started = std::time::Instant::now();
     metrics.inflight.inc();
     let response = next.run(request).await;
@@ -204,8 +223,24 @@ pub async fn count_requests(
         .requests
         .get_or_create(&RequestLabels {
             method,
+            route: response
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or("other", |p| p.as_str())
+                .to_string(),
             code: response.status().as_u16(),
         })
         .inc();
+    response
+}
+
+/// Copies the route template that matched into the response, where
+/// [`count_requests`] (outside the router, so it sees every request) finds it.
+pub async fn tag_route(request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let mut response = next.run(request).await;
+    if let Some(route) = route {
+        response.extensions_mut().insert(route);
+    }
     response
 }
