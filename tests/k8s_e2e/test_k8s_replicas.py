@@ -10,6 +10,7 @@ key rotation starts."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import secrets
 import signal
@@ -349,3 +350,45 @@ def start_argv(cluster: Cluster) -> list[str]:
         "--listen", f"{LOOPBACK}:{free_port()}",
         "--e2b", "--sandbox-domain", DOMAIN,
     ]
+
+
+def record_name(session: str) -> str:
+    """The ConfigMap of an MCP session's record (kube/mcp_sessions.rs)."""
+    digest = hashlib.sha256(b"sandhub-mcp-session-record/v1\0" + session.encode()).hexdigest()
+    return f"sandhub-mcp-{digest[:40]}"
+
+
+def test_a_tenant_keeps_at_most_its_cap_of_mcp_session_records(cluster: Cluster):
+    a, url_a = start(cluster, "--mcp-sessions-per-tenant", "2")
+    b, url_b = start(cluster)
+    sessions: list[Mcp] = []
+    try:
+        for _ in range(3):
+            mcp = Mcp()
+            mcp.open(url_a)
+            sessions.append(mcp)
+        names = {record_name(m.session) for m in sessions}
+        records = [cm for cm in cluster.core.list_namespaced_config_map(cluster.ns).items
+                   if (cm.metadata.labels or {}).get("sandhub.io/mcp-session-record") == "true"]
+        mine = {cm.metadata.name: cm for cm in records if cm.metadata.name in names}
+        tenant = mine[record_name(sessions[2].session)].metadata.labels["sandhub.io/tenant"]
+        # The tenant's label is its digest, and the tenant holds two records
+        # (older ones of other tests' sessions went first): the newest two.
+        assert len(tenant) == 40 and all(c in "0123456789abcdef" for c in tenant), tenant
+        held = sorted(cm.metadata.name for cm in records
+                      if (cm.metadata.labels or {}).get("sandhub.io/tenant") == tenant)
+        assert held == sorted(record_name(m.session) for m in sessions[1:]), held
+
+        # The evicted session is unknown to B, yet still served by A, which
+        # holds it; the two kept are served by both.
+        r = sessions[0].post(url_b, {"jsonrpc": "2.0", "id": 50, "method": "tools/list", "params": {}})
+        assert r.status_code == 404, r.text
+        assert "tools" in sessions[0].request(url_a, "tools/list", {})
+        for mcp in sessions[1:]:
+            assert "tools" in mcp.request(url_b, "tools/list", {})
+    finally:
+        for mcp in sessions:
+            requests.delete(f"{url_a}/mcp", headers={"mcp-session-id": mcp.session,
+                                                     "mcp-protocol-version": "2025-06-18"}, timeout=60)
+        stop_process(a)
+        stop_process(b)
