@@ -14,6 +14,7 @@ import hashlib
 import json
 import secrets
 import signal
+import struct
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,54 @@ def test_a_rest_process_started_on_one_replica_takes_input_and_signals_on_anothe
             ended = json.loads(next(lines))
             assert ended == {"type": "exited", "exit_code": 137}, ended
         assert requests.delete(f"{url_b}/v1/sandboxes/{sid}", timeout=60).status_code == 204
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        stop_process(a)
+        stop_process(b)
+    wait_for_pool(cluster, 2)
+
+
+def envelope(message: dict[str, Any]) -> bytes:
+    """One Connect-protocol stream envelope (flags 0, big-endian length)."""
+    body = json.dumps(message).encode()
+    return struct.pack(">BI", 0, len(body)) + body
+
+
+def next_message(raw: Any) -> dict[str, Any]:
+    """The next envelope of a Connect stream, as JSON."""
+    _flags, size = struct.unpack(">BI", raw.read(5))
+    message: dict[str, Any] = json.loads(raw.read(size))
+    return message
+
+
+def test_an_e2b_process_started_on_one_replica_takes_input_and_signals_on_another(cluster: Cluster):
+    a, url_a = start(cluster)
+    b, url_b = start(cluster)
+    try:
+        r = requests.post(f"{url_a}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
+                          headers=HEADERS, timeout=200)
+        assert r.status_code == 201, r.text
+        sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        headers = {"e2b-sandbox-id": sid, "e2b-sandbox-port": "49983", "x-access-token": token,
+                   "content-type": "application/connect+json"}
+        command = {"cmd": "/bin/sh", "args": ["-c", "read line; echo got $line; sleep 600"]}
+        with requests.post(f"{url_a}/process.Process/Start", headers=headers, stream=True, timeout=120,
+                           data=envelope({"process": command, "stdin": True})) as stream:
+            assert stream.status_code == 200, stream.text
+            pid = next_message(stream.raw)["event"]["start"]["pid"]
+            # The pid names sandboxd's process: B reaches it without A.
+            r = envd(url_b, sid, token, "process.Process/SendInput",
+                     {"process": {"pid": pid}, "input": {"stdin": base64.b64encode(b"hi\n").decode()}})
+            assert r.status_code == 200, r.text
+            data = next_message(stream.raw)["event"]["data"]
+            assert base64.b64decode(data["stdout"]) == b"got hi\n", data
+            r = envd(url_b, sid, token, "process.Process/SendSignal",
+                     {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+            assert r.status_code == 200, r.text
+            end = next_message(stream.raw)["event"]["end"]
+            assert end["exitCode"] == 137 and end["exited"], end
+        r = requests.delete(f"{url_b}/sandboxes/{sid}", headers=HEADERS, timeout=60)
+        assert r.status_code == 204, r.text
         wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
     finally:
         stop_process(a)

@@ -123,6 +123,14 @@ fn last_use(meta: &ObjectMeta) -> i64 {
         .unwrap_or(0)
 }
 
+/// The selector of `tenant`'s records, and only theirs.
+fn tenant_selector(tenant: &str) -> String {
+    format!(
+        "{RECORD_LABEL}=true,{TENANT_LABEL}={}",
+        tenant_label_value(tenant)
+    )
+}
+
 /// Which of one tenant's records (name, last use) go so that at most `cap`
 /// remain: the least recently used first (ties by name, so two replicas
 /// deciding at once pick the same ones), never `keep`, the record just
@@ -158,13 +166,9 @@ impl KubeMcpSessions {
     /// `keep` (the one just recorded). Only that tenant's label is listed:
     /// no other tenant's record is ever counted or touched.
     async fn evict_past_cap(&self, tenant: &str, keep: &str) -> Result<usize, kube::Error> {
-        let selector = format!(
-            "{RECORD_LABEL}=true,{TENANT_LABEL}={}",
-            tenant_label_value(tenant)
-        );
         let list = self
             .api
-            .list_metadata(&ListParams::default().labels(&selector))
+            .list_metadata(&ListParams::default().labels(&tenant_selector(tenant)))
             .await?;
         let records = list
             .items
@@ -386,6 +390,32 @@ mod tests {
         // The new record not yet listed (the list raced its create): the
         // cap still counts what was listed.
         assert_eq!(evictions(vec![rec("a", 1), rec("b", 2)], "new", 1), ["a"]);
+    }
+
+    #[test]
+    fn the_cap_counts_one_tenants_records_only() {
+        let a = tenant_selector("team a");
+        assert_eq!(
+            a,
+            format!(
+                "{RECORD_LABEL}=true,{TENANT_LABEL}={}",
+                tenant_label_value("team a")
+            )
+        );
+        assert_ne!(a, tenant_selector("team b"));
+        // The tenant's label a record gets is the one its selector names.
+        let meta = metadata(
+            &SharedSession {
+                principal: Some("team a".into()),
+                initialize: None,
+            },
+            1,
+        );
+        let labels = meta.labels.unwrap();
+        for term in a.split(',') {
+            let (k, v) = term.split_once('=').unwrap();
+            assert_eq!(labels[k], v);
+        }
     }
 
     #[test]

@@ -183,7 +183,7 @@ pub struct KubeArgs {
     /// MCP session records (ConfigMaps every replica reads) one tenant
     /// keeps at most: a new session past it evicts that tenant's least
     /// recently used records, whose sessions then work only on a replica
-    /// that still holds them (kube/mcp_sessions.rs).
+    /// that still holds them (docs/security.md says why evict).
     #[arg(
         long,
         env = "SANDHUB_MCP_SESSIONS_PER_TENANT",
