@@ -10,9 +10,11 @@ key rotation starts."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import secrets
 import signal
+import struct
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -205,6 +207,54 @@ def test_a_rest_process_started_on_one_replica_takes_input_and_signals_on_anothe
     wait_for_pool(cluster, 2)
 
 
+def envelope(message: dict[str, Any]) -> bytes:
+    """One Connect-protocol stream envelope (flags 0, big-endian length)."""
+    body = json.dumps(message).encode()
+    return struct.pack(">BI", 0, len(body)) + body
+
+
+def next_message(raw: Any) -> dict[str, Any]:
+    """The next envelope of a Connect stream, as JSON."""
+    _flags, size = struct.unpack(">BI", raw.read(5))
+    message: dict[str, Any] = json.loads(raw.read(size))
+    return message
+
+
+def test_an_e2b_process_started_on_one_replica_takes_input_and_signals_on_another(cluster: Cluster):
+    a, url_a = start(cluster)
+    b, url_b = start(cluster)
+    try:
+        r = requests.post(f"{url_a}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
+                          headers=HEADERS, timeout=200)
+        assert r.status_code == 201, r.text
+        sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        headers = {"e2b-sandbox-id": sid, "e2b-sandbox-port": "49983", "x-access-token": token,
+                   "content-type": "application/connect+json"}
+        command = {"cmd": "/bin/sh", "args": ["-c", "read line; echo got $line; sleep 600"]}
+        with requests.post(f"{url_a}/process.Process/Start", headers=headers, stream=True, timeout=120,
+                           data=envelope({"process": command, "stdin": True})) as stream:
+            assert stream.status_code == 200, stream.text
+            pid = next_message(stream.raw)["event"]["start"]["pid"]
+            # The pid names sandboxd's process: B reaches it without A.
+            r = envd(url_b, sid, token, "process.Process/SendInput",
+                     {"process": {"pid": pid}, "input": {"stdin": base64.b64encode(b"hi\n").decode()}})
+            assert r.status_code == 200, r.text
+            data = next_message(stream.raw)["event"]["data"]
+            assert base64.b64decode(data["stdout"]) == b"got hi\n", data
+            r = envd(url_b, sid, token, "process.Process/SendSignal",
+                     {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+            assert r.status_code == 200, r.text
+            end = next_message(stream.raw)["event"]["end"]
+            assert end["exitCode"] == 137 and end["exited"], end
+        r = requests.delete(f"{url_b}/sandboxes/{sid}", headers=HEADERS, timeout=60)
+        assert r.status_code == 204, r.text
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        stop_process(a)
+        stop_process(b)
+    wait_for_pool(cluster, 2)
+
+
 class Mcp:
     """MCP over streamable HTTP, spoken by hand so that each request can go
     to the replica the test picks (a client library keeps one connection)."""
@@ -349,3 +399,45 @@ def start_argv(cluster: Cluster) -> list[str]:
         "--listen", f"{LOOPBACK}:{free_port()}",
         "--e2b", "--sandbox-domain", DOMAIN,
     ]
+
+
+def record_name(session: str) -> str:
+    """The ConfigMap of an MCP session's record (kube/mcp_sessions.rs)."""
+    digest = hashlib.sha256(b"sandhub-mcp-session-record/v1\0" + session.encode()).hexdigest()
+    return f"sandhub-mcp-{digest[:40]}"
+
+
+def test_a_tenant_keeps_at_most_its_cap_of_mcp_session_records(cluster: Cluster):
+    a, url_a = start(cluster, "--mcp-sessions-per-tenant", "2")
+    b, url_b = start(cluster)
+    sessions: list[Mcp] = []
+    try:
+        for _ in range(3):
+            mcp = Mcp()
+            mcp.open(url_a)
+            sessions.append(mcp)
+        names = {record_name(m.session) for m in sessions}
+        records = [cm for cm in cluster.core.list_namespaced_config_map(cluster.ns).items
+                   if (cm.metadata.labels or {}).get("sandhub.io/mcp-session-record") == "true"]
+        mine = {cm.metadata.name: cm for cm in records if cm.metadata.name in names}
+        tenant = mine[record_name(sessions[2].session)].metadata.labels["sandhub.io/tenant"]
+        # The tenant's label is its digest, and the tenant holds two records
+        # (older ones of other tests' sessions went first): the newest two.
+        assert len(tenant) == 40 and all(c in "0123456789abcdef" for c in tenant), tenant
+        held = sorted(cm.metadata.name for cm in records
+                      if (cm.metadata.labels or {}).get("sandhub.io/tenant") == tenant)
+        assert held == sorted(record_name(m.session) for m in sessions[1:]), held
+
+        # The evicted session is unknown to B, yet still served by A, which
+        # holds it; the two kept are served by both.
+        r = sessions[0].post(url_b, {"jsonrpc": "2.0", "id": 50, "method": "tools/list", "params": {}})
+        assert r.status_code == 404, r.text
+        assert "tools" in sessions[0].request(url_a, "tools/list", {})
+        for mcp in sessions[1:]:
+            assert "tools" in mcp.request(url_b, "tools/list", {})
+    finally:
+        for mcp in sessions:
+            requests.delete(f"{url_a}/mcp", headers={"mcp-session-id": mcp.session,
+                                                     "mcp-protocol-version": "2025-06-18"}, timeout=60)
+        stop_process(a)
+        stop_process(b)

@@ -180,6 +180,18 @@ pub struct KubeArgs {
     /// tenant runs one pre-pull at a time).
     #[arg(long, env = "SANDHUB_MAX_PREPULL_DAEMONSETS", default_value_t = 16)]
     pub max_prepull_daemonsets: usize,
+
+    /// MCP session records (ConfigMaps every replica reads) one tenant
+    /// keeps at most: a new session past it evicts that tenant's least
+    /// recently used records, whose sessions then work only on a replica
+    /// that still holds them (docs/security.md says why evict).
+    #[arg(
+        long,
+        env = "SANDHUB_MCP_SESSIONS_PER_TENANT",
+        default_value_t = mcp_sessions::DEFAULT_PER_TENANT,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub mcp_sessions_per_tenant: u32,
 }
 
 /// A cached sandboxd client is rebuilt after this long (router tokens
@@ -366,6 +378,7 @@ impl KubeTenancy {
         let mcp_sessions = Arc::new(mcp_sessions::KubeMcpSessions::new(
             client.clone(),
             &args.namespace,
+            args.mcp_sessions_per_tenant as usize,
         ));
         spawn_mcp_session_sweeper(mcp_sessions.clone());
         Ok(KubeTenancy {
