@@ -210,6 +210,9 @@ async fn serve(
             let hub =
                 local::open(args.state_dir.clone(), &args.local, args.max_upload_bytes).await?;
             *local_hub = Some(hub.clone());
+            let webhooks = local::Hub::webhooks(&hub);
+            webhooks.add_own_address(args.listen);
+            webhooks.load_operator_file().await?;
             hub.spawn_background(args.reap_interval);
             // Gym envs live in the same store as their sandboxes, so a
             // restart keeps both; idle ones are closed on the reaper's beat.
