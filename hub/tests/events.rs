@@ -163,7 +163,6 @@ async fn whole_log(hub: &TestHub, key: &str, at_least: usize) -> Vec<Value> {
 async fn every_action_emits_its_event() {
     let hub = TestHub::start(HubOptions {
         api_keys: true,
-        extra_args: &["--reap-interval", "200ms"],
         ..Default::default()
     })
     .await;
@@ -516,7 +515,7 @@ async fn a_slow_consumer_is_cut_off_with_a_final_event_and_bounded_memory() {
         .await
         .unwrap();
     conn.write_all(
-        format!("GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE_KEY}\r\n\r\n")
+        format!("GET /v1/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {ALICE_KEY}\r\n\r\n")
             .as_bytes(),
     )
     .await
