@@ -874,3 +874,63 @@ async fn the_hubs_own_port_is_refused_even_with_loopback_open() {
         );
     }
 }
+
+/// `sandhub events` prints what the log keeps; `-f` follows new events.
+#[tokio::test]
+async fn the_cli_prints_and_follows_events() {
+    use std::io::BufRead;
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
+    call(&hub, ALICE_KEY, "PUT", "/v1/templates/one", Some(json!({}))).await;
+    let out = std::process::Command::new(common::EXE)
+        .args([
+            "events",
+            "--hub",
+            &hub.url(),
+            "--api-key",
+            ALICE_KEY,
+            "--output",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(types(&lines), ["template_changed"]);
+    let mut follow = std::process::Command::new(common::EXE)
+        .args([
+            "events",
+            "-f",
+            "--type",
+            "template_changed",
+            "--hub",
+            &hub.url(),
+            "--api-key",
+            ALICE_KEY,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follow.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    call(&hub, ALICE_KEY, "PUT", "/v1/templates/two", Some(json!({}))).await;
+    let line = rx.recv_timeout(WAIT).expect("a followed event");
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert!(
+        line.contains("template_changed") && line.contains("\"two\""),
+        "{line}"
+    );
+}

@@ -635,6 +635,25 @@ mod tests {
         assert_eq!(left.iter().map(|e| e.id).collect::<Vec<_>>(), vec![2, 3]);
     }
 
+    /// What an action pays to emit: a push and a notify, never a write.
+    #[test]
+    fn emitting_costs_microseconds() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::sqlite(&dir.path().join("db"), &args(), None).unwrap();
+        let labels = BTreeMap::from([("team".to_string(), "a".to_string())]);
+        let n = 20_000;
+        let start = Instant::now();
+        for _ in 0..n {
+            log.emit(NewEvent::sandbox("t", EventType::Created, "sb-1", &labels));
+        }
+        let each = start.elapsed() / n;
+        log.flush(Duration::from_secs(60));
+        eprintln!("emit: {each:?} per event (debug build)");
+        assert!(each < Duration::from_millis(1), "{each:?} per emit");
+        assert_eq!(log.dropped(), 0);
+        assert_eq!(log.after("t", 0, 100_000).unwrap().len(), n as usize);
+    }
+
     #[test]
     fn streams_are_capped_per_tenant() {
         let log = EventLog::memory(&args());
