@@ -127,14 +127,6 @@ pub trait Backend: Send + Sync + 'static {
     fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
         Vec::new()
     }
-    /// The lifecycle event log (`GET /v1/events`), where the backend keeps one.
-    fn events(&self) -> Option<Arc<crate::events::EventLog>> {
-        None
-    }
-    /// The tenants' webhooks (`/v1/webhooks`), where the backend has them.
-    fn webhooks(&self) -> Option<Arc<crate::webhooks::Webhooks>> {
-        None
-    }
     /// The images side: the local backend's store, or on Kubernetes
     /// pre-pull onto the nodes (which hold the images).
     fn images(&self) -> Option<Arc<dyn ImageService>> {

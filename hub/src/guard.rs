@@ -186,14 +186,6 @@ impl Backend for Guarded {
         self.inner.sandbox_count().await
     }
 
-    fn events(&self) -> Option<Arc<crate::events::EventLog>> {
-        self.inner.events()
-    }
-
-    fn webhooks(&self) -> Option<Arc<crate::webhooks::Webhooks>> {
-        self.inner.webhooks()
-    }
-
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         self.inner.images()
     }

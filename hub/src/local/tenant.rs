@@ -187,14 +187,6 @@ impl Backend for Arc<Hub> {
         Ok(self.store.all_sandboxes()?.len())
     }
 
-    fn events(&self) -> Option<Arc<crate::events::EventLog>> {
-        Some(Hub::events(self).clone())
-    }
-
-    fn webhooks(&self) -> Option<Arc<crate::webhooks::Webhooks>> {
-        Some(Hub::webhooks(self).clone())
-    }
-
     fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
         self.backend.egress.usage_by_tenant()
     }

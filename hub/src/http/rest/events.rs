@@ -138,7 +138,7 @@ async fn events(
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
     let filter = parse_filter(&q)?;
     let from = resume_from(&headers, &q)?;
-    let log = state.hub.events().ok_or_else(|| {
+    let log = state.events.clone().ok_or_else(|| {
         ApiError::new(
             Code::Unimplemented,
             "lifecycle events are not available on this backend",

@@ -20,7 +20,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 fn hooks(state: &AppState) -> ApiResult<Arc<Webhooks>> {
-    state.hub.webhooks().ok_or_else(|| {
+    state.webhooks.clone().ok_or_else(|| {
         ApiError::new(
             Code::Unimplemented,
             "webhooks are not available on this backend yet",
