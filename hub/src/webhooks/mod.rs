@@ -151,20 +151,12 @@ pub struct DeliveryList {
     pub deliveries: Vec<Attempt>,
 }
 
-/// One line of `--webhooks-file`.
+/// One entry of `--webhooks-file`: [`PutWebhook`]'s fields and the tenant.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct OperatorWebhook {
     tenant: String,
     name: String,
-    #[serde(flatten)]
-    spec: PutWebhookLoose,
-}
-
-/// As [`PutWebhook`], for `#[serde(flatten)]` (which cannot deny unknown
-/// fields itself; the outer struct does).
-#[derive(Debug, Clone, Deserialize)]
-struct PutWebhookLoose {
     url: String,
     #[serde(default)]
     events: Vec<String>,
@@ -236,9 +228,9 @@ impl Webhooks {
             .map_err(|e| anyhow::anyhow!("--webhooks-file {}: {e}", path.display()))?;
         for w in list {
             let spec = PutWebhook {
-                url: w.spec.url,
-                events: w.spec.events,
-                secret: w.spec.secret,
+                url: w.url,
+                events: w.events,
+                secret: w.secret,
             };
             self.put(&w.tenant, &w.name, spec).await.map_err(|e| {
                 anyhow::anyhow!("--webhooks-file: webhook {} of {}: {e}", w.name, w.tenant)
@@ -439,6 +431,48 @@ impl Webhooks {
             now + backoff.as_millis() as i64,
         ) {
             tracing::warn!(error = %e, "recording a webhook delivery");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(file: Option<PathBuf>) -> WebhookArgs {
+        WebhookArgs {
+            webhooks_file: file,
+            ..WebhookArgs::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_operator_file_puts_webhooks_and_refuses_bad_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hooks.json");
+        std::fs::write(
+            &file,
+            r#"[{"tenant": "alice", "name": "ops", "url": "http://hook.invalid/x",
+                 "events": ["deleted"], "secret": "0123456789abcdef"}]"#,
+        )
+        .unwrap();
+        let (hooks, _) = Webhooks::open(&dir.path().join("db"), &args(Some(file.clone()))).unwrap();
+        hooks.load_operator_file().await.unwrap();
+        let got = hooks.get("alice", "ops").unwrap();
+        assert_eq!(
+            (got.url.as_str(), got.events.clone()),
+            ("http://hook.invalid/x", vec!["deleted".to_string()])
+        );
+        assert!(
+            hooks.get("bob", "ops").is_err(),
+            "another tenant's name is not found"
+        );
+        for bad in [
+            r#"[{"tenant": "a", "name": "n", "url": "http://hook.invalid/", "secret": "0123456789abcdef", "colour": 1}]"#,
+            r#"[{"tenant": "a", "name": "n", "url": "http://169.254.169.254/", "secret": "0123456789abcdef"}]"#,
+        ] {
+            std::fs::write(&file, bad).unwrap();
+            assert!(hooks.load_operator_file().await.is_err(), "{bad}");
         }
     }
 }
