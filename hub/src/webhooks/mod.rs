@@ -244,12 +244,6 @@ impl Webhooks {
     pub async fn put(&self, tenant: &str, name: &str, spec: PutWebhook) -> Result<WebhookInfo> {
         validate::name("webhook", name)?;
         let target = outbound::parse(&spec.url).map_err(|e| invalid(format!("url: {e}")))?;
-        if let Err(Unreachable::Refused(e)) = self.outbound.resolve(&target).await {
-            return Err(Error::new(
-                Code::PermissionDenied,
-                format!("url: {e} (webhooks obey the egress closed ranges)"),
-            ));
-        }
         let mut events = Vec::new();
         for t in &spec.events {
             let kind = EventType::parse(t).ok_or_else(|| {
@@ -266,6 +260,13 @@ impl Webhooks {
             return Err(invalid(format!(
                 "secret: must be {MIN_SECRET} to {MAX_SECRET} bytes"
             )));
+        }
+        // Last: only a request valid in every other way resolves a name.
+        if let Err(Unreachable::Refused(e)) = self.outbound.resolve(&target).await {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!("url: {e} (webhooks obey the egress closed ranges)"),
+            ));
         }
         let row = WebhookRow {
             tenant: tenant.to_string(),
@@ -452,7 +453,7 @@ mod tests {
         let file = dir.path().join("hooks.json");
         std::fs::write(
             &file,
-            r#"[{"tenant": "alice", "name": "ops", "url": "http://hook.invalid/x",
+            r#"[{"tenant": "alice", "name": "ops", "url": "http://192.0.2.1/x",
                  "events": ["deleted"], "secret": "0123456789abcdef"}]"#,
         )
         .unwrap();
@@ -461,14 +462,14 @@ mod tests {
         let got = hooks.get("alice", "ops").unwrap();
         assert_eq!(
             (got.url.as_str(), got.events.clone()),
-            ("http://hook.invalid/x", vec!["deleted".to_string()])
+            ("http://192.0.2.1/x", vec!["deleted".to_string()])
         );
         assert!(
             hooks.get("bob", "ops").is_err(),
             "another tenant's name is not found"
         );
         for bad in [
-            r#"[{"tenant": "a", "name": "n", "url": "http://hook.invalid/", "secret": "0123456789abcdef", "colour": 1}]"#,
+            r#"[{"tenant": "a", "name": "n", "url": "http://192.0.2.1/", "secret": "0123456789abcdef", "colour": 1}]"#,
             r#"[{"tenant": "a", "name": "n", "url": "http://169.254.169.254/", "secret": "0123456789abcdef"}]"#,
         ] {
             std::fs::write(&file, bad).unwrap();
