@@ -31,6 +31,11 @@
 //!   one tenant's view split into `kube::tenant`'s sandboxes, templates and
 //!   pools).
 //! - [`policy`]: the operator's sandbox defaults and tenant quotas, for both.
+//! - [`events`]: lifecycle events, one vocabulary for both backends: the
+//!   log (SQLite on the local backend, a ring on kubernetes) and its live
+//!   feed, which `GET /v1/events` streams.
+//! - [`webhooks`]: signed webhooks of those events (the local backend's
+//!   outbox in its SQLite file, the outbound address rules, the deliverer).
 //! - [`entrypoint`]: whether a sandbox's entrypoint runs, or how it ended, for both.
 //! - [`proc_net`]: the kernel's TCP tables (what listens in a sandbox), for both.
 //! - [`secrets_file`]: the operator's secret values (`--secrets-file`), for
@@ -47,6 +52,7 @@ pub mod backend;
 pub mod cli;
 pub mod egress_proxy;
 pub mod entrypoint;
+pub mod events;
 pub mod gauges;
 pub mod guard;
 pub mod http;
@@ -58,6 +64,7 @@ pub mod policy;
 pub mod proc_net;
 pub mod secrets_file;
 pub mod serve;
+pub mod webhooks;
 
 pub use backend::{Backend, TenantView};
 pub use http::{app, AppState, Limits};

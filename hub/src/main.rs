@@ -65,6 +65,8 @@ enum Command {
     /// Show a sandbox's network, or narrow it while it runs (`--allow-out`,
     /// `--deny-out`, `--none`): new connections follow at once.
     Network(cli::network::NetworkArgs),
+    /// Lifecycle events: what the hub keeps, or `-f` to follow new ones.
+    Events(cli::events::EventsArgs),
     /// Kubernetes: the egress gateway in proxy form (HTTP CONNECT, SOCKS5)
     /// for `network: egress` Pods; the `sandhub-egress` Deployment runs it.
     EgressProxy(Box<sandhub::egress_proxy::EgressProxyArgs>),
@@ -104,6 +106,7 @@ fn main() -> anyhow::Result<()> {
             Command::Snapshot(args) => cli::exit(cli::snapshot::run(args).await),
             Command::Fork(args) => cli::exit(cli::sandbox::fork(args).await),
             Command::Network(args) => cli::exit(cli::network::run(args).await),
+            Command::Events(args) => cli::exit(cli::events::run(args).await),
             Command::EgressProxy(args) => sandhub::egress_proxy::run(*args).await,
         }
     })

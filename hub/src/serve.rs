@@ -205,11 +205,17 @@ async fn serve(
     nofile: u64,
     local_hub: &mut Option<Arc<local::Hub>>,
 ) -> anyhow::Result<()> {
+    let (mut events, mut webhooks) = (None, None);
     let (hub, gym, where_): (Arc<dyn Backend>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub =
                 local::open(args.state_dir.clone(), &args.local, args.max_upload_bytes).await?;
             *local_hub = Some(hub.clone());
+            let hooks = local::Hub::webhooks(&hub).clone();
+            hooks.add_own_address(args.listen);
+            hooks.load_operator_file().await?;
+            events = Some(local::Hub::events(&hub).clone());
+            webhooks = Some(hooks);
             hub.spawn_background(args.reap_interval);
             // Gym envs live in the same store as their sandboxes, so a
             // restart keeps both; idle ones are closed on the reaper's beat.
@@ -277,6 +283,8 @@ async fn serve(
             hosts,
             ports: Arc::new(PortPool::new(args.ports.limits(nofile))),
             draining: draining.clone(),
+            events,
+            webhooks,
         },
         keys,
         e2b.clone(),

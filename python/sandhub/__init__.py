@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ._async import (
     AsyncCommands,
+    AsyncEvents,
     AsyncFiles,
     AsyncHub,
     AsyncPorts,
@@ -29,6 +30,7 @@ from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncT
 from ._sandhub import __version__
 from ._sync import (
     Commands,
+    Events,
     Files,
     Hub,
     Ports,
@@ -78,11 +80,12 @@ from .types import (
     Template,
     WatchEvent,
 )
+from .webhooks import verify_webhook
 
 __all__ = [
     "__version__",
     "Hub", "Sandbox", "Sandboxd", "Commands", "ProcessHandle", "Files", "Watcher", "Watch", "Ports",
-    "Gym", "Env", "Templates", "Pools", "Images",
+    "Gym", "Env", "Templates", "Pools", "Images", "Events", "AsyncEvents", "verify_webhook",
     "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
     "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages",
     "CommandResult", "EntrypointStatus", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",

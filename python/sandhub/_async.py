@@ -259,6 +259,38 @@ class AsyncWatch:
         self.close()
 
 
+class AsyncEvents:
+    """The hub's lifecycle events for this API key's tenant (``GET /v1/events``):
+    iterate for event dicts (``id``, ``type``, ``time``, ``sandbox_id``, ``pool``,
+    ``labels``, ``details``); ``close()`` stops it. ``last_event_id`` is the id of
+    the last event yielded: pass it to :meth:`AsyncHub.events` to resume."""
+
+    def __init__(self, native: NativeClient, filter: dict[str, Any]) -> None:
+        self._native, self._filter = native, filter
+        self._stream: Any = None
+        self.last_event_id: int | None = filter.get("last_event_id")
+
+    def __repr__(self) -> str:
+        return f"<AsyncEvents filter={self._filter!r}>"
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        self._stream = await self._native.events(c.dumps(self._filter))
+        while (raw := await self._stream.next_event()) is not None:
+            event: dict[str, Any] = c.loads(raw)
+            self.last_event_id = event["id"]
+            yield event
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+    async def __aenter__(self) -> AsyncEvents:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
 class AsyncWatcher:
     """Filesystem watches in one sandbox (``sandbox.watcher``)."""
 
@@ -451,6 +483,25 @@ class AsyncHub:
     async def close(self) -> None:
         """Releases nothing the process must wait for: connections are
         pooled and closed when the last object using them goes."""
+
+    def events(
+        self,
+        *,
+        sandbox: str | None = None,
+        types: list[str] | None = None,
+        labels: dict[str, str] | None = None,
+        last_event_id: int | None = None,
+    ) -> AsyncEvents:
+        """Lifecycle events (see docs/events.md), filtered by sandbox id, event
+        types and sandbox labels. ``last_event_id`` resumes after that id (``0``:
+        everything the hub keeps); without it the stream starts at the newest
+        event. Iterating opens the stream; it follows live events until closed."""
+        f: dict[str, Any] = {"types": list(types or []), "labels": dict(labels or {})}
+        if sandbox is not None:
+            f["sandbox"] = sandbox
+        if last_event_id is not None:
+            f["last_event_id"] = last_event_id
+        return AsyncEvents(self._native, f)
 
     async def health(self) -> str:
         """The hub's liveness answer (``ok``)."""

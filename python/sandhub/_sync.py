@@ -259,6 +259,38 @@ class Watch:
         self.close()
 
 
+class Events:
+    """The hub's lifecycle events for this API key's tenant (``GET /v1/events``):
+    iterate for event dicts (``id``, ``type``, ``time``, ``sandbox_id``, ``pool``,
+    ``labels``, ``details``); ``close()`` stops it. ``last_event_id`` is the id of
+    the last event yielded: pass it to :meth:`Hub.events` to resume."""
+
+    def __init__(self, native: NativeClient, filter: dict[str, Any]) -> None:
+        self._native, self._filter = native, filter
+        self._stream: Any = None
+        self.last_event_id: int | None = filter.get("last_event_id")
+
+    def __repr__(self) -> str:
+        return f"<Events filter={self._filter!r}>"
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._stream = self._native.events(c.dumps(self._filter))
+        while (raw := self._stream.next_event()) is not None:
+            event: dict[str, Any] = c.loads(raw)
+            self.last_event_id = event["id"]
+            yield event
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+    def __enter__(self) -> Events:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Watcher:
     """Filesystem watches in one sandbox (``sandbox.watcher``)."""
 
@@ -451,6 +483,25 @@ class Hub:
     def close(self) -> None:
         """Releases nothing the process must wait for: connections are
         pooled and closed when the last object using them goes."""
+
+    def events(
+        self,
+        *,
+        sandbox: str | None = None,
+        types: list[str] | None = None,
+        labels: dict[str, str] | None = None,
+        last_event_id: int | None = None,
+    ) -> Events:
+        """Lifecycle events (see docs/events.md), filtered by sandbox id, event
+        types and sandbox labels. ``last_event_id`` resumes after that id (``0``:
+        everything the hub keeps); without it the stream starts at the newest
+        event. Iterating opens the stream; it follows live events until closed."""
+        f: dict[str, Any] = {"types": list(types or []), "labels": dict(labels or {})}
+        if sandbox is not None:
+            f["sandbox"] = sandbox
+        if last_event_id is not None:
+            f["last_event_id"] = last_event_id
+        return Events(self._native, f)
 
     def health(self) -> str:
         """The hub's liveness answer (``ok``)."""

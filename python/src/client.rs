@@ -23,8 +23,21 @@ use crate::{
     backend::{retry_read, Backend},
     errors::Failure,
     runtime::{call, rt},
-    streams::{json, next_chunk, FileReader, FileWriter, ProcessStream, WatchStream},
+    streams::{json, next_chunk, EventStream, FileReader, FileWriter, ProcessStream, WatchStream},
 };
+
+/// `NativeClient.events`' filter, as the Python face writes it.
+#[derive(serde::Deserialize)]
+struct EventFilterJson {
+    #[serde(default)]
+    sandbox: Option<String>,
+    #[serde(default)]
+    types: Vec<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    last_event_id: Option<u64>,
+}
 
 #[pyclass(module = "sandhub._sandhub", frozen)]
 pub struct NativeClient {
@@ -347,6 +360,23 @@ impl NativeClient {
         run!(self, py, |b| Ok(WatchStream::new(
             asynchronous,
             b.watch(&id, &path, recursive).await?
+        )))
+    }
+
+    /// `GET /v1/events`; `filter` is JSON: `sandbox`, `types`, `labels`,
+    /// `last_event_id` (each optional).
+    fn events<'py>(&self, py: Python<'py>, filter: &str) -> PyResult<Bound<'py, PyAny>> {
+        let asynchronous = self.asynchronous;
+        let filter: EventFilterJson = parse("event filter", filter)?;
+        let filter = sandhub_client::http::EventFilter {
+            sandbox: filter.sandbox,
+            types: filter.types,
+            labels: filter.labels,
+            last_event_id: filter.last_event_id,
+        };
+        run!(self, py, |b| Ok(EventStream::new(
+            asynchronous,
+            b.hub()?.events(&filter).await?
         )))
     }
 

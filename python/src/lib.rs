@@ -20,6 +20,7 @@ fn _sandhub(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<streams::FileReader>()?;
     m.add_class::<streams::FileWriter>()?;
     m.add_class::<streams::WatchStream>()?;
+    m.add_class::<streams::EventStream>()?;
     // Before finalization, no worker thread may still be handing a result
     // to asyncio (see runtime/awaitable.rs).
     let quiesce = wrap_pyfunction!(runtime::awaitable::quiesce, m)?;

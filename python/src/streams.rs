@@ -326,6 +326,65 @@ impl WatchStream {
     }
 }
 
+/// Lifecycle events (`GET /v1/events`), one JSON object each.
+#[pyclass(module = "sandhub._sandhub", frozen)]
+pub struct EventStream {
+    asynchronous: bool,
+    events: Arc<Mutex<Option<futures::stream::BoxStream<'static, Result<serde_json::Value>>>>>,
+    closed: Arc<Notify>,
+}
+
+impl EventStream {
+    pub fn new(
+        asynchronous: bool,
+        events: futures::stream::BoxStream<'static, Result<serde_json::Value>>,
+    ) -> Self {
+        EventStream {
+            asynchronous,
+            events: Arc::new(Mutex::new(Some(events))),
+            closed: Arc::new(Notify::new()),
+        }
+    }
+}
+
+#[pymethods]
+impl EventStream {
+    /// The next event as JSON, or None when the stream ended or was closed.
+    fn next_event<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let events = self.events.clone();
+        let closed = self.closed.clone();
+        call(py, self.asynchronous, async move {
+            let mut guard = events.lock().await;
+            let Some(stream) = guard.as_mut() else {
+                return Ok(None);
+            };
+            let item = tokio::select! {
+                item = stream.next() => item,
+                () = closed.notified() => None,
+            };
+            match item {
+                None => {
+                    *guard = None;
+                    Ok(None)
+                }
+                Some(Err(e)) => {
+                    *guard = None;
+                    Err(Failure::from(e))
+                }
+                Some(Ok(event)) => Ok(Some(event.to_string())),
+            }
+        })
+    }
+
+    /// Stops the stream: a waiting read returns None.
+    fn close(&self) {
+        self.closed.notify_one();
+        if let Ok(mut guard) = self.events.try_lock() {
+            *guard = None;
+        }
+    }
+}
+
 pub fn json<T: serde::Serialize>(value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|e| Error::internal(format!("encoding JSON: {e}")))
 }

@@ -33,6 +33,10 @@ FUZZ_BUDGET_S = int(os.environ.get("SANDHUB_FUZZ_SECONDS", "120"))
 EXCLUDED_PATHS = [
     "/v1/sandboxes/{id}/pty",  # WebSocket
     "/v1/sandboxes/{id}/watch",  # Server-Sent Events, endless
+    "/v1/events",  # Server-Sent Events, endless (hub/tests/events.rs)
+    # A generated URL names some host on the internet, which the hub would
+    # resolve (hub/tests/events.rs checks its fields and addresses).
+    "/v1/webhooks/{name}",
     "/v1/sandboxes/{id}/processes",  # NDJSON stream
     # A proxy: its answers are the sandbox server's, and nothing listening
     # is UNAVAILABLE (503) by contract (hub/tests/ports.rs checks both).

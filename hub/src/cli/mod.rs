@@ -10,6 +10,7 @@
 
 pub mod args;
 pub mod cp;
+pub mod events;
 pub mod exec;
 pub mod image;
 pub mod network;

@@ -83,6 +83,10 @@ pub struct AppState {
     /// Set once the hub is stopping: `/readyz` fails, so load balancers
     /// send new requests to other replicas while this one finishes its own.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
+    /// The lifecycle event log (`GET /v1/events`), where the backend keeps one.
+    pub events: Option<Arc<crate::events::EventLog>>,
+    /// The tenants' webhooks (`/v1/webhooks`), where the backend has them.
+    pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
 }
 
 /// Marks a request that came to a sandbox's own host (`{port}-{id}.D`):

@@ -20,6 +20,7 @@ use utoipa::OpenApi;
         (name = "templates", description = "What a sandbox is"),
         (name = "secrets", description = "Values the egress gateway puts into requests; write-only"),
         (name = "pools", description = "Warm sandboxes, claimed in milliseconds"),
+        (name = "events", description = "Lifecycle events: a resumable stream, and signed webhooks"),
         (name = "ports", description = "TCP servers inside a sandbox, proxied (HTTP, SSE, WebSocket)"),
         (name = "images", description = "The local image store: import, list, remove, prune; pre-pull on either backend"),
         (name = "gym", description = "Gym-style environments for RL trainers"),

@@ -27,6 +27,7 @@ use super::{
 };
 use crate::{
     backend::{now_ms, rfc3339},
+    events::{DeleteReason, EventLog, EventType, NewEvent},
     policy::Policy,
 };
 
@@ -55,6 +56,10 @@ pub struct Hub {
     pub(super) lifecycle: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Most bytes of snapshots one tenant may keep; 0: no limit.
     pub(super) max_snapshot_bytes: AtomicU64,
+    /// Lifecycle events, emitted where each action happens.
+    pub(super) events: Arc<EventLog>,
+    /// The tenants' webhooks of those events.
+    pub(super) webhooks: Arc<crate::webhooks::Webhooks>,
 }
 
 /// A pool's run of failed warm starts.
@@ -171,6 +176,8 @@ impl Hub {
         backend: LocalBackend,
         template_dirs: Vec<PathBuf>,
         policy: Policy,
+        events: Arc<EventLog>,
+        webhooks: Arc<crate::webhooks::Webhooks>,
     ) -> Arc<Self> {
         Arc::new(Hub {
             store,
@@ -184,6 +191,8 @@ impl Hub {
             pool_failures: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
             max_snapshot_bytes: AtomicU64::new(0),
+            events,
+            webhooks,
         })
     }
 
@@ -356,14 +365,53 @@ impl Hub {
 
     /// Creates a cold sandbox row (within the tenant's quota) and starts
     /// it; on failure nothing is left.
+    /// Claimed rows (a caller's) emit `created`, then `ready` or `deleted`
+    /// (`start_failed`); a warm member is the tenant's only once claimed.
     pub(super) async fn create_cold(&self, mut row: SandboxRow) -> Result<SandboxRow> {
         self.admit(&row)?;
+        if row.claimed {
+            self.emit(
+                self.sandbox_event(&row, EventType::Created)
+                    .detail("template", row.template.as_str())
+                    .detail("launch", "cold"),
+            );
+        }
         if let Err(e) = self.start(&mut row).await {
             let _ = self.backend.destroy(&row).await;
             let _ = self.store.delete_sandbox(&row.id);
+            if row.claimed {
+                self.emit(
+                    self.sandbox_event(&row, EventType::Deleted)
+                        .reason(DeleteReason::StartFailed)
+                        .detail("last_error", e.to_string()),
+                );
+            }
             return Err(e);
         }
+        if row.claimed {
+            self.emit(self.sandbox_event(&row, EventType::Ready));
+        }
         Ok(row)
+    }
+
+    /// Records a lifecycle event (see [`EventLog::emit`]: never waits).
+    pub fn emit(&self, event: NewEvent) {
+        self.events.emit(event);
+    }
+
+    /// The event log, for the front doors' `GET /v1/events`.
+    pub fn events(&self) -> &Arc<EventLog> {
+        &self.events
+    }
+
+    /// The webhooks, for `/v1/webhooks` and `sandhub serve`'s setup.
+    pub fn webhooks(&self) -> &Arc<crate::webhooks::Webhooks> {
+        &self.webhooks
+    }
+
+    /// An event of `row`'s sandbox, with its tenant and labels.
+    pub(super) fn sandbox_event(&self, row: &SandboxRow, kind: EventType) -> NewEvent {
+        NewEvent::sandbox(&row.tenant, kind, &row.id, &row.labels)
     }
 
     pub(super) async fn remove(&self, row: &SandboxRow) -> Result<()> {

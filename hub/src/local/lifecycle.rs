@@ -12,7 +12,10 @@ use super::{
     plan::{self, Verdict},
     store::{found, SandboxRow},
 };
-use crate::backend::now_ms;
+use crate::{
+    backend::now_ms,
+    events::{DeleteReason, EventType},
+};
 
 impl Hub {
     /// The lifecycle lock of a sandbox that exists (unknown ids get none,
@@ -66,6 +69,10 @@ impl Hub {
             }
             if row.claimed {
                 self.finish(&row.id, now_ms())?;
+                self.emit(
+                    self.sandbox_event(&row, EventType::Finished)
+                        .detail("reason", "hub_recovery"),
+                );
             } else {
                 // A dead warm member is worth nothing; the refiller replaces it.
                 let _ = self.remove(&row).await;
@@ -107,6 +114,13 @@ impl Hub {
                     match self.remove(&row).await {
                         Ok(()) => {
                             self.lifecycle.lock().unwrap().remove(&row.id);
+                            self.emit(self.sandbox_event(&row, EventType::Deleted).reason(
+                                if verdict == Verdict::Idle {
+                                    DeleteReason::IdleTimeout
+                                } else {
+                                    DeleteReason::Deadline
+                                },
+                            ));
                         }
                         Err(e) => {
                             tracing::warn!(id = %row.id, error = %e, "removing an expired sandbox")
@@ -118,6 +132,10 @@ impl Hub {
                     self.forget_client(&row.id);
                     let _ = self.backend.stop(&row).await;
                     self.finish(&row.id, now)?;
+                    self.emit(
+                        self.sandbox_event(&row, EventType::Finished)
+                            .detail("reason", "died"),
+                    );
                 }
                 // A running process is activity: an idle clock restarts.
                 Verdict::Touch => {
@@ -151,12 +169,20 @@ impl Hub {
             tracing::info!(id = %row.id, "removing a Finished sandbox past its time to live");
             if self.remove(row).await.is_ok() {
                 self.lifecycle.lock().unwrap().remove(&row.id);
+                if row.claimed {
+                    self.emit(
+                        self.sandbox_event(row, EventType::Deleted)
+                            .reason(DeleteReason::Reaped),
+                    );
+                }
             }
         }
     }
 
-    /// Runs the refiller and the reaper until the process ends.
+    /// Runs the refiller, the reaper and the webhook deliverer until the
+    /// process ends.
     pub fn spawn_background(self: &Arc<Self>, reap_every: Duration) {
+        self.webhooks.spawn_deliverer();
         let hub = self.clone();
         tokio::spawn(async move {
             loop {

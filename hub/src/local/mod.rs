@@ -85,6 +85,12 @@ pub struct LocalArgs {
 
     #[command(flatten)]
     pub egress: egress::EgressArgs,
+
+    #[command(flatten)]
+    pub events: crate::events::EventArgs,
+
+    #[command(flatten)]
+    pub webhooks: crate::webhooks::WebhookArgs,
 }
 
 /// Default of `--max-image-bytes`.
@@ -175,6 +181,13 @@ pub async fn open(
         .with_context(|| format!("creating state dir {}", state_dir.display()))?;
     let store = Store::open(&state_dir.join("sandhub.db"))
         .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
+    // Webhooks first: their outbox is written in each event's transaction.
+    let (webhooks, outbox) =
+        crate::webhooks::Webhooks::open(&state_dir.join("sandhub.db"), &local.webhooks)
+            .context("opening the webhook store")?;
+    let events =
+        crate::events::EventLog::sqlite(&state_dir.join("sandhub.db"), &local.events, Some(outbox))
+            .map_err(|e| anyhow::anyhow!("opening the event log: {e}"))?;
     let backend = LocalBackend::new(
         &state_dir,
         local.allow_no_cgroup_limits,
@@ -186,7 +199,7 @@ pub async fn open(
     local.registry.check()?;
     backend.images.configure_pulls(local.registry.clone());
     tracing::info!(?policy, "sandbox limits and tenant quotas");
-    let hub = Hub::new(store, backend, template_dirs, policy);
+    let hub = Hub::new(store, backend, template_dirs, policy, events, webhooks);
     hub.set_max_snapshot_bytes(
         local
             .disk

@@ -11,7 +11,10 @@ use super::{
     plan::{self, PoolPlan},
     store::{PoolRow, SandboxRow},
 };
-use crate::backend::{new_id, now_ms};
+use crate::{
+    backend::{new_id, now_ms},
+    events::{EventType, NewEvent},
+};
 
 impl Hub {
     /// One pass of every pool: start missing members, remove extra ones.
@@ -77,6 +80,12 @@ impl Hub {
                     f.error = e.to_string();
                     tracing::warn!(pool = %pool.name, error = %e, failures = f.failures,
                         retry_in = ?wait, "starting a warm sandbox");
+                    hub.emit(
+                        NewEvent::pool(&pool.tenant, EventType::PoolStartFailed, Some(&pool.name))
+                            .detail("last_error", e.to_string())
+                            .detail("failures", f.failures)
+                            .detail("retry_in_ms", wait.as_millis() as u64),
+                    );
                 }
             }
             if let Some(n) = hub.launching.lock().unwrap().get_mut(&key) {

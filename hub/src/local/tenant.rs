@@ -26,7 +26,10 @@ use super::{
     hub::{check_template, invalid, snapshot_to_api, to_api, Hub},
     store::{found, Claim, PoolRow, SandboxRow, SnapshotRow},
 };
-use crate::backend::{new_id, now_ms, Backend, TenantView};
+use crate::{
+    backend::{new_id, now_ms, Backend, TenantView},
+    events::{DeleteReason, EventType, NewEvent},
+};
 
 impl Hub {
     /// The view one API key has.
@@ -264,8 +267,17 @@ impl Sandboxes for TenantHub {
             };
             if let Some(row) = hub.store.claim_warm(&claim)? {
                 hub.pools_changed.notify_one();
+                hub.emit(
+                    hub.sandbox_event(&row, EventType::Claimed)
+                        .with_pool(Some(&pool.name))
+                        .detail("template", row.template.as_str()),
+                );
                 return Ok(hub.view(&row).await);
             }
+            hub.emit(
+                NewEvent::pool(&self.tenant, EventType::PoolStarved, Some(&pool.name))
+                    .detail("template", pool.template.as_str()),
+            );
         }
         let row = SandboxRow {
             id: new_id("sb"),
@@ -311,6 +323,11 @@ impl Sandboxes for TenantHub {
         let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
         self.hub.remove(&row).await?;
         self.hub.lifecycle.lock().unwrap().remove(id);
+        self.hub.emit(
+            self.hub
+                .sandbox_event(&row, EventType::Deleted)
+                .reason(DeleteReason::ByCaller),
+        );
         Ok(())
     }
 
@@ -411,6 +428,8 @@ impl Sandboxes for TenantHub {
         self.hub
             .store
             .set_runtime(id, SandboxState::Suspended, row.runtime.as_ref())?;
+        self.hub
+            .emit(self.hub.sandbox_event(&row, EventType::Suspended));
         Ok(to_api(&row))
     }
 
@@ -425,6 +444,8 @@ impl Sandboxes for TenantHub {
         }
         self.hub.start(&mut row).await?;
         let _ = self.hub.store.touch(id, now_ms());
+        self.hub
+            .emit(self.hub.sandbox_event(&row, EventType::Resumed));
         Ok(self.hub.view(&row).await)
     }
 
@@ -452,6 +473,12 @@ impl Sandboxes for TenantHub {
         };
         snap.size_bytes = Some(self.hub.backend.snapshot(&row, &snap.id).await?);
         self.hub.store.insert_snapshot(&snap)?;
+        self.hub.emit(
+            self.hub
+                .sandbox_event(&row, EventType::Snapshotted)
+                .detail("snapshot_id", snap.id.as_str())
+                .detail("size_bytes", snap.size_bytes.unwrap_or(0)),
+        );
         Ok(snapshot_to_api(snap))
     }
 
@@ -486,6 +513,8 @@ impl Sandboxes for TenantHub {
         let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let (row, _) = self.hub.running(&self.tenant, id, "reset")?;
         self.hub.backend.reset(&row).await?;
+        self.hub
+            .emit(self.hub.sandbox_event(&row, EventType::Reset));
         Ok(self.hub.view(&row).await)
     }
 
@@ -536,6 +565,12 @@ impl Sandboxes for TenantHub {
             runtime: None,
         };
         let row = self.hub.create_cold(row).await?;
+        self.hub.emit(
+            self.hub
+                .sandbox_event(&source, EventType::Forked)
+                .detail("fork_id", row.id.as_str())
+                .detail("snapshot_id", row.forked_from.clone().unwrap_or_default()),
+        );
         Ok(self.hub.view(&row).await)
     }
 
@@ -548,7 +583,13 @@ impl Sandboxes for TenantHub {
             self.hub.backend.images.get(&self.tenant, image)?;
         }
         self.hub.policy.admit_template(&template)?;
+        let replaced = self.hub.store.get_template(&self.tenant, name)?.is_some();
         self.hub.store.put_template(&self.tenant, name, &template)?;
+        self.hub.emit(
+            NewEvent::pool(&self.tenant, EventType::TemplateChanged, None)
+                .detail("template", name)
+                .detail("replaced", replaced),
+        );
         Ok(NamedTemplate {
             name: name.to_string(),
             template,
@@ -632,6 +673,11 @@ impl Sandboxes for TenantHub {
                 for m in self.hub.store.pool_members(&self.tenant, name)? {
                     let _ = self.hub.remove(&m).await;
                 }
+                self.hub.emit(
+                    NewEvent::pool(&self.tenant, EventType::TemplateChanged, Some(name))
+                        .detail("template", row.template.as_str())
+                        .detail("previous", old.template.as_str()),
+                );
             }
         }
         self.hub.store.put_pool(&row)?;

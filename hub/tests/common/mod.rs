@@ -309,6 +309,11 @@ impl TestHub {
         None
     }
 
+    /// The hub's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// `kill -9` of the hub; its sandboxes keep running.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

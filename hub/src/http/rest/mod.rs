@@ -1,6 +1,7 @@
 //! The hub's REST API (`/v1/...`), described by `GET /openapi.json`, and
 //! the service's own probes and metrics (`health`).
 
+mod events;
 mod files;
 pub mod health;
 pub mod images;
@@ -11,6 +12,7 @@ mod processes;
 mod sandboxes;
 mod secrets;
 mod templates;
+mod webhooks;
 
 use utoipa_axum::router::OpenApiRouter;
 
@@ -24,6 +26,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(files::routes())
         .merge(templates::routes())
         .merge(secrets::routes())
+        .merge(events::routes())
+        .merge(webhooks::routes())
         .merge(pools::routes())
         .merge(ports::routes())
         .merge(images::routes())
