@@ -2199,6 +2199,12 @@ async fn operations_are_timed_by_op_backend_and_outcome() {
         Some(1),
         "{text}"
     );
+    // Lifecycle events are counted by type and reason (the reaper's and
+    // recovery's counters are rows of the same family).
+    assert!(
+        text.contains(r#"sandhub_events_total{type="deleted",reason="by_caller"} 1"#),
+        "{text}"
+    );
     // The sandbox id a caller sent never becomes a label.
     assert!(
         !text.contains("no-such-sandbox") && !text.contains(&id),

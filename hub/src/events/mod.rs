@@ -338,9 +338,25 @@ pub struct EventLog {
     args: EventArgs,
     streams: Mutex<HashMap<String, usize>>,
     dropped: AtomicU64,
+    /// Events emitted by type and reason since the hub started, for
+    /// `sandhub_events_total` (the reaper's and recovery's counters are its
+    /// `deleted`/`finished` rows). Keys come from closed sets only.
+    counts: Mutex<HashMap<(&'static str, &'static str), u64>>,
     /// Signalled after each batch is stored (for [`EventLog::flush`]).
     flushed: Condvar,
 }
+
+/// The reasons a `reason` detail may carry, as metric label values; any
+/// other value (none is emitted today) is counted as `other`.
+const REASONS: &[&str] = &[
+    "by_caller",
+    "deadline",
+    "idle_timeout",
+    "reaped",
+    "start_failed",
+    "died",
+    "hub_recovery",
+];
 
 impl EventLog {
     /// The local backend's log, in the hub's SQLite file at `db`; `hook`
@@ -374,6 +390,7 @@ impl EventLog {
             args: args.clone(),
             streams: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
+            counts: Mutex::new(HashMap::new()),
             flushed: Condvar::new(),
         });
         let writer = log.clone();
@@ -391,6 +408,20 @@ impl EventLog {
     /// Records an event. Never blocks on storage and never fails: the
     /// action it records must not pay for it (see the module docs).
     pub fn emit(&self, event: NewEvent) {
+        let reason = match event.details.get("reason").and_then(|r| r.as_str()) {
+            None => "",
+            Some(r) => REASONS
+                .iter()
+                .find(|k| **k == r)
+                .copied()
+                .unwrap_or("other"),
+        };
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((event.kind.as_str(), reason))
+            .or_default() += 1;
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.pending.len() >= MAX_QUEUED {
             drop(q);
@@ -403,6 +434,13 @@ impl EventLog {
         q.pending.push_back(event);
         drop(q);
         self.wake.notify_one();
+    }
+
+    /// Events emitted since the hub started, by type and reason (`""`
+    /// where the type has none).
+    pub fn counts(&self) -> Vec<((&'static str, &'static str), u64)> {
+        let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        c.iter().map(|(k, v)| (*k, *v)).collect()
     }
 
     /// Events dropped because the queue was full.

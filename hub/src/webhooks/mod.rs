@@ -178,6 +178,19 @@ pub struct Webhooks {
     outbound: Outbound,
     args: WebhookArgs,
     wake: Arc<Notify>,
+    /// Attempts since the hub started, for `sandhub_webhook_deliveries_total`.
+    pub outcomes: DeliveryOutcomes,
+}
+
+/// Delivery attempts by how they ended.
+#[derive(Default)]
+pub struct DeliveryOutcomes {
+    /// The receiver answered 2xx.
+    pub delivered: std::sync::atomic::AtomicU64,
+    /// It failed and will be retried.
+    pub retrying: std::sync::atomic::AtomicU64,
+    /// It failed past `--webhook-max-age`: given up.
+    pub gave_up: std::sync::atomic::AtomicU64,
 }
 
 impl Webhooks {
@@ -203,6 +216,7 @@ impl Webhooks {
             ),
             args: args.clone(),
             wake: wake.clone(),
+            outcomes: DeliveryOutcomes::default(),
         });
         let outbox = Arc::new(Outbox {
             max_per_tenant: args.webhook_max_outbox_per_tenant,
@@ -409,6 +423,12 @@ impl Webhooks {
             .webhook_backoff
             .saturating_mul(1u32 << (attempt - 1).min(20))
             .min(self.args.webhook_max_backoff);
+        let outcome = match (delivered, expired) {
+            (true, _) => &self.outcomes.delivered,
+            (false, false) => &self.outcomes.retrying,
+            (false, true) => &self.outcomes.gave_up,
+        };
+        outcome.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(e) = &error {
             tracing::info!(tenant = %row.tenant, webhook = %row.name, event = row.event_id,
                 attempt, error = %e, gave_up = expired, "webhook delivery failed");

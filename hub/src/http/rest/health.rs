@@ -54,6 +54,22 @@ pub struct Metrics {
     pub operations: Arc<crate::ops::Operations>,
     /// Pools' and tenants' gauges (`crate::gauges`).
     pub gauges: crate::gauges::GaugeMetrics,
+    /// `sandhub_events_total{type, reason}`, from the event log's counts.
+    pub events: Family<EventLabels, Counter>,
+    pub events_dropped: Counter,
+    /// `sandhub_webhook_deliveries_total{outcome}`.
+    pub webhook_deliveries: Family<OutcomeLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    pub r#type: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
 }
 
 impl Default for Metrics {
@@ -119,8 +135,30 @@ impl Default for Metrics {
         operations.register(&mut registry);
         let gauges = crate::gauges::GaugeMetrics::default();
         gauges.register(&mut registry);
+        let events = Family::<EventLabels, Counter>::default();
+        let events_dropped = Counter::default();
+        let webhook_deliveries = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "events",
+            "Lifecycle events by type and reason (deleted by the reaper: reason deadline, \
+             idle_timeout or reaped; recovery: hub_recovery)",
+            events.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Lifecycle events dropped because the event queue was full",
+            events_dropped.clone(),
+        );
+        registry.register(
+            "webhook_deliveries",
+            "Webhook delivery attempts by outcome (delivered, retrying, gave_up)",
+            webhook_deliveries.clone(),
+        );
         Metrics {
             gauges,
+            events,
+            events_dropped,
+            webhook_deliveries,
             egress,
             operations,
             registry,
@@ -189,6 +227,35 @@ async fn metrics(State(state): State<AppState>) -> Response {
         set(&e.bytes_in, u.bytes_in);
         set(&e.opened, u.connections_opened);
         set(&e.refused, u.connections_refused);
+    }
+    let store = |c: &Counter, v: u64| c.inner().store(v, std::sync::atomic::Ordering::Relaxed);
+    if let Some(log) = &state.events {
+        for ((r#type, reason), n) in log.counts() {
+            store(
+                &state
+                    .metrics
+                    .events
+                    .get_or_create(&EventLabels { r#type, reason }),
+                n,
+            );
+        }
+        store(&state.metrics.events_dropped, log.dropped());
+    }
+    if let Some(hooks) = &state.webhooks {
+        let o = &hooks.outcomes;
+        for (outcome, n) in [
+            ("delivered", &o.delivered),
+            ("retrying", &o.retrying),
+            ("gave_up", &o.gave_up),
+        ] {
+            store(
+                &state
+                    .metrics
+                    .webhook_deliveries
+                    .get_or_create(&OutcomeLabels { outcome }),
+                n.load(std::sync::atomic::Ordering::Relaxed),
+            );
+        }
     }
     let mut out = String::new();
     let _ = encode(&mut out, &state.metrics.registry);
