@@ -5,9 +5,9 @@
 //! slow or absent one costs the oldest output, never the process's progress.
 //!
 //! Bounds, since the sandbox's own code decides how much a process writes
-//! and how many it starts: each tail holds at most [`TAIL_BYTES`] (the oldest
-//! chunks go first; a reader that missed some is told how many bytes, in a
-//! `dropped` event); at most [`MAX_KEPT`] kept processes may run at once
+//! and how many it starts: each tail holds at most [`TAIL_BYTES`], counting
+//! a small cost per chunk (the oldest chunks go first; a reader that missed
+//! some is told how many bytes, in a `dropped` event); at most [`MAX_KEPT`] kept processes may run at once
 //! (they also count against `--max-processes`); an exited one stays
 //! listable for [`LINGER`], and only while fewer than [`MAX_KEPT`] records
 //! exist, the oldest exited going first.
@@ -40,6 +40,11 @@ pub const MAX_LABEL_BYTES: usize = 256;
 
 /// Chunks a reader takes per lock of a tail.
 const BATCH: usize = 16;
+
+/// What a held chunk costs beyond its bytes (its `Bytes` and queue slot),
+/// counted against [`TAIL_BYTES`] too: a process writing one byte at a time
+/// must not make a mebibyte of output cost fifty in bookkeeping.
+const CHUNK_COST: usize = 64;
 
 pub(crate) type AttachEvent = std::result::Result<kpb::AttachResponse, Status>;
 
@@ -156,7 +161,7 @@ struct Tail {
     chunks: VecDeque<Chunk>,
     /// Sequence number of `chunks[0]`.
     first: u64,
-    /// Bytes in `chunks`.
+    /// Bytes in `chunks`, plus [`CHUNK_COST`] each.
     held: usize,
     /// Output bytes ever written, so byte offset of the next chunk.
     written: u64,
@@ -189,7 +194,7 @@ impl Kept {
             let mut tail = self.lock();
             let offset = tail.written;
             tail.written += data.len() as u64;
-            tail.held += data.len();
+            tail.held += data.len() + CHUNK_COST;
             tail.chunks.push_back(Chunk {
                 offset,
                 stderr,
@@ -199,7 +204,7 @@ impl Kept {
                 let Some(old) = tail.chunks.pop_front() else {
                     break;
                 };
-                tail.held -= old.data.len();
+                tail.held -= old.data.len() + CHUNK_COST;
                 tail.first += 1;
             }
         }
