@@ -72,6 +72,20 @@ def test_mcp_agent_runs_in_a_real_pod_from_the_warm_pool(cluster: Cluster):
     wait_for_pool(cluster, 2)
 
 
+def test_metrics_report_the_pools_from_the_cluster(cluster: Cluster):
+    """`/metrics` on the kubernetes backend shows each warm pool against its
+    target, read from the SandboxWarmPools; an operator's pool has no tenant."""
+    wait_for_pool(cluster, 2)
+    hub, url = cluster.start_hub()
+    try:
+        text = requests.get(f"{url}/metrics", timeout=30).text
+        labels = f'{{tenant="",pool="{POOL}"}}'
+        assert f"sandhub_pool_target{labels} 2" in text, text
+        assert f"sandhub_pool_ready{labels} 2" in text, text
+    finally:
+        stop_process(hub)
+
+
 def test_gym_episode_on_the_cluster(cluster: Cluster):
     hub, url = cluster.start_hub()
     try:

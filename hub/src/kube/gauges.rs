@@ -17,7 +17,7 @@ use super::{model, owner::HUB_NAME_ANNOTATION, tenant::kube_error, KubeTenancy};
 use crate::gauges::{Gauges, PoolGauge, TenantGauge};
 
 impl KubeTenancy {
-    pub(super) async fn gauges(&self) -> Result<Gauges> {
+    pub(super) async fn pool_and_tenant_gauges(&self) -> Result<Gauges> {
         let ns = &self.shared.namespace;
         let pools: Api<SandboxWarmPool> = Api::namespaced(self.shared.client.clone(), ns);
         let pools = pools

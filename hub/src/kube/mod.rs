@@ -473,7 +473,7 @@ impl Backend for KubeTenancy {
     }
 
     async fn gauges(&self) -> Result<crate::gauges::Gauges> {
-        KubeTenancy::gauges(self).await
+        self.pool_and_tenant_gauges().await
     }
 
     async fn sandbox_count(&self) -> Result<usize> {

@@ -10,7 +10,7 @@ use super::hub::Hub;
 use crate::gauges::{Gauges, PoolGauge, TenantGauge};
 
 impl Hub {
-    pub(super) fn gauges(&self) -> Result<Gauges> {
+    pub(super) fn pool_and_tenant_gauges(&self) -> Result<Gauges> {
         let rows = self.store.all_sandboxes()?;
         // Pool members by (tenant, pool): ready and starting.
         let mut members: HashMap<(&str, &str), (u64, u64)> = HashMap::new();

@@ -185,7 +185,7 @@ impl Backend for Arc<Hub> {
     }
 
     async fn gauges(&self) -> Result<crate::gauges::Gauges> {
-        self.gauges()
+        self.pool_and_tenant_gauges()
     }
 
     fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
