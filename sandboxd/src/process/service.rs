@@ -1,6 +1,8 @@
-//! The gRPC face of [`super`]: `process.v1.ProcessService` over the
+//! The gRPC faces of [`super`]: `process.v1.ProcessService` over the
 //! daemon's process table (Execute, Start, WriteStdin, SendSignal,
-//! ResizeTTY, ...). What it runs and how is the parent's.
+//! ResizeTTY, ...), and Sandhub's `keep.v1.KeptProcessService` (Start,
+//! List, Attach) over its kept processes. What they run and how is the
+//! parent's.
 
 use super::*;
 
