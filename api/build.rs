@@ -4,7 +4,11 @@ use std::{env, fs, path::PathBuf};
 
 use prost::Message;
 
-const PROTOS: &[&str] = &["process/v1/process.proto", "watcher/v1/watcher.proto"];
+const PROTOS: &[&str] = &[
+    "process/v1/process.proto",
+    "keep/v1/keep.proto",
+    "watcher/v1/watcher.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(env::var("OUT_DIR")?);

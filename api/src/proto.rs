@@ -7,6 +7,14 @@ pub mod process {
     }
 }
 
+/// `keep.v1`: Sandhub's extension for processes that outlive their
+/// `Start` stream (list, attach to a bounded tail).
+pub mod keep {
+    pub mod v1 {
+        tonic::include_proto!("keep.v1");
+    }
+}
+
 /// `watcher.v1`: directory watching.
 pub mod watcher {
     pub mod v1 {

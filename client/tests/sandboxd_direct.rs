@@ -21,8 +21,9 @@ use sandhub_api::{
     sandboxd::EntryType,
 };
 use sandhub_client::{
-    sandboxd::SandboxdClient, ByteStream, Error, ProcessEvent, ProcessEvents, PtySize, Signal,
-    StartProcess, StdinInput, WatchKind, WriteOptions,
+    sandboxd::{KeptEvent, KeptEvents, SandboxdClient},
+    ByteStream, Error, ProcessEvent, ProcessEvents, PtySize, Signal, StartProcess, StdinInput,
+    WatchKind, WriteOptions,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -258,7 +259,67 @@ both!(
     delete_files,
     watch_reports_creates,
     errors_map_to_codes,
+    kept_processes_outlive_their_stream,
 );
+
+/// Output and exit of a kept stream read to its end, after `Started`.
+async fn kept_to_end(events: &mut KeptEvents) -> (Vec<u8>, u64, Option<i32>) {
+    let (mut out, mut dropped, mut exit) = (Vec::new(), 0, None);
+    while let Some(event) = within(events.next()).await {
+        match event.expect("stream failed") {
+            KeptEvent::Process(ProcessEvent::Stdout { data }) => out.extend_from_slice(&data),
+            KeptEvent::Process(ProcessEvent::Exited { exit_code }) => exit = Some(exit_code),
+            KeptEvent::Dropped { bytes } => dropped += bytes,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    (out, dropped, exit)
+}
+
+async fn kept_processes_outlive_their_stream(d: &Daemon) {
+    let c = &d.client;
+    let request = StartProcess {
+        command: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "echo up; read x; echo \"$x\"".into(),
+        ],
+        env: BTreeMap::new(),
+        cwd: String::new(),
+        pty: None,
+    };
+    let mut events = within(c.start_kept(request, "scope")).await.unwrap();
+    let pid = match within(events.next()).await.unwrap().unwrap() {
+        KeptEvent::Process(ProcessEvent::Started { pid }) => pid,
+        other => panic!("first event is not Started: {other:?}"),
+    };
+    drop(events);
+    let listed = within(c.list_kept("scope")).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].pid, listed[0].exit_code), (pid, None));
+    assert_eq!(listed[0].command[0], "/bin/sh");
+    assert!(within(c.list_kept("other")).await.unwrap().is_empty());
+    let other = within(c.attach_kept(pid, "other"))
+        .await
+        .err()
+        .map(|e| e.code);
+    assert_eq!(other, Some(Code::NotFound));
+    // Alive past its stream: it still reads stdin, and a new reader gets
+    // the replayed line, then the live one and the exit.
+    let mut attached = within(c.attach_kept(pid, "scope")).await.unwrap();
+    assert!(matches!(
+        within(attached.next()).await.unwrap().unwrap(),
+        KeptEvent::Process(ProcessEvent::Started { pid: p }) if p == pid
+    ));
+    within(c.write_stdin(pid, StdinInput::Data(Bytes::from_static(b"later\n"))))
+        .await
+        .unwrap();
+    let (out, dropped, exit) = kept_to_end(&mut attached).await;
+    assert_eq!(String::from_utf8_lossy(&out), "up\nlater\n");
+    assert_eq!((dropped, exit), (0, Some(0)));
+    let listed = within(c.list_kept("scope")).await.unwrap();
+    assert_eq!(listed[0].exit_code, Some(0));
+}
 
 async fn exec_runs_commands(d: &Daemon) {
     let c = &d.client;

@@ -1,7 +1,8 @@
 //! sandboxd: the daemon inside every sandbox.
 //!
 //! It serves the upstream agent-sandbox sandboxd wire protocol (REST files
-//! API, gRPC `process.v1`), Sandhub's `watcher.v1`, and the legacy python
+//! API, gRPC `process.v1`), Sandhub's `keep.v1` (processes that outlive
+//! their stream) and `watcher.v1`, and the legacy python
 //! runtime endpoints, all confined to one root directory.
 
 pub mod auth;

@@ -13,7 +13,10 @@ use axum::{
 };
 use sandhub_api::{
     proto::watcher::v1::file_watcher_service_server::FileWatcherServiceServer,
-    proto::{self, process::v1::process_service_server::ProcessServiceServer},
+    proto::{
+        self, keep::v1::kept_process_service_server::KeptProcessServiceServer,
+        process::v1::process_service_server::ProcessServiceServer,
+    },
     sandboxd::{is_secret_name, Health, Metadata, ROUTED_AUTH_HEADER},
 };
 
@@ -21,7 +24,7 @@ use crate::{
     error::Error,
     files,
     metrics::{RequestLabels, RpcLabels},
-    process::ProcessService,
+    process::{KeptProcessService, ProcessService},
     watcher::WatcherService,
     Daemon,
 };
@@ -69,10 +72,16 @@ pub fn grpc_router(daemon: Arc<Daemon>) -> Router {
     })
     .max_decoding_message_size(64 << 20)
     .max_encoding_message_size(usize::MAX);
+    let kept = KeptProcessServiceServer::new(KeptProcessService {
+        daemon: daemon.clone(),
+    })
+    .max_decoding_message_size(64 << 20)
+    .max_encoding_message_size(usize::MAX);
     let watcher = FileWatcherServiceServer::new(WatcherService {
         daemon: daemon.clone(),
     });
     tonic::service::Routes::new(process)
+        .add_service(kept)
         .add_service(watcher)
         .add_service(reflection)
         .into_axum_router()

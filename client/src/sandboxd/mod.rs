@@ -9,6 +9,8 @@
 
 mod files;
 mod forward;
+mod keep;
+pub use keep::{KeptEvent, KeptEvents, KeptProcess};
 mod process;
 pub use process::TIMED_OUT_EXIT_CODE;
 mod transport;
@@ -23,6 +25,7 @@ use hyper::body::Incoming;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use sandhub_api::{
     proto::{
+        keep::v1::kept_process_service_client::KeptProcessServiceClient,
         process::v1::process_service_client::ProcessServiceClient,
         watcher::v1::file_watcher_service_client::FileWatcherServiceClient,
     },
@@ -143,6 +146,10 @@ impl SandboxdClient {
         // limit on it, so neither may the client.
         ProcessServiceClient::with_interceptor(self.channel.clone(), self.bearer())
             .max_decoding_message_size(usize::MAX)
+    }
+
+    fn kept(&self) -> KeptProcessServiceClient<Grpc> {
+        KeptProcessServiceClient::with_interceptor(self.channel.clone(), self.bearer())
     }
 
     fn watcher(&self) -> FileWatcherServiceClient<Grpc> {

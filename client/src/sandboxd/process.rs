@@ -260,7 +260,7 @@ impl SandboxdClient {
     }
 }
 
-fn config(
+pub(super) fn config(
     command: Vec<String>,
     env: std::collections::BTreeMap<String, String>,
     cwd: String,

@@ -1,4 +1,6 @@
-//! `process.v1.ProcessService`: spawning, streaming, stdin, signals, PTYs.
+//! `process.v1.ProcessService`: spawning, streaming, stdin, signals, PTYs;
+//! and Sandhub's `keep.v1` (`kept`): started processes that outlive their
+//! stream, their output in a bounded tail any caller can replay.
 //!
 //! Every child leads its own process group (a PTY child its own session,
 //! which makes it a group leader too), so one `kill(-pgid)` reaches all it
@@ -9,6 +11,7 @@
 //! "killed by SIGTERM" (143) from a normal exit without a second field; a
 //! wait that fails for any other reason reports -1, as upstream does.
 
+mod kept;
 mod pty;
 mod service;
 mod table;
@@ -26,7 +29,7 @@ use std::{
 
 use bytes::Bytes;
 use rustix::process::{Pid, Signal};
-use sandhub_api::proto::process::v1 as pb;
+use sandhub_api::proto::{keep::v1 as kpb, process::v1 as pb};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
     process::{Child, ChildStdin, Command},
@@ -35,7 +38,8 @@ use tokio::{
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-pub use self::service::ProcessService;
+pub use self::kept::{LINGER as KEPT_LINGER, MAX_KEPT, TAIL_BYTES as KEPT_TAIL_BYTES};
+pub use self::service::{KeptProcessService, ProcessService};
 use self::table::Registration;
 pub use self::table::{ProcessTable, MAX_STDIN_WRITERS};
 use crate::{
@@ -421,34 +425,78 @@ fn event(e: pb::start_response::Event) -> Event {
     Ok(pb::StartResponse { event: Some(e) })
 }
 
-/// Copies one pipe into `Start` events, at most `chunk` bytes each, until
+/// Where a started process's output goes.
+enum Sink {
+    /// The one `Start` client: a slow one slows the process, and the
+    /// process dies when it goes away (upstream's behaviour).
+    Client(mpsc::Sender<Event>),
+    /// A kept tail (`keep.v1`): never waits, and nobody's leaving kills.
+    Kept(Arc<kept::Kept>),
+}
+
+impl Sink {
+    /// Hands on one chunk; false once nobody will read any more.
+    async fn output(&self, stderr: bool, data: Bytes) -> bool {
+        match self {
+            Sink::Client(tx) => {
+                let ev = if stderr {
+                    pb::start_response::Event::Stderr(data)
+                } else {
+                    pb::start_response::Event::Stdout(data)
+                };
+                tx.send(event(ev)).await.is_ok()
+            }
+            Sink::Kept(kept) => {
+                kept.push(stderr, data);
+                true
+            }
+        }
+    }
+
+    /// Resolves when the process must be killed because its reader left.
+    async fn abandoned(&self) {
+        match self {
+            Sink::Client(tx) => tx.closed().await,
+            Sink::Kept(_) => std::future::pending().await,
+        }
+    }
+
+    async fn exit(self, exit_code: i32) {
+        match self {
+            Sink::Client(tx) => {
+                let _ = tx
+                    .send(event(pb::start_response::Event::Exit(pb::ExitEvent {
+                        exit_code,
+                    })))
+                    .await;
+            }
+            Sink::Kept(kept) => kept.exited(exit_code),
+        }
+    }
+}
+
+/// Copies one pipe into the sink, at most `chunk` bytes at a time, until
 /// EOF or the client is gone.
-async fn pump(mut r: impl AsyncRead + Unpin, tx: &mpsc::Sender<Event>, stderr: bool, chunk: usize) {
+async fn pump(mut r: impl AsyncRead + Unpin, sink: &Sink, stderr: bool, chunk: usize) {
     let mut buf = vec![0; chunk];
     loop {
         let n = match r.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        let data = Bytes::copy_from_slice(&buf[..n]);
-        let ev = if stderr {
-            pb::start_response::Event::Stderr(data)
-        } else {
-            pb::start_response::Event::Stdout(data)
-        };
-        if tx.send(event(ev)).await.is_err() {
+        if !sink.output(stderr, Bytes::copy_from_slice(&buf[..n])).await {
             return;
         }
     }
 }
 
-/// Copies terminal output into `Start` events while reaping the child.
+/// Copies terminal output into the sink while reaping the child.
 /// Output ends at EIO, or, once the child has exited, when a descendant
 /// holding the terminal stays silent for `PTY_LINGER`.
 async fn pump_pty(
     master: &pty::Master,
     child: &mut Child,
-    tx: &mpsc::Sender<Event>,
+    sink: &Sink,
     chunk: usize,
 ) -> io::Result<ExitStatus> {
     let mut buf = vec![0; chunk];
@@ -471,12 +519,7 @@ async fn pump_pty(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let data = Bytes::copy_from_slice(&buf[..n]);
-        if tx
-            .send(event(pb::start_response::Event::Stdout(data)))
-            .await
-            .is_err()
-        {
+        if !sink.output(false, Bytes::copy_from_slice(&buf[..n])).await {
             break;
         }
     }
@@ -491,24 +534,32 @@ enum Output {
     Pty(Arc<pty::Master>),
 }
 
-/// Runs a started process to its end: output, reaping, leaving the table,
-/// and the exit event last. If the client goes away, the group is killed.
-async fn drive(
-    mut reg: Registration<Arc<Daemon>>,
-    mut child: Child,
+/// A process `Start` spawned, registered, not yet driven.
+struct Started {
+    reg: Registration<Arc<Daemon>>,
+    child: Child,
     output: Output,
-    tx: mpsc::Sender<Event>,
-    chunk: usize,
-) {
-    let pid = child.id().unwrap_or_default() as i32;
+    pid: i32,
+}
+
+/// Runs a started process to its end: output, reaping, leaving the table,
+/// and the exit event last. If a `Start` client goes away, the group is
+/// killed; a kept process runs on.
+async fn drive(started: Started, sink: Sink, chunk: usize) {
+    let Started {
+        mut reg,
+        mut child,
+        output,
+        pid,
+    } = started;
     let status = {
         let mut work = pin!(async {
             match output {
                 Output::Pipes(stdout, stderr) => {
                     let mut pumps = pin!(async {
                         tokio::join!(
-                            pump(stdout, &tx, false, chunk),
-                            pump(stderr, &tx, true, chunk)
+                            pump(stdout, &sink, false, chunk),
+                            pump(stderr, &sink, true, chunk)
                         )
                     });
                     let mut pumped = false;
@@ -530,12 +581,12 @@ async fn drive(
                     }
                     status
                 }
-                Output::Pty(master) => pump_pty(&master, &mut child, &tx, chunk).await,
+                Output::Pty(master) => pump_pty(&master, &mut child, &sink, chunk).await,
             }
         });
         tokio::select! {
             s = &mut work => s,
-            _ = tx.closed() => {
+            () = sink.abandoned() => {
                 // As upstream (the stream's context kills the command), a
                 // Start process does not outlive its stream.
                 tracing::debug!(pid, "stream closed; killing process group");
@@ -550,9 +601,5 @@ async fn drive(
     // Gone from the table before the client can see the exit: after it,
     // the pid is unknown.
     drop(reg);
-    let _ = tx
-        .send(event(pb::start_response::Event::Exit(pb::ExitEvent {
-            exit_code,
-        })))
-        .await;
+    sink.exit(exit_code).await;
 }

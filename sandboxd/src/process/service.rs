@@ -1,6 +1,8 @@
-//! The gRPC face of [`super`]: `process.v1.ProcessService` over the
+//! The gRPC faces of [`super`]: `process.v1.ProcessService` over the
 //! daemon's process table (Execute, Start, WriteStdin, SendSignal,
-//! ResizeTTY, ...). What it runs and how is the parent's.
+//! ResizeTTY, ...), and Sandhub's `keep.v1.KeptProcessService` (Start,
+//! List, Attach) over its kept processes. What they run and how is the
+//! parent's.
 
 use super::*;
 
@@ -17,13 +19,62 @@ impl ProcessService {
     }
 
     fn start_process(&self, req: pb::StartRequest) -> Result<ReceiverStream<Event>> {
-        let config = req.config.unwrap_or_default();
+        let started = self.spawn_started(&req)?;
+        let (tx, rx) = mpsc::channel(START_QUEUE);
+        // A fresh channel has room, so `init` is always the first event.
+        let _ = tx.try_send(event(pb::start_response::Event::Init(pb::InitEvent {
+            process_id: started.pid,
+        })));
+        tokio::spawn(drive(
+            started,
+            Sink::Client(tx),
+            self.daemon.config.stream_chunk_size,
+        ));
+        Ok(ReceiverStream::new(rx))
+    }
+
+    /// `keep.v1` Start: as `start_process`, but the process writes to a
+    /// kept tail and its stream is one reader of that tail.
+    pub(super) fn start_kept(
+        &self,
+        req: kpb::StartRequest,
+    ) -> Result<ReceiverStream<kept::AttachEvent>> {
+        let label = kept::label(req.label)?;
+        let start = req.start.unwrap_or_default();
+        self.daemon.processes.kept.admit()?;
+        let started = self.spawn_started(&start)?;
+        let record = Arc::new(kept::Kept::new(
+            started.pid,
+            label,
+            start.config.unwrap_or_default(),
+            start.pty.is_some(),
+        ));
+        self.daemon.processes.kept.insert(record.clone());
+        tracing::debug!(pid = started.pid, "process kept past its stream");
+        tokio::spawn(drive(
+            started,
+            Sink::Kept(record.clone()),
+            self.daemon.config.stream_chunk_size,
+        ));
+        Ok(self.attach_to(record))
+    }
+
+    /// One more reader of a kept process.
+    pub(super) fn attach_to(&self, record: Arc<kept::Kept>) -> ReceiverStream<kept::AttachEvent> {
+        let (tx, rx) = mpsc::channel(START_QUEUE);
+        tokio::spawn(kept::follow(record, tx));
+        ReceiverStream::new(rx)
+    }
+
+    /// Spawns what a `Start` asks for, registered with its controls.
+    fn spawn_started(&self, req: &pb::StartRequest) -> Result<Started> {
+        let config = req.config.clone().unwrap_or_default();
         let launch = Launch::from(&config);
         let mut cmd = launch.command(&self.daemon)?;
         cmd.stdin(Stdio::piped());
         let slot = self.daemon.processes.reserve()?;
         let started = Instant::now();
-        let (child, pid, input, output) = match req.pty {
+        let (child, pid, input, output) = match &req.pty {
             None => {
                 cmd.process_group(0)
                     .stdout(Stdio::piped())
@@ -69,19 +120,12 @@ impl ProcessService {
         drop(cmd);
         let control = Arc::new(Control { pgid: pid, input });
         let reg = Registration::new(self.daemon.clone(), slot, pid, started, Some(control));
-        let (tx, rx) = mpsc::channel(START_QUEUE);
-        // A fresh channel has room, so `init` is always the first event.
-        let _ = tx.try_send(event(pb::start_response::Event::Init(pb::InitEvent {
-            process_id: pid,
-        })));
-        tokio::spawn(drive(
+        Ok(Started {
             reg,
             child,
             output,
-            tx,
-            self.daemon.config.stream_chunk_size,
-        ));
-        Ok(ReceiverStream::new(rx))
+            pid,
+        })
     }
 
     async fn write_stdin(&self, req: pb::WriteStdinRequest) -> Result<()> {
@@ -201,5 +245,56 @@ impl pb::process_service_server::ProcessService for ProcessService {
     ) -> Result<Response<pb::ResizeTtyResponse>, Status> {
         ProcessService::resize_tty(self, request.into_inner())?;
         Ok(Response::new(pb::ResizeTtyResponse {}))
+    }
+}
+
+/// The gRPC face of `super::kept`: `keep.v1.KeptProcessService`, a Sandhub
+/// extension. Kept processes are ordinary started processes besides, so
+/// `process.v1`'s pid calls (stdin, signals, resize) reach them too.
+pub struct KeptProcessService {
+    pub daemon: Arc<Daemon>,
+}
+
+impl KeptProcessService {
+    fn processes(&self) -> ProcessService {
+        ProcessService {
+            daemon: self.daemon.clone(),
+        }
+    }
+}
+
+type AttachStream = std::pin::Pin<Box<dyn futures::Stream<Item = kept::AttachEvent> + Send>>;
+
+#[tonic::async_trait]
+impl kpb::kept_process_service_server::KeptProcessService for KeptProcessService {
+    type StartStream = AttachStream;
+    type AttachStream = AttachStream;
+
+    async fn start(
+        &self,
+        request: Request<kpb::StartRequest>,
+    ) -> Result<Response<AttachStream>, Status> {
+        let stream = self.processes().start_kept(request.into_inner())?;
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn list(
+        &self,
+        request: Request<kpb::ListRequest>,
+    ) -> Result<Response<kpb::ListResponse>, Status> {
+        let label = kept::label(request.into_inner().label)?;
+        Ok(Response::new(kpb::ListResponse {
+            processes: self.daemon.processes.kept.list(&label),
+        }))
+    }
+
+    async fn attach(
+        &self,
+        request: Request<kpb::AttachRequest>,
+    ) -> Result<Response<AttachStream>, Status> {
+        let req = request.into_inner();
+        let label = kept::label(req.label)?;
+        let record = self.daemon.processes.kept.get(req.process_id, &label)?;
+        Ok(Response::new(Box::pin(self.processes().attach_to(record))))
     }
 }

@@ -1,5 +1,7 @@
 //! The running processes of one daemon: what shutdown waits for and kills,
 //! and how `WriteStdin` / `SendSignal` / `ResizeTTY` find a started process.
+//! Kept processes (`keep.v1`) are in it like any other, and also in its
+//! [`KeptTable`], which holds their output tails.
 
 use std::{
     collections::HashMap,
@@ -14,7 +16,7 @@ use std::{
 use rustix::process::Signal;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
-use super::{signal_group, Control};
+use super::{kept::KeptTable, signal_group, Control};
 use crate::{
     error::{Error, Result},
     Daemon,
@@ -36,6 +38,8 @@ pub struct ProcessTable {
     /// not read blocks until it does; each such call holds an HTTP/2 stream,
     /// so they are bounded too.
     writers: Semaphore,
+    /// Processes that outlive their `Start` stream, and their output.
+    pub(crate) kept: KeptTable,
 }
 
 /// Most `WriteStdin` calls in flight at once, across all processes.
@@ -66,6 +70,7 @@ impl ProcessTable {
             slots: Arc::new(Semaphore::new(limit)),
             limit,
             writers: Semaphore::new(MAX_STDIN_WRITERS),
+            kept: KeptTable::default(),
         }
     }
 
