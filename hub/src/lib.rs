@@ -31,6 +31,8 @@
 //! - [`policy`]: the operator's sandbox defaults and tenant quotas, for both.
 //! - [`entrypoint`]: whether a sandbox's entrypoint runs, or how it ended, for both.
 //! - [`proc_net`]: the kernel's TCP tables (what listens in a sandbox), for both.
+//! - [`usage`]: each sandbox's ring of resource samples, its series and
+//!   the OOM/disk alerts, for both (the local sampler is `local::sampler`).
 //! - [`secrets_file`]: the operator's secret values (`--secrets-file`), for
 //!   both backends and the egress proxy.
 //!
@@ -55,6 +57,7 @@ pub mod policy;
 pub mod proc_net;
 pub mod secrets_file;
 pub mod serve;
+pub mod usage;
 
 pub use backend::{Backend, TenantView};
 pub use http::{app, AppState, Limits};

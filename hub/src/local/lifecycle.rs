@@ -179,5 +179,36 @@ impl Hub {
                 }
             }
         });
+        // The sampler's alerts, logged until the event log takes them
+        // (issue #30 §2 subscribes through the same hook).
+        if let Some(mut alerts) = self.usage_alerts() {
+            tokio::spawn(async move {
+                use tokio::sync::broadcast::error::RecvError;
+                loop {
+                    match alerts.recv().await {
+                        Ok(crate::usage::UsageAlert::OomKilled {
+                            sandbox,
+                            oom_kills,
+                            new_kills,
+                        }) => tracing::warn!(
+                            %sandbox, oom_kills, new_kills,
+                            "usage alert: oom_killed (the kernel killed a process for memory)"
+                        ),
+                        Ok(crate::usage::UsageAlert::DiskQuotaReached {
+                            sandbox,
+                            used_bytes,
+                            limit_bytes,
+                        }) => tracing::warn!(
+                            %sandbox, used_bytes, limit_bytes,
+                            "usage alert: disk_quota_exceeded"
+                        ),
+                        Err(RecvError::Lagged(n)) => {
+                            tracing::warn!(missed = n, "usage alerts dropped (logging fell behind)")
+                        }
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            });
+        }
     }
 }
