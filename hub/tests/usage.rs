@@ -40,14 +40,15 @@ async fn cpu_reads_near_its_cpu_limit() {
     let c = hub.client(None);
     let sb = sandbox(
         &c,
-        "half-a-core",
+        "a-fifth-of-a-core",
         Template {
-            cpu: Some(0.5),
+            // Low enough that a busy CI machine still gives it all of it.
+            cpu: Some(0.2),
             ..Default::default()
         },
     )
     .await;
-    // Two busy loops want two cores; the cgroup gives half of one.
+    // Two busy loops want two cores; the cgroup gives a fifth of one.
     let burner = {
         let c = c.clone();
         let id = sb.id.clone();
@@ -66,28 +67,28 @@ async fn cpu_reads_near_its_cpu_limit() {
             .samples
             .iter()
             .map(|s| s.cpu_cores)
-            .filter(|&c| c > 0.25)
+            .filter(|&c| c > 0.1)
             .collect();
         (busy.len() >= 3).then_some((m, busy))
     })
     .await;
     let (m, busy) = busy;
-    assert_eq!(m.limits.cpu, Some(0.5));
+    assert_eq!(m.limits.cpu, Some(0.2));
     assert_eq!(m.step_seconds, 1);
-    eprintln!("MEASURE cpu samples while burning at a 0.5 limit: {busy:?}");
+    eprintln!("MEASURE cpu samples while burning at a 0.2 limit: {busy:?}");
     let best = busy.iter().copied().fold(0.0, f64::max);
     assert!(
-        (0.4..=0.6).contains(&best),
-        "a 0.5-core sandbox burning two cores read at most {best} cores: {busy:?}"
+        (0.16..=0.24).contains(&best),
+        "a 0.2-core sandbox burning two cores read at most {best} cores: {busy:?}"
     );
     assert!(
-        busy.iter().all(|&c| c <= 0.65),
+        busy.iter().all(|&c| c <= 0.26),
         "a sample above the limit: {busy:?}"
     );
     // The latest sample rides on GET and on the list, with its limits.
     let got = c.get(&sb.id).await.unwrap();
     let usage = got.usage.expect("GET carries the latest sample");
-    assert_eq!(usage.limits.cpu, Some(0.5));
+    assert_eq!(usage.limits.cpu, Some(0.2));
     assert!(usage.limits.memory_mb.is_some(), "{usage:?}");
     let listed = c.list(&Default::default()).await.unwrap();
     assert!(listed.iter().any(|s| s.id == sb.id && s.usage.is_some()));
@@ -105,7 +106,7 @@ async fn cpu_reads_near_its_cpu_limit() {
         .unwrap();
     assert_eq!(five.step_seconds, 5);
     assert!(five.samples.len() < m.samples.len() || m.samples.len() <= 2);
-    assert!(five.samples.iter().all(|s| s.cpu_cores <= 0.7), "{five:?}");
+    assert!(five.samples.iter().all(|s| s.cpu_cores <= 0.26), "{five:?}");
 }
 
 #[tokio::test]

@@ -38,6 +38,8 @@ pub enum CgroupStats {
         memory: OwnedFd,
         pids: OwnedFd,
         cpu: OwnedFd,
+        /// Where `cpuacct.usage` is: `cpuacct`'s own hierarchy, else `cpu`'s.
+        cpuacct: Option<OwnedFd>,
     },
 }
 
@@ -101,10 +103,16 @@ impl CgroupTree {
         }
         let stats = match self.0.sandbox(id) {
             SandboxCgroup::V2(d) => CgroupStats::V2(dir(&d)?),
-            SandboxCgroup::V1 { memory, pids, cpu } => CgroupStats::V1 {
+            SandboxCgroup::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => CgroupStats::V1 {
                 memory: dir(&memory)?,
                 pids: dir(&pids)?,
                 cpu: dir(&cpu)?,
+                cpuacct: cpuacct.as_deref().map(dir).transpose()?,
             },
         };
         let limits = stats.limits();
@@ -117,7 +125,9 @@ impl CgroupStats {
         let mut buf = [0u8; READ_BUF];
         match self {
             CgroupStats::V2(d) => limits_v2(d.as_fd()),
-            CgroupStats::V1 { memory, pids, cpu } => {
+            CgroupStats::V1 {
+                memory, pids, cpu, ..
+            } => {
                 let memory_bytes = read_at(memory.as_fd(), "memory.limit_in_bytes", &mut buf)
                     .ok()
                     .and_then(limit);
@@ -147,7 +157,12 @@ impl CgroupStats {
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
         match self {
             CgroupStats::V2(d) => read_v2(d.as_fd(), buf),
-            CgroupStats::V1 { memory, pids, cpu } => {
+            CgroupStats::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
                 let m = memory.as_fd();
                 let memory_bytes = number(read_at(m, "memory.usage_in_bytes", buf)?)
                     .ok_or_else(|| bad("memory.usage_in_bytes"))?;
@@ -161,9 +176,10 @@ impl CgroupStats {
                     .unwrap_or(0);
                 let pids = number(read_at(pids.as_fd(), "pids.current", buf)?)
                     .ok_or_else(|| bad("pids.current"))?;
-                // cpuacct is co-mounted with cpu on every common layout;
-                // without it CPU reads 0.
-                let cpu_usec = read_at(cpu.as_fd(), "cpuacct.usage", buf)
+                // cpuacct co-mounted with cpu, or its own hierarchy (the
+                // runtime then makes the sandbox a cgroup there too).
+                let acct = cpuacct.as_ref().unwrap_or(cpu);
+                let cpu_usec = read_at(acct.as_fd(), "cpuacct.usage", buf)
                     .ok()
                     .and_then(number)
                     .map_or(0, |ns| ns / 1000);
