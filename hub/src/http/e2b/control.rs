@@ -359,8 +359,9 @@ fn unix_param(name: &str, v: Option<&str>) -> Result<Option<u64>> {
     .transpose()
 }
 
-/// One sample in E2B's shape (`SandboxMetric`): CPU as a percentage of
-/// the cores the sandbox may use, memory and disk in bytes. A limit the
+/// One sample in E2B's shape (`SandboxMetric`, every field the pinned SDK
+/// requires): CPU as a percentage of the cores the sandbox may use, memory
+/// and disk in bytes. A limit the
 /// sandbox does not have is the host's (cores, memory) or 0 (disk).
 fn e2b_metric(s: &sandhub_api::usage::UsageSample, limits: &UsageLimits) -> Value {
     let cores = limits
@@ -382,6 +383,8 @@ fn e2b_metric(s: &sandhub_api::usage::UsageSample, limits: &UsageLimits) -> Valu
         "cpuUsedPct": (pct * 100.0).round() / 100.0,
         "memUsed": s.memory_bytes,
         "memTotal": mem_total,
+        // The page cache is not sampled apart (memUsed counts it): 0.
+        "memCache": 0,
         "diskUsed": s.disk_bytes.unwrap_or(0),
         "diskTotal": limits.disk_mb.map_or(0, |mb| mb.saturating_mul(1 << 20)),
     })
