@@ -30,7 +30,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(fork))
         .routes(routes!(egress_log))
         .routes(routes!(set_network))
-        .routes(routes!(metrics))
+        .routes(routes!(sandbox_metrics))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -53,7 +53,7 @@ pub struct MetricsParams {
         (status = 400, body = ErrorBody, description = "A bad `since` or `step` (named)"),
         (status = 404, body = ErrorBody),
     ))]
-async fn metrics(
+async fn sandbox_metrics(
     Api(api): Api,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<MetricsParams>,
