@@ -178,6 +178,10 @@ pub struct Sandbox {
     /// it; absent when it has none (it runs with the template's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkSpec>,
+    /// Its latest resource sample and the limits it is measured against,
+    /// while it runs and the backend has one (see `GET .../metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::usage::SandboxUsage>,
 }
 
 /// An egress sandbox's counters. Bytes are TCP **payload** bytes: what the

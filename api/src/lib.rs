@@ -15,4 +15,5 @@ pub mod sandboxd_token;
 #[cfg(feature = "scoped-token")]
 pub mod scoped_token;
 pub mod secrets;
+pub mod usage;
 pub mod validate;

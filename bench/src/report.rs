@@ -59,6 +59,8 @@ pub enum Unit {
     PerSecond,
     /// A plain count (e.g. failed calls).
     Count,
+    /// A share (e.g. of one CPU core), in percent.
+    Percent,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -132,6 +134,7 @@ impl fmt::Display for Value {
             Unit::PerSecond if self.amount < 10.0 => write!(f, "{:.2}/s", self.amount),
             Unit::PerSecond => write!(f, "{:.0}/s", self.amount),
             Unit::Count => write!(f, "{:.0}", self.amount),
+            Unit::Percent => write!(f, "{:.2}%", self.amount),
         }
     }
 }

@@ -33,6 +33,7 @@ use sandhub_api::{
         PoolSpec, Sandbox, Snapshot, Template,
     },
     sandboxd::{DirectoryListing, FileEntry},
+    usage::{MetricsQuery, SandboxMetrics},
 };
 
 #[async_trait]
@@ -91,6 +92,14 @@ pub trait Sandboxes: Send + Sync {
     /// DNS queries follow it at once. It may narrow the template's policy,
     /// never widen it; `none` cuts the sandbox off.
     async fn set_network(&self, id: &str, network: NetworkSpec) -> Result<Sandbox>;
+
+    // Usage.
+    /// A sandbox's resource usage over time, oldest first, with the limits
+    /// it is measured against (`GET /v1/sandboxes/{id}/metrics`); empty
+    /// while it is not running. The latest sample is also on [`get`].
+    ///
+    /// [`get`]: Sandboxes::get
+    async fn metrics(&self, id: &str, query: MetricsQuery) -> Result<SandboxMetrics>;
 
     // Templates and pools.
     async fn put_template(&self, name: &str, template: Template) -> Result<NamedTemplate>;

@@ -108,6 +108,7 @@ fn sandbox(id: &str, labels: BTreeMap<String, String>) -> Sandbox {
         entrypoint: None,
         egress: None,
         network: None,
+        usage: None,
     }
 }
 

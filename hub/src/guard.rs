@@ -384,6 +384,14 @@ impl Sandboxes for GuardedView {
         self.timed(Op::Fork, self.inner.fork(id, request)).await
     }
 
+    async fn metrics(
+        &self,
+        id: &str,
+        query: sandhub_api::usage::MetricsQuery,
+    ) -> Result<sandhub_api::usage::SandboxMetrics> {
+        self.inner.metrics(id, query).await
+    }
+
     async fn set_network(
         &self,
         id: &str,

@@ -38,6 +38,8 @@
 //!   outbox in its SQLite file, the outbound address rules, the deliverer).
 //! - [`entrypoint`]: whether a sandbox's entrypoint runs, or how it ended, for both.
 //! - [`proc_net`]: the kernel's TCP tables (what listens in a sandbox), for both.
+//! - [`usage`]: each sandbox's ring of resource samples, its series and
+//!   the OOM/disk alerts, for both (the local sampler is `local::sampler`).
 //! - [`secrets_file`]: the operator's secret values (`--secrets-file`), for
 //!   both backends and the egress proxy.
 //!
@@ -64,6 +66,7 @@ pub mod policy;
 pub mod proc_net;
 pub mod secrets_file;
 pub mod serve;
+pub mod usage;
 pub mod webhooks;
 
 pub use backend::{Backend, TenantView};

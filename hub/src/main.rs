@@ -33,6 +33,9 @@ enum Command {
     Ls(cli::sandbox::ListArgs),
     /// Delete sandboxes.
     Rm(cli::sandbox::RemoveArgs),
+    /// Running sandboxes by CPU and memory, refreshed in place (`--once`
+    /// prints one table).
+    Top(cli::top::TopArgs),
     /// Run a command in a sandbox; exits with the command's exit code.
     ///
     /// Output is streamed as it is produced, stdin and SIGINT/SIGTERM are
@@ -93,6 +96,7 @@ fn main() -> anyhow::Result<()> {
             Command::Create(args) => cli::exit(cli::sandbox::create(args).await),
             Command::Ls(args) => cli::exit(cli::sandbox::list(args).await),
             Command::Rm(args) => cli::exit(cli::sandbox::remove(args).await),
+            Command::Top(args) => cli::exit(cli::top::top(args).await),
             Command::Exec(args) => cli::exit(cli::exec::run(args).await),
             Command::Shell(args) => cli::exit(cli::shell::run(args).await),
             Command::Cp(args) => cli::exit(cli::cp::run(args).await),

@@ -39,6 +39,7 @@ const OURS: &[&str] = &[
     "snapshot_sandbox",
     "watch_directory",
     "expose_port",
+    "get_sandbox_metrics",
 ];
 
 #[test]

@@ -75,9 +75,13 @@ from .types import (
     PrepullResult,
     PruneResult,
     SandboxInfo,
+    SandboxMetrics,
+    SandboxUsage,
     Snapshot,
     StepResult,
     Template,
+    UsageLimits,
+    UsageSample,
     WatchEvent,
 )
 from .webhooks import verify_webhook
@@ -89,7 +93,8 @@ __all__ = [
     "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
     "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages",
     "CommandResult", "EntrypointStatus", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
-    "NetworkPolicy", "SandboxInfo", "Snapshot", "StepResult", "Template", "WatchEvent",
+    "NetworkPolicy", "SandboxInfo", "SandboxMetrics", "SandboxUsage", "Snapshot", "StepResult", "Template",
+    "UsageLimits", "UsageSample", "WatchEvent",
     "SandhubError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",
     "NotFoundError", "AlreadyExistsError", "ConflictError", "FailedPreconditionError",
     "ResourceExhaustedError", "PayloadTooLargeError", "UnavailableError", "UnimplementedError",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime
 from types import TracebackType
 from typing import IO, Any, Iterator, Mapping
 
@@ -30,6 +31,8 @@ from .types import (
     ProcessExitEvent,
     ProcessOutputEvent,
     SandboxInfo,
+    SandboxMetrics,
+    SandboxUsage,
     Snapshot,
     WatchEvent,
 )
@@ -364,6 +367,12 @@ class Sandbox:
         """Its entrypoint's status when last fetched (see ``EntrypointStatus``)."""
         return self.info.entrypoint
 
+    @property
+    def usage(self) -> SandboxUsage | None:
+        """Its latest usage sample and limits when last fetched (``refresh()``
+        updates it); None while it is not running or not yet sampled."""
+        return self.info.usage
+
     def __repr__(self) -> str:
         return f"<Sandbox id={self.id!r} state={self.state!r} template={self.template!r}>"
 
@@ -406,6 +415,18 @@ class Sandbox:
     def reset(self) -> Sandbox:
         """Drops every change to the workspace and kills every process."""
         return self._set(self._hub._native.lifecycle(self.id, "reset"))
+
+    def metrics(self, *, since: datetime | float | None = None, step: int | None = None) -> SandboxMetrics:
+        """The sandbox's CPU, memory, processes, disk and network over time
+        (sampled each second; 15 minutes kept at 1 s, then an hour at 10 s),
+        with the limits they are measured against. ``since``: a time or
+        Unix seconds (default: all kept); ``step``: seconds per point, 1 to
+        3600 (default 1)."""
+        if isinstance(since, datetime):
+            since = since.timestamp()
+        start = None if since is None else max(0, int(since))
+        raw = self._hub._native.metrics(self.id, start, step)
+        return SandboxMetrics._from(c.loads(raw))
 
     def snapshot(self) -> Snapshot:
         """Keeps a copy of the workspace as it is now."""

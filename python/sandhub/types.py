@@ -18,6 +18,10 @@ __all__ = [
     "Snapshot",
     "ListeningPort",
     "SandboxInfo",
+    "SandboxMetrics",
+    "SandboxUsage",
+    "UsageLimits",
+    "UsageSample",
     "NetworkPolicy",
     "Template",
     "Pool",
@@ -195,6 +199,78 @@ class NetworkPolicy:
 
 
 @dataclass(frozen=True)
+class UsageLimits:
+    """What a sandbox's usage is measured against; None: no such limit.
+    ``cpu`` is in cores."""
+
+    memory_mb: int | None = None
+    disk_mb: int | None = None
+    cpu: float | None = None
+    pids: int | None = None
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> UsageLimits:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class UsageSample:
+    """One point of a sandbox's usage, over the step ending at ``timestamp``
+    (RFC 3339): ``cpu_cores`` used on average, the most ``memory_bytes`` and
+    ``pids``, ``disk_bytes`` at the end (None without a disk quota), and the
+    network payload bytes of an ``egress`` sandbox (None without one)."""
+
+    timestamp: str
+    cpu_cores: float = 0.0
+    memory_bytes: int = 0
+    pids: int = 0
+    disk_bytes: int | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> UsageSample:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class SandboxUsage:
+    """A running sandbox's latest sample (``sandbox.usage``, from its last
+    fetch), its memory high-water mark, the processes the kernel OOM-killed
+    in it, and its limits."""
+
+    latest: UsageSample
+    memory_peak_bytes: int = 0
+    oom_kills: int = 0
+    limits: UsageLimits = field(default_factory=UsageLimits)
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> SandboxUsage:
+        known = _known(cls, data)
+        known["latest"] = UsageSample._from(known.get("latest") or {"timestamp": ""})
+        known["limits"] = UsageLimits._from(known.get("limits") or {})
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class SandboxMetrics:
+    """``sandbox.metrics()``: the samples (oldest first, ``step_seconds``
+    apart; older ones may be 10 s apart) and the limits they are measured
+    against. Empty while the sandbox is not running."""
+
+    step_seconds: int = 1
+    limits: UsageLimits = field(default_factory=UsageLimits)
+    samples: tuple[UsageSample, ...] = ()
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> SandboxMetrics:
+        known = _known(cls, data)
+        known["limits"] = UsageLimits._from(known.get("limits") or {})
+        known["samples"] = tuple(UsageSample._from(s) for s in known.get("samples") or ())
+        return cls(**known)
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """What the hub knows about a sandbox at the time of the call."""
 
@@ -214,10 +290,15 @@ class SandboxInfo:
     #: Its own narrowing of its template's network (from ``create`` or
     #: ``set_network``); None when it runs with the template's.
     network: NetworkPolicy | None = None
+    #: Its latest usage sample and limits while it runs (the backend
+    #: samples each second); None otherwise.
+    usage: SandboxUsage | None = None
 
     @classmethod
     def _from(cls, data: dict[str, Any]) -> SandboxInfo:
         known = _known(cls, data)
+        if isinstance(known.get("usage"), dict):
+            known["usage"] = SandboxUsage._from(known["usage"])
         if isinstance(known.get("entrypoint"), dict):
             known["entrypoint"] = EntrypointStatus._from(known["entrypoint"])
         if isinstance(known.get("network"), (str, dict)):

@@ -175,6 +175,22 @@ impl NativeClient {
         })
     }
 
+    /// `GET /v1/sandboxes/{id}/metrics`: the usage series as JSON.
+    #[pyo3(signature = (id, since=None, step=None))]
+    fn metrics<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        since: Option<u64>,
+        step: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let query = sandhub_api::usage::MetricsQuery { since, step };
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            Ok(json(&retry_read(|| hub.metrics(&id, query)).await?)?)
+        })
+    }
+
     fn snapshot<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
         run!(self, py, |b| Ok(json(&b.hub()?.snapshot(&id).await?)?))
     }

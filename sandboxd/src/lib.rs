@@ -19,6 +19,7 @@ pub mod rest;
 pub mod server;
 pub mod transfer;
 pub mod trust;
+pub mod usage;
 pub mod watcher;
 
 pub use config::Config;
@@ -64,6 +65,8 @@ pub struct Daemon {
     pub watches: Arc<Semaphore>,
     pub started: Instant,
     draining: AtomicBool,
+    /// Its own container's usage, sampled once asked (Kubernetes).
+    pub usage: usage::OwnUsage,
 }
 
 impl Daemon {
@@ -112,6 +115,7 @@ impl Daemon {
             processes: ProcessTable::new(config.max_processes),
             started: Instant::now(),
             draining: AtomicBool::new(false),
+            usage: usage::OwnUsage::default(),
             config,
         };
         daemon.hand_root_to_user();

@@ -45,6 +45,7 @@ pub fn router_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/metadata", get(metadata))
         .route(crate::entrypoint::ENTRYPOINT_ROUTE, get(entrypoint))
+        .route(crate::usage::USAGE_ROUTE, get(usage))
         .route("/metrics", get(metrics))
         .merge(files::routes())
         .fallback(not_found)
@@ -206,6 +207,12 @@ async fn entrypoint(
     State(daemon): State<Arc<Daemon>>,
 ) -> Json<Option<crate::entrypoint::EntrypointRecord>> {
     Json(daemon.entrypoint_tracker.record())
+}
+
+/// sandboxd's container's usage ring; `null` where it sees no cgroup v2 of
+/// its own. The first call starts the sampling.
+async fn usage(State(daemon): State<Arc<Daemon>>) -> Json<Option<crate::usage::UsageReport>> {
+    Json(daemon.usage.report())
 }
 
 async fn metrics(State(daemon): State<Arc<Daemon>>) -> Response {

@@ -247,10 +247,32 @@ def test_connect_unknown_sandbox(conn: Conn) -> None:
 # --------------------------------------------------------------------------- metrics
 
 
-def test_get_metrics_is_a_list(sandbox: Sandbox, conn: Conn) -> None:
-    metrics = sandbox.get_metrics()
-    assert isinstance(metrics, list)
-    assert all(isinstance(m, SandboxMetrics) for m in metrics)
+def test_get_metrics_returns_the_samples_of_a_busy_sandbox(sandbox: Sandbox, conn: Conn) -> None:
+    """The hub samples each sandbox every second: the SDK's get_metrics()
+    parses them (E2B's SandboxMetric shape) and they show the workload."""
+    started = utcnow()
+    handle = sandbox.commands.run("timeout 6 sh -c 'while :; do :; done'", background=True)
+    metrics: list[SandboxMetrics] = wait_for(
+        "two samples of a busy sandbox",
+        lambda: [m for m in sandbox.get_metrics() if m.cpu_used_pct > 5] or None,
+        timeout=30,
+    )
+    handle.kill()
+    m = metrics[-1]
+    assert isinstance(m, SandboxMetrics)
+    assert m.cpu_count >= 1
+    assert 5 < m.cpu_used_pct <= 100
+    assert 0 < m.mem_used <= m.mem_total
+    assert m.disk_used >= 0 and m.disk_total >= 0
+    assert_aware(m.timestamp, "timestamp")
+    assert started - CLOCK_SLACK <= m.timestamp <= utcnow() + CLOCK_SLACK
+    # start/end select by time (Unix seconds on the wire).
+    later = sandbox.get_metrics(start=utcnow() + timedelta(hours=1))
+    assert later == []
+    every = sandbox.get_metrics()
+    assert [x.timestamp for x in every] == sorted(x.timestamp for x in every)
+    through = sandbox.get_metrics(end=every[0].timestamp)
+    assert [x.timestamp for x in through] == [every[0].timestamp]
     with pytest.raises(SandboxNotFoundException):
         Sandbox.get_metrics("no-such-sandbox", **conn)
 

@@ -54,6 +54,8 @@ def test_sandbox_lifecycle_and_commands(hub_url: str):
                     assert child.id != sb.id
                 await sb.reset()
                 await sb.refresh()
+                m = await sb.metrics(step=5)
+                assert isinstance(m, sandhub.SandboxMetrics) and m.step_seconds == 5
                 with pytest.raises(sandhub.UnimplementedError):
                     await sb.health()
             with pytest.raises(sandhub.NotFoundError):

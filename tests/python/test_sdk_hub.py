@@ -42,6 +42,28 @@ def test_create_get_list_refresh_delete(hub: sandhub.Hub):
     assert hub.list(labels={"who": "create-test"}) == []
 
 
+def test_usage_and_metrics(hub: sandhub.Hub, sb: sandhub.Sandbox):
+    """The hub samples each sandbox every second: the latest sample rides
+    on the sandbox, the series comes from metrics(), both typed."""
+    deadline = time.monotonic() + 20
+    while sb.refresh().usage is None or len(sb.metrics().samples) < 2:
+        assert time.monotonic() < deadline, "no samples within 20 s"
+        time.sleep(0.2)
+    usage = sb.usage
+    assert isinstance(usage, sandhub.SandboxUsage)
+    assert usage.latest.memory_bytes > 0 and usage.latest.pids >= 1
+    assert usage.memory_peak_bytes >= usage.latest.memory_bytes
+    assert isinstance(usage.limits, sandhub.UsageLimits) and usage.limits.memory_mb
+    m = sb.metrics()
+    assert isinstance(m, sandhub.SandboxMetrics) and m.step_seconds == 1
+    assert all(isinstance(s, sandhub.UsageSample) for s in m.samples)
+    assert [s.timestamp for s in m.samples] == sorted(s.timestamp for s in m.samples)
+    assert sb.metrics(since=time.time() + 3600).samples == ()
+    assert sb.metrics(step=60).step_seconds == 60
+    with pytest.raises(sandhub.InvalidArgumentError, match="step"):
+        sb.metrics(step=0)
+
+
 def test_context_manager_deletes(hub: sandhub.Hub):
     with hub.create() as sb:
         sid = sb.id

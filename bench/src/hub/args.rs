@@ -154,6 +154,12 @@ pub struct Args {
     #[arg(long, env = "SANDHUB_BENCH_EGRESS_IDLE_SANDBOXES", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..=1_000))]
     pub(super) egress_idle_sandboxes: u32,
+
+    /// Idle sandboxes the usage sampler reads each second in phase
+    /// `sampler` (fewer if the machine holds fewer before the deadline).
+    #[arg(long, env = "SANDHUB_BENCH_SAMPLER_SANDBOXES", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(super) sampler_sandboxes: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -190,6 +196,9 @@ pub(super) enum Phase {
     /// in the default set: it needs root, `ip` and /dev/net/tun, and builds
     /// its own network namespace, 198.19.0.0/24).
     Egress,
+    /// The usage sampler's CPU at `--sampler-sandboxes` idle sandboxes
+    /// (not in the default set: it starts hundreds of sandboxes).
+    Sampler,
 }
 
 impl Args {

@@ -39,6 +39,7 @@ mod ports;
 mod procs;
 mod pull;
 mod rest;
+mod sampler;
 mod sdk;
 mod server;
 
@@ -90,6 +91,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     };
     if args.phases.contains(&Phase::E2b) {
         extra.push("--e2b".to_string());
+    }
+    if args.phases.contains(&Phase::Sampler) {
+        // Tenant caps that admit them (at most 1024 MiB a sandbox by default).
+        let n = u64::from(args.sampler_sandboxes) + 16;
+        extra.extend([
+            "--tenant-max-sandboxes".to_string(),
+            n.to_string(),
+            "--tenant-max-memory-mb".to_string(),
+            (n * 1024).to_string(),
+        ]);
     }
     // The egress phase's internet, like the registry, is up before the hub
     // and down only after the hub's sandboxes are gone.
@@ -185,6 +196,7 @@ async fn phases(
             Phase::Disk => disk(args, hub, report).await,
             Phase::Ports => ports(args, hub, report).await,
             Phase::E2b => e2b(args, hub, report).await,
+            Phase::Sampler => sampler::run(args, hub, report).await,
             Phase::Egress => match outside.internet {
                 Some(Ok(net)) => egress::run(args, hub, report, net).await,
                 Some(Err(e)) => Err(anyhow::anyhow!("bringing up the bench internet: {e:#}")),

@@ -521,6 +521,27 @@ impl Sandboxes for HubClient {
         .await
     }
 
+    async fn metrics(
+        &self,
+        id: &str,
+        query: sandhub_api::usage::MetricsQuery,
+    ) -> Result<sandhub_api::usage::SandboxMetrics> {
+        let mut q = Vec::new();
+        if let Some(s) = query.since {
+            q.push(format!("since={s}"));
+        }
+        if let Some(s) = query.step {
+            q.push(format!("step={s}"));
+        }
+        let rest = if q.is_empty() {
+            "/metrics".to_string()
+        } else {
+            format!("/metrics?{}", q.join("&"))
+        };
+        self.call(self.sandbox(Method::GET, id, &rest).timeout(QUICK))
+            .await
+    }
+
     async fn set_network(&self, id: &str, network: NetworkSpec) -> Result<Sandbox> {
         self.call(
             self.sandbox(Method::PATCH, id, "/network")

@@ -22,6 +22,7 @@ pub mod shell;
 pub mod snapshot;
 pub mod template;
 mod terminal;
+pub mod top;
 
 use std::io::Write;
 

@@ -253,6 +253,7 @@ mod tests {
             entrypoint: None,
             egress: None,
             network: None,
+            usage: None,
         };
         assert_eq!(
             sandbox_table(&[sandbox], now),

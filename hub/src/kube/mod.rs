@@ -21,6 +21,7 @@ pub mod signing;
 mod startup;
 mod template;
 mod tenant;
+pub mod usage;
 
 use std::{
     collections::HashMap,

@@ -264,6 +264,7 @@ pub fn sandbox_of(claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
             .and_then(|a| a.get(super::egress::POLICY_ANNOTATION))
             .and_then(|j| super::egress::Recorded::from_annotation(j))
             .and_then(|r| r.sandbox),
+        usage: None,
     }
 }
 

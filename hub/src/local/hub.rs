@@ -84,6 +84,7 @@ pub(super) fn to_api(row: &SandboxRow) -> Sandbox {
         entrypoint: None,
         egress: None,
         network: super::egress::Recorded::of_row(row).and_then(|r| r.sandbox),
+        usage: None,
     }
 }
 
@@ -251,6 +252,7 @@ impl Hub {
             return view;
         }
         view.egress = self.backend.egress.usage(&row.id);
+        view.usage = self.backend.usage(&row.id);
         let Ok(client) = self.client(row) else {
             return view;
         };
@@ -259,6 +261,21 @@ impl Hub {
             view.entrypoint = Some(crate::entrypoint::status(&record, oom_kills, now_ms()));
         }
         view
+    }
+
+    /// The usage sampler's alerts from now on (a sandbox's OOM kills rose,
+    /// its disk reached its quota): the hook the event log subscribes to.
+    /// None without cgroups (nothing is sampled).
+    pub fn usage_alerts(
+        &self,
+    ) -> Option<tokio::sync::broadcast::Receiver<crate::usage::UsageAlert>> {
+        self.backend.sampler.as_ref().map(|s| s.subscribe())
+    }
+
+    /// The usage sampler's CPU time so far and its ticks (for `/metrics`
+    /// and the bench); None without cgroups.
+    pub fn sampler_cost(&self) -> Option<(Duration, u64)> {
+        self.backend.sampler.as_ref().map(|s| s.cost())
     }
 
     pub(super) fn client(&self, row: &SandboxRow) -> Result<SandboxdClient> {

@@ -205,5 +205,60 @@ impl Hub {
                 }
             }
         });
+        // The sampler's alerts become events (`oom_killed`,
+        // `disk_quota_exceeded`) of the sandbox's tenant, and are logged.
+        if let Some(mut alerts) = self.usage_alerts() {
+            let hub = self.clone();
+            tokio::spawn(async move {
+                use crate::events::{EventType, NewEvent};
+                use crate::usage::UsageAlert;
+                use tokio::sync::broadcast::error::RecvError;
+                loop {
+                    let (id, kind, details) = match alerts.recv().await {
+                        Ok(UsageAlert::OomKilled {
+                            sandbox,
+                            oom_kills,
+                            new_kills,
+                        }) => {
+                            tracing::warn!(%sandbox, oom_kills, new_kills,
+                                "usage alert: oom_killed (the kernel killed a process for memory)");
+                            (
+                                sandbox,
+                                EventType::OomKilled,
+                                [("oom_kills", oom_kills), ("new_kills", new_kills)],
+                            )
+                        }
+                        Ok(UsageAlert::DiskQuotaReached {
+                            sandbox,
+                            used_bytes,
+                            limit_bytes,
+                        }) => {
+                            tracing::warn!(%sandbox, used_bytes, limit_bytes,
+                                "usage alert: disk_quota_exceeded");
+                            (
+                                sandbox,
+                                EventType::DiskQuotaExceeded,
+                                [("used_bytes", used_bytes), ("limit_bytes", limit_bytes)],
+                            )
+                        }
+                        Err(RecvError::Lagged(n)) => {
+                            tracing::warn!(missed = n, "usage alerts dropped (the event feed fell behind)");
+                            continue;
+                        }
+                        Err(RecvError::Closed) => return,
+                    };
+                    // The alert names a sandbox only; its row says whose it is.
+                    // One deleted meanwhile has nobody left to tell.
+                    let Ok(Some(row)) = hub.store.get_any(&id) else {
+                        continue;
+                    };
+                    let mut event = NewEvent::sandbox(&row.tenant, kind, &id, &row.labels);
+                    for (k, v) in details {
+                        event = event.detail(k, v);
+                    }
+                    hub.emit(event);
+                }
+            });
+        }
     }
 }

@@ -18,6 +18,8 @@
 //! store/             the SQLite store (sandboxes, templates, pools, snapshots, gym envs,
 //!                    tenants' secret values)
 //! runtime_adapter.rs LocalBackend: rows to runtime calls (launch, stop, snapshot, ...)
+//! sampler.rs         every sandbox's usage (cgroup, disk quota, gateway bytes) each
+//!                    second into its ring (`crate::usage`); the OOM/disk alert hook
 //! disk.rs            disk-quota flags and opening the quota volume
 //! egress.rs          `network: egress`: the operator's flags (the built-in `default`
 //!                    template's network among them), attaching a gateway (crate
@@ -42,6 +44,7 @@ mod pools;
 mod ports;
 pub mod runtime;
 mod runtime_adapter;
+pub mod sampler;
 mod secrets;
 pub mod store;
 mod tenant;

@@ -54,6 +54,8 @@ pub struct LocalBackend {
     pub images: Arc<super::image::ImageStore>,
     /// The gateways of `network: egress` sandboxes.
     pub egress: Arc<Egress>,
+    /// Every sandbox's usage, sampled each second; None without cgroups.
+    pub sampler: Option<Arc<super::sampler::Sampler>>,
 }
 
 fn runtime_error(e: RuntimeError) -> Error {
@@ -124,6 +126,7 @@ impl LocalBackend {
             quotas,
             default_disk_mb: disk.default_disk_mb,
             egress: Arc::new(egress),
+            sampler: None,
             images: Arc::new(
                 super::image::ImageStore::open(
                     state_dir,
@@ -137,6 +140,8 @@ impl LocalBackend {
         for dir in [&backend.sandboxes, &backend.snapshots, &backend.seeds] {
             std::fs::create_dir_all(dir)?;
         }
+        let mut backend = backend;
+        backend.sampler = backend.start_sampler()?;
         Ok(backend)
     }
 
@@ -525,9 +530,51 @@ impl LocalBackend {
         self.runtime.check_layer(&dir).ok().map(|()| dir)
     }
 
+    /// The usage sampler over every sandbox's cgroup, disk quota (on the
+    /// quota volume) and gateway counters; None without cgroups.
+    fn start_sampler(&self) -> anyhow::Result<Option<Arc<super::sampler::Sampler>>> {
+        use super::sampler::{DiskLookup, NetLookup, Owns, Sampler, Sources};
+        let Some(cgroups) = self.runtime.cgroup_tree() else {
+            return Ok(None);
+        };
+        let disk: Option<DiskLookup> = self.quotas.clone().map(|q| {
+            let sandboxes = self.sandboxes.clone();
+            Arc::new(move |id: &str| {
+                let qid = q.quota_of(&sandboxes.join(id)).ok()?;
+                q.qgroup_dir(qid).ok()
+            }) as DiskLookup
+        });
+        let (dirs, legacy) = (self.sandboxes.clone(), self.legacy.clone());
+        let owns: Owns = Arc::new(move |id: &str| {
+            dirs.join(id).is_dir() || legacy.as_ref().is_some_and(|(l, _)| l.join(id).is_dir())
+        });
+        let egress = self.egress.clone();
+        let net: NetLookup =
+            Arc::new(move |id: &str| egress.usage(id).map(|u| (u.bytes_in, u.bytes_out)));
+        let sampler = Sampler::start(
+            Sources {
+                cgroups,
+                owns: Some(owns),
+                disk,
+                net: Some(net),
+            },
+            std::time::Duration::from_secs(1),
+        )
+        .context("starting the usage sampler")?;
+        Ok(Some(Arc::new(sampler)))
+    }
+
+    /// The latest usage sample of a sandbox, and its limits.
+    pub fn usage(&self, id: &str) -> Option<sandhub_api::usage::SandboxUsage> {
+        self.sampler.as_ref()?.latest(id)
+    }
+
     /// The hub is stopping: let go of what only a running hub needs (the
     /// disk volume's mount). Sandboxes keep running.
     pub fn shutdown(&self) {
+        if let Some(s) = &self.sampler {
+            s.stop();
+        }
         self.images.unmount_all();
         if let Some(q) = &self.quotas {
             if let Err(e) = q.detach() {

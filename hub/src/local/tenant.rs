@@ -314,7 +314,13 @@ impl Sandboxes for TenantHub {
             .list_sandboxes(&self.tenant)?
             .iter()
             .filter(|r| labels.iter().all(|(k, v)| r.labels.get(k) == Some(v)))
-            .map(to_api)
+            .map(|r| {
+                let mut sb = to_api(r);
+                if r.state == sandhub_api::hub::SandboxState::Ready {
+                    sb.usage = self.hub.backend.usage(&r.id);
+                }
+                sb
+            })
             .collect())
     }
 
@@ -516,6 +522,30 @@ impl Sandboxes for TenantHub {
         self.hub
             .emit(self.hub.sandbox_event(&row, EventType::Reset));
         Ok(self.hub.view(&row).await)
+    }
+
+    async fn metrics(
+        &self,
+        id: &str,
+        query: sandhub_api::usage::MetricsQuery,
+    ) -> Result<sandhub_api::usage::SandboxMetrics> {
+        let step = crate::usage::check_step(query.step).map_err(invalid)?;
+        found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
+        let series = self
+            .hub
+            .backend
+            .sampler
+            .as_ref()
+            .and_then(|s| s.series(id, query.since.unwrap_or(0), step));
+        let (limits, points) = series.unwrap_or_default();
+        Ok(sandhub_api::usage::SandboxMetrics {
+            step_seconds: step,
+            limits,
+            samples: points
+                .into_iter()
+                .map(crate::usage::Point::to_api)
+                .collect(),
+        })
     }
 
     async fn set_network(&self, id: &str, network: NetworkSpec) -> Result<Sandbox> {

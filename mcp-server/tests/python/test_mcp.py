@@ -38,6 +38,7 @@ EXTRA_TOOLS = {
     "snapshot_sandbox",
     "watch_directory",
     "expose_port",
+    "get_sandbox_metrics",
 }
 
 Connect = Callable[[], Any]

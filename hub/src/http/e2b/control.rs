@@ -16,6 +16,7 @@ use axum::{
 use sandhub_api::{
     error::Code,
     hub::{CreateSandbox, Sandbox, SandboxState, DEFAULT_TEMPLATE},
+    usage::{MetricsQuery, UsageLimits},
 };
 use sandhub_client::{Error, Result};
 use serde::Deserialize;
@@ -50,6 +51,7 @@ pub fn routes() -> Router<AppState> {
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/metrics", get(many_metrics))
         .route("/sandboxes/{id}/network", put(set_network))
 }
 
@@ -336,13 +338,150 @@ async fn pause(Api(api): Api, Path(id): Path<String>) -> Response {
     }
 }
 
-async fn metrics(Api(api): Api, Path(id): Path<String>) -> Response {
-    match live(&api, &id).await {
-        // No samples are kept yet: an empty series, as E2B answers for a
-        // sandbox too young to have one.
-        Ok(_) => Json(json!([])).into_response(),
+/// `start` and `end` of the metrics routes: Unix seconds.
+#[derive(Debug, Default, Deserialize)]
+struct MetricsRange {
+    #[serde(default)]
+    start: Option<String>,
+    #[serde(default)]
+    end: Option<String>,
+}
+
+fn unix_param(name: &str, v: Option<&str>) -> Result<Option<u64>> {
+    v.map(|s| {
+        s.trim().parse::<u64>().map_err(|_| {
+            Error::new(
+                Code::InvalidArgument,
+                format!("{name}: {s:?} is not Unix seconds"),
+            )
+        })
+    })
+    .transpose()
+}
+
+/// One sample in E2B's shape (`SandboxMetric`, every field the pinned SDK
+/// requires): CPU as a percentage of the cores the sandbox may use, memory
+/// and disk in bytes. A limit the
+/// sandbox does not have is the host's (cores, memory) or 0 (disk).
+fn e2b_metric(s: &sandhub_api::usage::UsageSample, limits: &UsageLimits) -> Value {
+    let cores = limits
+        .cpu
+        .filter(|c| *c > 0.0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
+    let pct = (s.cpu_cores / cores * 100.0).clamp(0.0, 100.0);
+    let mem_total = limits
+        .memory_mb
+        .map_or_else(host_memory_bytes, |mb| mb.saturating_mul(1 << 20));
+    let unix = humantime::parse_rfc3339(&s.timestamp)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    json!({
+        "timestamp": s.timestamp,
+        "timestampUnix": unix,
+        "cpuCount": cores.ceil() as u64,
+        "cpuUsedPct": (pct * 100.0).round() / 100.0,
+        "memUsed": s.memory_bytes,
+        "memTotal": mem_total,
+        // The page cache is not sampled apart (memUsed counts it): 0.
+        "memCache": 0,
+        "diskUsed": s.disk_bytes.unwrap_or(0),
+        "diskTotal": limits.disk_mb.map_or(0, |mb| mb.saturating_mul(1 << 20)),
+    })
+}
+
+fn host_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// `GET /sandboxes/{id}/metrics?start=&end=`: the sandbox's samples (1 s
+/// apart for the last 15 minutes, 10 s before that) in E2B's shape,
+/// oldest first; `[]` while none is kept yet.
+async fn metrics(
+    Api(api): Api,
+    Path(id): Path<String>,
+    Query(range): Query<MetricsRange>,
+) -> Response {
+    let outcome = async {
+        let start = unix_param("start", range.start.as_deref())?;
+        let end = unix_param("end", range.end.as_deref())?;
+        live(&api, &id).await?;
+        let m = api
+            .metrics(
+                &id,
+                MetricsQuery {
+                    since: start,
+                    step: None,
+                },
+            )
+            .await?;
+        let end = end.map(|e| {
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(e),
+            )
+            .to_string()
+        });
+        // RFC 3339 in whole seconds, UTC: compared as text.
+        Ok::<_, Error>(
+            m.samples
+                .iter()
+                .filter(|s| end.as_ref().is_none_or(|e| &s.timestamp <= e))
+                .map(|s| e2b_metric(s, &m.limits))
+                .collect::<Vec<_>>(),
+        )
+    };
+    match outcome.await {
+        Ok(v) => Json(v).into_response(),
         Err(e) => api_error(&e),
     }
+}
+
+/// The most sandboxes one `GET /sandboxes/metrics` names.
+const MAX_METRICS_IDS: usize = 100;
+
+#[derive(Debug, Default, Deserialize)]
+struct ManyMetrics {
+    #[serde(default)]
+    sandbox_ids: Option<String>,
+}
+
+/// `GET /sandboxes/metrics?sandbox_ids=a,b`: the latest sample of each
+/// named sandbox the caller has running (`{"sandboxes": {id: metric}}`);
+/// others are left out, as E2B does.
+async fn many_metrics(Api(api): Api, Query(q): Query<ManyMetrics>) -> Response {
+    let ids: Vec<&str> = q
+        .sandbox_ids
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if ids.len() > MAX_METRICS_IDS {
+        return api_error(&Error::new(
+            Code::InvalidArgument,
+            format!("sandbox_ids: at most {MAX_METRICS_IDS} ids"),
+        ));
+    }
+    let mut out = serde_json::Map::new();
+    for id in ids {
+        if let Ok(Sandbox {
+            usage: Some(u),
+            state: SandboxState::Ready,
+            ..
+        }) = api.get(id).await
+        {
+            out.insert(id.to_string(), e2b_metric(&u.latest, &u.limits));
+        }
+    }
+    Json(json!({ "sandboxes": out })).into_response()
 }
 
 #[derive(Debug, Deserialize)]

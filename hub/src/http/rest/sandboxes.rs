@@ -9,6 +9,7 @@ use sandhub_api::{
         CreateSandbox, EgressLog, ForkRequest, NetworkSpec, Sandbox, SandboxList, Snapshot,
         SnapshotList,
     },
+    usage::SandboxMetrics,
 };
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -29,6 +30,37 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(fork))
         .routes(routes!(egress_log))
         .routes(routes!(set_network))
+        .routes(routes!(sandbox_metrics))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MetricsParams {
+    /// Samples from this time on: Unix seconds or RFC 3339 (default: all
+    /// kept, up to 1 h 15 min).
+    since: Option<String>,
+    /// Seconds per point, 1 to 3600 (default 1).
+    step: Option<String>,
+}
+
+/// A sandbox's CPU, memory, processes, disk and network over time, sampled
+/// each second (15 minutes at 1 s, then an hour at 10 s), with the limits
+/// it is measured against. Empty while it is not running.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/metrics", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), MetricsParams),
+    responses(
+        (status = 200, body = SandboxMetrics),
+        (status = 400, body = ErrorBody, description = "A bad `since` or `step` (named)"),
+        (status = 404, body = ErrorBody),
+    ))]
+async fn sandbox_metrics(
+    Api(api): Api,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<MetricsParams>,
+) -> ApiResult<ApiJson<SandboxMetrics>> {
+    let query = crate::usage::parse_query(q.since.as_deref(), q.step.as_deref())
+        .map_err(|m| ApiError::new(Code::InvalidArgument, m))?;
+    Ok(ApiJson(api.metrics(&id, query).await?))
 }
 
 /// Change a running sandbox's network: the body (the `network` shape of a

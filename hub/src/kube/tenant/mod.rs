@@ -137,13 +137,34 @@ impl KubeTenant {
         let mut view = self.hub_view(claim, launch.as_deref());
         if view.state == sandhub_api::hub::SandboxState::Ready {
             if let Ok(client) = self.client(&view.id, "get").await {
-                if let Some(record) = crate::entrypoint::ask(&client).await {
+                let (record, usage, limits) = tokio::join!(
+                    crate::entrypoint::ask(&client),
+                    crate::kube::usage::ask(&client),
+                    self.usage_limits(&view.template)
+                );
+                if let Some(record) = record {
                     let now = crate::backend::now_ms();
                     view.entrypoint = Some(crate::entrypoint::status(&record, 0, now));
                 }
+                view.usage = usage
+                    .and_then(|r| crate::kube::usage::latest(&r, &limits, crate::backend::now_s()));
             }
         }
         view
+    }
+
+    /// What a sandbox's usage is measured against: its template's limits
+    /// (never what sandboxd reports); none where the template is gone.
+    pub(super) async fn usage_limits(&self, template: &str) -> sandhub_api::usage::UsageLimits {
+        match sandhub_client::Sandboxes::get_template(self, template).await {
+            Ok(t) => sandhub_api::usage::UsageLimits {
+                memory_mb: t.template.memory_mb,
+                disk_mb: t.template.disk_mb,
+                cpu: t.template.cpu,
+                pids: t.template.pids,
+            },
+            Err(_) => Default::default(),
+        }
     }
 
     /// [`model::sandbox_of`], with the pool under the name this tenant knows.

@@ -289,6 +289,35 @@ impl Sandboxes for KubeTenant {
     /// body is named first, and another tenant's sandbox is NOT_FOUND, as
     /// on the local backend; a sandbox without a proxy policy (`none`)
     /// cannot change.
+    /// sandboxd's ring of its own container, read on demand and clamped
+    /// (kube/usage.rs); empty while the sandbox is not Ready.
+    async fn metrics(
+        &self,
+        id: &str,
+        query: sandhub_api::usage::MetricsQuery,
+    ) -> Result<sandhub_api::usage::SandboxMetrics> {
+        let step = crate::usage::check_step(query.step).map_err(Error::invalid)?;
+        let claim = self.claim(id).await?;
+        let sb = self.hub_view(&claim, None);
+        let mut out = sandhub_api::usage::SandboxMetrics {
+            step_seconds: step,
+            ..Default::default()
+        };
+        if sb.state != sandhub_api::hub::SandboxState::Ready {
+            return Ok(out);
+        }
+        out.limits = self.usage_limits(&sb.template).await;
+        let client = self.client(id, "reading usage").await?;
+        if let Some(report) = crate::kube::usage::ask(&client).await {
+            let points = crate::kube::usage::points(&report, &out.limits, crate::backend::now_s());
+            out.samples = crate::usage::fold(points.iter(), query.since.unwrap_or(0), step)
+                .into_iter()
+                .map(crate::usage::Point::to_api)
+                .collect();
+        }
+        Ok(out)
+    }
+
     async fn set_network(
         &self,
         id: &str,

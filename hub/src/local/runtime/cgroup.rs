@@ -44,6 +44,10 @@ pub(crate) enum Backend {
         memory: PathBuf,
         pids: PathBuf,
         cpu: PathBuf,
+        /// `cpuacct` (CPU time used, for the usage sampler) where it is a
+        /// hierarchy of its own; None where it is co-mounted with `cpu`
+        /// (or absent).
+        cpuacct: Option<PathBuf>,
     },
 }
 
@@ -243,6 +247,13 @@ fn detect_v1(mounts: &[Mount], create: bool) -> Result<Backend, String> {
             missing.join(", ")
         ));
     };
+    // CPU accounting rides along where it is its own hierarchy (best
+    // effort: only the usage sampler reads it).
+    let cpuacct = find("cpuacct").filter(|d| *d != cpu);
+    let cpuacct = match (&cpuacct, create) {
+        (Some(d), true) => mkdir_ok(d).is_ok().then(|| d.clone()),
+        _ => cpuacct,
+    };
     if create {
         for dir in [&memory, &pids, &cpu] {
             mkdir_ok(dir).map_err(|e| {
@@ -253,7 +264,12 @@ fn detect_v1(mounts: &[Mount], create: bool) -> Result<Backend, String> {
             })?;
         }
     }
-    Ok(Backend::V1 { memory, pids, cpu })
+    Ok(Backend::V1 {
+        memory,
+        pids,
+        cpu,
+        cpuacct,
+    })
 }
 
 impl Backend {
@@ -285,10 +301,16 @@ impl Backend {
     pub fn sandbox(&self, id: &str) -> SandboxCgroup {
         match self {
             Backend::V2 { base } => SandboxCgroup::V2(base.join(id)),
-            Backend::V1 { memory, pids, cpu } => SandboxCgroup::V1 {
+            Backend::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => SandboxCgroup::V1 {
                 memory: memory.join(id),
                 pids: pids.join(id),
                 cpu: cpu.join(id),
+                cpuacct: cpuacct.as_ref().map(|d| d.join(id)),
             },
         }
     }
@@ -338,6 +360,7 @@ pub(crate) enum SandboxCgroup {
         memory: PathBuf,
         pids: PathBuf,
         cpu: PathBuf,
+        cpuacct: Option<PathBuf>,
     },
 }
 
@@ -346,9 +369,17 @@ impl SandboxCgroup {
     pub fn dirs(&self) -> Vec<PathBuf> {
         match self {
             SandboxCgroup::V2(dir) => vec![dir.clone()],
-            SandboxCgroup::V1 { memory, pids, cpu } => {
-                let mut dirs: Vec<PathBuf> = Vec::with_capacity(3);
-                for d in [memory, pids, cpu] {
+            SandboxCgroup::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
+                let mut dirs: Vec<PathBuf> = Vec::with_capacity(4);
+                for d in [Some(memory), Some(pids), Some(cpu), cpuacct.as_ref()]
+                    .into_iter()
+                    .flatten()
+                {
                     if !dirs.contains(d) {
                         dirs.push(d.clone());
                     }
@@ -373,7 +404,9 @@ impl SandboxCgroup {
     fn file(&self, controller_file: &str) -> PathBuf {
         match self {
             SandboxCgroup::V2(dir) => dir.join(controller_file),
-            SandboxCgroup::V1 { memory, pids, cpu } => {
+            SandboxCgroup::V1 {
+                memory, pids, cpu, ..
+            } => {
                 let dir = match controller_file.split('.').next() {
                     Some("pids") => pids,
                     Some("cpu") => cpu,
@@ -590,6 +623,7 @@ mod tests {
             memory: "/sys/fs/cgroup/memory/sandhub".into(),
             pids: "/sys/fs/cgroup/pids/sandhub".into(),
             cpu: "/sys/fs/cgroup/cpu,cpuacct/sandhub".into(),
+            cpuacct: None,
         };
         let cg = b.sandbox("s1");
         assert_eq!(cg.dirs().len(), 3);
@@ -605,7 +639,8 @@ mod tests {
             memory: "/cg/all/sandhub".into(),
             pids: "/cg/all/sandhub".into(),
             cpu: "/cg/cpu/sandhub".into(),
+            cpuacct: Some("/cg/cpuacct/sandhub".into()),
         };
-        assert_eq!(co.sandbox("s1").dirs().len(), 2);
+        assert_eq!(co.sandbox("s1").dirs().len(), 3, "cpuacct of its own");
     }
 }

@@ -562,6 +562,11 @@ impl Runtime {
         }
     }
 
+    /// Every sandbox's cgroup, for the usage sampler; None without cgroups.
+    pub fn cgroup_tree(&self) -> Option<super::cgstat::CgroupTree> {
+        self.cgroups.clone().map(super::cgstat::CgroupTree::new)
+    }
+
     /// The cgroup directories of sandbox `id` (whether they exist or not).
     pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
         self.cgroups

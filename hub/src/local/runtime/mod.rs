@@ -14,6 +14,8 @@
 //! runtime.stop(id, &Launched)                   kill all, remove cgroup, keep files
 //! runtime.remove(&SandboxSpec, Option<&Launched>)   stop + delete the state dir
 //! runtime.processes(id), cgroup_dirs(id), prepare_layer(dir)
+//! runtime.cgroup_tree() -> Option<CgroupTree>    every sandbox's counters, read
+//!                                               through dir fds (see [`cgstat`])
 //! NetNs::of(&Launched) -> NetNs                  the sandbox's network namespace:
 //!   .sockets(), .listening()                    sockets made inside it, what listens
 //!                                               (see [`netns`]; how ports are reached)
@@ -73,6 +75,7 @@
 //!   path in it by name: see [`statedir`] and [`treecopy`].
 
 mod cgroup;
+pub mod cgstat;
 mod channel;
 mod error;
 mod hostetc;

@@ -10,6 +10,7 @@
 pub mod exec;
 pub mod files;
 pub mod lifecycle;
+pub mod metrics;
 pub mod ports;
 pub mod process;
 pub mod sandbox;

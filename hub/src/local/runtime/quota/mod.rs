@@ -303,6 +303,25 @@ impl DiskQuotas {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path:?}: {e}")))
     }
 
+    /// The sysfs directory of quota `id`'s qgroup, opened once so the
+    /// usage sampler reads `referenced` through it each second
+    /// ([`read_qgroup`]). sysfs is the kernel's: nothing a sandbox writes.
+    pub fn qgroup_dir(&self, id: QuotaId) -> io::Result<OwnedFd> {
+        let path = Path::new("/sys/fs/btrfs")
+            .join(&self.fsid)
+            .join("qgroups")
+            .join(format!("0_{}", id.0));
+        rustix::fs::open(
+            &path,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC
+                | rustix::fs::OFlags::NOFOLLOW,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| annotate(format!("opening {}", path.display()), e.into()))
+    }
+
     /// The quota of an existing sandbox dir.
     pub fn quota_of(&self, state_dir: &Path) -> io::Result<QuotaId> {
         let (parent, name) = self.split(state_dir)?;
@@ -487,4 +506,27 @@ fn mount_volume(dev: &Path, mount_point: &Path) -> io::Result<()> {
             e.into(),
         )
     })
+}
+
+/// `(referenced, max_referenced)` of a qgroup directory from
+/// [`DiskQuotas::qgroup_dir`]; the limit is None when the qgroup has none.
+/// btrfs settles `referenced` at each transaction commit (30 s at most).
+pub fn read_qgroup(dir: BorrowedFd<'_>) -> io::Result<(u64, Option<u64>)> {
+    let read = |name: &str| -> io::Result<String> {
+        let fd = rustix::fs::openat(
+            dir,
+            name,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NOFOLLOW,
+            rustix::fs::Mode::empty(),
+        )?;
+        let mut buf = [0u8; 64];
+        let n = rustix::io::read(&fd, &mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+    };
+    let used = read("referenced")?
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("referenced: {e}")))?;
+    // "none" when unlimited.
+    let max = read("max_referenced").ok().and_then(|v| v.parse().ok());
+    Ok((used, max))
 }
