@@ -220,7 +220,10 @@ async fn disk_reaches_its_quota_and_the_disk_hook_fires() {
     })
     .await;
     let event = first_event(&c, &sb.id, "disk_quota_exceeded").await;
-    assert!(event["details"]["used_bytes"].as_u64().unwrap() > 60 << 20, "{event}");
+    assert!(
+        event["details"]["used_bytes"].as_u64().unwrap() > 60 << 20,
+        "{event}"
+    );
 }
 
 #[tokio::test]

@@ -242,7 +242,10 @@ impl Hub {
                             )
                         }
                         Err(RecvError::Lagged(n)) => {
-                            tracing::warn!(missed = n, "usage alerts dropped (the event feed fell behind)");
+                            tracing::warn!(
+                                missed = n,
+                                "usage alerts dropped (the event feed fell behind)"
+                            );
                             continue;
                         }
                         Err(RecvError::Closed) => return,
