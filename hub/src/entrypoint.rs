@@ -8,8 +8,6 @@
 
 use std::time::Duration;
 
-use http::Method;
-use http_body_util::{BodyExt, Empty, Limited};
 use sandboxd::entrypoint::{EntrypointRecord, ENTRYPOINT_ROUTE};
 use sandhub_api::hub::{EntrypointState, EntrypointStatus};
 use sandhub_client::sandboxd::SandboxdClient;
@@ -25,27 +23,14 @@ const SIGKILL: i32 = 9;
 /// Asks sandboxd for its entrypoint record; None when it has none, or does
 /// not answer sanely in time (the field is then left out, never an error).
 pub async fn ask(client: &SandboxdClient) -> Option<EntrypointRecord> {
-    let call = async {
-        let response = client
-            .forward(
-                Method::GET,
-                ENTRYPOINT_ROUTE,
-                http::HeaderMap::new(),
-                Empty::<bytes::Bytes>::new(),
-            )
-            .await
-            .ok()?;
-        if !response.status().is_success() {
-            return None;
-        }
-        let body = Limited::new(response.into_body(), MAX_RECORD_BYTES)
-            .collect()
-            .await
-            .ok()?
-            .to_bytes();
-        serde_json::from_slice::<Option<EntrypointRecord>>(&body).ok()?
-    };
-    tokio::time::timeout(ASK_TIMEOUT, call).await.ok().flatten()
+    client
+        .get_json_bounded::<Option<EntrypointRecord>>(
+            ENTRYPOINT_ROUTE,
+            MAX_RECORD_BYTES,
+            ASK_TIMEOUT,
+        )
+        .await
+        .flatten()
 }
 
 /// The API's view of `record`, at `now_ms`, given the cgroup's OOM kills.

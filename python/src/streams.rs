@@ -267,38 +267,40 @@ impl FileWriter {
     }
 }
 
-/// A watch: batches of events, as JSON lists.
-#[pyclass(module = "sandhub._sandhub", frozen)]
-pub struct WatchStream {
-    asynchronous: bool,
-    events: Arc<Mutex<Option<WatchEvents>>>,
-    /// `close()` from another thread or task ends a read that is waiting.
+/// A stream that `close()` ends from another thread or task: a read that
+/// is waiting returns None, and the stream (with its connection) is
+/// dropped. It is dropped too once it ends or fails.
+struct Closable<S> {
+    stream: Arc<Mutex<Option<S>>>,
     closed: Arc<Notify>,
 }
 
-impl WatchStream {
-    pub fn new(asynchronous: bool, events: WatchEvents) -> Self {
-        WatchStream {
-            asynchronous,
-            events: Arc::new(Mutex::new(Some(events))),
+impl<S, T> Closable<S>
+where
+    S: futures::Stream<Item = Result<T>> + Unpin + Send + 'static,
+    T: Send + 'static,
+{
+    fn new(stream: S) -> Self {
+        Closable {
+            stream: Arc::new(Mutex::new(Some(stream))),
             closed: Arc::new(Notify::new()),
         }
     }
-}
 
-#[pymethods]
-impl WatchStream {
-    /// The next batch as a JSON list, or None when the watch ended or was closed.
-    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let events = self.events.clone();
+    /// The next item; None once the stream ended or was closed.
+    fn next(
+        &self,
+    ) -> impl std::future::Future<Output = std::result::Result<Option<T>, Failure>> + Send + 'static
+    {
+        let stream = self.stream.clone();
         let closed = self.closed.clone();
-        call(py, self.asynchronous, async move {
-            let mut guard = events.lock().await;
-            let Some(stream) = guard.as_mut() else {
+        async move {
+            let mut guard = stream.lock().await;
+            let Some(s) = guard.as_mut() else {
                 return Ok(None);
             };
             let item = tokio::select! {
-                item = stream.next() => item,
+                item = s.next() => item,
                 () = closed.notified() => None,
             };
             match item {
@@ -310,7 +312,45 @@ impl WatchStream {
                     *guard = None;
                     Err(Failure::from(e))
                 }
-                Some(Ok(batch)) => Ok(Some(json(&batch)?)),
+                Some(Ok(item)) => Ok(Some(item)),
+            }
+        }
+    }
+
+    fn close(&self) {
+        // A stored permit if no read is waiting: the next read sees it.
+        self.closed.notify_one();
+        if let Ok(mut guard) = self.stream.try_lock() {
+            *guard = None;
+        }
+    }
+}
+
+/// A watch: batches of events, as JSON lists.
+#[pyclass(module = "sandhub._sandhub", frozen)]
+pub struct WatchStream {
+    asynchronous: bool,
+    events: Closable<WatchEvents>,
+}
+
+impl WatchStream {
+    pub fn new(asynchronous: bool, events: WatchEvents) -> Self {
+        WatchStream {
+            asynchronous,
+            events: Closable::new(events),
+        }
+    }
+}
+
+#[pymethods]
+impl WatchStream {
+    /// The next batch as a JSON list, or None when the watch ended or was closed.
+    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let next = self.events.next();
+        call(py, self.asynchronous, async move {
+            match next.await? {
+                Some(batch) => Ok(Some(json(&batch)?)),
+                None => Ok(None),
             }
         })
     }
@@ -318,11 +358,7 @@ impl WatchStream {
     /// Stops the watch: a waiting read returns None, and the stream (with
     /// its connection) is dropped.
     fn close(&self) {
-        // A stored permit if no read is waiting: the next read sees it.
-        self.closed.notify_one();
-        if let Ok(mut guard) = self.events.try_lock() {
-            *guard = None;
-        }
+        self.events.close();
     }
 }
 
@@ -330,8 +366,7 @@ impl WatchStream {
 #[pyclass(module = "sandhub._sandhub", frozen)]
 pub struct EventStream {
     asynchronous: bool,
-    events: Arc<Mutex<Option<futures::stream::BoxStream<'static, Result<serde_json::Value>>>>>,
-    closed: Arc<Notify>,
+    events: Closable<futures::stream::BoxStream<'static, Result<serde_json::Value>>>,
 }
 
 impl EventStream {
@@ -341,8 +376,7 @@ impl EventStream {
     ) -> Self {
         EventStream {
             asynchronous,
-            events: Arc::new(Mutex::new(Some(events))),
-            closed: Arc::new(Notify::new()),
+            events: Closable::new(events),
         }
     }
 }
@@ -351,37 +385,15 @@ impl EventStream {
 impl EventStream {
     /// The next event as JSON, or None when the stream ended or was closed.
     fn next_event<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let events = self.events.clone();
-        let closed = self.closed.clone();
+        let next = self.events.next();
         call(py, self.asynchronous, async move {
-            let mut guard = events.lock().await;
-            let Some(stream) = guard.as_mut() else {
-                return Ok(None);
-            };
-            let item = tokio::select! {
-                item = stream.next() => item,
-                () = closed.notified() => None,
-            };
-            match item {
-                None => {
-                    *guard = None;
-                    Ok(None)
-                }
-                Some(Err(e)) => {
-                    *guard = None;
-                    Err(Failure::from(e))
-                }
-                Some(Ok(event)) => Ok(Some(event.to_string())),
-            }
+            Ok(next.await?.map(|event| event.to_string()))
         })
     }
 
     /// Stops the stream: a waiting read returns None.
     fn close(&self) {
-        self.closed.notify_one();
-        if let Ok(mut guard) = self.events.try_lock() {
-            *guard = None;
-        }
+        self.events.close();
     }
 }
 

@@ -41,4 +41,38 @@ impl SandboxdClient {
             .map_err(|e| Error::invalid(format!("building request {path_and_query}: {e}")))?;
         self.http.request(request).await.map_err(transport_error)
     }
+
+    /// GETs `route` and decodes its JSON body as `T`; None on a transport
+    /// failure, a non-2xx answer, a body over `max_bytes`, JSON that is not
+    /// a `T`, or no whole answer within `timeout`. For Sandhub's extension
+    /// routes, whose answers come from inside the sandbox: they are heard
+    /// only while sane, and never become an error of the caller's request.
+    pub async fn get_json_bounded<T: serde::de::DeserializeOwned>(
+        &self,
+        route: &str,
+        max_bytes: usize,
+        timeout: std::time::Duration,
+    ) -> Option<T> {
+        let call = async {
+            let response = self
+                .forward(
+                    Method::GET,
+                    route,
+                    HeaderMap::new(),
+                    http_body_util::Empty::<Bytes>::new(),
+                )
+                .await
+                .ok()?;
+            if !response.status().is_success() {
+                return None;
+            }
+            let body = http_body_util::Limited::new(response.into_body(), max_bytes)
+                .collect()
+                .await
+                .ok()?
+                .to_bytes();
+            serde_json::from_slice::<T>(&body).ok()
+        };
+        tokio::time::timeout(timeout, call).await.ok().flatten()
+    }
 }

@@ -11,8 +11,6 @@
 
 use std::time::Duration;
 
-use http::Method;
-use http_body_util::{BodyExt, Empty, Limited};
 use sandboxd::usage::{UsageReport, USAGE_ROUTE};
 use sandhub_api::usage::{SandboxUsage, UsageLimits};
 use sandhub_client::sandboxd::SandboxdClient;
@@ -33,27 +31,10 @@ const MAX_OOM_KILLS: u64 = 1 << 32;
 /// sandboxd's report, or None when it has none or does not answer sanely
 /// in time.
 pub async fn ask(client: &SandboxdClient) -> Option<UsageReport> {
-    let call = async {
-        let response = client
-            .forward(
-                Method::GET,
-                USAGE_ROUTE,
-                http::HeaderMap::new(),
-                Empty::<bytes::Bytes>::new(),
-            )
-            .await
-            .ok()?;
-        if !response.status().is_success() {
-            return None;
-        }
-        let body = Limited::new(response.into_body(), MAX_REPORT_BYTES)
-            .collect()
-            .await
-            .ok()?
-            .to_bytes();
-        serde_json::from_slice::<Option<UsageReport>>(&body).ok()?
-    };
-    tokio::time::timeout(ASK_TIMEOUT, call).await.ok().flatten()
+    client
+        .get_json_bounded::<Option<UsageReport>>(USAGE_ROUTE, MAX_REPORT_BYTES, ASK_TIMEOUT)
+        .await
+        .flatten()
 }
 
 /// The report's points, clamped, oldest first.
