@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use sandhub_api::hub::SandboxState;
 use sandhub_client::Result;
 
-use super::hub::Hub;
+use super::hub::{counts_against_quota, Hub};
 use crate::gauges::{Gauges, PoolGauge, TenantGauge};
 
 impl Hub {
@@ -15,7 +15,8 @@ impl Hub {
         // Pool members by (tenant, pool): ready and starting.
         let mut members: HashMap<(&str, &str), (u64, u64)> = HashMap::new();
         let mut tenants: BTreeMap<String, TenantGauge> = BTreeMap::new();
-        let mut memory_of: HashMap<(&str, &str), u64> = HashMap::new();
+        // Each tenant's templates' memory limits, looked up once.
+        let mut templates: HashMap<&str, HashMap<String, u64>> = HashMap::new();
         for r in &rows {
             if let Some(pool) = r.pool.as_deref().filter(|_| !r.claimed) {
                 let m = members.entry((&r.tenant, pool)).or_default();
@@ -26,20 +27,10 @@ impl Hub {
                 }
             }
             // What the quota counts: the same rows `Hub::admit` counts.
-            let live = matches!(
-                r.state,
-                SandboxState::Pending | SandboxState::Ready | SandboxState::Suspended
-            );
-            if !live {
+            if !counts_against_quota(r.state) {
                 continue;
             }
-            let mb = *memory_of
-                .entry((&r.tenant, &r.template))
-                .or_insert_with(|| {
-                    self.template(&r.tenant, &r.template)
-                        .map(|t| self.policy.effective(&t).memory_mb.unwrap_or(0))
-                        .unwrap_or(0)
-                });
+            let mb = self.memory_limit_mb(r, templates.entry(&r.tenant).or_default());
             let t = tenants
                 .entry(r.tenant.clone())
                 .or_insert_with(|| TenantGauge {

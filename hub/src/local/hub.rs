@@ -313,29 +313,29 @@ impl Hub {
         let (mut have, mut memory) = (0u64, 0u64);
         let mut templates: HashMap<String, u64> = HashMap::new();
         for r in self.store.all_sandboxes()? {
-            let live = matches!(
-                r.state,
-                SandboxState::Pending | SandboxState::Ready | SandboxState::Suspended
-            );
-            if r.tenant != row.tenant || !live {
+            if r.tenant != row.tenant || !counts_against_quota(r.state) {
                 continue;
             }
             have += 1;
-            let mb = match templates.get(&r.template) {
-                Some(mb) => *mb,
-                None => {
-                    let mb = self
-                        .template(&r.tenant, &r.template)
-                        .map(|t| self.policy.effective(&t).memory_mb.unwrap_or(0))
-                        .unwrap_or(0);
-                    templates.insert(r.template.clone(), mb);
-                    mb
-                }
-            };
-            memory = memory.saturating_add(mb);
+            memory = memory.saturating_add(self.memory_limit_mb(&r, &mut templates));
         }
         self.policy.admit_sandbox(have, memory, more)?;
         self.store.insert_sandbox(row)
+    }
+
+    /// The memory limit `row`'s template gives its sandboxes (0 where the
+    /// template is gone), looked up once per template in `seen`, which
+    /// holds one tenant's templates by name.
+    pub(super) fn memory_limit_mb(&self, row: &SandboxRow, seen: &mut HashMap<String, u64>) -> u64 {
+        if let Some(mb) = seen.get(&row.template) {
+            return *mb;
+        }
+        let mb = self
+            .template(&row.tenant, &row.template)
+            .map(|t| self.policy.effective(&t).memory_mb.unwrap_or(0))
+            .unwrap_or(0);
+        seen.insert(row.template.clone(), mb);
+        mb
     }
 
     /// Starts the sandbox a row describes and records it Ready.
@@ -482,5 +482,14 @@ fn not_ready(id: &str, state: SandboxState, op: &str) -> Error {
                 String::new()
             }
         ),
+    )
+}
+
+/// Whether a sandbox in `state` counts against its tenant's quota: it holds
+/// (or will hold) memory and disk. Admission and the tenant gauges agree.
+pub(super) fn counts_against_quota(state: SandboxState) -> bool {
+    matches!(
+        state,
+        SandboxState::Pending | SandboxState::Ready | SandboxState::Suspended
     )
 }
