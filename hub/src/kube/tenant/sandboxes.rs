@@ -202,6 +202,40 @@ impl Sandboxes for KubeTenant {
         self.client(id, "start").await?.start(request).await
     }
 
+    /// sandboxd keeps the process past the stream: it outlives this
+    /// replica, and `list_kept`/`attach_kept` find it from any other.
+    async fn start_kept(
+        &self,
+        id: &str,
+        request: StartProcess,
+        label: &str,
+        tag: &str,
+    ) -> Result<ProcessEvents> {
+        let events = self
+            .client(id, "start")
+            .await?
+            .start_kept(request, label, tag)
+            .await?;
+        Ok(kept_process_events(events))
+    }
+
+    async fn list_kept(&self, id: &str, label: &str) -> Result<Option<Vec<KeptProcess>>> {
+        let client = self.client(id, "list processes").await?;
+        Ok(Some(client.list_kept(label).await?))
+    }
+
+    async fn attach_kept(
+        &self,
+        id: &str,
+        pid: i32,
+        label: &str,
+    ) -> Result<Option<ProcessEvents>> {
+        let client = self.client(id, "connect to a process").await?;
+        Ok(Some(kept_process_events(
+            client.attach_kept(pid, label).await?,
+        )))
+    }
+
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {
         self.client(id, "stdin")
             .await?
