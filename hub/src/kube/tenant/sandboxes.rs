@@ -211,12 +211,15 @@ impl Sandboxes for KubeTenant {
         label: &str,
         tag: &str,
     ) -> Result<ProcessEvents> {
-        let events = self
-            .client(id, "start")
-            .await?
-            .start_kept(request, label, tag)
-            .await?;
-        Ok(kept_process_events(events))
+        let client = self.client(id, "start").await?;
+        match client.start_kept(request.clone(), label, tag).await {
+            Ok(events) => Ok(kept_process_events(events)),
+            // sandboxd keeps at most 32 running processes; past them a
+            // process still starts, tied to this replica's stream, as
+            // before kept processes existed (`--max-processes` still holds).
+            Err(e) if e.code == Code::ResourceExhausted => client.start(request).await,
+            Err(e) => Err(e),
+        }
     }
 
     async fn list_kept(&self, id: &str, label: &str) -> Result<Option<Vec<KeptProcess>>> {
