@@ -29,8 +29,7 @@ use sandhub_api::{
 };
 use sandhub_client::{
     sandboxd::SandboxdClient, ByteStream, Error, KeptProcess, ProcessEvents, PtySize, Result,
-    Sandboxes, Signal,
-    StartProcess, StdinInput, WatchEvents, WriteOptions,
+    Sandboxes, Signal, StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
 
 use crate::{
@@ -325,12 +324,7 @@ impl Sandboxes for GuardedView {
         self.inner.list_kept(id, label).await
     }
 
-    async fn attach_kept(
-        &self,
-        id: &str,
-        pid: i32,
-        label: &str,
-    ) -> Result<Option<ProcessEvents>> {
+    async fn attach_kept(&self, id: &str, pid: i32, label: &str) -> Result<Option<ProcessEvents>> {
         self.inner.attach_kept(id, pid, label).await
     }
 
