@@ -9,7 +9,8 @@
 //!            emit() from any module, the writer thread, subscribe() and after()
 //! sqlite.rs  the local backend's log: a table in the hub's SQLite file, pruned by
 //!            age (--event-retention) and count (--event-max-count)
-//! memory.rs  a bounded in-memory ring, for the kubernetes backend (per replica)
+//! memory.rs  a bounded in-memory ring, for the kubernetes backend (per replica;
+//!            ids given by kube/events.rs, kept in order)
 //! ```
 //!
 //! Emitting never waits for storage: [`EventLog::emit`] pushes onto a
