@@ -93,7 +93,8 @@ def replicas(cluster: Cluster, tmp_path: Path) -> Iterator[tuple[list[Any], list
     keys_file.write_text("".join(f"{k} {t}\n" for t, k in keys.items()))
     procs, urls = [], []
     for _ in range(2):
-        p, u = cluster.start_hub("--api-keys-file", str(keys_file))
+        # Tenants' templates start from the pool's (its sandboxd image).
+        p, u = cluster.start_hub("--api-keys-file", str(keys_file), "--base-template", POOL)
         procs.append(p)
         urls.append(u)
     try:
@@ -191,3 +192,36 @@ def test_bad_filters_and_ids_are_named_and_webhooks_say_not_here(replicas) -> No
     r = requests.put(f"{url}/v1/webhooks/w", json={"url": "https://example.test/h", "events": ["created"],
                                                    "secret": "s" * 32}, headers=alice, timeout=30)
     assert r.status_code == 501, r.text
+
+
+def test_an_entrypoints_exit_is_told_once_by_every_replica(cluster: Cluster, replicas) -> None:
+    """sandboxd's record of its entrypoint's exit, seen by the replicas' asking and recorded on
+    the claim, becomes one `entrypoint_exited` with the same id on every replica; asked again
+    and again, it is not told twice."""
+    _, (url_a, url_b), auth = replicas
+    alice = auth["alice"]
+    name = f"ep-{secrets.token_hex(3)}"
+    argv = ["/bin/busybox", "sh", "-c", "sleep 1; exit 3"]
+    r = requests.put(f"{url_a}/v1/templates/{name}", json={"entrypoint": argv}, headers=alice, timeout=60)
+    assert r.status_code == 200, r.text
+    r = requests.put(f"{url_a}/v1/pools/{name}", json={"template": name, "replicas": 0}, headers=alice, timeout=60)
+    assert r.status_code == 200, r.text
+    on_a = Stream(url_a, alice, {"type": "entrypoint_exited"})
+    on_b = Stream(url_b, alice, {"type": "entrypoint_exited"})
+    try:
+        r = requests.post(f"{url_b}/v1/sandboxes", json={"pool": name}, headers=alice, timeout=200)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        ea = on_a.until(of(sid), "entrypoint_exited on A", timeout=90)[-1]
+        eb = on_b.until(of(sid), "entrypoint_exited on B", timeout=30)[-1]
+        assert (ea["id"], ea["details"]) == (eb["id"], eb["details"]), (ea, eb)
+        assert ea["details"]["exit_code"] == 3 and ea["details"]["state"] == "Error", ea
+        assert ea["tenant"] == "alice"
+        # Both replicas keep asking (every 5 s): nothing more.
+        assert on_a.quiet(12) == [] and on_b.quiet(1) == []
+        assert requests.delete(f"{url_a}/v1/sandboxes/{sid}", headers=alice, timeout=120).status_code == 204
+    finally:
+        on_a.close()
+        on_b.close()
+        requests.delete(f"{url_a}/v1/pools/{name}", headers=alice, timeout=60)
+        requests.delete(f"{url_a}/v1/templates/{name}", headers=alice, timeout=60)

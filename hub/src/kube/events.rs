@@ -6,7 +6,8 @@
 //!   a claim first appears; at its first Ready, `claimed` (a warm Sandbox
 //!   was adopted from its pool) or `pool_starved` (the pool had none, it
 //!   started cold), then `ready`; `suspended`, then `resumed` at the next
-//!   Ready; `finished` when its Pod ended by itself; `deleted` when it is
+//!   Ready; `entrypoint_exited` when a replica recorded its entrypoint's
+//!   exit on it (kube/entrypoints.rs); `finished` when its Pod ended by itself; `deleted` when it is
 //!   gone, with `reason` `deadline` (its `shutdownTime` passed: the
 //!   controller deleted it), `start_failed` (it never came up and carries
 //!   a terminal reason, `last_error`) or `by_caller` (the hub's delete, or
@@ -137,6 +138,8 @@ struct ClaimSeen {
     tenant: String,
     labels: BTreeMap<String, String>,
     pool: String,
+    /// The entrypoint exit the claim records (kube/entrypoints.rs).
+    exit: Option<super::entrypoints::Exit>,
 }
 
 /// Claims' transitions, fed every event of the claim watch.
@@ -277,6 +280,11 @@ impl ClaimTracker {
                 );
             }
         }
+        if let Some(exit) = s.exit.as_ref().filter(|e| before.exit.as_ref() != Some(e)) {
+            let mut e = event(EventType::EntrypointExited);
+            e.details = exit.details.clone();
+            out.push(e);
+        }
         if s.finished && !before.finished {
             let mut e = event(EventType::Finished).detail("reason", "died");
             if let Some(t) = &s.terminal {
@@ -309,6 +317,7 @@ fn note(s: &mut ClaimSeen, c: &SandboxClaim) {
         .as_ref()
         .and_then(|l| l.shutdown_time.as_ref())
         .map(|t| SystemTime::from(t.0));
+    s.exit = super::entrypoints::exit_of(c);
     if let Some((reason, message)) = model::terminal_reason(c) {
         s.terminal = Some(if message.is_empty() {
             reason
@@ -676,6 +685,45 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("TemplateNotFound"));
+    }
+
+    #[test]
+    fn an_exit_recorded_on_the_claim_is_told_once() {
+        use super::super::entrypoints::{Exit, ANNOTATION};
+        let mut t = primed();
+        let ready = |rv, exit: Option<&Exit>| {
+            let mut c = with(
+                claim("sb-8", rv),
+                ("True", "DependenciesReady"),
+                Some("sb-8"),
+            );
+            if let Some(e) = exit {
+                c.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ANNOTATION.into(), serde_json::to_string(e).unwrap());
+            }
+            c
+        };
+        t.observe(&watcher::Event::Apply(claim("sb-8", 70)));
+        t.observe(&watcher::Event::Apply(ready(71, None)));
+        let exit = Exit {
+            run: 5,
+            details: serde_json::json!({"state": "Error", "exit_code": 3}),
+        };
+        let got = t.observe(&watcher::Event::Apply(ready(72, Some(&exit))));
+        assert_eq!(kinds(&got), ["entrypoint_exited"]);
+        assert_eq!(got[0].details["exit_code"], 3);
+        assert_eq!(got[0].id, event_id(Some("72"), EventType::EntrypointExited));
+        // The same record again (another replica wrote the same): nothing.
+        assert!(t
+            .observe(&watcher::Event::Apply(ready(73, Some(&exit))))
+            .is_empty());
+        let next = Exit { run: 9, ..exit };
+        assert_eq!(
+            kinds(&t.observe(&watcher::Event::Apply(ready(74, Some(&next))))),
+            ["entrypoint_exited"]
+        );
     }
 
     #[test]

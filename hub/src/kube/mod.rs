@@ -5,6 +5,7 @@
 //! finds every sandbox again and keeps nothing of its own.
 
 pub mod egress;
+mod entrypoints;
 mod events;
 mod gauges;
 pub mod gym;
@@ -405,34 +406,34 @@ impl KubeTenancy {
             args.mcp_sessions_per_tenant as usize,
         ));
         spawn_mcp_session_sweeper(mcp_sessions.clone());
-        Ok(KubeTenancy {
-            shared: Arc::new(Shared {
-                mcp_sessions,
-                namespace: args.namespace.clone(),
-                reach,
-                ready_timeout: args.ready_timeout,
-                clients: Mutex::default(),
-                claim_cache: claim_cache(&client, &args.namespace, Some(feed)),
-                changed: Mutex::default(),
-                policy,
-                pool_writes: tokio::sync::Mutex::default(),
-                prepull_images: prepull::Images {
-                    sandboxd: args.sandboxd_image.clone(),
-                    pause: args.prepull_pause_image.clone(),
-                },
-                base_template: args.base_template.clone(),
-                image_pull_policy: args.image_pull_policy,
-                prepull_slots: tokio::sync::Semaphore::new(args.max_prepull_daemonsets.max(1)),
-                prepulls: Mutex::default(),
-                egress_proxy: args.egress_proxy.clone(),
-                proxy_tokens,
-                operator_secrets: Arc::new(operator_secrets),
-                egress_service: args.egress_proxy_service.clone(),
+        let shared = Arc::new(Shared {
+            mcp_sessions,
+            namespace: args.namespace.clone(),
+            reach,
+            ready_timeout: args.ready_timeout,
+            clients: Mutex::default(),
+            claim_cache: claim_cache(&client, &args.namespace, Some(feed)),
+            changed: Mutex::default(),
+            policy,
+            pool_writes: tokio::sync::Mutex::default(),
+            prepull_images: prepull::Images {
+                sandboxd: args.sandboxd_image.clone(),
+                pause: args.prepull_pause_image.clone(),
+            },
+            base_template: args.base_template.clone(),
+            image_pull_policy: args.image_pull_policy,
+            prepull_slots: tokio::sync::Semaphore::new(args.max_prepull_daemonsets.max(1)),
+            prepulls: Mutex::default(),
+            egress_proxy: args.egress_proxy.clone(),
+            proxy_tokens,
+            operator_secrets: Arc::new(operator_secrets),
+            egress_service: args.egress_proxy_service.clone(),
 
-                client,
-            }),
-            events,
-        })
+            client,
+        });
+        // `entrypoint_exited`: exits recorded on claims (kube/entrypoints.rs).
+        entrypoints::spawn(shared.clone());
+        Ok(KubeTenancy { shared, events })
     }
 }
 
