@@ -21,6 +21,7 @@ pub mod sandboxd;
 pub mod types;
 
 pub use error::{Error, Result};
+pub use sandboxd::KeptProcess;
 pub use types::*;
 
 use std::collections::BTreeMap;
@@ -60,6 +61,37 @@ pub trait Sandboxes: Send + Sync {
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()>;
     async fn signal(&self, id: &str, pid: i32, signal: Signal) -> Result<()>;
     async fn resize(&self, id: &str, pid: i32, size: PtySize) -> Result<()>;
+
+    // Kept processes: started processes that outlive the call, and the
+    // hub replica, that started them, found again under the starter's
+    // `label` (Kubernetes: sandboxd's `keep.v1`). A backend that lives in
+    // one process keeps none: its callers' own tables are the truth there,
+    // so the defaults start an ordinary process and find nothing.
+    /// Starts a process as [`start`](Sandboxes::start) does, kept past its
+    /// stream where the backend can; `tag` is the starter's own name for it.
+    async fn start_kept(
+        &self,
+        id: &str,
+        request: StartProcess,
+        label: &str,
+        tag: &str,
+    ) -> Result<ProcessEvents> {
+        let _ = (label, tag);
+        self.start(id, request).await
+    }
+    /// The kept processes of sandbox `id` under `label`, running or lately
+    /// exited; `None` where the backend keeps none.
+    async fn list_kept(&self, id: &str, label: &str) -> Result<Option<Vec<KeptProcess>>> {
+        let _ = (id, label);
+        Ok(None)
+    }
+    /// Kept process `pid`'s retained output (its last MiB), then its live
+    /// output to its exit; `None` where the backend keeps none, NOT_FOUND
+    /// unless it was started under `label`.
+    async fn attach_kept(&self, id: &str, pid: i32, label: &str) -> Result<Option<ProcessEvents>> {
+        let _ = (id, pid, label);
+        Ok(None)
+    }
 
     // Files (paths are relative to the workspace).
     async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream>;

@@ -288,7 +288,7 @@ async fn kept_processes_outlive_their_stream(d: &Daemon) {
         cwd: String::new(),
         pty: None,
     };
-    let mut events = within(c.start_kept(request, "scope")).await.unwrap();
+    let mut events = within(c.start_kept(request, "scope", "")).await.unwrap();
     let pid = match within(events.next()).await.unwrap().unwrap() {
         KeptEvent::Process(ProcessEvent::Started { pid }) => pid,
         other => panic!("first event is not Started: {other:?}"),

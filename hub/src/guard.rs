@@ -28,8 +28,8 @@ use sandhub_api::{
     sandboxd::{DirectoryListing, FileEntry},
 };
 use sandhub_client::{
-    sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
-    StartProcess, StdinInput, WatchEvents, WriteOptions,
+    sandboxd::SandboxdClient, ByteStream, Error, KeptProcess, ProcessEvents, PtySize, Result,
+    Sandboxes, Signal, StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
 
 use crate::{
@@ -307,6 +307,25 @@ impl Sandboxes for GuardedView {
 
     async fn start(&self, id: &str, request: StartProcess) -> Result<ProcessEvents> {
         self.timed(Op::Start, self.inner.start(id, request)).await
+    }
+
+    async fn start_kept(
+        &self,
+        id: &str,
+        request: StartProcess,
+        label: &str,
+        tag: &str,
+    ) -> Result<ProcessEvents> {
+        self.timed(Op::Start, self.inner.start_kept(id, request, label, tag))
+            .await
+    }
+
+    async fn list_kept(&self, id: &str, label: &str) -> Result<Option<Vec<KeptProcess>>> {
+        self.inner.list_kept(id, label).await
+    }
+
+    async fn attach_kept(&self, id: &str, pid: i32, label: &str) -> Result<Option<ProcessEvents>> {
+        self.inner.attach_kept(id, pid, label).await
     }
 
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {

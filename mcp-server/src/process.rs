@@ -25,7 +25,6 @@ use crate::{
 /// One started process, shared by its drain task and the tools.
 #[derive(Debug)]
 pub struct Proc {
-    pub sandbox: String,
     pub pid: i32,
     state: Mutex<ProcState>,
     /// Bumped on every change, so a reader can wait for new output.
@@ -54,9 +53,8 @@ pub struct ReadOut {
 }
 
 impl Proc {
-    fn new(sandbox: String, pid: i32, buffer_bytes: usize) -> Self {
+    fn new(pid: i32, buffer_bytes: usize) -> Self {
         Proc {
-            sandbox,
             pid,
             state: Mutex::new(ProcState {
                 stdout: OutputBuffer::new(buffer_bytes),
@@ -171,14 +169,17 @@ async fn drain(proc: Arc<Proc>, mut events: ProcessEvents) {
 struct Entry {
     proc: Arc<Proc>,
     drain: AbortHandle,
+    /// Insertion order: finished processes make room oldest first.
+    seq: u64,
 }
 
-/// A session's processes by id (`p1`, `p2`, ...). Ids are the session's
-/// own, not pids: a pid names a process only while it runs, and only in
-/// one sandbox.
+/// A session's processes by sandbox and pid. A process's id is `p<pid>`
+/// (the pid inside its sandbox): any replica of the hub that serves the
+/// session can find a process from its id alone, where the backend keeps
+/// processes past the replica that started them (see `adopt`).
 pub struct ProcessTable {
-    entries: BTreeMap<u64, Entry>,
-    next: u64,
+    entries: BTreeMap<(String, i32), Entry>,
+    next_seq: u64,
     max_processes: usize,
     buffer_bytes: usize,
 }
@@ -187,7 +188,7 @@ impl ProcessTable {
     pub fn new(max_processes: usize, buffer_bytes: usize) -> Self {
         ProcessTable {
             entries: BTreeMap::new(),
-            next: 1,
+            next_seq: 0,
             max_processes: max_processes.max(1),
             buffer_bytes,
         }
@@ -195,21 +196,25 @@ impl ProcessTable {
 
     /// Registers a started process (its `Started` event already consumed)
     /// and starts draining it. Finished processes make room, oldest first;
-    /// with every slot running, the caller must kill one first.
+    /// with every slot running, the caller must kill one first. A finished
+    /// entry under the same pid (the pid was reused) is replaced.
     pub fn insert(
         &mut self,
         sandbox: &str,
         pid: i32,
         events: ProcessEvents,
     ) -> Result<(String, Arc<Proc>), ToolError> {
+        let key = (sandbox.to_string(), pid);
+        self.remove_key(&key);
         if self.entries.len() >= self.max_processes {
             let finished = self
                 .entries
                 .iter()
-                .find(|(_, e)| !e.proc.running())
-                .map(|(k, _)| *k);
+                .filter(|(_, e)| !e.proc.running())
+                .min_by_key(|(_, e)| e.seq)
+                .map(|(k, _)| k.clone());
             match finished {
-                Some(k) => self.remove_key(k),
+                Some(k) => self.remove_key(&k),
                 None => {
                     return Err(ToolError::new(format!(
                         "this session already runs {} processes; kill_process one you no \
@@ -219,50 +224,44 @@ impl ProcessTable {
                 }
             }
         }
-        let proc = Arc::new(Proc::new(sandbox.to_string(), pid, self.buffer_bytes));
+        let proc = Arc::new(Proc::new(pid, self.buffer_bytes));
         let drain = tokio::spawn(drain(proc.clone(), events)).abort_handle();
-        let key = self.next;
-        self.next += 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
         self.entries.insert(
             key,
             Entry {
                 proc: proc.clone(),
                 drain,
+                seq,
             },
         );
-        Ok((format!("p{key}"), proc))
+        Ok((process_id(pid), proc))
     }
 
     /// The process `id` if it was started in `sandbox`.
     pub fn get(&self, sandbox: &str, id: &str) -> Result<Arc<Proc>, ToolError> {
         parse_id(id)
-            .and_then(|k| self.entries.get(&k))
-            .filter(|e| e.proc.sandbox == sandbox)
+            .and_then(|pid| self.entries.get(&(sandbox.to_string(), pid)))
             .map(|e| e.proc.clone())
-            .ok_or_else(|| {
-                ToolError::new(format!(
-                    "process {id} not found in sandbox {sandbox}; use the process_id that \
-                     start_process returned (processes finished long ago may have been \
-                     forgotten)"
-                ))
-            })
+            .ok_or_else(|| not_found(sandbox, id))
     }
 
     /// Forgets every process of a deleted sandbox.
     pub fn remove_sandbox(&mut self, sandbox: &str) {
-        let keys: Vec<u64> = self
+        let keys: Vec<(String, i32)> = self
             .entries
-            .iter()
-            .filter(|(_, e)| e.proc.sandbox == sandbox)
-            .map(|(k, _)| *k)
+            .keys()
+            .filter(|(sb, _)| sb == sandbox)
+            .cloned()
             .collect();
         for k in keys {
-            self.remove_key(k);
+            self.remove_key(&k);
         }
     }
 
-    fn remove_key(&mut self, key: u64) {
-        if let Some(e) = self.entries.remove(&key) {
+    fn remove_key(&mut self, key: &(String, i32)) {
+        if let Some(e) = self.entries.remove(key) {
             e.drain.abort();
         }
     }
@@ -276,8 +275,25 @@ impl Drop for ProcessTable {
     }
 }
 
-fn parse_id(id: &str) -> Option<u64> {
-    id.trim().strip_prefix('p')?.parse().ok()
+/// The id a tool shows for the process `pid`.
+pub fn process_id(pid: i32) -> String {
+    format!("p{pid}")
+}
+
+/// The pid an id names; `None` for anything but `p<pid>`.
+pub fn parse_id(id: &str) -> Option<i32> {
+    id.trim()
+        .strip_prefix('p')?
+        .parse()
+        .ok()
+        .filter(|pid| *pid > 0)
+}
+
+pub fn not_found(sandbox: &str, id: &str) -> ToolError {
+    ToolError::new(format!(
+        "process {id} not found in sandbox {sandbox}; use the process_id that start_process \
+         returned (processes finished long ago may have been forgotten)"
+    ))
 }
 
 #[cfg(test)]
@@ -313,7 +329,7 @@ mod tests {
                 ]),
             )
             .unwrap();
-        assert_eq!(id, "p1");
+        assert_eq!(id, "p42");
         assert_eq!(proc.wait_exit(Duration::from_secs(5)).await, Some(3));
         let r = proc.read(Duration::ZERO, 1024).await;
         assert_eq!(r.stdout.text, "hello world");
@@ -394,8 +410,15 @@ mod tests {
         let (_tx3, rx3) = tokio::sync::mpsc::unbounded_channel();
         let e = table.insert("sb-1", 4, tokio_stream_from(rx3)).unwrap_err();
         assert!(e.message().contains("kill_process"));
+        // A pid reused after its process finished names the new one.
         table.remove_sandbox("sb-1");
         assert!(table.get("sb-1", "p2").is_err());
+        let (_tx4, rx4) = tokio::sync::mpsc::unbounded_channel();
+        let (id, _) = table.insert("sb-2", 2, tokio_stream_from(rx4)).unwrap();
+        assert_eq!(id, "p2");
+        assert!(table.get("sb-2", "p2").unwrap().running());
+        assert!(table.get("sb-1", "p2").is_err());
+        assert!(table.get("sb-2", "p-2").is_err());
     }
 
     fn tokio_stream_from(

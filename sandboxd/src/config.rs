@@ -126,6 +126,15 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_CA_BUNDLE_OUT", requires = "extra_ca_file")]
     pub ca_bundle_out: Option<PathBuf>,
 
+    /// When sandboxd starts sampling its own cgroup for `GET
+    /// /v1/_sandhub/usage`: `start` (from boot, so the series covers the
+    /// sandbox's whole life), `on-demand` (at the first ask), or `auto`:
+    /// `start`, except when serving on `--unix-socket` (the hub's local
+    /// backend, which reads every sandbox's cgroup from the host itself).
+    #[arg(long, env = "SANDBOXD_USAGE_SAMPLING", default_value = "auto",
+          value_parser = ["auto", "start", "on-demand"])]
+    pub usage_sampling: String,
+
     /// Log format: `text` or `json`.
     #[arg(long, env = "SANDBOXD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,

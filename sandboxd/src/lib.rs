@@ -119,7 +119,18 @@ impl Daemon {
             config,
         };
         daemon.hand_root_to_user();
+        if daemon.samples_usage_from_start() {
+            daemon.usage.start();
+        }
         Ok(Arc::new(daemon))
+    }
+
+    fn samples_usage_from_start(&self) -> bool {
+        match self.config.usage_sampling.as_str() {
+            "start" => true,
+            "on-demand" => false,
+            _ => self.config.unix_socket.is_none(),
+        }
     }
 
     /// With `--user`, the root dir (the workspace) belongs to that user,

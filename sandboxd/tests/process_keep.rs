@@ -43,6 +43,7 @@ fn request(argv: &[&str], label: &str) -> kpb::StartRequest {
             pty: None,
         }),
         label: label.into(),
+        tag: String::new(),
     }
 }
 
@@ -218,10 +219,39 @@ async fn labels_scope_list_and_attach() {
         .await
         .expect_err("long label");
     assert_eq!(status.code(), Code::InvalidArgument);
-    let status = within(c.list(kpb::ListRequest { label: long }))
-        .await
-        .expect_err("long label");
+    let status = within(c.list(kpb::ListRequest {
+        label: long.clone(),
+    }))
+    .await
+    .expect_err("long label");
     assert_eq!(status.code(), Code::InvalidArgument);
+    let mut tagged = request(&["true"], "session-1");
+    tagged.tag = long;
+    let status = within(c.start(tagged)).await.expect_err("long tag");
+    assert_eq!(status.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn list_shows_the_starters_tag() {
+    let d = common::Daemon::start(&[]);
+    let mut c = client(&d).await;
+    let mut tagged = request(&["sleep", "30"], "e2b");
+    tagged.tag = "dev-server".into();
+    let mut stream = within(c.start(tagged)).await.unwrap().into_inner();
+    let pid = match next(&mut stream).await {
+        Some(Event::Init(i)) => i.process_id,
+        other => panic!("{other:?}"),
+    };
+    let (_s, untagged) = start(&mut c, &["sleep", "30"], "e2b").await;
+    let listed = list(&mut c, "e2b").await;
+    let tag_of = |p: i32| {
+        listed
+            .iter()
+            .find(|k| k.process_id == p)
+            .map(|k| k.tag.clone())
+    };
+    assert_eq!(tag_of(pid).as_deref(), Some("dev-server"));
+    assert_eq!(tag_of(untagged).as_deref(), Some(""));
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 import signal
 from pathlib import Path
+from typing import Any
 
 import anyio
 import requests
@@ -189,6 +190,52 @@ def test_exec_follows_suspend_resume_and_delete_at_once(cluster: Cluster):
         assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
         r = exec_("true")
         assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND", r.text
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        stop_process(hub)
+    wait_for_pool(cluster, 2)
+
+
+def test_usage_of_a_real_pod_comes_from_its_sandboxd(cluster: Cluster) -> None:
+    """On Kubernetes a sandbox's usage is what its sandboxd reads of its own
+    container's cgroup, clamped by the hub: memory the workload holds and CPU
+    it burns show in `/metrics` (the series), in `GET` (the latest sample)
+    and in E2B's `metrics` route."""
+    hub, url = cluster.start_hub("--e2b")
+    try:
+        created = requests.post(f"{url}/v1/sandboxes", json={"pool": POOL, "labels": {"run": "usage"}}, timeout=200)
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+
+        def exec_(command: str) -> None:
+            r = requests.post(f"{url}/v1/sandboxes/{sid}/exec", json={"command": command}, timeout=120)
+            assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+
+        # 48 MiB held in tmpfs (shared memory counts against the container's
+        # memory), then two seconds of a busy loop.
+        exec_("head -c 50331648 /dev/zero > /dev/shm/hold")
+        exec_("timeout 2 sh -c 'while :; do :; done' || true")
+
+        def latest() -> dict[str, Any]:
+            r = requests.get(f"{url}/v1/sandboxes/{sid}/metrics", timeout=60)
+            assert r.status_code == 200, r.text
+            samples = r.json()["samples"]
+            return samples[-1] if samples else {}
+
+        wait_for("a sample with the held memory",
+                 lambda: latest().get("memory_bytes", 0) >= 48 << 20, timeout=60)
+        series = requests.get(f"{url}/v1/sandboxes/{sid}/metrics", timeout=60).json()["samples"]
+        assert any(s["cpu_cores"] > 0.2 for s in series), series
+        assert all(s["pids"] >= 1 for s in series), series
+
+        got = requests.get(f"{url}/v1/sandboxes/{sid}", timeout=60).json()
+        assert got["usage"]["latest"]["memory_bytes"] >= 48 << 20, got
+
+        e2b = requests.get(f"{url}/sandboxes/{sid}/metrics", headers={"x-api-key": "any"}, timeout=60)
+        assert e2b.status_code == 200, e2b.text
+        assert e2b.json() and e2b.json()[-1]["memUsed"] >= 48 << 20, e2b.json()
+
+        assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
         wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
     finally:
         stop_process(hub)

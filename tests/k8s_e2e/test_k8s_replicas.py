@@ -61,16 +61,22 @@ def start(cluster: Cluster, *extra: str) -> tuple[subprocess.Popen[Any], str]:
     return cluster.start_hub("--e2b", "--sandbox-domain", DOMAIN, *extra)
 
 
+def e2b_sandbox(url: str) -> tuple[str, str]:
+    """An E2B sandbox from the warm pool, made through the hub at `url`: its
+    id and envd access token."""
+    r = requests.post(f"{url}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
+                      headers=HEADERS, timeout=200)
+    assert r.status_code == 201, r.text
+    return r.json()["sandboxID"], r.json()["envdAccessToken"]
+
+
 def test_tokens_and_links_of_one_replica_open_on_every_other(cluster: Cluster, tmp_path: Path):
     a, url_a = start(cluster)
     b, url_b = start(cluster)
     c: subprocess.Popen[Any] | None = None
     try:
         # An E2B sandbox made through A...
-        r = requests.post(f"{url_a}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
-                          headers=HEADERS, timeout=200)
-        assert r.status_code == 201, r.text
-        sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        sid, token = e2b_sandbox(url_a)
         # ...is used through B with the token A signed.
         dirname = f"/workspace/made-through-b-{secrets.token_hex(3)}"
         r = envd(url_b, sid, token, "filesystem.Filesystem/MakeDir", {"path": dirname})
@@ -224,10 +230,7 @@ def test_an_e2b_process_started_on_one_replica_takes_input_and_signals_on_anothe
     a, url_a = start(cluster)
     b, url_b = start(cluster)
     try:
-        r = requests.post(f"{url_a}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
-                          headers=HEADERS, timeout=200)
-        assert r.status_code == 201, r.text
-        sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        sid, token = e2b_sandbox(url_a)
         headers = {"e2b-sandbox-id": sid, "e2b-sandbox-port": "49983", "x-access-token": token,
                    "content-type": "application/connect+json"}
         command = {"cmd": "/bin/sh", "args": ["-c", "read line; echo got $line; sleep 600"]}
@@ -252,6 +255,70 @@ def test_an_e2b_process_started_on_one_replica_takes_input_and_signals_on_anothe
     finally:
         stop_process(a)
         stop_process(b)
+    wait_for_pool(cluster, 2)
+
+
+def connect_stream(url: str, headers: dict[str, str], rpc: str, body: dict[str, Any]) -> requests.Response:
+    """A server-streaming envd call (Start, Connect) through the hub at `url`."""
+    return requests.post(f"{url}/process.Process/{rpc}", headers=headers, stream=True, timeout=120,
+                         data=envelope(body))
+
+
+def test_an_e2b_background_process_outlives_the_replica_that_started_it(cluster: Cluster):
+    """sandboxd keeps E2B's processes past their Start stream: kill -9 of the
+    replica that started one leaves it running, and any other replica lists
+    it (tag included), connects to it (its retained output first), writes to
+    it and kills it."""
+    a, url_a = start(cluster)
+    b, url_b = start(cluster)
+    c: subprocess.Popen[Any] | None = None
+    try:
+        sid, token = e2b_sandbox(url_a)
+        headers = {"e2b-sandbox-id": sid, "e2b-sandbox-port": "49983", "x-access-token": token,
+                   "content-type": "application/connect+json"}
+        command = {"cmd": "/bin/sh", "args": ["-c", "echo ready; read line; echo got $line; sleep 600"]}
+        stream = connect_stream(url_a, headers, "Start", {"process": command, "tag": "srv", "stdin": True})
+        assert stream.status_code == 200, stream.text
+        pid = next_message(stream.raw)["event"]["start"]["pid"]
+        data = next_message(stream.raw)["event"]["data"]
+        assert base64.b64decode(data["stdout"]) == b"ready\n", data
+
+        # kill -9 of A, whose call started it; a replica started after A knows nothing either.
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=10)
+        stream.close()
+        c, url_c = start(cluster)
+        listed = envd(url_b, sid, token, "process.Process/List", {})
+        assert listed.status_code == 200, listed.text
+        mine = [p for p in listed.json()["processes"] if p["pid"] == pid]
+        assert len(mine) == 1 and mine[0]["tag"] == "srv", listed.json()
+        assert mine[0]["config"]["cmd"] == "/bin/sh" and mine[0]["config"]["args"] == command["args"], mine
+
+        with connect_stream(url_c, headers, "Connect", {"process": {"tag": "srv"}}) as watch:
+            assert watch.status_code == 200, watch.text
+            assert next_message(watch.raw)["event"]["start"]["pid"] == pid
+            # Its retained output first, then what it prints from now on.
+            data = next_message(watch.raw)["event"]["data"]
+            assert base64.b64decode(data["stdout"]) == b"ready\n", data
+            r = envd(url_b, sid, token, "process.Process/SendInput",
+                     {"process": {"tag": "srv"}, "input": {"stdin": base64.b64encode(b"hi\n").decode()}})
+            assert r.status_code == 200, r.text
+            data = next_message(watch.raw)["event"]["data"]
+            assert base64.b64decode(data["stdout"]) == b"got hi\n", data
+            r = envd(url_b, sid, token, "process.Process/SendSignal",
+                     {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+            assert r.status_code == 200, r.text
+            end = next_message(watch.raw)["event"]["end"]
+            assert end["exitCode"] == 137 and end["exited"], end
+        listed = envd(url_c, sid, token, "process.Process/List", {})
+        assert all(p["pid"] != pid for p in listed.json()["processes"]), listed.json()
+        r = requests.delete(f"{url_b}/sandboxes/{sid}", headers=HEADERS, timeout=60)
+        assert r.status_code == 204, r.text
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        for p in (a, b, c):
+            if p is not None:
+                stop_process(p)
     wait_for_pool(cluster, 2)
 
 
@@ -354,6 +421,45 @@ def test_an_mcp_session_opened_on_one_replica_is_served_by_any(cluster: Cluster)
         for p in (a, b, c):
             if p is not None:
                 stop_process(p)
+    wait_for_pool(cluster, 2)
+
+
+def test_an_mcp_process_outlives_the_replica_that_started_it(cluster: Cluster):
+    """A session's background process is kept in its sandbox under the
+    session's label: after kill -9 of the replica that started it, another
+    replica reads its output (what the sandbox retained), writes to it and
+    kills it; another session cannot reach it."""
+    a, url_a = start(cluster)
+    b, url_b = start(cluster)
+    try:
+        mcp = Mcp()
+        mcp.open(url_a)
+        name = mcp.tool(url_a, "create_sandbox", warmpool=POOL)["sandbox_claim_name"]
+        started = mcp.tool(url_a, "start_process", sandbox_claim_name=name,
+                           command="echo ready; read line; echo got $line; sleep 600")
+        proc = {"sandbox_claim_name": name, "process_id": started["process_id"]}
+        out = mcp.tool(url_a, "read_process_output", wait_seconds=30, **proc)
+        assert out["stdout"] == "ready\n" and out["running"], out
+
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=10)
+        out = mcp.tool(url_b, "read_process_output", wait_seconds=10, **proc)
+        assert out["stdout"] == "ready\n" and out["running"], out
+        mcp.tool(url_b, "send_process_input", input="hi\n", **proc)
+        out = mcp.tool(url_b, "read_process_output", wait_seconds=30, **proc)
+        assert out["stdout"] == "got hi\n", out
+        # Another session of the same tenant knows no such process.
+        other = Mcp()
+        other.open(url_b)
+        r = other.request(url_b, "tools/call", {"name": "read_process_output", "arguments": proc})
+        assert r.get("isError"), r
+        killed = mcp.tool(url_b, "kill_process", signal="SIGKILL", **proc)
+        assert killed["exited"] and killed["exit_code"] == 137, killed
+        assert mcp.tool(url_b, "delete_sandbox", sandbox_claim_name=name)
+        wait_for("nothing left behind", lambda: cluster.hub_leftovers() == [], timeout=120)
+    finally:
+        stop_process(a)
+        stop_process(b)
     wait_for_pool(cluster, 2)
 
 

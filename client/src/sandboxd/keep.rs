@@ -40,12 +40,20 @@ pub struct KeptProcess {
     pub pty: bool,
     /// None while it runs.
     pub exit_code: Option<i32>,
+    /// The starter's own name for it (E2B's `tag`); empty when none.
+    pub tag: String,
 }
 
 impl SandboxdClient {
     /// Starts a process that survives this stream (dropping it kills
-    /// nothing), findable later only under `label` (at most 256 bytes).
-    pub async fn start_kept(&self, request: StartProcess, label: &str) -> Result<KeptEvents> {
+    /// nothing), findable later only under `label`; `List` shows `tag`
+    /// (each at most 256 bytes).
+    pub async fn start_kept(
+        &self,
+        request: StartProcess,
+        label: &str,
+        tag: &str,
+    ) -> Result<KeptEvents> {
         let StartProcess {
             command,
             env,
@@ -61,6 +69,7 @@ impl SandboxdClient {
                 }),
             }),
             label: label.into(),
+            tag: tag.into(),
         };
         Ok(events(self.kept().start(start).await?.into_inner()))
     }
@@ -86,6 +95,7 @@ impl SandboxdClient {
                     cwd: config.cwd.unwrap_or_default(),
                     pty: p.pty,
                     exit_code: p.exit_code,
+                    tag: p.tag,
                 }
             })
             .collect())
@@ -100,6 +110,18 @@ impl SandboxdClient {
         };
         Ok(events(self.kept().attach(request).await?.into_inner()))
     }
+}
+
+/// A kept process's events as an ordinary process's: `Dropped` notes are
+/// left out (what a reader missed of the tail is gone either way).
+pub fn process_events(events: KeptEvents) -> crate::ProcessEvents {
+    Box::pin(events.filter_map(|item| {
+        futures::future::ready(match item {
+            Ok(KeptEvent::Process(event)) => Some(Ok(event)),
+            Ok(KeptEvent::Dropped { .. }) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }))
 }
 
 fn events(stream: Streaming<kpb::AttachResponse>) -> KeptEvents {

@@ -10,7 +10,7 @@
 mod files;
 mod forward;
 mod keep;
-pub use keep::{KeptEvent, KeptEvents, KeptProcess};
+pub use keep::{process_events as kept_process_events, KeptEvent, KeptEvents, KeptProcess};
 mod process;
 pub use process::TIMED_OUT_EXIT_CODE;
 mod transport;

@@ -35,7 +35,7 @@ pub const MAX_KEPT: usize = 32;
 /// How long an exited kept process stays listable and attachable.
 pub const LINGER: Duration = Duration::from_secs(300);
 
-/// Longest label, in bytes.
+/// Longest label, and longest tag, in bytes.
 pub const MAX_LABEL_BYTES: usize = 256;
 
 /// Chunks a reader takes per lock of a tail.
@@ -104,6 +104,7 @@ impl KeptTable {
                 config: Some(k.config.clone()),
                 pty: k.pty,
                 exit_code: k.exit_code(),
+                tag: k.tag.clone(),
             })
             .collect();
         out.sort_by_key(|p| p.process_id);
@@ -133,11 +134,11 @@ fn prune(procs: &mut HashMap<i32, Arc<Kept>>) {
     }
 }
 
-/// Validates a label from a request.
-pub(crate) fn label(raw: String) -> Result<String> {
+/// Validates a label or a tag (`what`) from a request.
+pub(crate) fn label(what: &str, raw: String) -> Result<String> {
     if raw.len() > MAX_LABEL_BYTES {
         return Err(Error::InvalidArgument(format!(
-            "label is {} bytes; at most {MAX_LABEL_BYTES} are allowed",
+            "{what} is {} bytes; at most {MAX_LABEL_BYTES} are allowed",
             raw.len()
         )));
     }
@@ -148,6 +149,7 @@ pub(crate) fn label(raw: String) -> Result<String> {
 pub(crate) struct Kept {
     pub(crate) pid: i32,
     label: String,
+    tag: String,
     config: pb::ProcessConfig,
     pty: bool,
     tail: Mutex<Tail>,
@@ -177,10 +179,16 @@ struct Chunk {
 }
 
 impl Kept {
-    pub(crate) fn new(pid: i32, label: String, config: pb::ProcessConfig, pty: bool) -> Self {
+    pub(crate) fn new(
+        pid: i32,
+        (label, tag): (String, String),
+        config: pb::ProcessConfig,
+        pty: bool,
+    ) -> Self {
         Kept {
             pid,
             label,
+            tag,
             config,
             pty,
             tail: Mutex::default(),

@@ -39,13 +39,14 @@ impl ProcessService {
         &self,
         req: kpb::StartRequest,
     ) -> Result<ReceiverStream<kept::AttachEvent>> {
-        let label = kept::label(req.label)?;
+        let label = kept::label("label", req.label)?;
+        let tag = kept::label("tag", req.tag)?;
         let start = req.start.unwrap_or_default();
         self.daemon.processes.kept.admit()?;
         let started = self.spawn_started(&start)?;
         let record = Arc::new(kept::Kept::new(
             started.pid,
-            label,
+            (label, tag),
             start.config.unwrap_or_default(),
             start.pty.is_some(),
         ));
@@ -282,7 +283,7 @@ impl kpb::kept_process_service_server::KeptProcessService for KeptProcessService
         &self,
         request: Request<kpb::ListRequest>,
     ) -> Result<Response<kpb::ListResponse>, Status> {
-        let label = kept::label(request.into_inner().label)?;
+        let label = kept::label("label", request.into_inner().label)?;
         Ok(Response::new(kpb::ListResponse {
             processes: self.daemon.processes.kept.list(&label),
         }))
@@ -293,7 +294,7 @@ impl kpb::kept_process_service_server::KeptProcessService for KeptProcessService
         request: Request<kpb::AttachRequest>,
     ) -> Result<Response<AttachStream>, Status> {
         let req = request.into_inner();
-        let label = kept::label(req.label)?;
+        let label = kept::label("label", req.label)?;
         let record = self.daemon.processes.kept.get(req.process_id, &label)?;
         Ok(Response::new(Box::pin(self.processes().attach_to(record))))
     }

@@ -1,7 +1,9 @@
-//! Reading cgroup v2 counters through a directory fd: `openat` of a plain
-//! name with `O_NOFOLLOW`, into a caller's buffer. sandboxd reads its own
-//! container's cgroup with it (Kubernetes); the hub's local sampler reads
-//! every sandbox's (`sandhub::local::runtime::cgstat`, which adds v1).
+//! Reading cgroup counters through directory fds: `openat` of a plain name
+//! with `O_NOFOLLOW`, into a caller's buffer. sandboxd reads its own
+//! container's cgroup with it (Kubernetes): one v2 directory, or, on a node
+//! still on cgroup v1, the container's `memory`, `cpuacct` and `pids`
+//! directories. The hub's local sampler reads every sandbox's
+//! (`sandhub::local::runtime::cgstat`).
 
 use std::{io, os::fd::BorrowedFd};
 
@@ -105,6 +107,72 @@ pub fn read_v2(d: BorrowedFd<'_>, buf: &mut [u8; READ_BUF]) -> io::Result<Counte
     let pids = number(read_at(d, "pids.current", buf)?).ok_or_else(|| bad("pids.current"))?;
     Ok(Counters {
         cpu_usec,
+        memory_bytes,
+        memory_peak_bytes,
+        oom_kills,
+        pids,
+    })
+}
+
+/// The v1 directories of one cgroup: one per controller.
+#[derive(Clone, Copy)]
+pub struct V1Dirs<'a> {
+    pub memory: BorrowedFd<'a>,
+    /// `cpuacct` (also holds `cpu.*` where the two are mounted together).
+    pub cpuacct: BorrowedFd<'a>,
+    /// None where the pids controller is not mounted.
+    pub pids: Option<BorrowedFd<'a>>,
+}
+
+/// The limits written on a v1 cgroup.
+pub fn limits_v1(d: V1Dirs<'_>) -> CgroupLimits {
+    let mut buf = [0u8; READ_BUF];
+    let memory_bytes = read_at(d.memory, "memory.limit_in_bytes", &mut buf)
+        .ok()
+        .and_then(limit);
+    let pids = d
+        .pids
+        .and_then(|p| read_at(p, "pids.max", &mut buf).ok().and_then(limit));
+    // -1 (no quota) does not parse as a number: no limit.
+    let quota = read_at(d.cpuacct, "cpu.cfs_quota_us", &mut buf)
+        .ok()
+        .and_then(number);
+    let period = read_at(d.cpuacct, "cpu.cfs_period_us", &mut buf)
+        .ok()
+        .and_then(number);
+    let cpu = match (quota, period) {
+        (Some(q), Some(p)) if p > 0 => Some(q as f64 / p as f64),
+        _ => None,
+    };
+    CgroupLimits {
+        memory_bytes,
+        cpu,
+        pids,
+    }
+}
+
+/// Every counter of a v1 cgroup, from its controllers' directories.
+pub fn read_v1(d: V1Dirs<'_>, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    let cpu_ns =
+        number(read_at(d.cpuacct, "cpuacct.usage", buf)?).ok_or_else(|| bad("cpuacct.usage"))?;
+    let memory_bytes = number(read_at(d.memory, "memory.usage_in_bytes", buf)?)
+        .ok_or_else(|| bad("memory.usage_in_bytes"))?;
+    let memory_peak_bytes = read_at(d.memory, "memory.max_usage_in_bytes", buf)
+        .ok()
+        .and_then(number)
+        .unwrap_or(0);
+    // `oom_kill` in memory.oom_control is Linux 4.13+.
+    let oom_kills = read_at(d.memory, "memory.oom_control", buf)
+        .ok()
+        .and_then(|raw| keyed(raw, "oom_kill"))
+        .unwrap_or(0);
+    let pids = match d.pids {
+        Some(p) => number(read_at(p, "pids.current", buf)?).ok_or_else(|| bad("pids.current"))?,
+        None => 0,
+    };
+    Ok(Counters {
+        cpu_usec: cpu_ns / 1000,
         memory_bytes,
         memory_peak_bytes,
         oom_kills,

@@ -1,9 +1,10 @@
-//! Usage of sandboxd's own container (issue #30 §1, Kubernetes): on the
-//! first `GET` of [`USAGE_ROUTE`] sandboxd starts reading its cgroup
-//! (`/sys/fs/cgroup`, the container's own under its cgroup namespace) once
-//! a second into a [`Ring`], and answers the ring as a [`UsageReport`].
-//! Nothing samples until someone asks, so a sandbox whose hub reads its
-//! cgroup from the host (the local backend) pays nothing.
+//! Usage of sandboxd's own container (issue #30 §1, Kubernetes): from its
+//! start (or, with `--usage-sampling on-demand`, the first `GET` of
+//! [`USAGE_ROUTE`]) sandboxd reads its cgroup (`/sys/fs/cgroup`, the
+//! container's own, v2 or v1) once a second into a [`Ring`], and answers
+//! the ring as a [`UsageReport`]. Under the hub's local backend (which
+//! reads every sandbox's cgroup from the host) nothing samples until
+//! someone asks, so those sandboxes pay nothing.
 //!
 //! The report comes from inside the sandbox: a workload that owns sandboxd
 //! can make it say anything. The hub bounds its size, clamps every value
@@ -26,7 +27,8 @@ use serde::{Deserialize, Serialize};
 /// `GET` here answers [`UsageReport`]. A Sandhub route: upstream has none.
 pub const USAGE_ROUTE: &str = "/v1/_sandhub/usage";
 
-/// The cgroup v2 mount a container sees as its own cgroup.
+/// Where a container sees its own cgroup: the v2 directory itself, or
+/// (cgroup v1) one directory per controller under it.
 const OWN_CGROUP: &str = "/sys/fs/cgroup";
 
 /// What sandboxd reports of its container.
@@ -83,13 +85,21 @@ impl std::fmt::Debug for OwnUsage {
 }
 
 impl OwnUsage {
-    /// The report so far; starts sampling on the first call. None when
-    /// sandboxd sees no cgroup v2 of its own.
-    pub fn report(&self) -> Option<UsageReport> {
-        let state = self
-            .started
+    /// Starts sampling (once; later calls do nothing).
+    pub fn start(&self) {
+        self.state();
+    }
+
+    fn state(&self) -> Option<&Arc<Mutex<State>>> {
+        self.started
             .get_or_init(|| start(Path::new(OWN_CGROUP)))
-            .as_ref()?;
+            .as_ref()
+    }
+
+    /// The report so far; starts sampling on the first call. None when
+    /// sandboxd sees no cgroup of its own.
+    pub fn report(&self) -> Option<UsageReport> {
+        let state = self.state()?;
         let s = state.lock().unwrap_or_else(|p| p.into_inner());
         Some(UsageReport {
             memory_limit_bytes: s.limits.memory_bytes,
@@ -111,31 +121,97 @@ fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// Opens `dir` and samples it each second on a thread of its own.
-fn start(dir: &Path) -> Option<Arc<Mutex<State>>> {
-    let fd = open_dir(dir).ok()?;
+/// Where sandboxd's own counters are.
+enum Source {
+    V2(OwnedFd),
+    V1 {
+        memory: OwnedFd,
+        cpuacct: OwnedFd,
+        pids: Option<OwnedFd>,
+    },
+}
+
+impl Source {
+    /// The cgroup under `root`: v2 where `cgroup.controllers` is there,
+    /// else v1's controller directories (a node still on cgroup v1).
+    fn open(root: &Path) -> Option<Source> {
+        let fd = open_dir(root).ok()?;
+        let mut buf = [0u8; cgroup::READ_BUF];
+        if cgroup::read_at(fd.as_fd(), "cgroup.controllers", &mut buf).is_ok() {
+            return Some(Source::V2(fd));
+        }
+        let sub = |name: &str| open_dir(&root.join(name)).ok();
+        // `cpuacct` is most often a symlink to `cpu,cpuacct`; directories
+        // are opened without following links, so the real name goes first.
+        Some(Source::V1 {
+            memory: sub("memory")?,
+            cpuacct: sub("cpu,cpuacct").or_else(|| sub("cpuacct"))?,
+            pids: sub("pids"),
+        })
+    }
+
+    fn v1(&self) -> Option<cgroup::V1Dirs<'_>> {
+        match self {
+            Source::V2(_) => None,
+            Source::V1 {
+                memory,
+                cpuacct,
+                pids,
+            } => Some(cgroup::V1Dirs {
+                memory: memory.as_fd(),
+                cpuacct: cpuacct.as_fd(),
+                pids: pids.as_ref().map(|p| p.as_fd()),
+            }),
+        }
+    }
+
+    fn read(&self, buf: &mut [u8; cgroup::READ_BUF]) -> std::io::Result<cgroup::Counters> {
+        match (self, self.v1()) {
+            (Source::V2(fd), _) => cgroup::read_v2(fd.as_fd(), buf),
+            (_, Some(dirs)) => cgroup::read_v1(dirs, buf),
+            _ => unreachable!("a v1 source has v1 directories"),
+        }
+    }
+
+    fn limits(&self) -> cgroup::CgroupLimits {
+        match (self, self.v1()) {
+            (Source::V2(fd), _) => cgroup::limits_v2(fd.as_fd()),
+            (_, Some(dirs)) => cgroup::limits_v1(dirs),
+            _ => unreachable!("a v1 source has v1 directories"),
+        }
+    }
+}
+
+/// Opens the cgroup under `root` and samples it each second on a thread of
+/// its own.
+fn start(root: &Path) -> Option<Arc<Mutex<State>>> {
+    start_every(root, Duration::from_secs(1))
+}
+
+fn start_every(root: &Path, period: Duration) -> Option<Arc<Mutex<State>>> {
+    let source = Source::open(root)?;
     let mut buf = [0u8; cgroup::READ_BUF];
-    let first = cgroup::read_v2(fd.as_fd(), &mut buf).ok()?;
+    let first = source.read(&mut buf).ok()?;
     let state = Arc::new(Mutex::new(State {
         ring: Ring::new(),
-        limits: cgroup::limits_v2(fd.as_fd()),
+        limits: source.limits(),
         peak: first.memory_peak_bytes.max(first.memory_bytes),
         oom_kills: first.oom_kills,
     }));
     let shared = state.clone();
     std::thread::Builder::new()
         .name("sandboxd-usage".into())
-        .spawn(move || sample(fd, first, shared, Duration::from_secs(1)))
+        .spawn(move || sample(source, first, shared, period))
         .ok()?;
     Some(state)
 }
 
-fn sample(fd: OwnedFd, first: cgroup::Counters, state: Arc<Mutex<State>>, period: Duration) {
+fn sample(source: Source, first: cgroup::Counters, state: Arc<Mutex<State>>, period: Duration) {
     let mut buf = [0u8; cgroup::READ_BUF];
     let (mut at, mut cpu) = (Instant::now(), first.cpu_usec);
     loop {
         std::thread::sleep(period);
-        let Ok(c) = cgroup::read_v2(fd.as_fd(), &mut buf) else {
+        let Ok(c) = source.read(&mut buf) else {
             return;
         };
         let now = Instant::now();
@@ -167,41 +243,46 @@ fn sample(fd: OwnedFd, first: cgroup::Counters, state: Arc<Mutex<State>>, period
 mod tests {
     use super::*;
 
-    #[test]
-    fn samples_a_v2_directory_each_period() {
-        let tmp = tempfile::tempdir().unwrap();
-        let d = tmp.path();
-        for (f, v) in [
-            ("cpu.stat", "usage_usec 1000\n"),
-            ("memory.current", "2097152\n"),
-            ("memory.peak", "4194304\n"),
-            ("memory.events", "oom_kill 1\n"),
-            ("pids.current", "5\n"),
-            ("memory.max", "67108864\n"),
-            ("cpu.max", "max 100000\n"),
-            ("pids.max", "64\n"),
-        ] {
+    fn write_all(d: &Path, files: &[(&str, &str)]) {
+        for (f, v) in files {
             std::fs::write(d.join(f), v).unwrap();
         }
-        let fd = open_dir(d).unwrap();
-        let mut buf = [0u8; cgroup::READ_BUF];
-        let first = cgroup::read_v2(fd.as_fd(), &mut buf).unwrap();
-        let state = Arc::new(Mutex::new(State {
-            ring: Ring::new(),
-            limits: cgroup::limits_v2(fd.as_fd()),
-            peak: 0,
-            oom_kills: 0,
-        }));
-        let shared = state.clone();
-        std::thread::spawn(move || sample(fd, first, shared, Duration::from_millis(10)));
+    }
+
+    /// Samples `root` every 10 ms until the ring holds three points.
+    fn sampled(root: &Path) -> Arc<Mutex<State>> {
+        let state = start_every(root, Duration::from_millis(10)).expect("a cgroup");
         let until = Instant::now() + Duration::from_secs(5);
         while state.lock().unwrap().ring.len() < 3 {
             assert!(Instant::now() < until);
             std::thread::sleep(Duration::from_millis(5));
         }
+        state
+    }
+
+    #[test]
+    fn samples_a_v2_directory_each_period() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        write_all(
+            d,
+            &[
+                ("cgroup.controllers", "cpu memory pids\n"),
+                ("cpu.stat", "usage_usec 1000\n"),
+                ("memory.current", "2097152\n"),
+                ("memory.peak", "4194304\n"),
+                ("memory.events", "oom_kill 1\n"),
+                ("pids.current", "5\n"),
+                ("memory.max", "67108864\n"),
+                ("cpu.max", "max 100000\n"),
+                ("pids.max", "64\n"),
+            ],
+        );
+        let state = sampled(d);
         let s = state.lock().unwrap();
         assert_eq!(s.limits.memory_bytes, Some(64 << 20));
         assert_eq!(s.limits.pids, Some(64));
+        assert_eq!(s.limits.cpu, None);
         assert_eq!(s.oom_kills, 1);
         assert_eq!(s.peak, 4 << 20);
         let pts = UsageReport::points_of(&s.ring);
@@ -210,5 +291,57 @@ mod tests {
         drop(s);
         // Gone: the thread ends.
         std::fs::remove_file(d.join("cpu.stat")).unwrap();
+    }
+
+    /// A node on cgroup v1 mounts one directory per controller, `cpuacct`
+    /// a symlink to `cpu,cpuacct`.
+    #[test]
+    fn samples_v1_controller_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        for dir in ["memory", "cpu,cpuacct", "pids"] {
+            std::fs::create_dir(d.join(dir)).unwrap();
+        }
+        std::os::unix::fs::symlink("cpu,cpuacct", d.join("cpuacct")).unwrap();
+        write_all(
+            &d.join("memory"),
+            &[
+                ("memory.usage_in_bytes", "3145728\n"),
+                ("memory.max_usage_in_bytes", "8388608\n"),
+                ("memory.limit_in_bytes", "134217728\n"),
+                (
+                    "memory.oom_control",
+                    "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+                ),
+            ],
+        );
+        write_all(
+            &d.join("cpu,cpuacct"),
+            &[
+                ("cpuacct.usage", "5000000\n"),
+                ("cpu.cfs_quota_us", "150000\n"),
+                ("cpu.cfs_period_us", "100000\n"),
+            ],
+        );
+        write_all(
+            &d.join("pids"),
+            &[("pids.current", "7\n"), ("pids.max", "max\n")],
+        );
+        let state = sampled(d);
+        let s = state.lock().unwrap();
+        assert_eq!(s.limits.memory_bytes, Some(128 << 20));
+        assert_eq!(s.limits.cpu, Some(1.5));
+        assert_eq!(s.limits.pids, None);
+        assert_eq!(s.oom_kills, 2);
+        assert_eq!(s.peak, 8 << 20);
+        let pts = UsageReport::points_of(&s.ring);
+        assert_eq!(pts[0][3], 3072, "KiB");
+        assert_eq!(pts[0][4], 7);
+    }
+
+    #[test]
+    fn no_cgroup_no_sampler() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(start_every(tmp.path(), Duration::from_millis(10)).is_none());
     }
 }

@@ -341,7 +341,7 @@ async fn process_call(
             Ok(frames) => connect::stream_response(frames),
             Err(e) => fail(&e),
         },
-        "Connect" => match call.connect(body) {
+        "Connect" => match call.connect(body).await {
             Ok(frames) => connect::stream_response(frames),
             Err(e) => fail(&e),
         },

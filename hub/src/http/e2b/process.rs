@@ -29,7 +29,10 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use sandhub_api::error::Code;
 use sandhub_api::hub::SandboxState;
-use sandhub_client::{Error, ProcessEvent, PtySize, Result, Signal, StartProcess, StdinInput};
+use sandhub_client::{
+    Error, KeptProcess, ProcessEvent, ProcessEvents, PtySize, Result, Signal, StartProcess,
+    StdinInput,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -53,6 +56,11 @@ pub const MAX_WATCHERS_PER_PROCESS: usize = 8;
 /// A watcher counts until its HTTP response is dropped, so a stalled
 /// reader that was cut off still counts while its connection stays open.
 pub const MAX_WATCHERS_PER_TENANT: usize = 64;
+/// The scope under which processes started through this API are kept
+/// (Kubernetes: sandboxd's `keep.v1` label), so that every hub replica
+/// finds the same ones. A sandbox belongs to one tenant, so one label
+/// serves every caller of the sandbox, as envd's `List` does.
+const KEPT_LABEL: &str = "e2b";
 /// How often a pump held back by a starting call that stopped reading
 /// checks that its sandbox still exists (a sandbox deleted by another
 /// front door is not announced to this facade).
@@ -335,6 +343,18 @@ impl Registry {
         sandbox.cancel.clone()
     }
 
+    /// Tracks a process this replica did not start (it was found kept in
+    /// the sandbox); `None` when another call tracked it meanwhile.
+    fn adopt(&self, key: Key, pid: i32, tracked: Tracked) -> Option<CancellationToken> {
+        let mut running = self.running();
+        let sandbox = running.entry(key).or_default();
+        if sandbox.procs.contains_key(&pid) {
+            return None;
+        }
+        sandbox.procs.insert(pid, tracked);
+        Some(sandbox.cancel.clone())
+    }
+
     /// The watchers of a running process.
     fn watchers_of(&self, key: &Key, pid: i32) -> Result<Arc<Watchers>> {
         self.running()
@@ -504,6 +524,22 @@ fn start_process(config: &ProcessConfig, pty: Option<PtySize>) -> Result<StartPr
     })
 }
 
+/// What `List` shows of a process kept in the sandbox: the argv split back
+/// into `cmd` and `args`.
+fn config_of(kept: &KeptProcess) -> ProcessConfig {
+    let mut argv = kept.command.iter().cloned();
+    ProcessConfig {
+        cmd: argv.next().unwrap_or_default(),
+        args: argv.collect(),
+        envs: kept.env.clone(),
+        cwd: Some(kept.cwd.clone()).filter(|c| !c.is_empty()),
+    }
+}
+
+fn tag_of(kept: &KeptProcess) -> Option<String> {
+    Some(kept.tag.clone()).filter(|t| !t.is_empty())
+}
+
 fn pty_size(pty: Option<&PtyRequest>) -> Option<PtySize> {
     pty.and_then(|p| p.size.as_ref()).map(|s| PtySize {
         cols: s.cols.max(1),
@@ -571,7 +607,8 @@ impl Call<'_> {
         let req: StartRequest = serde_json::from_value(body)
             .map_err(|e| Error::new(Code::InvalidArgument, format!("bad StartRequest: {e}")))?;
         let spec = start_process(&req.process, pty_size(req.pty.as_ref()))?;
-        let mut events = self.api.start(self.id, spec).await?;
+        let tag = req.tag.as_deref().unwrap_or("");
+        let mut events = self.api.start_kept(self.id, spec, KEPT_LABEL, tag).await?;
         let pid = match events.next().await {
             Some(Ok(ProcessEvent::Started { pid })) => pid,
             Some(Err(e)) => return Err(e),
@@ -614,14 +651,27 @@ impl Call<'_> {
     }
 
     /// `Connect`: live events of a running process, from now on. The
-    /// stream ends after the process's `end` event.
-    pub fn connect(&self, body: Value) -> Result<impl Stream<Item = Bytes> + Send + 'static> {
+    /// stream ends after the process's `end` event. A process another
+    /// replica started (or one that was restarted) is found kept in the
+    /// sandbox: it is adopted, and its retained output comes first.
+    pub async fn connect(&self, body: Value) -> Result<impl Stream<Item = Bytes> + Send + 'static> {
         let req: Selected = serde_json::from_value(body)
             .map_err(|e| Error::new(Code::InvalidArgument, format!("bad ConnectRequest: {e}")))?;
         let key = self.key();
-        let pid = self.registry.pid_of(&key, &req.process)?;
-        let watchers = self.registry.watchers_of(&key, pid)?;
+        let pid = self.pid_of(&req.process).await?;
+        let (watchers, pump) = match self.registry.watchers_of(&key, pid) {
+            Ok(w) => (w, None),
+            Err(e) => match self.adopt(pid).await? {
+                Some(adopted) => adopted,
+                None => return Err(e),
+            },
+        };
         let (slot, reader) = self.registry.watch(self.tenant, pid, &watchers)?;
+        // The watcher is in place before the adopted pump feeds it, so it
+        // sees the retained output from its first byte.
+        if let Some((pump, events)) = pump {
+            tokio::spawn(pump.run_to_end(events, self.registry.clone(), key, pid));
+        }
         // The slot lives as long as the stream: dropping the response
         // gives its place under the caps back.
         let live = reader.into_stream().map(move |item| {
@@ -636,27 +686,91 @@ impl Call<'_> {
         ))
     }
 
+    /// Tracks kept process `pid` of this sandbox with a pump of its own
+    /// (its replayed tail, then its live output); `None` where the backend
+    /// keeps no processes, or none under that pid still runs.
+    async fn adopt(
+        &self,
+        pid: i32,
+    ) -> Result<Option<(Arc<Watchers>, Option<(Pump, ProcessEvents)>)>> {
+        let Some(kept) = self.api.list_kept(self.id, KEPT_LABEL).await? else {
+            return Ok(None);
+        };
+        let Some(found) = kept.iter().find(|k| k.pid == pid && k.exit_code.is_none()) else {
+            return Ok(None);
+        };
+        let Some(events) = self.api.attach_kept(self.id, pid, KEPT_LABEL).await? else {
+            return Ok(None);
+        };
+        let watchers = Arc::new(Watchers::default());
+        let tracked = Tracked {
+            config: config_of(found),
+            tag: tag_of(found),
+            watchers: watchers.clone(),
+        };
+        let Some(cancel) = self.registry.adopt(self.key(), pid, tracked) else {
+            // Another call adopted it first: share its pump.
+            return Ok(Some((self.registry.watchers_of(&self.key(), pid)?, None)));
+        };
+        let pump = Pump {
+            api: self.api.clone(),
+            id: self.id.to_string(),
+            primary: None,
+            watchers: watchers.clone(),
+            cancel,
+        };
+        Ok(Some((watchers, Some((pump, events)))))
+    }
+
+    /// The pid a selector names: a pid as it is; a tag among the processes
+    /// this replica tracks, else among those kept in the sandbox.
+    async fn pid_of(&self, selector: &Selector) -> Result<i32> {
+        let local = self.registry.pid_of(&self.key(), selector);
+        let (Err(e), Some(tag)) = (&local, selector.tag.as_deref()) else {
+            return local;
+        };
+        if e.code != Code::NotFound {
+            return local;
+        }
+        let kept = self.api.list_kept(self.id, KEPT_LABEL).await?;
+        kept.unwrap_or_default()
+            .iter()
+            .find(|k| k.exit_code.is_none() && k.tag == tag)
+            .map(|k| k.pid)
+            .ok_or_else(|| Error::new(Code::NotFound, format!("no process tagged {tag}")))
+    }
+
+    /// `List`: the running processes this replica tracks, and those kept
+    /// in the sandbox (started through any replica).
+    async fn list(&self) -> Result<Value> {
+        let mut all: BTreeMap<i32, (ProcessConfig, Option<String>)> = BTreeMap::new();
+        if let Some(kept) = self.api.list_kept(self.id, KEPT_LABEL).await? {
+            for k in kept.iter().filter(|k| k.exit_code.is_none()) {
+                all.insert(k.pid, (config_of(k), tag_of(k)));
+            }
+        }
+        if let Some(sandbox) = self.registry.running().get(&self.key()) {
+            for (pid, t) in &sandbox.procs {
+                all.insert(*pid, (t.config.clone(), t.tag.clone()));
+            }
+        }
+        let processes: Vec<Value> = all
+            .into_iter()
+            .map(|(pid, (config, tag))| {
+                let mut v = json!({"config": config, "pid": pid});
+                if let Some(tag) = tag {
+                    v["tag"] = json!(tag);
+                }
+                v
+            })
+            .collect();
+        Ok(json!({"processes": processes}))
+    }
+
     /// A unary method's answer.
     pub async fn unary(&self, method: &str, body: Value) -> Result<Value> {
         if method == "List" {
-            let running = self.registry.running();
-            let processes: Vec<Value> = running
-                .get(&self.key())
-                .map(|sandbox| {
-                    sandbox
-                        .procs
-                        .iter()
-                        .map(|(pid, t)| {
-                            let mut v = json!({"config": t.config, "pid": pid});
-                            if let Some(tag) = &t.tag {
-                                v["tag"] = json!(tag);
-                            }
-                            v
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            return Ok(json!({"processes": processes}));
+            return self.list().await;
         }
         // The method first: an unknown one is unimplemented whatever its body.
         let op = match method {
@@ -673,7 +787,7 @@ impl Call<'_> {
         };
         let req: Selected = serde_json::from_value(body)
             .map_err(|e| Error::new(Code::InvalidArgument, format!("bad {method} request: {e}")))?;
-        let pid = self.registry.pid_of(&self.key(), &req.process)?;
+        let pid = self.pid_of(&req.process).await?;
         match op {
             Op::SendSignal => {
                 let signal = match req.signal.as_deref() {

@@ -202,6 +202,38 @@ impl Sandboxes for KubeTenant {
         self.client(id, "start").await?.start(request).await
     }
 
+    /// sandboxd keeps the process past the stream: it outlives this
+    /// replica, and `list_kept`/`attach_kept` find it from any other.
+    async fn start_kept(
+        &self,
+        id: &str,
+        request: StartProcess,
+        label: &str,
+        tag: &str,
+    ) -> Result<ProcessEvents> {
+        let client = self.client(id, "start").await?;
+        match client.start_kept(request.clone(), label, tag).await {
+            Ok(events) => Ok(kept_process_events(events)),
+            // sandboxd keeps at most 32 running processes; past them a
+            // process still starts, tied to this replica's stream, as
+            // before kept processes existed (`--max-processes` still holds).
+            Err(e) if e.code == Code::ResourceExhausted => client.start(request).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list_kept(&self, id: &str, label: &str) -> Result<Option<Vec<KeptProcess>>> {
+        let client = self.client(id, "list processes").await?;
+        Ok(Some(client.list_kept(label).await?))
+    }
+
+    async fn attach_kept(&self, id: &str, pid: i32, label: &str) -> Result<Option<ProcessEvents>> {
+        let client = self.client(id, "connect to a process").await?;
+        Ok(Some(kept_process_events(
+            client.attach_kept(pid, label).await?,
+        )))
+    }
+
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {
         self.client(id, "stdin")
             .await?

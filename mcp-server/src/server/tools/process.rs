@@ -1,13 +1,13 @@
 //! Long-running processes: start one, read its output as it comes, write
 //! to its stdin, signal it.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use rmcp::{handler::server::wrapper::Parameters, tool, tool_router, Json};
 use sandhub_api::hub::Command;
-use sandhub_client::{ProcessEvent, Signal, StartProcess, StdinInput};
+use sandhub_client::{ProcessEvent, Sandboxes, Signal, StartProcess, StdinInput};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +15,7 @@ use super::wait;
 use crate::{
     errors::{ToolError, ToolResult},
     output::Taken,
-    process::Proc,
+    process::{parse_id, Proc},
     provider::SandboxesProvider,
     server::{Hub, SandhubMcp},
 };
@@ -191,7 +191,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
         };
         let started = tokio::time::timeout(START_TIMEOUT, async {
             let mut events = sb
-                .start(&id, request)
+                .start_kept(&id, request, &self.kept_label(), "")
                 .await
                 .map_err(|e| self.gone_or(&id, e))?;
             match events.next().await {
@@ -283,7 +283,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
         hub: Hub,
     ) -> Result<Json<SendProcessInputResult>, ToolError> {
         let (sb, id) = self.owned(hub, &p.process.sandbox_claim_name).await?;
-        let proc = self.session.processes().get(&id, &p.process.process_id)?;
+        let proc = self.find(sb.as_ref(), &id, &p.process.process_id).await?;
         if !proc.running() {
             return Err(exited(&p.process.process_id, &proc));
         }
@@ -328,7 +328,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
         hub: Hub,
     ) -> Result<Json<KillProcessResult>, ToolError> {
         let (sb, id) = self.owned(hub, &p.process.sandbox_claim_name).await?;
-        let proc = self.session.processes().get(&id, &p.process.process_id)?;
+        let proc = self.find(sb.as_ref(), &id, &p.process.process_id).await?;
         let signal = p.signal.unwrap_or_default();
         // A pid outlives its process only as a number another process may
         // get next: never signal one that has exited.
@@ -357,9 +357,48 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
 }
 
 impl<P: SandboxesProvider> SandhubMcp<P> {
-    async fn process(&self, hub: Hub, r: &ProcessRef) -> ToolResult<std::sync::Arc<Proc>> {
-        let (_, id) = self.owned(hub, &r.sandbox_claim_name).await?;
-        self.session.processes().get(&id, &r.process_id)
+    async fn process(&self, hub: Hub, r: &ProcessRef) -> ToolResult<Arc<Proc>> {
+        let (sb, id) = self.owned(hub, &r.sandbox_claim_name).await?;
+        self.find(sb.as_ref(), &id, &r.process_id).await
+    }
+
+    /// Under which label this session's processes are kept in their
+    /// sandboxes, where the backend keeps them past the replica that
+    /// started them.
+    fn kept_label(&self) -> String {
+        format!("mcp/{}", self.session.id())
+    }
+
+    /// Process `process_id` of sandbox `id`: from this session's table, or,
+    /// when another replica of the hub started it (or this one restarted),
+    /// found kept in the sandbox and adopted. An adopted process's output
+    /// starts again at what the sandbox retained (its last MiB), since
+    /// which part of it the earlier replica handed out is not known here.
+    async fn find(&self, sb: &dyn Sandboxes, id: &str, process_id: &str) -> ToolResult<Arc<Proc>> {
+        let missing = match self.session.processes().get(id, process_id) {
+            Ok(proc) => return Ok(proc),
+            Err(e) => e,
+        };
+        let Some(pid) = parse_id(process_id) else {
+            return Err(missing);
+        };
+        let attached = tokio::time::timeout(START_TIMEOUT, async {
+            let mut events = sb.attach_kept(id, pid, &self.kept_label()).await.ok()??;
+            match events.next().await {
+                Some(Ok(ProcessEvent::Started { .. })) => Some(events),
+                _ => None,
+            }
+        })
+        .await;
+        let Ok(Some(events)) = attached else {
+            return Err(missing);
+        };
+        let mut table = self.session.processes();
+        // A concurrent call may have adopted it meanwhile: keep that one.
+        if let Ok(proc) = table.get(id, process_id) {
+            return Ok(proc);
+        }
+        Ok(table.insert(id, pid, events)?.1)
     }
 }
 
