@@ -341,11 +341,43 @@ struct Queue {
     writing: bool,
 }
 
+/// One event of the live feed, with its JSON made once for every stream
+/// that sends it (each consumer used to serialize each event itself).
+#[derive(Debug)]
+pub struct Live {
+    pub event: Event,
+    json: std::sync::OnceLock<String>,
+}
+
+impl From<Event> for Live {
+    fn from(event: Event) -> Self {
+        Live {
+            event,
+            json: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for Live {
+    type Target = Event;
+    fn deref(&self) -> &Event {
+        &self.event
+    }
+}
+
+impl Live {
+    /// The event as JSON, serialized by the first stream that asks.
+    pub fn json(&self) -> &str {
+        self.json
+            .get_or_init(|| serde_json::to_string(&self.event).unwrap_or_default())
+    }
+}
+
 /// The log and its live feed. Cheap to emit into from any module.
 pub struct EventLog {
     queue: Mutex<Queue>,
     wake: Condvar,
-    live: broadcast::Sender<Arc<Event>>,
+    live: broadcast::Sender<Arc<Live>>,
     sink: Arc<dyn Sink>,
     args: EventArgs,
     streams: Mutex<HashMap<String, usize>>,
@@ -489,7 +521,7 @@ impl EventLog {
     }
 
     /// The live feed: every event of every tenant, after it is stored.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Live>> {
         self.live.subscribe()
     }
 
@@ -562,7 +594,7 @@ impl EventLog {
                     Ok(stored) => {
                         for e in stored {
                             // No receiver is fine: nobody streams now.
-                            let _ = self.live.send(Arc::new(e));
+                            let _ = self.live.send(Arc::new(Live::from(e)));
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "storing lifecycle events"),

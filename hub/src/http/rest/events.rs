@@ -23,7 +23,7 @@ use tokio::sync::broadcast::error::RecvError;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::{
-    events::{Event, EventLog, EventType, Filter},
+    events::{Event, EventLog, EventType, Filter, Live},
     http::{ApiError, ApiQuery, ApiResult, AppState, Tenant},
 };
 
@@ -109,6 +109,15 @@ fn resume_from(headers: &HeaderMap, q: &EventQuery) -> ApiResult<Option<u64>> {
 
 /// `e` as sent to `tenant`: it names the caller, whatever key the log
 /// files it under (kubernetes: a digest; an operator's pool: none).
+/// A live event: its shared JSON when the stream's caller is the tenant it
+/// is filed under (always on the local backend).
+fn sse_live(e: &Live, tenant: &str) -> SseEvent {
+    if e.tenant != tenant {
+        return sse(e, tenant);
+    }
+    SseEvent::default().id(e.id.to_string()).data(e.json())
+}
+
 fn sse(e: &Event, tenant: &str) -> SseEvent {
     let data = if e.tenant == tenant {
         serde_json::to_string(e)
@@ -212,7 +221,7 @@ fn follow(
                     }
                     last = e.id;
                     if filter.matches(&e) {
-                        yield Ok(sse(&e, &tenant));
+                        yield Ok(sse_live(&e, &tenant));
                     }
                 }
                 Err(RecvError::Lagged(_)) => {
