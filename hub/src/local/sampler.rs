@@ -22,7 +22,7 @@
 
 use std::{
     collections::HashMap,
-    os::fd::{AsFd, OwnedFd},
+    os::fd::OwnedFd,
     sync::{
         atomic::{AtomicU64, Ordering},
         mpsc, Arc, Mutex,
@@ -31,17 +31,32 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use sandboxd::usage::cgroup::Files;
 use sandhub_api::usage::{SandboxUsage, UsageLimits};
 use tokio::sync::broadcast;
 
 use super::runtime::{
-    cgstat::{CgroupLimits, CgroupStats, CgroupTree, Counters, READ_BUF},
+    cgstat::{CgroupLimits, CgroupStats, CgroupTree, Counters, MAX_HELD, READ_BUF},
     quota::read_qgroup,
 };
 use crate::usage::{disk_full, Latest, Point, Ring, UsageAlert};
 
 /// Alerts buffered for a slow subscriber before it starts missing them.
 const ALERT_BUFFER: usize = 256;
+
+/// Files one sandbox's probe holds open when kept: its cgroup's, and its
+/// qgroup's two.
+const FILES_PER_SANDBOX: usize = MAX_HELD + 2;
+
+/// The most fds the sampler holds open in all: an eighth of the hub's
+/// `RLIMIT_NOFILE` (the port proxy has a quarter, the API half), at most
+/// 16,384. Sandboxes past it are read with an `openat` a file a tick.
+fn fd_budget() -> usize {
+    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(16_384 * 8);
+    (nofile / 8).min(16_384) as usize
+}
 
 /// A sandbox's qgroup sysfs dir, found when it is first seen.
 pub type DiskLookup = Arc<dyn Fn(&str) -> Option<OwnedFd> + Send + Sync>;
@@ -97,7 +112,9 @@ type Reading = (Instant, u64, Option<(u64, u64)>);
 /// The sampling thread's own state of one sandbox.
 struct Probe {
     stats: CgroupStats,
-    qgroup: Option<OwnedFd>,
+    qgroup: Option<Files>,
+    /// Its files are kept open (it counts against the fd budget).
+    kept: bool,
     prev: Option<Reading>,
     oom_seen: u64,
     disk_was_full: bool,
@@ -147,6 +164,8 @@ impl Sampler {
             probes: HashMap::new(),
             foreign: std::collections::HashSet::new(),
             listing_failed: false,
+            kept: 0,
+            keep_at_most: fd_budget() / FILES_PER_SANDBOX,
         };
         let thread = std::thread::Builder::new()
             .name("sandhub-sampler".into())
@@ -224,6 +243,9 @@ struct Worker {
     /// Cgroups of other hubs' sandboxes, checked once while they exist.
     foreign: std::collections::HashSet<String>,
     listing_failed: bool,
+    /// Probes whose files are kept open, and how many may be.
+    kept: usize,
+    keep_at_most: usize,
 }
 
 impl Worker {
@@ -282,13 +304,21 @@ impl Worker {
                     continue;
                 }
             }
-            let Ok((stats, limits)) = self.sources.cgroups.open(id) else {
+            let keep = self.kept < self.keep_at_most;
+            let Ok((stats, limits)) = self.sources.cgroups.open(id, keep) else {
                 continue;
             };
-            let qgroup = self.sources.disk.as_ref().and_then(|d| d(id));
+            self.kept += usize::from(keep);
+            let mut qgroup = self.sources.disk.as_ref().and_then(|d| d(id)).map(|fd| {
+                if keep {
+                    Files::kept(fd)
+                } else {
+                    Files::opened_each_time(fd)
+                }
+            });
             let disk_limit = qgroup
-                .as_ref()
-                .and_then(|q| read_qgroup(q.as_fd()).ok())
+                .as_mut()
+                .and_then(|q| read_qgroup(q).ok())
                 .and_then(|(_, max)| max);
             opened.push((id.clone(), limits_of(&limits, disk_limit)));
             self.probes.insert(
@@ -296,6 +326,7 @@ impl Worker {
                 Probe {
                     stats,
                     qgroup,
+                    kept: keep,
                     prev: None,
                     oom_seen: 0,
                     disk_was_full: false,
@@ -315,10 +346,7 @@ impl Worker {
                     continue;
                 }
             };
-            let disk = probe
-                .qgroup
-                .as_ref()
-                .and_then(|q| read_qgroup(q.as_fd()).ok());
+            let disk = probe.qgroup.as_mut().and_then(|q| read_qgroup(q).ok());
             let net = self.sources.net.as_ref().and_then(|n| n(id));
             let first = probe.prev.is_none();
             if let Some((at, cpu, prev_net)) = probe.prev {
@@ -367,7 +395,9 @@ impl Worker {
             }
         }
         for id in &gone {
-            self.probes.remove(id);
+            if self.probes.remove(id).is_some_and(|p| p.kept) {
+                self.kept -= 1;
+            }
         }
         let mut series = self.shared.series.lock().unwrap_or_else(|p| p.into_inner());
         for id in &gone {

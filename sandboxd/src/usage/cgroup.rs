@@ -5,7 +5,10 @@
 //! directories. The hub's local sampler reads every sandbox's
 //! (`sandhub::local::runtime::cgstat`).
 
-use std::{io, os::fd::BorrowedFd};
+use std::{
+    io,
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
+};
 
 use rustix::fs::{self as rfs, Mode, OFlags};
 
@@ -90,21 +93,88 @@ pub fn limits_v2(d: BorrowedFd<'_>) -> CgroupLimits {
     }
 }
 
+/// One cgroup directory, and how its counter files are read: `openat` +
+/// `read` + `close` each time, or (kept) each file opened at its first read
+/// and re-read from offset 0 after that (cgroupfs regenerates a file's text
+/// on every read from its start), one `pread` a file a tick. Kept files
+/// cost one fd each, so the caller decides which directories keep theirs.
+#[derive(Debug)]
+pub struct Files {
+    dir: OwnedFd,
+    kept: Option<Vec<(&'static str, OwnedFd)>>,
+}
+
+impl Files {
+    /// Reads through `dir` with an `openat` each time.
+    pub fn opened_each_time(dir: OwnedFd) -> Self {
+        Files { dir, kept: None }
+    }
+
+    /// Keeps each file open after its first read.
+    pub fn kept(dir: OwnedFd) -> Self {
+        Files {
+            dir,
+            kept: Some(Vec::new()),
+        }
+    }
+
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
+    }
+
+    /// Files held open now.
+    pub fn held(&self) -> usize {
+        self.kept.as_ref().map_or(0, Vec::len)
+    }
+
+    /// `name`'s text, into `buf`.
+    pub fn read<'b>(&mut self, name: &'static str, buf: &'b mut [u8]) -> io::Result<&'b [u8]> {
+        let Some(kept) = &mut self.kept else {
+            return read_at(self.dir.as_fd(), name, buf);
+        };
+        let i = match kept.iter().position(|(n, _)| *n == name) {
+            Some(i) => i,
+            None => {
+                let fd = rfs::openat(
+                    self.dir.as_fd(),
+                    name,
+                    OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                    Mode::empty(),
+                )?;
+                kept.push((name, fd));
+                kept.len() - 1
+            }
+        };
+        let fd = &kept[i].1;
+        let mut len = 0;
+        while len < buf.len() {
+            let n = rustix::io::pread(fd, &mut buf[len..], len as u64)?;
+            if n == 0 {
+                break;
+            }
+            len += n;
+        }
+        Ok(&buf[..len])
+    }
+}
+
 /// Every counter of a v2 cgroup: five small files. An error (most often
-/// `ENOENT`: the cgroup was removed under the open fd) means it is gone.
-pub fn read_v2(d: BorrowedFd<'_>, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
+/// `ENOENT`, or `ENODEV` through a kept file: the cgroup was removed) means
+/// it is gone.
+pub fn read_v2(d: &mut Files, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-    let cpu_usec = keyed(read_at(d, "cpu.stat", buf)?, "usage_usec")
+    let cpu_usec = keyed(d.read("cpu.stat", buf)?, "usage_usec")
         .ok_or_else(|| bad("cpu.stat has no usage_usec"))?;
     let memory_bytes =
-        number(read_at(d, "memory.current", buf)?).ok_or_else(|| bad("memory.current"))?;
+        number(d.read("memory.current", buf)?).ok_or_else(|| bad("memory.current"))?;
     // memory.peak is Linux 5.19+.
-    let memory_peak_bytes = read_at(d, "memory.peak", buf)
+    let memory_peak_bytes = d
+        .read("memory.peak", buf)
         .ok()
         .and_then(number)
         .unwrap_or(0);
-    let oom_kills = keyed(read_at(d, "memory.events", buf)?, "oom_kill").unwrap_or(0);
-    let pids = number(read_at(d, "pids.current", buf)?).ok_or_else(|| bad("pids.current"))?;
+    let oom_kills = keyed(d.read("memory.events", buf)?, "oom_kill").unwrap_or(0);
+    let pids = number(d.read("pids.current", buf)?).ok_or_else(|| bad("pids.current"))?;
     Ok(Counters {
         cpu_usec,
         memory_bytes,
@@ -115,67 +185,84 @@ pub fn read_v2(d: BorrowedFd<'_>, buf: &mut [u8; READ_BUF]) -> io::Result<Counte
 }
 
 /// The v1 directories of one cgroup: one per controller.
-#[derive(Clone, Copy)]
-pub struct V1Dirs<'a> {
-    pub memory: BorrowedFd<'a>,
-    /// `cpuacct` (also holds `cpu.*` where the two are mounted together).
-    pub cpuacct: BorrowedFd<'a>,
-    /// None where the pids controller is not mounted.
-    pub pids: Option<BorrowedFd<'a>>,
+#[derive(Debug)]
+pub struct V1Files {
+    pub memory: Files,
+    pub pids: Option<Files>,
+    /// `cpu` (the CFS quota), or `cpu,cpuacct` where the two are mounted
+    /// together.
+    pub cpu: Files,
+    /// Where `cpuacct.usage` is, when not in `cpu`: `cpuacct`'s own
+    /// hierarchy.
+    pub cpuacct: Option<Files>,
 }
 
-/// The limits written on a v1 cgroup.
-pub fn limits_v1(d: V1Dirs<'_>) -> CgroupLimits {
-    let mut buf = [0u8; READ_BUF];
-    let memory_bytes = read_at(d.memory, "memory.limit_in_bytes", &mut buf)
-        .ok()
-        .and_then(limit);
-    let pids = d
-        .pids
-        .and_then(|p| read_at(p, "pids.max", &mut buf).ok().and_then(limit));
-    // -1 (no quota) does not parse as a number: no limit.
-    let quota = read_at(d.cpuacct, "cpu.cfs_quota_us", &mut buf)
-        .ok()
-        .and_then(number);
-    let period = read_at(d.cpuacct, "cpu.cfs_period_us", &mut buf)
-        .ok()
-        .and_then(number);
-    let cpu = match (quota, period) {
-        (Some(q), Some(p)) if p > 0 => Some(q as f64 / p as f64),
-        _ => None,
-    };
-    CgroupLimits {
-        memory_bytes,
-        cpu,
-        pids,
+impl V1Files {
+    pub fn held(&self) -> usize {
+        self.memory.held()
+            + self.cpu.held()
+            + self.pids.as_ref().map_or(0, Files::held)
+            + self.cpuacct.as_ref().map_or(0, Files::held)
     }
-}
 
-/// Every counter of a v1 cgroup, from its controllers' directories.
-pub fn read_v1(d: V1Dirs<'_>, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
-    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-    let cpu_ns =
-        number(read_at(d.cpuacct, "cpuacct.usage", buf)?).ok_or_else(|| bad("cpuacct.usage"))?;
-    let memory_bytes = number(read_at(d.memory, "memory.usage_in_bytes", buf)?)
-        .ok_or_else(|| bad("memory.usage_in_bytes"))?;
-    let memory_peak_bytes = read_at(d.memory, "memory.max_usage_in_bytes", buf)
-        .ok()
-        .and_then(number)
-        .unwrap_or(0);
-    // `oom_kill` in memory.oom_control is Linux 4.13+.
-    let oom_kills = read_at(d.memory, "memory.oom_control", buf)
-        .ok()
-        .and_then(|raw| keyed(raw, "oom_kill"))
-        .unwrap_or(0);
-    let pids = match d.pids {
-        Some(p) => number(read_at(p, "pids.current", buf)?).ok_or_else(|| bad("pids.current"))?,
-        None => 0,
-    };
-    Ok(Counters {
-        cpu_usec: cpu_ns / 1000,
-        memory_bytes,
-        memory_peak_bytes,
-        oom_kills,
-        pids,
-    })
+    /// The limits written on the cgroup.
+    pub fn limits(&self) -> CgroupLimits {
+        let mut buf = [0u8; READ_BUF];
+        let memory_bytes = read_at(self.memory.dir(), "memory.limit_in_bytes", &mut buf)
+            .ok()
+            .and_then(limit);
+        let pids = self
+            .pids
+            .as_ref()
+            .and_then(|p| read_at(p.dir(), "pids.max", &mut buf).ok().and_then(limit));
+        // -1 (no quota) does not parse as a number: no limit.
+        let quota = read_at(self.cpu.dir(), "cpu.cfs_quota_us", &mut buf)
+            .ok()
+            .and_then(limit);
+        let period = read_at(self.cpu.dir(), "cpu.cfs_period_us", &mut buf)
+            .ok()
+            .and_then(number)
+            .filter(|&p| p > 0);
+        CgroupLimits {
+            memory_bytes,
+            cpu: quota.zip(period).map(|(q, p)| q as f64 / p as f64),
+            pids,
+        }
+    }
+
+    /// Every counter. CPU reads 0 where no `cpuacct.usage` is readable.
+    pub fn read(&mut self, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+        let m = &mut self.memory;
+        let memory_bytes = number(m.read("memory.usage_in_bytes", buf)?)
+            .ok_or_else(|| bad("memory.usage_in_bytes"))?;
+        let memory_peak_bytes = m
+            .read("memory.max_usage_in_bytes", buf)
+            .ok()
+            .and_then(number)
+            .unwrap_or(0);
+        // `oom_kill` in memory.oom_control is Linux 4.13+.
+        let oom_kills = m
+            .read("memory.oom_control", buf)
+            .ok()
+            .and_then(|raw| keyed(raw, "oom_kill"))
+            .unwrap_or(0);
+        let pids = match &mut self.pids {
+            Some(p) => number(p.read("pids.current", buf)?).ok_or_else(|| bad("pids.current"))?,
+            None => 0,
+        };
+        let acct = self.cpuacct.as_mut().unwrap_or(&mut self.cpu);
+        let cpu_usec = acct
+            .read("cpuacct.usage", buf)
+            .ok()
+            .and_then(number)
+            .map_or(0, |ns| ns / 1000);
+        Ok(Counters {
+            cpu_usec,
+            memory_bytes,
+            memory_peak_bytes,
+            oom_kills,
+            pids,
+        })
+    }
 }

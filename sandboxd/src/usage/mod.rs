@@ -121,14 +121,11 @@ fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// Where sandboxd's own counters are.
+/// Where sandboxd's own counters are, its files kept open (a handful of
+/// fds, read once a second for the daemon's whole life).
 enum Source {
-    V2(OwnedFd),
-    V1 {
-        memory: OwnedFd,
-        cpuacct: OwnedFd,
-        pids: Option<OwnedFd>,
-    },
+    V2(cgroup::Files),
+    V1(cgroup::V1Files),
 }
 
 impl Source {
@@ -138,46 +135,30 @@ impl Source {
         let fd = open_dir(root).ok()?;
         let mut buf = [0u8; cgroup::READ_BUF];
         if cgroup::read_at(fd.as_fd(), "cgroup.controllers", &mut buf).is_ok() {
-            return Some(Source::V2(fd));
+            return Some(Source::V2(cgroup::Files::kept(fd)));
         }
-        let sub = |name: &str| open_dir(&root.join(name)).ok();
+        let sub = |name: &str| open_dir(&root.join(name)).ok().map(cgroup::Files::kept);
         // `cpuacct` is most often a symlink to `cpu,cpuacct`; directories
         // are opened without following links, so the real name goes first.
-        Some(Source::V1 {
+        Some(Source::V1(cgroup::V1Files {
             memory: sub("memory")?,
-            cpuacct: sub("cpu,cpuacct").or_else(|| sub("cpuacct"))?,
             pids: sub("pids"),
-        })
+            cpu: sub("cpu,cpuacct").or_else(|| sub("cpuacct"))?,
+            cpuacct: None,
+        }))
     }
 
-    fn v1(&self) -> Option<cgroup::V1Dirs<'_>> {
+    fn read(&mut self, buf: &mut [u8; cgroup::READ_BUF]) -> std::io::Result<cgroup::Counters> {
         match self {
-            Source::V2(_) => None,
-            Source::V1 {
-                memory,
-                cpuacct,
-                pids,
-            } => Some(cgroup::V1Dirs {
-                memory: memory.as_fd(),
-                cpuacct: cpuacct.as_fd(),
-                pids: pids.as_ref().map(|p| p.as_fd()),
-            }),
-        }
-    }
-
-    fn read(&self, buf: &mut [u8; cgroup::READ_BUF]) -> std::io::Result<cgroup::Counters> {
-        match (self, self.v1()) {
-            (Source::V2(fd), _) => cgroup::read_v2(fd.as_fd(), buf),
-            (_, Some(dirs)) => cgroup::read_v1(dirs, buf),
-            _ => unreachable!("a v1 source has v1 directories"),
+            Source::V2(files) => cgroup::read_v2(files, buf),
+            Source::V1(v1) => v1.read(buf),
         }
     }
 
     fn limits(&self) -> cgroup::CgroupLimits {
-        match (self, self.v1()) {
-            (Source::V2(fd), _) => cgroup::limits_v2(fd.as_fd()),
-            (_, Some(dirs)) => cgroup::limits_v1(dirs),
-            _ => unreachable!("a v1 source has v1 directories"),
+        match self {
+            Source::V2(files) => cgroup::limits_v2(files.dir()),
+            Source::V1(v1) => v1.limits(),
         }
     }
 }
@@ -189,7 +170,7 @@ fn start(root: &Path) -> Option<Arc<Mutex<State>>> {
 }
 
 fn start_every(root: &Path, period: Duration) -> Option<Arc<Mutex<State>>> {
-    let source = Source::open(root)?;
+    let mut source = Source::open(root)?;
     let mut buf = [0u8; cgroup::READ_BUF];
     let first = source.read(&mut buf).ok()?;
     let state = Arc::new(Mutex::new(State {
@@ -206,7 +187,7 @@ fn start_every(root: &Path, period: Duration) -> Option<Arc<Mutex<State>>> {
     Some(state)
 }
 
-fn sample(source: Source, first: cgroup::Counters, state: Arc<Mutex<State>>, period: Duration) {
+fn sample(mut source: Source, first: cgroup::Counters, state: Arc<Mutex<State>>, period: Duration) {
     let mut buf = [0u8; cgroup::READ_BUF];
     let (mut at, mut cpu) = (Instant::now(), first.cpu_usec);
     loop {

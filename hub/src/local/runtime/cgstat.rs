@@ -1,27 +1,31 @@
 //! Reading a sandbox's cgroup counters cheaply, for the usage sampler
 //! (`crate::local::sampler`): each sandbox's cgroup directory is opened
-//! once and every read is an `openat` of a plain name relative to that fd
-//! with `O_NOFOLLOW` (cgroupfs has no links and the sandbox cannot write
-//! it, but the hub never resolves a path by name where it does not have
-//! to). A read is a handful of syscalls whatever the sandbox does: the
-//! kernel keeps these counters, so a thousand processes or a full disk
-//! cost nothing more.
+//! once and every file is opened relative to that fd with `O_NOFOLLOW`
+//! (cgroupfs has no links and the sandbox cannot write it, but the hub
+//! never resolves a path by name where it does not have to). With `keep`,
+//! each file stays open after its first read and is re-read from offset 0
+//! (one `pread` a file a tick instead of `openat` + `read` + `close`), at
+//! one fd a file; the sampler keeps them while its fd budget lasts. A read
+//! is a handful of syscalls whatever the sandbox does: the kernel keeps
+//! these counters, so a thousand processes or a full disk cost nothing
+//! more.
 //!
 //! ```text
-//! CgroupTree::ids()          the sandboxes with a cgroup now (one getdents pass)
-//! CgroupTree::open(id)       -> CgroupStats (dir fds) and the limits set on it
-//! CgroupStats::read(&mut buf) -> Counters
+//! CgroupTree::ids()              the sandboxes with a cgroup now (one getdents pass)
+//! CgroupTree::open(id, keep)     -> CgroupStats (dir fds) and the limits set on it
+//! CgroupStats::read(&mut buf)    -> Counters
+//! CgroupStats::held()            files it holds open
 //! CgroupTree::v2_at(dir)     any directory laid out like cgroup v2 (bench, tests)
 //! ```
 
 use std::{
     io,
-    os::fd::{AsFd, OwnedFd},
+    os::fd::OwnedFd,
     path::{Path, PathBuf},
 };
 
 use rustix::fs::{self as rfs, Mode, OFlags};
-use sandboxd::usage::cgroup::{keyed, limit, limits_v2, number, read_at, read_v2};
+use sandboxd::usage::cgroup::{limits_v2, read_v2, Files, V1Files};
 pub use sandboxd::usage::cgroup::{CgroupLimits, Counters, READ_BUF};
 
 use super::cgroup::{Backend, SandboxCgroup};
@@ -33,15 +37,13 @@ pub struct CgroupTree(Backend);
 /// One sandbox's open cgroup directories.
 #[derive(Debug)]
 pub enum CgroupStats {
-    V2(OwnedFd),
-    V1 {
-        memory: OwnedFd,
-        pids: OwnedFd,
-        cpu: OwnedFd,
-        /// Where `cpuacct.usage` is: `cpuacct`'s own hierarchy, else `cpu`'s.
-        cpuacct: Option<OwnedFd>,
-    },
+    V2(Files),
+    V1(V1Files),
 }
+
+/// The most files one sandbox's [`CgroupStats`] holds open when kept
+/// (v1: three of memory, pids, `cpuacct.usage`).
+pub const MAX_HELD: usize = 5;
 
 impl CgroupTree {
     pub(super) fn new(backend: Backend) -> Self {
@@ -85,15 +87,21 @@ impl CgroupTree {
         Ok(out)
     }
 
-    /// Opens sandbox `id`'s cgroup and reads the limits written on it.
-    pub fn open(&self, id: &str) -> io::Result<(CgroupStats, CgroupLimits)> {
-        let dir = |p: &Path| {
-            rfs::open(
+    /// Opens sandbox `id`'s cgroup and reads the limits written on it;
+    /// with `keep`, its files stay open after their first read (at most
+    /// [`MAX_HELD`]).
+    pub fn open(&self, id: &str, keep: bool) -> io::Result<(CgroupStats, CgroupLimits)> {
+        let dir = |p: &Path| -> io::Result<Files> {
+            let fd: OwnedFd = rfs::open(
                 p,
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
                 Mode::empty(),
-            )
-            .map_err(io::Error::from)
+            )?;
+            Ok(if keep {
+                Files::kept(fd)
+            } else {
+                Files::opened_each_time(fd)
+            })
         };
         if id.is_empty() || id.contains('/') || id.starts_with('.') {
             return Err(io::Error::new(
@@ -108,12 +116,12 @@ impl CgroupTree {
                 pids,
                 cpu,
                 cpuacct,
-            } => CgroupStats::V1 {
+            } => CgroupStats::V1(V1Files {
                 memory: dir(&memory)?,
-                pids: dir(&pids)?,
+                pids: Some(dir(&pids)?),
                 cpu: dir(&cpu)?,
                 cpuacct: cpuacct.as_deref().map(dir).transpose()?,
-            },
+            }),
         };
         let limits = stats.limits();
         Ok((stats, limits))
@@ -122,75 +130,27 @@ impl CgroupTree {
 
 impl CgroupStats {
     fn limits(&self) -> CgroupLimits {
-        let mut buf = [0u8; READ_BUF];
         match self {
-            CgroupStats::V2(d) => limits_v2(d.as_fd()),
-            CgroupStats::V1 {
-                memory, pids, cpu, ..
-            } => {
-                let memory_bytes = read_at(memory.as_fd(), "memory.limit_in_bytes", &mut buf)
-                    .ok()
-                    .and_then(limit);
-                let pids = read_at(pids.as_fd(), "pids.max", &mut buf)
-                    .ok()
-                    .and_then(limit);
-                let quota = read_at(cpu.as_fd(), "cpu.cfs_quota_us", &mut buf)
-                    .ok()
-                    .and_then(limit);
-                let period = read_at(cpu.as_fd(), "cpu.cfs_period_us", &mut buf)
-                    .ok()
-                    .and_then(number)
-                    .filter(|&p| p > 0);
-                CgroupLimits {
-                    memory_bytes,
-                    cpu: quota.zip(period).map(|(q, p)| q as f64 / p as f64),
-                    pids,
-                }
-            }
+            CgroupStats::V2(d) => limits_v2(d.dir()),
+            CgroupStats::V1(v1) => v1.limits(),
         }
     }
 
     /// Reads every counter: five small files. An error (most often
-    /// `ENOENT`: the cgroup was removed under the open fd) means the
-    /// sandbox is gone.
-    pub fn read(&self, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
-        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    /// `ENOENT`, or `ENODEV` through a kept file: the cgroup was removed)
+    /// means the sandbox is gone.
+    pub fn read(&mut self, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
         match self {
-            CgroupStats::V2(d) => read_v2(d.as_fd(), buf),
-            CgroupStats::V1 {
-                memory,
-                pids,
-                cpu,
-                cpuacct,
-            } => {
-                let m = memory.as_fd();
-                let memory_bytes = number(read_at(m, "memory.usage_in_bytes", buf)?)
-                    .ok_or_else(|| bad("memory.usage_in_bytes"))?;
-                let memory_peak_bytes = read_at(m, "memory.max_usage_in_bytes", buf)
-                    .ok()
-                    .and_then(number)
-                    .unwrap_or(0);
-                let oom_kills = read_at(m, "memory.oom_control", buf)
-                    .ok()
-                    .and_then(|raw| keyed(raw, "oom_kill"))
-                    .unwrap_or(0);
-                let pids = number(read_at(pids.as_fd(), "pids.current", buf)?)
-                    .ok_or_else(|| bad("pids.current"))?;
-                // cpuacct co-mounted with cpu, or its own hierarchy (the
-                // runtime then makes the sandbox a cgroup there too).
-                let acct = cpuacct.as_ref().unwrap_or(cpu);
-                let cpu_usec = read_at(acct.as_fd(), "cpuacct.usage", buf)
-                    .ok()
-                    .and_then(number)
-                    .map_or(0, |ns| ns / 1000);
-                Ok(Counters {
-                    cpu_usec,
-                    memory_bytes,
-                    memory_peak_bytes,
-                    oom_kills,
-                    pids,
-                })
-            }
+            CgroupStats::V2(d) => read_v2(d, buf),
+            CgroupStats::V1(v1) => v1.read(buf),
+        }
+    }
+
+    /// Files held open now.
+    pub fn held(&self) -> usize {
+        match self {
+            CgroupStats::V2(d) => d.held(),
+            CgroupStats::V1(v1) => v1.held(),
         }
     }
 }
@@ -229,7 +189,7 @@ mod tests {
         std::fs::write(tmp.path().join("not-a-dir"), "").unwrap();
         let tree = CgroupTree::v2_at(tmp.path());
         assert_eq!(tree.ids().unwrap(), vec!["sb-1".to_string()]);
-        let (stats, limits) = tree.open("sb-1").unwrap();
+        let (mut stats, limits) = tree.open("sb-1", false).unwrap();
         assert_eq!(limits.memory_bytes, Some(64 << 20));
         assert_eq!(limits.pids, None, "max is no limit");
         assert_eq!(limits.cpu, Some(0.5));
@@ -248,7 +208,7 @@ mod tests {
         // Removed under the open fd: the read fails, the sandbox is gone.
         std::fs::remove_dir_all(tmp.path().join("sb-1")).unwrap();
         assert!(stats.read(&mut buf).is_err());
-        assert!(tree.open("../x").is_err());
+        assert!(tree.open("../x", false).is_err());
     }
 
     #[test]
@@ -258,7 +218,29 @@ mod tests {
         let d = tmp.path().join("sb-1");
         std::fs::remove_file(d.join("memory.current")).unwrap();
         std::os::unix::fs::symlink("/proc/self/status", d.join("memory.current")).unwrap();
-        let (stats, _) = CgroupTree::v2_at(tmp.path()).open("sb-1").unwrap();
-        assert!(stats.read(&mut [0u8; READ_BUF]).is_err());
+        for keep in [false, true] {
+            let (mut stats, _) = CgroupTree::v2_at(tmp.path()).open("sb-1", keep).unwrap();
+            assert!(stats.read(&mut [0u8; READ_BUF]).is_err());
+        }
+    }
+
+    /// Kept files are opened once and re-read from their start each time,
+    /// so a counter that changed reads its new value; at most `MAX_HELD`.
+    #[test]
+    fn kept_files_read_the_current_value_each_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        fake(tmp.path(), "sb-1", 1500, 4096);
+        let (mut stats, _) = CgroupTree::v2_at(tmp.path()).open("sb-1", true).unwrap();
+        let mut buf = [0u8; READ_BUF];
+        assert_eq!(stats.held(), 0);
+        assert_eq!(stats.read(&mut buf).unwrap().memory_bytes, 4096);
+        assert!(stats.held() > 0 && stats.held() <= MAX_HELD, "{}", stats.held());
+        let held = stats.held();
+        // A shorter value than before: the read must not keep old bytes.
+        std::fs::write(tmp.path().join("sb-1/memory.current"), "77\n").unwrap();
+        std::fs::write(tmp.path().join("sb-1/cpu.stat"), "usage_usec 9\n").unwrap();
+        let c = stats.read(&mut buf).unwrap();
+        assert_eq!((c.memory_bytes, c.cpu_usec), (77, 9));
+        assert_eq!(stats.held(), held, "no file opened twice");
     }
 }

@@ -511,17 +511,12 @@ fn mount_volume(dev: &Path, mount_point: &Path) -> io::Result<()> {
 /// `(referenced, max_referenced)` of a qgroup directory from
 /// [`DiskQuotas::qgroup_dir`]; the limit is None when the qgroup has none.
 /// btrfs settles `referenced` at each transaction commit (30 s at most).
-pub fn read_qgroup(dir: BorrowedFd<'_>) -> io::Result<(u64, Option<u64>)> {
-    let read = |name: &str| -> io::Result<String> {
-        let fd = rustix::fs::openat(
-            dir,
-            name,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NOFOLLOW,
-            rustix::fs::Mode::empty(),
-        )?;
-        let mut buf = [0u8; 64];
-        let n = rustix::io::read(&fd, &mut buf)?;
-        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+pub fn read_qgroup(dir: &mut sandboxd::usage::cgroup::Files) -> io::Result<(u64, Option<u64>)> {
+    let mut buf = [0u8; 64];
+    let mut read = |name: &'static str| -> io::Result<String> {
+        Ok(String::from_utf8_lossy(dir.read(name, &mut buf)?)
+            .trim()
+            .to_string())
     };
     let used = read("referenced")?
         .parse()
