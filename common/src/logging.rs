@@ -8,7 +8,13 @@
 //! feature none of our binaries needs.
 
 use tracing::Level;
-use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{
+    filter::Targets, layer::SubscriberExt, util::SubscriberInitExt, Layer, Registry,
+};
+
+/// Another layer beside the log layer, under the same filter (the trace
+/// exporter of `sandhub-telemetry`: this crate stays free of it).
+pub type ExtraLayer = Box<dyn Layer<Registry> + Send + Sync>;
 
 /// How one binary logs. `Logging::new(format).init()` is the usual call.
 #[derive(Clone, Copy, Debug)]
@@ -95,7 +101,19 @@ impl<'a> Logging<'a> {
 
     /// Installs the global subscriber; fails if one is installed already.
     pub fn try_init(self) -> Result<(), tracing_subscriber::util::TryInitError> {
-        let registry = tracing_subscriber::registry().with(self.filter());
+        self.try_init_with(None)
+    }
+
+    /// As [`Logging::try_init`], with `extra` beside the log layer. The
+    /// filter applies to both, so a span the logs would not see is not
+    /// exported either.
+    pub fn try_init_with(
+        self,
+        extra: Option<ExtraLayer>,
+    ) -> Result<(), tracing_subscriber::util::TryInitError> {
+        let registry = tracing_subscriber::registry()
+            .with(extra)
+            .with(self.filter());
         let mut stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
         if let Some(ansi) = self.ansi {
             stderr = stderr.with_ansi(ansi);
