@@ -132,3 +132,9 @@ pub fn record_status(span: &Span, status: u16) {
         span.record("otel.status_code", "ERROR");
     }
 }
+
+/// [`inject`] of the current span: what a binary that exports installs as
+/// the `sandhub-client` injector (`propagate::set_injector`).
+pub fn inject_current(headers: &mut HeaderMap) {
+    inject(&Span::current(), headers);
+}

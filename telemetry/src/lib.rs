@@ -21,7 +21,7 @@ pub mod context;
 pub mod export;
 pub mod w3c;
 
-pub use context::{client_span, inject, server_span, Parent};
+pub use context::{client_span, inject, inject_current, record_status, server_span, Parent};
 pub use export::{dropped_spans, exported_spans, init, Guard};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);

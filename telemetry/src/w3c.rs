@@ -123,7 +123,10 @@ fn valid_key(key: &str) -> bool {
     let b = key.as_bytes();
     match key.split_once('@') {
         None => {
-            !b.is_empty() && b.len() <= 256 && b[0].is_ascii_lowercase() && b.iter().all(|&c| tail(c))
+            !b.is_empty()
+                && b.len() <= 256
+                && b[0].is_ascii_lowercase()
+                && b.iter().all(|&c| tail(c))
         }
         Some((tenant, system)) => {
             let (t, s) = (tenant.as_bytes(), system.as_bytes());
@@ -218,7 +221,10 @@ mod tests {
     #[test]
     fn tracestate_keeps_valid_members_and_joins_fields() {
         assert_eq!(
-            tracestate([b"rojo=00f067aa0ba902b7".as_slice(), b" congo=t61rcWkgMzE".as_slice()]),
+            tracestate([
+                b"rojo=00f067aa0ba902b7".as_slice(),
+                b" congo=t61rcWkgMzE".as_slice()
+            ]),
             Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE".into())
         );
         assert_eq!(
@@ -238,15 +244,7 @@ mod tests {
         let long = format!("a={}", "x".repeat(MAX_TRACESTATE_BYTES));
         assert_eq!(tracestate([long.as_bytes()]), None);
         for bad in [
-            "Upper=1",
-            "a=1,a=2",
-            "a",
-            "a=",
-            "a=b=c",
-            "=b",
-            "a=\u{7f}",
-            "@v=1",
-            "t@=1",
+            "Upper=1", "a=1,a=2", "a", "a=", "a=b=c", "=b", "a=\u{7f}", "@v=1", "t@=1",
         ] {
             assert_eq!(tracestate([bad.as_bytes()]), None, "{bad:?}");
         }
