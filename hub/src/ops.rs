@@ -150,7 +150,7 @@ impl Operations {
         };
         self.observe(op, backend, outcome, secs);
         if !span.is_none() {
-            span.record("otel.name", op.as_str());
+            sandhub_telemetry::rename(&span, op.as_str().to_string());
             span.record("sandhub.op", op.as_str());
             span.record("sandhub.outcome", outcome);
             if outcome != "ok" {

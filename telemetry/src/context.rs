@@ -122,6 +122,15 @@ pub fn client_span(name: &str) -> Span {
     )
 }
 
+/// Renames `span` once it is known what it was (a route template matched
+/// after the span began). Recording `otel.name` would not do: a span whose
+/// context a child has taken is started, and keeps its first name.
+pub fn rename(span: &Span, name: String) {
+    if !span.is_none() {
+        span.context().span().update_name(name);
+    }
+}
+
 /// Records a server span's HTTP status (5xx marks the span an error).
 pub fn record_status(span: &Span, status: u16) {
     if span.is_none() {

@@ -13,7 +13,7 @@ use std::{
 };
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::{
     error::OTelSdkResult,
     trace::{BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter},
@@ -99,11 +99,14 @@ pub fn init(logging: Logging<'_>, endpoint: Option<&str>, service: &'static str)
 fn provider(endpoint: &str, service: &'static str) -> Result<SdkTracerProvider, String> {
     let url = traces_url(endpoint);
     let parsed: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-    if !matches!(parsed.scheme_str(), Some("http" | "https")) || parsed.host().is_none() {
+    if parsed.scheme_str() != Some("http") || parsed.host().is_none() {
         return Err(format!("{url}: expected http://host:port"));
     }
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(crate::http::BlockingHttp {
+            timeout: EXPORT_TIMEOUT,
+        })
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(url)
         // OTEL_EXPORTER_OTLP_HEADERS is read too: an operator's way to
@@ -187,6 +190,8 @@ mod tests {
     #[test]
     fn an_endpoint_that_is_not_http_is_refused() {
         assert!(provider("ftp://x:1", "t").is_err());
+        // TLS goes through a local collector (telemetry/src/http.rs).
+        assert!(provider("https://x:4318", "t").is_err());
         assert!(provider("not a url", "t").is_err());
     }
 }

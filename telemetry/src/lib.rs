@@ -7,6 +7,7 @@
 //! - [`context`]: the parent a request names in `traceparent`/`tracestate`,
 //!   writing a span's context into outgoing headers, and the server and
 //!   client spans every binary makes the same way.
+//! - `http`: the exporter's blocking HTTP/1.1 client (plain `http://`).
 //! - [`w3c`]: the strict W3C Trace Context grammar (pure; inbound headers
 //!   are attacker-controlled).
 //!
@@ -19,9 +20,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod context;
 pub mod export;
+mod http;
 pub mod w3c;
 
-pub use context::{client_span, inject, inject_current, record_status, server_span, Parent};
+pub use context::{
+    client_span, inject, inject_current, record_status, rename, server_span, Parent,
+};
 pub use export::{dropped_spans, exported_spans, init, Guard};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);

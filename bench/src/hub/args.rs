@@ -199,6 +199,9 @@ pub(super) enum Phase {
     /// The usage sampler's CPU at `--sampler-sandboxes` idle sandboxes
     /// (not in the default set: it starts hundreds of sandboxes).
     Sampler,
+    /// Exec with trace export on (a second hub, `--otlp-endpoint` to a
+    /// loopback sink) vs off (not in the default set).
+    Traces,
 }
 
 impl Args {

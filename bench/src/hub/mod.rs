@@ -22,7 +22,10 @@
 //! 11. (opt-in, `egress`) the egress gateway vs the host: download, TCP
 //!     connect, DNS, cold create of `egress` vs `none`, hub memory per 100
 //!     idle sandboxes (its own network namespace comes up before the hub,
-//!     which gets `--egress-dns` for it; see `egress.rs`).
+//!     which gets `--egress-dns` for it; see `egress.rs`);
+//! 12. (opt-in, `traces`) exec of `true` on a second hub exporting traces
+//!     to a loopback OTLP sink vs this one (export off), in alternating
+//!     rounds (`traces.rs`).
 //!
 //! At the end it deletes everything it made through the API, SIGTERMs the
 //! hub and kills any sandbox process that outlived both.
@@ -42,6 +45,7 @@ mod rest;
 mod sampler;
 mod sdk;
 mod server;
+mod traces;
 
 use std::{
     path::PathBuf,
@@ -197,6 +201,7 @@ async fn phases(
             Phase::Ports => ports(args, hub, report).await,
             Phase::E2b => e2b(args, hub, report).await,
             Phase::Sampler => sampler::run(args, hub, report).await,
+            Phase::Traces => traces::run(args, hub, report).await,
             Phase::Egress => match outside.internet {
                 Some(Ok(net)) => egress::run(args, hub, report, net).await,
                 Some(Err(e)) => Err(anyhow::anyhow!("bringing up the bench internet: {e:#}")),

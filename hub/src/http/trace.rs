@@ -21,7 +21,7 @@ pub async fn trace_request(mut request: Request, next: Next) -> Response {
     // The route template (`/v1/sandboxes/{id}/exec`), never the raw path:
     // ids are the tenant's, and names must stay few.
     if let Some(route) = response.extensions().get::<MatchedPath>() {
-        span.record("otel.name", format!("{method} {}", route.as_str()));
+        sandhub_telemetry::rename(&span, format!("{method} {}", route.as_str()));
     }
     sandhub_telemetry::record_status(&span, response.status().as_u16());
     response
