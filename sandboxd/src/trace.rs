@@ -15,11 +15,6 @@ use axum::{
 };
 use tracing::Instrument;
 
-/// The gRPC packages served here; any other path is named by its route.
-const RPC_PREFIXES: [&str; 3] = ["/process.v1.", "/keep.v1.", "/watcher.v1."];
-/// No RPC of ours has a longer path; a longer one is not named by it.
-const MAX_RPC_NAME: usize = 80;
-
 pub async fn trace_request(request: Request, next: Next) -> Response {
     if !sandhub_telemetry::enabled() {
         return next.run(request).await;

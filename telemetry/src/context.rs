@@ -131,6 +131,24 @@ pub fn rename(span: &Span, name: String) {
     }
 }
 
+/// The gRPC packages our services serve (`process.v1`, `keep.v1`,
+/// `watcher.v1`); a span is named by an RPC path only when it is one of
+/// theirs, so a caller cannot mint span names.
+const RPC_PREFIXES: [&str; 3] = ["/process.v1.", "/keep.v1.", "/watcher.v1."];
+/// No RPC of ours has a longer path.
+const MAX_RPC_PATH: usize = 80;
+
+/// `process.v1.ProcessService/Execute` for the path
+/// `/process.v1.ProcessService/Execute`; `None` for any other path.
+pub fn rpc_name(path: &str) -> Option<&str> {
+    (path.len() <= MAX_RPC_PATH
+        && RPC_PREFIXES.iter().any(|p| path.starts_with(p))
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"./_".contains(&b)))
+    .then(|| &path[1..])
+}
+
 /// Records a server span's HTTP status (5xx marks the span an error).
 pub fn record_status(span: &Span, status: u16) {
     if span.is_none() {
@@ -146,4 +164,35 @@ pub fn record_status(span: &Span, status: u16) {
 /// the `sandhub-client` injector (`propagate::set_injector`).
 pub fn inject_current(headers: &mut HeaderMap) {
     inject(&Span::current(), headers);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_our_rpc_paths_name_spans() {
+        assert_eq!(
+            rpc_name("/process.v1.ProcessService/Execute"),
+            Some("process.v1.ProcessService/Execute")
+        );
+        assert_eq!(rpc_name("/v1/files/etc/passwd"), None);
+        assert_eq!(rpc_name("/process.v1.X/a b"), None);
+        assert_eq!(rpc_name(&format!("/process.v1.{}", "x".repeat(100))), None);
+    }
+
+    #[test]
+    fn a_parent_needs_exactly_one_valid_traceparent() {
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut h = HeaderMap::new();
+        h.insert(TRACEPARENT, HeaderValue::from_static(good));
+        h.insert(TRACESTATE, HeaderValue::from_static("a=1"));
+        let p = Parent::from_headers(&h).unwrap();
+        let sc = p.0.span().span_context().clone();
+        assert!(sc.is_remote() && sc.is_sampled());
+        assert_eq!(sc.trace_state().header(), "a=1");
+        h.append(TRACEPARENT, HeaderValue::from_static(good));
+        assert!(Parent::from_headers(&h).is_none(), "two traceparents");
+        assert!(Parent::from_headers(&HeaderMap::new()).is_none());
+    }
 }
