@@ -27,15 +27,9 @@ pub async fn trace_request(request: Request, next: Next) -> Response {
 }
 
 fn span_name(request: &Request) -> String {
-    let path = request.uri().path();
-    if path.len() <= MAX_RPC_NAME
-        && RPC_PREFIXES.iter().any(|p| path.starts_with(p))
-        && path
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"./_".contains(&b))
-    {
-        // `/process.v1.ProcessService/Execute` → `process.v1.ProcessService/Execute`
-        return path[1..].to_string();
+    // `/process.v1.ProcessService/Execute` → `process.v1.ProcessService/Execute`
+    if let Some(rpc) = sandhub_telemetry::context::rpc_name(request.uri().path()) {
+        return rpc.to_string();
     }
     match request.extensions().get::<MatchedPath>() {
         Some(route) => format!("{} {}", request.method(), route.as_str()),
