@@ -188,7 +188,8 @@ def test_an_mcp_execute_command_is_one_trace_down_to_sandboxds_execute(
     c, receiver, url = traced
     mcp = Mcp(url)
     mcp.open()
-    created = mcp.request("tools/call", {"name": "create_sandbox", "arguments": {}})
+    created = mcp.request("tools/call", {"name": "create_sandbox", "arguments": {"warmpool": POOL}})
+    assert not created.get("isError"), created
     name = created["structuredContent"]["sandbox_claim_name"]
     trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
     result = mcp.request(
