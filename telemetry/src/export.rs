@@ -20,7 +20,8 @@ use opentelemetry_sdk::{
     Resource,
 };
 use sandhub_common::Logging;
-use tracing_subscriber::Layer;
+use tracing::Level;
+use tracing_subscriber::{filter::Targets, Layer};
 
 /// How long one export POST may take before its batch is dropped.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -77,6 +78,10 @@ pub fn init(logging: Logging<'_>, endpoint: Option<&str>, service: &'static str)
                 // source they were made says nothing to a trace reader.
                 .with_location(false)
                 .with_threads(false)
+                // Only the spans made for traces (`target: "sandhub::trace"`),
+                // whatever `RUST_LOG` says: log lines never become span
+                // events, so nothing a log line says is exported.
+                .with_filter(Targets::new().with_target(crate::TARGET, Level::INFO))
                 .boxed();
             if let Err(e) = logging.try_init_with(Some(layer)) {
                 panic!("logging is set up already: {e}");

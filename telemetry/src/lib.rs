@@ -30,6 +30,10 @@ pub use export::{dropped_spans, exported_spans, init, Guard};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
+/// The `tracing` target of every span made for export; only these are
+/// exported (`sandhub-client` and the controller name it literally).
+pub const TARGET: &str = "sandhub::trace";
+
 /// Whether spans are exported (an endpoint was given and the layer is in).
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
