@@ -17,6 +17,7 @@ pub mod error;
 pub mod http;
 mod image_archive;
 mod paths;
+pub mod propagate;
 pub mod sandboxd;
 pub mod types;
 

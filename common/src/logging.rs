@@ -8,7 +8,13 @@
 //! feature none of our binaries needs.
 
 use tracing::Level;
-use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{
+    filter::Targets, layer::SubscriberExt, util::SubscriberInitExt, Layer, Registry,
+};
+
+/// Another layer beside the log layer, with a filter of its own (the trace
+/// exporter of `sandhub-telemetry`: this crate stays free of it).
+pub type ExtraLayer = Box<dyn Layer<Registry> + Send + Sync>;
 
 /// How one binary logs. `Logging::new(format).init()` is the usual call.
 #[derive(Clone, Copy, Debug)]
@@ -95,15 +101,46 @@ impl<'a> Logging<'a> {
 
     /// Installs the global subscriber; fails if one is installed already.
     pub fn try_init(self) -> Result<(), tracing_subscriber::util::TryInitError> {
-        let registry = tracing_subscriber::registry().with(self.filter());
-        let mut stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-        if let Some(ansi) = self.ansi {
-            stderr = stderr.with_ansi(ansi);
+        self.try_init_with(None)
+    }
+
+    /// As [`Logging::try_init`], with `extra` beside the log layer. `extra`
+    /// brings its own filter: the log filter (`RUST_LOG`) then applies to the
+    /// log layer alone, so `RUST_LOG=warn` quiets the logs without turning
+    /// off what `extra` records (the trace exporter's spans are at `info`).
+    pub fn try_init_with(
+        self,
+        extra: Option<ExtraLayer>,
+    ) -> Result<(), tracing_subscriber::util::TryInitError> {
+        // The log layer's type names the stack below it, so each stack
+        // builds its own.
+        macro_rules! stderr {
+            () => {{
+                let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+                match self.ansi {
+                    Some(ansi) => stderr.with_ansi(ansi),
+                    None => stderr,
+                }
+            }};
         }
+        let Some(extra) = extra else {
+            // One global filter: spans and events nobody logs are never made.
+            let registry = tracing_subscriber::registry().with(self.filter());
+            return if self.json {
+                registry.with(stderr!().json()).try_init()
+            } else {
+                registry.with(stderr!()).try_init()
+            };
+        };
+        let registry = tracing_subscriber::registry().with(extra);
         if self.json {
-            registry.with(stderr.json()).try_init()
+            registry
+                .with(stderr!().json().with_filter(self.filter()))
+                .try_init()
         } else {
-            registry.with(stderr).try_init()
+            registry
+                .with(stderr!().with_filter(self.filter()))
+                .try_init()
         }
     }
 }

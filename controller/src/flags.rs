@@ -216,6 +216,19 @@ pub struct Flags {
     #[arg(long, env = "SANDHUB_CONTROLLER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
 
+    /// Export the controller's traces (a span per reconcile) over OTLP/HTTP
+    /// to this collector, e.g. `http://otel-collector.observability:4318`.
+    /// Off when unset.
+    #[arg(long, env = "SANDHUB_CONTROLLER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Tell every sandbox Pod's sandboxd to export its spans here
+    /// (`SANDBOXD_OTLP_ENDPOINT` in each container, replacing any value a
+    /// template or claim set). Off when unset: a SandboxTemplate may still
+    /// set the variable itself.
+    #[arg(long, env = "SANDHUB_CONTROLLER_SANDBOX_OTLP_ENDPOINT")]
+    pub sandbox_otlp_endpoint: Option<String>,
+
     /// File with the key (32+ bytes) that derives each Sandbox's own sandboxd token; the
     /// hub gets the same file (`sandhub serve --sandboxd-token-key-file`). Every Pod is then
     /// given only the SHA-256 of its own token (`SANDBOXD_SANDBOX_TOKEN_SHA256`), so a

@@ -14,7 +14,8 @@
 //! - `context`: the client, caches, flags, metrics and event recorder;
 //! - [`error`]: the one reconciler error, with its metric label;
 //! - `object`: conditions, controller references and readiness of objects;
-//! - `metrics`: Prometheus metrics with upstream's names.
+//! - `metrics`: Prometheus metrics with upstream's names;
+//! - `trace`: the span of each reconcile (`--otlp-endpoint`).
 //!
 //! Around them: [`flags`] and `config` (flags, the tuning ConfigMap), [`app`]
 //! (start-up, leader election in `leader`, client rate limits in
@@ -41,6 +42,7 @@ mod ratelimit;
 mod sandbox;
 mod serve;
 mod template;
+mod trace;
 mod warmpool;
 
 pub use context::Context;

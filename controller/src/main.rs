@@ -15,7 +15,14 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Run) | None => {
-            sandhub_common::Logging::new(&cli.flags.log_format).init();
+            // kube-runtime makes a `reconciling object` span per reconcile;
+            // with an endpoint they are exported. Dropping the guard (after
+            // the runtime) flushes what is queued.
+            let _traces = sandhub_telemetry::init(
+                sandhub_common::Logging::new(&cli.flags.log_format),
+                cli.flags.otlp_endpoint.as_deref(),
+                "sandhub-controller",
+            );
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;

@@ -185,7 +185,11 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     Controller::new(ctx.watch_api::<SandboxTemplate>(), ctx.watcher_config())
         .owns(ctx.watch_api::<NetworkPolicy>(), ctx.watcher_config())
         .with_config(Config::default().concurrency(ctx.flags.sandbox_template_concurrent_workers))
-        .run(reconcile, error_policy, ctx.clone())
+        .run(
+            |o, c| crate::trace::reconciled("SandboxTemplate", &*o.clone(), reconcile(o, c)),
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| futures::future::ready(()))
         .await;
     Ok(())

@@ -85,7 +85,20 @@ fn main() -> anyhow::Result<()> {
         sandhub::local::runtime::init::main(std::env::args_os().skip(2).collect());
     }
     let cli = Cli::parse();
-    sandhub_common::Logging::new(&cli.log_format).init();
+    let otlp = match &cli.command {
+        Command::Serve(args) => args.otlp_endpoint.as_deref(),
+        Command::Mcp(args) => args.otlp_endpoint.as_deref(),
+        _ => None,
+    };
+    // Kept to the end of main: dropping it flushes the spans still queued.
+    let _traces = sandhub_telemetry::init(
+        sandhub_common::Logging::new(&cli.log_format),
+        otlp,
+        "sandhub",
+    );
+    if sandhub_telemetry::enabled() {
+        sandhub_client::propagate::set_injector(sandhub_telemetry::inject_current);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

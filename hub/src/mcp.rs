@@ -22,6 +22,11 @@ pub struct McpArgs {
     #[arg(long, env = "SANDHUB_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 
+    /// Export traces (a span per tool call, its context sent to the hub)
+    /// over OTLP/HTTP to this collector, as `sandhub serve --otlp-endpoint`.
+    #[arg(long, env = "SANDHUB_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
     /// The embedded hub's local backend (as `sandhub serve`).
     #[command(flatten)]
     pub local: crate::local::LocalArgs,

@@ -7,8 +7,15 @@
 //! `backend` the backend's kind, `outcome` `ok` or an error's code word.
 //! Nothing a tenant sends (ids, paths) becomes a label, so the number of
 //! series stays bounded.
+//!
+//! The same seam makes the operation's span when traces export (issue #30
+//! §5): named by the operation, child of the request's server span, parent
+//! of the sandboxd calls the backend makes. Its attributes are the same
+//! closed set as the labels; ids, commands, paths and env never go in.
 
 use std::{future::Future, time::Instant};
+
+use tracing::{field::Empty, Instrument, Span};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -133,15 +140,42 @@ impl Operations {
     where
         F: Future<Output = Result<T>>,
     {
+        let span = span(op, backend);
         let t0 = Instant::now();
-        let result = call.await;
+        let result = call.instrument(span.clone()).await;
         let secs = t0.elapsed().as_secs_f64();
-        match &result {
-            Ok(v) => self.observe(classify(v), backend, "ok", secs),
-            Err(e) => self.observe(op, backend, outcome(e.code), secs),
+        let (op, outcome) = match &result {
+            Ok(v) => (classify(v), "ok"),
+            Err(e) => (op, outcome(e.code)),
+        };
+        self.observe(op, backend, outcome, secs);
+        if !span.is_none() {
+            sandhub_telemetry::rename(&span, op.as_str().to_string());
+            span.record("sandhub.op", op.as_str());
+            span.record("sandhub.outcome", outcome);
+            if outcome != "ok" {
+                span.record("otel.status_code", "ERROR");
+            }
         }
         result
     }
+}
+
+/// The operation's span, or none while traces are off (no export: no
+/// span is even created).
+fn span(op: Op, backend: &'static str) -> Span {
+    if !sandhub_telemetry::enabled() {
+        return Span::none();
+    }
+    tracing::info_span!(
+        target: "sandhub::trace",
+        "operation",
+        otel.name = op.as_str(),
+        otel.status_code = Empty,
+        sandhub.op = op.as_str(),
+        sandhub.backend = backend,
+        sandhub.outcome = Empty,
+    )
 }
 
 /// An error's code word, lowercased (a closed set).

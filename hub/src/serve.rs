@@ -98,6 +98,13 @@ pub struct ServeArgs {
     /// download) get to finish before the hub exits anyway.
     #[arg(long, env = "SANDHUB_DRAIN_TIMEOUT", default_value = "30s", value_parser = sandhub_common::parse_duration)]
     pub drain_timeout: Duration,
+
+    /// Export traces over OTLP/HTTP (protobuf) to this collector, e.g.
+    /// `http://127.0.0.1:4318` (`/v1/traces` is added). Off when unset:
+    /// no span is made. The service name is `OTEL_SERVICE_NAME`, else
+    /// `sandhub`.
+    #[arg(long, env = "SANDHUB_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Bounds on traffic carried to sandbox ports (every proxying route).

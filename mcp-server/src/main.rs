@@ -49,15 +49,33 @@ struct Args {
     /// Largest file download_file returns, in bytes.
     #[arg(long, env = "SANDHUB_MCP_MAX_FILE_BYTES", default_value_t = McpOptions::default().max_file_bytes)]
     max_file_bytes: usize,
+
+    /// Export traces over OTLP/HTTP to this collector (`http://host:4318`):
+    /// a span per tool call, whose context each hub request carries, so the
+    /// hub's spans join the same trace. Off when unset.
+    #[arg(long, env = "SANDHUB_MCP_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // stdout is the protocol channel: logs go to stderr only.
-    sandhub_common::Logging::new("text")
-        .default_level(tracing::Level::WARN)
-        .init();
+    // stdout is the protocol channel: logs go to stderr only. The guard
+    // lives past the runtime: dropping it flushes queued spans.
+    let _traces = sandhub_telemetry::init(
+        sandhub_common::Logging::new("text").default_level(tracing::Level::WARN),
+        args.otlp_endpoint.as_deref(),
+        "sandhub-mcp",
+    );
+    if sandhub_telemetry::enabled() {
+        sandhub_client::propagate::set_injector(sandhub_telemetry::inject_current);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let client: Arc<dyn Sandboxes> = Arc::new(HubClient::new(args.hub, args.api_key)?);
     let options = McpOptions {
         max_output_bytes: args.max_output_bytes,

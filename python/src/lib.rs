@@ -9,6 +9,7 @@ mod client;
 mod errors;
 mod runtime;
 mod streams;
+mod trace;
 
 use pyo3::prelude::*;
 

@@ -197,6 +197,12 @@ pub struct Args {
     /// Log format: text or json.
     #[arg(long, env = "SANDBOX_ROUTER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// Export traces over OTLP/HTTP to this collector (`http://host:4318`): a
+    /// span per proxied request, child of the caller's `traceparent`, whose
+    /// own context goes on to sandboxd. Off when unset. While on, every
+    /// request takes the hyper path (the HTTP/1.1 fast path makes no spans).
+    #[arg(long, env = "SANDBOX_ROUTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -26,7 +26,12 @@ fn main() -> anyhow::Result<()> {
     {
         return mint_token(secret_file, namespace, name, *ttl);
     }
-    sandhub_common::Logging::new(&args.log_format).init();
+    // Kept to the end of main: dropping it flushes the spans still queued.
+    let _traces = sandhub_telemetry::init(
+        sandhub_common::Logging::new(&args.log_format),
+        args.otlp_endpoint.as_deref(),
+        "sandhub-router",
+    );
     // One crypto provider for both rustls users (our TLS listener, kube's client).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()

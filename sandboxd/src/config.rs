@@ -138,6 +138,13 @@ pub struct Config {
     /// Log format: `text` or `json`.
     #[arg(long, env = "SANDBOXD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+
+    /// Export traces (a span per REST request and gRPC call, child of the
+    /// caller's `traceparent`) over OTLP/HTTP to this collector, e.g.
+    /// `http://otel-collector:4318`. Read once at start; off when unset.
+    /// In a Pod it comes from the controller's `--sandbox-otlp-endpoint`.
+    #[arg(long, env = "SANDBOXD_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `--max-processes` when none is given.

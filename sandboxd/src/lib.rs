@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod process;
 pub mod rest;
 pub mod server;
+pub mod trace;
 pub mod transfer;
 pub mod trust;
 pub mod usage;

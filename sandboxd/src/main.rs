@@ -5,7 +5,12 @@ use sandboxd::{server, Config, Daemon};
 
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
-    sandhub_common::Logging::new(&config.log_format).init();
+    // Kept to the end of main: dropping it flushes the spans still queued.
+    let _traces = sandhub_telemetry::init(
+        sandhub_common::Logging::new(&config.log_format),
+        config.otlp_endpoint.as_deref(),
+        "sandboxd",
+    );
     if let (Some(ca), Some(out)) = (&config.extra_ca_file, &config.ca_bundle_out) {
         // Never fatal: without it only brokered hosts fail their TLS.
         if let Err(e) = sandboxd::trust::write_bundle(ca, out, sandboxd::trust::SYSTEM_BUNDLES) {

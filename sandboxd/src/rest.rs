@@ -58,6 +58,7 @@ pub fn router_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> Router {
             daemon.clone(),
             count_http_requests,
         ))
+        .layer(middleware::from_fn(crate::trace::trace_request))
         .with_state(daemon)
 }
 
@@ -91,6 +92,7 @@ pub fn grpc_router(daemon: Arc<Daemon>) -> Router {
             require_grpc_token,
         ))
         .layer(middleware::from_fn_with_state(daemon, count_grpc_requests))
+        .layer(middleware::from_fn(crate::trace::trace_request))
 }
 
 /// Behind sandhub-router, `Authorization` carries the router's own token

@@ -209,6 +209,9 @@ pub(super) enum Phase {
     /// consumers, and warm create p50 at 100/s with live consumers vs none
     /// (not in the default set: it holds ten thousand connections).
     Events,
+    /// Exec with trace export on (a second hub, `--otlp-endpoint` to a
+    /// loopback sink) vs off (not in the default set).
+    Traces,
 }
 
 impl Args {

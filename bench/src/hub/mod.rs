@@ -27,7 +27,10 @@
 //!     sandboxes (`sampler.rs`);
 //! 13. (opt-in, `events`) hub memory at ten thousand idle event-stream
 //!     consumers, and warm create p50 at 100/s with live consumers vs none
-//!     (`events.rs`).
+//!     (`events.rs`);
+//! 14. (opt-in, `traces`) exec of `true` on a second hub exporting traces
+//!     to a loopback OTLP sink vs this one (export off), in alternating
+//!     rounds (`traces.rs`).
 //!
 //! At the end it deletes everything it made through the API, SIGTERMs the
 //! hub and kills any sandbox process that outlived both.
@@ -48,6 +51,7 @@ mod rest;
 mod sampler;
 mod sdk;
 mod server;
+mod traces;
 
 use std::{
     path::PathBuf,
@@ -207,6 +211,7 @@ async fn phases(
             Phase::E2b => e2b(args, hub, report).await,
             Phase::Sampler => sampler::run(args, hub, report).await,
             Phase::Events => events::run(args, hub, report).await,
+            Phase::Traces => traces::run(args, hub, report).await,
             Phase::Egress => match outside.internet {
                 Some(Ok(net)) => egress::run(args, hub, report, net).await,
                 Some(Err(e)) => Err(anyhow::anyhow!("bringing up the bench internet: {e:#}")),

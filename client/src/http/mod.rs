@@ -95,7 +95,12 @@ impl HubClient {
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let builder = self.http.request(method, format!("{}{}", self.base, path));
+        let mut builder = self.http.request(method, format!("{}{}", self.base, path));
+        if crate::propagate::active() {
+            let mut trace = reqwest::header::HeaderMap::new();
+            crate::propagate::apply(&mut trace);
+            builder = builder.headers(trace);
+        }
         match &self.api_key {
             Some(key) => builder.bearer_auth(key),
             None => builder,

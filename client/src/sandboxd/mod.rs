@@ -34,14 +34,14 @@ use sandhub_api::{
 use serde::de::DeserializeOwned;
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
-use self::transport::{Connector, Metadata};
+use self::transport::{Connector, Metadata, Traced};
 use crate::{Error, Result};
 
 /// Request bodies: empty, or a caller's upload stream. Its error type is
 /// ours, so a failing upload stream surfaces as the caller's own error.
 type Body = UnsyncBoxBody<Bytes, Error>;
 
-type Grpc = InterceptedService<Channel, Metadata>;
+type Grpc = InterceptedService<Traced, Metadata>;
 
 #[derive(Clone)]
 pub struct SandboxdClient {
@@ -144,16 +144,16 @@ impl SandboxdClient {
     fn process(&self) -> ProcessServiceClient<Grpc> {
         // Execute answers with all output in one message; sandboxd puts no
         // limit on it, so neither may the client.
-        ProcessServiceClient::with_interceptor(self.channel.clone(), self.bearer())
+        ProcessServiceClient::with_interceptor(Traced(self.channel.clone()), self.bearer())
             .max_decoding_message_size(usize::MAX)
     }
 
     fn kept(&self) -> KeptProcessServiceClient<Grpc> {
-        KeptProcessServiceClient::with_interceptor(self.channel.clone(), self.bearer())
+        KeptProcessServiceClient::with_interceptor(Traced(self.channel.clone()), self.bearer())
     }
 
     fn watcher(&self) -> FileWatcherServiceClient<Grpc> {
-        FileWatcherServiceClient::with_interceptor(self.channel.clone(), self.bearer())
+        FileWatcherServiceClient::with_interceptor(Traced(self.channel.clone()), self.bearer())
     }
 
     fn bearer(&self) -> Metadata {
@@ -173,10 +173,17 @@ impl SandboxdClient {
         for (name, value) in self.rest_headers.iter() {
             request = request.header(name, value);
         }
-        let request = request
+        let mut request = request
             .body(body)
             .map_err(|e| Error::invalid(format!("building request {path_and_query}: {e}")))?;
-        let response = self.http.request(request).await.map_err(transport_error)?;
+        let span = crate::propagate::call_span(request.uri().path());
+        let response = if span.is_none() {
+            self.http.request(request).await
+        } else {
+            span.in_scope(|| crate::propagate::apply(request.headers_mut()));
+            tracing::Instrument::instrument(self.http.request(request), span).await
+        }
+        .map_err(transport_error)?;
         if response.status().is_success() {
             Ok(response)
         } else {

@@ -186,6 +186,32 @@ pub(super) fn tcp_channel(uri: String) -> Result<Channel> {
         .connect_lazy())
 }
 
+/// The gRPC channel with a client span per call while traces are on: the
+/// span is named by the call's path (`/process.v1.ProcessService/Execute`)
+/// and its context goes out as `traceparent` metadata. Off, calls pass
+/// straight through.
+#[derive(Clone)]
+pub(crate) struct Traced(pub(crate) Channel);
+
+impl tower::Service<http::Request<tonic::body::Body>> for Traced {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = tonic::transport::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower::Service::poll_ready(&mut self.0, cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        let span = crate::propagate::call_span(request.uri().path());
+        if span.is_none() {
+            return Box::pin(self.0.call(request));
+        }
+        span.in_scope(|| crate::propagate::apply(request.headers_mut()));
+        Box::pin(tracing::Instrument::instrument(self.0.call(request), span))
+    }
+}
+
 /// Adds fixed metadata (the bearer token, a router's `x-sandbox-*`) to
 /// every gRPC call.
 #[derive(Clone, Default)]

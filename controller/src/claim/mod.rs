@@ -114,7 +114,13 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
             ctx.watcher_config(),
             by_template,
         )
-        .run(reconcile::reconcile, reconcile::error_policy, cx)
+        .run(
+            |o, c| {
+                crate::trace::reconciled("SandboxClaim", &*o.clone(), reconcile::reconcile(o, c))
+            },
+            reconcile::error_policy,
+            cx,
+        )
         .for_each(|res| {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "claim controller");

@@ -31,7 +31,6 @@ use sandhub_api::k8s::names::{self, name_hash};
 use sandhub_api::k8s::sandbox::{OperatingMode, ShutdownPolicy};
 use sandhub_api::k8s::validate::validate_volume_claim_templates;
 use sandhub_api::k8s::{Sandbox, SandboxStatus};
-use sandhub_api::sandboxd_token::SandboxdTokens;
 
 use crate::context::{Context, SANDBOX_CONTROLLER};
 use crate::error::Error;
@@ -60,7 +59,11 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         .with_config(Config::default().concurrency(ctx.flags.sandbox_concurrent_workers));
     let _ = ctx.sandbox_store.set(controller.store());
     controller
-        .run(reconcile, error_policy, ctx.clone())
+        .run(
+            |o, c| crate::trace::reconciled("Sandbox", &*o.clone(), reconcile(o, c)),
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|res| async move {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "sandbox reconcile failed");
@@ -210,12 +213,12 @@ async fn ensure_pod(
     sb: &Sandbox,
     hash: &str,
     named: Option<Pod>,
-    tokens: Option<&SandboxdTokens>,
+    sandboxd: pod::SandboxdEnv<'_>,
 ) -> Result<(Option<Pod>, bool), Error> {
     let uid = sb.uid().unwrap_or_default();
     let want_meta = metadata::desired(sb, hash);
     let Some(have) = named else {
-        let want = pod::desired(sb, &want_meta, tokens);
+        let want = pod::desired(sb, &want_meta, &sandboxd);
         let pp = PostParams {
             field_manager: Some(SANDBOX_CONTROLLER.into()),
             ..Default::default()
@@ -411,7 +414,10 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error>
             &sb,
             &hash,
             seen.named.clone(),
-            ctx.sandboxd_tokens.as_ref(),
+            pod::SandboxdEnv {
+                tokens: ctx.sandboxd_tokens.as_ref(),
+                otlp_endpoint: ctx.flags.sandbox_otlp_endpoint.as_deref(),
+            },
         )
         .await
         {

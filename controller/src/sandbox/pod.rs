@@ -20,23 +20,36 @@ pub fn pod_name(sb: &Sandbox) -> String {
         .unwrap_or_else(|| sb.name_any())
 }
 
+/// What the controller tells every sandbox Pod's sandboxd, from its flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SandboxdEnv<'a> {
+    /// `--sandboxd-token-key-file`: each Pod gets its own token's digest.
+    pub tokens: Option<&'a SandboxdTokens>,
+    /// `--sandbox-otlp-endpoint`: where sandboxd exports its spans.
+    pub otlp_endpoint: Option<&'a str>,
+}
+
+/// sandboxd's `--otlp-endpoint` as an environment variable.
+pub const OTLP_ENV: &str = "SANDBOXD_OTLP_ENDPOINT";
+
 /// The Pod `sb` wants. With `tokens`, every container is told the digest of
 /// this Sandbox's own sandboxd token (sandboxd reads it; other containers
 /// ignore it), replacing any value the template or a claim set, so no
-/// workload can pick a token of its own choosing for another Pod.
-pub fn desired(sb: &Sandbox, meta: &PodMeta, tokens: Option<&SandboxdTokens>) -> Pod {
+/// workload can pick a token of its own choosing for another Pod. With an
+/// OTLP endpoint, every container is told it the same way (the operator's
+/// collector, not one a template or claim names).
+pub fn desired(sb: &Sandbox, meta: &PodMeta, sandboxd: &SandboxdEnv<'_>) -> Pod {
     let mut spec = sb.spec.blueprint.pod_template.spec.clone();
     let sandbox = sb.name_any();
-    if let Some(tokens) = tokens {
+    if let Some(tokens) = sandboxd.tokens {
         let digest = tokens.digest(&sb.namespace().unwrap_or_default(), &sandbox);
         for c in &mut spec.containers {
-            let env = c.env.get_or_insert_with(Vec::new);
-            env.retain(|e| e.name != DIGEST_ENV);
-            env.push(EnvVar {
-                name: DIGEST_ENV.into(),
-                value: Some(digest.clone()),
-                value_from: None,
-            });
+            set_env(c, DIGEST_ENV, &digest);
+        }
+    }
+    if let Some(endpoint) = sandboxd.otlp_endpoint {
+        for c in &mut spec.containers {
+            set_env(c, OTLP_ENV, endpoint);
         }
     }
     for vct in sb.spec.blueprint.volume_claim_templates.iter().flatten() {
@@ -66,6 +79,17 @@ pub fn desired(sb: &Sandbox, meta: &PodMeta, tokens: Option<&SandboxdTokens>) ->
         spec: Some(spec),
         status: None,
     }
+}
+
+/// Sets `name` in `c`'s environment, replacing every value it had.
+fn set_env(c: &mut k8s_openapi::api::core::v1::Container, name: &str, value: &str) {
+    let env = c.env.get_or_insert_with(Vec::new);
+    env.retain(|e| e.name != name);
+    env.push(EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    });
 }
 
 #[cfg(test)]
@@ -106,7 +130,7 @@ mod tests {
                 labels: BTreeMap::new(),
                 ..Default::default()
             },
-            None,
+            &SandboxdEnv::default(),
         );
         let vols = pod.spec.unwrap().volumes.unwrap();
         assert_eq!(vols.len(), 2);
@@ -146,7 +170,7 @@ mod tests {
                 ..Default::default()
             },
         ];
-        let pod = desired(&sb, &PodMeta::default(), Some(&tokens));
+        let pod = desired(&sb, &PodMeta::default(), &with_tokens(&tokens));
         let digest = tokens.digest("ns", "pool-abcde");
         for c in pod.spec.unwrap().containers {
             let env = c.env.unwrap();
@@ -161,15 +185,50 @@ mod tests {
         let other = {
             let mut o = sb.clone();
             o.metadata.name = Some("pool-fghij".into());
-            desired(&o, &PodMeta::default(), Some(&tokens))
+            desired(&o, &PodMeta::default(), &with_tokens(&tokens))
         };
         let other_env = other.spec.unwrap().containers[0].env.clone().unwrap();
         assert_ne!(other_env[0].value.as_deref(), Some(digest.as_str()));
         // Without a key, the template's containers are left as they are.
-        let plain = desired(&sb, &PodMeta::default(), None);
+        let plain = desired(&sb, &PodMeta::default(), &SandboxdEnv::default());
         assert_eq!(
             plain.spec.unwrap().containers[0].env.as_ref().unwrap()[0].value,
             Some("0".repeat(64))
         );
+    }
+
+    fn with_tokens(tokens: &SandboxdTokens) -> SandboxdEnv<'_> {
+        SandboxdEnv {
+            tokens: Some(tokens),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_operators_otlp_endpoint_replaces_any_a_template_names() {
+        let mut sb = Sandbox::new("sb", Default::default());
+        sb.spec.blueprint.pod_template.spec.containers = vec![Container {
+            name: "sandboxd".into(),
+            env: Some(vec![EnvVar {
+                name: OTLP_ENV.into(),
+                value: Some("http://elsewhere:4318".into()),
+                value_from: None,
+            }]),
+            ..Default::default()
+        }];
+        let env = SandboxdEnv {
+            otlp_endpoint: Some("http://collector:4318"),
+            ..Default::default()
+        };
+        let pod = desired(&sb, &PodMeta::default(), &env);
+        let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        let set: Vec<_> = env.iter().filter(|e| e.name == OTLP_ENV).collect();
+        assert_eq!(set.len(), 1);
+        assert_eq!(set[0].value.as_deref(), Some("http://collector:4318"));
+        // Without the flag, the template's own value stands (an operator's
+        // SandboxTemplate may name a collector itself).
+        let plain = desired(&sb, &PodMeta::default(), &SandboxdEnv::default());
+        let env = plain.spec.unwrap().containers[0].env.clone().unwrap();
+        assert_eq!(env[0].value.as_deref(), Some("http://elsewhere:4318"));
     }
 }

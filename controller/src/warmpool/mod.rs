@@ -69,7 +69,13 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         .with_config(Config::default().concurrency(ctx.flags.sandbox_warm_pool_concurrent_workers))
         .watches(ctx.watch_api::<Sandbox>(), ctx.watcher_config(), by_sandbox)
         .watches_shared_stream(template_changes, by_template)
-        .run(reconcile::reconcile, reconcile::error_policy, cx)
+        .run(
+            |o, c| {
+                crate::trace::reconciled("SandboxWarmPool", &*o.clone(), reconcile::reconcile(o, c))
+            },
+            reconcile::error_policy,
+            cx,
+        )
         .for_each(|res| {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "warm pool controller");

@@ -26,6 +26,7 @@
 //!   limits.rs    in-flight caps per sandbox, tenant and hub; head and idle timeouts
 //! browser.rs   refusing what only a sandbox's page could send (Origin, port cookies)
 //! signing.rs   tokens the hub signs for itself (envd access, browser links)
+//! trace.rs     the server span of every request (traceparent in), when traces export
 //! ```
 //!
 //! The children use this module's state and extractors; what two of them
@@ -44,6 +45,7 @@ mod openapi;
 pub mod proxy;
 pub mod rest;
 pub mod signing;
+mod trace;
 
 use std::sync::Arc;
 
@@ -187,6 +189,8 @@ pub fn app(
             state.metrics.clone(),
             rest::health::count_requests,
         ))
+        // Outermost: the span covers auth, routing and metrics too.
+        .layer(middleware::from_fn(trace::trace_request))
         .with_state(state);
     (app, mcp_stop)
 }

@@ -14,6 +14,8 @@ pub struct McpClient {
     pub key: Option<String>,
     /// The `Mcp-Session-Id` the hub gave (sent with every later request).
     pub session: Option<String>,
+    /// More headers for every later request (a `traceparent`, say).
+    pub headers: Vec<(&'static str, String)>,
     next_id: u64,
 }
 
@@ -43,6 +45,7 @@ impl McpClient {
             url: format!("{hub_url}/mcp"),
             key: key.map(str::to_string),
             session: None,
+            headers: Vec::new(),
             next_id: 1,
         };
         let init = c
@@ -83,6 +86,9 @@ impl McpClient {
         }
         if let Some(s) = &self.session {
             request = request.header("mcp-session-id", s);
+        }
+        for (name, value) in &self.headers {
+            request = request.header(*name, value);
         }
         let response = request.send().await.expect("the MCP request got no answer");
         if self.session.is_none() {

@@ -17,6 +17,7 @@ use rmcp::{
 use sandhub_api::error::Code;
 use sandhub_client::Sandboxes;
 use serde_json::Value;
+use tracing::Instrument;
 
 use crate::{
     errors::ToolError,
@@ -269,45 +270,10 @@ impl<P: SandboxesProvider> ServerHandler for SandhubMcp<P> {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
-        self.bind_session(&context);
-        // serde names a mistyped field's expected type but not the field;
-        // checking the JSON types first lets the message name it.
-        if let Some(tool) = self.tool_router.get(&name) {
-            if let Some(detail) = mistyped(&tool.input_schema, request.arguments.as_ref()) {
-                return Ok(self.argument_error(&name, &detail).into());
-            }
-        }
-        let call = ToolCallContext::new(self, request, context);
-        // A bug in one tool must cost one failed call, not the session.
-        let result = match AssertUnwindSafe(self.tool_router.call(call))
-            .catch_unwind()
+        let span = tool_span(&name, &context);
+        self.call_tool_inner(name, request, context)
+            .instrument(span)
             .await
-        {
-            Ok(result) => result?,
-            Err(_) => {
-                tracing::error!(tool = %name, "tool panicked");
-                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-                    "{name} failed with an internal error; retry once, and report it if it \
-                     persists"
-                ))])
-                .into());
-            }
-        };
-        Ok(match result {
-            CallToolResponse::Complete(r) if r.is_error == Some(true) => {
-                let detail = r
-                    .content
-                    .first()
-                    .and_then(|c| c.as_text())
-                    .and_then(|t| t.text.strip_prefix(ARGUMENT_ERROR_PREFIX))
-                    .map(str::to_string);
-                match detail {
-                    Some(detail) => self.argument_error(&name, &detail).into(),
-                    None => r.into(),
-                }
-            }
-            other => other,
-        })
     }
 
     async fn list_tools(
@@ -414,6 +380,86 @@ fn json_type(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+/// The span of one tool call, named `tools/call <tool>` (the tool's name
+/// only: its arguments are the caller's command text, paths and env, and
+/// never go into a span). Its parent: over HTTP, the hub's request span
+/// (in the request's extensions, since tool calls run on the session's
+/// task) or the `traceparent` the client sent; on stdio a new trace.
+fn tool_span(name: &str, context: &RequestContext<RoleServer>) -> tracing::Span {
+    if !sandhub_telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        target: "sandhub::trace",
+        "tool",
+        otel.name = format!("tools/call {name}"),
+        mcp.tool = name,
+    );
+    let parent = context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| {
+            parts
+                .extensions
+                .get::<sandhub_telemetry::Parent>()
+                .cloned()
+                .or_else(|| sandhub_telemetry::Parent::from_headers(&parts.headers))
+        });
+    if let Some(parent) = parent {
+        parent.adopt(&span);
+    }
+    span
+}
+
+impl<P: SandboxesProvider> SandhubMcp<P> {
+    async fn call_tool_inner(
+        &self,
+        name: String,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.bind_session(&context);
+        // serde names a mistyped field's expected type but not the field;
+        // checking the JSON types first lets the message name it.
+        if let Some(tool) = self.tool_router.get(&name) {
+            if let Some(detail) = mistyped(&tool.input_schema, request.arguments.as_ref()) {
+                return Ok(self.argument_error(&name, &detail).into());
+            }
+        }
+        let call = ToolCallContext::new(self, request, context);
+        // A bug in one tool must cost one failed call, not the session.
+        let result = match AssertUnwindSafe(self.tool_router.call(call))
+            .catch_unwind()
+            .await
+        {
+            Ok(result) => result?,
+            Err(_) => {
+                tracing::error!(tool = %name, "tool panicked");
+                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                    "{name} failed with an internal error; retry once, and report it if it \
+                     persists"
+                ))])
+                .into());
+            }
+        };
+        Ok(match result {
+            CallToolResponse::Complete(r) if r.is_error == Some(true) => {
+                let detail = r
+                    .content
+                    .first()
+                    .and_then(|c| c.as_text())
+                    .and_then(|t| t.text.strip_prefix(ARGUMENT_ERROR_PREFIX))
+                    .map(str::to_string);
+                match detail {
+                    Some(detail) => self.argument_error(&name, &detail).into(),
+                    None => r.into(),
+                }
+            }
+            other => other,
+        })
     }
 }
 

@@ -75,6 +75,7 @@ where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
     F: Future<Output = Result<T, Failure>> + Send + 'static,
 {
+    let fut = crate::trace::scoped(py, fut);
     if asynchronous {
         check_fork()?;
         awaitable::awaitable(py, fut)

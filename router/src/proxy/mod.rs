@@ -78,7 +78,9 @@ impl Settings {
             allow_loopback_pod_ip: a.allow_loopback_pod_ip,
             access_log: a.access_log,
             path_prefix: (!prefix.is_empty()).then(|| routing::normalize_prefix(prefix)),
-            fast_path: a.http1_fast_path,
+            // The fast path makes no spans: while traces export, every
+            // request takes the hyper path, where `handle` makes one.
+            fast_path: a.http1_fast_path && !sandhub_telemetry::enabled(),
             allowed_origins: a
                 .authz_cookie_allowed_origins
                 .iter()
@@ -198,7 +200,23 @@ fn unix_now() -> u64 {
 
 impl Proxy {
     /// Serves one request; never fails (errors become answers).
-    pub async fn handle(&self, req: Request<Incoming>, conn: &Conn) -> Response<ProxyBody> {
+    pub async fn handle(&self, mut req: Request<Incoming>, conn: &Conn) -> Response<ProxyBody> {
+        if !sandhub_telemetry::enabled() {
+            return self.handle_inner(req, conn).await;
+        }
+        // The caller's context in, ours out: sandboxd's span is this one's child.
+        let name = sandhub_telemetry::context::rpc_name(req.uri().path())
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{} proxy", req.method()));
+        let span = sandhub_telemetry::server_span(&name, req.headers());
+        sandhub_telemetry::inject(&span, req.headers_mut());
+        let resp =
+            tracing::Instrument::instrument(self.handle_inner(req, conn), span.clone()).await;
+        sandhub_telemetry::record_status(&span, resp.status().as_u16());
+        resp
+    }
+
+    async fn handle_inner(&self, req: Request<Incoming>, conn: &Conn) -> Response<ProxyBody> {
         let start = Instant::now();
         let _inflight = InflightGuard::new(&self.metrics.inflight);
         let method = MethodLabel::from(req.method());
