@@ -25,6 +25,7 @@
 //!   answer.rs    what a sandbox's answer may carry back (CSP sandbox, cookies)
 //!   limits.rs    in-flight caps per sandbox, tenant and hub; head and idle timeouts
 //! browser.rs   refusing what only a sandbox's page could send (Origin, port cookies)
+//! console/     the web console at `/` (embedded files, CSP) and the terminal's tickets
 //! signing.rs   tokens the hub signs for itself (envd access, browser links)
 //! ```
 //!
@@ -34,6 +35,7 @@
 
 mod auth;
 mod browser;
+mod console;
 pub mod e2b;
 mod error;
 pub mod gym;
@@ -115,6 +117,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (router, mut openapi) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(rest::routes())
         .merge(gym::routes())
+        .merge(console::api_routes())
         .split_for_parts();
     openapi::complete_responses(&mut openapi);
     (router, openapi)
@@ -144,7 +147,13 @@ pub fn app(
         ..state
     };
     let (mcp, mcp_stop) = mcp::http_service(state.hub.clone(), keys.is_some());
+    let auth = auth::Auth {
+        keys: keys.clone(),
+        tickets: Arc::new(console::PtyTickets::default()),
+    };
     let app = router
+        .merge(console::file_routes())
+        .layer(axum::Extension(auth.tickets.clone()))
         .nest_service("/mcp", mcp)
         .route(
             "/openapi.json",
@@ -158,10 +167,7 @@ pub fn app(
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
-        .layer(middleware::from_fn_with_state(
-            keys.clone(),
-            auth::authenticate,
-        ));
+        .layer(middleware::from_fn_with_state(auth, auth::authenticate));
     // envd traffic names its sandbox in a header and carries that
     // sandbox's token, not an API key: it turns off before auth.
     let app = match e2b {

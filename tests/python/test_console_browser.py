@@ -1,0 +1,396 @@
+"""The web console (issue #31) in a real browser: Debian's chromium, driven
+by Playwright for Python, against a real `sandhub serve` on the local
+backend with two tenants' keys.
+
+Everything the console does goes through the public API, so each test acts
+in the page (click, type, drop) and checks the outcome through the API or in
+the sandbox itself. A screenshot of each view is saved under
+`$SANDHUB_TEST_ARTIFACTS/console/` (default `target/test-artifacts/console/`);
+docs/console.md shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from sandhub_testing import REPO_ROOT, Hub, binary, need, start_hub, stop_hub, wait_for
+
+ALICE = "alice-key-0123456789abcdef"
+BOB = "bob-key-0123456789abcdef00"
+HOSTILE_LABEL = "<img src=x onerror=alert(1)>"
+HOSTILE_FILE = '"><script>alert(3)<img src=x onerror=alert(3)>'
+ARTIFACTS = Path(os.environ.get("SANDHUB_TEST_ARTIFACTS") or REPO_ROOT / "target" / "test-artifacts") / "console"
+WIDE = {"width": 1280, "height": 900}
+NARROW = {"width": 390, "height": 844}
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    need(path is not None, "chromium is needed (scripts/test-deps.sh installs it)")
+    assert path
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    path = chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        need(False, "playwright is needed (tests/requirements.txt)")
+        raise
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def hub() -> Iterator[Hub]:
+    base = Path(tempfile.mkdtemp(prefix="sandhub-console-"))
+    h = start_hub(binary("sandhub"), base, api_keys={ALICE: "alice", BOB: "bob"})
+    try:
+        yield h
+    finally:
+        stop_hub(h)
+        log = h.log_path.read_text(errors="replace")
+        shutil.rmtree(base, ignore_errors=True)
+        # The key never reaches the hub's log (it travels only as a header).
+        assert ALICE not in log and BOB not in log
+
+
+@pytest.fixture(scope="module")
+def open_hub() -> Iterator[Hub]:
+    """A hub without keys: the console opens straight in."""
+    base = Path(tempfile.mkdtemp(prefix="sandhub-console-open-"))
+    h = start_hub(binary("sandhub"), base)
+    try:
+        yield h
+    finally:
+        stop_hub(h)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def api(hub: Hub, method: str, path: str, body: object | None = None, key: str | None = ALICE) -> Any:
+    status, data = hub.request(method, path, body, api_key=key)
+    assert status < 300, (status, data)
+    return json.loads(data) if data else None
+
+
+def shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+class Session:
+    """A signed-in browser tab that records every dialog (none may open)."""
+
+    def __init__(self, browser: Any, hub: Hub, key: str | None, viewport: dict[str, int] = WIDE):
+        self.context = browser.new_context(viewport=viewport)
+        self.page = self.context.new_page()
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+
+        def on_dialog(d: Any) -> None:
+            self.dialogs.append(d.message)
+            d.dismiss()
+
+        self.page.on("dialog", on_dialog)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(hub.url + "/")
+        if key is not None:
+            self.page.get_by_label("API key").fill(key)
+            self.page.get_by_role("button", name="Sign in").click()
+        self.page.get_by_role("heading", name="Sandboxes").wait_for()
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def alice(browser: Any, hub: Hub) -> Iterator[Session]:
+    s = Session(browser, hub, ALICE)
+    try:
+        yield s
+        assert s.dialogs == [], "a script ran a dialog"
+    finally:
+        s.close()
+
+
+def create_in_page(page: Any, labels: str) -> str:
+    """Creates a sandbox through the form; returns its id."""
+    before = set(page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)"))
+    page.get_by_label("Labels").fill(labels)
+    page.get_by_role("button", name="Create sandbox").click()
+    wait_for(
+        "the new sandbox's row",
+        lambda: set(page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)")) - before,
+        timeout=60,
+    )
+    (new,) = set(page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)")) - before
+    return str(new)
+
+
+def test_the_console_is_served_with_a_strict_policy(hub: Hub) -> None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", hub.port, timeout=10)
+    try:
+        conn.request("GET", "/")
+        r = conn.getresponse()
+        html = r.read().decode()
+        assert r.status == 200, "the console's page needs no key"
+        csp = r.getheader("content-security-policy") or ""
+        for rule in ("script-src 'self'", "frame-ancestors 'none'", "connect-src 'self'", "default-src 'none'"):
+            assert rule in csp, csp
+        assert "unsafe-eval" not in csp and "script-src 'self';" in csp
+        assert r.getheader("x-content-type-options") == "nosniff"
+        assert r.getheader("cache-control") == "no-cache"
+        # No inline script: every <script> names a file.
+        assert re.findall(r"<script[^>]*>", html) and all("src=" in t for t in re.findall(r"<script[^>]*>", html))
+        script = re.search(r'src="(/assets/[^"]+\.js)"', html)
+        assert script
+        conn.request("GET", script[1])
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200 and "immutable" in (r.getheader("cache-control") or "")
+        assert (r.getheader("content-type") or "").startswith("text/javascript")
+        etag = r.getheader("etag")
+        conn.request("GET", script[1], headers={"If-None-Match": etag or ""})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 304
+        # The data is not open: the API still needs the key.
+        conn.request("GET", "/v1/sandboxes")
+        r = conn.getresponse()
+        assert r.status == 401, r.read()
+        r.read()
+        conn.request("GET", "/assets/no-such-file.js")
+        r = conn.getresponse()
+        assert r.status == 404 and json.loads(r.read())["code"] == "NOT_FOUND"
+    finally:
+        conn.close()
+
+
+def test_sign_in_create_and_hostile_label(browser: Any, hub: Hub) -> None:
+    # A wrong key is refused, and nothing is shown.
+    context = browser.new_context(viewport=WIDE)
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    try:
+        page.goto(hub.url + "/")
+        shot(page, "sign-in")
+        page.get_by_label("API key").fill("not-a-key-0123456789")
+        page.get_by_role("button", name="Sign in").click()
+        page.get_by_role("alert").filter(has_text="not accepted").wait_for()
+        page.get_by_label("API key").fill(ALICE)
+        page.get_by_role("button", name="Sign in").click()
+        page.get_by_role("heading", name="Sandboxes").wait_for()
+        # Kept in this tab's sessionStorage only: no cookie, not in the URL.
+        assert page.evaluate("sessionStorage.getItem('sandhub.api-key')") == ALICE
+        assert context.cookies() == []
+        assert ALICE not in page.url
+
+        # The hub refuses markup in a label, and its error, which quotes
+        # the label, is shown as text.
+        page.get_by_label("Labels").fill(f"xss={HOSTILE_LABEL}")
+        page.get_by_role("button", name="Create sandbox").click()
+        alert = page.get_by_role("alert").filter(has_text="label xss=")
+        alert.wait_for()
+        assert HOSTILE_LABEL in alert.inner_text()
+        assert page.locator("img[src='x']").count() == 0
+
+        sid = create_in_page(page, "agent=demo, run=r-1")
+        row = page.locator(f"tr[data-id='{sid}']")
+        assert "agent=demo" in row.inner_text() and "run=r-1" in row.inner_text()
+        assert api(hub, "GET", f"/v1/sandboxes/{sid}")["labels"] == {"agent": "demo", "run": "r-1"}
+        shot(page, "sandboxes")
+        page.set_viewport_size(NARROW)
+        shot(page, "sandboxes-390px")
+        assert dialogs == []
+    finally:
+        context.close()
+
+
+def test_another_tenant_never_sees_the_first_tenants_sandboxes(browser: Any, hub: Hub) -> None:
+    mine = api(hub, "POST", "/v1/sandboxes", {"labels": {"owner": "alice"}})["id"]
+    bob = Session(browser, hub, BOB)
+    try:
+        page = bob.page
+        page.wait_for_selector("[data-testid=count]:not(:has-text('loading'))")
+        time.sleep(2.5)  # one more poll: still nothing of alice's
+        assert mine not in page.content()
+        page.goto(f"{hub.url}/#/sandboxes/{mine}")
+        page.get_by_role("alert").wait_for()
+        # The same answer as for a sandbox that does not exist.
+        assert "not found" in page.get_by_role("alert").inner_text().lower()
+        assert page.get_by_test_id("state").count() == 0
+    finally:
+        bob.close()
+
+
+def open_detail(page: Any, hub: Hub, sid: str) -> None:
+    page.goto(f"{hub.url}/#/sandboxes/{sid}")
+    page.get_by_role("heading", name=sid).wait_for()
+    wait_for("Ready", lambda: page.get_by_test_id("state").inner_text() == "Ready", timeout=60)
+
+
+def terminal_text(page: Any) -> str:
+    return str(page.locator(".xterm-rows").inner_text())
+
+
+def test_terminal_echo_and_escape_sequences(alice: Session, hub: Hub) -> None:
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page = alice.page
+    open_detail(page, hub, sid)
+    page.get_by_role("button", name="Open terminal").click()
+    wait_for("the terminal", lambda: page.get_by_test_id("terminal-status").inner_text().startswith("open"), timeout=30)
+    page.locator(".xterm").click()
+    page.keyboard.type("echo hi\n")
+    wait_for("hi echoed", lambda: re.search(r"^hi\s*$", terminal_text(page), re.M), timeout=15)
+    # Output that tries to be markup or to retitle/reprogram the terminal is drawn as text.
+    page.keyboard.type("printf '\\033]0;pwned\\007<img src=x onerror=alert(2)>\\033[31mred\\033[0m\\n'\n")
+    wait_for("hostile output", lambda: "<img src=x onerror=alert(2)>red" in terminal_text(page), timeout=15)
+    assert page.locator("img[src='x']").count() == 0
+    assert page.title() == "Sandhub"
+    shot(page, "terminal")
+
+
+def test_upload_shows_in_exec_and_reset_removes_it(alice: Session, hub: Hub, tmp_path: Path) -> None:
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page = alice.page
+    open_detail(page, hub, sid)
+    (tmp_path / "notes.txt").write_text("uploaded from the console\n")
+    (tmp_path / HOSTILE_FILE).write_text("hostile name\n")
+    page.locator("input[type=file]").set_input_files([str(tmp_path / "notes.txt"), str(tmp_path / HOSTILE_FILE)])
+    files = page.locator("section[aria-labelledby=files-title] tbody")
+    files.get_by_text("notes.txt", exact=True).wait_for()
+    files.get_by_text(HOSTILE_FILE, exact=True).wait_for()
+    out = api(hub, "POST", f"/v1/sandboxes/{sid}/exec", {"command": "cat notes.txt"})
+    assert out["stdout"] == "uploaded from the console\n"
+    page.get_by_role("button", name="View notes.txt").click()
+    assert "uploaded from the console" in page.locator(".viewer").inner_text()
+    assert page.locator("script:has-text('alert(3)')").count() == 0
+    assert page.locator("img[src='x']").count() == 0
+    shot(page, "sandbox-detail")
+
+    page.get_by_role("button", name="Reset").click()
+    page.get_by_role("status").filter(has_text="Reset: done").wait_for(timeout=60)
+    wait_for("Ready after reset", lambda: api(hub, "GET", f"/v1/sandboxes/{sid}")["state"] == "Ready", timeout=60)
+    out = api(hub, "POST", f"/v1/sandboxes/{sid}/exec", {"command": "ls -A"})
+    assert "notes.txt" not in out["stdout"], out
+
+
+def test_memory_plot_rises_under_a_workload(alice: Session, hub: Hub) -> None:
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    api(
+        hub,
+        "POST",
+        f"/v1/sandboxes/{sid}/processes",
+        {"command": ["python3", "-c", "import time; x = bytearray(64 << 20); time.sleep(120)"]},
+    )
+    page = alice.page
+    open_detail(page, hub, sid)
+    last = page.get_by_test_id("last-Memory")
+    wait_for("memory above 60 MiB in the plot", lambda: float(last.inner_text()) > 60, timeout=90)
+    assert page.locator("figure[data-chart=Memory] canvas").count() == 1
+    shot(page, "usage")
+
+
+def test_pool_set_to_three_shows_three_ready(alice: Session, hub: Hub) -> None:
+    page = alice.page
+    page.get_by_role("link", name="Pools").click()
+    page.get_by_role("heading", name="Pools").wait_for()
+    form = page.get_by_role("form", name="Create a pool")
+    form.get_by_label("Name").fill("warm")
+    form.get_by_role("button", name="Create pool").click()
+    card = page.locator("li[data-pool=warm]")
+    card.wait_for()
+    card.get_by_label("Replicas").fill("3")
+    card.get_by_role("button", name="Set").click()
+    wait_for("3 ready", lambda: card.get_by_test_id("fill").inner_text() == "3 ready of 3", timeout=120)
+    assert api(hub, "GET", "/v1/pools/warm")["ready"] == 3
+    shot(page, "pools")
+    api(hub, "PUT", "/v1/pools/warm", {"template": "default", "replicas": 0})
+
+
+def test_events_feed_shows_lifecycle_events(alice: Session, hub: Hub) -> None:
+    page = alice.page
+    page.get_by_role("link", name="Events").click()
+    page.get_by_role("heading", name="Events").wait_for()
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page.locator("tbody").get_by_text(sid).first.wait_for(timeout=30)
+    shot(page, "events")
+
+
+PAGE_PORT = 8000
+#: Served by a sandbox through the path route, on the hub's own host.
+ATTACK = """<!doctype html><title>loading</title>
+<iframe id="console" src="/"></iframe>
+<script>
+const results = {origin: self.origin};
+try { results.key = sessionStorage.getItem("sandhub.api-key"); }
+catch (e) { results.key = "refused: " + e.name; }
+(async () => {
+  try {
+    const key = typeof results.key === "string" && !results.key.startsWith("refused") ? results.key : "";
+    const r = await fetch("/v1/sandboxes", {headers: {Authorization: "Bearer " + key}});
+    results.fetch = r.status;
+  } catch (e) { results.fetch = "refused by the browser"; }
+  await new Promise((ok) => setTimeout(ok, 1500));
+  try { results.frame = document.getElementById("console").contentWindow.sessionStorage.getItem("sandhub.api-key"); }
+  catch (e) { results.frame = "refused: " + e.name; }
+  document.title = "done " + JSON.stringify(results);
+})();
+</script>"""
+
+
+def test_a_sandbox_page_cannot_read_the_key_call_the_api_or_frame_the_console(browser: Any, open_hub: Hub) -> None:
+    """The path route shares the hub's host with the console. On a hub
+    without keys (where a browser can open that route), a secret planted in
+    the console's sessionStorage stays out of a sandbox page's reach in the
+    same tab, its API calls are refused, and the console refuses to be framed."""
+    sid = api(open_hub, "POST", "/v1/sandboxes", {}, key=None)["id"]
+    status, _ = open_hub.request("POST", f"/v1/sandboxes/{sid}/exec", {
+        "command": ["sh", "-c", "mkdir -p site && cat > site/page.html"],
+        "stdin": ATTACK,
+    })
+    assert status == 200
+    api(open_hub, "POST", f"/v1/sandboxes/{sid}/processes",
+        {"command": ["sh", "-c", f"cd site && exec python3 -m http.server {PAGE_PORT} --bind 127.0.0.1"]}, key=None)
+    wait_for("the page's server", lambda: any(
+        p["port"] == PAGE_PORT for p in api(open_hub, "GET", f"/v1/sandboxes/{sid}/ports", key=None)["ports"]), timeout=30)
+
+    context = browser.new_context(viewport=WIDE)
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    try:
+        page.goto(open_hub.url + "/")
+        page.get_by_role("heading", name="Sandboxes").wait_for()  # no keys: straight in
+        page.evaluate("sessionStorage.setItem('sandhub.api-key', 'planted-secret-0123456789')")
+        response = page.goto(f"{open_hub.url}/v1/sandboxes/{sid}/ports/{PAGE_PORT}/page.html")
+        assert response is not None and response.status == 200
+        page.wait_for_function("document.title.startsWith('done')", timeout=30_000)
+        results = json.loads(page.title()[len("done "):])
+        frame_urls = [f.url for f in page.frames]
+    finally:
+        context.close()
+    assert results["origin"] == "null", results
+    assert str(results["key"]).startswith("refused"), results
+    assert results["fetch"] in (403, "refused by the browser"), results
+    assert str(results["frame"]).startswith("refused"), results
+    # The console itself was never rendered inside the page.
+    assert open_hub.url + "/" not in frame_urls[1:], frame_urls
+    assert dialogs == []
