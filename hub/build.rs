@@ -32,7 +32,8 @@ fn main() {
         writeln!(out, "    ({name:?}, include_bytes!({:?})),", abs.display()).unwrap();
     }
     out.push_str("];\n");
-    let target = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("console_assets.rs");
+    let target =
+        PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("console_assets.rs");
     fs::write(target, out).expect("writing console_assets.rs");
 }
 

@@ -18,7 +18,11 @@ function Chart(props: { title: string; unit: string; x: number[]; y: (number | n
     const width = Math.max(260, Math.min(560, el.current.clientWidth || 560));
     const series: uPlot.Series[] = [{}, { label: props.unit, stroke: "#2563eb", width: 2 }];
     if (props.limit) series.push({ label: "limit", stroke: "#dc2626", dash: [6, 4] });
-    plot.current = new uPlot({ width, height: 160, series, legend: { show: true } }, data, el.current);
+    plot.current = new uPlot(
+      { width, height: 160, series, legend: { show: true }, axes: [{}, { size: 64 }] },
+      data,
+      el.current,
+    );
     return () => {
       plot.current?.destroy();
       plot.current = null;

@@ -75,11 +75,8 @@ async fn asset(Path(file): Path<String>, headers: HeaderMap) -> Response {
 
 fn serve(name: &str, request: &HeaderMap) -> Response {
     let Some(asset) = assets::get(name) else {
-        return super::ApiError::new(
-            sandhub_api::error::Code::NotFound,
-            "no such console file",
-        )
-        .into_response();
+        return super::ApiError::new(sandhub_api::error::Code::NotFound, "no such console file")
+            .into_response();
     };
     let fresh = request
         .get(header::IF_NONE_MATCH)
@@ -90,7 +87,10 @@ fn serve(name: &str, request: &HeaderMap) -> Response {
         asset.bytes.into_response()
     };
     let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(asset.content_type),
+    );
     if let Ok(etag) = HeaderValue::from_str(&asset.etag) {
         h.insert(header::ETAG, etag);
     }
@@ -110,10 +110,19 @@ fn serve(name: &str, request: &HeaderMap) -> Response {
 
 /// The headers every console answer carries.
 fn harden(h: &mut HeaderMap) {
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(
         "cross-origin-opener-policy",
         HeaderValue::from_static("same-origin"),

@@ -65,8 +65,8 @@ impl PtyTickets {
                 "too many unused terminal tickets: use or let some expire",
             ));
         }
-        let ticket = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .encode(rand::random::<[u8; 32]>());
+        let ticket =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
         live.insert(
             digest(&ticket),
             Ticket {
@@ -145,7 +145,10 @@ mod tests {
         assert_eq!(pty_sandbox("/v1/sandboxes/sb-1/pty"), Some("sb-1"));
         assert_eq!(pty_sandbox("/v1/sandboxes/sb-1/ports/80/pty"), None);
         assert_eq!(pty_sandbox("/v1/sandboxes//pty"), None);
-        assert_eq!(ticket_in(Some("cols=80&ticket=a%2Bb")).as_deref(), Some("a+b"));
+        assert_eq!(
+            ticket_in(Some("cols=80&ticket=a%2Bb")).as_deref(),
+            Some("a+b")
+        );
         assert_eq!(ticket_in(Some("cols=80")), None);
         assert_eq!(ticket_in(None), None);
     }
