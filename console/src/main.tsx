@@ -6,6 +6,8 @@ import { Sandboxes } from "./views/Sandboxes";
 import { Detail } from "./views/Detail";
 import { Pools } from "./views/Pools";
 import { Events } from "./views/Events";
+import { Operators } from "./views/Operators";
+import { Templates } from "./views/Templates";
 import "./style.css";
 
 type Access = "checking" | "in" | "out";
@@ -51,6 +53,7 @@ function SignIn(props: { failed: boolean; onKey: (key: string) => void }) {
 function App() {
   const [access, setAccess] = useState<Access>("checking");
   const [failed, setFailed] = useState(false);
+  const [operator, setOperator] = useState(false);
   const hash = useHash();
 
   const check = async () => {
@@ -58,6 +61,8 @@ function App() {
       // A hub without keys answers this for anyone: it opens straight in.
       await call("GET", "/v1/pools");
       setAccess("in");
+      // Only --admin-tenants get an answer here (others: 404).
+      setOperator(await call("GET", "/v1/admin/tenants").then(() => true, () => false));
     } catch (e) {
       if (e instanceof ApiError && e.status === 401) {
         setFailed(storedKey() !== null);
@@ -87,6 +92,8 @@ function App() {
   if (route[0] === "sandboxes" && route[1]) view = <Detail id={route[1]} />;
   else if (route[0] === "pools") view = <Pools />;
   else if (route[0] === "events") view = <Events />;
+  else if (route[0] === "templates") view = <Templates />;
+  else if (route[0] === "operators" && operator) view = <Operators />;
   else view = <Sandboxes />;
   const here = route[0] || "sandboxes";
   const link = (to: string, label: string) => (
@@ -101,7 +108,9 @@ function App() {
         <nav aria-label="Main">
           {link("sandboxes", "Sandboxes")}
           {link("pools", "Pools")}
+          {link("templates", "Templates")}
           {link("events", "Events")}
+          {operator && link("operators", "Operators")}
         </nav>
         {storedKey() !== null && (
           <button
@@ -109,6 +118,7 @@ function App() {
             onClick={() => {
               storeKey(null);
               setFailed(false);
+              setOperator(false);
               setAccess("out");
             }}
           >

@@ -13,7 +13,7 @@
 //! json.rs      ApiJson: the one JSON body extractor (objects only, content types)
 //! openapi.rs   the OpenAPI document's frame (title, tags, shared answers)
 //! rest/        the REST API (/v1/...): sandboxes, processes, files, ports, templates,
-//!              pools, images, prepull, health (probes, /metrics)
+//!              pools, images, prepull, health (probes, /metrics), admin (operators)
 //! gym/         Gym-style environments (/gym/v1/...): envs, step matching, the registry
 //!              (kept across restarts through backend::EnvStore)
 //! mcp.rs       the sandhub-mcp tool set, mounted at /mcp
@@ -89,6 +89,9 @@ pub struct AppState {
     pub events: Option<Arc<crate::events::EventLog>>,
     /// The tenants' webhooks (`/v1/webhooks`), where the backend has them.
     pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+    /// `--admin-tenants`: whose keys also see every tenant's usage
+    /// against its quotas (`GET /v1/admin/tenants`).
+    pub admin_tenants: Arc<[String]>,
 }
 
 /// Marks a request that came to a sandbox's own host (`{port}-{id}.D`):
