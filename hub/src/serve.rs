@@ -290,7 +290,11 @@ async fn serve(
             draining: draining.clone(),
             events,
             webhooks,
-            admin_tenants: args.admin_tenants.iter().map(|t| t.trim().to_string()).collect(),
+            admin_tenants: args
+                .admin_tenants
+                .iter()
+                .map(|t| t.trim().to_string())
+                .collect(),
         },
         keys,
         e2b.clone(),

@@ -44,9 +44,21 @@ export function Files(props: { id: string; stamp: number }) {
   };
   const view = async (name: string) => {
     try {
+      // Only the first VIEW_LIMIT bytes are read: a file of gigabytes
+      // must not be pulled into the tab to show its start.
       const r = await raw("GET", filePath(props.id, dir, name));
-      const blob = await r.blob();
-      setViewing({ name, text: await blob.slice(0, VIEW_LIMIT).text() });
+      const reader = r.body!.getReader();
+      const parts: BlobPart[] = [];
+      let have = 0;
+      while (have < VIEW_LIMIT) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        parts.push(value as Uint8Array<ArrayBuffer>);
+        have += value.length;
+      }
+      await reader.cancel();
+      const text = await new Blob(parts).slice(0, VIEW_LIMIT).text();
+      setViewing({ name, text: have > VIEW_LIMIT ? `${text}\n… (first ${VIEW_LIMIT / 1024} KiB shown)` : text });
     } catch (e) {
       setError(message(e));
     }

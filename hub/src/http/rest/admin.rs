@@ -55,8 +55,11 @@ async fn tenants(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
 ) -> ApiResult<ApiJson<AdminTenants>> {
-    if !state.admin_tenants.iter().any(|t| *t == tenant.0) {
-        return Err(ApiError::new(Code::NotFound, "no route for /v1/admin/tenants"));
+    if !state.admin_tenants.contains(&tenant.0) {
+        return Err(ApiError::new(
+            Code::NotFound,
+            "no route for /v1/admin/tenants",
+        ));
     }
     let gauges = state.hub.gauges().await?;
     let mut tenants: Vec<TenantUsage> = gauges
