@@ -8,6 +8,7 @@ import { Pools } from "./views/Pools";
 import { Events } from "./views/Events";
 import { Operators } from "./views/Operators";
 import { Templates } from "./views/Templates";
+import { Gym } from "./views/Gym";
 import "./style.css";
 
 type Access = "checking" | "in" | "out";
@@ -93,6 +94,7 @@ function App() {
   else if (route[0] === "pools") view = <Pools />;
   else if (route[0] === "events") view = <Events />;
   else if (route[0] === "templates") view = <Templates />;
+  else if (route[0] === "gym") view = <Gym />;
   else if (route[0] === "operators" && operator) view = <Operators />;
   else view = <Sandboxes />;
   const here = route[0] || "sandboxes";
@@ -109,6 +111,7 @@ function App() {
           {link("sandboxes", "Sandboxes")}
           {link("pools", "Pools")}
           {link("templates", "Templates")}
+          {link("gym", "Gym")}
           {link("events", "Events")}
           {operator && link("operators", "Operators")}
         </nav>

@@ -596,3 +596,41 @@ def test_template_errors_are_shown_at_the_field(alice: Session, hub: Hub) -> Non
     got = api(hub, "GET", "/v1/templates/small")
     assert got["memory_mb"] == 256 and got["cpu"] == 0.5
     shot(page, "templates")
+
+
+def test_gym_view_shows_an_episodes_reward_after_env_step(alice: Session, hub: Hub) -> None:
+    """An RL run through the Gymnasium adapter (`sandhub_gymnasium`); the
+    Gym view shows the env, its running return, and the finished episode's."""
+    from sandhub_gymnasium import SandhubEnv
+
+    env = SandhubEnv(
+        hub.url,
+        api_key=ALICE,
+        task={"files": {"counter": "0\n"}},
+        reward=[{"kind": "regex", "pattern": "^[0-9]+$", "stream": "stdout", "weight": 0.5}],
+        termination=[{"kind": "file", "path": "counter", "equals": "2\n"}],
+        max_episode_steps=10,
+    )
+    try:
+        env.reset(seed=1)
+        env.step("n=$(cat counter); n=$((n+1)); echo $n > counter; echo $n")
+        page = alice.page
+        page.get_by_role("link", name="Gym").click()
+        page.get_by_role("heading", name="Gym").wait_for()
+        card = page.locator("li.card", has=page.get_by_test_id("running-return"))
+        wait_for("the running return", lambda: card.get_by_test_id("running-return").inner_text() == "0.5", timeout=30)
+        _, reward, terminated, _, _ = env.step("n=$(cat counter); n=$((n+1)); echo $n > counter; echo $n")
+        assert reward == 0.5 and terminated
+        wait_for("the finished episode's return", lambda: card.get_by_test_id("last-return").inner_text() == "1", timeout=30)
+        env.reset()
+        env.step("cat counter")
+        env.step("n=$(cat counter); n=$((n+1)); echo $n > counter; echo $n")
+        env.step("n=$(cat counter); n=$((n+1)); echo $n > counter; echo $n")
+        wait_for("two episodes plotted", lambda: card.get_by_test_id("last-return").inner_text() == "1.5", timeout=30)
+        assert card.locator("figure[data-chart=Return] canvas").count() == 1
+        shot(page, "gym")
+        # Another tenant sees none of it.
+        status, body = hub.request("GET", "/gym/v1/envs", api_key=BOB)
+        assert status == 200 and json.loads(body)["envs"] == []
+    finally:
+        env.close()
