@@ -328,6 +328,8 @@ def test_pool_set_to_three_shows_three_ready(alice: Session, hub: Hub) -> None:
     card.get_by_role("button", name="Set").click()
     wait_for("3 ready", lambda: card.get_by_test_id("fill").inner_text() == "3 ready of 3", timeout=120)
     assert api(hub, "GET", "/v1/pools/warm")["ready"] == 3
+    # The fill level over the time the page watched it.
+    card.locator("figure[data-chart=Ready] canvas").wait_for()
     shot(page, "pools")
     api(hub, "PUT", "/v1/pools/warm", {"template": "default", "replicas": 0})
 
@@ -337,8 +339,17 @@ def test_events_feed_shows_lifecycle_events(alice: Session, hub: Hub) -> None:
     page.get_by_role("link", name="Events").click()
     page.get_by_role("heading", name="Events").wait_for()
     sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
-    page.locator("tbody").get_by_text(sid).first.wait_for(timeout=30_000)
+    other = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page.locator("tbody").get_by_text(other).first.wait_for(timeout=30_000)
+    page.locator("tbody").get_by_text(sid).first.wait_for()
     shot(page, "events")
+    # Filtered to one sandbox, the feed holds only its events.
+    page.get_by_label("Sandbox").fill(sid)
+    page.get_by_role("button", name="Filter").click()
+    page.locator("tbody").get_by_text(sid).first.wait_for(timeout=30_000)
+    time.sleep(1)
+    assert page.locator("tbody").get_by_text(other).count() == 0
+    assert page.locator("tbody tr").count() >= 1
 
 
 PAGE_PORT = 8000

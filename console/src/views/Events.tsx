@@ -17,13 +17,15 @@ interface Event {
 export function Events() {
   const [events, setEvents] = useState<Event[]>([]);
   const [types, setTypes] = useState("");
-  const [applied, setApplied] = useState("");
+  const [sandbox, setSandbox] = useState("");
+  const [applied, setApplied] = useState({ types: "", sandbox: "" });
   const [error, setError] = useState<string | null>(null);
   useEffect(() => {
     const stop = new AbortController();
     setEvents([]);
     const q = new URLSearchParams({ last_event_id: "0" });
-    if (applied) q.set("type", applied);
+    if (applied.types) q.set("type", applied.types);
+    if (applied.sandbox) q.set("sandbox", applied.sandbox);
     sse(`/v1/events?${q}`, stop.signal, (type, data) => {
       if (type === "error") {
         setError(data);
@@ -48,11 +50,14 @@ export function Events() {
         onSubmit={(e) => {
           e.preventDefault();
           setError(null);
-          setApplied(types.trim());
+          setApplied({ types: types.trim(), sandbox: sandbox.trim() });
         }}
       >
         <label>
           Types <input placeholder="created,deleted" value={types} onInput={(e) => setTypes(e.currentTarget.value)} />
+        </label>
+        <label>
+          Sandbox <input value={sandbox} onInput={(e) => setSandbox(e.currentTarget.value)} />
         </label>
         <button type="submit">Filter</button>
       </form>

@@ -1,9 +1,18 @@
 // Warm pools: fill level, last error, replicas editable.
-import { useEffect, useState } from "preact/hooks";
+import { lazy, Suspense } from "preact/compat";
+import { useEffect, useRef, useState } from "preact/hooks";
 import { call, enc, type Pool } from "../api";
 import { message } from "../format";
 
+const PoolFill = lazy(() => import("./PoolFill"));
 const POLL_MS = 2000;
+/** Points of fill history kept per pool: ten minutes at POLL_MS. */
+const HISTORY = 300;
+
+interface Fill {
+  t: number[];
+  ready: number[];
+}
 
 function Replicas(props: { pool: Pool; onSaved: () => void; onError: (e: string) => void }) {
   const [n, setN] = useState(String(props.pool.replicas));
@@ -34,11 +43,23 @@ export function Pools() {
   const [tick, setTick] = useState(0);
   const [name, setName] = useState("");
   const [template, setTemplate] = useState("default");
+  // Fill history per pool, as this page saw it (kept across reloads of the list).
+  const history = useRef(new Map<string, Fill>());
   useEffect(() => {
     let live = true;
     const load = () =>
       call<{ pools: Pool[] }>("GET", "/v1/pools")
-        .then((r) => live && setPools(r.pools))
+        .then((r) => {
+          if (!live) return;
+          const now = Date.now() / 1000;
+          for (const p of r.pools) {
+            const h = history.current.get(p.name) ?? { t: [], ready: [] };
+            h.t = [...h.t, now].slice(-HISTORY);
+            h.ready = [...h.ready, p.ready].slice(-HISTORY);
+            history.current.set(p.name, h);
+          }
+          setPools(r.pools);
+        })
         .catch((e) => live && setError(message(e)));
     void load();
     const t = setInterval(load, POLL_MS);
@@ -83,6 +104,11 @@ export function Pools() {
             </p>
             <meter min={0} max={Math.max(1, p.replicas)} value={p.ready} aria-label={`${p.name} fill level`} />
             {p.last_error && <p class="error">Last error: {p.last_error}</p>}
+            {(history.current.get(p.name)?.t.length ?? 0) > 1 && (
+              <Suspense fallback={<p>Loading plot…</p>}>
+                <PoolFill {...history.current.get(p.name)!} replicas={p.replicas} />
+              </Suspense>
+            )}
             <Replicas pool={p} onSaved={reload} onError={setError} />
             <button
               onClick={async () => {
