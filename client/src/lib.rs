@@ -88,12 +88,7 @@ pub trait Sandboxes: Send + Sync {
     /// Kept process `pid`'s retained output (its last MiB), then its live
     /// output to its exit; `None` where the backend keeps none, NOT_FOUND
     /// unless it was started under `label`.
-    async fn attach_kept(
-        &self,
-        id: &str,
-        pid: i32,
-        label: &str,
-    ) -> Result<Option<ProcessEvents>> {
+    async fn attach_kept(&self, id: &str, pid: i32, label: &str) -> Result<Option<ProcessEvents>> {
         let _ = (id, pid, label);
         Ok(None)
     }

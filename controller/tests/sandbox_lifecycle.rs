@@ -9,8 +9,9 @@ use common::*;
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, Service, VolumeResourceRequirements,
 };
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use sandhub_api::k8s::common::{EmbeddedObjectMetadata, PersistentVolumeClaimTemplate};
 use sandhub_api::k8s::conditions::types;
@@ -378,6 +379,43 @@ async fn a_second_controlled_pod_is_reported_as_multiple_pods() {
         .await
         .unwrap();
     env.sandbox_reason("one", "MultiplePods").await;
+    // Reconciled again and again in that state (each label change wakes
+    // the controller): one Warning Event, as upstream words it, not one per pass.
+    for i in 0..5 {
+        let patch = json!({"metadata": {"labels": {"poke": i.to_string()}}});
+        env.api::<Sandbox>()
+            .patch("one", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let multiple: Vec<_> = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("MultiplePods"))
+        .map(|e| {
+            (
+                e.regarding.and_then(|r| r.name).unwrap_or_default(),
+                e.type_.unwrap_or_default(),
+                e.action.unwrap_or_default(),
+                e.reporting_controller.unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        multiple,
+        [(
+            "one".to_string(),
+            "Warning".to_string(),
+            "Reconciling".to_string(),
+            "sandbox-controller".to_string()
+        )]
+    );
     env.api::<Pod>()
         .delete("one-extra", &DeleteParams::default())
         .await

@@ -23,6 +23,12 @@ const SIGKILL: i32 = 9;
 /// Asks sandboxd for its entrypoint record; None when it has none, or does
 /// not answer sanely in time (the field is then left out, never an error).
 pub async fn ask(client: &SandboxdClient) -> Option<EntrypointRecord> {
+    answer(client).await.flatten()
+}
+
+/// sandboxd's answer: `None` when it gave none sanely in time,
+/// `Some(None)` when it says it runs no entrypoint.
+pub async fn answer(client: &SandboxdClient) -> Option<Option<EntrypointRecord>> {
     client
         .get_json_bounded::<Option<EntrypointRecord>>(
             ENTRYPOINT_ROUTE,
@@ -30,7 +36,13 @@ pub async fn ask(client: &SandboxdClient) -> Option<EntrypointRecord> {
             ASK_TIMEOUT,
         )
         .await
-        .flatten()
+}
+
+/// `entrypoint_exited`'s details for `record`: the GET's words (`state`,
+/// `exit_code`, `signal`, `started_at`, `finished_at`, `running_seconds`,
+/// and a start error's bounded `message`), clamped as [`status`] clamps.
+pub fn exit_details(record: &EntrypointRecord, oom_kills: u64, now_ms: i64) -> serde_json::Value {
+    serde_json::to_value(status(record, oom_kills, now_ms)).unwrap_or_default()
 }
 
 /// The API's view of `record`, at `now_ms`, given the cgroup's OOM kills.

@@ -22,15 +22,14 @@ use sandhub_api::{
     error::Code,
     hub::{
         CreateSandbox, ExecRequest, ExecResult, ForkRequest, NamedTemplate, Pool, PoolSpec,
-        Sandbox, Snapshot, Template,
+        Sandbox, SandboxState, Snapshot, Template,
     },
     limits::DEFAULT_MAX_UPLOAD_BYTES,
     sandboxd::{DirectoryListing, FileEntry},
 };
 use sandhub_client::{
     sandboxd::SandboxdClient, ByteStream, Error, KeptProcess, ProcessEvents, PtySize, Result,
-    Sandboxes, Signal,
-    StartProcess, StdinInput, WatchEvents, WriteOptions,
+    Sandboxes, Signal, StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
 
 use crate::{
@@ -274,11 +273,50 @@ impl TenantView for GuardedView {
     }
 }
 
+/// The label that makes a create idempotent: a create carrying it answers
+/// the tenant's sandbox that already carries the same value, if one exists,
+/// instead of making a second. A client that lost a create's answer (its
+/// hub replica was killed mid-call) retries with the same value and gets
+/// the sandbox the first call made.
+pub const IDEMPOTENCY_LABEL: &str = "sandhub.io/idempotency-key";
+
+/// How long a retried create waits for the sandbox the first call started.
+const IDEMPOTENT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl GuardedView {
+    /// The sandbox an earlier create with the same idempotency label made.
+    /// Retries of one create are sequential (the client retries after the
+    /// first call failed); two concurrent creates with one value may both
+    /// make a sandbox, as two calls without it would.
+    async fn already_made(&self, request: &CreateSandbox) -> Result<Option<Sandbox>> {
+        let Some(key) = request.labels.get(IDEMPOTENCY_LABEL) else {
+            return Ok(None);
+        };
+        let selector = BTreeMap::from([(IDEMPOTENCY_LABEL.to_string(), key.clone())]);
+        let Some(made) = self.inner.list(&selector).await?.into_iter().next() else {
+            return Ok(None);
+        };
+        // A create answers a started sandbox: the first call may have been
+        // cut while its sandbox was still starting.
+        let deadline = std::time::Instant::now() + IDEMPOTENT_WAIT;
+        loop {
+            let sb = self.inner.get(&made.id).await?;
+            if sb.state != SandboxState::Pending || std::time::Instant::now() >= deadline {
+                return Ok(Some(sb));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// Everything not checked here goes straight through.
 #[async_trait]
 impl Sandboxes for GuardedView {
     async fn create(&self, request: CreateSandbox) -> Result<Sandbox> {
         request.validate()?;
+        if let Some(sb) = self.already_made(&request).await? {
+            return Ok(sb);
+        }
         self.ops
             .time(
                 Op::Create,
@@ -325,12 +363,7 @@ impl Sandboxes for GuardedView {
         self.inner.list_kept(id, label).await
     }
 
-    async fn attach_kept(
-        &self,
-        id: &str,
-        pid: i32,
-        label: &str,
-    ) -> Result<Option<ProcessEvents>> {
+    async fn attach_kept(&self, id: &str, pid: i32, label: &str) -> Result<Option<ProcessEvents>> {
         self.inner.attach_kept(id, pid, label).await
     }
 

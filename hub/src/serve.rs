@@ -210,7 +210,9 @@ async fn serve(
     nofile: u64,
     local_hub: &mut Option<Arc<local::Hub>>,
 ) -> anyhow::Result<()> {
-    let (mut events, mut webhooks) = (None, None);
+    // Every backend keeps events; only the local one delivers webhooks.
+    let events;
+    let mut webhooks = None;
     let (hub, gym, where_): (Arc<dyn Backend>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub =
@@ -243,8 +245,11 @@ async fn serve(
                     Some(p) => crate::secrets_file::OperatorSecrets::load(p)?,
                     None => Default::default(),
                 },
+                &args.local.events,
             )
             .await?;
+            // Derived from the watches, per replica (kube/events.rs).
+            events = Some(kube.events());
             // Gym envs are ConfigMaps any replica reads; every replica
             // sweeps idle ones (a close that another already made is a no-op).
             let gym = Arc::new(Gym::persistent(Arc::new(kube.env_store())));

@@ -157,6 +157,63 @@ async fn whole_log(hub: &TestHub, key: &str, at_least: usize) -> Vec<Value> {
 
 // ------------------------------------------------------------------ events
 
+/// `entrypoint_exited`: each exit of a sandbox's entrypoint is told once,
+/// with its exit code in the GET's words; a reset starts it again and its
+/// next exit is told again; a sandbox without one tells nothing.
+#[tokio::test]
+async fn an_entrypoints_exit_is_told_once_per_run() {
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
+    let k = ALICE_KEY;
+    let ep = json!({"entrypoint": ["/bin/sh", "-c", "sleep 1; exit 3"]});
+    call(&hub, k, "PUT", "/v1/templates/ends", Some(ep)).await;
+    call(&hub, k, "PUT", "/v1/templates/plain", Some(json!({}))).await;
+    let mut s = Sse::open(&hub, k, "type=entrypoint_exited,reset", None).await;
+    let plain = create(&hub, k, json!({"template": "plain"})).await;
+    let id = create(
+        &hub,
+        k,
+        json!({"template": "ends", "labels": {"team": "a"}}),
+    )
+    .await;
+
+    let first = s.until("entrypoint_exited", Some(&id)).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    let e = &first[0];
+    assert_eq!(e["labels"]["team"], "a");
+    assert_eq!(e["details"]["exit_code"], 3, "{e}");
+    assert_eq!(e["details"]["state"], "Error", "{e}");
+    assert!(e["details"]["finished_at"].is_string(), "{e}");
+
+    // Asked again and again (every 2 s): not told twice.
+    assert!(
+        s.next(Duration::from_secs(5)).await.is_none(),
+        "a second event for one exit"
+    );
+
+    // A reset starts the entrypoint again: its next exit is a new one.
+    call(&hub, k, "POST", &format!("/v1/sandboxes/{id}/reset"), None).await;
+    let again = s.until("entrypoint_exited", Some(&id)).await;
+    assert_eq!(types(&again), ["reset", "entrypoint_exited"]);
+    assert_ne!(
+        again[1]["details"]["started_at"],
+        e["details"]["started_at"]
+    );
+    assert!(again[1]["id"].as_u64() > e["id"].as_u64());
+
+    // The sandbox without an entrypoint told nothing.
+    let log = whole_log(&hub, k, 3).await;
+    assert!(
+        log.iter()
+            .all(|e| e["type"] != "entrypoint_exited" || e["sandbox_id"] == id.as_str()),
+        "{log:?}"
+    );
+    assert!(log.iter().any(|e| e["sandbox_id"] == plain.as_str()));
+}
+
 /// Each local action emits its event, with the sandbox's labels and the
 /// reasons the issue names; one stream follows them live.
 #[tokio::test]

@@ -606,6 +606,42 @@ async fn tenancy_other_tenant_gets_404_and_no_key_gets_401() {
 
 /// A pool whose template cannot start retries with back-off (not as fast as
 /// it fails), says why in its status, and fills once the template is fixed.
+/// A create carrying `sandhub.io/idempotency-key` that is retried (its
+/// first answer lost) gets the sandbox the first call made, not a second;
+/// the value is per tenant, and a deleted sandbox frees it.
+#[tokio::test]
+async fn a_retried_create_with_an_idempotency_key_gets_the_same_sandbox() {
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let bob = hub.client(Some(BOB_KEY));
+    let keyed = |key: &str| CreateSandbox {
+        labels: BTreeMap::from([(
+            "sandhub.io/idempotency-key".to_string(),
+            key.to_string(),
+        )]),
+        ..Default::default()
+    };
+    let first = create(&alice, keyed("cycle-1")).await;
+    let again = create(&alice, keyed("cycle-1")).await;
+    assert_eq!(again.id, first.id);
+    assert_eq!(again.state, SandboxState::Ready);
+    assert_eq!(alice.list(&BTreeMap::new()).await.unwrap().len(), 1);
+    // Another value, or another tenant with the same value: a new sandbox.
+    let other = create(&alice, keyed("cycle-2")).await;
+    assert_ne!(other.id, first.id);
+    let bobs = create(&bob, keyed("cycle-1")).await;
+    assert_ne!(bobs.id, first.id);
+    assert_eq!(bob.list(&BTreeMap::new()).await.unwrap().len(), 1);
+    // Once deleted, the value makes a new sandbox.
+    alice.delete(&first.id).await.unwrap();
+    let after = create(&alice, keyed("cycle-1")).await;
+    assert_ne!(after.id, first.id);
+}
+
 #[tokio::test]
 async fn a_pool_that_cannot_start_backs_off_and_says_why() {
     let hub = TestHub::start(HubOptions::default()).await;

@@ -219,9 +219,11 @@ async fn labels_scope_list_and_attach() {
         .await
         .expect_err("long label");
     assert_eq!(status.code(), Code::InvalidArgument);
-    let status = within(c.list(kpb::ListRequest { label: long.clone() }))
-        .await
-        .expect_err("long label");
+    let status = within(c.list(kpb::ListRequest {
+        label: long.clone(),
+    }))
+    .await
+    .expect_err("long label");
     assert_eq!(status.code(), Code::InvalidArgument);
     let mut tagged = request(&["true"], "session-1");
     tagged.tag = long;
@@ -242,7 +244,12 @@ async fn list_shows_the_starters_tag() {
     };
     let (_s, untagged) = start(&mut c, &["sleep", "30"], "e2b").await;
     let listed = list(&mut c, "e2b").await;
-    let tag_of = |p: i32| listed.iter().find(|k| k.process_id == p).map(|k| k.tag.clone());
+    let tag_of = |p: i32| {
+        listed
+            .iter()
+            .find(|k| k.process_id == p)
+            .map(|k| k.tag.clone())
+    };
     assert_eq!(tag_of(pid).as_deref(), Some("dev-server"));
     assert_eq!(tag_of(untagged).as_deref(), Some(""));
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 import signal
 from pathlib import Path
+from typing import Any
 
 import anyio
 import requests
@@ -195,7 +196,7 @@ def test_exec_follows_suspend_resume_and_delete_at_once(cluster: Cluster):
     wait_for_pool(cluster, 2)
 
 
-def test_usage_of_a_real_pod_comes_from_its_sandboxd(cluster: Cluster):
+def test_usage_of_a_real_pod_comes_from_its_sandboxd(cluster: Cluster) -> None:
     """On Kubernetes a sandbox's usage is what its sandboxd reads of its own
     container's cgroup, clamped by the hub: memory the workload holds and CPU
     it burns show in `/metrics` (the series), in `GET` (the latest sample)
@@ -215,7 +216,7 @@ def test_usage_of_a_real_pod_comes_from_its_sandboxd(cluster: Cluster):
         exec_("head -c 50331648 /dev/zero > /dev/shm/hold")
         exec_("timeout 2 sh -c 'while :; do :; done' || true")
 
-        def latest() -> dict:
+        def latest() -> dict[str, Any]:
             r = requests.get(f"{url}/v1/sandboxes/{sid}/metrics", timeout=60)
             assert r.status_code == 200, r.text
             samples = r.json()["samples"]

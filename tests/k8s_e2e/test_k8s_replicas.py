@@ -61,16 +61,22 @@ def start(cluster: Cluster, *extra: str) -> tuple[subprocess.Popen[Any], str]:
     return cluster.start_hub("--e2b", "--sandbox-domain", DOMAIN, *extra)
 
 
+def e2b_sandbox(url: str) -> tuple[str, str]:
+    """An E2B sandbox from the warm pool, made through the hub at `url`: its
+    id and envd access token."""
+    r = requests.post(f"{url}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
+                      headers=HEADERS, timeout=200)
+    assert r.status_code == 201, r.text
+    return r.json()["sandboxID"], r.json()["envdAccessToken"]
+
+
 def test_tokens_and_links_of_one_replica_open_on_every_other(cluster: Cluster, tmp_path: Path):
     a, url_a = start(cluster)
     b, url_b = start(cluster)
     c: subprocess.Popen[Any] | None = None
     try:
         # An E2B sandbox made through A...
-        r = requests.post(f"{url_a}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
-                          headers=HEADERS, timeout=200)
-        assert r.status_code == 201, r.text
-        sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        sid, token = e2b_sandbox(url_a)
         # ...is used through B with the token A signed.
         dirname = f"/workspace/made-through-b-{secrets.token_hex(3)}"
         r = envd(url_b, sid, token, "filesystem.Filesystem/MakeDir", {"path": dirname})
@@ -224,10 +230,7 @@ def test_an_e2b_process_started_on_one_replica_takes_input_and_signals_on_anothe
     a, url_a = start(cluster)
     b, url_b = start(cluster)
     try:
-        r = requests.post(f"{url_a}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
-                          headers=HEADERS, timeout=200)
-        assert r.status_code == 201, r.text
-        sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        sid, token = e2b_sandbox(url_a)
         headers = {"e2b-sandbox-id": sid, "e2b-sandbox-port": "49983", "x-access-token": token,
                    "content-type": "application/connect+json"}
         command = {"cmd": "/bin/sh", "args": ["-c", "read line; echo got $line; sleep 600"]}
@@ -270,10 +273,7 @@ def test_an_e2b_background_process_outlives_the_replica_that_started_it(cluster:
     b, url_b = start(cluster)
     c: subprocess.Popen[Any] | None = None
     try:
-        r = requests.post(f"{url_a}/v2/sandboxes", json={"templateID": POOL, "timeout": 600},
-                          headers=HEADERS, timeout=200)
-        assert r.status_code == 201, r.text
-        sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        sid, token = e2b_sandbox(url_a)
         headers = {"e2b-sandbox-id": sid, "e2b-sandbox-port": "49983", "x-access-token": token,
                    "content-type": "application/connect+json"}
         command = {"cmd": "/bin/sh", "args": ["-c", "echo ready; read line; echo got $line; sleep 600"]}

@@ -160,6 +160,12 @@ pub struct Args {
     #[arg(long, env = "SANDHUB_BENCH_SAMPLER_SANDBOXES", default_value_t = 500,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(super) sampler_sandboxes: u32,
+
+    /// Idle `GET /v1/events` consumers whose hub memory phase `events`
+    /// measures.
+    #[arg(long, env = "SANDHUB_BENCH_EVENT_CONSUMERS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=15_000))]
+    pub(super) event_consumers: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -199,6 +205,10 @@ pub(super) enum Phase {
     /// The usage sampler's CPU at `--sampler-sandboxes` idle sandboxes
     /// (not in the default set: it starts hundreds of sandboxes).
     Sampler,
+    /// The event stream's cost: hub memory at `--event-consumers` idle
+    /// consumers, and warm create p50 at 100/s with live consumers vs none
+    /// (not in the default set: it holds ten thousand connections).
+    Events,
 }
 
 impl Args {

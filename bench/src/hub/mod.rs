@@ -22,7 +22,12 @@
 //! 11. (opt-in, `egress`) the egress gateway vs the host: download, TCP
 //!     connect, DNS, cold create of `egress` vs `none`, hub memory per 100
 //!     idle sandboxes (its own network namespace comes up before the hub,
-//!     which gets `--egress-dns` for it; see `egress.rs`).
+//!     which gets `--egress-dns` for it; see `egress.rs`);
+//! 12. (opt-in, `sampler`) the usage sampler's CPU at hundreds of idle
+//!     sandboxes (`sampler.rs`);
+//! 13. (opt-in, `events`) hub memory at ten thousand idle event-stream
+//!     consumers, and warm create p50 at 100/s with live consumers vs none
+//!     (`events.rs`).
 //!
 //! At the end it deletes everything it made through the API, SIGTERMs the
 //! hub and kills any sandbox process that outlived both.
@@ -31,6 +36,7 @@ mod args;
 mod disk;
 mod e2b;
 mod egress;
+mod events;
 mod gym;
 mod image;
 mod internet;
@@ -101,6 +107,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             "--tenant-max-memory-mb".to_string(),
             (n * 1024).to_string(),
         ]);
+    }
+    if args.phases.contains(&Phase::Events) {
+        extra.extend(events::hub_flags(&args));
     }
     // The egress phase's internet, like the registry, is up before the hub
     // and down only after the hub's sandboxes are gone.
@@ -197,6 +206,7 @@ async fn phases(
             Phase::Ports => ports(args, hub, report).await,
             Phase::E2b => e2b(args, hub, report).await,
             Phase::Sampler => sampler::run(args, hub, report).await,
+            Phase::Events => events::run(args, hub, report).await,
             Phase::Egress => match outside.internet {
                 Some(Ok(net)) => egress::run(args, hub, report, net).await,
                 Some(Err(e)) => Err(anyhow::anyhow!("bringing up the bench internet: {e:#}")),

@@ -47,7 +47,7 @@ impl Series {
 }
 
 /// Polls the pool until `ready >= want` or the deadline.
-async fn wait_ready(hub: &Hub, want: u64, deadline: Instant) -> anyhow::Result<bool> {
+pub(super) async fn wait_ready(hub: &Hub, want: u64, deadline: Instant) -> anyhow::Result<bool> {
     loop {
         let (ready, _) = hub.pool(POOL).await?;
         if ready >= want {

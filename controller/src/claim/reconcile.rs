@@ -221,7 +221,8 @@ async fn expire(
             &claim,
             EventType::Normal,
             events::CLAIM_EXPIRED,
-            messages::CLAIM_EXPIRED.into(),
+            "Claim Expired",
+            "Claim expired".into(),
         );
         let old = claim.status.clone().unwrap_or_default();
         let st = unbound_status(
@@ -236,6 +237,18 @@ async fn expire(
         Err(e) if is_code(&e, 404) => Ok(()),
         other => other,
     };
+    // Told once: the delete is asked again only while the claim has no
+    // deletionTimestamp yet (a foreground delete keeps it a while).
+    if policy != P::Retain && claim.metadata.deletion_timestamp.is_none() {
+        publish(
+            cx,
+            &claim,
+            EventType::Normal,
+            events::CLAIM_EXPIRED,
+            "Deleting",
+            format!("Deleting Claim (ShutdownPolicy={})", policy_name(&policy)),
+        );
+    }
     match policy {
         P::Delete => ignore_404(
             claims
@@ -399,7 +412,8 @@ async fn finish_adoption(
                 claim,
                 EventType::Normal,
                 events::SANDBOX_ADOPTED,
-                format!("Adopted warm Sandbox {name}"),
+                "Adoption",
+                format!("Adopted warm pool Sandbox {name:?}"),
             );
             Ok(Outcome::Bound(Box::new(sb)))
         }
@@ -474,7 +488,8 @@ async fn create_cold(
                 claim,
                 EventType::Normal,
                 events::SANDBOX_PROVISIONED,
-                format!("Created Sandbox {}", sb.name_any()),
+                "Provisioning",
+                format!("Created Sandbox {:?}", sb.name_any()),
             );
             Ok(Outcome::Bound(Box::new(sb)))
         }
@@ -587,7 +602,8 @@ async fn adopt_warm(
                 claim,
                 EventType::Normal,
                 events::SANDBOX_ADOPTED,
-                format!("Adopted warm Sandbox {}", cand.name),
+                "Adoption",
+                format!("Adopted warm pool Sandbox {:?}", cand.name),
             );
             return Ok(Some(Outcome::Bound(Box::new(adopted))));
         }
@@ -638,8 +654,16 @@ async fn take_over(
     Ok(None)
 }
 
-/// Queues an event about `claim` (see [`super::events`]).
-fn publish(cx: &ClaimCtx, claim: &SandboxClaim, type_: EventType, reason: &str, note: String) {
+/// Queues an event about `claim` (see [`super::events`]); `reason`,
+/// `action` and `note` are upstream's words.
+fn publish(
+    cx: &ClaimCtx,
+    claim: &SandboxClaim,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     let Some(events) = &cx.events else {
         return;
     };
@@ -647,8 +671,16 @@ fn publish(cx: &ClaimCtx, claim: &SandboxClaim, type_: EventType, reason: &str, 
         type_,
         reason: reason.to_string(),
         note: Some(note),
-        action: reason.to_string(),
+        action: action.to_string(),
         secondary: None,
     };
     events.send(ev, claim.object_ref(&()));
+}
+
+/// A shutdown policy as the API spells it (upstream's event note names it).
+fn policy_name(p: &sandhub_api::k8s::claim::ClaimShutdownPolicy) -> String {
+    serde_json::to_value(p)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }

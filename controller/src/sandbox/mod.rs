@@ -384,17 +384,23 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error>
         }
         (seen.named, named_owned)
     } else if multiple {
-        let recorder = ctx.recorder(SANDBOX_CONTROLLER);
-        let note = format!("{} Pods are controlled by this Sandbox", seen.owned.len());
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: events::MULTIPLE_PODS.into(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&ev, &sb.object_ref(&())).await {
-            tracing::debug!(error = %e, "event not published");
+        // On the transition only: a Sandbox that stays in this state is
+        // reconciled again and again, and each pass must not add an Event.
+        let already = cond::find(&old.conditions, types::READY)
+            .is_some_and(|c| c.reason == reason::MULTIPLE_PODS);
+        if !already {
+            let recorder = ctx.recorder(SANDBOX_CONTROLLER);
+            let note = format!("{} Pods are controlled by this Sandbox", seen.owned.len());
+            let ev = Event {
+                type_: EventType::Warning,
+                reason: events::MULTIPLE_PODS.into(),
+                note: Some(note),
+                action: "Reconciling".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&ev, &sb.object_ref(&())).await {
+                tracing::debug!(error = %e, "event not published");
+            }
         }
         (seen.named, named_owned)
     } else if error.is_some() {

@@ -320,7 +320,7 @@ async fn progress_events(cx: &PoolCtx, pool: &SandboxWarmPool, held: &[String]) 
                 (
                     EventType::Normal,
                     events::WARM_POOL_PROGRESSING,
-                    "No warm Sandbox is unschedulable any more".to_string(),
+                    "Warm pool is progressing again".to_string(),
                 )
             }
             _ => return,
@@ -330,7 +330,8 @@ async fn progress_events(cx: &PoolCtx, pool: &SandboxWarmPool, held: &[String]) 
         type_,
         reason: reason.into(),
         note: Some(note),
-        action: reason.into(),
+        // Upstream's action for both.
+        action: "Reconciling".into(),
         secondary: None,
     };
     if let Err(e) = cx.recorder.publish(&ev, &pool.object_ref(&())).await {

@@ -1,14 +1,14 @@
 //! A bounded in-memory event ring: the kubernetes backend's log, one per
-//! replica. Ids count from 1 at each start of the replica, so a
-//! `Last-Event-ID` is meaningful to the replica that sent it while it
-//! runs; a consumer that reconnects to another replica, or after a
-//! restart, resumes from whatever that replica's ring holds past the id.
+//! replica. Its events come with their ids (`kube/events.rs` derives them
+//! from resourceVersions, so every replica names an event alike): the ring
+//! keeps them in id order, stores an id once, and forgets the lowest ids
+//! first. An event without an id gets the next one above the highest.
 
 use std::{collections::VecDeque, sync::Mutex};
 
 use sandhub_client::Result;
 
-use super::{Event, NewEvent, Sink};
+use super::{Event, NewEvent, Sink, SHARED};
 
 pub struct MemoryLog {
     ring: Mutex<(u64, VecDeque<Event>)>,
@@ -29,12 +29,22 @@ impl Sink for MemoryLog {
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let mut stored = Vec::with_capacity(batch.len());
         for e in batch {
-            ring.0 += 1;
-            let e = Event::stored(ring.0, e);
-            if ring.1.len() >= self.capacity {
+            let id = e.id.unwrap_or(ring.0 + 1);
+            // Where it belongs: almost always the end (events come in id
+            // order but for a lagging watch's).
+            let at = ring.1.partition_point(|x| x.id < id);
+            if ring.1.get(at).is_some_and(|x| x.id == id)
+                || (at == 0 && ring.1.len() >= self.capacity)
+            {
+                // Stored already, or older than everything a full ring keeps.
+                continue;
+            }
+            ring.0 = ring.0.max(id);
+            let e = Event::stored(id, e);
+            ring.1.insert(at, e.clone());
+            if ring.1.len() > self.capacity {
                 ring.1.pop_front();
             }
-            ring.1.push_back(e.clone());
             stored.push(e);
         }
         Ok(stored)
@@ -46,7 +56,7 @@ impl Sink for MemoryLog {
         Ok(ring
             .1
             .range(start..)
-            .filter(|e| e.tenant == tenant)
+            .filter(|e| e.tenant == tenant || e.tenant == SHARED)
             .take(limit)
             .cloned()
             .collect())

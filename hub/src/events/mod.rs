@@ -9,7 +9,8 @@
 //!            emit() from any module, the writer thread, subscribe() and after()
 //! sqlite.rs  the local backend's log: a table in the hub's SQLite file, pruned by
 //!            age (--event-retention) and count (--event-max-count)
-//! memory.rs  a bounded in-memory ring, for the kubernetes backend (per replica)
+//! memory.rs  a bounded in-memory ring, for the kubernetes backend (per replica;
+//!            ids given by kube/events.rs, kept in order)
 //! ```
 //!
 //! Emitting never waits for storage: [`EventLog::emit`] pushes onto a
@@ -172,6 +173,10 @@ pub struct NewEvent {
     pub details: serde_json::Value,
     /// Unix milliseconds of the action (not of the write).
     pub at_ms: i64,
+    /// The id the event must get, where its producer derives one (the
+    /// kubernetes backend: from the object's resourceVersion, so every
+    /// replica names it alike); `None`: the log gives the next id.
+    pub id: Option<u64>,
 }
 
 impl NewEvent {
@@ -190,6 +195,7 @@ impl NewEvent {
             labels: labels.clone(),
             details: serde_json::Value::Object(Default::default()),
             at_ms: now_ms(),
+            id: None,
         }
     }
 
@@ -203,6 +209,7 @@ impl NewEvent {
             labels: BTreeMap::new(),
             details: serde_json::Value::Object(Default::default()),
             at_ms: now_ms(),
+            id: None,
         }
     }
 
@@ -317,6 +324,11 @@ pub trait Sink: Send + Sync + 'static {
     fn newest(&self) -> Result<u64>;
 }
 
+/// The `tenant` of an event every tenant sees: on kubernetes, an event of
+/// an operator's pool or template (no tenant label; every tenant may use
+/// them). No tenant key is empty, so it names nobody's own events.
+pub const SHARED: &str = "";
+
 /// Events queued for the writer, at most this many: past it (the store
 /// stalled for long) new ones are dropped and counted, never waited for.
 const MAX_QUEUED: usize = 65_536;
@@ -329,11 +341,43 @@ struct Queue {
     writing: bool,
 }
 
+/// One event of the live feed, with its JSON made once for every stream
+/// that sends it (each consumer used to serialize each event itself).
+#[derive(Debug)]
+pub struct Live {
+    pub event: Event,
+    json: std::sync::OnceLock<String>,
+}
+
+impl From<Event> for Live {
+    fn from(event: Event) -> Self {
+        Live {
+            event,
+            json: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for Live {
+    type Target = Event;
+    fn deref(&self) -> &Event {
+        &self.event
+    }
+}
+
+impl Live {
+    /// The event as JSON, serialized by the first stream that asks.
+    pub fn json(&self) -> &str {
+        self.json
+            .get_or_init(|| serde_json::to_string(&self.event).unwrap_or_default())
+    }
+}
+
 /// The log and its live feed. Cheap to emit into from any module.
 pub struct EventLog {
     queue: Mutex<Queue>,
     wake: Condvar,
-    live: broadcast::Sender<Arc<Event>>,
+    live: broadcast::Sender<Arc<Live>>,
     sink: Arc<dyn Sink>,
     args: EventArgs,
     streams: Mutex<HashMap<String, usize>>,
@@ -344,6 +388,10 @@ pub struct EventLog {
     counts: Mutex<HashMap<(&'static str, &'static str), u64>>,
     /// Signalled after each batch is stored (for [`EventLog::flush`]).
     flushed: Condvar,
+    /// What an event's `tenant` holds for a tenant: its name (`None`, the
+    /// local backend), or what this gives (kubernetes: the digest its
+    /// labels carry, all the watches see). Streams send the caller's name.
+    tenant_key: Option<fn(&str) -> String>,
 }
 
 /// The reasons a `reason` detail may carry, as metric label values; any
@@ -366,18 +414,41 @@ impl EventLog {
         args: &EventArgs,
         hook: Option<Arc<dyn AppendHook>>,
     ) -> Result<Arc<EventLog>> {
-        Ok(Self::start(Arc::new(SqliteLog::open(db, hook)?), args))
+        Ok(Self::start(
+            Arc::new(SqliteLog::open(db, hook)?),
+            args,
+            None,
+        ))
     }
 
-    /// A per-process ring (the kubernetes backend).
-    pub fn memory(args: &EventArgs) -> Arc<EventLog> {
+    /// A per-process ring (the kubernetes backend), whose events name
+    /// tenants by `tenant_key` (and [`SHARED`] for everyone's).
+    pub fn memory(args: &EventArgs, tenant_key: fn(&str) -> String) -> Arc<EventLog> {
         Self::start(
             Arc::new(MemoryLog::new(args.event_max_count.clamp(1, 1 << 20))),
             args,
+            Some(tenant_key),
         )
     }
 
-    fn start(sink: Arc<dyn Sink>, args: &EventArgs) -> Arc<EventLog> {
+    /// What this log's events hold in `tenant` for `tenant`.
+    pub fn tenant_key(&self, tenant: &str) -> String {
+        match self.tenant_key {
+            Some(f) => f(tenant),
+            None => tenant.to_string(),
+        }
+    }
+
+    /// Whether `e` is for the tenant whose key ([`EventLog::tenant_key`]) is `key`.
+    pub fn visible(&self, e: &Event, key: &str) -> bool {
+        e.tenant == key || (self.tenant_key.is_some() && e.tenant == SHARED)
+    }
+
+    fn start(
+        sink: Arc<dyn Sink>,
+        args: &EventArgs,
+        tenant_key: Option<fn(&str) -> String>,
+    ) -> Arc<EventLog> {
         let (live, _) = broadcast::channel(args.event_buffer.clamp(1, 1 << 20));
         let log = Arc::new(EventLog {
             queue: Mutex::new(Queue {
@@ -392,6 +463,7 @@ impl EventLog {
             dropped: AtomicU64::new(0),
             counts: Mutex::new(HashMap::new()),
             flushed: Condvar::new(),
+            tenant_key,
         });
         let writer = log.clone();
         std::thread::Builder::new()
@@ -449,11 +521,12 @@ impl EventLog {
     }
 
     /// The live feed: every event of every tenant, after it is stored.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Live>> {
         self.live.subscribe()
     }
 
-    /// `tenant`'s stored events after id `after`, up to `limit`.
+    /// `tenant`'s stored events after id `after`, up to `limit`; `tenant`
+    /// is a key ([`EventLog::tenant_key`]).
     pub fn after(&self, tenant: &str, after: u64, limit: usize) -> Result<Vec<Event>> {
         self.sink.after(tenant, after, limit)
     }
@@ -521,7 +594,7 @@ impl EventLog {
                     Ok(stored) => {
                         for e in stored {
                             // No receiver is fine: nobody streams now.
-                            let _ = self.live.send(Arc::new(e));
+                            let _ = self.live.send(Arc::new(Live::from(e)));
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "storing lifecycle events"),
@@ -694,7 +767,7 @@ mod tests {
 
     #[test]
     fn streams_are_capped_per_tenant() {
-        let log = EventLog::memory(&args());
+        let log = EventLog::memory(&args(), str::to_string);
         let a = log.open_stream("t").unwrap();
         let _b = log.open_stream("t").unwrap();
         let err = log.open_stream("t").err().unwrap();

@@ -5,6 +5,8 @@
 //! finds every sandbox again and keeps nothing of its own.
 
 pub mod egress;
+mod entrypoints;
+mod events;
 mod gauges;
 pub mod gym;
 mod images;
@@ -290,7 +292,12 @@ const CHANGED_TTL: Duration = Duration::from_secs(30);
 /// The reflector behind [`Shared::cached_claim`]: claims created by hubs.
 /// The hub's claims in `namespace`, kept by a watch (the hub's own reads,
 /// and `sandhub egress-proxy`'s policies).
-pub(crate) fn claim_cache(client: &kube::Client, namespace: &str) -> Store<SandboxClaim> {
+/// With `events`, the same watch feeds the lifecycle events (kube/events.rs).
+pub(crate) fn claim_cache(
+    client: &kube::Client,
+    namespace: &str,
+    events: Option<events::Feed>,
+) -> Store<SandboxClaim> {
     let api: Api<SandboxClaim> = Api::namespaced(client.clone(), namespace);
     let selector = format!(
         "{}={}",
@@ -302,14 +309,27 @@ pub(crate) fn claim_cache(client: &kube::Client, namespace: &str) -> Store<Sandb
         writer,
         watcher(api, watcher::Config::default().labels(&selector)),
     )
-    .default_backoff()
-    .for_each(|_| futures::future::ready(()));
-    tokio::spawn(stream);
+    .default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut events = events.map(|feed| (feed, events::ClaimTracker::default()));
+        while let Some(ev) = stream.next().await {
+            let (Some((feed, tracker)), Ok(ev)) = (&mut events, ev) else {
+                continue;
+            };
+            let derived = tracker.observe(&ev);
+            if !derived.is_empty() && feed.send(derived).await.is_err() {
+                events = None;
+            }
+        }
+    });
     reader
 }
 
 pub struct KubeTenancy {
     shared: Arc<Shared>,
+    /// This replica's lifecycle events, derived from its watches (kube/events.rs).
+    events: Arc<crate::events::EventLog>,
 }
 
 /// A client from `kubeconfig`, else in-cluster, else $KUBECONFIG or
@@ -331,12 +351,16 @@ pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Resu
 impl KubeTenancy {
     /// `operator_secrets`: the hub's `--secrets-file` (values the hub only
     /// checks exist; the proxy reads the same file for the values).
+    /// `events`: the bounds of this replica's event ring and streams.
     pub async fn connect(
         args: &KubeArgs,
         policy: Policy,
         operator_secrets: crate::secrets_file::OperatorSecrets,
+        events: &crate::events::EventArgs,
     ) -> anyhow::Result<Self> {
         let client = client(args.kubeconfig.as_deref()).await?;
+        let events = crate::events::EventLog::memory(events, tenant_label_value);
+        let feed = events::spawn(&client, &args.namespace, events.clone());
         let proxy_tokens = match &args.sandboxd_token_key_file {
             Some(path) => Some(
                 sandhub_api::sandboxd_token::SandboxdTokens::from_file(path)
@@ -382,33 +406,34 @@ impl KubeTenancy {
             args.mcp_sessions_per_tenant as usize,
         ));
         spawn_mcp_session_sweeper(mcp_sessions.clone());
-        Ok(KubeTenancy {
-            shared: Arc::new(Shared {
-                mcp_sessions,
-                namespace: args.namespace.clone(),
-                reach,
-                ready_timeout: args.ready_timeout,
-                clients: Mutex::default(),
-                claim_cache: claim_cache(&client, &args.namespace),
-                changed: Mutex::default(),
-                policy,
-                pool_writes: tokio::sync::Mutex::default(),
-                prepull_images: prepull::Images {
-                    sandboxd: args.sandboxd_image.clone(),
-                    pause: args.prepull_pause_image.clone(),
-                },
-                base_template: args.base_template.clone(),
-                image_pull_policy: args.image_pull_policy,
-                prepull_slots: tokio::sync::Semaphore::new(args.max_prepull_daemonsets.max(1)),
-                prepulls: Mutex::default(),
-                egress_proxy: args.egress_proxy.clone(),
-                proxy_tokens,
-                operator_secrets: Arc::new(operator_secrets),
-                egress_service: args.egress_proxy_service.clone(),
+        let shared = Arc::new(Shared {
+            mcp_sessions,
+            namespace: args.namespace.clone(),
+            reach,
+            ready_timeout: args.ready_timeout,
+            clients: Mutex::default(),
+            claim_cache: claim_cache(&client, &args.namespace, Some(feed)),
+            changed: Mutex::default(),
+            policy,
+            pool_writes: tokio::sync::Mutex::default(),
+            prepull_images: prepull::Images {
+                sandboxd: args.sandboxd_image.clone(),
+                pause: args.prepull_pause_image.clone(),
+            },
+            base_template: args.base_template.clone(),
+            image_pull_policy: args.image_pull_policy,
+            prepull_slots: tokio::sync::Semaphore::new(args.max_prepull_daemonsets.max(1)),
+            prepulls: Mutex::default(),
+            egress_proxy: args.egress_proxy.clone(),
+            proxy_tokens,
+            operator_secrets: Arc::new(operator_secrets),
+            egress_service: args.egress_proxy_service.clone(),
 
-                client,
-            }),
-        })
+            client,
+        });
+        // `entrypoint_exited`: exits recorded on claims (kube/entrypoints.rs).
+        entrypoints::spawn(shared.clone());
+        Ok(KubeTenancy { shared, events })
     }
 }
 
@@ -492,6 +517,11 @@ impl Backend for KubeTenancy {
 }
 
 impl KubeTenancy {
+    /// This replica's lifecycle events, for `GET /v1/events`.
+    pub fn events(&self) -> Arc<crate::events::EventLog> {
+        self.events.clone()
+    }
+
     /// Where this backend keeps Gym environments: ConfigMaps every replica reads.
     pub fn env_store(&self) -> gym::KubeEnvStore {
         gym::KubeEnvStore::new(self.shared.client.clone(), &self.shared.namespace)

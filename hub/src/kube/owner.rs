@@ -51,7 +51,17 @@ pub fn object_name(tenant: &str, name: &str) -> String {
 /// The hub name of the pool (or template) a claim of `tenant`'s names (its own objects'
 /// cluster names carry the tenant suffix; operator pools' do not).
 pub fn pool_hub_name(tenant: &str, object: &str) -> String {
-    let suffix = format!("-{}", &tenant_label_value(tenant)[..SUFFIX_HEX]);
+    pool_hub_name_by_key(&tenant_label_value(tenant), object)
+}
+
+/// [`pool_hub_name`] for the tenant whose label value is `key` (the
+/// lifecycle events see only that); an empty key (an operator's) keeps
+/// the cluster name.
+pub fn pool_hub_name_by_key(key: &str, object: &str) -> String {
+    let Some(hex) = key.get(..SUFFIX_HEX) else {
+        return object.to_string();
+    };
+    let suffix = format!("-{hex}");
     object
         .strip_suffix(&suffix)
         .filter(|n| !n.is_empty())

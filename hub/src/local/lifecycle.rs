@@ -183,6 +183,7 @@ impl Hub {
     /// process ends.
     pub fn spawn_background(self: &Arc<Self>, reap_every: Duration) {
         self.webhooks.spawn_deliverer();
+        self.spawn_entrypoint_watch();
         let hub = self.clone();
         tokio::spawn(async move {
             loop {

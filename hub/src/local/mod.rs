@@ -11,6 +11,8 @@
 //! hub.rs             Hub: the model (admission, cold start, templates, clients)
 //! tenant.rs          TenantHub: one tenant's Sandboxes; Backend for Arc<Hub>
 //! lifecycle.rs       locks, recovery after a restart, the reaper
+//! entrypoints.rs     `entrypoint_exited`: Ready sandboxes' entrypoint records, asked
+//!                    every 2 s, each exit told once
 //! pools.rs           warm pools: the refiller
 //! gauges.rs          the pool and tenant gauges of /metrics (Hub::gauges)
 //! ports.rs           a sandbox's TCP ports, reached inside its network namespace
@@ -34,6 +36,7 @@
 
 pub mod disk;
 pub mod egress;
+mod entrypoints;
 mod gauges;
 mod hub;
 pub mod image;

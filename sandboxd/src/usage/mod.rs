@@ -309,7 +309,10 @@ mod tests {
                 ("memory.usage_in_bytes", "3145728\n"),
                 ("memory.max_usage_in_bytes", "8388608\n"),
                 ("memory.limit_in_bytes", "134217728\n"),
-                ("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"),
+                (
+                    "memory.oom_control",
+                    "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+                ),
             ],
         );
         write_all(
@@ -320,7 +323,10 @@ mod tests {
                 ("cpu.cfs_period_us", "100000\n"),
             ],
         );
-        write_all(&d.join("pids"), &[("pids.current", "7\n"), ("pids.max", "max\n")]);
+        write_all(
+            &d.join("pids"),
+            &[("pids.current", "7\n"), ("pids.max", "max\n")],
+        );
         let state = sampled(d);
         let s = state.lock().unwrap();
         assert_eq!(s.limits.memory_bytes, Some(128 << 20));

@@ -608,10 +608,7 @@ impl Call<'_> {
             .map_err(|e| Error::new(Code::InvalidArgument, format!("bad StartRequest: {e}")))?;
         let spec = start_process(&req.process, pty_size(req.pty.as_ref()))?;
         let tag = req.tag.as_deref().unwrap_or("");
-        let mut events = self
-            .api
-            .start_kept(self.id, spec, KEPT_LABEL, tag)
-            .await?;
+        let mut events = self.api.start_kept(self.id, spec, KEPT_LABEL, tag).await?;
         let pid = match events.next().await {
             Some(Ok(ProcessEvent::Started { pid })) => pid,
             Some(Err(e)) => return Err(e),
@@ -692,7 +689,10 @@ impl Call<'_> {
     /// Tracks kept process `pid` of this sandbox with a pump of its own
     /// (its replayed tail, then its live output); `None` where the backend
     /// keeps no processes, or none under that pid still runs.
-    async fn adopt(&self, pid: i32) -> Result<Option<(Arc<Watchers>, Option<(Pump, ProcessEvents)>)>> {
+    async fn adopt(
+        &self,
+        pid: i32,
+    ) -> Result<Option<(Arc<Watchers>, Option<(Pump, ProcessEvents)>)>> {
         let Some(kept) = self.api.list_kept(self.id, KEPT_LABEL).await? else {
             return Ok(None);
         };

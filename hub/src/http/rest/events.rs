@@ -23,7 +23,7 @@ use tokio::sync::broadcast::error::RecvError;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::{
-    events::{Event, EventLog, EventType, Filter},
+    events::{Event, EventLog, EventType, Filter, Live},
     http::{ApiError, ApiQuery, ApiResult, AppState, Tenant},
 };
 
@@ -107,10 +107,29 @@ fn resume_from(headers: &HeaderMap, q: &EventQuery) -> ApiResult<Option<u64>> {
         .map_err(|_| invalid(format!("{what}: `{raw}` is not an event id")))
 }
 
-fn sse(e: &Event) -> SseEvent {
+/// `e` as sent to `tenant`: it names the caller, whatever key the log
+/// files it under (kubernetes: a digest; an operator's pool: none).
+/// A live event: its shared JSON when the stream's caller is the tenant it
+/// is filed under (always on the local backend).
+fn sse_live(e: &Live, tenant: &str) -> SseEvent {
+    if e.tenant != tenant {
+        return sse(e, tenant);
+    }
+    SseEvent::default().id(e.id.to_string()).data(e.json())
+}
+
+fn sse(e: &Event, tenant: &str) -> SseEvent {
+    let data = if e.tenant == tenant {
+        serde_json::to_string(e)
+    } else {
+        serde_json::to_string(&Event {
+            tenant: tenant.to_string(),
+            ..e.clone()
+        })
+    };
     SseEvent::default()
         .id(e.id.to_string())
-        .data(serde_json::to_string(e).unwrap_or_default())
+        .data(data.unwrap_or_default())
 }
 
 fn final_error(code: Code, message: String) -> SseEvent {
@@ -165,12 +184,13 @@ fn follow(
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     async_stream::stream! {
         let _slot = slot;
+        let key = log.tenant_key(&tenant);
         let mut last = start;
         let mut live = None;
         // Catch up from the log; once subscribed, one more pass covers what
         // was stored between the last page and the subscription.
         loop {
-            let page = match log.after(&tenant, last, PAGE) {
+            let page = match log.after(&key, last, PAGE) {
                 Ok(p) => p,
                 Err(e) => {
                     yield Ok(final_error(e.code, e.message));
@@ -181,7 +201,7 @@ fn follow(
             for e in page {
                 last = e.id;
                 if filter.matches(&e) {
-                    yield Ok(sse(&e));
+                    yield Ok(sse(&e, &tenant));
                 }
             }
             if full {
@@ -196,12 +216,12 @@ fn follow(
         loop {
             match live.recv().await {
                 Ok(e) => {
-                    if e.tenant != tenant || e.id <= last {
+                    if !log.visible(&e, &key) || e.id <= last {
                         continue;
                     }
                     last = e.id;
                     if filter.matches(&e) {
-                        yield Ok(sse(&e));
+                        yield Ok(sse_live(&e, &tenant));
                     }
                 }
                 Err(RecvError::Lagged(_)) => {

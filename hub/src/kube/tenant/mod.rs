@@ -36,8 +36,8 @@ use sandhub_api::{
     validate,
 };
 use sandhub_client::{
-    sandboxd::{kept_process_events, SandboxdClient}, ByteStream, Error, KeptProcess, ProcessEvents,
-    PtySize, Result, Sandboxes, Signal,
+    sandboxd::{kept_process_events, SandboxdClient},
+    ByteStream, Error, KeptProcess, ProcessEvents, PtySize, Result, Sandboxes, Signal,
     StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
 

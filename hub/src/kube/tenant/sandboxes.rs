@@ -227,12 +227,7 @@ impl Sandboxes for KubeTenant {
         Ok(Some(client.list_kept(label).await?))
     }
 
-    async fn attach_kept(
-        &self,
-        id: &str,
-        pid: i32,
-        label: &str,
-    ) -> Result<Option<ProcessEvents>> {
+    async fn attach_kept(&self, id: &str, pid: i32, label: &str) -> Result<Option<ProcessEvents>> {
         let client = self.client(id, "connect to a process").await?;
         Ok(Some(kept_process_events(
             client.attach_kept(pid, label).await?,
