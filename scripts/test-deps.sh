@@ -75,6 +75,19 @@ else
     log "Debian packages present: ${apt_packages[*]}"
 fi
 
+# ---------------------------------------------------------------- Node (the web console)
+# tests/python/test_console_bundle.py rebuilds console/dist/ from its source with
+# the pinned lockfile (npm ci, cached by lockfile hash under $SANDHUB_CACHE). Vite
+# needs Node 20.19 or newer; Debian 12's nodejs is older, so a machine without
+# node gets Debian's as a last resort and that test names the version it needs.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    log "node/npm not found: installing Debian's nodejs and npm"
+    node_sudo=()
+    [[ $(id -u) -eq 0 ]] || node_sudo=(sudo)
+    "${node_sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${node_sudo[@]}" apt-get install -y -qq --no-install-recommends nodejs npm >&2
+fi
+
 # ---------------------------------------------------------------- Rust toolchain
 if ! command -v cargo >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
     export PATH="$HOME/.cargo/bin:$PATH"

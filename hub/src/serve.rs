@@ -51,6 +51,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHUB_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
 
+    /// Tenants (comma-separated) whose keys also see every tenant's usage
+    /// against its quotas: `GET /v1/admin/tenants`, the console's Operators view.
+    #[arg(long, env = "SANDHUB_ADMIN_TENANTS", value_delimiter = ',')]
+    pub admin_tenants: Vec<String>,
+
     #[command(flatten)]
     pub local: LocalArgs,
 
@@ -297,6 +302,11 @@ async fn serve(
             draining: draining.clone(),
             events,
             webhooks,
+            admin_tenants: args
+                .admin_tenants
+                .iter()
+                .map(|t| t.trim().to_string())
+                .collect(),
         },
         keys,
         e2b.clone(),

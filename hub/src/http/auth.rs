@@ -14,7 +14,13 @@ use sandhub_api::error::Code;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::error::ApiError;
+use super::{
+    console::{
+        tickets::{pty_sandbox, ticket_in},
+        PtyTickets,
+    },
+    error::ApiError,
+};
 
 /// The tenant every request belongs to when no keys file is configured.
 pub const OPEN_TENANT: &str = "default";
@@ -87,9 +93,29 @@ impl ApiKeys {
     }
 }
 
-/// Paths anyone may call: probes, metrics and the API description.
+/// Paths anyone may call: probes, metrics, the API description, and the
+/// console's own files (which hold no data: what they show, they ask the
+/// API for, with the key).
 fn is_open(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics" | "/openapi.json")
+        || super::console::is_console_path(path)
+}
+
+/// What [`authenticate`] checks a request against.
+#[derive(Clone)]
+pub struct Auth {
+    /// `None`: the hub has no keys file, every request is [`OPEN_TENANT`]'s.
+    pub keys: Option<Arc<ApiKeys>>,
+    /// The terminal's WebSocket tickets (the console's, see `console::tickets`).
+    pub tickets: Arc<PtyTickets>,
+}
+
+/// The tenant of a terminal upgrade that carries a ticket instead of a
+/// key: a browser cannot put a header on a WebSocket.
+fn ticket_tenant(request: &Request, tickets: &PtyTickets) -> Option<String> {
+    let sandbox = pty_sandbox(request.uri().path())?;
+    let ticket = ticket_in(request.uri().query())?;
+    tickets.redeem(&ticket, sandbox)
 }
 
 /// The API key a request carries: `Authorization: Bearer <key>`, or
@@ -102,14 +128,17 @@ pub fn presented_key(headers: &axum::http::HeaderMap) -> Option<&[u8]> {
 }
 
 pub async fn authenticate(
-    State(keys): State<Option<Arc<ApiKeys>>>,
+    State(Auth { keys, tickets }): State<Auth>,
     mut request: Request,
     next: Next,
 ) -> Response {
     let tenant = match &keys {
         None => OPEN_TENANT.to_string(),
         Some(_) if is_open(request.uri().path()) => OPEN_TENANT.to_string(),
-        Some(keys) => match presented_key(request.headers()).and_then(|k| keys.tenant_of(k)) {
+        Some(keys) => match presented_key(request.headers())
+            .and_then(|k| keys.tenant_of(k))
+            .or_else(|| ticket_tenant(&request, &tickets))
+        {
             Some(t) => t,
             None => {
                 return ApiError::new(

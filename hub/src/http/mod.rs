@@ -13,7 +13,7 @@
 //! json.rs      ApiJson: the one JSON body extractor (objects only, content types)
 //! openapi.rs   the OpenAPI document's frame (title, tags, shared answers)
 //! rest/        the REST API (/v1/...): sandboxes, processes, files, ports, templates,
-//!              pools, images, prepull, health (probes, /metrics)
+//!              pools, images, prepull, health (probes, /metrics), admin (operators)
 //! gym/         Gym-style environments (/gym/v1/...): envs, step matching, the registry
 //!              (kept across restarts through backend::EnvStore)
 //! mcp.rs       the sandhub-mcp tool set, mounted at /mcp
@@ -25,6 +25,7 @@
 //!   answer.rs    what a sandbox's answer may carry back (CSP sandbox, cookies)
 //!   limits.rs    in-flight caps per sandbox, tenant and hub; head and idle timeouts
 //! browser.rs   refusing what only a sandbox's page could send (Origin, port cookies)
+//! console/     the web console at `/` (embedded files, CSP) and the terminal's tickets
 //! signing.rs   tokens the hub signs for itself (envd access, browser links)
 //! trace.rs     the server span of every request (traceparent in), when traces export
 //! ```
@@ -35,6 +36,7 @@
 
 mod auth;
 mod browser;
+mod console;
 pub mod e2b;
 mod error;
 pub mod gym;
@@ -89,6 +91,9 @@ pub struct AppState {
     pub events: Option<Arc<crate::events::EventLog>>,
     /// The tenants' webhooks (`/v1/webhooks`), where the backend has them.
     pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+    /// `--admin-tenants`: whose keys also see every tenant's usage
+    /// against its quotas (`GET /v1/admin/tenants`).
+    pub admin_tenants: Arc<[String]>,
 }
 
 /// Marks a request that came to a sandbox's own host (`{port}-{id}.D`):
@@ -117,6 +122,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (router, mut openapi) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(rest::routes())
         .merge(gym::routes())
+        .merge(console::api_routes())
         .split_for_parts();
     openapi::complete_responses(&mut openapi);
     (router, openapi)
@@ -146,7 +152,13 @@ pub fn app(
         ..state
     };
     let (mcp, mcp_stop) = mcp::http_service(state.hub.clone(), keys.is_some());
+    let auth = auth::Auth {
+        keys: keys.clone(),
+        tickets: Arc::new(console::PtyTickets::default()),
+    };
     let app = router
+        .merge(console::file_routes())
+        .layer(axum::Extension(auth.tickets.clone()))
         .nest_service("/mcp", mcp)
         .route(
             "/openapi.json",
@@ -160,10 +172,7 @@ pub fn app(
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
-        .layer(middleware::from_fn_with_state(
-            keys.clone(),
-            auth::authenticate,
-        ));
+        .layer(middleware::from_fn_with_state(auth, auth::authenticate));
     // envd traffic names its sandbox in a header and carries that
     // sandbox's token, not an API key: it turns off before auth.
     let app = match e2b {

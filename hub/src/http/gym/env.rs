@@ -14,6 +14,7 @@ use sandhub_api::{
 use sandhub_client::{write_bytes, Error, Result, WriteOptions};
 
 use super::matcher::{compile, Compiled, StepOutput};
+use super::returns::Returns;
 use crate::backend::{Episode, GymEnvRow, TenantView};
 
 pub struct Env {
@@ -31,6 +32,8 @@ pub struct Env {
     /// env is stored and swept (the local backend); the kubernetes backend
     /// has no idle timeouts and refuses one.
     pub sandbox_idle_timeout: bool,
+    /// The rewards this process saw (memory only), for watching a run.
+    pub returns: Returns,
 }
 
 /// Cuts to at most `max` bytes on a character boundary.
@@ -83,6 +86,7 @@ impl Env {
             state: Episode::default(),
             closed: false,
             sandbox_idle_timeout: true,
+            returns: Returns::default(),
         })
     }
 
@@ -117,6 +121,19 @@ impl Env {
             idle_timeout_seconds: self.idle_timeout_seconds(),
             created_at: now,
             last_used: now,
+        }
+    }
+
+    /// What `GET /gym/v1/envs` shows of it.
+    pub fn summary(&self) -> super::EnvSummary {
+        super::EnvSummary {
+            env_id: self.id.clone(),
+            episode: self.state.episode,
+            step: self.state.step,
+            done: self.state.done,
+            sandbox_id: self.state.sandbox.clone(),
+            episode_return: self.returns.current,
+            episodes: self.returns.finished.iter().cloned().collect(),
         }
     }
 
@@ -201,6 +218,7 @@ impl Env {
         self.state.seed = seed;
         let started = Instant::now();
         let id = self.episode_sandbox(api).await?;
+        self.returns.close(self.state.episode, self.state.step);
         self.state.step = 0;
         self.state.episode += 1;
         self.state.done = false;
@@ -338,9 +356,12 @@ impl Env {
         info.stderr = cap(result.stderr, self.observation_max());
         info.elapsed_ms = started.elapsed().as_millis() as u64;
         info.reward_terms = terms.clone();
+        let reward = terms.iter().sum();
+        self.returns
+            .step(self.state.episode, self.state.step, reward, ending);
         Ok(StepResult {
             observation,
-            reward: terms.iter().sum(),
+            reward,
             terminated,
             truncated,
             info,

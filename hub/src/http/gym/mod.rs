@@ -6,6 +6,7 @@
 mod env;
 mod matcher;
 mod registry;
+mod returns;
 
 use axum::{extract::Path, extract::State, http::StatusCode};
 use sandhub_api::{
@@ -26,7 +27,7 @@ const MAX_BATCH: usize = 1024;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(create_env))
+        .routes(routes!(create_env, list_envs))
         .routes(routes!(delete_env))
         .routes(routes!(reset_env))
         .routes(routes!(step_env))
@@ -46,6 +47,39 @@ async fn create_env(
 ) -> ApiResult<(StatusCode, ApiJson<EnvCreated>)> {
     let created = state.gym.create(api.as_ref(), spec).await?;
     Ok((StatusCode::CREATED, ApiJson(created)))
+}
+
+/// One environment as `GET /gym/v1/envs` shows it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct EnvSummary {
+    env_id: String,
+    /// Episodes started (resets).
+    episode: u32,
+    /// Steps taken in the current episode.
+    step: u32,
+    /// The current episode ended: the next step needs a reset.
+    done: bool,
+    sandbox_id: Option<String>,
+    /// The current episode's return so far.
+    episode_return: f64,
+    /// The last finished episodes' returns, oldest first (memory only:
+    /// what this hub process saw).
+    episodes: Vec<returns::EpisodeReturn>,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+struct EnvList {
+    envs: Vec<EnvSummary>,
+}
+
+/// The caller's live environments, with their episodes' returns, for
+/// watching a run.
+#[utoipa::path(get, path = "/gym/v1/envs", tag = "gym",
+    responses((status = 200, body = EnvList)))]
+async fn list_envs(State(state): State<AppState>, Api(api): Api) -> ApiResult<ApiJson<EnvList>> {
+    Ok(ApiJson(EnvList {
+        envs: state.gym.list(api.tenant()).await,
+    }))
 }
 
 /// Close an environment and delete its sandbox.

@@ -108,6 +108,28 @@ impl Gym {
         Ok(slot)
     }
 
+    /// The tenant's open environments held by this process, by id. Each
+    /// is read under its lock, so a step in progress is waited for.
+    pub async fn list(&self, tenant: &str) -> Vec<super::EnvSummary> {
+        let slots: Vec<Arc<Slot>> = self
+            .envs
+            .lock()
+            .await
+            .values()
+            .filter(|s| s.tenant == tenant)
+            .cloned()
+            .collect();
+        let mut out = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let env = slot.env.lock().await;
+            if !env.closed {
+                out.push(env.summary());
+            }
+        }
+        out.sort_by(|a, b| a.env_id.cmp(&b.env_id));
+        out
+    }
+
     /// The caller's open environment, locked for one call.
     pub async fn lock(&self, tenant: &str, id: &str) -> Result<OwnedMutexGuard<Env>> {
         let slot = self.slot(tenant, id).await?;

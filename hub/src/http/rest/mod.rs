@@ -1,6 +1,8 @@
 //! The hub's REST API (`/v1/...`), described by `GET /openapi.json`, and
-//! the service's own probes and metrics (`health`).
+//! the service's own probes and metrics (`health`), and the operators'
+//! view of every tenant (`admin`, `--admin-tenants`).
 
+mod admin;
 mod events;
 mod files;
 pub mod health;
@@ -33,4 +35,5 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(images::routes())
         .merge(prepull::routes())
         .merge(health::routes())
+        .merge(admin::routes())
 }
