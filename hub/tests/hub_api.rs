@@ -619,10 +619,7 @@ async fn a_retried_create_with_an_idempotency_key_gets_the_same_sandbox() {
     let alice = hub.client(Some(ALICE_KEY));
     let bob = hub.client(Some(BOB_KEY));
     let keyed = |key: &str| CreateSandbox {
-        labels: BTreeMap::from([(
-            "sandhub.io/idempotency-key".to_string(),
-            key.to_string(),
-        )]),
+        labels: BTreeMap::from([("sandhub.io/idempotency-key".to_string(), key.to_string())]),
         ..Default::default()
     };
     let first = create(&alice, keyed("cycle-1")).await;

@@ -234,7 +234,11 @@ mod tests {
         let mut buf = [0u8; READ_BUF];
         assert_eq!(stats.held(), 0);
         assert_eq!(stats.read(&mut buf).unwrap().memory_bytes, 4096);
-        assert!(stats.held() > 0 && stats.held() <= MAX_HELD, "{}", stats.held());
+        assert!(
+            stats.held() > 0 && stats.held() <= MAX_HELD,
+            "{}",
+            stats.held()
+        );
         let held = stats.held();
         // A shorter value than before: the read must not keep old bytes.
         std::fs::write(tmp.path().join("sb-1/memory.current"), "77\n").unwrap();
