@@ -431,6 +431,7 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
     fn fake(dir: &std::path::Path, id: &str, cpu: u64, oom: u64) {
         let d = dir.join(id);
@@ -485,14 +486,24 @@ mod tests {
             alerts.try_recv().is_err(),
             "kills it had when first seen raise nothing"
         );
-        // The kernel counts a new kill: one alert.
+        // The kernel counts a new kill: one alert. The sampler keeps the file
+        // open and re-reads it, as it does kernfs files, so the new value is
+        // written in place (same length, one write), not renamed over it.
         let events = tmp.path().join("sb-1/memory.events");
-        std::fs::write(events.with_extension("new"), "oom 1\noom_kill 3\n").unwrap();
-        std::fs::rename(events.with_extension("new"), &events).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&events)
+            .unwrap()
+            .write_all_at(b"oom 1\noom_kill 3\n", 0)
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
         let alert = loop {
             match alerts.try_recv() {
                 Ok(a) => break a,
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                Err(_) => {
+                    assert!(Instant::now() < until, "no alert for the new kill");
+                    std::thread::sleep(Duration::from_millis(5))
+                }
             }
         };
         assert_eq!(
