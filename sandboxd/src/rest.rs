@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::{
-    extract::{Request, State},
+    extract::{rejection::QueryRejection, Query, Request, State},
     http::{header, HeaderValue, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
@@ -213,8 +213,21 @@ async fn entrypoint(
 
 /// sandboxd's container's usage ring; `null` where it sees no cgroup v2 of
 /// its own. The first call starts the sampling.
-async fn usage(State(daemon): State<Arc<Daemon>>) -> Json<Option<crate::usage::UsageReport>> {
-    Json(daemon.usage.report())
+/// `?since=<Unix seconds>` keeps only the points ending at or after it: the
+/// hub's OOM watch asks with `since` in the future and reads only the
+/// counters, a few dozen bytes.
+#[derive(serde::Deserialize)]
+struct UsageQuery {
+    #[serde(default)]
+    since: u64,
+}
+
+async fn usage(
+    State(daemon): State<Arc<Daemon>>,
+    query: Result<Query<UsageQuery>, QueryRejection>,
+) -> Result<Json<Option<crate::usage::UsageReport>>, Error> {
+    let Query(q) = query.map_err(|e| Error::InvalidArgument(format!("usage query: {e}")))?;
+    Ok(Json(daemon.usage.report(q.since)))
 }
 
 async fn metrics(State(daemon): State<Arc<Daemon>>) -> Response {

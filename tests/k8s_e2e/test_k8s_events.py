@@ -225,3 +225,43 @@ def test_an_entrypoints_exit_is_told_once_by_every_replica(cluster: Cluster, rep
         on_b.close()
         requests.delete(f"{url_a}/v1/pools/{name}", headers=alice, timeout=60)
         requests.delete(f"{url_a}/v1/templates/{name}", headers=alice, timeout=60)
+
+
+def test_an_oom_kill_in_a_pod_is_told_once_by_every_replica(cluster: Cluster, replicas) -> None:
+    """The kernel's OOM kill of a process in a 64 MiB sandbox, counted by its sandboxd and
+    recorded on the claim by the first replica to ask, is one `oom_killed` with the same id on
+    every replica; asked again and again, it is not told twice."""
+    _, (url_a, url_b), auth = replicas
+    alice = auth["alice"]
+    name = f"oom-{secrets.token_hex(3)}"
+    r = requests.put(f"{url_a}/v1/templates/{name}", json={"memory_mb": 64}, headers=alice, timeout=60)
+    assert r.status_code == 200, r.text
+    r = requests.put(f"{url_a}/v1/pools/{name}", json={"template": name, "replicas": 0}, headers=alice, timeout=60)
+    assert r.status_code == 200, r.text
+    on_a = Stream(url_a, alice, {"type": "oom_killed"})
+    on_b = Stream(url_b, alice, {"type": "oom_killed"})
+    try:
+        r = requests.post(f"{url_b}/v1/sandboxes", json={"pool": name}, headers=alice, timeout=200)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        # `tail` keeps every byte of a file with no newline: it grows until the kernel kills it.
+        r = requests.post(f"{url_a}/v1/sandboxes/{sid}/exec",
+                          json={"command": "/bin/busybox tail /dev/zero", "timeout_seconds": 60},
+                          headers=alice, timeout=120)
+        assert r.status_code == 200 and r.json()["exit_code"] != 0, r.text
+        ea = on_a.until(of(sid), "oom_killed on A", timeout=60)[-1]
+        eb = on_b.until(of(sid), "oom_killed on B", timeout=30)[-1]
+        assert (ea["id"], ea["details"]) == (eb["id"], eb["details"]), (ea, eb)
+        assert ea["details"]["oom_kills"] >= 1 and ea["details"]["new_kills"] >= 1, ea
+        assert ea["tenant"] == "alice"
+        # The sandbox lives on (only the greedy process died), and both replicas keep asking
+        # every 5 s: nothing more.
+        r = requests.post(f"{url_b}/v1/sandboxes/{sid}/exec", json={"command": "true"}, headers=alice, timeout=60)
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+        assert on_a.quiet(12) == [] and on_b.quiet(1) == []
+        assert requests.delete(f"{url_a}/v1/sandboxes/{sid}", headers=alice, timeout=120).status_code == 204
+    finally:
+        on_a.close()
+        on_b.close()
+        requests.delete(f"{url_a}/v1/pools/{name}", headers=alice, timeout=60)
+        requests.delete(f"{url_a}/v1/templates/{name}", headers=alice, timeout=60)

@@ -130,7 +130,7 @@ async fn pass(shared: &Shared, without: &mut HashSet<String>) {
 }
 
 /// A client for the Pod of Ready `claim` (the one the tenant's calls use).
-fn client(
+pub(super) fn client(
     shared: &Shared,
     claim: &SandboxClaim,
 ) -> Option<sandhub_client::sandboxd::SandboxdClient> {

@@ -7,8 +7,10 @@
 //!   was adopted from its pool) or `pool_starved` (the pool had none, it
 //!   started cold), then `ready`; `suspended`, then `resumed` at the next
 //!   Ready; `entrypoint_exited` when a replica recorded its entrypoint's
-//!   exit on it (kube/entrypoints.rs); `finished` when its Pod ended by itself; `deleted` when it is
-//!   gone, with `reason` `deadline` (its `shutdownTime` passed: the
+//!   exit on it (kube/entrypoints.rs); `oom_killed` when a replica recorded
+//!   more OOM kills of its Pod on it (kube/oom.rs); `finished` when its Pod
+//!   ended by itself; `deleted` when it is gone, with `reason` `deadline`
+//!   (its `shutdownTime` passed: the
 //!   controller deleted it), `start_failed` (it never came up and carries
 //!   a terminal reason, `last_error`) or `by_caller` (the hub's delete, or
 //!   anyone's).
@@ -140,6 +142,8 @@ struct ClaimSeen {
     pool: String,
     /// The entrypoint exit the claim records (kube/entrypoints.rs).
     exit: Option<super::entrypoints::Exit>,
+    /// The OOM kills the claim records (kube/oom.rs).
+    oom: Option<super::oom::OomRecord>,
 }
 
 /// Claims' transitions, fed every event of the claim watch.
@@ -285,6 +289,17 @@ impl ClaimTracker {
             e.details = exit.details.clone();
             out.push(e);
         }
+        if let Some((oom_kills, new_kills)) = s
+            .oom
+            .as_ref()
+            .and_then(|now| super::oom::news(before.oom.as_ref(), now))
+        {
+            out.push(
+                event(EventType::OomKilled)
+                    .detail("oom_kills", oom_kills)
+                    .detail("new_kills", new_kills),
+            );
+        }
         if s.finished && !before.finished {
             let mut e = event(EventType::Finished).detail("reason", "died");
             if let Some(t) = &s.terminal {
@@ -318,6 +333,7 @@ fn note(s: &mut ClaimSeen, c: &SandboxClaim) {
         .and_then(|l| l.shutdown_time.as_ref())
         .map(|t| SystemTime::from(t.0));
     s.exit = super::entrypoints::exit_of(c);
+    s.oom = super::oom::record_of(c);
     if let Some((reason, message)) = model::terminal_reason(c) {
         s.terminal = Some(if message.is_empty() {
             reason
@@ -724,6 +740,49 @@ mod tests {
             kinds(&t.observe(&watcher::Event::Apply(ready(74, Some(&next))))),
             ["entrypoint_exited"]
         );
+    }
+
+    #[test]
+    fn oom_kills_recorded_on_the_claim_are_told_once_per_kill() {
+        use super::super::oom::{OomRecord, ANNOTATION};
+        let mut t = primed();
+        let ready = |rv, record: Option<OomRecord>| {
+            let mut c = with(
+                claim("sb-9", rv),
+                ("True", "DependenciesReady"),
+                Some("sb-9"),
+            );
+            if let Some(r) = record {
+                c.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ANNOTATION.into(), serde_json::to_string(&r).unwrap());
+            }
+            c
+        };
+        let rec = |pod: &str, kills| {
+            Some(OomRecord {
+                pod: pod.into(),
+                kills,
+            })
+        };
+        t.observe(&watcher::Event::Apply(claim("sb-9", 80)));
+        t.observe(&watcher::Event::Apply(ready(81, None)));
+        let got = t.observe(&watcher::Event::Apply(ready(82, rec("sb-9/10.0.0.2", 1))));
+        assert_eq!(kinds(&got), ["oom_killed"]);
+        assert_eq!(got[0].details["oom_kills"], 1);
+        assert_eq!(got[0].details["new_kills"], 1);
+        assert_eq!(got[0].id, event_id(Some("82"), EventType::OomKilled));
+        // Written again by another replica: nothing.
+        assert!(t
+            .observe(&watcher::Event::Apply(ready(83, rec("sb-9/10.0.0.2", 1))))
+            .is_empty());
+        let got = t.observe(&watcher::Event::Apply(ready(84, rec("sb-9/10.0.0.2", 4))));
+        assert_eq!(got[0].details["new_kills"], 3);
+        // A new Pod (resumed) counts from 0: its first kill is news.
+        let got = t.observe(&watcher::Event::Apply(ready(85, rec("sb-9/10.0.0.3", 1))));
+        assert_eq!(kinds(&got), ["oom_killed"]);
+        assert_eq!(got[0].details["new_kills"], 1);
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod images;
 pub mod mcp_sessions;
 mod meters;
 mod model;
+mod oom;
 mod owner;
 mod ports;
 mod prepull;
@@ -433,6 +434,8 @@ impl KubeTenancy {
         });
         // `entrypoint_exited`: exits recorded on claims (kube/entrypoints.rs).
         entrypoints::spawn(shared.clone());
+        // `oom_killed`: kill counts recorded on claims (kube/oom.rs).
+        oom::spawn(shared.clone());
         Ok(KubeTenancy { shared, events })
     }
 }

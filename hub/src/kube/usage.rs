@@ -37,6 +37,21 @@ pub async fn ask(client: &SandboxdClient) -> Option<UsageReport> {
         .flatten()
 }
 
+/// sandboxd's counters alone (no points: `since` is past any), or None
+/// as [`ask`]. The OOM watch asks this of every Ready sandbox each 5 s
+/// (kube/oom.rs), so it must stay small.
+pub async fn ask_counters(client: &SandboxdClient) -> Option<UsageReport> {
+    const NO_POINTS: u64 = u64::MAX;
+    client
+        .get_json_bounded::<Option<UsageReport>>(
+            &format!("{USAGE_ROUTE}?since={NO_POINTS}"),
+            4096,
+            ASK_TIMEOUT,
+        )
+        .await
+        .flatten()
+}
+
 /// The report's points, clamped, oldest first.
 pub fn points(report: &UsageReport, limits: &UsageLimits, now_s: u64) -> Vec<Point> {
     let cores = limits

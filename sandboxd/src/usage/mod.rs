@@ -48,9 +48,10 @@ pub struct UsageReport {
 }
 
 impl UsageReport {
-    /// The ring's points in the report's compact form.
-    pub fn points_of(ring: &Ring) -> Vec<[u64; 5]> {
-        ring.series(0, 1)
+    /// The ring's points ending at or after `since` (Unix seconds) in the
+    /// report's compact form.
+    pub fn points_of(ring: &Ring, since: u64) -> Vec<[u64; 5]> {
+        ring.series(since, 1)
             .into_iter()
             .map(|p| {
                 [
@@ -96,9 +97,10 @@ impl OwnUsage {
             .as_ref()
     }
 
-    /// The report so far; starts sampling on the first call. None when
-    /// sandboxd sees no cgroup of its own.
-    pub fn report(&self) -> Option<UsageReport> {
+    /// The report so far, its points those ending at or after `since`
+    /// (Unix seconds; 0: all of them); starts sampling on the first call.
+    /// None when sandboxd sees no cgroup of its own.
+    pub fn report(&self, since: u64) -> Option<UsageReport> {
         let state = self.state()?;
         let s = state.lock().unwrap_or_else(|p| p.into_inner());
         Some(UsageReport {
@@ -107,7 +109,7 @@ impl OwnUsage {
             pids_limit: s.limits.pids,
             memory_peak_bytes: s.peak,
             oom_kills: s.oom_kills,
-            points: UsageReport::points_of(&s.ring),
+            points: UsageReport::points_of(&s.ring, since),
         })
     }
 }
@@ -266,9 +268,11 @@ mod tests {
         assert_eq!(s.limits.cpu, None);
         assert_eq!(s.oom_kills, 1);
         assert_eq!(s.peak, 4 << 20);
-        let pts = UsageReport::points_of(&s.ring);
+        let pts = UsageReport::points_of(&s.ring, 0);
         assert_eq!(pts[0][3], 2048, "KiB");
         assert_eq!(pts[0][4], 5);
+        // `since` past the last point: the counters alone (the hub's OOM watch).
+        assert!(UsageReport::points_of(&s.ring, u64::MAX).is_empty());
         drop(s);
         // Gone: the thread ends.
         std::fs::remove_file(d.join("cpu.stat")).unwrap();
@@ -315,7 +319,7 @@ mod tests {
         assert_eq!(s.limits.pids, None);
         assert_eq!(s.oom_kills, 2);
         assert_eq!(s.peak, 8 << 20);
-        let pts = UsageReport::points_of(&s.ring);
+        let pts = UsageReport::points_of(&s.ring, 0);
         assert_eq!(pts[0][3], 3072, "KiB");
         assert_eq!(pts[0][4], 7);
     }
