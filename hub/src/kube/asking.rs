@@ -39,7 +39,7 @@ pub(super) struct ReadyClaims {
 impl ReadyClaims {
     /// This round's claims: Ready, not being deleted, not known to have
     /// nothing. A claim that stopped being Ready is forgotten.
-    pub fn to_ask(&mut self, shared: &Shared) -> Vec<Arc<SandboxClaim>> {
+    pub fn this_round(&mut self, shared: &Shared) -> Vec<Arc<SandboxClaim>> {
         let ready: Vec<Arc<SandboxClaim>> = shared
             .claim_cache
             .state()

@@ -61,7 +61,7 @@ pub(super) fn spawn(shared: Arc<Shared>) {
 }
 
 async fn pass(shared: &Shared, claims: &mut ReadyClaims) {
-    let ask = claims.to_ask(shared);
+    let ask = claims.this_round(shared);
     let answers = asking::ask_each(shared, ask, |c| async move {
         crate::entrypoint::answer(&c).await
     })

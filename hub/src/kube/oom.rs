@@ -92,7 +92,7 @@ pub(super) fn spawn(shared: Arc<Shared>) {
 }
 
 async fn pass(shared: &Shared, claims: &mut ReadyClaims) {
-    let ask = claims.to_ask(shared);
+    let ask = claims.this_round(shared);
     let answers = asking::ask_each(shared, ask, |c| async move {
         super::usage::ask_counters(&c).await.map(|r| r.oom_kills)
     })
