@@ -68,9 +68,16 @@ export async function sse(
   path: string,
   signal: AbortSignal,
   onEvent: (type: string, data: string, id: string) => void,
+  extra: Record<string, string> = {},
+  onOpen?: () => void,
 ): Promise<void> {
-  const r = await fetch(path, { headers: headers({ Accept: "text/event-stream" }), signal, credentials: "omit" });
+  const r = await fetch(path, {
+    headers: headers({ ...extra, Accept: "text/event-stream" }),
+    signal,
+    credentials: "omit",
+  });
   if (!r.ok || !r.body) throw await failure(r);
+  onOpen?.();
   const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {

@@ -227,14 +227,73 @@ def test_sign_in_create_and_hostile_label(browser: Any, hub: Hub) -> None:
         context.close()
 
 
+def row_ids(page: Any) -> set[str]:
+    return set(page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)"))
+
+
+def list_fetches(page: Any) -> list[float]:
+    """Times at which the page fetches the sandbox list, from now on."""
+    seen: list[float] = []
+
+    def on_request(r: Any) -> None:
+        if r.method == "GET" and r.url.endswith("/v1/sandboxes"):
+            seen.append(time.monotonic())
+
+    page.on("request", on_request)
+    return seen
+
+
+def test_the_list_follows_the_event_stream(alice: Session, hub: Hub) -> None:
+    """A sandbox created, then deleted, through the API (not the page) comes
+    and goes in the open list without a reload, well inside the old 2 s
+    poll; and idle, the list is no longer fetched every 2 s, so it was the
+    event stream that brought the change."""
+    page = alice.page
+    page.get_by_test_id("updates").filter(has_text="live").wait_for(timeout=15_000)
+    fetches = list_fetches(page)
+    for _ in range(2):
+        sid = api(hub, "POST", "/v1/sandboxes", {"labels": {"via": "api"}})["id"]
+        t0 = time.monotonic()
+        page.locator(f"tr[data-id='{sid}']").wait_for(timeout=10_000)
+        appeared = time.monotonic() - t0
+        api(hub, "DELETE", f"/v1/sandboxes/{sid}")
+        t0 = time.monotonic()
+        page.locator(f"tr[data-id='{sid}']").wait_for(state="detached", timeout=10_000)
+        gone = time.monotonic() - t0
+        assert appeared < 1.5 and gone < 1.5, (appeared, gone)
+    fetches.clear()
+    page.wait_for_timeout(6000)
+    assert len(fetches) <= 1, f"the idle list was fetched {len(fetches)} times in 6 s"
+
+
+def test_without_the_event_stream_the_list_polls(alice: Session, hub: Hub) -> None:
+    """A hub that refuses the stream (a backend without an event log answers
+    501) still gets a current list: the console falls back to polling."""
+    page = alice.page
+    page.route(
+        "**/v1/events*",
+        lambda route: route.fulfill(
+            status=501, content_type="application/json", body='{"code":"UNIMPLEMENTED","message":"no event log"}'
+        ),
+    )
+    page.reload()
+    page.get_by_test_id("updates").filter(has_text="polling").wait_for(timeout=15_000)
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page.locator(f"tr[data-id='{sid}']").wait_for(timeout=10_000)
+    api(hub, "DELETE", f"/v1/sandboxes/{sid}")
+
+
 def test_another_tenant_never_sees_the_first_tenants_sandboxes(browser: Any, hub: Hub) -> None:
     mine = api(hub, "POST", "/v1/sandboxes", {"labels": {"owner": "alice"}})["id"]
     bob = Session(browser, hub, BOB)
     try:
         page = bob.page
         page.wait_for_selector("[data-testid=count]:not(:has-text('loading'))")
-        time.sleep(2.5)  # one more poll: still nothing of alice's
-        assert mine not in page.content()
+        page.get_by_test_id("updates").filter(has_text="live").wait_for(timeout=15_000)
+        # Nor does bob's event stream bring alice's next one.
+        later = api(hub, "POST", "/v1/sandboxes", {"labels": {"owner": "alice"}})["id"]
+        page.wait_for_timeout(2500)
+        assert mine not in page.content() and later not in page.content()
         page.goto(f"{hub.url}/#/sandboxes/{mine}")
         page.get_by_role("alert").wait_for()
         # The same answer as for a sandbox that does not exist.
