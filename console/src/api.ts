@@ -123,7 +123,7 @@ export interface Sandbox {
   labels: Record<string, string>;
   created_at: string;
   pool?: string | null;
-  entrypoint?: { state: string; exit_code?: number | null; message?: string | null } | null;
+  entrypoint?: { state: string; exit_code?: number | null; signal?: number | null; message?: string | null } | null;
   usage?: Usage | null;
 }
 export interface Sample {

@@ -330,6 +330,72 @@ def test_terminal_echo_and_escape_sequences(alice: Session, hub: Hub) -> None:
     shot(page, "terminal")
 
 
+def test_terminal_reattaches_to_its_shell_after_a_reload(alice: Session, hub: Hub) -> None:
+    """The hub keeps a dropped terminal's shell for a while; the reloaded
+    page re-attaches to it (a fresh ticket, the shell's id from this tab's
+    sessionStorage) and the same shell answers: same pid, same variable."""
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page = alice.page
+    open_detail(page, hub, sid)
+    page.get_by_role("button", name="Open terminal").click()
+    wait_for("the terminal", lambda: page.get_by_test_id("terminal-status").inner_text().startswith("open"), timeout=30)
+    page.locator(".xterm").click()
+    page.keyboard.type("X=kept-7; echo pid-$$-end\n")
+    found = wait_for("the pid", lambda: re.search(r"^pid-(\d+)-end", terminal_text(page), re.M), timeout=15)
+    assert found
+    pid = found.group(1)
+    page.reload()
+    page.get_by_role("heading", name=sid).wait_for()
+    # No click: the kept shell's terminal opens by itself.
+    wait_for("re-attached", lambda: "re-attached" in page.get_by_test_id("terminal-status").inner_text(), timeout=30)
+    page.locator(".xterm").click()
+    page.keyboard.type("echo v=$X pid-$$-again\n")
+    wait_for("the same shell", lambda: re.search(rf"^v=kept-7 pid-{pid}-again", terminal_text(page), re.M), timeout=15)
+    # The hub lists it as the terminal it is.
+    procs = api(hub, "GET", f"/v1/sandboxes/{sid}/processes")["processes"]
+    assert [p["running"] for p in procs if p["kind"] == "terminal"] == [True], procs
+
+
+def test_processes_are_listed_and_killed_from_the_page(alice: Session, hub: Hub) -> None:
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page = alice.page
+    with sandhub.Hub(hub.url, api_key=ALICE) as client:
+        sleeper = client.get(sid).commands.start(["sleep", "600"])
+        try:
+            open_detail(page, hub, sid)
+            section = page.locator("section[aria-labelledby=processes-title]")
+            row = section.locator("tbody tr").filter(has_text="sleep 600")
+            row.wait_for(timeout=15_000)
+            assert row.get_attribute("data-running") == "true"
+            pid = row.get_attribute("data-pid")
+            shot(page, "processes")
+            section.get_by_role("button", name=f"Kill {pid}").click()
+            row.filter(has_text="exited").wait_for(timeout=15_000)
+            assert row.get_attribute("data-running") == "false"
+            procs = api(hub, "GET", f"/v1/sandboxes/{sid}/processes")["processes"]
+            assert [p for p in procs if p["running"]] == [], procs
+        finally:
+            sleeper.kill()
+
+
+def test_entrypoint_status_and_log(alice: Session, hub: Hub) -> None:
+    api(
+        hub,
+        "PUT",
+        "/v1/templates/talker",
+        {"entrypoint": ["/bin/sh", "-c", f"echo 'started: {HOSTILE_LABEL}'; sleep 600"]},
+    )
+    sid = api(hub, "POST", "/v1/sandboxes", {"template": "talker"})["id"]
+    page = alice.page
+    open_detail(page, hub, sid)
+    assert page.get_by_test_id("entrypoint-state").inner_text().startswith("Running")
+    log = page.get_by_test_id("entrypoint-log")
+    wait_for("the entrypoint's line", lambda: f"started: {HOSTILE_LABEL}" in log.inner_text(), timeout=30)
+    # Its output is text: the markup in it is not an element.
+    assert page.locator("img[src='x']").count() == 0
+    shot(page, "entrypoint")
+
+
 def test_upload_shows_in_exec_and_reset_removes_it(alice: Session, hub: Hub, tmp_path: Path) -> None:
     sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
     page = alice.page

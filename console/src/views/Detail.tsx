@@ -1,5 +1,5 @@
-// One sandbox: its state and entrypoint, lifecycle buttons, usage plots,
-// files, ports, snapshots and a terminal. The plot and the terminal are
+// One sandbox: its state, entrypoint and its log, lifecycle buttons, usage
+// plots, processes, files, ports, snapshots and a terminal. The plot and the terminal are
 // loaded only when shown, to keep the first load small.
 import { lazy, Suspense } from "preact/compat";
 import { useEffect, useState } from "preact/hooks";
@@ -7,6 +7,9 @@ import { call, enc, type Metrics, type Sandbox, type Snapshot } from "../api";
 import { age, bytes, message } from "../format";
 import { useCoalesced, useLive } from "../live";
 import { Files } from "./Files";
+import { Processes } from "./Processes";
+import { EntrypointLog } from "./EntrypointLog";
+import { keptShell } from "./shell";
 
 const Usage = lazy(() => import("./Usage"));
 const Terminal = lazy(() => import("./Terminal"));
@@ -124,7 +127,8 @@ export function Detail(props: { id: string }) {
   const [error, setError] = useState<string | null>(null);
   const [note, setNote] = useState<string | null>(null);
   const [stamp, setStamp] = useState(0);
-  const [terminal, setTerminal] = useState(false);
+  // A shell this tab kept open (a reload): re-attach to it at once.
+  const [terminal, setTerminal] = useState(() => keptShell(props.id) !== null);
   const [tick, setTick] = useState(0);
   const refresh = useCoalesced(() => setTick((n) => n + 1));
   const mode = useLive((e) => {
@@ -189,9 +193,10 @@ export function Detail(props: { id: string }) {
         {entry && (
           <>
             <dt>Entrypoint</dt>
-            <dd>
+            <dd data-testid="entrypoint-state">
               {entry.state}
               {entry.exit_code !== null && entry.exit_code !== undefined && ` (exit ${entry.exit_code})`}
+              {entry.signal !== null && entry.signal !== undefined && ` (signal ${entry.signal})`}
               {entry.message && ` · ${entry.message}`}
             </dd>
           </>
@@ -215,6 +220,8 @@ export function Detail(props: { id: string }) {
           <p class="muted">No samples yet.</p>
         )}
       </section>
+      {entry && <EntrypointLog id={sandbox.id} running={entry.state === "Running"} stamp={stamp + tick} />}
+      <Processes id={sandbox.id} />
       <section aria-labelledby="terminal-title">
         <h2 id="terminal-title">Terminal</h2>
         {terminal ? (

@@ -3,6 +3,7 @@
 //! view of every tenant (`admin`, `--admin-tenants`).
 
 mod admin;
+mod entrypoint;
 mod events;
 mod files;
 pub mod health;
@@ -10,6 +11,7 @@ pub mod images;
 mod pools;
 mod ports;
 mod prepull;
+pub mod process_list;
 mod processes;
 mod sandboxes;
 mod secrets;
@@ -25,6 +27,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .merge(sandboxes::routes())
         .merge(processes::routes())
+        .merge(entrypoint::routes())
         .merge(files::routes())
         .merge(templates::routes())
         .merge(secrets::routes())
