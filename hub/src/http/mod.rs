@@ -25,7 +25,7 @@
 //!   answer.rs    what a sandbox's answer may carry back (CSP sandbox, cookies)
 //!   limits.rs    in-flight caps per sandbox, tenant and hub; head and idle timeouts
 //! browser.rs   refusing what only a sandbox's page could send (Origin, port cookies)
-//! console/     the web console at `/` (embedded files, CSP), the terminal's tickets and kept shells
+//! console/     the web console at `/` (embedded files, CSP), the terminal's tickets
 //! signing.rs   tokens the hub signs for itself (envd access, browser links)
 //! trace.rs     the server span of every request (traceparent in), when traces export
 //! ```
@@ -159,7 +159,7 @@ pub fn app(
     let app = router
         .merge(console::file_routes())
         .layer(axum::Extension(auth.tickets.clone()))
-        .layer(axum::Extension(Arc::new(console::shells::Shells::default())))
+        .layer(axum::Extension(Arc::new(rest::shells::Shells::default())))
         .layer(axum::Extension(Arc::new(
             rest::process_list::ProcessTable::default(),
         )))

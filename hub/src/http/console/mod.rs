@@ -18,12 +18,9 @@
 //!             and the headers every console answer carries (CSP, nosniff, ...)
 //! assets.rs   the embedded files (a table build.rs writes), their types and ETags
 //! tickets.rs  short-lived single-use tickets for the terminal's WebSocket
-//! shells.rs   terminals kept for a while after their socket drops, so that a
-//!             reloaded page re-attaches to its shell
 //! ```
 
 mod assets;
-pub mod shells;
 pub mod tickets;
 
 use std::sync::Arc;

@@ -15,6 +15,7 @@ pub mod process_list;
 mod processes;
 mod sandboxes;
 mod secrets;
+pub mod shells;
 mod templates;
 mod webhooks;
 

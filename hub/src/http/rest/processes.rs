@@ -1,6 +1,7 @@
 //! Running commands: one-shot exec, started processes streamed as NDJSON
-//! (with stdin, signals and resize), an interactive PTY over WebSocket, and
-//! directory watches as Server-Sent Events.
+//! (with stdin, signals and resize) and listed (`process_list`), an
+//! interactive PTY over WebSocket whose shell may outlive its socket
+//! (`shells`), and directory watches as Server-Sent Events.
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
@@ -25,11 +26,11 @@ use sandhub_client::{
 use serde::{Deserialize, Serialize};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::process_list::{ProcessInfo, ProcessTable, Tracked};
-use crate::http::{
-    console::shells::{Shell, Shells},
-    Api, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState,
+use super::{
+    process_list::{ProcessInfo, ProcessTable, Tracked},
+    shells::{Shell, Shells},
 };
+use crate::http::{Api, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState};
 
 /// Stdin chunks and exec stdin are capped like other JSON bodies.
 const MAX_STDIN_CHUNK: usize = crate::http::MAX_JSON_BODY;

@@ -23,7 +23,8 @@ use futures::StreamExt;
 use sandhub_client::{ProcessEvent, ProcessEvents, Signal};
 use tokio::sync::oneshot;
 
-use crate::{backend::TenantView, http::rest::process_list::Tracked};
+use super::process_list::Tracked;
+use crate::backend::TenantView;
 
 /// How long a detached shell waits to be claimed.
 pub const GRACE: Duration = Duration::from_secs(60);
