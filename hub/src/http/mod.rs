@@ -12,8 +12,9 @@
 //! error.rs     ApiError: every error as JSON {code, message}; 413 says Connection: close
 //! json.rs      ApiJson: the one JSON body extractor (objects only, content types)
 //! openapi.rs   the OpenAPI document's frame (title, tags, shared answers)
-//! rest/        the REST API (/v1/...): sandboxes, processes, files, ports, templates,
-//!              pools, images, prepull, health (probes, /metrics), admin (operators)
+//! rest/        the REST API (/v1/...): sandboxes, processes (and their list, kept
+//!              terminal shells), entrypoint logs, files, ports, templates, pools, images,
+//!              prepull, health (probes, /metrics), admin (operators)
 //! gym/         Gym-style environments (/gym/v1/...): envs, step matching, the registry
 //!              (kept across restarts through backend::EnvStore)
 //! mcp.rs       the sandhub-mcp tool set, mounted at /mcp
