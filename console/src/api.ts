@@ -103,6 +103,32 @@ export async function sse(
   }
 }
 
+/** A POST whose answer is NDJSON (an image pull): `onLine` gets each
+ *  parsed line as it arrives. */
+export async function ndjson(path: string, body: unknown, onLine: (line: unknown) => void): Promise<void> {
+  const r = await fetch(path, {
+    method: "POST",
+    headers: headers({ "Content-Type": "application/json" }),
+    credentials: "omit",
+    body: JSON.stringify(body),
+  });
+  if (!r.ok || !r.body) throw await failure(r);
+  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    if (buffer.length > 1 << 20) throw new ApiError(0, "RESOURCE_EXHAUSTED", "line too long");
+    let end: number;
+    while ((end = buffer.indexOf("\n")) >= 0) {
+      const line = buffer.slice(0, end).trim();
+      buffer = buffer.slice(end + 1);
+      if (line) onLine(JSON.parse(line));
+    }
+  }
+}
+
 export const enc = encodeURIComponent;
 
 export interface Usage {

@@ -773,3 +773,35 @@ def test_gym_view_shows_an_episodes_reward_after_env_step(alice: Session, hub: H
         assert status == 200 and json.loads(body)["envs"] == []
     finally:
         env.close()
+
+
+def test_an_image_pull_from_the_page_shows_its_progress(browser: Any, tmp_path: Path) -> None:
+    """A pull started from the Templates view reads the hub's NDJSON stream:
+    the layers it resolved, each one's progress, and the image at the end."""
+    from sandhub_testing import Registry, running_hub, test_image_layout
+
+    with Registry(tmp_path / "registry") as reg:
+        reg.push(test_image_layout(), "console/pulled:1", ref="sandhub/test:amd64")
+        with running_hub(binary("sandhub"), tmp_path / "hub", "--insecure-registry", reg.addr) as h:
+            s = Session(browser, h, None)
+            try:
+                page = s.page
+                page.get_by_role("link", name="Templates").click()
+                form = page.get_by_role("form", name="Pull an image")
+                form.get_by_label("Reference").fill(f"{reg.addr}/console/pulled:1")
+                form.get_by_label("Store as").fill("console/pulled:local")
+                form.get_by_role("button", name="Pull").click()
+                status = page.get_by_test_id("pull-status")
+                status.filter(has_text="Pulled: console/pulled:local").wait_for(timeout=60_000)
+                # It resolved three layers, each now done, and the bar is full.
+                layers = page.locator("li[data-layer-done]")
+                assert layers.count() == 3
+                assert layers.evaluate_all("ls => ls.every(l => l.dataset.layerDone === 'true')")
+                bar = page.get_by_test_id("pull-progress")
+                assert bar.get_attribute("value") == bar.get_attribute("max")
+                # And the store's list shows it without a reload.
+                page.locator("tbody").get_by_text("console/pulled:local").wait_for(timeout=10_000)
+                shot(page, "images-pull")
+                assert s.dialogs == []
+            finally:
+                s.close()
