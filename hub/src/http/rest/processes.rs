@@ -123,7 +123,8 @@ async fn start_process(
                 tracked = table.started(&tenant, &id, *pid, argv.clone(), "process");
             }
             Ok(ProcessEvent::Exited { exit_code }) => {
-                if let Some(t) = tracked.as_mut() {
+                // Listed as exited before the client reads that it did.
+                if let Some(mut t) = tracked.take() {
                     t.exited(*exit_code);
                 }
             }
@@ -481,7 +482,7 @@ impl Pty {
                         }
                     }
                     Some(Ok(ProcessEvent::Exited { exit_code })) => {
-                        if let Some(t) = shell.tracked.as_mut() {
+                        if let Some(mut t) = shell.tracked.take() {
                             t.exited(exit_code);
                         }
                         let end = serde_json::json!({ "exit_code": exit_code }).to_string();

@@ -141,10 +141,11 @@ impl Shells {
     pub async fn claim(&self, tenant: &str, sandbox: &str, id: &str) -> Option<Shell> {
         let entry = {
             let mut all = self.lock();
-            match all.get(id) {
-                Some(d) if d.tenant == tenant && d.sandbox == sandbox => all.remove(id)?,
-                _ => return None,
+            let ours = matches!(all.get(id), Some(d) if d.tenant == tenant && d.sandbox == sandbox);
+            if !ours {
+                return None;
             }
+            all.remove(id)?
         };
         let (tx, rx) = oneshot::channel();
         entry.claim.send(tx).ok()?;
@@ -180,7 +181,7 @@ async fn keep(
                 }
                 Some(Ok(ProcessEvent::Started { .. })) => {}
                 Some(Ok(ProcessEvent::Exited { exit_code })) => {
-                    if let Some(t) = shell.tracked.as_mut() {
+                    if let Some(mut t) = shell.tracked.take() {
                         t.exited(exit_code);
                     }
                     return None;
