@@ -1679,12 +1679,22 @@ async fn processes_are_listed_for_their_tenant_while_they_run_and_after() {
     assert_eq!(status, 200, "{list}");
     let p = entry(&list, pid).expect("the sleep is listed");
     assert_eq!(p["argv"], json!(["sleep", "600"]));
-    assert_eq!((&p["kind"], &p["running"]), (&json!("process"), &json!(true)));
-    assert!(p["exit_code"].is_null() && p["started_at"].is_string(), "{p}");
+    assert_eq!(
+        (&p["kind"], &p["running"]),
+        (&json!("process"), &json!(true))
+    );
+    assert!(
+        p["exit_code"].is_null() && p["started_at"].is_string(),
+        "{p}"
+    );
 
     // Another tenant: the same answer as for no sandbox at all.
     let (status, body) = list_processes(&hub, &sb.id, BOB_KEY).await;
-    assert_eq!((status, &body["code"]), (404, &json!("NOT_FOUND")), "{body}");
+    assert_eq!(
+        (status, &body["code"]),
+        (404, &json!("NOT_FOUND")),
+        "{body}"
+    );
     let (status, _) = list_processes(&hub, "no-such-sandbox", ALICE_KEY).await;
     assert_eq!(status, 404);
 
@@ -1692,7 +1702,11 @@ async fn processes_are_listed_for_their_tenant_while_they_run_and_after() {
     // stream told.
     let r = hub
         .http()
-        .post(format!("{}/v1/sandboxes/{}/processes/{pid}/signal", hub.url(), sb.id))
+        .post(format!(
+            "{}/v1/sandboxes/{}/processes/{pid}/signal",
+            hub.url(),
+            sb.id
+        ))
         .bearer_auth(ALICE_KEY)
         .json(&json!({"signal": "SIGKILL"}))
         .send()
@@ -1702,7 +1716,11 @@ async fn processes_are_listed_for_their_tenant_while_they_run_and_after() {
     let (_, code) = sleeping.finish().await;
     let (_, list) = list_processes(&hub, &sb.id, ALICE_KEY).await;
     let p = entry(&list, pid).expect("still listed, as exited");
-    assert_eq!((&p["running"], &p["exit_code"]), (&json!(false), &json!(code)), "{p}");
+    assert_eq!(
+        (&p["running"], &p["exit_code"]),
+        (&json!(false), &json!(code)),
+        "{p}"
+    );
 
     // One that exits by itself, with its own code.
     let (mut three, pid3) = start_as(&hub, &sb.id, ALICE_KEY, json!("exit 3")).await;
@@ -1720,14 +1738,25 @@ async fn processes_are_listed_for_their_tenant_while_they_run_and_after() {
     .await;
     // Running ones first: none now.
     let (_, list) = list_processes(&hub, &sb.id, ALICE_KEY).await;
-    assert!(list["processes"].as_array().unwrap().iter().all(|p| p["running"] == json!(false)), "{list}");
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["running"] == json!(false)),
+        "{list}"
+    );
 }
 
 /// Reads a terminal socket until `want` shows in its output; answers the
 /// text frames seen meanwhile.
 async fn read_until(
-    ws: &mut (impl Stream<Item = Result<tokio_tungstenite::tungstenite::Message, tokio_tungstenite::tungstenite::Error>>
-              + Unpin),
+    ws: &mut (impl Stream<
+        Item = Result<
+            tokio_tungstenite::tungstenite::Message,
+            tokio_tungstenite::tungstenite::Error,
+        >,
+    > + Unpin),
     want: &str,
 ) -> Vec<Value> {
     use tokio_tungstenite::tungstenite::Message;
@@ -1764,9 +1793,11 @@ async fn a_kept_terminal_shell_is_reattached_with_its_state() {
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("{base}/{}/pty?keep=true", sb.id))
         .await
         .expect("WebSocket upgrade");
-    ws.send(Message::Binary(b"X=kept-41; echo ready-$X\n".to_vec().into()))
-        .await
-        .unwrap();
+    ws.send(Message::Binary(
+        b"X=kept-41; echo ready-$X\n".to_vec().into(),
+    ))
+    .await
+    .unwrap();
     let texts = read_until(&mut ws, "ready-kept-41").await;
     let shell = texts
         .iter()
@@ -1826,8 +1857,12 @@ async fn a_kept_terminal_shell_is_reattached_with_its_state() {
 
 /// The next text frame of a terminal socket (its exit, say).
 async fn read_until_text(
-    ws: &mut (impl Stream<Item = Result<tokio_tungstenite::tungstenite::Message, tokio_tungstenite::tungstenite::Error>>
-              + Unpin),
+    ws: &mut (impl Stream<
+        Item = Result<
+            tokio_tungstenite::tungstenite::Message,
+            tokio_tungstenite::tungstenite::Error,
+        >,
+    > + Unpin),
 ) -> Value {
     use tokio_tungstenite::tungstenite::Message;
     loop {
@@ -2105,10 +2140,14 @@ async fn the_entrypoint_log_is_its_own_output_tail() {
     let c = hub.client(None);
     let template = Template {
         entrypoint: Some(
-            ["/bin/sh", "-c", "echo hello from the entrypoint; echo to stderr >&2; sleep 600"]
-                .iter()
-                .map(|a| a.to_string())
-                .collect(),
+            [
+                "/bin/sh",
+                "-c",
+                "echo hello from the entrypoint; echo to stderr >&2; sleep 600",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect(),
         ),
         ..Default::default()
     };
@@ -2145,13 +2184,20 @@ async fn the_entrypoint_log_is_its_own_output_tail() {
     .await;
     let (status, text) = log("").await;
     assert_eq!(status, 200);
-    assert!(text.contains("hello from the entrypoint") && !text.contains("secret-elsewhere"), "{text:?}");
+    assert!(
+        text.contains("hello from the entrypoint") && !text.contains("secret-elsewhere"),
+        "{text:?}"
+    );
 
     // No entrypoint: 404, as for another tenant's sandbox.
     let plain = create(&c, CreateSandbox::default()).await;
     let r = hub
         .http()
-        .get(format!("{}/v1/sandboxes/{}/entrypoint/log", hub.url(), plain.id))
+        .get(format!(
+            "{}/v1/sandboxes/{}/entrypoint/log",
+            hub.url(),
+            plain.id
+        ))
         .send()
         .await
         .unwrap();

@@ -174,8 +174,12 @@ mod tests {
     #[test]
     fn running_then_exited_per_tenant_and_sandbox() {
         let t = Arc::new(ProcessTable::default());
-        let mut a = t.started("alice", "sb-1", 10, vec!["sleep".into()], "process").unwrap();
-        let b = t.started("alice", "sb-1", 11, vec!["sh".into()], "terminal").unwrap();
+        let mut a = t
+            .started("alice", "sb-1", 10, vec!["sleep".into()], "process")
+            .unwrap();
+        let b = t
+            .started("alice", "sb-1", 11, vec!["sh".into()], "terminal")
+            .unwrap();
         assert_eq!(t.list("alice", "sb-1").len(), 2);
         assert!(t.list("bob", "sb-1").is_empty(), "another tenant's");
         assert!(t.list("alice", "sb-2").is_empty(), "another sandbox's");

@@ -169,19 +169,16 @@ async fn list_processes(
     let mut processes = table.list(api.tenant(), &id);
     // What the E2B door keeps in sandboxd (Kubernetes); a sandbox that is
     // not Ready has none to tell.
-    if let Ok(Some(kept)) = api
-        .list_kept(&id, crate::http::e2b::KEPT_LABEL)
-        .await
-    {
+    if let Ok(Some(kept)) = api.list_kept(&id, crate::http::e2b::KEPT_LABEL).await {
         processes.extend(kept.into_iter().map(|k| ProcessInfo {
-                pid: k.pid,
-                argv: k.command,
-                kind: "e2b".into(),
-                tag: Some(k.tag).filter(|t| !t.is_empty()),
-                started_at: None,
-                running: k.exit_code.is_none(),
-                exit_code: k.exit_code,
-            }));
+            pid: k.pid,
+            argv: k.command,
+            kind: "e2b".into(),
+            tag: Some(k.tag).filter(|t| !t.is_empty()),
+            started_at: None,
+            running: k.exit_code.is_none(),
+            exit_code: k.exit_code,
+        }));
         // Stable: running ones first, each part in its order.
         processes.sort_by_key(|p| !p.running);
     }

@@ -65,8 +65,7 @@ pub struct Shell {
 impl Shell {
     pub fn new(pid: i32, events: ProcessEvents, tracked: Option<Tracked>) -> Self {
         Shell {
-            id: base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .encode(rand::random::<[u8; 16]>()),
+            id: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 16]>()),
             pid,
             events,
             tail: Tail::default(),
