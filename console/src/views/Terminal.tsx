@@ -37,7 +37,7 @@ export default function Terminal(props: { id: string }) {
       fit.fit();
       sendSize();
     };
-    const connect = async (shell: string | null) => {
+    const connect = async (shell: string | null, retried = false) => {
       try {
         const { ticket } = await call<{ ticket: string }>("POST", `/v1/sandboxes/${enc(props.id)}/pty-tickets`);
         if (gone) return;
@@ -74,7 +74,13 @@ export default function Terminal(props: { id: string }) {
         sock.onclose = () => {
           if (gone || ws !== sock) return;
           if (!opened && shell) {
-            // That shell is gone (it ended, or its grace ran out): a new one.
+            // Just reloaded, the hub may not have seen the old socket go
+            // yet: one more try. Then the shell is gone (it ended, or its
+            // grace ran out): a new one.
+            if (!retried) {
+              setTimeout(() => void connect(shell, true), 1000);
+              return;
+            }
             keepShell(props.id, null);
             void connect(null);
             return;
