@@ -1,1 +1,0 @@
-import{t as e}from"./Chart-BEia6Sv2.js";import{r as t}from"./index-B64g5gqq.js";function n(n){return t(e,{title:`Ready`,unit:`members`,x:n.t,y:n.ready,limit:n.replicas})}export{n as default};

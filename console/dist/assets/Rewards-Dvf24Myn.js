@@ -1,1 +1,0 @@
-import{t as e}from"./Chart-BEia6Sv2.js";import{r as t}from"./index-B64g5gqq.js";function n(n){return t(e,{title:`Return`,unit:`per episode`,x:n.episodes.map(e=>e.episode),y:n.episodes.map(e=>e.return),time:!1})}export{n as default};
