@@ -267,6 +267,25 @@ def test_the_list_follows_the_event_stream(alice: Session, hub: Hub) -> None:
     page.wait_for_timeout(6000)
     assert len(fetches) <= 1, f"the idle list was fetched {len(fetches)} times in 6 s"
 
+    # Away from the live views long enough for the stream to close, then
+    # back: the new stream resumes after the last event this tab saw.
+    streams: list[tuple[str, dict[str, str]]] = []
+
+    def on_stream(r: Any) -> None:
+        if "/v1/events" in r.url:
+            streams.append((r.url, r.headers))
+
+    page.on("request", on_stream)
+    page.get_by_role("link", name="Templates").click()
+    page.wait_for_timeout(6500)
+    page.get_by_role("link", name="Sandboxes").click()
+    page.get_by_test_id("updates").filter(has_text="live").wait_for(timeout=15_000)
+    assert streams, "no new stream"
+    url, sent = streams[-1]
+    assert int(sent.get("last-event-id", "0")) > 0, sent
+    # The key goes as a header, never in the URL.
+    assert sent.get("authorization") == f"Bearer {ALICE}" and ALICE not in url
+
 
 def test_without_the_event_stream_the_list_polls(alice: Session, hub: Hub) -> None:
     """A hub that refuses the stream (a backend without an event log answers

@@ -125,7 +125,7 @@ impl Shells {
         let shells = self.clone();
         tokio::spawn(async move {
             let id = shell.id.clone();
-            let outcome = keep(shell, claimed).await;
+            let outcome = keep(shell, claimed, GRACE).await;
             // Claimed: the claimer removed the entry already.
             shells.lock().remove(&id);
             if let Some(shell) = outcome {
@@ -153,13 +153,14 @@ impl Shells {
 }
 
 /// Reads a detached shell's output into its tail until it is claimed
-/// (handed over: `None`), exits or its stream ends (`None`), or the grace
-/// period ends (`Some`: to be killed).
+/// (handed over: `None`), exits or its stream ends (`None`), or `grace`
+/// ends (`Some`: to be killed).
 async fn keep(
     mut shell: Shell,
     mut claimed: oneshot::Receiver<oneshot::Sender<Shell>>,
+    grace: Duration,
 ) -> Option<Shell> {
-    let deadline = tokio::time::sleep(GRACE);
+    let deadline = tokio::time::sleep(grace);
     tokio::pin!(deadline);
     let mut claimable = true;
     loop {
@@ -199,6 +200,63 @@ async fn kill(api: Arc<dyn TenantView>, sandbox: String, shell: Shell) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SHORT: Duration = Duration::from_millis(200);
+
+    /// A shell whose output is `lines`, then (with `exit`) its exit, else
+    /// nothing more, ever.
+    fn shell(lines: &[&str], exit: Option<i32>) -> Shell {
+        let mut events: Vec<sandhub_client::Result<ProcessEvent>> = lines
+            .iter()
+            .map(|l| {
+                Ok(ProcessEvent::Stdout {
+                    data: l.as_bytes().to_vec(),
+                })
+            })
+            .collect();
+        events.extend(exit.map(|exit_code| Ok(ProcessEvent::Exited { exit_code })));
+        let stream = futures::stream::iter(events);
+        let events: ProcessEvents = if exit.is_some() {
+            Box::pin(stream)
+        } else {
+            Box::pin(stream.chain(futures::stream::pending()))
+        };
+        Shell::new(7, events, None)
+    }
+
+    #[tokio::test]
+    async fn an_unclaimed_shell_is_given_up_when_the_grace_ends() {
+        let (_claim, claimed) = oneshot::channel();
+        let started = tokio::time::Instant::now();
+        let kept = keep(shell(&["a", "b"], None), claimed, SHORT)
+            .await
+            .expect("to be killed");
+        assert!(started.elapsed() >= SHORT);
+        // What it printed while detached is in the tail for the replay.
+        assert_eq!(kept.tail.to_vec(), b"ab");
+    }
+
+    #[tokio::test]
+    async fn a_claimed_shell_is_handed_over_with_its_tail() {
+        let (claim, claimed) = oneshot::channel();
+        let keeper = tokio::spawn(keep(shell(&["prompt$ "], None), claimed, GRACE));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (tx, rx) = oneshot::channel();
+        claim.send(tx).ok().unwrap();
+        let got = rx.await.expect("handed over");
+        assert_eq!((got.pid, got.tail.to_vec()), (7, b"prompt$ ".to_vec()));
+        assert!(keeper.await.unwrap().is_none(), "not to be killed");
+    }
+
+    #[tokio::test]
+    async fn a_shell_that_exits_while_detached_is_not_kept() {
+        let (_claim, claimed) = oneshot::channel();
+        let started = tokio::time::Instant::now();
+        assert!(keep(shell(&["bye"], Some(0)), claimed, GRACE)
+            .await
+            .is_none());
+        assert!(started.elapsed() < GRACE);
+    }
 
     #[test]
     fn the_tail_keeps_the_newest_bytes() {
