@@ -10,7 +10,11 @@ use std::{
 };
 
 fn main() {
-    let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("../console/dist");
+    // Read when the script runs, not baked in when it was compiled: a
+    // build script reused from another checkout must embed this one's files.
+    let manifest_dir =
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let dist = Path::new(&manifest_dir).join("../console/dist");
     println!("cargo:rerun-if-changed={}", dist.display());
     let mut files = Vec::new();
     if dist.is_dir() {

@@ -68,9 +68,16 @@ export async function sse(
   path: string,
   signal: AbortSignal,
   onEvent: (type: string, data: string, id: string) => void,
+  extra: Record<string, string> = {},
+  onOpen?: () => void,
 ): Promise<void> {
-  const r = await fetch(path, { headers: headers({ Accept: "text/event-stream" }), signal, credentials: "omit" });
+  const r = await fetch(path, {
+    headers: headers({ ...extra, Accept: "text/event-stream" }),
+    signal,
+    credentials: "omit",
+  });
   if (!r.ok || !r.body) throw await failure(r);
+  onOpen?.();
   const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -96,6 +103,32 @@ export async function sse(
   }
 }
 
+/** A POST whose answer is NDJSON (an image pull): `onLine` gets each
+ *  parsed line as it arrives. */
+export async function ndjson(path: string, body: unknown, onLine: (line: unknown) => void): Promise<void> {
+  const r = await fetch(path, {
+    method: "POST",
+    headers: headers({ "Content-Type": "application/json" }),
+    credentials: "omit",
+    body: JSON.stringify(body),
+  });
+  if (!r.ok || !r.body) throw await failure(r);
+  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    if (buffer.length > 1 << 20) throw new ApiError(0, "RESOURCE_EXHAUSTED", "line too long");
+    let end: number;
+    while ((end = buffer.indexOf("\n")) >= 0) {
+      const line = buffer.slice(0, end).trim();
+      buffer = buffer.slice(end + 1);
+      if (line) onLine(JSON.parse(line));
+    }
+  }
+}
+
 export const enc = encodeURIComponent;
 
 export interface Usage {
@@ -116,7 +149,7 @@ export interface Sandbox {
   labels: Record<string, string>;
   created_at: string;
   pool?: string | null;
-  entrypoint?: { state: string; exit_code?: number | null; message?: string | null } | null;
+  entrypoint?: { state: string; exit_code?: number | null; signal?: number | null; message?: string | null } | null;
   usage?: Usage | null;
 }
 export interface Sample {

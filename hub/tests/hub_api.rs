@@ -1628,6 +1628,255 @@ async fn pty_over_websocket_runs_a_command() {
     assert_eq!(body["code"], "INVALID_ARGUMENT");
 }
 
+/// `GET /v1/sandboxes/{id}/processes` as `key`: (status, body).
+async fn list_processes(hub: &TestHub, id: &str, key: &str) -> (u16, Value) {
+    let r = hub
+        .http()
+        .get(format!("{}/v1/sandboxes/{id}/processes", hub.url()))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// `POST .../processes` as `key`; the stream and the pid.
+async fn start_as(hub: &TestHub, id: &str, key: &str, command: Value) -> (Ndjson, i64) {
+    let response = hub
+        .http()
+        .post(format!("{}/v1/sandboxes/{id}/processes", hub.url()))
+        .bearer_auth(key)
+        .json(&json!({ "command": command }))
+        .send()
+        .await
+        .unwrap();
+    let mut events = Ndjson::new(response);
+    let started = events.next().await.expect("a started event");
+    assert_eq!(started["type"], "started", "{started}");
+    (events, started["pid"].as_i64().expect("a pid"))
+}
+
+fn entry(list: &Value, pid: i64) -> Option<Value> {
+    list["processes"]
+        .as_array()?
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .cloned()
+}
+
+#[tokio::test]
+async fn processes_are_listed_for_their_tenant_while_they_run_and_after() {
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        ..Default::default()
+    })
+    .await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let sb = create_from(&alice, "default").await;
+
+    let (mut sleeping, pid) = start_as(&hub, &sb.id, ALICE_KEY, json!(["sleep", "600"])).await;
+    let (status, list) = list_processes(&hub, &sb.id, ALICE_KEY).await;
+    assert_eq!(status, 200, "{list}");
+    let p = entry(&list, pid).expect("the sleep is listed");
+    assert_eq!(p["argv"], json!(["sleep", "600"]));
+    assert_eq!(
+        (&p["kind"], &p["running"]),
+        (&json!("process"), &json!(true))
+    );
+    assert!(
+        p["exit_code"].is_null() && p["started_at"].is_string(),
+        "{p}"
+    );
+
+    // Another tenant: the same answer as for no sandbox at all.
+    let (status, body) = list_processes(&hub, &sb.id, BOB_KEY).await;
+    assert_eq!(
+        (status, &body["code"]),
+        (404, &json!("NOT_FOUND")),
+        "{body}"
+    );
+    let (status, _) = list_processes(&hub, "no-such-sandbox", ALICE_KEY).await;
+    assert_eq!(status, 404);
+
+    // Killed through the signal route: listed as exited, with the code its
+    // stream told.
+    let r = hub
+        .http()
+        .post(format!(
+            "{}/v1/sandboxes/{}/processes/{pid}/signal",
+            hub.url(),
+            sb.id
+        ))
+        .bearer_auth(ALICE_KEY)
+        .json(&json!({"signal": "SIGKILL"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let (_, code) = sleeping.finish().await;
+    let (_, list) = list_processes(&hub, &sb.id, ALICE_KEY).await;
+    let p = entry(&list, pid).expect("still listed, as exited");
+    assert_eq!(
+        (&p["running"], &p["exit_code"]),
+        (&json!(false), &json!(code)),
+        "{p}"
+    );
+
+    // One that exits by itself, with its own code.
+    let (mut three, pid3) = start_as(&hub, &sb.id, ALICE_KEY, json!("exit 3")).await;
+    assert_eq!(three.finish().await.1, 3);
+    let (_, list) = list_processes(&hub, &sb.id, ALICE_KEY).await;
+    assert_eq!(entry(&list, pid3).unwrap()["exit_code"], 3, "{list}");
+
+    // One whose stream the client drops: killed with it, no longer running.
+    let (dropped, pid4) = start_as(&hub, &sb.id, ALICE_KEY, json!(["sleep", "600"])).await;
+    drop(dropped);
+    eventually("the dropped one to end", WAIT, || async {
+        let (_, list) = list_processes(&hub, &sb.id, ALICE_KEY).await;
+        (entry(&list, pid4)?["running"] == json!(false)).then_some(())
+    })
+    .await;
+    // Running ones first: none now.
+    let (_, list) = list_processes(&hub, &sb.id, ALICE_KEY).await;
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["running"] == json!(false)),
+        "{list}"
+    );
+}
+
+/// Reads a terminal socket until `want` shows in its output; answers the
+/// text frames seen meanwhile.
+async fn read_until(
+    ws: &mut (impl Stream<
+        Item = Result<
+            tokio_tungstenite::tungstenite::Message,
+            tokio_tungstenite::tungstenite::Error,
+        >,
+    > + Unpin),
+    want: &str,
+) -> Vec<Value> {
+    use tokio_tungstenite::tungstenite::Message;
+    let mut out = Vec::new();
+    let mut texts = Vec::new();
+    loop {
+        let msg = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {want:?} in {:?}", String::from_utf8_lossy(&out)))
+            .expect("the socket closed")
+            .unwrap();
+        match msg {
+            Message::Binary(b) => out.extend_from_slice(&b),
+            Message::Text(t) => texts.push(serde_json::from_str(t.as_str()).unwrap()),
+            _ => {}
+        }
+        if String::from_utf8_lossy(&out).contains(want) {
+            return texts;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_kept_terminal_shell_is_reattached_with_its_state() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = create_from(&c, "default").await;
+    let other = create_from(&c, "default").await;
+    let base = format!("ws://127.0.0.1:{}/v1/sandboxes", hub.port);
+
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("{base}/{}/pty?keep=true", sb.id))
+        .await
+        .expect("WebSocket upgrade");
+    ws.send(Message::Binary(
+        b"X=kept-41; echo ready-$X\n".to_vec().into(),
+    ))
+    .await
+    .unwrap();
+    let texts = read_until(&mut ws, "ready-kept-41").await;
+    let shell = texts
+        .iter()
+        .find_map(|t| t["shell"].as_str())
+        .expect("the shell's id first")
+        .to_string();
+    // The page goes away (a reload): the shell stays, listed as running.
+    drop(ws);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let list: Value = hub
+        .http()
+        .get(format!("{}/v1/sandboxes/{}/processes", hub.url(), sb.id))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["kind"] == "terminal" && p["running"] == json!(true)),
+        "{list}"
+    );
+
+    // Another sandbox cannot claim it (and does not spend it).
+    let refused =
+        tokio_tungstenite::connect_async(format!("{base}/{}/pty?shell={shell}", other.id)).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 404),
+        other => panic!("expected a 404, got {other:?}"),
+    }
+
+    // Its own sandbox re-attaches: the tail replayed, then the same shell.
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("{base}/{}/pty?keep=true&shell={shell}", sb.id))
+            .await
+            .expect("re-attach");
+    read_until(&mut ws, "ready-kept-41").await;
+    ws.send(Message::Binary(b"echo again-$X\n".to_vec().into()))
+        .await
+        .unwrap();
+    read_until(&mut ws, "again-kept-41").await;
+    ws.send(Message::Binary(b"exit 0\n".to_vec().into()))
+        .await
+        .unwrap();
+    let texts = read_until_text(&mut ws).await;
+    assert_eq!(texts["exit_code"], 0, "{texts}");
+
+    // Claimed once and ended: the id opens nothing any more.
+    let again =
+        tokio_tungstenite::connect_async(format!("{base}/{}/pty?shell={shell}", sb.id)).await;
+    assert!(again.is_err(), "a finished shell re-attached");
+}
+
+/// The next text frame of a terminal socket (its exit, say).
+async fn read_until_text(
+    ws: &mut (impl Stream<
+        Item = Result<
+            tokio_tungstenite::tungstenite::Message,
+            tokio_tungstenite::tungstenite::Error,
+        >,
+    > + Unpin),
+) -> Value {
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        let msg = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("no text frame")
+            .expect("the socket closed")
+            .unwrap();
+        if let Message::Text(t) = msg {
+            return serde_json::from_str(t.as_str()).unwrap();
+        }
+    }
+}
+
 // ------------------------------------------------------------------ OpenAPI
 
 #[tokio::test]
@@ -1651,7 +1900,8 @@ async fn openapi_document_describes_every_route() {
         ("/v1/sandboxes", &["get", "post"]),
         ("/v1/sandboxes/{id}", &["get", "delete"]),
         ("/v1/sandboxes/{id}/exec", &["post"]),
-        ("/v1/sandboxes/{id}/processes", &["post"]),
+        ("/v1/sandboxes/{id}/processes", &["get", "post"]),
+        ("/v1/sandboxes/{id}/entrypoint/log", &["get"]),
         ("/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
         ("/v1/sandboxes/{id}/processes/{pid}/signal", &["post"]),
         ("/v1/sandboxes/{id}/processes/{pid}/resize", &["post"]),
@@ -1879,6 +2129,79 @@ async fn get_reports_the_entrypoint_running_exited_or_oom_killed() {
     let after = c.get(&serves.id).await.unwrap().entrypoint.unwrap();
     assert_eq!(after.state, EntrypointState::Running);
     assert!(after.started_at >= ep.started_at, "{after:?} {ep:?}");
+}
+
+/// `GET .../entrypoint/log`: the newest bytes of the entrypoint's output,
+/// read back through sandboxd's own handle, so that a symlink the sandbox
+/// puts at the log's path later shows nothing of where it points.
+#[tokio::test]
+async fn the_entrypoint_log_is_its_own_output_tail() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let template = Template {
+        entrypoint: Some(
+            [
+                "/bin/sh",
+                "-c",
+                "echo hello from the entrypoint; echo to stderr >&2; sleep 600",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect(),
+        ),
+        ..Default::default()
+    };
+    put_template(&c, "talks", template).await;
+    let sb = create_from(&c, "talks").await;
+    let log = |q: &'static str| {
+        let url = format!("{}/v1/sandboxes/{}/entrypoint/log{q}", hub.url(), sb.id);
+        let http = hub.http();
+        async move {
+            let r = http.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }
+    };
+    let text = eventually("the entrypoint's lines", WAIT, || async {
+        let (status, text) = log("").await;
+        (status == 200 && text.contains("to stderr")).then_some(text)
+    })
+    .await;
+    assert!(text.contains("hello from the entrypoint\n"), "{text:?}");
+    let (status, tail) = log("?tail=10").await;
+    assert_eq!((status, tail.as_str()), (200, "to stderr\n"));
+    let (status, body) = log("?tail=99999999").await;
+    assert_eq!(status, 400, "{body}");
+
+    // The sandbox swaps the path for a link to another file: the answer is
+    // still the entrypoint's output.
+    sh_ok(
+        &c,
+        &sb.id,
+        "echo secret-elsewhere > /tmp/other; rm -f /tmp/sandhub-entrypoint.log; \
+         ln -s /tmp/other /tmp/sandhub-entrypoint.log; true",
+    )
+    .await;
+    let (status, text) = log("").await;
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("hello from the entrypoint") && !text.contains("secret-elsewhere"),
+        "{text:?}"
+    );
+
+    // No entrypoint: 404, as for another tenant's sandbox.
+    let plain = create(&c, CreateSandbox::default()).await;
+    let r = hub
+        .http()
+        .get(format!(
+            "{}/v1/sandboxes/{}/entrypoint/log",
+            hub.url(),
+            plain.id
+        ))
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 404, "NOT_FOUND").await;
 }
 
 /// A local sandbox is one container: a template with sidecars and an exec

@@ -38,14 +38,51 @@ impl EntrypointRecord {
     }
 }
 
+/// `GET` here answers the newest bytes of the entrypoint's output
+/// (`?tail=N`, default [`LOG_TAIL_DEFAULT`], at most [`LOG_TAIL_MAX`]), or
+/// 404 when it has no log.
+pub const ENTRYPOINT_LOG_ROUTE: &str = "/v1/_sandhub/entrypoint/log";
+pub const LOG_TAIL_DEFAULT: u64 = 64 << 10;
+pub const LOG_TAIL_MAX: u64 = 1 << 20;
+
 /// The latest start, tagged with a generation so that the waiter of a
 /// start a reset killed cannot overwrite the record of the next one.
 #[derive(Debug, Default)]
 pub struct Tracker {
     current: Mutex<Option<(u64, EntrypointRecord)>>,
+    /// The log the entrypoint writes, as it was opened for it: read back
+    /// through this handle, whatever is at the path now.
+    log: Mutex<Option<Arc<std::fs::File>>>,
 }
 
 impl Tracker {
+    /// The log of the latest start (`None`: its output went nowhere).
+    pub fn set_log(&self, log: Option<std::fs::File>) {
+        *self.log.lock().unwrap_or_else(|p| p.into_inner()) = log.map(Arc::new);
+    }
+
+    /// The newest `max` bytes (at most [`LOG_TAIL_MAX`]) of the log; `None`
+    /// when there is none.
+    pub fn log_tail(&self, max: u64) -> Option<std::io::Result<Vec<u8>>> {
+        use std::os::unix::fs::FileExt;
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+        let read = || {
+            let len = log.metadata()?.len();
+            let want = max.min(LOG_TAIL_MAX).min(len);
+            let mut buf = vec![0; want as usize];
+            let mut at = 0;
+            while at < buf.len() {
+                match log.read_at(&mut buf[at..], len - want + at as u64)? {
+                    0 => break, // truncated meanwhile
+                    n => at += n,
+                }
+            }
+            buf.truncate(at);
+            Ok(buf)
+        };
+        Some(read())
+    }
+
     /// Records a new start (or a failure to start); returns its generation.
     pub fn started(&self, pid: Result<u32, String>) -> u64 {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());

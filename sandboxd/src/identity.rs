@@ -124,24 +124,42 @@ pub fn default_signals() -> io::Result<()> {
 /// Where the entrypoint's output goes, inside the sandbox.
 pub const ENTRYPOINT_LOG: &str = "/tmp/sandhub-entrypoint.log";
 
+/// Opens [`ENTRYPOINT_LOG`] to append to and to read back: never through a
+/// symlink, and only a regular file (the sandbox's user may have put
+/// anything at that path before a reset restarts the entrypoint, and
+/// sandboxd serves what it reads back); `None` when it cannot.
+fn open_entrypoint_log() -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(ENTRYPOINT_LOG)
+        .ok()?;
+    log.metadata().ok()?.is_file().then_some(log)
+}
+
 /// Starts the `--entrypoint` (a JSON argv) in the background, as `run_as`,
 /// in `cwd`, in a process group of its own, output to [`ENTRYPOINT_LOG`];
 /// the caller reaps the child. Called at start and after each workspace
-/// reset (which kills every workload, this one too).
+/// reset (which kills every workload, this one too). Also answers the log,
+/// open, for reading its tail back (`None`: the output went nowhere).
 pub fn start_entrypoint(
     argv: &[String],
     run_as: Option<&RunAs>,
     cwd: &Path,
     child_setup: Option<crate::ChildSetup>,
-) -> io::Result<std::process::Child> {
+) -> io::Result<(std::process::Child, Option<std::fs::File>)> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::other("the entrypoint is empty"))?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(ENTRYPOINT_LOG)
-        .or_else(|_| std::fs::File::create("/dev/null"))?;
+    let opened = open_entrypoint_log();
+    let reader = opened.as_ref().and_then(|f| f.try_clone().ok());
+    let log = match opened {
+        Some(f) => f,
+        None => std::fs::File::create("/dev/null")?,
+    };
     let mut cmd = Command::new(program);
     cmd.args(args)
         .current_dir(cwd)
@@ -162,7 +180,7 @@ pub fn start_entrypoint(
             cmd.pre_exec(setup);
         }
     }
-    cmd.spawn()
+    Ok((cmd.spawn()?, reader))
 }
 
 #[cfg(test)]

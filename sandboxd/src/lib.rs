@@ -164,8 +164,9 @@ impl Daemon {
             &cwd,
             self.child_setup,
         ) {
-            Ok(child) => {
+            Ok((child, log)) => {
                 tracing::info!(pid = child.id(), argv = ?self.entrypoint, "entrypoint started");
+                self.entrypoint_tracker.set_log(log);
                 self.entrypoint_tracker.watch(child);
             }
             Err(e) => {

@@ -45,6 +45,7 @@ pub fn router_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/metadata", get(metadata))
         .route(crate::entrypoint::ENTRYPOINT_ROUTE, get(entrypoint))
+        .route(crate::entrypoint::ENTRYPOINT_LOG_ROUTE, get(entrypoint_log))
         .route(crate::usage::USAGE_ROUTE, get(usage))
         .route("/metrics", get(metrics))
         .merge(files::routes())
@@ -209,6 +210,31 @@ async fn entrypoint(
     State(daemon): State<Arc<Daemon>>,
 ) -> Json<Option<crate::entrypoint::EntrypointRecord>> {
     Json(daemon.entrypoint_tracker.record())
+}
+
+/// The newest bytes of the entrypoint's output (`?tail=N`).
+async fn entrypoint_log(State(daemon): State<Arc<Daemon>>, request: Request) -> Response {
+    use crate::entrypoint::LOG_TAIL_DEFAULT;
+    let tail = request
+        .uri()
+        .query()
+        .and_then(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).ok())
+        .and_then(|pairs| pairs.into_iter().find(|(k, _)| k == "tail"))
+        .map(|(_, v)| v.parse::<u64>());
+    let tail = match tail {
+        None => LOG_TAIL_DEFAULT,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return Error::InvalidArgument("tail: not a byte count".into()).into_response()
+        }
+    };
+    match daemon.entrypoint_tracker.log_tail(tail) {
+        None => Error::NotFound("this sandbox's entrypoint has no log".into()).into_response(),
+        Some(Err(e)) => Error::io(e, crate::identity::ENTRYPOINT_LOG).into_response(),
+        Some(Ok(bytes)) => {
+            ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
+        }
+    }
 }
 
 /// sandboxd's container's usage ring; `null` where it sees no cgroup v2 of

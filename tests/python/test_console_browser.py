@@ -11,6 +11,7 @@ docs/console.md shows them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -227,14 +228,93 @@ def test_sign_in_create_and_hostile_label(browser: Any, hub: Hub) -> None:
         context.close()
 
 
+def row_ids(page: Any) -> set[str]:
+    return set(page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)"))
+
+
+def list_fetches(page: Any) -> list[float]:
+    """Times at which the page fetches the sandbox list, from now on."""
+    seen: list[float] = []
+
+    def on_request(r: Any) -> None:
+        if r.method == "GET" and r.url.endswith("/v1/sandboxes"):
+            seen.append(time.monotonic())
+
+    page.on("request", on_request)
+    return seen
+
+
+def test_the_list_follows_the_event_stream(alice: Session, hub: Hub) -> None:
+    """A sandbox created, then deleted, through the API (not the page) comes
+    and goes in the open list without a reload, well inside the old 2 s
+    poll; and idle, the list is no longer fetched every 2 s, so it was the
+    event stream that brought the change."""
+    page = alice.page
+    page.get_by_test_id("updates").filter(has_text="live").wait_for(timeout=15_000)
+    fetches = list_fetches(page)
+    for _ in range(2):
+        sid = api(hub, "POST", "/v1/sandboxes", {"labels": {"via": "api"}})["id"]
+        t0 = time.monotonic()
+        page.locator(f"tr[data-id='{sid}']").wait_for(timeout=10_000)
+        appeared = time.monotonic() - t0
+        api(hub, "DELETE", f"/v1/sandboxes/{sid}")
+        t0 = time.monotonic()
+        page.locator(f"tr[data-id='{sid}']").wait_for(state="detached", timeout=10_000)
+        gone = time.monotonic() - t0
+        assert appeared < 1.5 and gone < 1.5, (appeared, gone)
+    page.wait_for_timeout(1000)  # the last events' reloads
+    fetches.clear()
+    page.wait_for_timeout(6000)
+    assert len(fetches) <= 1, f"the idle list was fetched {len(fetches)} times in 6 s"
+
+    # Away from the live views long enough for the stream to close, then
+    # back: the new stream resumes after the last event this tab saw.
+    streams: list[tuple[str, dict[str, str]]] = []
+
+    def on_stream(r: Any) -> None:
+        if "/v1/events" in r.url:
+            streams.append((r.url, r.headers))
+
+    page.on("request", on_stream)
+    page.get_by_role("link", name="Templates").click()
+    page.wait_for_timeout(6500)
+    page.get_by_role("link", name="Sandboxes").click()
+    page.get_by_test_id("updates").filter(has_text="live").wait_for(timeout=15_000)
+    assert streams, "no new stream"
+    url, sent = streams[-1]
+    assert int(sent.get("last-event-id", "0")) > 0, sent
+    # The key goes as a header, never in the URL.
+    assert sent.get("authorization") == f"Bearer {ALICE}" and ALICE not in url
+
+
+def test_without_the_event_stream_the_list_polls(alice: Session, hub: Hub) -> None:
+    """A hub that refuses the stream (a backend without an event log answers
+    501) still gets a current list: the console falls back to polling."""
+    page = alice.page
+    page.route(
+        "**/v1/events*",
+        lambda route: route.fulfill(
+            status=501, content_type="application/json", body='{"code":"UNIMPLEMENTED","message":"no event log"}'
+        ),
+    )
+    page.reload()
+    page.get_by_test_id("updates").filter(has_text="polling").wait_for(timeout=15_000)
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page.locator(f"tr[data-id='{sid}']").wait_for(timeout=10_000)
+    api(hub, "DELETE", f"/v1/sandboxes/{sid}")
+
+
 def test_another_tenant_never_sees_the_first_tenants_sandboxes(browser: Any, hub: Hub) -> None:
     mine = api(hub, "POST", "/v1/sandboxes", {"labels": {"owner": "alice"}})["id"]
     bob = Session(browser, hub, BOB)
     try:
         page = bob.page
         page.wait_for_selector("[data-testid=count]:not(:has-text('loading'))")
-        time.sleep(2.5)  # one more poll: still nothing of alice's
-        assert mine not in page.content()
+        page.get_by_test_id("updates").filter(has_text="live").wait_for(timeout=15_000)
+        # Nor does bob's event stream bring alice's next one.
+        later = api(hub, "POST", "/v1/sandboxes", {"labels": {"owner": "alice"}})["id"]
+        page.wait_for_timeout(2500)
+        assert mine not in page.content() and later not in page.content()
         page.goto(f"{hub.url}/#/sandboxes/{mine}")
         page.get_by_role("alert").wait_for()
         # The same answer as for a sandbox that does not exist.
@@ -269,6 +349,73 @@ def test_terminal_echo_and_escape_sequences(alice: Session, hub: Hub) -> None:
     assert page.locator("img[src='x']").count() == 0
     assert page.title() == "Sandhub"
     shot(page, "terminal")
+
+
+def test_terminal_reattaches_to_its_shell_after_a_reload(alice: Session, hub: Hub) -> None:
+    """The hub keeps a dropped terminal's shell for a while; the reloaded
+    page re-attaches to it (a fresh ticket, the shell's id from this tab's
+    sessionStorage) and the same shell answers: same pid, same variable."""
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page = alice.page
+    open_detail(page, hub, sid)
+    page.get_by_role("button", name="Open terminal").click()
+    wait_for("the terminal", lambda: page.get_by_test_id("terminal-status").inner_text().startswith("open"), timeout=30)
+    page.locator(".xterm").click()
+    page.keyboard.type("X=kept-7; echo pid-$$-end\n")
+    found = wait_for("the pid", lambda: re.search(r"^pid-(\d+)-end", terminal_text(page), re.M), timeout=15)
+    assert found
+    pid = found.group(1)
+    page.reload()
+    page.get_by_role("heading", name=sid).wait_for()
+    # No click: the kept shell's terminal opens by itself.
+    wait_for("re-attached", lambda: "re-attached" in page.get_by_test_id("terminal-status").inner_text(), timeout=30)
+    page.locator(".xterm").click()
+    page.keyboard.type("echo v=$X pid-$$-again\n")
+    wait_for("the same shell", lambda: re.search(rf"^v=kept-7 pid-{pid}-again", terminal_text(page), re.M), timeout=15)
+    # The hub lists it as the terminal it is.
+    procs = api(hub, "GET", f"/v1/sandboxes/{sid}/processes")["processes"]
+    assert [p["running"] for p in procs if p["kind"] == "terminal"] == [True], procs
+
+
+def test_processes_are_listed_and_killed_from_the_page(alice: Session, hub: Hub) -> None:
+    sid = api(hub, "POST", "/v1/sandboxes", {})["id"]
+    page = alice.page
+    with sandhub.Hub(hub.url, api_key=ALICE) as client:
+        sleeper = client.get(sid).commands.start(["sleep", "600"])
+        try:
+            open_detail(page, hub, sid)
+            section = page.locator("section[aria-labelledby=processes-title]")
+            row = section.locator("tbody tr").filter(has_text="sleep 600")
+            row.wait_for(timeout=15_000)
+            assert row.get_attribute("data-running") == "true"
+            pid = row.get_attribute("data-pid")
+            shot(page, "processes")
+            section.get_by_role("button", name=f"Kill {pid}").click()
+            row.filter(has_text="exited").wait_for(timeout=15_000)
+            assert row.get_attribute("data-running") == "false"
+            procs = api(hub, "GET", f"/v1/sandboxes/{sid}/processes")["processes"]
+            assert [p for p in procs if p["running"]] == [], procs
+        finally:
+            with contextlib.suppress(Exception):  # killed from the page already
+                sleeper.kill()
+
+
+def test_entrypoint_status_and_log(alice: Session, hub: Hub) -> None:
+    api(
+        hub,
+        "PUT",
+        "/v1/templates/talker",
+        {"entrypoint": ["/bin/sh", "-c", f"echo 'started: {HOSTILE_LABEL}'; sleep 600"]},
+    )
+    sid = api(hub, "POST", "/v1/sandboxes", {"template": "talker"})["id"]
+    page = alice.page
+    open_detail(page, hub, sid)
+    assert page.get_by_test_id("entrypoint-state").inner_text().startswith("Running")
+    log = page.get_by_test_id("entrypoint-log")
+    wait_for("the entrypoint's line", lambda: f"started: {HOSTILE_LABEL}" in log.inner_text(), timeout=30)
+    # Its output is text: the markup in it is not an element.
+    assert page.locator("img[src='x']").count() == 0
+    shot(page, "entrypoint")
 
 
 def test_upload_shows_in_exec_and_reset_removes_it(alice: Session, hub: Hub, tmp_path: Path) -> None:
@@ -646,3 +793,35 @@ def test_gym_view_shows_an_episodes_reward_after_env_step(alice: Session, hub: H
         assert status == 200 and json.loads(body)["envs"] == []
     finally:
         env.close()
+
+
+def test_an_image_pull_from_the_page_shows_its_progress(browser: Any, tmp_path: Path) -> None:
+    """A pull started from the Templates view reads the hub's NDJSON stream:
+    the layers it resolved, each one's progress, and the image at the end."""
+    from sandhub_testing import Registry, running_hub, test_image_layout
+
+    with Registry(tmp_path / "registry") as reg:
+        reg.push(test_image_layout(), "console/pulled:1", ref="sandhub/test:amd64")
+        with running_hub(binary("sandhub"), tmp_path / "hub", "--insecure-registry", reg.addr) as h:
+            s = Session(browser, h, None)
+            try:
+                page = s.page
+                page.get_by_role("link", name="Templates").click()
+                form = page.get_by_role("form", name="Pull an image")
+                form.get_by_label("Reference").fill(f"{reg.addr}/console/pulled:1")
+                form.get_by_label("Store as").fill("console/pulled:local")
+                form.get_by_role("button", name="Pull").click()
+                status = page.get_by_test_id("pull-status")
+                status.filter(has_text="Pulled: console/pulled:local").wait_for(timeout=60_000)
+                # It resolved three layers, each now done, and the bar is full.
+                layers = page.locator("li[data-layer-done]")
+                assert layers.count() == 3
+                assert layers.evaluate_all("ls => ls.every(l => l.dataset.layerDone === 'true')")
+                bar = page.get_by_test_id("pull-progress")
+                assert bar.get_attribute("value") == bar.get_attribute("max")
+                # And the store's list shows it without a reload.
+                page.locator("tbody").get_by_text("console/pulled:local").wait_for(timeout=10_000)
+                shot(page, "images-pull")
+                assert s.dialogs == []
+            finally:
+                s.close()

@@ -1,16 +1,25 @@
-// One sandbox: its state and entrypoint, lifecycle buttons, usage plots,
-// files, ports, snapshots and a terminal. The plot and the terminal are
+// One sandbox: its state, entrypoint and its log, lifecycle buttons, usage
+// plots, processes, files, ports, snapshots and a terminal. The plot and the terminal are
 // loaded only when shown, to keep the first load small.
 import { lazy, Suspense } from "preact/compat";
 import { useEffect, useState } from "preact/hooks";
 import { call, enc, type Metrics, type Sandbox, type Snapshot } from "../api";
 import { age, bytes, message } from "../format";
+import { useCoalesced, useLive } from "../live";
 import { Files } from "./Files";
+import { Processes } from "./Processes";
+import { EntrypointLog } from "./EntrypointLog";
+import { keptShell } from "./shell";
 
 const Usage = lazy(() => import("./Usage"));
 const Terminal = lazy(() => import("./Terminal"));
 
+/** Without the event stream, the sandbox is polled this often. */
 const POLL_MS = 2000;
+/** With it, its record is reloaded on its events and, to be safe, slowly. */
+const SLOW_POLL_MS = 15_000;
+/** Usage samples are not events: the plots keep a poll of their own. */
+const METRICS_POLL_MS = 4000;
 
 function Lifecycle(props: { sandbox: Sandbox; onDone: (note: string) => void }) {
   const id = enc(props.sandbox.id);
@@ -118,28 +127,45 @@ export function Detail(props: { id: string }) {
   const [error, setError] = useState<string | null>(null);
   const [note, setNote] = useState<string | null>(null);
   const [stamp, setStamp] = useState(0);
-  const [terminal, setTerminal] = useState(false);
+  // A shell this tab kept open (a reload): re-attach to it at once.
+  const [terminal, setTerminal] = useState(() => keptShell(props.id) !== null);
+  const [tick, setTick] = useState(0);
+  const refresh = useCoalesced(() => setTick((n) => n + 1));
+  const mode = useLive((e) => {
+    if (e.sandbox_id === props.id) refresh();
+  });
   useEffect(() => {
     let live = true;
     const load = async () => {
       try {
         const s = await call<Sandbox>("GET", `/v1/sandboxes/${enc(props.id)}`);
-        const m = await call<Metrics>("GET", `/v1/sandboxes/${enc(props.id)}/metrics`).catch(() => null);
         if (!live) return;
         setSandbox(s);
-        setMetrics(m);
         setError(null);
       } catch (e) {
         if (live) setError(message(e));
       }
     };
     void load();
-    const t = setInterval(load, POLL_MS);
+    const t = setInterval(load, mode === "live" ? SLOW_POLL_MS : POLL_MS);
     return () => {
       live = false;
       clearInterval(t);
     };
-  }, [props.id, stamp]);
+  }, [props.id, stamp, tick, mode]);
+  useEffect(() => {
+    let live = true;
+    const load = async () => {
+      const m = await call<Metrics>("GET", `/v1/sandboxes/${enc(props.id)}/metrics`).catch(() => null);
+      if (live) setMetrics(m);
+    };
+    void load();
+    const t = setInterval(load, mode === "live" ? METRICS_POLL_MS : POLL_MS);
+    return () => {
+      live = false;
+      clearInterval(t);
+    };
+  }, [props.id, mode]);
 
   if (!sandbox) return error ? <p role="alert" class="error">{error}</p> : <p>Loading…</p>;
   const entry = sandbox.entrypoint;
@@ -167,9 +193,10 @@ export function Detail(props: { id: string }) {
         {entry && (
           <>
             <dt>Entrypoint</dt>
-            <dd>
+            <dd data-testid="entrypoint-state">
               {entry.state}
               {entry.exit_code !== null && entry.exit_code !== undefined && ` (exit ${entry.exit_code})`}
+              {entry.signal !== null && entry.signal !== undefined && ` (signal ${entry.signal})`}
               {entry.message && ` · ${entry.message}`}
             </dd>
           </>
@@ -193,6 +220,8 @@ export function Detail(props: { id: string }) {
           <p class="muted">No samples yet.</p>
         )}
       </section>
+      {entry && <EntrypointLog id={sandbox.id} running={entry.state === "Running"} stamp={stamp + tick} />}
+      <Processes id={sandbox.id} />
       <section aria-labelledby="terminal-title">
         <h2 id="terminal-title">Terminal</h2>
         {terminal ? (

@@ -3,10 +3,14 @@ import { lazy, Suspense } from "preact/compat";
 import { useEffect, useRef, useState } from "preact/hooks";
 import { call, enc, type Pool } from "../api";
 import { message } from "../format";
+import { useCoalesced, useLive } from "../live";
 
 const PoolFill = lazy(() => import("./PoolFill"));
+/** Without the event stream, pools are polled this often. */
 const POLL_MS = 2000;
-/** Points of fill history kept per pool: ten minutes at POLL_MS. */
+/** With it, a slow poll only adds points to the fill plots. */
+const SLOW_POLL_MS = 10_000;
+/** Points of fill history kept per pool. */
 const HISTORY = 300;
 
 interface Fill {
@@ -45,6 +49,12 @@ export function Pools() {
   const [template, setTemplate] = useState("default");
   // Fill history per pool, as this page saw it (kept across reloads of the list).
   const history = useRef(new Map<string, Fill>());
+  const refresh = useCoalesced(() => setTick((t) => t + 1));
+  // A pool member's lifecycle (created, ready, claimed, deleted) and the
+  // pool's own events carry its name.
+  const mode = useLive((e) => {
+    if (e.pool) refresh();
+  });
   useEffect(() => {
     let live = true;
     const load = () =>
@@ -62,12 +72,12 @@ export function Pools() {
         })
         .catch((e) => live && setError(message(e)));
     void load();
-    const t = setInterval(load, POLL_MS);
+    const t = setInterval(load, mode === "live" ? SLOW_POLL_MS : POLL_MS);
     return () => {
       live = false;
       clearInterval(t);
     };
-  }, [tick]);
+  }, [tick, mode]);
   const reload = () => setTick((t) => t + 1);
   return (
     <section aria-labelledby="pools-title">

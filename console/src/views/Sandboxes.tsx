@@ -3,9 +3,13 @@
 import { useEffect, useMemo, useState } from "preact/hooks";
 import { call, type Sandbox } from "../api";
 import { age, bytes, message } from "../format";
+import { useCoalesced, useLive } from "../live";
 
 const PAGE = 100;
+/** Without the event stream, the list is polled this often. */
 const POLL_MS = 2000;
+/** With it, only the usage columns (not events) need a poll, a slow one. */
+const USAGE_POLL_MS = 10_000;
 
 type Key = "id" | "state" | "template" | "age" | "cpu" | "memory" | "disk";
 
@@ -19,10 +23,15 @@ const value: Record<Key, (s: Sandbox) => string | number> = {
   disk: (s) => s.usage?.latest.disk_bytes ?? -1,
 };
 
-export function useSandboxes(): [Sandbox[] | null, string | null, () => void] {
+export function useSandboxes(): [Sandbox[] | null, string | null, () => void, string] {
   const [list, setList] = useState<Sandbox[] | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [tick, setTick] = useState(0);
+  const reload = useCoalesced(() => setTick((n) => n + 1));
+  // Any sandbox's lifecycle event may change the list (a new row, a state).
+  const mode = useLive((e) => {
+    if (e.sandbox_id) reload();
+  });
   useEffect(() => {
     let live = true;
     const load = async () => {
@@ -37,13 +46,13 @@ export function useSandboxes(): [Sandbox[] | null, string | null, () => void] {
       }
     };
     void load();
-    const t = setInterval(load, POLL_MS);
+    const t = setInterval(load, mode === "live" ? USAGE_POLL_MS : POLL_MS);
     return () => {
       live = false;
       clearInterval(t);
     };
-  }, [tick]);
-  return [list, error, () => setTick((n) => n + 1)];
+  }, [tick, mode]);
+  return [list, error, () => setTick((n) => n + 1), mode];
 }
 
 function parseLabels(text: string): Record<string, string> {
@@ -93,7 +102,7 @@ function Create(props: { onCreated: () => void }) {
 }
 
 export function Sandboxes() {
-  const [list, error, reload] = useSandboxes();
+  const [list, error, reload, mode] = useSandboxes();
   const [filter, setFilter] = useState("");
   const [sort, setSort] = useState<{ key: Key; up: boolean }>({ key: "age", up: true });
   const [page, setPage] = useState(0);
@@ -146,6 +155,9 @@ export function Sandboxes() {
         </label>
         <span class="muted" data-testid="count">
           {list === null ? "loading" : `${rows.length} of ${list.length}`}
+        </span>
+        <span class="muted" data-testid="updates" title="How this list stays current">
+          {mode === "live" ? "live" : "polling every 2 s"}
         </span>
       </div>
       {error && <p role="alert" class="error">{error}</p>}

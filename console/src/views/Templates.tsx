@@ -1,8 +1,10 @@
 // Templates (JSON, edited in place; the hub's validation error is shown
-// at the field it names) and the local image store's images.
+// at the field it names), the local image store's images, and a pull with
+// its progress.
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, call, enc } from "../api";
 import { bytes, message } from "../format";
+import { Pull } from "./Pull";
 
 interface NamedTemplate {
   name: string;
@@ -136,6 +138,7 @@ export function Templates() {
           </li>
         ))}
       </ul>
+      <Pull onPulled={reload} />
       <h2 id="images-title">Images</h2>
       {imagesNote && <p class="muted">{imagesNote}</p>}
       <div class="scroll">

@@ -12,8 +12,9 @@
 //! error.rs     ApiError: every error as JSON {code, message}; 413 says Connection: close
 //! json.rs      ApiJson: the one JSON body extractor (objects only, content types)
 //! openapi.rs   the OpenAPI document's frame (title, tags, shared answers)
-//! rest/        the REST API (/v1/...): sandboxes, processes, files, ports, templates,
-//!              pools, images, prepull, health (probes, /metrics), admin (operators)
+//! rest/        the REST API (/v1/...): sandboxes, processes (and their list, kept
+//!              terminal shells), entrypoint logs, files, ports, templates, pools, images,
+//!              prepull, health (probes, /metrics), admin (operators)
 //! gym/         Gym-style environments (/gym/v1/...): envs, step matching, the registry
 //!              (kept across restarts through backend::EnvStore)
 //! mcp.rs       the sandhub-mcp tool set, mounted at /mcp
@@ -25,7 +26,7 @@
 //!   answer.rs    what a sandbox's answer may carry back (CSP sandbox, cookies)
 //!   limits.rs    in-flight caps per sandbox, tenant and hub; head and idle timeouts
 //! browser.rs   refusing what only a sandbox's page could send (Origin, port cookies)
-//! console/     the web console at `/` (embedded files, CSP) and the terminal's tickets
+//! console/     the web console at `/` (embedded files, CSP), the terminal's tickets
 //! signing.rs   tokens the hub signs for itself (envd access, browser links)
 //! trace.rs     the server span of every request (traceparent in), when traces export
 //! ```
@@ -159,6 +160,10 @@ pub fn app(
     let app = router
         .merge(console::file_routes())
         .layer(axum::Extension(auth.tickets.clone()))
+        .layer(axum::Extension(Arc::new(rest::shells::Shells::default())))
+        .layer(axum::Extension(Arc::new(
+            rest::process_list::ProcessTable::default(),
+        )))
         .nest_service("/mcp", mcp)
         .route(
             "/openapi.json",

@@ -25,6 +25,7 @@ mod network;
 mod outbox;
 mod paths;
 mod process;
+pub(crate) use process::KEPT_LABEL;
 mod signed;
 
 use std::sync::Arc;

@@ -60,7 +60,7 @@ pub const MAX_WATCHERS_PER_TENANT: usize = 64;
 /// (Kubernetes: sandboxd's `keep.v1` label), so that every hub replica
 /// finds the same ones. A sandbox belongs to one tenant, so one label
 /// serves every caller of the sandbox, as envd's `List` does.
-const KEPT_LABEL: &str = "e2b";
+pub(crate) const KEPT_LABEL: &str = "e2b";
 /// How often a pump held back by a starting call that stopped reading
 /// checks that its sandbox still exists (a sandbox deleted by another
 /// front door is not announced to this facade).

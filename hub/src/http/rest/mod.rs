@@ -3,6 +3,7 @@
 //! view of every tenant (`admin`, `--admin-tenants`).
 
 mod admin;
+mod entrypoint;
 mod events;
 mod files;
 pub mod health;
@@ -10,9 +11,11 @@ pub mod images;
 mod pools;
 mod ports;
 mod prepull;
+pub mod process_list;
 mod processes;
 mod sandboxes;
 mod secrets;
+pub mod shells;
 mod templates;
 mod webhooks;
 
@@ -25,6 +28,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .merge(sandboxes::routes())
         .merge(processes::routes())
+        .merge(entrypoint::routes())
         .merge(files::routes())
         .merge(templates::routes())
         .merge(secrets::routes())

@@ -1,8 +1,9 @@
 //! Running commands: one-shot exec, started processes streamed as NDJSON
-//! (with stdin, signals and resize), an interactive PTY over WebSocket, and
-//! directory watches as Server-Sent Events.
+//! (with stdin, signals and resize) and listed (`process_list`), an
+//! interactive PTY over WebSocket whose shell may outlive its socket
+//! (`shells`), and directory watches as Server-Sent Events.
 
-use std::{convert::Infallible, time::Duration};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use axum::{
     body::{Body, Bytes},
@@ -12,6 +13,7 @@ use axum::{
         sse::{Event, KeepAlive, Sse},
         IntoResponse, Response,
     },
+    Extension,
 };
 use futures::{Stream, StreamExt};
 use sandhub_api::{
@@ -21,9 +23,13 @@ use sandhub_api::{
 use sandhub_client::{
     http::encode_process_event, ProcessEvent, PtySize, Signal, StartProcess, StdinInput,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::{
+    process_list::{ProcessInfo, ProcessTable, Tracked},
+    shells::{Shell, Shells},
+};
 use crate::http::{Api, ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState};
 
 /// Stdin chunks and exec stdin are capped like other JSON bodies.
@@ -32,7 +38,7 @@ const MAX_STDIN_CHUNK: usize = crate::http::MAX_JSON_BODY;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(exec))
-        .routes(routes!(start_process))
+        .routes(routes!(start_process, list_processes))
         .routes(routes!(write_stdin))
         .routes(routes!(send_signal))
         .routes(routes!(resize))
@@ -92,11 +98,13 @@ struct StartBody {
     ))]
 async fn start_process(
     Api(api): Api,
+    Extension(table): Extension<Arc<ProcessTable>>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<StartBody>,
 ) -> ApiResult<Response> {
+    let argv = body.command.argv();
     let request = StartProcess {
-        command: body.command.argv(),
+        command: argv.clone(),
         env: body.env,
         cwd: body.cwd,
         pty: body.pty.map(|p| PtySize {
@@ -105,7 +113,23 @@ async fn start_process(
         }),
     };
     let events = api.start(&id, request).await?;
-    let lines = events.map(|ev| {
+    // Listed from its start to its exit, or to the end of this response
+    // (which kills it): the guard lives in the stream.
+    let tenant = api.tenant().to_string();
+    let mut tracked: Option<Tracked> = None;
+    let lines = events.map(move |ev| {
+        match &ev {
+            Ok(ProcessEvent::Started { pid }) => {
+                tracked = table.started(&tenant, &id, *pid, argv.clone(), "process");
+            }
+            Ok(ProcessEvent::Exited { exit_code }) => {
+                // Listed as exited before the client reads that it did.
+                if let Some(mut t) = tracked.take() {
+                    t.exited(*exit_code);
+                }
+            }
+            _ => {}
+        }
         let line = match ev {
             Ok(ev) => serde_json::to_vec(&encode_process_event(&ev)),
             // A broken stream ends with an error line the client can read.
@@ -120,6 +144,45 @@ async fn start_process(
         Body::from_stream(lines),
     )
         .into_response())
+}
+
+/// A sandbox's processes.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct ProcessList {
+    processes: Vec<ProcessInfo>,
+}
+
+/// The processes started in a sandbox through this hub (`POST
+/// .../processes`, the terminal; on Kubernetes also those the E2B door
+/// keeps), running ones first, then the last exited, newest first. The
+/// hub's own table: processes a sandbox starts by itself are not listed.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "processes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody)))]
+async fn list_processes(
+    Api(api): Api,
+    Extension(table): Extension<Arc<ProcessTable>>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<ApiJson<ProcessList>> {
+    // Another tenant's sandbox, or none: NOT_FOUND, before anything is read.
+    api.get(&id).await?;
+    let mut processes = table.list(api.tenant(), &id);
+    // What the E2B door keeps in sandboxd (Kubernetes); a sandbox that is
+    // not Ready has none to tell.
+    if let Ok(Some(kept)) = api.list_kept(&id, crate::http::e2b::KEPT_LABEL).await {
+        processes.extend(kept.into_iter().map(|k| ProcessInfo {
+            pid: k.pid,
+            argv: k.command,
+            kind: "e2b".into(),
+            tag: Some(k.tag).filter(|t| !t.is_empty()),
+            started_at: None,
+            running: k.exit_code.is_none(),
+            exit_code: k.exit_code,
+        }));
+        // Stable: running ones first, each part in its order.
+        processes.sort_by_key(|p| !p.running);
+    }
+    Ok(ApiJson(ProcessList { processes }))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -255,6 +318,16 @@ struct PtyQuery {
     cols: u16,
     #[serde(default = "default_rows")]
     rows: u16,
+    /// Keep the shell when the socket drops: the first text frame is then
+    /// `{"shell":"<id>"}`, and the shell waits 60 s for a socket that
+    /// names it in `shell` (its last 64 KiB of output replayed first)
+    /// before it is killed.
+    #[serde(default)]
+    keep: bool,
+    /// Re-attach to this kept shell of the same tenant and sandbox instead
+    /// of starting one (`command` is then ignored).
+    #[serde(default)]
+    shell: Option<String>,
 }
 
 fn default_cols() -> u16 {
@@ -267,15 +340,20 @@ fn default_rows() -> u16 {
 
 /// An interactive terminal over WebSocket. Binary frames carry terminal
 /// bytes both ways; a text frame `{"cols":C,"rows":R}` resizes; the server
-/// ends with a text frame `{"exit_code":N}` and closes.
+/// ends with a text frame `{"exit_code":N}` and closes. With `keep=true`
+/// the shell survives a dropped socket for a while (see `keep`, `shell`).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "processes",
     params(("id" = String, Path), PtyQuery),
     responses((status = 101, description = "WebSocket upgrade"),
               (status = 400, body = ErrorBody, description = "Not a WebSocket upgrade request"),
               (status = 403, body = ErrorBody, description = "Cross-origin upgrade"),
-              (status = 404, body = ErrorBody), (status = 412, body = ErrorBody)))]
+              (status = 404, body = ErrorBody,
+               description = "No such sandbox, or no kept shell by that id (it ended, or was not claimed in time)"),
+              (status = 412, body = ErrorBody)))]
 async fn pty(
     Api(api): Api,
+    Extension(shells): Extension<Arc<Shells>>,
+    Extension(table): Extension<Arc<ProcessTable>>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PtyQuery>,
     headers: axum::http::HeaderMap,
@@ -295,6 +373,18 @@ async fn pty(
         e.status = Some(r.status());
         e
     })?;
+    if let Some(shell) = q.shell.as_deref() {
+        // The sandbox must still be the caller's (and exist) to re-attach.
+        api.get(&id).await?;
+        let Some(shell) = shells.claim(api.tenant(), &id, shell).await else {
+            return Err(ApiError::new(
+                Code::NotFound,
+                "no kept shell by that id in this sandbox (it ended, or was not claimed in time)",
+            ));
+        };
+        let pty = Pty { api, id, shells };
+        return Ok(ws.on_upgrade(move |socket| pty.serve(socket, shell, true)));
+    }
     let command: Vec<String> = q
         .command
         .as_deref()
@@ -304,11 +394,11 @@ async fn pty(
         .collect();
     let mut env = std::collections::BTreeMap::new();
     env.insert("TERM".to_string(), "xterm-256color".to_string());
-    let events = api
+    let mut events = api
         .start(
             &id,
             StartProcess {
-                command,
+                command: command.clone(),
                 env,
                 cwd: String::new(),
                 pty: Some(PtySize {
@@ -318,90 +408,104 @@ async fn pty(
             },
         )
         .await?;
-    Ok(ws.on_upgrade(move |socket| run_pty(socket, api, id, events)))
-}
-
-async fn run_pty(
-    socket: WebSocket,
-    api: std::sync::Arc<dyn crate::backend::TenantView>,
-    id: String,
-    mut events: sandhub_client::ProcessEvents,
-) {
-    let (mut tx, mut rx) = socket.split();
-    use futures::SinkExt;
     let pid = match events.next().await {
         Some(Ok(ProcessEvent::Started { pid })) => pid,
-        _ => return,
-    };
-    let input = {
-        let api = api.clone();
-        let id = id.clone();
-        async move {
-            while let Some(Ok(msg)) = rx.next().await {
-                let done = match msg {
-                    Message::Binary(b) => api
-                        .write_stdin(&id, pid, StdinInput::Data(b))
-                        .await
-                        .is_err(),
-                    Message::Text(t) => {
-                        if let Ok(size) = serde_json::from_str::<ResizeRequest>(&t) {
-                            let _ = api
-                                .resize(
-                                    &id,
-                                    pid,
-                                    PtySize {
-                                        cols: size.cols,
-                                        rows: size.rows,
-                                    },
-                                )
-                                .await;
-                        }
-                        false
-                    }
-                    Message::Close(_) => true,
-                    _ => false,
-                };
-                if done {
-                    break;
-                }
-            }
-            // The client went away: the terminal's process goes too.
-            let _ = api.signal(&id, pid, Signal::Sigkill).await;
+        Some(Err(e)) => return Err(e.into()),
+        _ => {
+            return Err(ApiError::new(
+                Code::Internal,
+                "the terminal's process did not start",
+            ))
         }
     };
-    let output = async move {
-        while let Some(ev) = events.next().await {
-            match ev {
-                Ok(ProcessEvent::Stdout { data }) | Ok(ProcessEvent::Stderr { data }) => {
-                    if tx.send(Message::Binary(data.into())).await.is_err() {
+    let tracked = table.started(api.tenant(), &id, pid, command, "terminal");
+    let shell = Shell::new(pid, events, tracked);
+    let pty = Pty { api, id, shells };
+    let keep = q.keep;
+    Ok(ws.on_upgrade(move |socket| pty.serve(socket, shell, keep)))
+}
+
+/// One terminal socket's side of a shell.
+struct Pty {
+    api: Arc<dyn crate::backend::TenantView>,
+    id: String,
+    shells: Arc<Shells>,
+}
+
+impl Pty {
+    /// Serves `shell` on `socket` until the shell ends or the socket drops;
+    /// then a `keep` shell is detached (kept for a re-attach), any other
+    /// killed.
+    async fn serve(self, socket: WebSocket, mut shell: Shell, keep: bool) {
+        use futures::SinkExt;
+        let (mut tx, mut rx) = socket.split();
+        let mut hello = Ok(());
+        if keep {
+            let id = serde_json::json!({ "shell": shell.id }).to_string();
+            hello = tx.send(Message::Text(id.into())).await;
+            let replay = shell.tail.to_vec();
+            if hello.is_ok() && !replay.is_empty() {
+                hello = tx.send(Message::Binary(replay.into())).await;
+            }
+        }
+        if hello.is_err() {
+            return self.gone(shell, keep).await;
+        }
+        loop {
+            tokio::select! {
+                msg = rx.next() => match msg {
+                    Some(Ok(Message::Binary(b))) => {
+                        if self.api.write_stdin(&self.id, shell.pid, StdinInput::Data(b)).await.is_err() {
+                            // The shell is gone or unreachable: end it.
+                            return self.gone(shell, false).await;
+                        }
+                    }
+                    Some(Ok(Message::Text(t))) => {
+                        if let Ok(size) = serde_json::from_str::<ResizeRequest>(&t) {
+                            let size = PtySize { cols: size.cols, rows: size.rows };
+                            let _ = self.api.resize(&self.id, shell.pid, size).await;
+                        }
+                    }
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                        return self.gone(shell, keep).await;
+                    }
+                    Some(Ok(_)) => {}
+                },
+                ev = shell.events.next() => match ev {
+                    Some(Ok(ProcessEvent::Stdout { data } | ProcessEvent::Stderr { data })) => {
+                        shell.tail.push(&data);
+                        if tx.send(Message::Binary(data.into())).await.is_err() {
+                            return self.gone(shell, keep).await;
+                        }
+                    }
+                    Some(Ok(ProcessEvent::Exited { exit_code })) => {
+                        if let Some(mut t) = shell.tracked.take() {
+                            t.exited(exit_code);
+                        }
+                        let end = serde_json::json!({ "exit_code": exit_code }).to_string();
+                        let _ = tx.send(Message::Text(end.into())).await;
+                        let _ = tx.close().await;
                         return;
                     }
-                }
-                Ok(ProcessEvent::Exited { exit_code }) => {
-                    let _ = tx
-                        .send(Message::Text(
-                            serde_json::json!({ "exit_code": exit_code })
-                                .to_string()
-                                .into(),
-                        ))
-                        .await;
-                    let _ = tx.close().await;
-                    return;
-                }
-                Ok(ProcessEvent::Started { .. }) => {}
-                Err(e) => {
-                    let _ = tx
-                        .send(Message::Text(
-                            serde_json::to_string(&e.body()).unwrap_or_default().into(),
-                        ))
-                        .await;
-                    return;
-                }
+                    Some(Ok(ProcessEvent::Started { .. })) => {}
+                    Some(Err(e)) => {
+                        let body = serde_json::to_string(&e.body()).unwrap_or_default();
+                        let _ = tx.send(Message::Text(body.into())).await;
+                        return;
+                    }
+                    None => return,
+                },
             }
         }
-    };
-    tokio::select! {
-        _ = input => {}
-        _ = output => {}
+    }
+
+    /// The socket went away: keep the shell for a re-attach, or kill it
+    /// (the terminal's process goes with its client).
+    async fn gone(self, shell: Shell, keep: bool) {
+        if keep {
+            self.shells.detach(self.api, self.id, shell);
+        } else {
+            let _ = self.api.signal(&self.id, shell.pid, Signal::Sigkill).await;
+        }
     }
 }

@@ -1,1 +1,0 @@
-import{t as e}from"./Chart-DG1BL5Qq.js";import{t}from"./index-3dY4KI3G.js";function n(n){return t(e,{title:`Ready`,unit:`members`,x:n.t,y:n.ready,limit:n.replicas})}export{n as default};

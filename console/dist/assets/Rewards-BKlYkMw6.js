@@ -1,1 +1,0 @@
-import{t as e}from"./Chart-DG1BL5Qq.js";import{t}from"./index-3dY4KI3G.js";function n(n){return t(e,{title:`Return`,unit:`per episode`,x:n.episodes.map(e=>e.episode),y:n.episodes.map(e=>e.return),time:!1})}export{n as default};
