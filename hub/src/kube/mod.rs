@@ -530,10 +530,7 @@ impl KubeTenancy {
     /// `/v1/webhooks` on this backend: registrations and delivery state in
     /// objects the hub owns, deliveries by the replica holding a Lease
     /// (kube/webhooks/). Not started until [`KubeWebhooks::spawn`].
-    pub fn webhooks(
-        &self,
-        args: &crate::webhooks::WebhookArgs,
-    ) -> anyhow::Result<KubeWebhooks> {
+    pub fn webhooks(&self, args: &crate::webhooks::WebhookArgs) -> anyhow::Result<KubeWebhooks> {
         KubeWebhooks::new(
             self.shared.client.clone(),
             &self.shared.namespace,

@@ -256,7 +256,13 @@ impl Verdict {
 /// made at `created_at` (Unix ms), ending at `now`: the backoff doubles from
 /// `--webhook-backoff` up to `--webhook-max-backoff`, until the event is
 /// `--webhook-max-age` old.
-pub fn verdict(args: &WebhookArgs, delivered: bool, attempt: u32, created_at: i64, now: i64) -> Verdict {
+pub fn verdict(
+    args: &WebhookArgs,
+    delivered: bool,
+    attempt: u32,
+    created_at: i64,
+    now: i64,
+) -> Verdict {
     if delivered {
         return Verdict::Delivered;
     }
@@ -432,10 +438,22 @@ mod tests {
         };
         let t0 = 1_000_000;
         assert_eq!(verdict(&args, true, 9, 0, t0), Verdict::Delivered);
-        assert_eq!(verdict(&args, false, 1, t0, t0), Verdict::RetryAt(t0 + 10_000));
-        assert_eq!(verdict(&args, false, 2, t0, t0), Verdict::RetryAt(t0 + 20_000));
-        assert_eq!(verdict(&args, false, 3, t0, t0), Verdict::RetryAt(t0 + 35_000));
-        assert_eq!(verdict(&args, false, 60, t0, t0), Verdict::RetryAt(t0 + 35_000));
+        assert_eq!(
+            verdict(&args, false, 1, t0, t0),
+            Verdict::RetryAt(t0 + 10_000)
+        );
+        assert_eq!(
+            verdict(&args, false, 2, t0, t0),
+            Verdict::RetryAt(t0 + 20_000)
+        );
+        assert_eq!(
+            verdict(&args, false, 3, t0, t0),
+            Verdict::RetryAt(t0 + 35_000)
+        );
+        assert_eq!(
+            verdict(&args, false, 60, t0, t0),
+            Verdict::RetryAt(t0 + 35_000)
+        );
         let late = t0 + 3_600_000;
         assert_eq!(verdict(&args, false, 4, t0, late), Verdict::GaveUp);
         assert!(Verdict::GaveUp.done() && Verdict::Delivered.done());

@@ -13,7 +13,9 @@
 //! the next holder sends those events again (at least once).
 //!
 //! When this replica stops holding the Lease, every task ends before its
-//! next send.
+//! next send. Before each send a task reads its ConfigMap (one GET, next
+//! to the POST it guards): a webhook deleted on any replica gets nothing
+//! more once the `DELETE` has answered.
 
 use std::{
     collections::HashMap,
@@ -179,7 +181,11 @@ impl Deliverer {
     }
 
     /// Starts, updates and stops tasks to match `found`.
-    fn reconcile(self: &Arc<Self>, workers: &mut HashMap<String, Worker>, found: HashMap<String, Hook>) {
+    fn reconcile(
+        self: &Arc<Self>,
+        workers: &mut HashMap<String, Worker>,
+        found: HashMap<String, Hook>,
+    ) {
         workers.retain(|state, w| {
             let keep = found.get(state).is_some_and(|h| h.reg.uid == w.uid);
             if !keep {
@@ -256,10 +262,7 @@ impl Deliverer {
         let mut flushed = Instant::now();
         while !stop.is_cancelled() {
             let h = hook.borrow().clone();
-            let events = self
-                .log
-                .after(&h.key, p.cursor, BATCH)
-                .unwrap_or_default();
+            let events = self.log.after(&h.key, p.cursor, BATCH).unwrap_or_default();
             let now = now_ms();
             let wait = match p.next(&events, |e| takes(&h.reg.events, e.kind), now) {
                 Next::Deliver(e, attempt) => {
@@ -269,6 +272,19 @@ impl Deliverer {
                     let Ok(_permit) = self.limit.acquire().await else {
                         break;
                     };
+                    // Still registered? A `DELETE` on any replica removes the
+                    // state first, so nothing is sent after it answers.
+                    match self.states.get_opt(&state).await {
+                        Ok(Some(cm))
+                            if record::identity_of(&cm).is_some_and(|id| id.uid == h.reg.uid) => {}
+                        // Deleted, or made again (the next reload starts its task).
+                        Ok(_) => return,
+                        Err(e) => {
+                            tracing::warn!(error = %e, state, "reading a webhook's state");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            continue;
+                        }
+                    }
                     let (id, created_at, body) = (e.id, event_ms(e, now), body(e, &h.tenant));
                     let (record, verdict) = self
                         .rules
@@ -293,6 +309,8 @@ impl Deliverer {
                     continue;
                 }
                 Next::WaitUntil(at) => Duration::from_millis((at - now).clamp(10, 1000) as u64),
+                // A full batch of types it does not take: read on at once.
+                Next::Idle if events.len() >= BATCH => continue,
                 Next::Idle => Duration::from_secs(1),
             };
             if p.dirty {
@@ -355,6 +373,9 @@ mod tests {
             serde_json::to_string(&Progress::fresh("u1", 9)).unwrap(),
         );
         assert_eq!(stored_progress(&cm, "u1").unwrap().cursor, 9);
-        assert!(stored_progress(&cm, "u2").is_none(), "another registration's");
+        assert!(
+            stored_progress(&cm, "u2").is_none(),
+            "another registration's"
+        );
     }
 }

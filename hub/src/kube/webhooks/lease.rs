@@ -147,7 +147,9 @@ pub async fn run(api: Api<Lease>, name: String, elector: Arc<Mutex<Elector>>) {
             Err(e) => tracing::warn!(error = %e, "reading the webhook Lease"),
             Ok(lease) => {
                 let current = lease.as_ref().and_then(|l| l.spec.clone());
-                let seen = lease.as_ref().map(|_| Seen::of(&current.clone().unwrap_or_default()));
+                let seen = lease
+                    .as_ref()
+                    .map(|_| Seen::of(&current.clone().unwrap_or_default()));
                 let step = elector
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -163,7 +165,9 @@ pub async fn run(api: Api<Lease>, name: String, elector: Arc<Mutex<Elector>>) {
                             },
                             spec: Some(spec(&me, duration, now, 0)),
                         };
-                        api.create(&PostParams::default(), &lease).await.map(|_| true)
+                        api.create(&PostParams::default(), &lease)
+                            .await
+                            .map(|_| true)
                     }
                     (Step::Claim { taking }, Some(lease)) => {
                         let cur = current.unwrap_or_default();
@@ -185,10 +189,7 @@ pub async fn run(api: Api<Lease>, name: String, elector: Arc<Mutex<Elector>>) {
                     }
                 };
                 match wrote {
-                    Ok(true) => elector
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .won(sent),
+                    Ok(true) => elector.lock().unwrap_or_else(|p| p.into_inner()).won(sent),
                     Ok(false) => {}
                     // Another replica wrote first: it holds it.
                     Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -234,7 +235,10 @@ mod tests {
         assert!(!e.holding(t0));
         e.won(t0);
         assert!(e.holding(t0 + D / 2));
-        assert!(!e.holding(t0 + D * 2 / 3), "it stops before anyone may take over");
+        assert!(
+            !e.holding(t0 + D * 2 / 3),
+            "it stops before anyone may take over"
+        );
         assert_eq!(
             e.step(Some(&held_by("me", "t1")), t0),
             Step::Claim { taking: false }
@@ -249,8 +253,14 @@ mod tests {
         assert_eq!(e.step(Some(&held_by("a", "r1")), t0), Step::Wait);
         assert_eq!(e.step(Some(&held_by("a", "r1")), t0 + D / 2), Step::Wait);
         // Renewed: the wait starts again.
-        assert_eq!(e.step(Some(&held_by("a", "r2")), t0 + D - Duration::from_millis(1)), Step::Wait);
-        assert_eq!(e.step(Some(&held_by("a", "r2")), t0 + D + D / 2), Step::Wait);
+        assert_eq!(
+            e.step(Some(&held_by("a", "r2")), t0 + D - Duration::from_millis(1)),
+            Step::Wait
+        );
+        assert_eq!(
+            e.step(Some(&held_by("a", "r2")), t0 + D + D / 2),
+            Step::Wait
+        );
         assert_eq!(
             e.step(Some(&held_by("a", "r2")), t0 + D * 2),
             Step::Claim { taking: true }

@@ -247,12 +247,19 @@ impl KubeWebhooks {
     }
 
     fn info(&self, key: &str, name: &str, r: &Registration, p: Option<&Progress>) -> WebhookInfo {
-        let cursor = p.map_or(r.after, |p| p.cursor);
-        let events = self.log.after(key, cursor, PENDING_SCAN).unwrap_or_default();
-        let pending = events
-            .iter()
-            .filter(|e| takes(&r.events, e.kind))
-            .count() as u64;
+        let fresh;
+        let p = match p {
+            Some(p) => p,
+            None => {
+                fresh = Progress::fresh(&r.uid, r.after);
+                &fresh
+            }
+        };
+        let events = self
+            .log
+            .after(key, p.cursor, PENDING_SCAN)
+            .unwrap_or_default();
+        let pending = p.pending(&events, |e| takes(&r.events, e.kind));
         WebhookInfo {
             name: name.to_string(),
             url: r.url.clone(),
@@ -367,7 +374,7 @@ impl WebhookService for KubeWebhooks {
                 let p = states
                     .iter()
                     .find(|cm| {
-                        cm.metadata.name.as_deref() == Some(&record::state_name(&key, name))
+                        cm.metadata.name.as_deref() == Some(record::state_name(&key, name).as_str())
                     })
                     .and_then(|cm| deliver::stored_progress(cm, &r.uid));
                 self.info(&key, name, r, p.as_ref())
@@ -377,24 +384,25 @@ impl WebhookService for KubeWebhooks {
     }
 
     async fn delete(&self, tenant: &str, name: &str) -> Result<()> {
-        let existed = self
-            .edit(tenant, false, |regs| Ok(regs.hooks.remove(name).is_some()))
-            .await?;
-        if !existed {
-            return Err(crate::webhooks::not_found(name));
-        }
-        // Its cursor and attempts go with it (the holder stops its task
-        // when it next reads the registrations, and deletes any state it
-        // wrote meanwhile).
+        // The state first: the holder reads it before each send, so nothing
+        // is sent once this answers. Its cursor and attempts go with it.
         let key = tenant_label_value(tenant);
         match self
             .states
             .delete(&record::state_name(&key, name), &DeleteParams::default())
             .await
         {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(kube_error("deleting the webhook's deliveries", e)),
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(kube_error("deleting the webhook's deliveries", e)),
+        }
+        let existed = self
+            .edit(tenant, false, |regs| Ok(regs.hooks.remove(name).is_some()))
+            .await?;
+        if existed {
+            Ok(())
+        } else {
+            Err(crate::webhooks::not_found(name))
         }
     }
 
@@ -407,7 +415,9 @@ impl WebhookService for KubeWebhooks {
         let key = tenant_label_value(tenant);
         let p = self.progress(&key, name, &r.uid).await?;
         Ok(DeliveryList {
-            deliveries: p.map(|p| p.attempts.into_iter().collect()).unwrap_or_default(),
+            deliveries: p
+                .map(|p| p.attempts.into_iter().collect())
+                .unwrap_or_default(),
         })
     }
 

@@ -87,7 +87,8 @@ impl Progress {
         takes: impl Fn(&Event) -> bool,
         now: i64,
     ) -> Next<'a> {
-        for e in events.iter().filter(|e| e.id > self.cursor) {
+        let from = self.cursor;
+        for e in events.iter().filter(|e| e.id > from) {
             if !takes(e) {
                 self.cursor = e.id;
                 self.dirty = true;
@@ -203,8 +204,7 @@ mod tests {
         }
         assert_eq!(p.attempts.len(), KEPT_ATTEMPTS as usize);
         assert_eq!(p.attempts[0].event_id, 100 + KEPT_ATTEMPTS as u64 + 19);
-        let stored: Progress =
-            serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        let stored: Progress = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         let back = Progress::resume(Some(stored.clone()), "u1", 7);
         assert_eq!((back.cursor, back.dirty), (p.cursor, false));
         // The same name made again is another webhook: it starts at its own `after`.

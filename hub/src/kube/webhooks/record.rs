@@ -274,7 +274,10 @@ mod tests {
         let cm = new_state(&id);
         assert_eq!(identity_of(&cm), Some(id.clone()));
         assert!(cm.metadata.name.as_ref().unwrap().len() <= 253);
-        assert_eq!(cm.metadata.labels.as_ref().unwrap()[TENANT_LABEL], id.tenant_key);
+        assert_eq!(
+            cm.metadata.labels.as_ref().unwrap()[TENANT_LABEL],
+            id.tenant_key
+        );
         assert!(identity_patch(&id, true)["data"]
             .get(PROGRESS_KEY)
             .is_none());
