@@ -75,6 +75,9 @@ struct Worker {
     uid: String,
     hook: watch::Sender<Arc<Hook>>,
     stop: CancellationToken,
+    /// A task that ended by itself (its state unreadable for a moment) is
+    /// started again at the next reload.
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// The progress `cm` stores, if it is registration `uid`'s.
@@ -187,7 +190,8 @@ impl Deliverer {
         found: HashMap<String, Hook>,
     ) {
         workers.retain(|state, w| {
-            let keep = found.get(state).is_some_and(|h| h.reg.uid == w.uid);
+            let keep =
+                !w.task.is_finished() && found.get(state).is_some_and(|h| h.reg.uid == w.uid);
             if !keep {
                 w.stop.cancel();
             }
@@ -206,15 +210,16 @@ impl Deliverer {
             }
             let (tx, rx) = watch::channel(Arc::new(hook.clone()));
             let stop = CancellationToken::new();
+            let task = tokio::spawn(self.clone().work(state.clone(), rx, stop.clone()));
             workers.insert(
-                state.clone(),
+                state,
                 Worker {
                     uid: hook.reg.uid.clone(),
                     hook: tx,
-                    stop: stop.clone(),
+                    stop,
+                    task,
                 },
             );
-            tokio::spawn(self.clone().work(state, rx, stop));
         }
     }
 
