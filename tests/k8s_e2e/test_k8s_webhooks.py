@@ -113,6 +113,16 @@ def api_cluster() -> Iterator[Cluster]:
         yield c
 
 
+def cursor(cluster: Cluster, state: str) -> int:
+    """The cursor a webhook's state ConfigMap records (0 when none yet)."""
+    try:
+        cm = cluster.core.read_namespaced_config_map(state, cluster.ns)
+    except ApiException:
+        return 0
+    progress = (cm.data or {}).get("delivery.json")
+    return int(json.loads(progress)["cursor"]) if progress else 0
+
+
 def holder(cluster: Cluster) -> str:
     """The POD_NAME of the replica holding the webhook Lease ('' when none does yet)."""
     try:
@@ -201,7 +211,15 @@ def test_webhooks_are_signed_survive_the_holders_kill9_and_a_receiver_down(api_c
         assert first["verified"], first
         assert first["event"]["tenant"] == "alice" and first["event_id"] == str(first["event"]["id"]), first
 
-        # 2. The holder is killed; the other replica delivers what follows.
+        # Its cursor is durable: the webhook's ConfigMap says it was delivered.
+        state = f"sandhub-webhook-{hashlib.sha256(b'alice').hexdigest()[:40]}-main"
+        deadline = time.monotonic() + 10
+        while cursor(c, state) < first["event"]["id"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cursor(c, state) >= first["event"]["id"]
+
+        # 2. The holder is killed; the other replica delivers what follows, from the cursor
+        # (the first change is not sent again).
         deadline = time.monotonic() + 30
         while not (who := holder(c)) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -212,6 +230,7 @@ def test_webhooks_are_signed_survive_the_holders_kill9_and_a_receiver_down(api_c
         change_template(survivor)
         rx.wait("/alice", lambda e: is_change(e) and e["id"] > first["event"]["id"], "a change after the kill",
                 timeout=60)
+        assert [g["event"]["id"] for g in rx.delivered("/alice")].count(first["event"]["id"]) == 1
         deadline = time.monotonic() + 30
         while holder(c) == who and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -248,6 +267,7 @@ def test_webhooks_are_signed_survive_the_holders_kill9_and_a_receiver_down(api_c
         assert all(g["verified"] for g in rx.got), rx.got
         assert all(is_change(g["event"]) and g["event"]["tenant"] == "alice" for g in alices)
         assert len({g["event"]["id"] for g in alices}) == 4, alices
+        assert [g["event"]["id"] for g in alices] == sorted(g["event"]["id"] for g in alices), "in order"
         d = requests.get(f"{survivor}/v1/webhooks/main/deliveries", headers=alice, timeout=30).json()["deliveries"]
         assert {a["event_id"] for a in d if a.get("status") == 200} >= set(ids), d
         assert all(a1["time"] >= a2["time"] for a1, a2 in zip(d, d[1:])), "newest first"
