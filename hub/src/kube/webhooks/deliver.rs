@@ -269,7 +269,9 @@ impl Deliverer {
             let h = hook.borrow().clone();
             let events = self.log.after(&h.key, p.cursor, BATCH).unwrap_or_default();
             let now = now_ms();
-            let wait = match p.next(&events, |e| takes(&h.reg.events, e.kind), now) {
+            // (wait, whether a new event ends the wait: not while the head
+            // event waits for its retry, which no new event can hasten)
+            let (wait, on_news) = match p.next(&events, |e| takes(&h.reg.events, e.kind), now) {
                 Next::Deliver(e, attempt) => {
                     if !self.holding() {
                         break;
@@ -313,10 +315,13 @@ impl Deliverer {
                     }
                     continue;
                 }
-                Next::WaitUntil(at) => Duration::from_millis((at - now).clamp(10, 1000) as u64),
+                Next::WaitUntil(at) => (
+                    Duration::from_millis((at - now).clamp(10, 1000) as u64),
+                    false,
+                ),
                 // A full batch of types it does not take: read on at once.
                 Next::Idle if events.len() >= BATCH => continue,
-                Next::Idle => Duration::from_secs(1),
+                Next::Idle => (Duration::from_secs(1), true),
             };
             if p.dirty {
                 if !self.flush(&state, &mut p).await {
@@ -326,7 +331,7 @@ impl Deliverer {
             }
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = live.recv() => {}
+                _ = live.recv(), if on_news => {}
                 _ = tokio::time::sleep(wait) => {}
             }
         }
