@@ -220,6 +220,8 @@ async fn serve(
     // Every backend keeps events and delivers webhooks.
     let events;
     let webhooks: Option<Arc<dyn crate::webhooks::WebhookService>>;
+    // Kubernetes: freed at the end, so another replica delivers at once.
+    let mut kube_webhooks = None;
     let (hub, gym, where_): (Arc<dyn Backend>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub =
@@ -262,6 +264,7 @@ async fn serve(
             hooks.add_own_address(args.listen);
             hooks.load_operator_file().await?;
             hooks.spawn();
+            kube_webhooks = Some(hooks.clone());
             webhooks = Some(hooks);
             // Gym envs are ConfigMaps any replica reads; every replica
             // sweeps idle ones (a close that another already made is a no-op).
@@ -355,6 +358,9 @@ async fn serve(
             let _ = stopping.await;
             tokio::time::sleep(drain_timeout).await;
         } => tracing::warn!("requests still in flight after --drain-timeout; stopping anyway"),
+    }
+    if let Some(hooks) = kube_webhooks {
+        hooks.release().await;
     }
     // Sandboxes are separate process trees: they keep running, and the
     // next `sandhub serve` re-attaches to them (`run` lets go of the disk).

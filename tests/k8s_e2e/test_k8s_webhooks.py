@@ -226,7 +226,8 @@ def test_webhooks_are_signed_survive_the_holders_kill9_and_a_receiver_down(api_c
         assert who in procs, who
         procs[who].send_signal(signal.SIGKILL)
         procs[who].wait(timeout=30)
-        survivor = next(u for n, u in urls.items() if n != who)
+        survivor_name = next(n for n in urls if n != who)
+        survivor = urls[survivor_name]
         change_template(survivor)
         rx.wait("/alice", lambda e: is_change(e) and e["id"] > first["event"]["id"], "a change after the kill",
                 timeout=60)
@@ -287,6 +288,11 @@ def test_webhooks_are_signed_survive_the_holders_kill9_and_a_receiver_down(api_c
         change_template(survivor)
         time.sleep(4)
         assert len(rx.got) == count, rx.got[count:]
+        # A replica that stops (SIGTERM) frees the Lease on its way out, so another would
+        # take it at its next look rather than after the Lease's duration.
+        assert holder(c) == survivor_name
+        assert stop_process(procs[survivor_name]) == 0
+        assert holder(c) == ""
         # The secret never reached a log.
         assert SECRET not in (c.logs / "hub.log").read_text(errors="replace")
     finally:

@@ -69,6 +69,8 @@ pub struct Elector {
     seen: Option<(Seen, Instant)>,
     /// Deliveries may go until then.
     held_until: Option<Instant>,
+    /// This replica is stopping: it never claims again.
+    resigned: bool,
 }
 
 impl Elector {
@@ -78,11 +80,21 @@ impl Elector {
             duration: duration.max(Duration::from_secs(1)),
             seen: None,
             held_until: None,
+            resigned: false,
         }
+    }
+
+    /// Stops holding at once and for good (the replica is stopping).
+    pub fn resign(&mut self) {
+        self.resigned = true;
+        self.held_until = None;
     }
 
     /// What to do about the Lease as read at `now` (`None`: it does not exist).
     pub fn step(&mut self, lease: Option<&Seen>, now: Instant) -> Step {
+        if self.resigned {
+            return Step::Wait;
+        }
         let Some(l) = lease else {
             self.held_until = None;
             return Step::Create;
@@ -112,6 +124,9 @@ impl Elector {
 
     /// A write that made us the holder was sent at `sent`.
     pub fn won(&mut self, sent: Instant) {
+        if self.resigned {
+            return;
+        }
         self.held_until = Some(sent + self.duration * 2 / 3);
         self.seen = None;
     }
@@ -132,6 +147,29 @@ fn spec(me: &str, duration: Duration, acquired: MicroTime, transitions: i32) -> 
         lease_transitions: Some(transitions),
         ..Default::default()
     }
+}
+
+/// Frees the Lease if `me` holds it (at the version read), so another
+/// replica takes it at its next look instead of after the duration;
+/// `true` when it did.
+pub async fn release(api: &Api<Lease>, name: &str, me: &str) -> kube::Result<bool> {
+    let Some(lease) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref());
+    if holder != Some(me) {
+        return Ok(false);
+    }
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": lease.metadata.resource_version},
+        "spec": {"holderIdentity": null},
+    });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| true)
 }
 
 /// Looks at the Lease every third of its duration and acts, forever.
@@ -265,6 +303,19 @@ mod tests {
             e.step(Some(&held_by("a", "r2")), t0 + D * 2),
             Step::Claim { taking: true }
         );
+    }
+
+    #[test]
+    fn a_replica_that_resigned_never_holds_again() {
+        let t0 = Instant::now();
+        let mut e = Elector::new("me".into(), D);
+        e.won(t0);
+        e.resign();
+        assert!(!e.holding(t0));
+        assert_eq!(e.step(None, t0), Step::Wait);
+        assert_eq!(e.step(Some(&held_by("", "")), t0), Step::Wait);
+        e.won(t0);
+        assert!(!e.holding(t0));
     }
 
     #[test]

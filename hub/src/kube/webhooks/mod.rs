@@ -69,6 +69,8 @@ pub struct KubeWebhooks {
     leases: Api<k8s_openapi::api::coordination::v1::Lease>,
     log: Arc<EventLog>,
     rules: Arc<Rules>,
+    /// This replica's bid for the Lease, once spawned.
+    elector: Mutex<Option<Arc<Mutex<lease::Elector>>>>,
 }
 
 fn corrupt(what: &str) -> Error {
@@ -95,6 +97,7 @@ impl KubeWebhooks {
             leases: Api::namespaced(client, namespace),
             log,
             rules: Arc::new(Rules::new(args)?),
+            elector: Mutex::new(None),
         })
     }
 
@@ -135,6 +138,7 @@ impl KubeWebhooks {
             record::LEASE_NAME.to_string(),
             elector.clone(),
         ));
+        *self.elector.lock().unwrap_or_else(|p| p.into_inner()) = Some(elector.clone());
         let deliverer = deliver::Deliverer {
             secrets: self.secrets.clone(),
             states: self.states.clone(),
@@ -144,6 +148,30 @@ impl KubeWebhooks {
             limit: tokio::sync::Semaphore::new(self.rules.args.webhook_concurrency.max(1)),
         };
         tokio::spawn(deliverer.run());
+    }
+
+    /// For a stopping replica: stops its deliveries and frees the Lease if
+    /// it holds it, so another replica takes over at its next look (a
+    /// few seconds) rather than after `--webhook-lease-duration`.
+    pub async fn release(&self) {
+        let Some(elector) = self
+            .elector
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return;
+        };
+        let me = {
+            let mut e = elector.lock().unwrap_or_else(|p| p.into_inner());
+            e.resign();
+            e.me.clone()
+        };
+        match lease::release(&self.leases, record::LEASE_NAME, &me).await {
+            Ok(true) => tracing::info!("webhook delivery Lease released"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "releasing the webhook delivery Lease"),
+        }
     }
 
     /// The tenant's registrations (none: an empty set), and the Secret's
