@@ -8,10 +8,12 @@ so the apiserver alone (a fake node) serves this test.
 
 A receiver on loopback checks every delivery as any Stripe-style verifier
 does; the holder is killed with SIGKILL and the other replica takes over; the
-receiver goes down and gets everything once it is back."""
+receiver goes down and gets everything once it is back. The hubs run with
+deploy/hub's Role only."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -25,7 +27,9 @@ from typing import Any, Iterator
 
 import pytest
 import requests
+import yaml
 from kubernetes import client as k8s
+from kubernetes import utils
 from kubernetes.client.exceptions import ApiException
 from sandhub_testing import stop_process
 from sandhub_testing.hub_k8s import Cluster, apiserver_cluster
@@ -107,10 +111,30 @@ class Receiver:
         raise AssertionError(f"no {what} within {timeout}s; got {self.got}")
 
 
+ROLE = Path(__file__).resolve().parents[2] / "deploy" / "hub" / "rbac.yaml"
+
+
 @pytest.fixture(scope="module")
-def api_cluster() -> Iterator[Cluster]:
+def api_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The apiserver-only cluster, with hubs that run as deploy/hub's ServiceAccount: the
+    Role shipped is all the webhooks get (the test reads objects as admin)."""
     with apiserver_cluster() as c:
-        yield c
+        for doc in yaml.safe_load_all(ROLE.read_text()):
+            if doc and doc["kind"] == "RoleBinding":
+                doc["subjects"][0]["namespace"] = c.ns
+            if doc:
+                utils.create_from_dict(c.api, doc, namespace=c.ns)
+        c.core.create_namespaced_service_account(c.ns, k8s.V1ServiceAccount(
+            metadata=k8s.V1ObjectMeta(name="sandhub-hub")))
+        token = c.core.create_namespaced_service_account_token(
+            "sandhub-hub", c.ns, k8s.AuthenticationV1TokenRequest(
+                spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+        kubeconfig = yaml.safe_load(Path(c.kubeconfig).read_text())
+        for user in kubeconfig["users"]:
+            user["user"] = {"token": token}
+        path = tmp_path_factory.mktemp("sa") / "kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        yield dataclasses.replace(c, kubeconfig=str(path))
 
 
 def cursor(cluster: Cluster, state: str) -> int:
