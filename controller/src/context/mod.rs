@@ -11,8 +11,9 @@
 
 pub mod refill;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
@@ -54,6 +55,10 @@ pub struct Context {
     pub refill: RefillGate,
     /// `--sandboxd-token-key-file`: each Pod gets its own token's digest.
     pub sandboxd_tokens: Option<SandboxdTokens>,
+    /// One event recorder per controller, for the life of the process: a
+    /// recorder remembers what it published, so an Event repeated by a pass
+    /// that read a stale cache becomes one Event with a count, not a second.
+    recorders: Mutex<HashMap<String, Recorder>>,
 }
 
 impl Context {
@@ -76,6 +81,7 @@ impl Context {
             ),
             flags,
             sandboxd_tokens: None,
+            recorders: Mutex::default(),
         }
     }
 
@@ -135,12 +141,19 @@ impl Context {
     }
 
     /// An event recorder reporting as `controller`.
+    /// `controller`'s event recorder (the same one on every call).
     pub fn recorder(&self, controller: &str) -> Recorder {
-        let reporter = Reporter {
-            controller: controller.to_string(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
-        Recorder::new(self.client.clone(), reporter)
+        let mut recorders = self.recorders.lock().unwrap_or_else(|p| p.into_inner());
+        recorders
+            .entry(controller.to_string())
+            .or_insert_with(|| {
+                let reporter = Reporter {
+                    controller: controller.to_string(),
+                    instance: std::env::var("POD_NAME").ok(),
+                };
+                Recorder::new(self.client.clone(), reporter)
+            })
+            .clone()
     }
 
     pub fn mark_ready(&self) {

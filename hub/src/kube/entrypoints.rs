@@ -10,26 +10,23 @@
 //! memory: an exit is told once, also across restarts of every replica.
 //!
 //! Cost: one small GET per Ready sandbox with an entrypoint per [`EVERY`]
-//! per replica ([`CONCURRENT`] at once); a sandbox whose sandboxd runs no
+//! per replica (16 at once, kube/asking.rs); a sandbox whose sandboxd runs no
 //! entrypoint is asked once per time it is Ready.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
-use kube::{
-    api::{Patch, PatchParams},
-    Api,
-};
 use sandhub_api::k8s::SandboxClaim;
 use serde::{Deserialize, Serialize};
 
-use super::{model, reach::Target, Shared};
+use super::{
+    asking::{self, ReadyClaims},
+    Shared,
+};
 
 /// The claim's record of its entrypoint's last told exit ([`Exit`]).
 pub const ANNOTATION: &str = "sandhub.io/entrypoint-exit";
 /// How often a Ready sandbox with an entrypoint is asked.
 pub const EVERY: Duration = Duration::from_secs(5);
-const CONCURRENT: usize = 16;
 /// An annotation longer than this is not read (the hub writes ~300 bytes).
 const MAX_ANNOTATION: usize = 4096;
 
@@ -54,54 +51,29 @@ pub fn exit_of(claim: &SandboxClaim) -> Option<Exit> {
 /// Starts the asking (see the module docs).
 pub(super) fn spawn(shared: Arc<Shared>) {
     tokio::spawn(async move {
-        let mut without: HashSet<String> = HashSet::new();
-        let mut tick = tokio::time::interval(EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut claims = ReadyClaims::default();
+        let mut tick = asking::ticker(EVERY);
         loop {
             tick.tick().await;
-            pass(&shared, &mut without).await;
+            pass(&shared, &mut claims).await;
         }
     });
 }
 
-async fn pass(shared: &Shared, without: &mut HashSet<String>) {
-    let ready: Vec<Arc<SandboxClaim>> = shared
-        .claim_cache
-        .state()
-        .into_iter()
-        .filter(|c| c.metadata.deletion_timestamp.is_none() && model::is_ready(c))
-        .collect();
-    // Forgotten once not Ready: asked afresh when it is again.
-    let ids: HashSet<String> = ready
-        .iter()
-        .filter_map(|c| c.metadata.name.clone())
-        .collect();
-    without.retain(|id| ids.contains(id));
-    let ask = ready.into_iter().filter(|c| {
-        c.metadata
-            .name
-            .as_ref()
-            .is_some_and(|n| !without.contains(n))
-    });
-    let answers: Vec<_> = futures::stream::iter(ask)
-        .map(|claim| async move {
-            let answer = match client(shared, &claim) {
-                Some(c) => crate::entrypoint::answer(&c).await,
-                None => None,
-            };
-            (claim, answer)
-        })
-        .buffer_unordered(CONCURRENT)
-        .collect()
-        .await;
+async fn pass(shared: &Shared, claims: &mut ReadyClaims) {
+    let ask = claims.this_round(shared);
+    let answers = asking::ask_each(shared, ask, |c| async move {
+        crate::entrypoint::answer(&c).await
+    })
+    .await;
     for (claim, answer) in answers {
         let Some(id) = claim.metadata.name.clone() else {
             continue;
         };
-        let record = match answer {
+        let record = match answer.flatten() {
             None => continue,
             Some(None) => {
-                without.insert(id);
+                claims.has_nothing(id);
                 continue;
             }
             Some(Some(r)) => r,
@@ -115,40 +87,6 @@ async fn pass(shared: &Shared, without: &mut HashSet<String>) {
             // `crate::entrypoint`): an OOM kill reads as an Error here.
             details: crate::entrypoint::exit_details(&record, 0, crate::backend::now_ms()),
         };
-        let Ok(value) = serde_json::to_string(&exit) else {
-            continue;
-        };
-        let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION: value}}});
-        let claims: Api<SandboxClaim> = Api::namespaced(shared.client.clone(), &shared.namespace);
-        if let Err(e) = claims
-            .patch(&id, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            tracing::debug!(sandbox = %id, error = %e, "recording an entrypoint's exit");
-        }
+        asking::record(shared, &id, ANNOTATION, &exit).await;
     }
-}
-
-/// A client for the Pod of Ready `claim` (the one the tenant's calls use).
-pub(super) fn client(
-    shared: &Shared,
-    claim: &SandboxClaim,
-) -> Option<sandhub_client::sandboxd::SandboxdClient> {
-    let id = claim.metadata.name.as_deref()?;
-    let bound = claim.status.as_ref()?.sandbox.as_ref()?;
-    let pod_ip = bound.pod_ips.first().cloned();
-    let key = format!("{id}/{}/{}", bound.name, pod_ip.as_deref().unwrap_or(""));
-    if let Some(c) = shared.cached_client(&key) {
-        return Some(c);
-    }
-    let client = shared
-        .reach
-        .client(&Target {
-            namespace: &shared.namespace,
-            sandbox: &bound.name,
-            pod_ip: pod_ip.as_deref(),
-        })
-        .ok()?;
-    shared.cache_client(key, client.clone());
-    Some(client)
 }

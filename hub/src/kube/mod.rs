@@ -4,6 +4,7 @@
 //! tenant and MCP session are labels on the claim), so a restarted hub
 //! finds every sandbox again and keeps nothing of its own.
 
+mod asking;
 pub mod egress;
 mod entrypoints;
 mod events;

@@ -1,8 +1,9 @@
 //! `oom_killed` on Kubernetes. The kernel counts a container's OOM kills in
 //! its cgroup, which only sandboxd in the Pod can read (`oom_kills` of
 //! `GET /v1/_sandhub/usage`). As with entrypoint exits
-//! (kube/entrypoints.rs), an event every replica tells under one id must
-//! come from a write they all see: each replica asks each Ready sandbox's
+//! (kube/entrypoints.rs; the shared shape is kube/asking.rs), an event
+//! every replica tells under one id must come from a write they all see:
+//! each replica asks each Ready sandbox's
 //! sandboxd every [`EVERY`] for its counters (with `since` past any point,
 //! so the answer is a few dozen bytes), and when the count has passed what
 //! the claim records for that Pod, writes the new count to the claim's
@@ -20,26 +21,23 @@
 //! a lying sandboxd can only make noise in its own tenant's feed.
 //!
 //! Cost: one small GET per Ready sandbox per [`EVERY`] per replica
-//! ([`CONCURRENT`] at once); a sandbox whose sandboxd keeps no usage (not
+//! (16 at once, kube/asking.rs); a sandbox whose sandboxd keeps no usage (not
 //! Sandhub's, or no cgroup of its own) is asked once per time it is Ready.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
-use kube::{
-    api::{Patch, PatchParams},
-    Api,
-};
 use sandhub_api::k8s::SandboxClaim;
 use serde::{Deserialize, Serialize};
 
-use super::{entrypoints, model, Shared};
+use super::{
+    asking::{self, ReadyClaims},
+    Shared,
+};
 
 /// The claim's record of the OOM kills told so far ([`OomRecord`]).
 pub const ANNOTATION: &str = "sandhub.io/oom-kills";
 /// How often each Ready sandbox is asked.
 pub const EVERY: Duration = Duration::from_secs(5);
-const CONCURRENT: usize = 16;
 /// A record longer than this is not read (the hub writes < 400 bytes).
 const MAX_ANNOTATION: usize = 1024;
 /// Most kills believed (as `kube::usage` clamps them).
@@ -84,75 +82,39 @@ fn pod_of(claim: &SandboxClaim) -> Option<String> {
 /// Starts the asking (see the module docs).
 pub(super) fn spawn(shared: Arc<Shared>) {
     tokio::spawn(async move {
-        let mut without: HashSet<String> = HashSet::new();
-        let mut tick = tokio::time::interval(EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut claims = ReadyClaims::default();
+        let mut tick = asking::ticker(EVERY);
         loop {
             tick.tick().await;
-            pass(&shared, &mut without).await;
+            pass(&shared, &mut claims).await;
         }
     });
 }
 
-async fn pass(shared: &Shared, without: &mut HashSet<String>) {
-    let ready: Vec<Arc<SandboxClaim>> = shared
-        .claim_cache
-        .state()
-        .into_iter()
-        .filter(|c| c.metadata.deletion_timestamp.is_none() && model::is_ready(c))
-        .collect();
-    // Forgotten once not Ready: asked afresh when it is again.
-    let ids: HashSet<String> = ready
-        .iter()
-        .filter_map(|c| c.metadata.name.clone())
-        .collect();
-    without.retain(|id| ids.contains(id));
-    let ask = ready.into_iter().filter(|c| {
-        c.metadata
-            .name
-            .as_ref()
-            .is_some_and(|n| !without.contains(n))
-    });
-    let answers: Vec<_> = futures::stream::iter(ask)
-        .map(|claim| async move {
-            let kills = match entrypoints::client(shared, &claim) {
-                Some(c) => super::usage::ask_counters(&c).await.map(|r| r.oom_kills),
-                None => return (claim, Err(())),
-            };
-            (claim, Ok(kills))
-        })
-        .buffer_unordered(CONCURRENT)
-        .collect()
-        .await;
+async fn pass(shared: &Shared, claims: &mut ReadyClaims) {
+    let ask = claims.this_round(shared);
+    let answers = asking::ask_each(shared, ask, |c| async move {
+        super::usage::ask_counters(&c).await.map(|r| r.oom_kills)
+    })
+    .await;
     for (claim, answer) in answers {
         let Some(id) = claim.metadata.name.clone() else {
             continue;
         };
         let kills = match answer {
-            Err(()) => continue,
-            Ok(None) => {
-                without.insert(id);
+            None => continue,
+            Some(None) => {
+                claims.has_nothing(id);
                 continue;
             }
-            Ok(Some(k)) => k.min(MAX_KILLS),
+            Some(Some(k)) => k.min(MAX_KILLS),
         };
         let Some(pod) = pod_of(&claim) else {
             continue;
         };
         let now = OomRecord { pod, kills };
-        if news(record_of(&claim).as_ref(), &now).is_none() {
-            continue;
-        }
-        let Ok(value) = serde_json::to_string(&now) else {
-            continue;
-        };
-        let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION: value}}});
-        let claims: Api<SandboxClaim> = Api::namespaced(shared.client.clone(), &shared.namespace);
-        if let Err(e) = claims
-            .patch(&id, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            tracing::debug!(sandbox = %id, error = %e, "recording OOM kills");
+        if news(record_of(&claim).as_ref(), &now).is_some() {
+            asking::record(shared, &id, ANNOTATION, &now).await;
         }
     }
 }
