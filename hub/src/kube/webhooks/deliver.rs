@@ -121,7 +121,10 @@ impl Deliverer {
             .list(&ListParams::default().labels(&format!("{}=true", record::STATE_LABEL)))
             .await?
             .items;
-        let mut tenants: HashMap<String, Option<Registrations>> = HashMap::new();
+        // Per tenant: its registrations, `Ok(None)` without a Secret,
+        // `Err` when the Secret does not parse (its webhooks wait, and
+        // their state is kept).
+        let mut tenants: HashMap<String, Result<Option<Registrations>, ()>> = HashMap::new();
         let mut found = HashMap::new();
         for cm in cms {
             let (Some(name), Some(id)) = (cm.metadata.name.clone(), record::identity_of(&cm))
@@ -132,23 +135,20 @@ impl Deliverer {
                 continue; // not one the hub wrote
             }
             if !tenants.contains_key(&id.tenant_key) {
-                let s = self
-                    .secrets
-                    .get_opt(&record::secret_name(&id.tenant_key))
-                    .await?;
-                let regs = s.as_ref().and_then(Registrations::of);
-                if s.is_some() && regs.is_none() {
-                    tracing::warn!(secret = %record::secret_name(&id.tenant_key),
-                        "a tenant's webhooks Secret does not parse; its webhooks wait");
-                }
+                let secret = record::secret_name(&id.tenant_key);
+                let regs = match self.secrets.get_opt(&secret).await? {
+                    None => Ok(None),
+                    Some(s) => Registrations::of(&s).map(Some).ok_or_else(|| {
+                        tracing::warn!(secret = %secret,
+                            "a tenant's webhooks Secret does not parse; its webhooks wait");
+                    }),
+                };
                 tenants.insert(id.tenant_key.clone(), regs);
             }
-            let regs = tenants.get(&id.tenant_key).and_then(Option::as_ref);
-            let reg = regs.and_then(|r| r.hooks.get(&id.name));
-            match (regs, reg) {
-                (Some(regs), Some(reg)) if reg.uid == id.uid => {
+            let orphan = match classify(tenants.get(&id.tenant_key), &id) {
+                State::Live(regs, reg) => {
                     found.insert(
-                        name,
+                        name.clone(),
                         Hook {
                             tenant: regs.tenant.clone(),
                             key: id.tenant_key.clone(),
@@ -156,27 +156,25 @@ impl Deliverer {
                             reg: reg.clone(),
                         },
                     );
+                    false
                 }
-                // Made again under the same name, its state not yet
-                // pointed at it: the next reload finds it.
-                (Some(_), Some(_)) => {}
-                _ => {
-                    let age = cm
-                        .metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .map(|t| {
-                            k8s_openapi::jiff::Timestamp::now()
-                                .duration_since(t.0)
-                                .as_secs()
-                        })
-                        .unwrap_or(0);
-                    if age >= ORPHAN_GRACE.as_secs() as i64 {
-                        match self.states.delete(&name, &DeleteParams::default()).await {
-                            Ok(_) | Err(kube::Error::Api(_)) => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
+                State::Wait => false,
+                State::Orphan => true,
+            };
+            let age = cm
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| {
+                    k8s_openapi::jiff::Timestamp::now()
+                        .duration_since(t.0)
+                        .as_secs()
+                })
+                .unwrap_or(0);
+            if orphan && age >= ORPHAN_GRACE.as_secs() as i64 {
+                match self.states.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) | Err(kube::Error::Api(_)) => {}
+                    Err(e) => return Err(e),
                 }
             }
         }
@@ -341,6 +339,33 @@ impl Deliverer {
     }
 }
 
+/// What a state ConfigMap naming `id` is, given its tenant's registrations
+/// (`Ok(None)`: no Secret; `Err`: a Secret that does not parse).
+enum State<'a> {
+    /// Its webhook is registered: deliver.
+    Live(&'a Registrations, &'a Registration),
+    /// Not now: the Secret is unreadable, or the name was made again and
+    /// its state not yet pointed at the new one. Kept.
+    Wait,
+    /// Its webhook is gone: the state may be deleted (after a grace).
+    Orphan,
+}
+
+fn classify<'a>(
+    regs: Option<&'a Result<Option<Registrations>, ()>>,
+    id: &record::Identity,
+) -> State<'a> {
+    match regs {
+        Some(Ok(Some(regs))) => match regs.hooks.get(&id.name) {
+            Some(reg) if reg.uid == id.uid => State::Live(regs, reg),
+            Some(_) => State::Wait,
+            None => State::Orphan,
+        },
+        Some(Ok(None)) => State::Orphan,
+        _ => State::Wait,
+    }
+}
+
 /// The event as the tenant's webhook gets it: naming the tenant (the ring
 /// files it under a digest, or none for an operator's pool or template).
 fn body(e: &Event, tenant: &str) -> String {
@@ -363,6 +388,43 @@ fn event_ms(e: &Event, or: i64) -> i64 {
 mod tests {
     use super::*;
     use crate::events::{EventType, NewEvent};
+
+    #[test]
+    fn state_is_deleted_only_when_its_webhook_is_surely_gone() {
+        let id = record::Identity {
+            tenant_key: "k".into(),
+            name: "ops".into(),
+            uid: "u1".into(),
+        };
+        let reg = |uid: &str| Registration {
+            uid: uid.into(),
+            url: "http://x/".into(),
+            events: vec![],
+            secret: "0123456789abcdef".into(),
+            updated_at: 0,
+            after: 0,
+        };
+        let with = |uid: &str| {
+            Ok(Some(Registrations {
+                tenant: "alice".into(),
+                hooks: [("ops".to_string(), reg(uid))].into(),
+            }))
+        };
+        assert!(
+            matches!(classify(Some(&with("u1")), &id), State::Live(r, _) if r.tenant == "alice")
+        );
+        assert!(matches!(classify(Some(&with("u2")), &id), State::Wait));
+        assert!(
+            matches!(classify(Some(&Err(())), &id), State::Wait),
+            "unreadable: kept"
+        );
+        assert!(matches!(classify(Some(&Ok(None)), &id), State::Orphan));
+        let other = Ok(Some(Registrations {
+            tenant: "alice".into(),
+            hooks: Default::default(),
+        }));
+        assert!(matches!(classify(Some(&other), &id), State::Orphan));
+    }
 
     #[test]
     fn a_sent_event_names_the_tenant_and_keeps_its_time() {
