@@ -73,7 +73,7 @@ pub struct WebhookArgs {
 
     /// Most deliveries one tenant may have waiting (all its webhooks);
     /// events past it are not queued for its webhooks (the stream still
-    /// has them).
+    /// has them). Local backend; on kubernetes the event ring bounds them.
     #[arg(
         long,
         env = "SANDHUB_WEBHOOK_MAX_OUTBOX_PER_TENANT",
