@@ -34,8 +34,10 @@
 //! - [`events`]: lifecycle events, one vocabulary for both backends: the
 //!   log (SQLite on the local backend, a ring on kubernetes) and its live
 //!   feed, which `GET /v1/events` streams.
-//! - [`webhooks`]: signed webhooks of those events (the local backend's
-//!   outbox in its SQLite file, the outbound address rules, the deliverer).
+//! - [`webhooks`]: signed webhooks of those events: the rules both backends
+//!   share (checks, outbound address rules, signature, one attempt), the
+//!   seam `/v1/webhooks` calls, and the local backend's outbox and deliverer
+//!   (kubernetes': `kube::webhooks`).
 //! - [`entrypoint`]: whether a sandbox's entrypoint runs, or how it ended, for both.
 //! - [`proc_net`]: the kernel's TCP tables (what listens in a sandbox), for both.
 //! - [`usage`]: each sandbox's ring of resource samples, its series and

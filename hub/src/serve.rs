@@ -217,9 +217,11 @@ async fn serve(
     nofile: u64,
     local_hub: &mut Option<Arc<local::Hub>>,
 ) -> anyhow::Result<()> {
-    // Every backend keeps events; only the local one delivers webhooks.
+    // Every backend keeps events and delivers webhooks.
     let events;
-    let mut webhooks = None;
+    let webhooks: Option<Arc<dyn crate::webhooks::WebhookService>>;
+    // Kubernetes: freed at the end, so another replica delivers at once.
+    let mut kube_webhooks = None;
     let (hub, gym, where_): (Arc<dyn Backend>, Arc<Gym>, String) = match args.backend {
         BackendKind::Local => {
             let hub =
@@ -257,6 +259,13 @@ async fn serve(
             .await?;
             // Derived from the watches, per replica (kube/events.rs).
             events = Some(kube.events());
+            // Delivered by the replica holding a Lease (kube/webhooks/).
+            let hooks = Arc::new(kube.webhooks(&args.local.webhooks)?);
+            hooks.add_own_address(args.listen);
+            hooks.load_operator_file().await?;
+            hooks.spawn();
+            kube_webhooks = Some(hooks.clone());
+            webhooks = Some(hooks);
             // Gym envs are ConfigMaps any replica reads; every replica
             // sweeps idle ones (a close that another already made is a no-op).
             let gym = Arc::new(Gym::persistent(Arc::new(kube.env_store())));
@@ -349,6 +358,9 @@ async fn serve(
             let _ = stopping.await;
             tokio::time::sleep(drain_timeout).await;
         } => tracing::warn!("requests still in flight after --drain-timeout; stopping anyway"),
+    }
+    if let Some(hooks) = kube_webhooks {
+        hooks.release().await;
     }
     // Sandboxes are separate process trees: they keep running, and the
     // next `sandhub serve` re-attaches to them (`run` lets go of the disk).

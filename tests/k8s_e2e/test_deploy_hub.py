@@ -40,6 +40,11 @@ def test_hub_role_grants_only_what_the_backend_uses(cluster: Cluster):
     assert verbs.get(("", "secrets")) == {"get", "create", "patch"}, verbs
     # Finds the egress proxy's replicas (for a sandbox's counters): list, nothing else.
     assert verbs.get(("discovery.k8s.io", "endpointslices")) == {"list"}, verbs
+    # Picks the replica that delivers webhooks: one Lease, merge-patched at the version read.
+    assert verbs.get(("coordination.k8s.io", "leases")) == {"get", "create", "patch"}, verbs
+    # The Helm chart's Role grants the same (it is kept by hand).
+    chart = (DEPLOY.parent / "helm" / "sandhub-hub" / "templates" / "all.yaml").read_text()
+    assert 'resources: ["leases"]\n    verbs: ["get", "create", "patch"]' in chart
     assert "update" not in set().union(*verbs.values()) and "*" not in set().union(*verbs.values())
 
 

@@ -91,7 +91,7 @@ pub struct AppState {
     /// The lifecycle event log (`GET /v1/events`), where the backend keeps one.
     pub events: Option<Arc<crate::events::EventLog>>,
     /// The tenants' webhooks (`/v1/webhooks`), where the backend has them.
-    pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+    pub webhooks: Option<Arc<dyn crate::webhooks::WebhookService>>,
     /// `--admin-tenants`: whose keys also see every tenant's usage
     /// against its quotas (`GET /v1/admin/tenants`).
     pub admin_tenants: Arc<[String]>,

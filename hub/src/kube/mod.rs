@@ -26,6 +26,7 @@ mod startup;
 mod template;
 mod tenant;
 pub mod usage;
+mod webhooks;
 
 use std::{
     collections::HashMap,
@@ -53,6 +54,7 @@ use self::{
 pub use self::{
     model::{tenant_label_value, TEMPLATE_ANNOTATION, TENANT_LABEL},
     reach::SANDBOXD_TOKEN_HEADER,
+    webhooks::KubeWebhooks,
 };
 use crate::{
     backend::{Backend, ImageService, TenantView},
@@ -524,6 +526,18 @@ impl KubeTenancy {
     /// This replica's lifecycle events, for `GET /v1/events`.
     pub fn events(&self) -> Arc<crate::events::EventLog> {
         self.events.clone()
+    }
+
+    /// `/v1/webhooks` on this backend: registrations and delivery state in
+    /// objects the hub owns, deliveries by the replica holding a Lease
+    /// (kube/webhooks/). Not started until [`KubeWebhooks::spawn`].
+    pub fn webhooks(&self, args: &crate::webhooks::WebhookArgs) -> anyhow::Result<KubeWebhooks> {
+        KubeWebhooks::new(
+            self.shared.client.clone(),
+            &self.shared.namespace,
+            self.events.clone(),
+            args,
+        )
     }
 
     /// Where this backend keeps Gym environments: ConfigMaps every replica reads.

@@ -4,41 +4,48 @@
 //! # Layout
 //!
 //! ```text
-//! mod.rs       WebhookArgs (the operator's flags), Webhooks: registrations (checked,
-//!              bounded, secrets write-only), the operator's file, the deliverer
+//! mod.rs       WebhookArgs (the operator's flags), the API's shapes, Rules: what both
+//!              backends share (a registration checked, the operator's file, one
+//!              delivery attempt and its verdict), WebhookService: the seam /v1/webhooks
+//!              calls, implemented here (local) and in kube/webhooks/
+//! local.rs     the local backend's Webhooks: registrations, outbox and deliverer over
+//!              store.rs
 //! store.rs     the tables in the hub's SQLite file: registrations, the outbox (written
 //!              in each event's own transaction), the last attempts
 //! outbound.rs  where a delivery may go (the egress closed ranges) and the POST itself
 //! sign.rs      Sandhub-Signature (Stripe's scheme)
 //! ```
 //!
-//! Delivery: an event is stored with one outbox row per webhook that takes
-//! its type, in one transaction, so a `kill -9` loses neither. The
+//! Local delivery: an event is stored with one outbox row per webhook that
+//! takes its type, in one transaction, so a `kill -9` loses neither. The
 //! deliverer leases due rows, POSTs each, and deletes a row on a 2xx; any
 //! other outcome is recorded and retried with exponential backoff
 //! (`--webhook-backoff` doubling up to `--webhook-max-backoff`) until
 //! `--webhook-max-age` (24 h) has passed since the event. A row leased by a
 //! hub that died is due again when its lease ends: at least once, never
-//! lost. A receiver dedupes by `Sandhub-Event-Id`.
+//! lost. A receiver dedupes by `Sandhub-Event-Id`. On Kubernetes the same
+//! rules and attempts run from a per-webhook cursor (kube/webhooks/).
 
+mod local;
 mod outbound;
 mod sign;
 mod store;
 
-use std::{path::Path, path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::atomic::AtomicU64, sync::atomic::Ordering, time::Duration};
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use clap::Args;
 use sandhub_api::{error::Code, validate};
 use sandhub_client::{Error, Result};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 
+pub use local::Webhooks;
 pub use outbound::{Outbound, Unreachable};
 pub use sign::{signature, EVENT_ID_HEADER, SIGNATURE_HEADER};
-pub use store::{Attempt, Outbox, WebhookRow, WebhookStore};
+pub use store::{Attempt, Outbox, WebhookRow, WebhookStore, KEPT_ATTEMPTS};
 
-use crate::{backend::now_ms, events::EventType};
+use crate::events::EventType;
 
 /// The operator's webhook flags.
 #[derive(Debug, Clone, Args)]
@@ -66,7 +73,7 @@ pub struct WebhookArgs {
 
     /// Most deliveries one tenant may have waiting (all its webhooks);
     /// events past it are not queued for its webhooks (the stream still
-    /// has them).
+    /// has them). Local backend; on kubernetes the event ring bounds them.
     #[arg(
         long,
         env = "SANDHUB_WEBHOOK_MAX_OUTBOX_PER_TENANT",
@@ -93,6 +100,12 @@ pub struct WebhookArgs {
     /// Deliveries in flight at once (all tenants).
     #[arg(long, env = "SANDHUB_WEBHOOK_CONCURRENCY", default_value_t = 16)]
     pub webhook_concurrency: usize,
+
+    /// Kubernetes backend: how long the replica that delivers webhooks
+    /// holds its Lease without renewing it; another replica takes over
+    /// this long after the holder stopped (renewed every third of it).
+    #[arg(long, env = "SANDHUB_WEBHOOK_LEASE_DURATION", default_value = "15s", value_parser = sandhub_common::parse_duration)]
+    pub webhook_lease_duration: Duration,
 }
 
 impl Default for WebhookArgs {
@@ -108,6 +121,7 @@ impl Default for WebhookArgs {
             webhook_max_backoff: Duration::from_secs(3600),
             webhook_max_age: Duration::from_secs(24 * 3600),
             webhook_concurrency: 16,
+            webhook_lease_duration: Duration::from_secs(15),
         }
     }
 }
@@ -136,7 +150,8 @@ pub struct WebhookInfo {
     /// Empty: every type.
     pub events: Vec<String>,
     pub updated_at: String,
-    /// Events waiting for delivery (retries included).
+    /// Events waiting for delivery (retries included). On Kubernetes: the
+    /// events after the webhook's cursor that the answering replica holds.
     pub pending: u64,
 }
 
@@ -154,50 +169,123 @@ pub struct DeliveryList {
 /// One entry of `--webhooks-file`: [`PutWebhook`]'s fields and the tenant.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct OperatorWebhook {
-    tenant: String,
-    name: String,
-    url: String,
+pub struct OperatorWebhook {
+    pub tenant: String,
+    pub name: String,
+    pub url: String,
     #[serde(default)]
-    events: Vec<String>,
-    secret: String,
+    pub events: Vec<String>,
+    pub secret: String,
 }
 
 const MIN_SECRET: usize = 16;
 const MAX_SECRET: usize = 256;
-/// Rows one deliverer pass takes.
-const BATCH: usize = 64;
+/// The longest error an attempt records (a receiver's or resolver's words).
+const MAX_ERROR_CHARS: usize = 300;
 
 fn invalid(msg: String) -> Error {
     Error::new(Code::InvalidArgument, msg)
 }
 
-/// Registrations, the outbound rules and the deliverer of one hub.
-pub struct Webhooks {
-    store: WebhookStore,
-    outbound: Outbound,
-    args: WebhookArgs,
-    wake: Arc<Notify>,
-    /// Attempts since the hub started, for `sandhub_webhook_deliveries_total`.
-    pub outcomes: DeliveryOutcomes,
+pub(crate) fn not_found(name: &str) -> Error {
+    Error::not_found(format!("webhook {name} not found"))
+}
+
+pub(crate) fn too_many(max: usize) -> Error {
+    Error::new(
+        Code::ResourceExhausted,
+        format!("this tenant has {max} webhooks, the most allowed; delete one first"),
+    )
+}
+
+/// `/v1/webhooks` over one backend: the local one (`local.rs`) or
+/// Kubernetes (`kube/webhooks/`). Both check with the same [`Rules`].
+#[async_trait]
+pub trait WebhookService: Send + Sync + 'static {
+    /// Registers or replaces `tenant`'s webhook `name`.
+    async fn put(&self, tenant: &str, name: &str, spec: PutWebhook) -> Result<WebhookInfo>;
+    async fn get(&self, tenant: &str, name: &str) -> Result<WebhookInfo>;
+    async fn list(&self, tenant: &str) -> Result<WebhookList>;
+    /// Deletes it, with what it was still owed and its attempts.
+    async fn delete(&self, tenant: &str, name: &str) -> Result<()>;
+    /// Its last attempts, newest first.
+    async fn deliveries(&self, tenant: &str, name: &str) -> Result<DeliveryList>;
+    /// Attempts by outcome since this process started (`/metrics`).
+    fn outcomes(&self) -> &DeliveryOutcomes;
 }
 
 /// Delivery attempts by how they ended.
 #[derive(Default)]
 pub struct DeliveryOutcomes {
     /// The receiver answered 2xx.
-    pub delivered: std::sync::atomic::AtomicU64,
+    pub delivered: AtomicU64,
     /// It failed and will be retried.
-    pub retrying: std::sync::atomic::AtomicU64,
+    pub retrying: AtomicU64,
     /// It failed past `--webhook-max-age`: given up.
-    pub gave_up: std::sync::atomic::AtomicU64,
+    pub gave_up: AtomicU64,
 }
 
-impl Webhooks {
-    /// Opens the tables in the hub's SQLite file `db`; the returned
-    /// [`Outbox`] is the event log's hook that fills the outbox.
-    pub fn open(db: &Path, args: &WebhookArgs) -> anyhow::Result<(Arc<Webhooks>, Arc<Outbox>)> {
-        let store = WebhookStore::open(db).map_err(|e| anyhow::anyhow!("{e}"))?;
+/// A registration that passed every check: its URL and its event types
+/// (canonical, without repeats; empty: every type).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub url: String,
+    pub events: Vec<String>,
+    pub secret: String,
+}
+
+/// How an attempt settles its event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The receiver answered 2xx: done.
+    Delivered,
+    /// It failed; try again at this Unix time (ms).
+    RetryAt(i64),
+    /// It failed, and the event is older than `--webhook-max-age`: done.
+    GaveUp,
+}
+
+impl Verdict {
+    /// Whether the event is settled (nothing more is tried for it).
+    pub fn done(self) -> bool {
+        !matches!(self, Verdict::RetryAt(_))
+    }
+}
+
+/// The verdict on attempt number `attempt` (1 for the first) of an event
+/// made at `created_at` (Unix ms), ending at `now`: the backoff doubles from
+/// `--webhook-backoff` up to `--webhook-max-backoff`, until the event is
+/// `--webhook-max-age` old.
+pub fn verdict(
+    args: &WebhookArgs,
+    delivered: bool,
+    attempt: u32,
+    created_at: i64,
+    now: i64,
+) -> Verdict {
+    if delivered {
+        return Verdict::Delivered;
+    }
+    if now.saturating_sub(created_at) >= args.webhook_max_age.as_millis() as i64 {
+        return Verdict::GaveUp;
+    }
+    let backoff = args
+        .webhook_backoff
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
+        .min(args.webhook_max_backoff);
+    Verdict::RetryAt(now.saturating_add(backoff.as_millis() as i64))
+}
+
+/// What both backends share: the checks of a registration, the outbound
+/// rules, one attempt, and the counters of attempts.
+pub struct Rules {
+    outbound: Outbound,
+    pub args: WebhookArgs,
+    pub outcomes: DeliveryOutcomes,
+}
+
+impl Rules {
+    pub fn new(args: &WebhookArgs) -> anyhow::Result<Rules> {
         let mut allow_private = Vec::new();
         for c in &args.webhook_allow_private {
             let (ip, len) = c
@@ -206,24 +294,15 @@ impl Webhooks {
                 .ok_or_else(|| anyhow::anyhow!("--webhook-allow-private {c}: expected a CIDR"))?;
             allow_private.push((ip, len));
         }
-        let wake = Arc::new(Notify::new());
-        let hooks = Arc::new(Webhooks {
-            store,
+        Ok(Rules {
             outbound: Outbound::new(
                 allow_private,
                 args.webhook_allow_loopback,
                 args.webhook_timeout,
             ),
             args: args.clone(),
-            wake: wake.clone(),
             outcomes: DeliveryOutcomes::default(),
-        });
-        let outbox = Arc::new(Outbox {
-            max_per_tenant: args.webhook_max_outbox_per_tenant,
-            wake,
-            wrote: Default::default(),
-        });
-        Ok((hooks, outbox))
+        })
     }
 
     /// The hub's own listen address: never a webhook's target.
@@ -231,31 +310,22 @@ impl Webhooks {
         self.outbound.add_own(addr);
     }
 
-    /// Puts the operator's `--webhooks-file` (after [`Self::add_own_address`]).
-    pub async fn load_operator_file(&self) -> anyhow::Result<()> {
+    /// The operator's `--webhooks-file`, parsed (each entry is then put
+    /// through the backend's [`WebhookService::put`]).
+    pub fn operator_file(&self) -> anyhow::Result<Vec<OperatorWebhook>> {
         let Some(path) = &self.args.webhooks_file else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("--webhooks-file {}: {e}", path.display()))?;
-        let list: Vec<OperatorWebhook> = serde_json::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("--webhooks-file {}: {e}", path.display()))?;
-        for w in list {
-            let spec = PutWebhook {
-                url: w.url,
-                events: w.events,
-                secret: w.secret,
-            };
-            self.put(&w.tenant, &w.name, spec).await.map_err(|e| {
-                anyhow::anyhow!("--webhooks-file: webhook {} of {}: {e}", w.name, w.tenant)
-            })?;
-        }
-        Ok(())
+        serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("--webhooks-file {}: {e}", path.display()))
     }
 
-    /// Registers or replaces one; the URL's address is checked now too (a
-    /// name that resolves nowhere yet is accepted, and checked at delivery).
-    pub async fn put(&self, tenant: &str, name: &str, spec: PutWebhook) -> Result<WebhookInfo> {
+    /// Checks `PUT /v1/webhooks/{name}`: the name, the URL (parsed, then
+    /// its address: a name that resolves nowhere yet is accepted, and
+    /// checked at delivery), the event types and the secret's length.
+    pub async fn check(&self, name: &str, spec: PutWebhook) -> Result<Checked> {
         validate::name("webhook", name)?;
         let target = outbound::parse(&spec.url).map_err(|e| invalid(format!("url: {e}")))?;
         let mut events = Vec::new();
@@ -282,218 +352,111 @@ impl Webhooks {
                 format!("url: {e} (webhooks obey the egress closed ranges)"),
             ));
         }
-        let row = WebhookRow {
-            tenant: tenant.to_string(),
-            name: name.to_string(),
+        Ok(Checked {
             url: spec.url,
             events,
             secret: spec.secret,
-            updated_at: now_ms(),
-        };
-        if !self.store.put(&row, self.args.webhook_max_per_tenant)? {
-            return Err(Error::new(
-                Code::ResourceExhausted,
-                format!(
-                    "this tenant has {} webhooks, the most allowed; delete one first",
-                    self.args.webhook_max_per_tenant
-                ),
-            ));
-        }
-        self.info(row)
-    }
-
-    fn info(&self, row: WebhookRow) -> Result<WebhookInfo> {
-        let pending = self.store.pending(&row.tenant, &row.name)?;
-        Ok(WebhookInfo {
-            name: row.name,
-            url: row.url,
-            events: row.events,
-            updated_at: crate::backend::rfc3339(row.updated_at),
-            pending,
         })
     }
 
-    fn not_found(name: &str) -> Error {
-        Error::not_found(format!("webhook {name} not found"))
-    }
-
-    pub fn get(&self, tenant: &str, name: &str) -> Result<WebhookInfo> {
-        let row = self
-            .store
-            .get(tenant, name)?
-            .ok_or_else(|| Self::not_found(name))?;
-        self.info(row)
-    }
-
-    pub fn list(&self, tenant: &str) -> Result<WebhookList> {
-        Ok(WebhookList {
-            webhooks: self
-                .store
-                .list(tenant)?
-                .into_iter()
-                .map(|r| self.info(r))
-                .collect::<Result<_>>()?,
-        })
-    }
-
-    pub fn delete(&self, tenant: &str, name: &str) -> Result<()> {
-        if self.store.delete(tenant, name)? {
-            Ok(())
-        } else {
-            Err(Self::not_found(name))
-        }
-    }
-
-    pub fn deliveries(&self, tenant: &str, name: &str) -> Result<DeliveryList> {
-        self.store
-            .get(tenant, name)?
-            .ok_or_else(|| Self::not_found(name))?;
-        Ok(DeliveryList {
-            deliveries: self.store.attempts(tenant, name)?,
-        })
-    }
-
-    /// Delivers until the process ends.
-    pub fn spawn_deliverer(self: &Arc<Self>) {
-        let hooks = self.clone();
-        tokio::spawn(async move { hooks.deliver_loop().await });
-    }
-
-    async fn deliver_loop(self: Arc<Self>) {
-        let lease = self.args.webhook_timeout + Duration::from_secs(30);
-        let limit = Arc::new(tokio::sync::Semaphore::new(
-            self.args.webhook_concurrency.max(1),
-        ));
-        loop {
-            let now = now_ms();
-            let due = self
-                .store
-                .take_due(now, BATCH, now + lease.as_millis() as i64)
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "reading the webhook outbox");
-                    Vec::new()
-                });
-            if due.is_empty() {
-                let wait = match self.store.next_due() {
-                    Ok(Some(at)) => Duration::from_millis((at - now).clamp(10, 1000) as u64),
-                    _ => Duration::from_secs(1),
-                };
-                tokio::select! {
-                    _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(wait) => {}
-                }
-                continue;
-            }
-            for row in due {
-                let Ok(permit) = limit.clone().acquire_owned().await else {
-                    return;
-                };
-                let hooks = self.clone();
-                tokio::spawn(async move {
-                    hooks.deliver(row).await;
-                    drop(permit);
-                });
-            }
-        }
-    }
-
-    async fn deliver(&self, row: store::OutboxRow) {
-        let Ok(Some(hook)) = self.store.get(&row.tenant, &row.name) else {
-            return; // deleted meanwhile: its rows went with it
-        };
+    /// One delivery of event `event_id` (`body`, its JSON) to `url`, signed
+    /// with `secret`: attempt number `attempt`, of an event made at
+    /// `created_at` (Unix ms). Counted, logged on failure (never the
+    /// secret), and judged.
+    pub async fn attempt(&self, to: Delivery<'_>) -> (Attempt, Verdict) {
         let started = std::time::Instant::now();
         let t = crate::backend::now_s();
-        let body = Bytes::from(row.body.clone());
+        let body = Bytes::from(to.body.to_string());
         let headers = [
-            (SIGNATURE_HEADER, signature(&hook.secret, t, &body)),
-            (EVENT_ID_HEADER, row.event_id.to_string()),
+            (SIGNATURE_HEADER, signature(to.secret, t, &body)),
+            (EVENT_ID_HEADER, to.event_id.to_string()),
         ];
-        let outcome = self.outbound.post(&hook.url, &headers, body).await;
-        let attempt = row.attempts.saturating_add(1);
-        let (status, error) = match outcome {
+        let (status, error) = match self.outbound.post(to.url, &headers, body).await {
             Ok(s) if (200..300).contains(&s) => (Some(s), None),
             Ok(s) => (Some(s), Some(format!("the receiver answered {s}"))),
             Err(e) => (None, Some(e)),
         };
-        let now = now_ms();
-        let delivered = error.is_none();
-        let expired = now - row.created_at >= self.args.webhook_max_age.as_millis() as i64;
-        let backoff = self
-            .args
-            .webhook_backoff
-            .saturating_mul(1u32 << (attempt - 1).min(20))
-            .min(self.args.webhook_max_backoff);
-        let outcome = match (delivered, expired) {
-            (true, _) => &self.outcomes.delivered,
-            (false, false) => &self.outcomes.retrying,
-            (false, true) => &self.outcomes.gave_up,
+        let now = crate::backend::now_ms();
+        let verdict = verdict(&self.args, error.is_none(), to.attempt, to.created_at, now);
+        let counter = match verdict {
+            Verdict::Delivered => &self.outcomes.delivered,
+            Verdict::RetryAt(_) => &self.outcomes.retrying,
+            Verdict::GaveUp => &self.outcomes.gave_up,
         };
-        outcome.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        counter.fetch_add(1, Ordering::Relaxed);
         if let Some(e) = &error {
-            tracing::info!(tenant = %row.tenant, webhook = %row.name, event = row.event_id,
-                attempt, error = %e, gave_up = expired, "webhook delivery failed");
+            tracing::info!(tenant = %to.tenant, webhook = %to.name, event = to.event_id,
+                attempt = to.attempt, error = %e, gave_up = verdict == Verdict::GaveUp,
+                "webhook delivery failed");
         }
+        let error = error.map(|e| {
+            let e: String = e.chars().take(MAX_ERROR_CHARS).collect();
+            if verdict == Verdict::GaveUp {
+                format!("{e}; given up after --webhook-max-age")
+            } else {
+                e
+            }
+        });
         let record = Attempt {
-            event_id: row.event_id,
-            attempt,
+            event_id: to.event_id,
+            attempt: to.attempt,
             time: crate::backend::rfc3339(now),
             status,
-            error: match (&error, expired) {
-                (Some(e), true) => Some(format!("{e}; given up after --webhook-max-age")),
-                (e, _) => e.clone(),
-            },
+            error,
             duration_ms: started.elapsed().as_millis() as u64,
         };
-        if let Err(e) = self.store.settle(
-            &row,
-            &record,
-            now,
-            delivered || expired,
-            now + backoff.as_millis() as i64,
-        ) {
-            tracing::warn!(error = %e, "recording a webhook delivery");
-        }
+        (record, verdict)
     }
+}
+
+/// One delivery to make ([`Rules::attempt`]).
+pub struct Delivery<'a> {
+    /// For the log line only.
+    pub tenant: &'a str,
+    pub name: &'a str,
+    pub url: &'a str,
+    pub secret: &'a str,
+    pub event_id: u64,
+    pub body: &'a str,
+    /// 1 for the first try.
+    pub attempt: u32,
+    /// When the event happened (Unix ms): `--webhook-max-age` counts from it.
+    pub created_at: i64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn args(file: Option<PathBuf>) -> WebhookArgs {
-        WebhookArgs {
-            webhooks_file: file,
+    #[test]
+    fn the_backoff_doubles_to_its_cap_and_stops_at_the_max_age() {
+        let args = WebhookArgs {
+            webhook_backoff: Duration::from_secs(10),
+            webhook_max_backoff: Duration::from_secs(35),
+            webhook_max_age: Duration::from_secs(3600),
             ..WebhookArgs::default()
-        }
-    }
-
-    #[tokio::test]
-    async fn the_operator_file_puts_webhooks_and_refuses_bad_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("hooks.json");
-        std::fs::write(
-            &file,
-            r#"[{"tenant": "alice", "name": "ops", "url": "http://192.0.2.1/x",
-                 "events": ["deleted"], "secret": "0123456789abcdef"}]"#,
-        )
-        .unwrap();
-        let (hooks, _) = Webhooks::open(&dir.path().join("db"), &args(Some(file.clone()))).unwrap();
-        hooks.load_operator_file().await.unwrap();
-        let got = hooks.get("alice", "ops").unwrap();
+        };
+        let t0 = 1_000_000;
+        assert_eq!(verdict(&args, true, 9, 0, t0), Verdict::Delivered);
         assert_eq!(
-            (got.url.as_str(), got.events.clone()),
-            ("http://192.0.2.1/x", vec!["deleted".to_string()])
+            verdict(&args, false, 1, t0, t0),
+            Verdict::RetryAt(t0 + 10_000)
         );
-        assert!(
-            hooks.get("bob", "ops").is_err(),
-            "another tenant's name is not found"
+        assert_eq!(
+            verdict(&args, false, 2, t0, t0),
+            Verdict::RetryAt(t0 + 20_000)
         );
-        for bad in [
-            r#"[{"tenant": "a", "name": "n", "url": "http://192.0.2.1/", "secret": "0123456789abcdef", "colour": 1}]"#,
-            r#"[{"tenant": "a", "name": "n", "url": "http://169.254.169.254/", "secret": "0123456789abcdef"}]"#,
-        ] {
-            std::fs::write(&file, bad).unwrap();
-            assert!(hooks.load_operator_file().await.is_err(), "{bad}");
-        }
+        assert_eq!(
+            verdict(&args, false, 3, t0, t0),
+            Verdict::RetryAt(t0 + 35_000)
+        );
+        assert_eq!(
+            verdict(&args, false, 60, t0, t0),
+            Verdict::RetryAt(t0 + 35_000)
+        );
+        let late = t0 + 3_600_000;
+        assert_eq!(verdict(&args, false, 4, t0, late), Verdict::GaveUp);
+        assert!(Verdict::GaveUp.done() && Verdict::Delivered.done());
+        assert!(!Verdict::RetryAt(1).done());
     }
 }

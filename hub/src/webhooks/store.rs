@@ -77,7 +77,7 @@ pub struct OutboxRow {
 }
 
 /// One attempt, as `GET .../deliveries` lists it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Attempt {
     pub event_id: u64,
     /// 1 for the first try.
@@ -85,10 +85,10 @@ pub struct Attempt {
     /// RFC 3339.
     pub time: String,
     /// The receiver's HTTP status; absent when none was received.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
     /// Why it failed (refused address, timeout, status); absent on success.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub duration_ms: u64,
 }

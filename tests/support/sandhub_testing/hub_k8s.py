@@ -99,14 +99,14 @@ class Cluster:
         sb: Any = self.custom.get_namespaced_custom_object(*CORE, self.ns, "sandboxes", sandbox)
         return str((sb["metadata"].get("annotations") or {}).get("agents.x-k8s.io/pod-name", sandbox))
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[Any]:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
         log = open(self.logs / f"{name}.log", "ab")
-        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"))
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"), **(env or {}))
         proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
         self.procs.append(proc)
         return proc
 
-    def start_hub(self, *extra: str) -> tuple[subprocess.Popen[Any], str]:
+    def start_hub(self, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[Any], str]:
         port = free_port()
         keys = ([] if any(a.startswith("--signing-key-file") for a in extra)
                 else ["--signing-key-file", str(self.signing_key_file)])
@@ -123,6 +123,7 @@ class Cluster:
                 *keys,
                 *extra,
             ],
+            env=env,
         )
         url = f"http://{LOOPBACK}:{port}"
 
@@ -263,6 +264,36 @@ def template(name: str = POOL) -> dict[str, Any]:
             },
         },
     }
+
+
+@contextmanager
+def apiserver_cluster() -> Iterator[Cluster]:
+    """A fresh namespace with our CRDs, and no controller, pool or node: for what the hub does
+    with API objects alone (templates, webhooks, Leases). Needs only the apiserver (`cluster.sh
+    up`, a fake node is enough). Hubs started on it are stopped, the namespace deleted, after."""
+    kubeconfig = cluster_kubeconfig()
+    api: k8s.ApiClient = k8s_config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    ns = f"e2e-api-{secrets.token_hex(3)}"
+    k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns)))
+    logs = Path(tempfile.mkdtemp(prefix="sandhub-e2e-"))
+    key_file = logs / "sandboxd-token-key"
+    key_file.write_text(secrets.token_urlsafe(48) + "\n")
+    key_file.chmod(0o600)
+    signing_key_file = logs / "signing-keys"
+    signing_key_file.write_text(secrets.token_urlsafe(48) + "\n")
+    signing_key_file.chmod(0o600)
+    c = Cluster(kubeconfig=kubeconfig, ns=ns, token_key_file=key_file,
+                signing_key_file=signing_key_file, logs=logs, api=api)
+    try:
+        install_crds(api)
+        yield c
+    finally:
+        for p in reversed(c.procs):
+            stop_process(p)
+        try:
+            c.core.delete_namespace(ns)
+        except ApiException:
+            pass
 
 
 @contextmanager

@@ -242,7 +242,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         store(&state.metrics.events_dropped, log.dropped());
     }
     if let Some(hooks) = &state.webhooks {
-        let o = &hooks.outcomes;
+        let o = hooks.outcomes();
         for (outcome, n) in [
             ("delivered", &o.delivered),
             ("retrying", &o.retrying),

@@ -9,7 +9,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::{
     http::{ApiError, ApiJson, ApiPath, ApiResult, AppState, Tenant},
-    webhooks::{DeliveryList, PutWebhook, WebhookInfo, WebhookList, Webhooks},
+    webhooks::{DeliveryList, PutWebhook, WebhookInfo, WebhookList, WebhookService},
 };
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -19,11 +19,11 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_deliveries))
 }
 
-fn hooks(state: &AppState) -> ApiResult<Arc<Webhooks>> {
+fn hooks(state: &AppState) -> ApiResult<Arc<dyn WebhookService>> {
     state.webhooks.clone().ok_or_else(|| {
         ApiError::new(
             Code::Unimplemented,
-            "webhooks are not available on this backend yet",
+            "webhooks are not available on this backend",
         )
     })
 }
@@ -35,7 +35,7 @@ async fn list_webhooks(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
 ) -> ApiResult<ApiJson<WebhookList>> {
-    Ok(ApiJson(hooks(&state)?.list(&tenant)?))
+    Ok(ApiJson(hooks(&state)?.list(&tenant).await?))
 }
 
 /// Register (or replace) a webhook: the caller's events, POSTed to `url`
@@ -64,7 +64,7 @@ async fn get_webhook(
     Extension(Tenant(tenant)): Extension<Tenant>,
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<ApiJson<WebhookInfo>> {
-    Ok(ApiJson(hooks(&state)?.get(&tenant, &name)?))
+    Ok(ApiJson(hooks(&state)?.get(&tenant, &name).await?))
 }
 
 /// Delete a webhook, with what it was still owed.
@@ -76,7 +76,7 @@ async fn delete_webhook(
     Extension(Tenant(tenant)): Extension<Tenant>,
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    hooks(&state)?.delete(&tenant, &name)?;
+    hooks(&state)?.delete(&tenant, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -90,5 +90,5 @@ async fn list_deliveries(
     Extension(Tenant(tenant)): Extension<Tenant>,
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<ApiJson<DeliveryList>> {
-    Ok(ApiJson(hooks(&state)?.deliveries(&tenant, &name)?))
+    Ok(ApiJson(hooks(&state)?.deliveries(&tenant, &name).await?))
 }
