@@ -425,6 +425,22 @@ async fn pty(
     Ok(ws.on_upgrade(move |socket| pty.serve(socket, shell, keep)))
 }
 
+/// How long a shell that input can no longer reach gets to report its end.
+const FINISH_WAIT: Duration = Duration::from_secs(2);
+
+type PtySink = futures::stream::SplitSink<WebSocket, Message>;
+
+/// The shell ended: its exit code is the socket's last frame.
+async fn exited(mut tx: PtySink, mut shell: Shell, exit_code: i32) {
+    use futures::SinkExt;
+    if let Some(mut t) = shell.tracked.take() {
+        t.exited(exit_code);
+    }
+    let end = serde_json::json!({ "exit_code": exit_code }).to_string();
+    let _ = tx.send(Message::Text(end.into())).await;
+    let _ = tx.close().await;
+}
+
 /// One terminal socket's side of a shell.
 struct Pty {
     api: Arc<dyn crate::backend::TenantView>,
@@ -456,8 +472,10 @@ impl Pty {
                 msg = rx.next() => match msg {
                     Some(Ok(Message::Binary(b))) => {
                         if self.api.write_stdin(&self.id, shell.pid, StdinInput::Data(b)).await.is_err() {
-                            // The shell is gone or unreachable: end it.
-                            return self.gone(shell, false).await;
+                            // Most often the shell has just exited and this
+                            // input raced its end (`exit 4` then EOF): its
+                            // exit code is on the way, so tell it first.
+                            return self.finish(tx, shell).await;
                         }
                     }
                     Some(Ok(Message::Text(t))) => {
@@ -479,13 +497,7 @@ impl Pty {
                         }
                     }
                     Some(Ok(ProcessEvent::Exited { exit_code })) => {
-                        if let Some(mut t) = shell.tracked.take() {
-                            t.exited(exit_code);
-                        }
-                        let end = serde_json::json!({ "exit_code": exit_code }).to_string();
-                        let _ = tx.send(Message::Text(end.into())).await;
-                        let _ = tx.close().await;
-                        return;
+                        return exited(tx, shell, exit_code).await;
                     }
                     Some(Ok(ProcessEvent::Started { .. })) => {}
                     Some(Err(e)) => {
@@ -497,6 +509,32 @@ impl Pty {
                 },
             }
         }
+    }
+
+    /// Input can no longer reach the shell: pass on what it still says
+    /// (its exit code, usually) for up to [`FINISH_WAIT`], then end it.
+    async fn finish(self, mut tx: PtySink, mut shell: Shell) {
+        use futures::SinkExt;
+        let wait = tokio::time::sleep(FINISH_WAIT);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                ev = shell.events.next() => match ev {
+                    Some(Ok(ProcessEvent::Stdout { data } | ProcessEvent::Stderr { data })) => {
+                        if tx.send(Message::Binary(data.into())).await.is_err() {
+                            break;
+                        }
+                    }
+                    Some(Ok(ProcessEvent::Exited { exit_code })) => {
+                        return exited(tx, shell, exit_code).await;
+                    }
+                    Some(Ok(ProcessEvent::Started { .. })) => {}
+                    Some(Err(_)) | None => break,
+                },
+                _ = &mut wait => break,
+            }
+        }
+        self.gone(shell, false).await
     }
 
     /// The socket went away: keep the shell for a re-attach, or kill it
