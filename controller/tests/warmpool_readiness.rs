@@ -15,7 +15,8 @@ use kube::{Api, ResourceExt};
 use sandhub_api::k8s::claim::PodMetadata;
 use sandhub_api::k8s::conditions::events;
 use sandhub_api::k8s::names;
-use sandhub_api::k8s::warmpool::UpdateStrategyType;
+use sandhub_api::k8s::warmpool::{StartFailures, UpdateStrategyType};
+use sandhub_api::k8s::SandboxWarmPool;
 use serde_json::json;
 
 const FAKE_NODE: &str = "fake-node-0";
@@ -140,4 +141,22 @@ async fn warmpool_readiness_grace_replaces_stuck_members() {
         (m.len() == 1 && m != first).then_some(())
     })
     .await;
+    // Each replacement is a failed warm start, counted on the pool for the
+    // hub's `pool_start_failed`, with the member's Ready condition.
+    let failures = eventually(WAIT, "start failures on the pool", || async {
+        let pool = env.api::<SandboxWarmPool>().get("pool").await.ok()?;
+        StartFailures::of(&pool).filter(|f| f.failures >= 1)
+    })
+    .await;
+    assert!(
+        failures.last_error.contains(&first[0]) && failures.last_error.contains("not Ready within"),
+        "{failures:?}"
+    );
+    // Counted on and on, never back.
+    let more = eventually(WAIT, "a second failure counted", || async {
+        let pool = env.api::<SandboxWarmPool>().get("pool").await.ok()?;
+        StartFailures::of(&pool).filter(|f| f.failures > failures.failures)
+    })
+    .await;
+    assert!(more.failures > failures.failures);
 }

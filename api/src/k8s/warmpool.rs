@@ -85,3 +85,37 @@ pub struct SandboxWarmPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
+
+/// A Sandhub annotation the controller writes on a pool each time warm
+/// starts of it fail (a member replaced for not getting Ready within the
+/// readiness grace, or a member the API server refused to create), so the
+/// hub's replicas can all tell `pool_start_failed` from one write.
+pub const START_FAILURES_ANNOTATION: &str = "sandhub.io/start-failures";
+
+/// The value of [`START_FAILURES_ANNOTATION`]: the failures counted since
+/// the pool was made (never decreasing) and the latest one's reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartFailures {
+    pub failures: u64,
+    pub last_error: String,
+}
+
+impl StartFailures {
+    /// The longest `last_error` written (a Pod's message can be long).
+    pub const MAX_ERROR: usize = 1024;
+    /// A value longer than this is not read.
+    const MAX_ANNOTATION: usize = 4096;
+
+    /// What `pool` records, if anything (and sane).
+    pub fn of(pool: &SandboxWarmPool) -> Option<StartFailures> {
+        let raw = pool
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(START_FAILURES_ANNOTATION)?;
+        if raw.len() > Self::MAX_ANNOTATION {
+            return None;
+        }
+        serde_json::from_str(raw).ok()
+    }
+}

@@ -46,6 +46,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         expectations: Expectations::new(),
         recorder: ctx.recorder(SANDBOX_WARM_POOL_CONTROLLER),
         not_progressing: Default::default(),
+        start_failures: Default::default(),
     });
     let controller = Controller::new(ctx.watch_api::<SandboxWarmPool>(), ctx.watcher_config());
     let pools = controller.store();

@@ -1,8 +1,11 @@
 //! One SandboxWarmPool reconcile (§2.4): adopt or drop orphans, wait out
 //! unobserved writes, then delete (stale, stuck, surplus) and create
 //! (slow-start batches) as [`plan`](super::plan) decides, and report status.
+//! Failed warm starts (a member replaced for never getting Ready, a member
+//! the API server refused) are counted on the pool's `sandhub.io/start-failures`
+//! annotation, which the hub tells as `pool_start_failed`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,13 +18,13 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use sandhub_api::k8s::conditions::{events, types};
 use sandhub_api::k8s::names::{self, name_hash};
-use sandhub_api::k8s::warmpool::UpdateStrategyType;
+use sandhub_api::k8s::warmpool::{StartFailures, UpdateStrategyType, START_FAILURES_ANNOTATION};
 use sandhub_api::k8s::{Sandbox, SandboxTemplate, SandboxWarmPool, SandboxWarmPoolStatus};
 use serde_json::json;
 
 use super::build::{pool_sandbox, template_hash};
 use super::expectations::{Expectations, Seen};
-use super::plan::{is_stale, plan, slow_start_batches, Inputs, Member, Strategy};
+use super::plan::{is_stale, plan, slow_start_batches, DeleteReason, Inputs, Member, Strategy};
 use crate::context::Context;
 use crate::error::{is_code, Error};
 use crate::object::conditions::find as condition;
@@ -43,6 +46,9 @@ pub struct PoolCtx {
     pub recorder: Recorder,
     /// Pools that reported WarmPoolNotProgressing and have not recovered.
     pub not_progressing: Mutex<HashSet<String>>,
+    /// Each pool's start failures as last written (the pool in the cache
+    /// may not show this process's own last write yet).
+    pub start_failures: Mutex<HashMap<String, u64>>,
 }
 
 pub fn error_policy(_pool: Arc<SandboxWarmPool>, err: &Error, cx: Arc<PoolCtx>) -> Action {
@@ -216,6 +222,23 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
     );
     progress_events(&cx, &pool, &p.held_unschedulable).await;
 
+    let stuck: Vec<&String> = p
+        .delete
+        .iter()
+        .filter(|(_, why)| *why == DeleteReason::NotReadyTooLong)
+        .map(|(n, _)| n)
+        .collect();
+    if let Some(last) = stuck.last() {
+        let why = not_ready_reason(
+            cx.sandboxes
+                .get(&ObjectRef::new(last).within(&ns))
+                .as_deref(),
+        );
+        let grace = flags.sandbox_warm_pool_readiness_grace_period;
+        let error = format!("warm Sandbox {last} was not Ready within {grace:?}: {why}");
+        record_start_failures(&cx, &pool, stuck.len(), error).await;
+    }
+
     if !p.delete.is_empty() {
         let names: Vec<String> = p.delete.iter().map(|(n, _)| n.clone()).collect();
         cx.expectations
@@ -242,7 +265,10 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
                 .collect();
             cx.expectations
                 .expect_creates(&key, created, Instant::now());
+            let refused = results.iter().filter(|r| r.is_err()).count();
             if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+                let error = format!("creating a warm Sandbox: {e}");
+                record_start_failures(&cx, &pool, refused, error).await;
                 // The rest would fail the same way; the next pass retries.
                 return Err(e.into());
             }
@@ -286,6 +312,67 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, cx: Arc<PoolCtx>) -> Result<A
         .flatten()
         .min();
     Ok(wait.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// A member's Ready condition, in words, for `last_error`.
+fn not_ready_reason(sb: Option<&Sandbox>) -> String {
+    let ready = sb
+        .and_then(|sb| sb.status.as_ref())
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == types::READY));
+    match ready {
+        Some(c) if c.message.is_empty() => c.reason.clone(),
+        Some(c) => format!("{}: {}", c.reason, c.message),
+        None => "no Ready condition".to_string(),
+    }
+}
+
+/// Adds `count` failed warm starts to the pool's [`START_FAILURES_ANNOTATION`]
+/// (the hub tells each write as `pool_start_failed`). A failed write is
+/// only logged: the pool's reconcile goes on.
+async fn record_start_failures(
+    cx: &PoolCtx,
+    pool: &SandboxWarmPool,
+    count: usize,
+    mut error: String,
+) {
+    let key = pool_key(pool);
+    let failures = {
+        let mut known = cx.start_failures.lock().expect("start_failures poisoned");
+        let before = StartFailures::of(pool)
+            .map_or(0, |f| f.failures)
+            .max(known.get(&key).copied().unwrap_or(0));
+        let now = before.saturating_add(count as u64);
+        known.insert(key.clone(), now);
+        now
+    };
+    if error.len() > StartFailures::MAX_ERROR {
+        let mut end = StartFailures::MAX_ERROR;
+        while !error.is_char_boundary(end) {
+            end -= 1;
+        }
+        error.truncate(end);
+    }
+    let record = StartFailures {
+        failures,
+        last_error: error,
+    };
+    let Ok(value) = serde_json::to_string(&record) else {
+        return;
+    };
+    let patch = json!({"metadata": {"annotations": {START_FAILURES_ANNOTATION: value}}});
+    let ns = pool.namespace().unwrap_or_default();
+    if let Err(e) = cx
+        .ctx
+        .api_in::<SandboxWarmPool>(&ns)
+        .patch(
+            &pool.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::warn!(pool = %key, error = %e, "recording a warm pool's start failures");
+    }
 }
 
 async fn delete_member(sandboxes: &Api<Sandbox>, name: &str) -> Result<(), Error> {

@@ -15,7 +15,9 @@
 //!   a terminal reason, `last_error`) or `by_caller` (the hub's delete, or
 //!   anyone's).
 //! - **SandboxWarmPools**: `template_changed` when a pool's template
-//!   reference changes.
+//!   reference changes; `pool_start_failed` when the controller adds to the
+//!   start failures it counts on the pool (`sandhub.io/start-failures`: a
+//!   member never Ready within the readiness grace, or refused).
 //! - **SandboxTemplates**: `template_changed` when a template's spec
 //!   changes (its `generation` moves).
 //!
@@ -50,7 +52,9 @@ use kube::{
     runtime::{watcher, WatchStreamExt},
     Api, Resource,
 };
-use sandhub_api::k8s::{names, SandboxClaim, SandboxTemplate, SandboxWarmPool};
+use sandhub_api::k8s::{
+    names, warmpool::StartFailures, SandboxClaim, SandboxTemplate, SandboxWarmPool,
+};
 use tokio::sync::mpsc;
 
 use super::{
@@ -405,27 +409,47 @@ impl<T: PartialEq> Watched<T> {
     }
 }
 
+/// Pools: their template reference, and the start failures the controller
+/// counts on them (`StartFailures`).
 #[derive(Default)]
-pub struct PoolTracker(Watched<String>);
+pub struct PoolTracker {
+    template: Watched<String>,
+    failures: Watched<u64>,
+}
 
 impl PoolTracker {
     pub fn observe(&mut self, ev: &watcher::Event<SandboxWarmPool>) -> Vec<NewEvent> {
-        let Some(p) = self
-            .0
+        let mut out = Vec::new();
+        if let Some(p) = self
+            .template
             .changed(ev, |p| p.spec.sandbox_template_ref.name.clone())
-        else {
-            return Vec::new();
-        };
-        let tenant = tenant_of(&p);
-        let template =
-            super::owner::pool_hub_name_by_key(&tenant, &p.spec.sandbox_template_ref.name);
-        stamped(
-            NewEvent::pool(&tenant, EventType::TemplateChanged, Some(&hub_name(&p)))
-                .detail("template", template),
-            p.metadata.resource_version.as_deref(),
-        )
-        .into_iter()
-        .collect()
+        {
+            let tenant = tenant_of(&p);
+            let template =
+                super::owner::pool_hub_name_by_key(&tenant, &p.spec.sandbox_template_ref.name);
+            out.extend(stamped(
+                NewEvent::pool(&tenant, EventType::TemplateChanged, Some(&hub_name(&p)))
+                    .detail("template", template),
+                p.metadata.resource_version.as_deref(),
+            ));
+        }
+        let failures = |p: &SandboxWarmPool| StartFailures::of(p).map_or(0, |f| f.failures);
+        if let Some(p) = self.failures.changed(ev, failures) {
+            // The controller only ever adds to the count.
+            if let Some(f) = StartFailures::of(&p).filter(|f| f.failures > 0) {
+                out.extend(stamped(
+                    NewEvent::pool(
+                        &tenant_of(&p),
+                        EventType::PoolStartFailed,
+                        Some(&hub_name(&p)),
+                    )
+                    .detail("last_error", f.last_error)
+                    .detail("failures", f.failures),
+                    p.metadata.resource_version.as_deref(),
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -884,10 +908,47 @@ mod tests {
         );
         pool.spec.sandbox_template_ref.name = "b".into();
         pool.metadata.resource_version = Some("61".into());
-        let got = p.observe(&watcher::Event::Apply(pool));
+        let got = p.observe(&watcher::Event::Apply(pool.clone()));
         assert_eq!(kinds(&got), ["template_changed"]);
         assert_eq!(got[0].pool.as_deref(), Some("web"));
         assert_eq!(got[0].tenant, model::tenant_label_value(TENANT));
+
+        // The controller counts failed warm starts on the pool: each write
+        // that adds to them is one `pool_start_failed`.
+        let failed = |pool: &mut SandboxWarmPool, n: u64, rv: &str| {
+            let f = StartFailures {
+                failures: n,
+                last_error: "warm Sandbox web-x was not Ready within 300s".into(),
+            };
+            pool.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(
+                    sandhub_api::k8s::warmpool::START_FAILURES_ANNOTATION.into(),
+                    serde_json::to_string(&f).unwrap(),
+                );
+            pool.metadata.resource_version = Some(rv.into());
+        };
+        failed(&mut pool, 1, "62");
+        let got = p.observe(&watcher::Event::Apply(pool.clone()));
+        assert_eq!(kinds(&got), ["pool_start_failed"]);
+        assert_eq!(got[0].details["failures"], 1);
+        assert!(got[0].details["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("not Ready"));
+        assert_eq!(got[0].pool.as_deref(), Some("web"));
+        assert_eq!(got[0].id, event_id(Some("62"), EventType::PoolStartFailed));
+        pool.metadata.resource_version = Some("63".into());
+        assert!(
+            p.observe(&watcher::Event::Apply(pool.clone())).is_empty(),
+            "the same count again: nothing"
+        );
+        failed(&mut pool, 3, "64");
+        assert_eq!(
+            kinds(&p.observe(&watcher::Event::Apply(pool))),
+            ["pool_start_failed"]
+        );
     }
 
     #[test]
