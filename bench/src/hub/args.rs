@@ -7,12 +7,24 @@ use std::{
 
 use clap::ValueEnum;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// The hub binary to start [default: $CARGO_TARGET_DIR/release/sandhub,
     /// or target/release/sandhub when CARGO_TARGET_DIR is unset].
     #[arg(long, env = "SANDHUB_BENCH_SANDHUB_BIN")]
     pub(super) sandhub_bin: Option<PathBuf>,
+
+    /// An older hub binary to compare with: the selected phases then run
+    /// `--rounds` times against each binary, alternating which goes first,
+    /// and each row is the median of `--sandhub-bin` over the median of
+    /// this one (see `baseline.rs`).
+    #[arg(long, env = "SANDHUB_BENCH_BASELINE_BIN")]
+    pub(super) baseline_bin: Option<PathBuf>,
+
+    /// Rounds per binary with `--baseline-bin`.
+    #[arg(long, env = "SANDHUB_BENCH_ROUNDS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub(super) rounds: u32,
 
     /// Parent of the temp dir holding the hub's state dir and log.
     #[arg(long, env = "SANDHUB_BENCH_WORK_DIR", default_value_os_t = std::env::temp_dir())]

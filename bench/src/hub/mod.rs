@@ -32,10 +32,15 @@
 //!     to a loopback OTLP sink vs this one (export off), in alternating
 //!     rounds (`traces.rs`).
 //!
+//! With `--baseline-bin`, the selected phases run against that binary
+//! too, in alternating rounds, and the rows are new ÷ baseline
+//! (`baseline.rs`).
+//!
 //! At the end it deletes everything it made through the API, SIGTERMs the
 //! hub and kills any sandbox process that outlived both.
 
 mod args;
+mod baseline;
 mod disk;
 mod e2b;
 mod egress;
@@ -77,6 +82,9 @@ const MCP_P50_MAX_US: f64 = 3_000.0;
 const GYM_RESET_P50_MAX_US: f64 = 5_000.0;
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
+    if let Some(old) = args.baseline_bin.clone() {
+        return baseline::run(args, old).await;
+    }
     let work = tempfile::Builder::new()
         .prefix("sandhub-bench-hub-")
         .tempdir_in(&args.work_dir)

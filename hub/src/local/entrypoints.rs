@@ -3,7 +3,8 @@
 //! asks each Ready sandbox that runs one every [`EVERY`] and tells each
 //! exit once.
 //!
-//! A sandbox without an entrypoint is asked once per time it becomes
+//! A sandbox started without an entrypoint is never asked (its handle says
+//! so); one started before handles said is asked once per time it becomes
 //! Ready (its sandboxd says it has none), so the cost is one small GET per
 //! sandbox with an entrypoint per [`EVERY`], at most [`CONCURRENT`] at
 //! once, each bounded by `entrypoint::ask`'s size and time limits. An exit
@@ -22,7 +23,7 @@ use futures::StreamExt;
 use sandboxd::entrypoint::EntrypointRecord;
 use sandhub_api::hub::SandboxState;
 
-use super::hub::Hub;
+use super::{hub::Hub, runtime_adapter::LocalBackend};
 use crate::{backend::now_ms, events::EventType};
 
 /// How often a sandbox with an entrypoint is asked.
@@ -84,6 +85,7 @@ impl Hub {
         let ready: Vec<_> = rows
             .into_iter()
             .filter(|r| r.state == SandboxState::Ready && r.claimed)
+            .filter(LocalBackend::runs_entrypoint)
             .collect();
         // Forgotten when not Ready (suspended, deleted): asked afresh after.
         let ids: HashSet<&str> = ready.iter().map(|r| r.id.as_str()).collect();

@@ -253,6 +253,9 @@ impl Hub {
         }
         view.egress = self.backend.egress.usage(&row.id);
         view.usage = self.backend.usage(&row.id);
+        if !LocalBackend::runs_entrypoint(row) {
+            return view;
+        }
         let Ok(client) = self.client(row) else {
             return view;
         };

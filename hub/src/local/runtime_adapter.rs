@@ -24,6 +24,10 @@ use super::{
     store::SandboxRow,
 };
 
+/// The key of a launched sandbox's handle that says whether it runs an
+/// entrypoint (see [`LocalBackend::runs_entrypoint`]).
+const ENTRYPOINT_KEY: &str = "runs_entrypoint";
+
 /// What to start: the stored row, its template, and the layers that seed
 /// its workspace (a fork's snapshot first).
 pub struct LaunchRequest<'a> {
@@ -143,6 +147,16 @@ impl LocalBackend {
         let mut backend = backend;
         backend.sampler = backend.start_sampler()?;
         Ok(backend)
+    }
+
+    /// Whether `row`'s sandbox was started with an entrypoint, so whether
+    /// its sandboxd has one to tell of. Only a handle that says `false`
+    /// is believed (a sandbox started before the hub recorded this is
+    /// asked): a view or a watch then skips a round trip to sandboxd,
+    /// which was most of a warm claim's time.
+    pub(super) fn runs_entrypoint(row: &SandboxRow) -> bool {
+        let said = row.runtime.as_ref().and_then(|r| r.get(ENTRYPOINT_KEY));
+        said.and_then(|v| v.as_bool()) != Some(false)
     }
 
     pub(super) fn launched(row: &SandboxRow) -> Result<Launched> {
@@ -329,6 +343,7 @@ impl LocalBackend {
         let mut spec = self.spec(&request, mode)?;
         // Placeholders last: they win over any env of the same name.
         spec.env.extend(recorded.secret_env());
+        let runs_entrypoint = !spec.entrypoint.is_empty();
         let runtime = self.runtime.clone();
         let launched = tokio::task::spawn_blocking(move || runtime.launch(&spec))
             .await
@@ -354,6 +369,9 @@ impl LocalBackend {
         }
         let mut value =
             serde_json::to_value(&launched).map_err(|e| Error::internal(e.to_string()))?;
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(ENTRYPOINT_KEY.into(), runs_entrypoint.into());
+        }
         if mode == Network::Egress || recorded.sandbox.is_some() || !recorded.secrets.is_empty() {
             if let (Some(obj), Ok(r)) = (value.as_object_mut(), serde_json::to_value(&recorded)) {
                 obj.insert(egress::RECORD_KEY.into(), r);
@@ -599,5 +617,45 @@ impl LocalBackend {
         // The shim, PID 1 and sandboxd are the sandbox itself; anything
         // more is a workload.
         self.runtime.processes(&row.id).is_ok_and(|p| p.len() > 3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandhub_api::hub::{Launch, SandboxState};
+
+    fn row(runtime: Option<serde_json::Value>) -> SandboxRow {
+        SandboxRow {
+            id: "sb-1".into(),
+            tenant: "t".into(),
+            template: "default".into(),
+            state: SandboxState::Ready,
+            labels: Default::default(),
+            env: Default::default(),
+            launch: Launch::Warm,
+            created_at: 0,
+            shutdown_at: None,
+            idle_timeout_seconds: None,
+            last_activity: 0,
+            pool: None,
+            claimed: true,
+            forked_from: None,
+            runtime,
+        }
+    }
+
+    #[test]
+    fn only_a_handle_that_says_no_entrypoint_skips_the_asking() {
+        let said =
+            |v: serde_json::Value| row(Some(serde_json::json!({"shim_pid": 1, ENTRYPOINT_KEY: v})));
+        assert!(!LocalBackend::runs_entrypoint(&said(false.into())));
+        assert!(LocalBackend::runs_entrypoint(&said(true.into())));
+        // Started before handles said, or a value that is not a bool: asked.
+        assert!(LocalBackend::runs_entrypoint(&row(Some(
+            serde_json::json!({"shim_pid": 1})
+        ))));
+        assert!(LocalBackend::runs_entrypoint(&said("no".into())));
+        assert!(LocalBackend::runs_entrypoint(&row(None)));
     }
 }
