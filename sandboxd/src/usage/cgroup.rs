@@ -158,22 +158,34 @@ impl Files {
     }
 }
 
-/// Every counter of a v2 cgroup: five small files. An error (most often
-/// `ENOENT`, or `ENODEV` through a kept file: the cgroup was removed) means
-/// it is gone.
-pub fn read_v2(d: &mut Files, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
+/// Every counter of a v2 cgroup: five small files, or three when `since`
+/// (the last reading) is given and `memory.current` has not moved since:
+/// the high-water mark and the OOM kill count then cannot have either
+/// (short of a spike that ended at the very same byte count), so `since`'s
+/// are kept. The caller passes `None` now and then to bound that case. An
+/// error (most often `ENOENT`, or `ENODEV` through a kept file: the cgroup
+/// was removed) means it is gone.
+pub fn read_v2(
+    d: &mut Files,
+    buf: &mut [u8; READ_BUF],
+    since: Option<&Counters>,
+) -> io::Result<Counters> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
     let cpu_usec = keyed(d.read("cpu.stat", buf)?, "usage_usec")
         .ok_or_else(|| bad("cpu.stat has no usage_usec"))?;
     let memory_bytes =
         number(d.read("memory.current", buf)?).ok_or_else(|| bad("memory.current"))?;
-    // memory.peak is Linux 5.19+.
-    let memory_peak_bytes = d
-        .read("memory.peak", buf)
-        .ok()
-        .and_then(number)
-        .unwrap_or(0);
-    let oom_kills = keyed(d.read("memory.events", buf)?, "oom_kill").unwrap_or(0);
+    let (memory_peak_bytes, oom_kills) = match since.filter(|p| p.memory_bytes == memory_bytes) {
+        Some(p) => (p.memory_peak_bytes, p.oom_kills),
+        None => (
+            // memory.peak is Linux 5.19+.
+            d.read("memory.peak", buf)
+                .ok()
+                .and_then(number)
+                .unwrap_or(0),
+            keyed(d.read("memory.events", buf)?, "oom_kill").unwrap_or(0),
+        ),
+    };
     let pids = number(d.read("pids.current", buf)?).ok_or_else(|| bad("pids.current"))?;
     Ok(Counters {
         cpu_usec,
@@ -231,22 +243,32 @@ impl V1Files {
     }
 
     /// Every counter. CPU reads 0 where no `cpuacct.usage` is readable.
-    pub fn read(&mut self, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
+    /// `since` skips the high-water mark and the OOM count while memory
+    /// has not moved, as [`read_v2`] does.
+    pub fn read(
+        &mut self,
+        buf: &mut [u8; READ_BUF],
+        since: Option<&Counters>,
+    ) -> io::Result<Counters> {
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
         let m = &mut self.memory;
         let memory_bytes = number(m.read("memory.usage_in_bytes", buf)?)
             .ok_or_else(|| bad("memory.usage_in_bytes"))?;
-        let memory_peak_bytes = m
-            .read("memory.max_usage_in_bytes", buf)
-            .ok()
-            .and_then(number)
-            .unwrap_or(0);
-        // `oom_kill` in memory.oom_control is Linux 4.13+.
-        let oom_kills = m
-            .read("memory.oom_control", buf)
-            .ok()
-            .and_then(|raw| keyed(raw, "oom_kill"))
-            .unwrap_or(0);
+        let (memory_peak_bytes, oom_kills) = match since.filter(|p| p.memory_bytes == memory_bytes)
+        {
+            Some(p) => (p.memory_peak_bytes, p.oom_kills),
+            None => (
+                m.read("memory.max_usage_in_bytes", buf)
+                    .ok()
+                    .and_then(number)
+                    .unwrap_or(0),
+                // `oom_kill` in memory.oom_control is Linux 4.13+.
+                m.read("memory.oom_control", buf)
+                    .ok()
+                    .and_then(|raw| keyed(raw, "oom_kill"))
+                    .unwrap_or(0),
+            ),
+        };
         let pids = match &mut self.pids {
             Some(p) => number(p.read("pids.current", buf)?).ok_or_else(|| bad("pids.current"))?,
             None => 0,

@@ -152,8 +152,8 @@ impl Source {
 
     fn read(&mut self, buf: &mut [u8; cgroup::READ_BUF]) -> std::io::Result<cgroup::Counters> {
         match self {
-            Source::V2(files) => cgroup::read_v2(files, buf),
-            Source::V1(v1) => v1.read(buf),
+            Source::V2(files) => cgroup::read_v2(files, buf, None),
+            Source::V1(v1) => v1.read(buf, None),
         }
     }
 

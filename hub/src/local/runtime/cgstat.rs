@@ -13,7 +13,7 @@
 //! ```text
 //! CgroupTree::ids()              the sandboxes with a cgroup now (one getdents pass)
 //! CgroupTree::open(id, keep)     -> CgroupStats (dir fds) and the limits set on it
-//! CgroupStats::read(&mut buf)    -> Counters
+//! CgroupStats::read(&mut buf, since) -> Counters (since: skip what unmoved memory keeps)
 //! CgroupStats::held()            files it holds open
 //! CgroupTree::v2_at(dir)     any directory laid out like cgroup v2 (bench, tests)
 //! ```
@@ -136,13 +136,18 @@ impl CgroupStats {
         }
     }
 
-    /// Reads every counter: five small files. An error (most often
-    /// `ENOENT`, or `ENODEV` through a kept file: the cgroup was removed)
-    /// means the sandbox is gone.
-    pub fn read(&mut self, buf: &mut [u8; READ_BUF]) -> io::Result<Counters> {
+    /// Reads every counter: five small files, three when memory has not
+    /// moved since `since` (whose high-water mark and OOM count are then
+    /// kept). An error (most often `ENOENT`, or `ENODEV` through a kept
+    /// file: the cgroup was removed) means the sandbox is gone.
+    pub fn read(
+        &mut self,
+        buf: &mut [u8; READ_BUF],
+        since: Option<&Counters>,
+    ) -> io::Result<Counters> {
         match self {
-            CgroupStats::V2(d) => read_v2(d, buf),
-            CgroupStats::V1(v1) => v1.read(buf),
+            CgroupStats::V2(d) => read_v2(d, buf, since),
+            CgroupStats::V1(v1) => v1.read(buf, since),
         }
     }
 
@@ -194,7 +199,7 @@ mod tests {
         assert_eq!(limits.pids, None, "max is no limit");
         assert_eq!(limits.cpu, Some(0.5));
         let mut buf = [0u8; READ_BUF];
-        let c = stats.read(&mut buf).unwrap();
+        let c = stats.read(&mut buf, None).unwrap();
         assert_eq!(
             c,
             Counters {
@@ -207,7 +212,7 @@ mod tests {
         );
         // Removed under the open fd: the read fails, the sandbox is gone.
         std::fs::remove_dir_all(tmp.path().join("sb-1")).unwrap();
-        assert!(stats.read(&mut buf).is_err());
+        assert!(stats.read(&mut buf, None).is_err());
         assert!(tree.open("../x", false).is_err());
     }
 
@@ -220,7 +225,7 @@ mod tests {
         std::os::unix::fs::symlink("/proc/self/status", d.join("memory.current")).unwrap();
         for keep in [false, true] {
             let (mut stats, _) = CgroupTree::v2_at(tmp.path()).open("sb-1", keep).unwrap();
-            assert!(stats.read(&mut [0u8; READ_BUF]).is_err());
+            assert!(stats.read(&mut [0u8; READ_BUF], None).is_err());
         }
     }
 
@@ -233,7 +238,7 @@ mod tests {
         let (mut stats, _) = CgroupTree::v2_at(tmp.path()).open("sb-1", true).unwrap();
         let mut buf = [0u8; READ_BUF];
         assert_eq!(stats.held(), 0);
-        assert_eq!(stats.read(&mut buf).unwrap().memory_bytes, 4096);
+        assert_eq!(stats.read(&mut buf, None).unwrap().memory_bytes, 4096);
         assert!(
             stats.held() > 0 && stats.held() <= MAX_HELD,
             "{}",
@@ -243,8 +248,40 @@ mod tests {
         // A shorter value than before: the read must not keep old bytes.
         std::fs::write(tmp.path().join("sb-1/memory.current"), "77\n").unwrap();
         std::fs::write(tmp.path().join("sb-1/cpu.stat"), "usage_usec 9\n").unwrap();
-        let c = stats.read(&mut buf).unwrap();
+        let c = stats.read(&mut buf, None).unwrap();
         assert_eq!((c.memory_bytes, c.cpu_usec), (77, 9));
         assert_eq!(stats.held(), held, "no file opened twice");
+    }
+
+    /// With the last reading given, the high-water mark and the OOM count
+    /// are read only when memory moved; without it, always.
+    #[test]
+    fn unmoved_memory_keeps_the_last_peak_and_oom_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        fake(tmp.path(), "sb-1", 10, 4096);
+        let d = tmp.path().join("sb-1");
+        for keep in [false, true] {
+            let (mut stats, _) = CgroupTree::v2_at(tmp.path()).open("sb-1", keep).unwrap();
+            let mut buf = [0u8; READ_BUF];
+            std::fs::write(d.join("memory.current"), "4096\n").unwrap();
+            std::fs::write(d.join("memory.peak"), "8192\n").unwrap();
+            std::fs::write(d.join("memory.events"), "oom_kill 1\n").unwrap();
+            let first = stats.read(&mut buf, None).unwrap();
+            assert_eq!((first.memory_peak_bytes, first.oom_kills), (8192, 1));
+            std::fs::write(d.join("memory.peak"), "9000\n").unwrap();
+            std::fs::write(d.join("memory.events"), "oom_kill 2\n").unwrap();
+            std::fs::write(d.join("cpu.stat"), "usage_usec 11\n").unwrap();
+            let light = stats.read(&mut buf, Some(&first)).unwrap();
+            assert_eq!(light.cpu_usec, 11, "CPU is read every time");
+            assert_eq!((light.memory_peak_bytes, light.oom_kills), (8192, 1));
+            // A full read sees them.
+            let full = stats.read(&mut buf, None).unwrap();
+            assert_eq!((full.memory_peak_bytes, full.oom_kills), (9000, 2));
+            // So does one after memory moved.
+            std::fs::write(d.join("memory.events"), "oom_kill 3\n").unwrap();
+            std::fs::write(d.join("memory.current"), "2048\n").unwrap();
+            let moved = stats.read(&mut buf, Some(&full)).unwrap();
+            assert_eq!((moved.memory_bytes, moved.oom_kills), (2048, 3));
+        }
     }
 }

@@ -508,6 +508,16 @@ fn mount_volume(dev: &Path, mount_point: &Path) -> io::Result<()> {
     })
 }
 
+/// `referenced` alone of a qgroup directory, for a reader that knows the
+/// limit already (see [`read_qgroup`]).
+pub fn read_qgroup_used(dir: &mut sandboxd::usage::cgroup::Files) -> io::Result<u64> {
+    let mut buf = [0u8; 64];
+    String::from_utf8_lossy(dir.read("referenced", &mut buf)?)
+        .trim()
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("referenced: {e}")))
+}
+
 /// `(referenced, max_referenced)` of a qgroup directory from
 /// [`DiskQuotas::qgroup_dir`]; the limit is None when the qgroup has none.
 /// btrfs settles `referenced` at each transaction commit (30 s at most).
@@ -518,10 +528,7 @@ pub fn read_qgroup(dir: &mut sandboxd::usage::cgroup::Files) -> io::Result<(u64,
             .trim()
             .to_string())
     };
-    let used = read("referenced")?
-        .parse()
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("referenced: {e}")))?;
     // "none" when unlimited.
     let max = read("max_referenced").ok().and_then(|v| v.parse().ok());
-    Ok((used, max))
+    Ok((read_qgroup_used(dir)?, max))
 }
