@@ -266,3 +266,75 @@ def test_an_oom_kill_in_a_pod_is_told_once_by_every_replica(cluster: Cluster, re
         on_b.close()
         requests.delete(f"{url_a}/v1/pools/{name}", headers=alice, timeout=60)
         requests.delete(f"{url_a}/v1/templates/{name}", headers=alice, timeout=60)
+
+
+def test_the_rest_of_the_vocabulary_happens_on_the_real_node(cluster: Cluster, replicas) -> None:
+    """Each remaining type from a real action on the real node, told alike by both replicas:
+    `template_changed` (a tenant's template replaced), `suspended` and `resumed` (the claim's
+    Ready going to SandboxSuspended and back), `disk_quota_exceeded` and `finished` (the kubelet
+    evicts a Pod past its `ephemeral-storage` limit, the template's `disk_mb`), and
+    `pool_start_failed` (a pool whose members cannot pull their image are replaced after the
+    controller's readiness grace, 60 s in this cluster)."""
+    _, (url_a, url_b), auth = replicas
+    alice = auth["alice"]
+    run = secrets.token_hex(3)
+    name, broken = f"disk-{run}", f"nopull-{run}"
+    on_a, on_b = Stream(url_a, alice), Stream(url_b, alice)
+
+    def both(pred: Any, what: str, timeout: float = 120.0) -> dict[str, Any]:
+        ea = on_a.until(pred, f"{what} on A", timeout=timeout)[-1]
+        eb = on_b.until(pred, f"{what} on B", timeout=30)[-1]
+        assert (ea["id"], ea["type"], ea["details"]) == (eb["id"], eb["type"], eb["details"]), (ea, eb)
+        assert ea["tenant"] == "alice", ea
+        return ea
+
+    try:
+        r = requests.put(f"{url_a}/v1/templates/{name}", json={"disk_mb": 32}, headers=alice, timeout=60)
+        assert r.status_code == 200, r.text
+        r = requests.put(f"{url_a}/v1/templates/{name}", json={"disk_mb": 24}, headers=alice, timeout=60)
+        assert r.status_code == 200, r.text
+        e = both(lambda e: e["type"] == "template_changed" and e["details"].get("template") == name,
+                 "template_changed")
+        r = requests.put(f"{url_a}/v1/pools/{name}", json={"template": name, "replicas": 0}, headers=alice,
+                         timeout=60)
+        assert r.status_code == 200, r.text
+
+        r = requests.post(f"{url_b}/v1/sandboxes", json={"pool": name}, headers=alice, timeout=200)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        assert requests.post(f"{url_a}/v1/sandboxes/{sid}/suspend", headers=alice, timeout=200).status_code == 200
+        both(lambda e: e["type"] == "suspended" and of(sid)(e), "suspended")
+        assert requests.post(f"{url_b}/v1/sandboxes/{sid}/resume", headers=alice, timeout=200).status_code == 200
+        both(lambda e: e["type"] == "resumed" and of(sid)(e), "resumed")
+
+        # 64 MiB into the container's own filesystem, past its 24 MiB limit: the kubelet's
+        # eviction manager (every 10 s) evicts the Pod.
+        r = requests.post(f"{url_a}/v1/sandboxes/{sid}/exec",
+                          json={"command": "/bin/busybox dd if=/dev/zero of=/tmp/fill bs=1M count=64",
+                                "timeout_seconds": 60}, headers=alice, timeout=120)
+        assert r.status_code in (200, 412, 503), r.text
+        e = both(lambda e: e["type"] == "disk_quota_exceeded" and of(sid)(e), "disk_quota_exceeded",
+                 timeout=120)
+        assert e["details"]["evicted"] is True, e
+        assert "ephemeral" in e["details"]["message"].lower(), e
+        got = requests.get(f"{url_b}/v1/sandboxes/{sid}", headers=alice, timeout=60).json()
+        assert got["state"] == "Finished", got
+        assert requests.delete(f"{url_a}/v1/sandboxes/{sid}", headers=alice, timeout=120).status_code == 204
+
+        # Members whose image cannot be pulled (a registry address nothing listens on, on
+        # loopback): replaced after the grace, each replacement counted.
+        r = requests.put(f"{url_a}/v1/templates/{broken}", json={"image": "127.0.0.1:9/nothing/here:1"},
+                         headers=alice, timeout=60)
+        assert r.status_code == 200, r.text
+        r = requests.put(f"{url_a}/v1/pools/{broken}", json={"template": broken, "replicas": 1},
+                         headers=alice, timeout=60)
+        assert r.status_code == 200, r.text
+        e = both(lambda e: e["type"] == "pool_start_failed" and e.get("pool") == broken,
+                 "pool_start_failed", timeout=240)
+        assert e["details"]["failures"] >= 1 and e["details"]["last_error"], e
+    finally:
+        on_a.close()
+        on_b.close()
+        for n in (name, broken):
+            requests.delete(f"{url_a}/v1/pools/{n}", headers=alice, timeout=60)
+            requests.delete(f"{url_a}/v1/templates/{n}", headers=alice, timeout=60)

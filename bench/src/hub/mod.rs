@@ -1,7 +1,8 @@
 //! The hub suite. Starts the release `sandhub serve` on loopback with a
 //! fresh state dir and measures, through its public APIs:
 //!
-//! 1. warm claim: `POST /v1/sandboxes` answered from a ready pool;
+//! 1. warm claim: `POST /v1/sandboxes` answered from a ready pool, in a
+//!    steady stream and (`settled`) each on a pool refilled after the last;
 //! 2. cold create: the same with no pool, until the new sandbox's sandboxd
 //!    answers;
 //! 3. reset of a sandbox whose workspace changed;
@@ -258,6 +259,14 @@ async fn warm(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result
         format!("{} ms", fill.as_millis()),
     );
     report.detail("warm claim launch kinds", format!("{launches:?}"));
+    let settled = (args.warm_claims / 2).max(1);
+    let s = rest::settled_claims(hub, args.pool_replicas, settled, args.deadline()).await?;
+    let sum = summary(report, "warm claim on a settled pool", s)?;
+    report.rows.push(Row::absolute(
+        "warm claim on a settled pool, p50",
+        us(sum.p50),
+        Some(max_us(WARM_P50_MAX_US)),
+    ));
     Ok(())
 }
 

@@ -96,6 +96,36 @@ pub async fn warm_claims(
     Ok((s, launches, fill))
 }
 
+/// Warm claims on a settled pool: before each (untimed), the pool is full
+/// again and the last claim's sandbox deleted, so the claim does not share
+/// the CPU with the refill the last one started. This is the claim path
+/// alone, as a sporadic caller meets it; [`warm_claims`] is a steady stream.
+pub async fn settled_claims(
+    hub: &mut Hub,
+    replicas: u32,
+    n: u32,
+    deadline: Instant,
+) -> anyhow::Result<Series> {
+    hub.put_pool(POOL, replicas).await?;
+    let mut s = Series::new(n);
+    let mut progress = Progress::new("settled warm claim", n.into());
+    for done in 1..=n {
+        if s.past("settled warm claim", deadline)
+            || !wait_ready(hub, replicas.into(), deadline).await?
+        {
+            s.stopped_early = true;
+            break;
+        }
+        let t = Instant::now();
+        let (id, _) = hub.create().await?;
+        s.samples.push(t.elapsed());
+        hub.delete(&id).await?;
+        progress.update(done.into());
+    }
+    hub.delete_pool(POOL).await?;
+    Ok(s)
+}
+
 /// Cold creates with no pool: each timed until the 201, then deleted.
 pub async fn cold_creates(hub: &mut Hub, n: u32, deadline: Instant) -> anyhow::Result<Series> {
     let mut s = Series::new(n);

@@ -148,6 +148,8 @@ struct ClaimSeen {
     exit: Option<super::entrypoints::Exit>,
     /// The OOM kills the claim records (kube/oom.rs).
     oom: Option<super::oom::OomRecord>,
+    /// Its Pod's eviction for local storage, as recorded (kube/evictions.rs).
+    eviction: Option<super::evictions::Eviction>,
 }
 
 /// Claims' transitions, fed every event of the claim watch.
@@ -311,6 +313,18 @@ impl ClaimTracker {
             }
             out.push(e);
         }
+        if let Some(ev) = s
+            .eviction
+            .as_ref()
+            .filter(|e| before.eviction.as_ref() != Some(*e))
+        {
+            out.push(
+                event(EventType::DiskQuotaExceeded)
+                    .detail("evicted", true)
+                    .detail("pod", ev.pod.as_str())
+                    .detail("message", ev.message.as_str()),
+            );
+        }
         out.into_iter()
             .filter_map(|e| stamped(e, rv.as_deref()))
             .collect()
@@ -338,6 +352,7 @@ fn note(s: &mut ClaimSeen, c: &SandboxClaim) {
         .map(|t| SystemTime::from(t.0));
     s.exit = super::entrypoints::exit_of(c);
     s.oom = super::oom::record_of(c);
+    s.eviction = super::evictions::record_of(c);
     if let Some((reason, message)) = model::terminal_reason(c) {
         s.terminal = Some(if message.is_empty() {
             reason
@@ -807,6 +822,49 @@ mod tests {
         let got = t.observe(&watcher::Event::Apply(ready(85, rec("sb-9/10.0.0.3", 1))));
         assert_eq!(kinds(&got), ["oom_killed"]);
         assert_eq!(got[0].details["new_kills"], 1);
+    }
+
+    #[test]
+    fn an_eviction_for_local_storage_recorded_on_the_claim_is_told_once() {
+        use super::super::evictions::{Eviction, ANNOTATION};
+        let mut t = primed();
+        let failed = |rv, record: Option<&Eviction>| {
+            let mut c = with(claim("sb-7", rv), ("False", "PodFailed"), Some("sb-7"));
+            if let Some(r) = record {
+                c.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ANNOTATION.into(), serde_json::to_string(r).unwrap());
+            }
+            c
+        };
+        t.observe(&watcher::Event::Apply(claim("sb-7", 60)));
+        t.observe(&watcher::Event::Apply(with(
+            claim("sb-7", 61),
+            ("True", "DependenciesReady"),
+            Some("sb-7"),
+        )));
+        assert!(!kinds(&t.observe(&watcher::Event::Apply(failed(62, None))))
+            .contains(&"disk_quota_exceeded"));
+        let ev = Eviction {
+            pod: "sb-7".into(),
+            message:
+                "Pod ephemeral local storage usage exceeds the total limit of containers 64Mi."
+                    .into(),
+        };
+        let got = t.observe(&watcher::Event::Apply(failed(63, Some(&ev))));
+        assert_eq!(kinds(&got), ["disk_quota_exceeded"]);
+        assert_eq!(got[0].details["evicted"], true);
+        assert_eq!(got[0].details["pod"], "sb-7");
+        assert_eq!(got[0].details["message"], ev.message.as_str());
+        assert_eq!(
+            got[0].id,
+            event_id(Some("63"), EventType::DiskQuotaExceeded)
+        );
+        // The same record written again by another replica: nothing.
+        assert!(t
+            .observe(&watcher::Event::Apply(failed(64, Some(&ev))))
+            .is_empty());
     }
 
     #[test]

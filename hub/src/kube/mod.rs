@@ -8,6 +8,7 @@ mod asking;
 pub mod egress;
 mod entrypoints;
 mod events;
+mod evictions;
 mod gauges;
 pub mod gym;
 mod images;
@@ -247,6 +248,22 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The Pod of Sandbox `sandbox`: its pod-name annotation (an adopted
+    /// warm Pod keeps its own name), else the Sandbox's name.
+    async fn pod_name(&self, sandbox: &str) -> String {
+        let sandboxes: Api<sandhub_api::k8s::Sandbox> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        match sandboxes.get_opt(sandbox).await {
+            Ok(Some(sb)) => sb
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(sandhub_api::k8s::names::POD_NAME_ANNOTATION).cloned())
+                .unwrap_or_else(|| sandbox.to_string()),
+            _ => sandbox.to_string(),
+        }
+    }
+
     fn cached_client(&self, key: &str) -> Option<SandboxdClient> {
         let clients = self.clients.lock().unwrap();
         clients
@@ -439,6 +456,9 @@ impl KubeTenancy {
         entrypoints::spawn(shared.clone());
         // `oom_killed`: kill counts recorded on claims (kube/oom.rs).
         oom::spawn(shared.clone());
+        // `disk_quota_exceeded`: Pods the kubelet evicted for local
+        // storage, recorded on claims (kube/evictions.rs).
+        evictions::spawn(shared.clone());
         Ok(KubeTenancy { shared, events })
     }
 }

@@ -305,18 +305,9 @@ impl KubeTenant {
         }
     }
 
-    /// The Pod of Sandbox `sandbox`: its pod-name annotation (an adopted
-    /// warm Pod keeps its own name), else the Sandbox's name.
+    /// The Pod of Sandbox `sandbox` (see [`Shared::pod_name`]).
     async fn pod_name(&self, sandbox: &str) -> String {
-        match self.sandboxes().get_opt(sandbox).await {
-            Ok(Some(sb)) => sb
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(names::POD_NAME_ANNOTATION).cloned())
-                .unwrap_or_else(|| sandbox.to_string()),
-            _ => sandbox.to_string(),
-        }
+        self.shared.pod_name(sandbox).await
     }
 
     /// A client for the sandbox's sandboxd, cached while its Pod stays.
