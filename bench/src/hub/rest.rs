@@ -77,22 +77,7 @@ pub async fn warm_claims(
     );
     let fill = fill_start.elapsed();
     eprintln!("warm: pool ready={replicas} after {fill:?}");
-    let mut s = Series::new(n);
-    let mut launches = BTreeMap::new();
-    let mut progress = Progress::new("warm claim", n.into());
-    for done in 1..=n {
-        if s.past("warm claim", deadline) || !wait_ready(hub, 1, deadline).await? {
-            s.stopped_early = true;
-            break;
-        }
-        let t = Instant::now();
-        let (id, launch) = hub.create().await?;
-        s.samples.push(t.elapsed());
-        *launches.entry(launch).or_default() += 1;
-        hub.delete(&id).await?;
-        progress.update(done.into());
-    }
-    hub.delete_pool(POOL).await?;
+    let (s, launches) = claims(hub, "warm claim", 1, n, deadline).await?;
     Ok((s, launches, fill))
 }
 
@@ -107,23 +92,36 @@ pub async fn settled_claims(
     deadline: Instant,
 ) -> anyhow::Result<Series> {
     hub.put_pool(POOL, replicas).await?;
+    let (s, _) = claims(hub, "settled warm claim", replicas, n, deadline).await?;
+    Ok(s)
+}
+
+/// `n` times: wait (untimed) for `ready` members, create (timed), delete;
+/// then the pool goes.
+async fn claims(
+    hub: &mut Hub,
+    what: &'static str,
+    ready: u32,
+    n: u32,
+    deadline: Instant,
+) -> anyhow::Result<(Series, BTreeMap<String, u32>)> {
     let mut s = Series::new(n);
-    let mut progress = Progress::new("settled warm claim", n.into());
+    let mut launches = BTreeMap::new();
+    let mut progress = Progress::new(what, n.into());
     for done in 1..=n {
-        if s.past("settled warm claim", deadline)
-            || !wait_ready(hub, replicas.into(), deadline).await?
-        {
+        if s.past(what, deadline) || !wait_ready(hub, ready.into(), deadline).await? {
             s.stopped_early = true;
             break;
         }
         let t = Instant::now();
-        let (id, _) = hub.create().await?;
+        let (id, launch) = hub.create().await?;
         s.samples.push(t.elapsed());
+        *launches.entry(launch).or_default() += 1;
         hub.delete(&id).await?;
         progress.update(done.into());
     }
     hub.delete_pool(POOL).await?;
-    Ok(s)
+    Ok((s, launches))
 }
 
 /// Cold creates with no pool: each timed until the 201, then deleted.

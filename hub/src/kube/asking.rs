@@ -97,6 +97,22 @@ where
         .await
 }
 
+/// What `claim`'s annotation `key` records, if any: JSON of at most `max`
+/// bytes (what the hub writes is far smaller), else nothing. Anyone who may
+/// patch the claim may write there, so a garbled or oversized value reads
+/// as none rather than failing the watch.
+pub(super) fn recorded<T: serde::de::DeserializeOwned>(
+    claim: &SandboxClaim,
+    key: &str,
+    max: usize,
+) -> Option<T> {
+    let raw = claim.metadata.annotations.as_ref()?.get(key)?;
+    if raw.len() > max {
+        return None;
+    }
+    serde_json::from_str(raw).ok()
+}
+
 /// Writes `value` to claim `id`'s annotation `key` (a merge patch: two
 /// replicas writing the same bytes change nothing). A failure is only
 /// logged: the next round tries again.
@@ -133,4 +149,35 @@ fn client(shared: &Shared, claim: &SandboxClaim) -> Option<SandboxdClient> {
         .ok()?;
     shared.cache_client(key, client.clone());
     Some(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Rec {
+        n: u64,
+    }
+
+    #[test]
+    fn a_garbled_or_oversized_record_reads_as_none() {
+        let mut claim = SandboxClaim::new("sb-1", Default::default());
+        let with = |c: &mut SandboxClaim, v: String| {
+            c.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert("k".into(), v);
+        };
+        assert_eq!(recorded::<Rec>(&claim, "k", 64), None, "none written");
+        with(&mut claim, r#"{"n":3}"#.into());
+        assert_eq!(recorded(&claim, "k", 64), Some(Rec { n: 3 }));
+        with(&mut claim, "not json".into());
+        assert_eq!(recorded::<Rec>(&claim, "k", 64), None);
+        with(
+            &mut claim,
+            format!(r#"{{"n":3,"pad":"{}"}}"#, "x".repeat(100)),
+        );
+        assert_eq!(recorded::<Rec>(&claim, "k", 64), None, "past the bound");
+    }
 }

@@ -41,11 +41,7 @@ pub struct Exit {
 
 /// The exit `claim` records, if any (and sane).
 pub fn exit_of(claim: &SandboxClaim) -> Option<Exit> {
-    let raw = claim.metadata.annotations.as_ref()?.get(ANNOTATION)?;
-    if raw.len() > MAX_ANNOTATION {
-        return None;
-    }
-    serde_json::from_str(raw).ok()
+    asking::recorded(claim, ANNOTATION, MAX_ANNOTATION)
 }
 
 /// Starts the asking (see the module docs).

@@ -46,11 +46,7 @@ pub struct Eviction {
 
 /// The record `claim` carries, if any (and sane).
 pub fn record_of(claim: &SandboxClaim) -> Option<Eviction> {
-    let raw = claim.metadata.annotations.as_ref()?.get(ANNOTATION)?;
-    if raw.len() > MAX_ANNOTATION {
-        return None;
-    }
-    serde_json::from_str(raw).ok()
+    asking::recorded(claim, ANNOTATION, MAX_ANNOTATION)
 }
 
 /// The kubelet's message when it evicted `pod` for local storage: its
@@ -123,14 +119,7 @@ async fn pass(shared: &Shared, looked: &mut HashSet<String>) {
         let Some(id) = claim.metadata.name.clone() else {
             continue;
         };
-        let sandbox = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.sandbox.as_ref())
-            .map(|s| s.name.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| id.clone());
-        let pod_name = shared.pod_name(&sandbox).await;
+        let pod_name = shared.pod_name(&model::sandbox_name(&claim, &id)).await;
         let pod = match pods.get_opt(&pod_name).await {
             Ok(pod) => pod,
             Err(e) => {
@@ -198,31 +187,5 @@ mod tests {
         let long = format!("Pod ephemeral local storage usage {}", "é".repeat(600));
         let got = storage_eviction(&pod("Failed", Some("Evicted"), &long)).unwrap();
         assert!(got.len() <= MAX_MESSAGE && long.starts_with(&got));
-    }
-
-    #[test]
-    fn an_oversized_or_garbled_record_is_ignored() {
-        let mut claim = SandboxClaim::new("sb-1", Default::default());
-        let with = |c: &mut SandboxClaim, v: String| {
-            c.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(ANNOTATION.into(), v);
-        };
-        with(&mut claim, r#"{"pod":"p","message":"m"}"#.into());
-        assert_eq!(
-            record_of(&claim),
-            Some(Eviction {
-                pod: "p".into(),
-                message: "m".into()
-            })
-        );
-        with(&mut claim, "[]".into());
-        assert_eq!(record_of(&claim), None);
-        with(
-            &mut claim,
-            format!(r#"{{"pod":"p","message":"{}"}}"#, "x".repeat(2000)),
-        );
-        assert_eq!(record_of(&claim), None);
     }
 }

@@ -186,6 +186,18 @@ pub fn terminal_reason(claim: &SandboxClaim) -> Option<(String, String)> {
         .then(|| (ready.reason.clone(), ready.message.clone()))
 }
 
+/// The Sandbox claim `id` is bound to, or (not bound yet) the one it will
+/// make, which is named after the claim.
+pub fn sandbox_name(claim: &SandboxClaim, id: &str) -> String {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.sandbox.as_ref())
+        .map(|s| s.name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| id.to_string())
+}
+
 pub fn is_ready(claim: &SandboxClaim) -> bool {
     claim.status.as_ref().is_some_and(|s| {
         s.sandbox.as_ref().is_some_and(|sb| !sb.name.is_empty())

@@ -54,11 +54,7 @@ pub struct OomRecord {
 
 /// The record `claim` carries, if any (and sane).
 pub fn record_of(claim: &SandboxClaim) -> Option<OomRecord> {
-    let raw = claim.metadata.annotations.as_ref()?.get(ANNOTATION)?;
-    if raw.len() > MAX_ANNOTATION {
-        return None;
-    }
-    serde_json::from_str(raw).ok()
+    asking::recorded(claim, ANNOTATION, MAX_ANNOTATION)
 }
 
 /// What `now` tells that `before` did not: `(kills in all, new kills)` of

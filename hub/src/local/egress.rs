@@ -663,23 +663,11 @@ mod tests {
             serde_json::from_value(serde_json::json!({"allow_out": ["*.test"]})).unwrap();
         let narrow: NetworkSpec =
             serde_json::from_value(serde_json::json!({"allow_out": ["pypi.test"]})).unwrap();
-        let mut row = SandboxRow {
-            id: "sb-1".into(),
-            tenant: "t".into(),
-            template: "web".into(),
-            state: sandhub_api::hub::SandboxState::Pending,
-            labels: Default::default(),
-            env: Default::default(),
-            launch: sandhub_api::hub::Launch::Cold,
-            created_at: 0,
-            shutdown_at: None,
-            idle_timeout_seconds: None,
-            last_activity: 0,
-            pool: None,
-            claimed: true,
-            forked_from: None,
-            runtime: Some(Recorded::pre_launch(&tpl, Some(narrow.clone()), Vec::new())),
-        };
+        let mut row = SandboxRow::for_tests(Some(Recorded::pre_launch(
+            &tpl,
+            Some(narrow.clone()),
+            Vec::new(),
+        )));
         let t = Template {
             network: tpl.clone(),
             ..Default::default()

@@ -623,26 +623,9 @@ impl LocalBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandhub_api::hub::{Launch, SandboxState};
 
     fn row(runtime: Option<serde_json::Value>) -> SandboxRow {
-        SandboxRow {
-            id: "sb-1".into(),
-            tenant: "t".into(),
-            template: "default".into(),
-            state: SandboxState::Ready,
-            labels: Default::default(),
-            env: Default::default(),
-            launch: Launch::Warm,
-            created_at: 0,
-            shutdown_at: None,
-            idle_timeout_seconds: None,
-            last_activity: 0,
-            pool: None,
-            claimed: true,
-            forked_from: None,
-            runtime,
-        }
+        SandboxRow::for_tests(runtime)
     }
 
     #[test]

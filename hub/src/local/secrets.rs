@@ -113,28 +113,10 @@ mod tests {
             secrets: vec![secret("A")],
             ..Default::default()
         };
-        let mut row = super::super::store::SandboxRow {
-            id: "sb-1".into(),
-            tenant: "t".into(),
-            template: "web".into(),
-            state: sandhub_api::hub::SandboxState::Pending,
-            labels: Default::default(),
-            env: Default::default(),
-            launch: sandhub_api::hub::Launch::Cold,
-            created_at: 0,
-            shutdown_at: None,
-            idle_timeout_seconds: None,
-            last_activity: 0,
-            pool: None,
-            claimed: true,
-            forked_from: None,
-            // The create request added B.
-            runtime: Some(super::super::egress::Recorded::pre_launch(
-                &net,
-                None,
-                vec![secret("B")],
-            )),
-        };
+        // The create request added B.
+        let mut row = super::super::store::SandboxRow::for_tests(Some(
+            super::super::egress::Recorded::pre_launch(&net, None, vec![secret("B")]),
+        ));
         let first = super::super::egress::Recorded::for_launch(&row, &t).unwrap();
         let names: Vec<&str> = first.secrets.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["A", "B"]);

@@ -331,6 +331,9 @@ def e2e_cluster() -> Iterator[Cluster]:
             "--metrics-bind-address", f"{LOOPBACK}:0",
             "--health-probe-bind-address", f"{LOOPBACK}:0",
             "--sandboxd-token-key-file", str(key_file),
+            # Images here are imported, so a member is Ready in seconds: one still not Ready
+            # after a minute failed (test_k8s_events' `pool_start_failed` waits for that).
+            "--sandbox-warm-pool-readiness-grace-period", "60s",
         ])
         wait_for_pool(c, 2)
         yield c

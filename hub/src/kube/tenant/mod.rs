@@ -286,14 +286,7 @@ impl KubeTenant {
             Some(c) => c,
             None => Arc::new(self.claims().get_opt(id).await.ok()??),
         };
-        let sandbox = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.sandbox.as_ref())
-            .map(|s| s.name.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| id.to_string());
-        let pod = self.pod_name(&sandbox).await;
+        let pod = self.pod_name(&model::sandbox_name(&claim, id)).await;
         let pods: Api<Pod> = Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
         match pods.get_opt(&pod).await {
             Ok(Some(pod)) => startup::problem(&pod),

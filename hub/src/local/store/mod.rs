@@ -421,6 +421,31 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+impl SandboxRow {
+    /// A claimed, Pending, cold row `sb-1` of tenant `t` and template `web`,
+    /// with `runtime` as its handle: what unit tests start from.
+    pub fn for_tests(runtime: Option<serde_json::Value>) -> SandboxRow {
+        SandboxRow {
+            id: "sb-1".into(),
+            tenant: "t".into(),
+            template: "web".into(),
+            state: SandboxState::Pending,
+            labels: Default::default(),
+            env: Default::default(),
+            launch: Launch::Cold,
+            created_at: 0,
+            shutdown_at: None,
+            idle_timeout_seconds: None,
+            last_activity: 0,
+            pool: None,
+            claimed: true,
+            forked_from: None,
+            runtime,
+        }
+    }
+}
+
 /// What a warm claim writes onto the sandbox it takes.
 pub struct Claim<'a> {
     pub tenant: &'a str,
