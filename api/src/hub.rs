@@ -73,6 +73,10 @@ pub fn is_reserved_label(key: &str) -> bool {
 pub enum SandboxState {
     Pending,
     Ready,
+    /// Frozen in place (`pause`): every process keeps its memory, sockets
+    /// and open files but gets no CPU until `resume` thaws it.
+    Paused,
+    /// Stopped (`suspend`): no process runs, the files stay.
     Suspended,
     Finished,
     Expired,
@@ -83,6 +87,7 @@ impl SandboxState {
         match self {
             SandboxState::Pending => "Pending",
             SandboxState::Ready => "Ready",
+            SandboxState::Paused => "Paused",
             SandboxState::Suspended => "Suspended",
             SandboxState::Finished => "Finished",
             SandboxState::Expired => "Expired",
@@ -93,6 +98,7 @@ impl SandboxState {
         Some(match s {
             "Pending" => SandboxState::Pending,
             "Ready" => SandboxState::Ready,
+            "Paused" => SandboxState::Paused,
             "Suspended" => SandboxState::Suspended,
             "Finished" => SandboxState::Finished,
             "Expired" => SandboxState::Expired,

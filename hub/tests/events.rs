@@ -275,6 +275,8 @@ async fn every_action_emits_its_event() {
         ("reset", "reset"),
         ("suspend", "suspended"),
         ("resume", "resumed"),
+        ("pause", "paused"),
+        ("resume", "resumed"),
     ] {
         call(&hub, k, "POST", &format!("/v1/sandboxes/{id}/{op}"), None).await;
         let e = s.event().await;

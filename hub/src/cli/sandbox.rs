@@ -1,4 +1,4 @@
-//! `create`, `ls`, `rm` and the lifecycle verbs (`suspend`, `resume`,
+//! `create`, `ls`, `rm` and the lifecycle verbs (`suspend`, `pause`, `resume`,
 //! `reset`, `fork`; `snapshot` is in `snapshot.rs`).
 
 use std::time::{Duration, SystemTime};
@@ -177,6 +177,11 @@ pub struct IdArgs {
 pub async fn suspend(args: IdArgs) -> Result<i32> {
     let hub = args.client.connect()?;
     print_state(&hub.suspend(&args.id).await?, args.client.output)
+}
+
+pub async fn pause(args: IdArgs) -> Result<i32> {
+    let hub = args.client.connect()?;
+    print_state(&hub.pause(&args.id).await?, args.client.output)
 }
 
 pub async fn resume(args: IdArgs) -> Result<i32> {

@@ -248,11 +248,17 @@ impl Hub {
     /// entrypoint says how that is doing (see [`crate::entrypoint`]).
     pub(super) async fn view(&self, row: &SandboxRow) -> Sandbox {
         let mut view = to_api(row);
-        if row.state != SandboxState::Ready {
+        if !matches!(row.state, SandboxState::Ready | SandboxState::Paused) {
             return view;
         }
+        // A paused sandbox's counters read as any other's (the kernel's
+        // files do not wait for a frozen cgroup).
         view.egress = self.backend.egress.usage(&row.id);
         view.usage = self.backend.usage(&row.id);
+        if row.state == SandboxState::Paused {
+            // Its sandboxd is frozen too: it would not answer.
+            return view;
+        }
         if !LocalBackend::runs_entrypoint(row) {
             return view;
         }
@@ -479,7 +485,7 @@ fn not_ready(id: &str, state: SandboxState, op: &str) -> Error {
         format!(
             "sandbox {id} is {}; {op} needs it Ready{}",
             state.as_str(),
-            if state == SandboxState::Suspended {
+            if matches!(state, SandboxState::Suspended | SandboxState::Paused) {
                 format!(" (POST /v1/sandboxes/{id}/resume first)")
             } else {
                 String::new()
@@ -493,6 +499,9 @@ fn not_ready(id: &str, state: SandboxState, op: &str) -> Error {
 pub(super) fn counts_against_quota(state: SandboxState) -> bool {
     matches!(
         state,
-        SandboxState::Pending | SandboxState::Ready | SandboxState::Suspended
+        SandboxState::Pending
+            | SandboxState::Ready
+            | SandboxState::Paused
+            | SandboxState::Suspended
     )
 }

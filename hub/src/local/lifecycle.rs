@@ -38,14 +38,30 @@ impl Hub {
             .clone()
     }
 
-    /// After a restart: keep what still runs, mark what died.
+    /// After a restart: keep what still runs, mark what died. A paused
+    /// sandbox (frozen, not dead) stays Paused; the row follows its
+    /// cgroup where a hub died between freezing or thawing and recording.
     pub async fn recover(&self) -> Result<()> {
-        for row in self.store.all_sandboxes()? {
-            if row.state != SandboxState::Ready && row.state != SandboxState::Pending {
+        for mut row in self.store.all_sandboxes()? {
+            if !matches!(
+                row.state,
+                SandboxState::Ready | SandboxState::Pending | SandboxState::Paused
+            ) {
                 continue;
             }
             if row.runtime.is_some() && self.backend.is_alive(&row) {
-                tracing::info!(id = %row.id, "re-attached to running sandbox");
+                let frozen = self.backend.is_frozen(&row);
+                let truth = match (row.state, frozen) {
+                    (SandboxState::Ready, true) => Some(SandboxState::Paused),
+                    (SandboxState::Paused, false) => Some(SandboxState::Ready),
+                    _ => None,
+                };
+                if let Some(state) = truth {
+                    tracing::info!(id = %row.id, state = state.as_str(), "the sandbox's cgroup says otherwise than its row; recording what it is");
+                    self.store.set_state(&row.id, state)?;
+                    row.state = state;
+                }
+                tracing::info!(id = %row.id, state = row.state.as_str(), "re-attached to running sandbox");
                 // Its TUN device went with the old hub: offline until this.
                 let names = super::egress::Recorded::of_row(&row)
                     .map(|r| r.secrets)

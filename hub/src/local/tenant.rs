@@ -439,16 +439,39 @@ impl Sandboxes for TenantHub {
         Ok(to_api(&row))
     }
 
+    async fn pause(&self, id: &str) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
+        let mut row = self.hub.ready_row(&self.tenant, id, "pause")?;
+        // Its connection to sandboxd would only stall while frozen.
+        self.hub.forget_client(id);
+        self.hub.backend.freeze(&row).await?;
+        row.state = SandboxState::Paused;
+        self.hub.store.set_state(id, SandboxState::Paused)?;
+        self.hub
+            .emit(self.hub.sandbox_event(&row, EventType::Paused));
+        Ok(self.hub.view(&row).await)
+    }
+
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let mut row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        if row.state != SandboxState::Suspended {
-            return Err(Error::new(
-                Code::FailedPrecondition,
-                format!("sandbox {id} is {}, not Suspended", row.state.as_str()),
-            ));
+        match row.state {
+            SandboxState::Suspended => self.hub.start(&mut row).await?,
+            SandboxState::Paused => {
+                self.hub.backend.thaw(&row).await?;
+                row.state = SandboxState::Ready;
+                self.hub.store.set_state(id, SandboxState::Ready)?;
+            }
+            state => {
+                return Err(Error::new(
+                    Code::FailedPrecondition,
+                    format!(
+                        "sandbox {id} is {}, not Suspended or Paused",
+                        state.as_str()
+                    ),
+                ));
+            }
         }
-        self.hub.start(&mut row).await?;
         let _ = self.hub.store.touch(id, now_ms());
         self.hub
             .emit(self.hub.sandbox_event(&row, EventType::Resumed));

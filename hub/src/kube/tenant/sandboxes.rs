@@ -298,6 +298,20 @@ impl Sandboxes for KubeTenant {
         Ok(self.view(&claim).await)
     }
 
+    /// The node runtime could freeze a Pod's cgroup, but nothing in the
+    /// Sandbox API asks it to (agent-sandbox has no pause): `suspend`
+    /// (which scales the Pod away, files kept) is what this backend has.
+    async fn pause(&self, id: &str) -> Result<Sandbox> {
+        Err(Error::new(
+            Code::Unimplemented,
+            format!(
+                "pause of {id} is not available on the kubernetes backend: the node runtime \
+                 cannot be asked to freeze a Pod through the Sandbox API (agent-sandbox has \
+                 no pause); suspend keeps the files but stops the processes"
+            ),
+        ))
+    }
+
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         self.set_mode(id, "Running").await?;
         let claim = self.wait_ready(id).await?;
