@@ -408,8 +408,14 @@ class AsyncSandbox:
         """Stops the sandbox's processes, keeping its workspace."""
         return self._set(await self._hub._native.lifecycle(self.id, "suspend"))
 
+    async def pause(self) -> AsyncSandbox:
+        """Freezes the sandbox's processes in place (state ``Paused``): they
+        keep their memory, open files and sockets and use no CPU until
+        :meth:`resume`. Local backend only (Kubernetes answers UNIMPLEMENTED)."""
+        return self._set(await self._hub._native.lifecycle(self.id, "pause"))
+
     async def resume(self) -> AsyncSandbox:
-        """Starts a suspended sandbox again."""
+        """Starts a suspended sandbox again, or thaws a paused one."""
         return self._set(await self._hub._native.lifecycle(self.id, "resume"))
 
     async def reset(self) -> AsyncSandbox:

@@ -408,8 +408,14 @@ class Sandbox:
         """Stops the sandbox's processes, keeping its workspace."""
         return self._set(self._hub._native.lifecycle(self.id, "suspend"))
 
+    def pause(self) -> Sandbox:
+        """Freezes the sandbox's processes in place (state ``Paused``): they
+        keep their memory, open files and sockets and use no CPU until
+        :meth:`resume`. Local backend only (Kubernetes answers UNIMPLEMENTED)."""
+        return self._set(self._hub._native.lifecycle(self.id, "pause"))
+
     def resume(self) -> Sandbox:
-        """Starts a suspended sandbox again."""
+        """Starts a suspended sandbox again, or thaws a paused one."""
         return self._set(self._hub._native.lifecycle(self.id, "resume"))
 
     def reset(self) -> Sandbox:

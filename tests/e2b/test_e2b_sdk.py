@@ -6,6 +6,7 @@ SDK configured through E2B_API_KEY / E2B_API_URL / E2B_SANDBOX_URL.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -226,6 +227,33 @@ def test_pause_then_connect_resumes_with_files(sandbox: Sandbox, conn: Conn, tag
     assert Sandbox.get_info(sandbox.sandbox_id, **conn).state == SandboxState.RUNNING
     assert resumed.files.read(path) == "kept across pause\n"
     assert resumed.commands.run(f"cat {path}").stdout == "kept across pause\n"
+
+
+def test_pause_then_connect_keeps_a_running_process(sandbox: Sandbox, conn: Conn) -> None:
+    """E2B's pause keeps the processes (the hub freezes them in place): a
+    background loop counting in its own memory is the same process after
+    `connect`, did not count while paused, and counts on after."""
+    count = "/tmp/e2b-pause-count"
+    loop = sandbox.commands.run(
+        f"i=0; while :; do i=$((i+1)); echo $i > {count}; sleep 0.05; done", background=True
+    )
+
+    def counted() -> int:
+        return int(sandbox.commands.run(f"cat {count}").stdout.strip() or "0")
+
+    wait_for("the loop to count", lambda: counted() >= 3, timeout=60)
+    started = sandbox.commands.run(f"cut -d' ' -f22 /proc/{loop.pid}/stat").stdout
+    before = counted()
+    assert sandbox.pause() is True
+    assert Sandbox.get_info(sandbox.sandbox_id, **conn).state == SandboxState.PAUSED
+    # Unpaused, it would count 20 a second.
+    time.sleep(1.5)
+    resumed = Sandbox.connect(sandbox.sandbox_id, **conn)
+    after = int(resumed.commands.run(f"cat {count}").stdout.strip())
+    assert before <= after <= before + 10, (before, after)
+    assert resumed.commands.run(f"cut -d' ' -f22 /proc/{loop.pid}/stat").stdout == started
+    wait_for("the loop to count again", lambda: counted() >= after + 5, timeout=60)
+    resumed.commands.kill(loop.pid)
 
 
 def test_connect_to_running_sandbox(sandbox: Sandbox, conn: Conn) -> None:
