@@ -163,6 +163,7 @@ mod tests {
     fn a_deadline_reached_expires_whatever_the_state() {
         for state in [
             SandboxState::Ready,
+            SandboxState::Paused,
             SandboxState::Suspended,
             SandboxState::Pending,
         ] {
@@ -195,11 +196,16 @@ mod tests {
             ..idle.clone()
         };
         assert_eq!(judge(&recent, false, true), Verdict::Keep);
-        let suspended = SandboxRow {
-            state: SandboxState::Suspended,
-            ..idle
-        };
-        assert_eq!(judge(&suspended, false, false), Verdict::Keep);
+        // Paused or suspended: no idle clock runs, and a frozen process is
+        // no activity (nothing is touched).
+        for state in [SandboxState::Paused, SandboxState::Suspended] {
+            let r = SandboxRow {
+                state,
+                ..idle.clone()
+            };
+            assert_eq!(judge(&r, false, false), Verdict::Keep, "{state:?}");
+            assert_eq!(judge(&r, true, true), Verdict::Keep, "{state:?}");
+        }
     }
 
     #[test]
@@ -216,22 +222,25 @@ mod tests {
             judge(&row("a", SandboxState::Ready), false, true),
             Verdict::Keep
         );
-        // Not Ready: neither fact is asked for.
-        let probed = Cell::new(false);
-        let v = verdict(
-            &row("a", SandboxState::Suspended),
-            NOW,
-            || {
-                probed.set(true);
-                true
-            },
-            || {
-                probed.set(true);
-                false
-            },
-        );
-        assert_eq!(v, Verdict::Keep);
-        assert!(!probed.get());
+        // Not Ready: neither fact is asked for (a paused sandbox's
+        // processes are frozen, not dead).
+        for state in [SandboxState::Suspended, SandboxState::Paused] {
+            let probed = Cell::new(false);
+            let v = verdict(
+                &row("a", state),
+                NOW,
+                || {
+                    probed.set(true);
+                    true
+                },
+                || {
+                    probed.set(true);
+                    false
+                },
+            );
+            assert_eq!(v, Verdict::Keep, "{state:?}");
+            assert!(!probed.get(), "{state:?}");
+        }
     }
 
     #[test]

@@ -757,6 +757,47 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_freezer_of_either_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = SandboxCgroup::V2(dir.path().to_path_buf());
+        let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        put("cgroup.freeze", "0\n");
+        put("cgroup.events", "populated 1\nfrozen 0\n");
+        assert_eq!(v2.freeze_state().unwrap(), Freeze::Thawed);
+        put("cgroup.freeze", "1\n");
+        assert_eq!(v2.freeze_state().unwrap(), Freeze::Freezing);
+        put("cgroup.events", "populated 1\nfrozen 1\n");
+        assert_eq!(v2.freeze_state().unwrap(), Freeze::Frozen);
+        assert!(v2.can_freeze());
+
+        let v1 = |freezer: Option<PathBuf>| SandboxCgroup::V1 {
+            memory: dir.path().join("m"),
+            pids: dir.path().join("p"),
+            cpu: dir.path().join("c"),
+            cpuacct: None,
+            freezer,
+        };
+        let none = v1(None);
+        assert!(!none.can_freeze());
+        assert_eq!(none.freeze_state().unwrap(), Freeze::Thawed);
+        assert_eq!(
+            none.freeze(Duration::from_millis(1)).unwrap_err().kind(),
+            io::ErrorKind::Unsupported
+        );
+        none.thaw().unwrap();
+        let with = v1(Some(dir.path().to_path_buf()));
+        for (text, state) in [
+            ("THAWED\n", Freeze::Thawed),
+            ("FREEZING\n", Freeze::Freezing),
+            ("FROZEN\n", Freeze::Frozen),
+        ] {
+            put("freezer.state", text);
+            assert_eq!(with.freeze_state().unwrap(), state, "{text}");
+        }
+        assert_eq!(with.dirs().len(), 4, "the freezer is one of its dirs");
+    }
+
+    #[test]
     fn unescapes_mountinfo_paths() {
         assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
         assert_eq!(unescape_mountinfo("/plain"), "/plain");
