@@ -107,6 +107,39 @@ impl SandboxState {
     }
 }
 
+/// What a sandbox's idle timeout does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum IdleAction {
+    /// Delete it (files and all).
+    #[default]
+    Delete,
+    /// Stop its processes, keep its files (`Suspended`).
+    Suspend,
+    /// Freeze its processes in place (`Paused`; local backend).
+    Pause,
+}
+
+impl IdleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleAction::Delete => "delete",
+            IdleAction::Suspend => "suspend",
+            IdleAction::Pause => "pause",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "delete" => IdleAction::Delete,
+            "suspend" => IdleAction::Suspend,
+            "pause" => IdleAction::Pause,
+            _ => return None,
+        })
+    }
+}
+
 /// Whether a sandbox came from a warm pool (a state change) or was started
 /// for this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,9 +169,20 @@ pub struct CreateSandbox {
     /// Absolute deadline, counted from creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_after_seconds: Option<u64>,
-    /// Deleted after this long with no API calls and no running process.
+    /// After this long with no API calls and no running process, what
+    /// `idle_action` says is done (deleted, by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<u64>,
+    /// What the idle timeout does: `delete` (the default), `suspend` or
+    /// `pause` (local backend). Overrides the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
+    /// Whether a call that needs the sandbox running (exec, files,
+    /// processes, ports, E2B's envd calls) resumes it first when it is
+    /// Paused or Suspended, instead of answering 412 (local backend).
+    /// Overrides the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<bool>,
     /// Narrows the template's `network` for this sandbox, never widens it:
     /// `none`, or the template's mode with `allow_out` entries inside the
     /// template's (docs/networking.md). Forces a cold start.
@@ -164,6 +208,12 @@ pub struct Sandbox {
     pub shutdown_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<u64>,
+    /// What its idle timeout does, when not `delete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
+    /// Whether calls that need it running resume it first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_resume: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     /// The snapshot this sandbox was forked from.
@@ -407,6 +457,16 @@ pub struct Template {
     /// (docs/networking.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::secrets::SecretRef>,
+    /// What its sandboxes' idle timeout does: `delete` (the default),
+    /// `suspend` or `pause` (local backend). A create request's wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
+    /// Whether a call that needs a sandbox running resumes it first when
+    /// it is Paused or Suspended (exactly once, however many calls come
+    /// at once), instead of answering 412 (local backend). A create
+    /// request's wins.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_resume: bool,
     /// Kubernetes only: more containers in the sandbox's Pod (a grader, a
     /// service the task needs), at most [`MAX_SIDECARS`]. They share the
     /// Pod's network and, with `image`, its `/workspace`; `exec` reaches

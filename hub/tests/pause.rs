@@ -9,7 +9,7 @@ use std::{path::PathBuf, time::Duration};
 
 use sandhub_api::{
     error::Code,
-    hub::{Command, CreateSandbox, ExecRequest, SandboxState},
+    hub::{Command, CreateSandbox, ExecRequest, IdleAction, SandboxState},
 };
 use sandhub_client::{http::HubClient, Sandboxes};
 
@@ -294,4 +294,154 @@ async fn the_deadline_deletes_a_paused_sandbox() {
     })
     .await;
     assert_eq!(host_pids(&sb.id), Vec::<i32>::new());
+}
+
+// ------------------------------------------------------------ auto_resume, idle_action (§3)
+
+fn exec_echo(text: &str) -> ExecRequest {
+    ExecRequest {
+        command: Command::Shell(format!("echo {text}")),
+        env: Default::default(),
+        cwd: String::new(),
+        timeout_seconds: Some(60.0),
+        stdin: String::new(),
+        container: None,
+    }
+}
+
+/// How often the hub logged that it auto-resumed `id`.
+fn auto_resumes(hub: &TestHub, id: &str) -> usize {
+    hub.log()
+        .lines()
+        .filter(|l| l.contains("auto-resumed") && l.contains(id))
+        .count()
+}
+
+#[tokio::test]
+async fn auto_resume_wakes_a_paused_sandbox_once_for_twenty_callers() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let sb = c
+        .create(CreateSandbox {
+            auto_resume: Some(true),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(sb.auto_resume, "{sb:?}");
+    let pid = sh_ok(&c, &sb.id, "sleep 600 >/dev/null 2>&1 </dev/null & echo $!")
+        .await
+        .trim()
+        .to_string();
+    let born = started(&c, &sb.id, &pid).await;
+    c.pause(&sb.id).await.unwrap();
+    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Paused);
+
+    // Twenty calls at once, execs and file reads: every one answers, and
+    // the sandbox was resumed once.
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let (c, id) = (c.clone(), sb.id.clone());
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    c.exec(&id, exec_echo(&i.to_string()))
+                        .await
+                        .map(|r| r.stdout)
+                } else {
+                    c.list_files(&id, "").await.map(|_| format!("{i}\n"))
+                }
+            })
+        })
+        .collect();
+    for (i, call) in calls.into_iter().enumerate() {
+        let out = call
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(out, format!("{i}\n"));
+    }
+    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Ready);
+    assert_eq!(auto_resumes(&hub, &sb.id), 1, "{}", hub.log_tail());
+    // Thawed, not restarted: the same process.
+    assert_eq!(started(&c, &sb.id, &pid).await, born);
+
+    // A suspended one is started again on its files, once.
+    sh_ok(&c, &sb.id, "echo kept > k").await;
+    c.suspend(&sb.id).await.unwrap();
+    assert_eq!(sh_ok(&c, &sb.id, "cat k").await, "kept\n");
+    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Ready);
+    assert_eq!(auto_resumes(&hub, &sb.id), 2);
+
+    // Without it: 412 naming the state, and it stays paused.
+    let plain = ready(&c).await;
+    c.pause(&plain).await.unwrap();
+    let e = c.exec(&plain, exec_echo("x")).await.unwrap_err();
+    assert_eq!(e.code, Code::FailedPrecondition);
+    assert!(e.message.contains("Paused"), "{}", e.message);
+    assert_eq!(c.get(&plain).await.unwrap().state, SandboxState::Paused);
+    assert_eq!(auto_resumes(&hub, &plain), 0);
+}
+
+#[tokio::test]
+async fn a_templates_idle_action_pauses_or_suspends_instead_of_deleting() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    c.put_template(
+        "napper",
+        sandhub_api::hub::Template {
+            idle_action: Some(IdleAction::Pause),
+            auto_resume: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let sb = c
+        .create(CreateSandbox {
+            template: Some("napper".into()),
+            idle_timeout_seconds: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (sb.idle_action, sb.auto_resume),
+        (Some(IdleAction::Pause), true)
+    );
+    let (c2, id) = (&c, sb.id.as_str());
+    eventually("the idle sandbox to be paused", WAIT, || async move {
+        (c2.get(id).await.ok()?.state == SandboxState::Paused).then_some(())
+    })
+    .await;
+    // Paused, it is not idle again (nor deleted): it stays Paused.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(c.get(id).await.unwrap().state, SandboxState::Paused);
+    // A call wakes it (the template says auto_resume), and idleness pauses
+    // it again.
+    assert_eq!(sh_ok(&c, id, "echo up").await, "up\n");
+    eventually("the sandbox to be paused again", WAIT, || async move {
+        (c2.get(id).await.ok()?.state == SandboxState::Paused).then_some(())
+    })
+    .await;
+
+    // The request's choice wins over the template's.
+    let sb = c
+        .create(CreateSandbox {
+            template: Some("napper".into()),
+            idle_timeout_seconds: Some(1),
+            idle_action: Some(IdleAction::Suspend),
+            auto_resume: Some(false),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let id = sb.id.as_str();
+    eventually("the idle sandbox to be suspended", WAIT, || async move {
+        (c2.get(id).await.ok()?.state == SandboxState::Suspended).then_some(())
+    })
+    .await;
+    assert_eq!(
+        c.exec(id, exec_echo("x")).await.unwrap_err().code,
+        Code::FailedPrecondition
+    );
 }

@@ -679,6 +679,8 @@ mod tests {
             claimed: true,
             forked_from: None,
             runtime: Some(Recorded::pre_launch(&tpl, Some(narrow.clone()), Vec::new())),
+            idle_action: sandhub_api::hub::IdleAction::Delete,
+            auto_resume: false,
         };
         let t = Template {
             network: tpl.clone(),

@@ -16,7 +16,7 @@ use std::{
 
 use sandhub_api::{
     error::Code,
-    hub::{Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE},
+    hub::{IdleAction, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE},
 };
 use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 use tokio::sync::Notify;
@@ -79,6 +79,8 @@ pub(super) fn to_api(row: &SandboxRow) -> Sandbox {
         created_at: rfc3339(row.created_at),
         shutdown_at: row.shutdown_at.map(rfc3339),
         idle_timeout_seconds: row.idle_timeout_seconds,
+        idle_action: (row.idle_action != IdleAction::Delete).then_some(row.idle_action),
+        auto_resume: row.auto_resume,
         pool: row.pool.clone(),
         forked_from: row.forked_from.clone(),
         entrypoint: None,

@@ -152,6 +152,8 @@ mod tests {
             claimed: true,
             forked_from: None,
             runtime: None,
+            idle_action: sandhub_api::hub::IdleAction::Delete,
+            auto_resume: false,
         }
     }
 

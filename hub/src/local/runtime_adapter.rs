@@ -666,6 +666,8 @@ mod tests {
             claimed: true,
             forked_from: None,
             runtime,
+            idle_action: sandhub_api::hub::IdleAction::Delete,
+            auto_resume: false,
         }
     }
 

@@ -128,6 +128,8 @@ mod tests {
             pool: None,
             claimed: true,
             forked_from: None,
+            idle_action: sandhub_api::hub::IdleAction::Delete,
+            auto_resume: false,
             // The create request added B.
             runtime: Some(super::super::egress::Recorded::pre_launch(
                 &net,

@@ -83,6 +83,20 @@ impl Sandboxes for KubeTenant {
                 "idle_timeout_seconds is not available on the kubernetes backend; use shutdown_after_seconds",
             ));
         }
+        if req
+            .idle_action
+            .is_some_and(|a| a != sandhub_api::hub::IdleAction::Delete)
+        {
+            return Err(Error::invalid(
+                "idle_action is not available on the kubernetes backend (it has no idle timeouts)",
+            ));
+        }
+        if req.auto_resume == Some(true) {
+            return Err(Error::invalid(
+                "auto_resume is not available on the kubernetes backend: a Pod cannot be paused, \
+                 and a suspended claim is resumed with `resume`",
+            ));
+        }
         let pool_name = req
             .pool
             .clone()
