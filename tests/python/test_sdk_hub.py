@@ -108,6 +108,15 @@ def test_pause_keeps_a_running_process(sb: sandhub.Sandbox):
     assert sb.commands.run(f"cut -d' ' -f22 /proc/{pid}/stat").stdout == started
 
 
+def test_auto_resume_and_idle_action(hub: sandhub.Hub):
+    with hub.create(auto_resume=True, idle_action="pause", idle_timeout_seconds=600) as sb:
+        assert sb.info.auto_resume is True and sb.info.idle_action == "pause"
+        sb.pause()
+        # A call that needs it running resumes it first.
+        assert sb.commands.run("echo up").stdout == "up\n"
+        assert sb.refresh().state == "Ready"
+
+
 # ------------------------------------------------------------------ commands
 
 
