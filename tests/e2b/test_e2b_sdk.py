@@ -20,7 +20,7 @@ from e2b import (
 )
 from e2b_support import SandboxFactory, ids
 from sandhub_testing import Hub, wait_for
-from sandhub_testing.e2b import WORKSPACE, Conn, conn_for, unique_tag
+from sandhub_testing.e2b import ANY_KEY, WORKSPACE, Conn, conn_for, unique_tag
 
 #: Slack for comparing the hub's clock-derived times with ours (same machine).
 CLOCK_SLACK = timedelta(seconds=15)
@@ -254,6 +254,24 @@ def test_pause_then_connect_keeps_a_running_process(sandbox: Sandbox, conn: Conn
     assert resumed.commands.run(f"cut -d' ' -f22 /proc/{loop.pid}/stat").stdout == started
     wait_for("the loop to count again", lambda: counted() >= after + 5, timeout=60)
     resumed.commands.kill(loop.pid)
+
+
+def test_an_auto_resume_sandbox_wakes_on_its_next_envd_call(e2b_hub: Hub, conn: Conn, tag: str) -> None:
+    """A template with `auto_resume`: after `pause`, the next envd call (a
+    command) resumes the sandbox, with no `connect`; `/health` alone does not."""
+    status, body = e2b_hub.request("PUT", "/v1/templates/e2b-auto-resume", {"auto_resume": True}, api_key=ANY_KEY)
+    assert status == 200, body
+    sbx = Sandbox.create(template="e2b-auto-resume", metadata={"tag": tag}, **conn)
+    try:
+        sleeper = sbx.commands.run("sleep 600", background=True)
+        assert sbx.pause() is True
+        assert sbx.is_running() is False
+        assert Sandbox.get_info(sbx.sandbox_id, **conn).state == SandboxState.PAUSED
+        assert sbx.commands.run("echo up").stdout == "up\n"
+        assert Sandbox.get_info(sbx.sandbox_id, **conn).state == SandboxState.RUNNING
+        assert sbx.commands.run(f"kill -0 {sleeper.pid} && echo alive").stdout == "alive\n"
+    finally:
+        sbx.kill()
 
 
 def test_connect_to_running_sandbox(sandbox: Sandbox, conn: Conn) -> None:
