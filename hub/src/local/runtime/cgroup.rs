@@ -256,8 +256,9 @@ fn detect_v1(mounts: &[Mount], create: bool) -> Result<Backend, String> {
         (Some(d), true) => mkdir_ok(d).is_ok().then(|| d.clone()),
         _ => cpuacct,
     };
-    // The freezer too (best effort: only pause needs it).
-    let freezer = find("freezer").filter(|d| ![&memory, &pids, &cpu].contains(&d));
+    // The freezer too (best effort: only pause needs it), co-mounted with
+    // another controller or not (`dirs` lists a directory once).
+    let freezer = find("freezer");
     let freezer = match (&freezer, create) {
         (Some(d), true) => mkdir_ok(d).is_ok().then(|| d.clone()),
         _ => freezer,
@@ -537,9 +538,10 @@ impl SandboxCgroup {
                 let asked = std::fs::read_to_string(dir.join("cgroup.freeze"))?;
                 let events = std::fs::read_to_string(dir.join("cgroup.events"))?;
                 match (asked.trim() == "1", counter(&events, "frozen") == Some(1)) {
-                    (_, true) => Freeze::Frozen,
+                    (true, true) => Freeze::Frozen,
                     (true, false) => Freeze::Freezing,
-                    (false, false) => Freeze::Thawed,
+                    // Thawing (or thawed): it runs, or is about to.
+                    (false, _) => Freeze::Thawed,
                 }
             }
             Some((dir, false)) => {
