@@ -799,6 +799,56 @@ mod tests {
         assert_eq!(with.dirs().len(), 4, "the freezer is one of its dirs");
     }
 
+    /// A real process in a real cgroup v2 (root, and a `cgroup2` mount
+    /// with `cgroup.freeze`, which needs no controller; skipped elsewhere):
+    /// frozen, thawed, frozen again and killed frozen.
+    #[test]
+    fn v2_freezes_thaws_and_kills_a_frozen_process() {
+        let Some(mount) = mounts()
+            .ok()
+            .and_then(|m| m.into_iter().find(|m| m.fstype == "cgroup2"))
+        else {
+            eprintln!("skipped: no cgroup2 mount");
+            return;
+        };
+        let dir = mount
+            .point
+            .join(format!("sandhub-freeze-test-{}", std::process::id()));
+        if std::fs::create_dir(&dir).is_err() || !dir.join("cgroup.freeze").exists() {
+            let _ = std::fs::remove_dir(&dir);
+            eprintln!(
+                "skipped: cannot make a freezable cgroup under {}",
+                mount.point.display()
+            );
+            return;
+        }
+        let cg = SandboxCgroup::V2(dir.clone());
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        let stat =
+            |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if cg.add(child.id() as i32).is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir(&dir);
+            eprintln!("skipped: cannot move a process into {}", dir.display());
+            return;
+        }
+        assert!(cg.freeze(Duration::from_secs(5)).unwrap());
+        assert_eq!(cg.freeze_state().unwrap(), Freeze::Frozen);
+        cg.thaw().unwrap();
+        assert_eq!(cg.freeze_state().unwrap(), Freeze::Thawed);
+        assert!(cg.freeze(Duration::from_secs(5)).unwrap());
+        assert!(!stat(child.id()).is_empty());
+        // Killed while frozen: it dies, and the cgroup goes.
+        assert!(cg.kill_and_remove(Duration::from_secs(5)).unwrap());
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(!dir.exists());
+    }
+
     #[test]
     fn unescapes_mountinfo_paths() {
         assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
