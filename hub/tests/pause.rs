@@ -96,13 +96,13 @@ async fn a_paused_sandbox_keeps_its_processes_and_their_memory() {
     let paused = c.pause(&id).await.unwrap();
     assert_eq!(paused.state, SandboxState::Paused);
     assert_eq!(c.get(&id).await.unwrap().state, SandboxState::Paused);
-    // Unpaused, it would count 20 a second.
+    // Unpaused, it would count 20 a second (30 in the pause).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let resumed = c.resume(&id).await.unwrap();
     assert_eq!(resumed.state, SandboxState::Ready);
     let after = counter(&c, &id).await;
     assert!(
-        after >= before && after - before <= 8,
+        after >= before && after - before <= 15,
         "the counter went from {before} to {after} across a 1.5 s pause"
     );
     // The same process, counting on from its own memory.
