@@ -49,13 +49,8 @@ pub struct TenantHub {
 }
 
 impl TenantHub {
-    /// One call to a Ready sandbox's sandboxd. A sandbox deleted, expired
-    /// or suspended while the call was in flight takes its sandboxd with
-    /// it: the caller then hears what became of the sandbox (NOT_FOUND,
-    /// FAILED_PRECONDITION), as a call made a moment later would, not the
-    /// severed connection's UNAVAILABLE.
     /// The sandbox, Ready for `op`, and its sandboxd: one that is Paused
-    /// or Suspended with `auto_resume` is resumed first ([`Hub::wake`]).
+    /// or Suspended with `auto_resume` is resumed first (`Hub::wake`).
     async fn running(&self, id: &str, op: &str) -> Result<(SandboxRow, SandboxdClient)> {
         match self.hub.running(&self.tenant, id, op) {
             Err(e) if e.code == Code::FailedPrecondition => {
@@ -69,6 +64,11 @@ impl TenantHub {
         }
     }
 
+    /// One call to a Ready sandbox's sandboxd. A sandbox deleted, expired
+    /// or suspended while the call was in flight takes its sandboxd with
+    /// it: the caller then hears what became of the sandbox (NOT_FOUND,
+    /// FAILED_PRECONDITION), as a call made a moment later would, not the
+    /// severed connection's UNAVAILABLE.
     async fn through_sandboxd<'a, T, F, Fut>(&self, id: &'a str, op: &str, call: F) -> Result<T>
     where
         F: FnOnce(SandboxdClient) -> Fut,
