@@ -445,3 +445,40 @@ async fn a_templates_idle_action_pauses_or_suspends_instead_of_deleting() {
         Code::FailedPrecondition
     );
 }
+
+/// Being paused is no activity: a paused sandbox's idle timeout runs on
+/// from its last call, and then does its `idle_action` (delete by default;
+/// `suspend` lets its memory go).
+#[tokio::test]
+async fn the_idle_timeout_runs_on_while_paused() {
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    let mut ids = Vec::new();
+    for action in [None, Some(IdleAction::Suspend)] {
+        let sb = c
+            .create(CreateSandbox {
+                idle_timeout_seconds: Some(2),
+                idle_action: action,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // A process that would keep a Ready sandbox busy (never idle).
+        sh_ok(&c, &sb.id, "sleep 600 >/dev/null 2>&1 </dev/null &").await;
+        c.pause(&sb.id).await.unwrap();
+        ids.push(sb.id);
+    }
+    let (c2, deleted, suspended) = (&c, ids[0].as_str(), ids[1].as_str());
+    eventually(
+        "the idle paused sandbox to be deleted",
+        WAIT,
+        || async move { (c2.get(deleted).await.err()?.code == Code::NotFound).then_some(()) },
+    )
+    .await;
+    assert_eq!(host_pids(deleted), Vec::<i32>::new());
+    eventually("the idle paused sandbox to be suspended", WAIT, || async move {
+        (c2.get(suspended).await.ok()?.state == SandboxState::Suspended).then_some(())
+    })
+    .await;
+    assert_eq!(host_pids(suspended), Vec::<i32>::new());
+}
