@@ -73,6 +73,10 @@ pub fn is_reserved_label(key: &str) -> bool {
 pub enum SandboxState {
     Pending,
     Ready,
+    /// Frozen in place (`pause`): every process keeps its memory, sockets
+    /// and open files but gets no CPU until `resume` thaws it.
+    Paused,
+    /// Stopped (`suspend`): no process runs, the files stay.
     Suspended,
     Finished,
     Expired,
@@ -83,6 +87,7 @@ impl SandboxState {
         match self {
             SandboxState::Pending => "Pending",
             SandboxState::Ready => "Ready",
+            SandboxState::Paused => "Paused",
             SandboxState::Suspended => "Suspended",
             SandboxState::Finished => "Finished",
             SandboxState::Expired => "Expired",
@@ -93,9 +98,43 @@ impl SandboxState {
         Some(match s {
             "Pending" => SandboxState::Pending,
             "Ready" => SandboxState::Ready,
+            "Paused" => SandboxState::Paused,
             "Suspended" => SandboxState::Suspended,
             "Finished" => SandboxState::Finished,
             "Expired" => SandboxState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// What a sandbox's idle timeout does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum IdleAction {
+    /// Delete it (files and all).
+    #[default]
+    Delete,
+    /// Stop its processes, keep its files (`Suspended`).
+    Suspend,
+    /// Freeze its processes in place (`Paused`; local backend).
+    Pause,
+}
+
+impl IdleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleAction::Delete => "delete",
+            IdleAction::Suspend => "suspend",
+            IdleAction::Pause => "pause",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "delete" => IdleAction::Delete,
+            "suspend" => IdleAction::Suspend,
+            "pause" => IdleAction::Pause,
             _ => return None,
         })
     }
@@ -130,9 +169,20 @@ pub struct CreateSandbox {
     /// Absolute deadline, counted from creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_after_seconds: Option<u64>,
-    /// Deleted after this long with no API calls and no running process.
+    /// After this long with no API calls and no running process, what
+    /// `idle_action` says is done (deleted, by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<u64>,
+    /// What the idle timeout does: `delete` (the default), `suspend` or
+    /// `pause` (local backend). Overrides the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
+    /// Whether a call that needs the sandbox running (exec, files,
+    /// processes, ports, E2B's envd calls) resumes it first when it is
+    /// Paused or Suspended, instead of answering 412 (local backend).
+    /// Overrides the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<bool>,
     /// Narrows the template's `network` for this sandbox, never widens it:
     /// `none`, or the template's mode with `allow_out` entries inside the
     /// template's (docs/networking.md). Forces a cold start.
@@ -158,6 +208,12 @@ pub struct Sandbox {
     pub shutdown_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_seconds: Option<u64>,
+    /// What its idle timeout does, when not `delete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
+    /// Whether calls that need it running resume it first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_resume: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     /// The snapshot this sandbox was forked from.
@@ -401,6 +457,16 @@ pub struct Template {
     /// (docs/networking.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::secrets::SecretRef>,
+    /// What its sandboxes' idle timeout does: `delete` (the default),
+    /// `suspend` or `pause` (local backend). A create request's wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
+    /// Whether a call that needs a sandbox running resumes it first when
+    /// it is Paused or Suspended (exactly once, however many calls come
+    /// at once), instead of answering 412 (local backend). A create
+    /// request's wins.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_resume: bool,
     /// Kubernetes only: more containers in the sandbox's Pod (a grader, a
     /// service the task needs), at most [`MAX_SIDECARS`]. They share the
     /// Pod's network and, with `image`, its `/workspace`; `exec` reaches

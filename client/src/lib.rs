@@ -110,7 +110,12 @@ pub trait Sandboxes: Send + Sync {
     async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<WatchEvents>;
 
     // Lifecycle.
+    /// Stops every process; the files stay (`Suspended`).
     async fn suspend(&self, id: &str) -> Result<Sandbox>;
+    /// Freezes every process in place (`Paused`): memory, open files and
+    /// sockets stay, no CPU is used; `resume` thaws it in milliseconds.
+    async fn pause(&self, id: &str) -> Result<Sandbox>;
+    /// Runs a `Suspended` sandbox again on its files, or thaws a `Paused` one.
     async fn resume(&self, id: &str) -> Result<Sandbox>;
     async fn snapshot(&self, id: &str) -> Result<Snapshot>;
     /// Deletes a snapshot taken of sandbox `id` (which may be gone by

@@ -103,6 +103,8 @@ fn sandbox(id: &str, labels: BTreeMap<String, String>) -> Sandbox {
         created_at: "2026-01-01T00:00:00Z".into(),
         shutdown_at: None,
         idle_timeout_seconds: None,
+        idle_action: None,
+        auto_resume: false,
         pool: None,
         forked_from: None,
         entrypoint: None,
@@ -221,6 +223,11 @@ async fn route(hub: &Arc<Hub>, seen: &Seen) -> Response {
         ("POST", ["v1", "sandboxes", _, "suspend"]) => {
             let mut s = sandbox(ID, BTreeMap::new());
             s.state = SandboxState::Suspended;
+            Json(s).into_response()
+        }
+        ("POST", ["v1", "sandboxes", _, "pause"]) => {
+            let mut s = sandbox(ID, BTreeMap::new());
+            s.state = SandboxState::Paused;
             Json(s).into_response()
         }
         ("POST", ["v1", "sandboxes", _, "resume" | "reset"]) => {
@@ -767,6 +774,8 @@ async fn lifecycle_templates_pools_against_stub_hub() {
     assert_eq!(hub.last().path, "/v1/sandboxes/sb-1/suspend");
     c.resume(ID).await.unwrap();
     assert_eq!(hub.last().path, "/v1/sandboxes/sb-1/resume");
+    assert_eq!(c.pause(ID).await.unwrap().state, SandboxState::Paused);
+    assert_eq!(hub.last().path, "/v1/sandboxes/sb-1/pause");
     c.reset(ID).await.unwrap();
     assert_eq!(hub.last().path, "/v1/sandboxes/sb-1/reset");
     assert_eq!(c.snapshot(ID).await.unwrap().id, "snap-1");

@@ -422,6 +422,10 @@ impl Sandboxes for GuardedView {
         self.timed(Op::Suspend, self.inner.suspend(id)).await
     }
 
+    async fn pause(&self, id: &str) -> Result<Sandbox> {
+        self.timed(Op::Pause, self.inner.pause(id)).await
+    }
+
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         self.timed(Op::Resume, self.inner.resume(id)).await
     }

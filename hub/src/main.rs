@@ -56,7 +56,10 @@ enum Command {
     Image(cli::image::ImageArgs),
     /// Stop a sandbox's processes, keeping its files.
     Suspend(cli::sandbox::IdArgs),
-    /// Start a suspended sandbox again on the same files.
+    /// Freeze a sandbox's processes in place (memory, files and sockets
+    /// kept, no CPU used) until `resume`.
+    Pause(cli::sandbox::IdArgs),
+    /// Start a suspended sandbox again on the same files, or thaw a paused one.
     Resume(cli::sandbox::IdArgs),
     /// Drop every change to a sandbox's workspace and kill its processes.
     Reset(cli::sandbox::IdArgs),
@@ -118,6 +121,7 @@ fn main() -> anyhow::Result<()> {
             Command::Template(args) => cli::exit(cli::template::run(args).await),
             Command::Image(args) => cli::exit(cli::image::run(args).await),
             Command::Suspend(args) => cli::exit(cli::sandbox::suspend(args).await),
+            Command::Pause(args) => cli::exit(cli::sandbox::pause(args).await),
             Command::Resume(args) => cli::exit(cli::sandbox::resume(args).await),
             Command::Reset(args) => cli::exit(cli::sandbox::reset(args).await),
             Command::Snapshot(args) => cli::exit(cli::snapshot::run(args).await),

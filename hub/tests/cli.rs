@@ -911,6 +911,21 @@ fn lifecycle_verbs() {
         hub.cli(&["exec", &id, "--", "cat", "f"]).ok().stdout(),
         "kept\n"
     );
+    assert_eq!(
+        hub.cli(&["pause", &id]).ok().stdout(),
+        format!("{id} Paused\n")
+    );
+    let refused = hub.cli(&["exec", &id, "--", "true"]);
+    assert_ne!(refused.code(), 0);
+    assert!(
+        refused.stderr.contains("FAILED_PRECONDITION") && refused.stderr.contains("is Paused"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        hub.cli(&["resume", &id]).ok().stdout(),
+        format!("{id} Ready\n")
+    );
 
     let fork = hub
         .cli(&["fork", &id, "--snapshot", snapshot, "--label", "forked=yes"])

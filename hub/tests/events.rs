@@ -193,6 +193,15 @@ async fn an_entrypoints_exit_is_told_once_per_run() {
         s.next(Duration::from_secs(5)).await.is_none(),
         "a second event for one exit"
     );
+    // Nor after a pause: the same run goes on once thawed (a pause is not
+    // a new start, as a resume after a suspend is).
+    call(&hub, k, "POST", &format!("/v1/sandboxes/{id}/pause"), None).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    call(&hub, k, "POST", &format!("/v1/sandboxes/{id}/resume"), None).await;
+    assert!(
+        s.next(Duration::from_secs(5)).await.is_none(),
+        "the exit told again after a pause"
+    );
 
     // A reset starts the entrypoint again: its next exit is a new one.
     call(&hub, k, "POST", &format!("/v1/sandboxes/{id}/reset"), None).await;
@@ -274,6 +283,8 @@ async fn every_action_emits_its_event() {
     for (op, kind) in [
         ("reset", "reset"),
         ("suspend", "suspended"),
+        ("resume", "resumed"),
+        ("pause", "paused"),
         ("resume", "resumed"),
     ] {
         call(&hub, k, "POST", &format!("/v1/sandboxes/{id}/{op}"), None).await;

@@ -1297,6 +1297,7 @@ async fn bad_input_gets_clear_errors() {
             reqwest::Method::POST,
             "/v1/sandboxes/sb-doesnotexist/suspend",
         ),
+        (reqwest::Method::POST, "/v1/sandboxes/sb-doesnotexist/pause"),
         (
             reqwest::Method::POST,
             "/v1/sandboxes/sb-doesnotexist/snapshots",
@@ -1912,6 +1913,7 @@ async fn openapi_document_describes_every_route() {
             &["get", "head", "put", "delete"],
         ),
         ("/v1/sandboxes/{id}/suspend", &["post"]),
+        ("/v1/sandboxes/{id}/pause", &["post"]),
         ("/v1/sandboxes/{id}/resume", &["post"]),
         ("/v1/sandboxes/{id}/snapshots", &["get", "post"]),
         ("/v1/sandboxes/{id}/reset", &["post"]),

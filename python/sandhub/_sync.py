@@ -17,7 +17,7 @@ import os
 import time
 from datetime import datetime
 from types import TracebackType
-from typing import IO, Any, Iterator, Mapping
+from typing import IO, Any, Iterator, Literal, Mapping
 
 from . import _common as c
 from ._sandhub import NativeClient
@@ -408,8 +408,14 @@ class Sandbox:
         """Stops the sandbox's processes, keeping its workspace."""
         return self._set(self._hub._native.lifecycle(self.id, "suspend"))
 
+    def pause(self) -> Sandbox:
+        """Freezes the sandbox's processes in place (state ``Paused``): they
+        keep their memory, open files and sockets and use no CPU until
+        :meth:`resume`. Local backend only (Kubernetes answers UNIMPLEMENTED)."""
+        return self._set(self._hub._native.lifecycle(self.id, "pause"))
+
     def resume(self) -> Sandbox:
-        """Starts a suspended sandbox again."""
+        """Starts a suspended sandbox again, or thaws a paused one."""
         return self._set(self._hub._native.lifecycle(self.id, "resume"))
 
     def reset(self) -> Sandbox:
@@ -538,6 +544,8 @@ class Hub:
         env: Mapping[str, str] | None = None,
         shutdown_after_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        idle_action: Literal["delete", "suspend", "pause"] | None = None,
+        auto_resume: bool | None = None,
         network: c.Network | None = None,
         wait: bool = True,
         wait_timeout: float = 600.0,
@@ -546,10 +554,15 @@ class Hub:
         returns once it is Ready. ``network`` narrows the template's (never
         widens it): ``"none"``, a :class:`NetworkPolicy` or the API's
         object, e.g. ``{"allow_out": ["pypi.org"]}``; it forces a cold
-        start. Never retried (it is not idempotent)."""
+        start. ``idle_action`` is what ``idle_timeout_seconds`` does
+        (``"delete"`` by default); with ``auto_resume`` a call that needs the
+        sandbox running resumes it first when it is paused or suspended
+        (local backend; both override the template's). Never retried (it is
+        not idempotent)."""
         body: dict[str, Any] = {}
         for k, v in (("template", template), ("pool", pool), ("shutdown_after_seconds", shutdown_after_seconds),
-                     ("idle_timeout_seconds", idle_timeout_seconds)):
+                     ("idle_timeout_seconds", idle_timeout_seconds), ("idle_action", idle_action),
+                     ("auto_resume", auto_resume)):
             if v is not None:
                 body[k] = v
         if labels:

@@ -281,6 +281,10 @@ class SandboxInfo:
     created_at: str = ""
     shutdown_at: str | None = None
     idle_timeout_seconds: int | None = None
+    #: What the idle timeout does when not ``"delete"``: ``"suspend"`` or ``"pause"``.
+    idle_action: str | None = None
+    #: Whether calls that need it running resume it first (paused or suspended).
+    auto_resume: bool = False
     pool: str | None = None
     forked_from: str | None = None
     launch: Any = None

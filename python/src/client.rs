@@ -156,7 +156,7 @@ impl NativeClient {
         run!(self, py, |b| Ok(b.hub()?.delete(&id).await?))
     }
 
-    /// `suspend`, `resume` or `reset`: each answers the sandbox.
+    /// `suspend`, `pause`, `resume` or `reset`: each answers the sandbox.
     fn lifecycle<'py>(
         &self,
         py: Python<'py>,
@@ -167,6 +167,7 @@ impl NativeClient {
             let hub = b.hub()?;
             let sandbox = match action.as_str() {
                 "suspend" => hub.suspend(&id).await?,
+                "pause" => hub.pause(&id).await?,
                 "resume" => hub.resume(&id).await?,
                 "reset" => hub.reset(&id).await?,
                 other => return Err(Error::invalid(format!("no lifecycle action {other}")).into()),

@@ -6,6 +6,7 @@ SDK configured through E2B_API_KEY / E2B_API_URL / E2B_SANDBOX_URL.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -19,7 +20,7 @@ from e2b import (
 )
 from e2b_support import SandboxFactory, ids
 from sandhub_testing import Hub, wait_for
-from sandhub_testing.e2b import WORKSPACE, Conn, conn_for, unique_tag
+from sandhub_testing.e2b import ANY_KEY, WORKSPACE, Conn, conn_for, unique_tag
 
 #: Slack for comparing the hub's clock-derived times with ours (same machine).
 CLOCK_SLACK = timedelta(seconds=15)
@@ -226,6 +227,51 @@ def test_pause_then_connect_resumes_with_files(sandbox: Sandbox, conn: Conn, tag
     assert Sandbox.get_info(sandbox.sandbox_id, **conn).state == SandboxState.RUNNING
     assert resumed.files.read(path) == "kept across pause\n"
     assert resumed.commands.run(f"cat {path}").stdout == "kept across pause\n"
+
+
+def test_pause_then_connect_keeps_a_running_process(sandbox: Sandbox, conn: Conn) -> None:
+    """E2B's pause keeps the processes (the hub freezes them in place): a
+    background loop counting in its own memory is the same process after
+    `connect`, did not count while paused, and counts on after."""
+    count = "/tmp/e2b-pause-count"
+    loop = sandbox.commands.run(
+        f"i=0; while :; do i=$((i+1)); echo $i > {count}; sleep 0.05; done", background=True
+    )
+
+    def counted() -> int:
+        return int(sandbox.commands.run(f"cat {count}").stdout.strip() or "0")
+
+    wait_for("the loop to count", lambda: counted() >= 3, timeout=60)
+    started = sandbox.commands.run(f"cut -d' ' -f22 /proc/{loop.pid}/stat").stdout
+    before = counted()
+    assert sandbox.pause() is True
+    assert Sandbox.get_info(sandbox.sandbox_id, **conn).state == SandboxState.PAUSED
+    # Unpaused, it would count 20 a second (30 in the pause).
+    time.sleep(1.5)
+    resumed = Sandbox.connect(sandbox.sandbox_id, **conn)
+    after = int(resumed.commands.run(f"cat {count}").stdout.strip())
+    assert before <= after <= before + 15, (before, after)
+    assert resumed.commands.run(f"cut -d' ' -f22 /proc/{loop.pid}/stat").stdout == started
+    wait_for("the loop to count again", lambda: counted() >= after + 5, timeout=60)
+    resumed.commands.kill(loop.pid)
+
+
+def test_an_auto_resume_sandbox_wakes_on_its_next_envd_call(e2b_hub: Hub, conn: Conn, tag: str) -> None:
+    """A template with `auto_resume`: after `pause`, the next envd call (a
+    command) resumes the sandbox, with no `connect`; `/health` alone does not."""
+    status, body = e2b_hub.request("PUT", "/v1/templates/e2b-auto-resume", {"auto_resume": True}, api_key=ANY_KEY)
+    assert status == 200, body
+    sbx = Sandbox.create(template="e2b-auto-resume", metadata={"tag": tag}, **conn)
+    try:
+        sleeper = sbx.commands.run("sleep 600", background=True)
+        assert sbx.pause() is True
+        assert sbx.is_running() is False
+        assert Sandbox.get_info(sbx.sandbox_id, **conn).state == SandboxState.PAUSED
+        assert sbx.commands.run("echo up").stdout == "up\n"
+        assert Sandbox.get_info(sbx.sandbox_id, **conn).state == SandboxState.RUNNING
+        assert sbx.commands.run(f"kill -0 {sleeper.pid} && echo alive").stdout == "alive\n"
+    finally:
+        sbx.kill()
 
 
 def test_connect_to_running_sandbox(sandbox: Sandbox, conn: Conn) -> None:

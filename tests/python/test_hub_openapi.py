@@ -126,6 +126,7 @@ def test_openapi_document_names_the_pinned_routes(openapi_doc: dict) -> None:
         "/v1/templates/{name}": {"get", "put", "delete"},
         "/v1/pools/{name}": {"get", "put", "delete"},
         "/v1/sandboxes/{id}/suspend": {"post"},
+        "/v1/sandboxes/{id}/pause": {"post"},
         "/v1/sandboxes/{id}/resume": {"post"},
         "/v1/sandboxes/{id}/snapshots": {"post"},
         "/v1/sandboxes/{id}/reset": {"post"},

@@ -95,6 +95,28 @@ def test_lifecycle_suspend_resume_reset_snapshot_fork(hub: sandhub.Hub, sb: sand
     assert not sb.files.exists("kept.txt")
 
 
+def test_pause_keeps_a_running_process(sb: sandhub.Sandbox):
+    pid = sb.commands.run("sleep 600 >/dev/null 2>&1 </dev/null & echo $!").stdout.strip()
+    started = sb.commands.run(f"cut -d' ' -f22 /proc/{pid}/stat").stdout
+    assert sb.pause().state == "Paused"
+    assert sb.refresh().state == "Paused"
+    with pytest.raises(sandhub.FailedPreconditionError) as pre:
+        sb.commands.run("true")
+    assert "Paused" in str(pre.value)
+    assert sb.resume().state == "Ready"
+    # The same process, not a new one of the same pid.
+    assert sb.commands.run(f"cut -d' ' -f22 /proc/{pid}/stat").stdout == started
+
+
+def test_auto_resume_and_idle_action(hub: sandhub.Hub):
+    with hub.create(auto_resume=True, idle_action="pause", idle_timeout_seconds=600) as sb:
+        assert sb.info.auto_resume is True and sb.info.idle_action == "pause"
+        sb.pause()
+        # A call that needs it running resumes it first.
+        assert sb.commands.run("echo up").stdout == "up\n"
+        assert sb.refresh().state == "Ready"
+
+
 # ------------------------------------------------------------------ commands
 
 

@@ -496,6 +496,11 @@ impl Sandboxes for HubClient {
             .await
     }
 
+    async fn pause(&self, id: &str) -> Result<Sandbox> {
+        self.call(self.sandbox(Method::POST, id, "/pause").timeout(SLOW))
+            .await
+    }
+
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         self.call(self.sandbox(Method::POST, id, "/resume").timeout(SLOW))
             .await

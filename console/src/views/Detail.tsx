@@ -42,14 +42,16 @@ function Lifecycle(props: { sandbox: Sandbox; onDone: (note: string) => void }) 
       {busy === label ? `${label}…` : label}
     </button>
   );
+  // Paused: frozen in place; Suspended: stopped, files kept. Either resumes.
+  const asleep = props.sandbox.state === "Suspended" || props.sandbox.state === "Paused";
   return (
     <div class="row" role="group" aria-label="Lifecycle">
       {button("Snapshot", "POST", `/v1/sandboxes/${id}/snapshots`)}
       {button("Reset", "POST", `/v1/sandboxes/${id}/reset`, {})}
       {button("Fork", "POST", `/v1/sandboxes/${id}/fork`, {})}
-      {props.sandbox.state === "Suspended"
-        ? button("Resume", "POST", `/v1/sandboxes/${id}/resume`)
-        : button("Suspend", "POST", `/v1/sandboxes/${id}/suspend`)}
+      {asleep && button("Resume", "POST", `/v1/sandboxes/${id}/resume`)}
+      {!asleep && button("Pause", "POST", `/v1/sandboxes/${id}/pause`)}
+      {!asleep && button("Suspend", "POST", `/v1/sandboxes/${id}/suspend`)}
       {button("Delete", "DELETE", `/v1/sandboxes/${id}`)}
     </div>
   );

@@ -1,4 +1,4 @@
-//! `create`, `ls`, `rm` and the lifecycle verbs (`suspend`, `resume`,
+//! `create`, `ls`, `rm` and the lifecycle verbs (`suspend`, `pause`, `resume`,
 //! `reset`, `fork`; `snapshot` is in `snapshot.rs`).
 
 use std::time::{Duration, SystemTime};
@@ -39,10 +39,19 @@ pub struct CreateArgs {
     #[arg(long, value_name = "DURATION", env = "SANDHUB_SHUTDOWN_AFTER", value_parser = parse_duration)]
     shutdown_after: Option<Duration>,
 
-    /// Delete the sandbox after this long with no API calls and no running
-    /// process (e.g. 5m).
+    /// Delete the sandbox (or what --idle-action says) after this long
+    /// with no API calls and no running process (e.g. 5m).
     #[arg(long, value_name = "DURATION", env = "SANDHUB_IDLE_TIMEOUT", value_parser = parse_duration)]
     idle_timeout: Option<Duration>,
+
+    /// What the idle timeout does: delete (default), suspend or pause.
+    #[arg(long, env = "SANDHUB_IDLE_ACTION", value_parser = ["delete", "suspend", "pause"])]
+    idle_action: Option<String>,
+
+    /// Calls that need the sandbox running resume it first when it is
+    /// paused or suspended (instead of failing).
+    #[arg(long, env = "SANDHUB_AUTO_RESUME")]
+    auto_resume: bool,
 
     /// Narrowing of the template's network (forces a cold start).
     #[command(flatten)]
@@ -62,6 +71,11 @@ pub async fn create(args: CreateArgs) -> Result<i32> {
             env: to_map(args.env),
             shutdown_after_seconds: args.shutdown_after.map(whole_seconds),
             idle_timeout_seconds: args.idle_timeout.map(whole_seconds),
+            idle_action: args
+                .idle_action
+                .as_deref()
+                .and_then(sandhub_api::hub::IdleAction::parse),
+            auto_resume: args.auto_resume.then_some(true),
             network: args.network.spec(),
             secrets: Vec::new(),
         })
@@ -179,6 +193,11 @@ pub async fn suspend(args: IdArgs) -> Result<i32> {
     print_state(&hub.suspend(&args.id).await?, args.client.output)
 }
 
+pub async fn pause(args: IdArgs) -> Result<i32> {
+    let hub = args.client.connect()?;
+    print_state(&hub.pause(&args.id).await?, args.client.output)
+}
+
 pub async fn resume(args: IdArgs) -> Result<i32> {
     let hub = args.client.connect()?;
     print_state(&hub.resume(&args.id).await?, args.client.output)
@@ -248,6 +267,8 @@ mod tests {
             created_at: "2026-01-01T00:00:00.000Z".into(),
             shutdown_at: None,
             idle_timeout_seconds: None,
+            idle_action: None,
+            auto_resume: false,
             pool: None,
             forked_from: None,
             entrypoint: None,

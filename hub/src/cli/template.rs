@@ -161,6 +161,8 @@ fn from_flags(set: SetArgs) -> Template {
         // Flags cannot say them; a JSON file (`template set --file`) can.
         sidecars: Vec::new(),
         secrets: Vec::new(),
+        idle_action: None,
+        auto_resume: false,
     }
 }
 

@@ -57,6 +57,9 @@ pub enum EventType {
     /// A warm sandbox was handed to a caller from a pool (`pool`).
     Claimed,
     Suspended,
+    /// A sandbox's processes were frozen in place (`pause`; local backend).
+    Paused,
+    /// A Suspended sandbox runs again, or a Paused one was thawed.
     Resumed,
     Reset,
     /// A snapshot was taken (`details.snapshot_id`).
@@ -84,11 +87,12 @@ pub enum EventType {
 }
 
 impl EventType {
-    pub const ALL: [EventType; 16] = [
+    pub const ALL: [EventType; 17] = [
         EventType::Created,
         EventType::Ready,
         EventType::Claimed,
         EventType::Suspended,
+        EventType::Paused,
         EventType::Resumed,
         EventType::Reset,
         EventType::Snapshotted,
@@ -109,6 +113,7 @@ impl EventType {
             EventType::Ready => "ready",
             EventType::Claimed => "claimed",
             EventType::Suspended => "suspended",
+            EventType::Paused => "paused",
             EventType::Resumed => "resumed",
             EventType::Reset => "reset",
             EventType::Snapshotted => "snapshotted",

@@ -265,6 +265,8 @@ pub fn sandbox_of(claim: &SandboxClaim, launch: Option<&str>) -> Sandbox {
         created_at,
         shutdown_at,
         idle_timeout_seconds: None,
+        idle_action: None,
+        auto_resume: false,
         pool: Some(claim.spec.warm_pool_ref.name.clone()),
         forked_from: None,
         entrypoint: None,

@@ -82,14 +82,21 @@ impl Hub {
                 return;
             }
         };
+        // Forgotten when not Ready (suspended, deleted): asked afresh after.
+        // A paused sandbox is not asked (its sandboxd is frozen) but kept:
+        // its run goes on after `resume`, and an exit told before the
+        // pause must not be told again.
+        let kept: HashSet<String> = rows
+            .iter()
+            .filter(|r| matches!(r.state, SandboxState::Ready | SandboxState::Paused))
+            .map(|r| r.id.clone())
+            .collect();
+        seen.retain(|id, _| kept.contains(id));
         let ready: Vec<_> = rows
             .into_iter()
             .filter(|r| r.state == SandboxState::Ready && r.claimed)
             .filter(LocalBackend::runs_entrypoint)
             .collect();
-        // Forgotten when not Ready (suspended, deleted): asked afresh after.
-        let ids: HashSet<&str> = ready.iter().map(|r| r.id.as_str()).collect();
-        seen.retain(|id, _| ids.contains(id.as_str()));
         let ask = ready
             .into_iter()
             .filter(|r| seen.get(&r.id) != Some(&Seen::Nothing));

@@ -16,7 +16,7 @@ use std::{
 
 use sandhub_api::{
     error::Code,
-    hub::{Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE},
+    hub::{IdleAction, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE},
 };
 use sandhub_client::{sandboxd::SandboxdClient, Error, Result};
 use tokio::sync::Notify;
@@ -79,6 +79,8 @@ pub(super) fn to_api(row: &SandboxRow) -> Sandbox {
         created_at: rfc3339(row.created_at),
         shutdown_at: row.shutdown_at.map(rfc3339),
         idle_timeout_seconds: row.idle_timeout_seconds,
+        idle_action: (row.idle_action != IdleAction::Delete).then_some(row.idle_action),
+        auto_resume: row.auto_resume,
         pool: row.pool.clone(),
         forked_from: row.forked_from.clone(),
         entrypoint: None,
@@ -248,11 +250,17 @@ impl Hub {
     /// entrypoint says how that is doing (see [`crate::entrypoint`]).
     pub(super) async fn view(&self, row: &SandboxRow) -> Sandbox {
         let mut view = to_api(row);
-        if row.state != SandboxState::Ready {
+        if !matches!(row.state, SandboxState::Ready | SandboxState::Paused) {
             return view;
         }
+        // A paused sandbox's counters read as any other's (the kernel's
+        // files do not wait for a frozen cgroup).
         view.egress = self.backend.egress.usage(&row.id);
         view.usage = self.backend.usage(&row.id);
+        if row.state == SandboxState::Paused {
+            // Its sandboxd is frozen too: it would not answer.
+            return view;
+        }
         if !LocalBackend::runs_entrypoint(row) {
             return view;
         }
@@ -479,7 +487,7 @@ fn not_ready(id: &str, state: SandboxState, op: &str) -> Error {
         format!(
             "sandbox {id} is {}; {op} needs it Ready{}",
             state.as_str(),
-            if state == SandboxState::Suspended {
+            if matches!(state, SandboxState::Suspended | SandboxState::Paused) {
                 format!(" (POST /v1/sandboxes/{id}/resume first)")
             } else {
                 String::new()
@@ -493,6 +501,9 @@ fn not_ready(id: &str, state: SandboxState, op: &str) -> Error {
 pub(super) fn counts_against_quota(state: SandboxState) -> bool {
     matches!(
         state,
-        SandboxState::Pending | SandboxState::Ready | SandboxState::Suspended
+        SandboxState::Pending
+            | SandboxState::Ready
+            | SandboxState::Paused
+            | SandboxState::Suspended
     )
 }

@@ -4,8 +4,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use sandhub_api::hub::SandboxState;
-use sandhub_client::Result;
+use sandhub_api::{
+    error::Code,
+    hub::{IdleAction, SandboxState},
+};
+use sandhub_client::{Error, Result};
 
 use super::{
     hub::Hub,
@@ -38,14 +41,30 @@ impl Hub {
             .clone()
     }
 
-    /// After a restart: keep what still runs, mark what died.
+    /// After a restart: keep what still runs, mark what died. A paused
+    /// sandbox (frozen, not dead) stays Paused; the row follows its
+    /// cgroup where a hub died between freezing or thawing and recording.
     pub async fn recover(&self) -> Result<()> {
-        for row in self.store.all_sandboxes()? {
-            if row.state != SandboxState::Ready && row.state != SandboxState::Pending {
+        for mut row in self.store.all_sandboxes()? {
+            if !matches!(
+                row.state,
+                SandboxState::Ready | SandboxState::Pending | SandboxState::Paused
+            ) {
                 continue;
             }
             if row.runtime.is_some() && self.backend.is_alive(&row) {
-                tracing::info!(id = %row.id, "re-attached to running sandbox");
+                let frozen = self.backend.is_frozen(&row);
+                let truth = match (row.state, frozen) {
+                    (SandboxState::Ready, true) => Some(SandboxState::Paused),
+                    (SandboxState::Paused, false) => Some(SandboxState::Ready),
+                    _ => None,
+                };
+                if let Some(state) = truth {
+                    tracing::info!(id = %row.id, state = state.as_str(), "the sandbox's cgroup says otherwise than its row; recording what it is");
+                    self.store.set_state(&row.id, state)?;
+                    row.state = state;
+                }
+                tracing::info!(id = %row.id, state = row.state.as_str(), "re-attached to running sandbox");
                 // Its TUN device went with the old hub: offline until this.
                 let names = super::egress::Recorded::of_row(&row)
                     .map(|r| r.secrets)
@@ -109,6 +128,26 @@ impl Hub {
                 || self.backend.is_alive(&row),
             );
             match verdict {
+                Verdict::Idle if row.idle_action != IdleAction::Delete => {
+                    let mut row = row;
+                    let (done, kind) = if row.idle_action == IdleAction::Pause {
+                        (self.pause_locked(&mut row).await, EventType::Paused)
+                    } else {
+                        (self.suspend_locked(&mut row).await, EventType::Suspended)
+                    };
+                    match done {
+                        Ok(()) => {
+                            tracing::info!(id = %row.id, action = row.idle_action.as_str(), "sandbox idle past its timeout");
+                            self.emit(
+                                self.sandbox_event(&row, kind)
+                                    .detail("reason", "idle_timeout"),
+                            );
+                        }
+                        Err(e) => {
+                            tracing::warn!(id = %row.id, error = %e, action = row.idle_action.as_str(), "the idle action failed")
+                        }
+                    }
+                }
                 Verdict::Expire | Verdict::Idle => {
                     tracing::info!(id = %row.id, ?verdict, "sandbox reached its end of life");
                     match self.remove(&row).await {
@@ -145,6 +184,86 @@ impl Hub {
             }
         }
         Ok(())
+    }
+
+    /// Stops a Ready sandbox's processes and keeps its files (Suspended).
+    /// The caller holds its lifecycle lock and tells the event.
+    pub(super) async fn suspend_locked(&self, row: &mut SandboxRow) -> Result<()> {
+        self.forget_client(&row.id);
+        self.backend.stop(row).await?;
+        row.state = SandboxState::Suspended;
+        self.store
+            .set_runtime(&row.id, SandboxState::Suspended, row.runtime.as_ref())
+    }
+
+    /// Freezes a Ready sandbox's processes in place (Paused). The caller
+    /// holds its lifecycle lock and tells the event.
+    pub(super) async fn pause_locked(&self, row: &mut SandboxRow) -> Result<()> {
+        // Its connection to sandboxd would only stall while frozen.
+        self.forget_client(&row.id);
+        self.backend.freeze(row).await?;
+        row.state = SandboxState::Paused;
+        self.store.set_state(&row.id, SandboxState::Paused)
+    }
+
+    /// Runs a Suspended sandbox again on its files, or thaws a Paused
+    /// one; either is activity. The caller holds its lifecycle lock and
+    /// tells the event.
+    pub(super) async fn resume_locked(&self, row: &mut SandboxRow) -> Result<()> {
+        match row.state {
+            SandboxState::Suspended => self.start(row).await?,
+            SandboxState::Paused => {
+                self.backend.thaw(row).await?;
+                row.state = SandboxState::Ready;
+                self.store.set_state(&row.id, SandboxState::Ready)?;
+            }
+            state => {
+                return Err(Error::new(
+                    Code::FailedPrecondition,
+                    format!(
+                        "sandbox {} is {}, not Suspended or Paused",
+                        row.id,
+                        state.as_str()
+                    ),
+                ));
+            }
+        }
+        let _ = self.store.touch(&row.id, now_ms());
+        Ok(())
+    }
+
+    /// For a call that needs sandbox `id` running and found it not Ready:
+    /// a Paused or Suspended sandbox with `auto_resume` is resumed, and
+    /// the answer says whether the call may go on. Exactly once however
+    /// many calls come at once: they queue on the sandbox's lifecycle
+    /// lock, the first resumes it, the rest find it Ready.
+    pub(super) async fn wake(&self, tenant: &str, id: &str) -> Result<bool> {
+        let asleep = |r: &SandboxRow| {
+            r.auto_resume && matches!(r.state, SandboxState::Paused | SandboxState::Suspended)
+        };
+        match self.store.get_sandbox(tenant, id)? {
+            Some(row) if asleep(&row) => {}
+            _ => return Ok(false),
+        }
+        let _guard = self.lifecycle(id).lock_owned().await;
+        let Some(mut row) = self.store.get_sandbox(tenant, id)? else {
+            return Ok(false);
+        };
+        if row.state == SandboxState::Ready {
+            // Another call woke it while this one waited.
+            return Ok(true);
+        }
+        if !asleep(&row) {
+            return Ok(false);
+        }
+        let was = row.state;
+        self.resume_locked(&mut row).await?;
+        tracing::info!(%id, from = was.as_str(), "auto-resumed for a call that needs it");
+        self.emit(
+            self.sandbox_event(&row, EventType::Resumed)
+                .detail("reason", "auto_resume"),
+        );
+        Ok(true)
     }
 
     /// Marks a sandbox Finished; its finishing time is its last activity.

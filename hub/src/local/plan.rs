@@ -6,7 +6,7 @@
 
 use std::cmp::Reverse;
 
-use sandhub_api::hub::SandboxState;
+use sandhub_api::hub::{IdleAction, SandboxState};
 
 use super::store::SandboxRow;
 
@@ -19,7 +19,8 @@ pub const FINISHED_TTL_MS: i64 = 3600 * 1000;
 pub enum Verdict {
     /// Past its `shutdown_at`: remove it.
     Expire,
-    /// Ready, idle past its timeout and running nothing: remove it.
+    /// Ready (or Paused), idle past its timeout and running nothing: do
+    /// its `idle_action` (by default, remove it).
     Idle,
     /// Ready on record but its processes are gone: mark it Finished.
     Dead,
@@ -53,6 +54,11 @@ pub fn verdict(
         .map(|s| i64::try_from(s).unwrap_or(i64::MAX).saturating_mul(1000))
         .is_some_and(|ms| row.last_activity.saturating_add(ms) <= now);
     if ready && idle_due && !busy() {
+        return Verdict::Idle;
+    }
+    // Being paused is no activity, and its frozen processes run nothing:
+    // its idle clock runs on. Pausing it again would change nothing.
+    if row.state == SandboxState::Paused && idle_due && row.idle_action != IdleAction::Pause {
         return Verdict::Idle;
     }
     if !ready {
@@ -152,6 +158,8 @@ mod tests {
             claimed: true,
             forked_from: None,
             runtime: None,
+            idle_action: sandhub_api::hub::IdleAction::Delete,
+            auto_resume: false,
         }
     }
 
@@ -163,6 +171,7 @@ mod tests {
     fn a_deadline_reached_expires_whatever_the_state() {
         for state in [
             SandboxState::Ready,
+            SandboxState::Paused,
             SandboxState::Suspended,
             SandboxState::Pending,
         ] {
@@ -195,11 +204,36 @@ mod tests {
             ..idle.clone()
         };
         assert_eq!(judge(&recent, false, true), Verdict::Keep);
+        // Suspended: no idle clock runs.
         let suspended = SandboxRow {
             state: SandboxState::Suspended,
-            ..idle
+            ..idle.clone()
         };
         assert_eq!(judge(&suspended, false, false), Verdict::Keep);
+        // Paused: its clock runs on, and its frozen processes are no
+        // activity; unless pausing is what idleness does (done already).
+        let paused = SandboxRow {
+            state: SandboxState::Paused,
+            ..idle.clone()
+        };
+        assert_eq!(judge(&paused, true, true), Verdict::Idle);
+        for action in [IdleAction::Suspend, IdleAction::Delete] {
+            let r = SandboxRow {
+                idle_action: action,
+                ..paused.clone()
+            };
+            assert_eq!(judge(&r, true, true), Verdict::Idle, "{action:?}");
+        }
+        let napping = SandboxRow {
+            idle_action: IdleAction::Pause,
+            ..paused.clone()
+        };
+        assert_eq!(judge(&napping, true, true), Verdict::Keep);
+        let recent = SandboxRow {
+            last_activity: NOW - 9_999,
+            ..paused
+        };
+        assert_eq!(judge(&recent, false, true), Verdict::Keep);
     }
 
     #[test]
@@ -216,22 +250,25 @@ mod tests {
             judge(&row("a", SandboxState::Ready), false, true),
             Verdict::Keep
         );
-        // Not Ready: neither fact is asked for.
-        let probed = Cell::new(false);
-        let v = verdict(
-            &row("a", SandboxState::Suspended),
-            NOW,
-            || {
-                probed.set(true);
-                true
-            },
-            || {
-                probed.set(true);
-                false
-            },
-        );
-        assert_eq!(v, Verdict::Keep);
-        assert!(!probed.get());
+        // Not Ready: neither fact is asked for (a paused sandbox's
+        // processes are frozen, not dead).
+        for state in [SandboxState::Suspended, SandboxState::Paused] {
+            let probed = Cell::new(false);
+            let v = verdict(
+                &row("a", state),
+                NOW,
+                || {
+                    probed.set(true);
+                    true
+                },
+                || {
+                    probed.set(true);
+                    false
+                },
+            );
+            assert_eq!(v, Verdict::Keep, "{state:?}");
+            assert!(!probed.get(), "{state:?}");
+        }
     }
 
     #[test]

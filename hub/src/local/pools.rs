@@ -129,6 +129,8 @@ impl Hub {
             claimed: false,
             forked_from: None,
             runtime: None,
+            idle_action: sandhub_api::hub::IdleAction::Delete,
+            auto_resume: false,
         };
         self.create_cold(row).await.map(|_| ())
     }

@@ -432,6 +432,30 @@ impl LocalBackend {
         .map_err(runtime_error)
     }
 
+    /// Freezes every process of the sandbox (pause); see
+    /// `Runtime::freeze`.
+    pub async fn freeze(&self, row: &SandboxRow) -> Result<()> {
+        let (runtime, id) = (self.runtime.clone(), row.id.clone());
+        tokio::task::spawn_blocking(move || runtime.freeze(&id))
+            .await
+            .map_err(join_error)?
+            .map_err(runtime_error)
+    }
+
+    /// Thaws a paused sandbox.
+    pub async fn thaw(&self, row: &SandboxRow) -> Result<()> {
+        let (runtime, id) = (self.runtime.clone(), row.id.clone());
+        tokio::task::spawn_blocking(move || runtime.thaw(&id))
+            .await
+            .map_err(join_error)?
+            .map_err(runtime_error)
+    }
+
+    /// Whether the sandbox's processes are frozen (or being frozen).
+    pub fn is_frozen(&self, row: &SandboxRow) -> bool {
+        self.runtime.is_frozen(&row.id)
+    }
+
     /// Stops and removes everything the sandbox had.
     pub async fn destroy(&self, row: &SandboxRow) -> Result<()> {
         self.egress.detach(&row.id);

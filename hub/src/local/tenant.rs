@@ -49,6 +49,21 @@ pub struct TenantHub {
 }
 
 impl TenantHub {
+    /// The sandbox, Ready for `op`, and its sandboxd: one that is Paused
+    /// or Suspended with `auto_resume` is resumed first (`Hub::wake`).
+    async fn running(&self, id: &str, op: &str) -> Result<(SandboxRow, SandboxdClient)> {
+        match self.hub.running(&self.tenant, id, op) {
+            Err(e) if e.code == Code::FailedPrecondition => {
+                if self.hub.wake(&self.tenant, id).await? {
+                    self.hub.running(&self.tenant, id, op)
+                } else {
+                    Err(e)
+                }
+            }
+            outcome => outcome,
+        }
+    }
+
     /// One call to a Ready sandbox's sandboxd. A sandbox deleted, expired
     /// or suspended while the call was in flight takes its sandboxd with
     /// it: the caller then hears what became of the sandbox (NOT_FOUND,
@@ -59,7 +74,7 @@ impl TenantHub {
         F: FnOnce(SandboxdClient) -> Fut,
         Fut: std::future::Future<Output = Result<T>> + 'a,
     {
-        let (_, client) = self.hub.running(&self.tenant, id, op)?;
+        let (_, client) = self.running(id, op).await?;
         match call(client).await {
             Err(e) if e.code == Code::Unavailable => {
                 // A change in progress holds this lock until it is done.
@@ -116,7 +131,7 @@ impl TenantView for TenantHub {
     }
 
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
-        self.hub.running(&self.tenant, id, op).map(|(_, c)| c)
+        self.running(id, op).await.map(|(_, c)| c)
     }
 
     async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
@@ -133,7 +148,15 @@ impl TenantView for TenantHub {
         // Per request on a kept connection: a read, and a write only when
         // the recorded activity is a second old (idle timeouts count in
         // seconds), not a write per request.
-        let last_activity = self.hub.ready_activity(&self.tenant, id, "port access")?;
+        let last_activity = match self.hub.ready_activity(&self.tenant, id, "port access") {
+            Err(e) if e.code == Code::FailedPrecondition => {
+                if !self.hub.wake(&self.tenant, id).await? {
+                    return Err(e);
+                }
+                self.hub.ready_activity(&self.tenant, id, "port access")?
+            }
+            outcome => outcome?,
+        };
         let now = now_ms();
         if now - last_activity >= 1000 {
             let _ = self.hub.store.touch(id, now);
@@ -142,14 +165,14 @@ impl TenantView for TenantHub {
     }
 
     async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
-        let (row, _) = self.hub.running(&self.tenant, id, "port access")?;
+        let (row, _) = self.running(id, "port access").await?;
         super::ports::connect(&row, port)
             .await
             .map(crate::backend::PortStream::direct)
     }
 
     async fn list_ports(&self, id: &str) -> Result<Vec<ListeningPort>> {
-        let (row, _) = self.hub.running(&self.tenant, id, "listing ports")?;
+        let (row, _) = self.running(id, "listing ports").await?;
         super::ports::listening(&row).await
     }
 
@@ -249,6 +272,12 @@ impl Sandboxes for TenantHub {
         }
         let now = now_ms();
         let shutdown_at = req.shutdown_after_seconds.map(|s| now + (s as i64) * 1000);
+        // The request's choice, else its template's.
+        let idle_action = req
+            .idle_action
+            .or(effective.idle_action)
+            .unwrap_or_default();
+        let auto_resume = req.auto_resume.unwrap_or(effective.auto_resume);
         // Extra environment means a different process tree: never warm.
         // So does a narrowed network (the warm members have the template's).
         // And so do secrets the request adds (placeholders, a gateway).
@@ -264,6 +293,8 @@ impl Sandboxes for TenantHub {
                 shutdown_at,
                 idle_timeout_seconds: req.idle_timeout_seconds,
                 now,
+                idle_action,
+                auto_resume,
             };
             if let Some(row) = hub.store.claim_warm(&claim)? {
                 hub.pools_changed.notify_one();
@@ -297,6 +328,8 @@ impl Sandboxes for TenantHub {
             runtime: (req.network.is_some() || !req.secrets.is_empty()).then(|| {
                 super::egress::Recorded::pre_launch(&effective.network, req.network, req.secrets)
             }),
+            idle_action,
+            auto_resume,
         };
         let row = hub.create_cold(row).await?;
         Ok(hub.view(&row).await)
@@ -428,28 +461,25 @@ impl Sandboxes for TenantHub {
     async fn suspend(&self, id: &str) -> Result<Sandbox> {
         let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let (mut row, _) = self.hub.running(&self.tenant, id, "suspend")?;
-        self.hub.forget_client(id);
-        self.hub.backend.stop(&row).await?;
-        row.state = SandboxState::Suspended;
-        self.hub
-            .store
-            .set_runtime(id, SandboxState::Suspended, row.runtime.as_ref())?;
+        self.hub.suspend_locked(&mut row).await?;
         self.hub
             .emit(self.hub.sandbox_event(&row, EventType::Suspended));
         Ok(to_api(&row))
     }
 
+    async fn pause(&self, id: &str) -> Result<Sandbox> {
+        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
+        let mut row = self.hub.ready_row(&self.tenant, id, "pause")?;
+        self.hub.pause_locked(&mut row).await?;
+        self.hub
+            .emit(self.hub.sandbox_event(&row, EventType::Paused));
+        Ok(self.hub.view(&row).await)
+    }
+
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         let _guard = self.hub.lock_existing(&self.tenant, id).await?;
         let mut row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        if row.state != SandboxState::Suspended {
-            return Err(Error::new(
-                Code::FailedPrecondition,
-                format!("sandbox {id} is {}, not Suspended", row.state.as_str()),
-            ));
-        }
-        self.hub.start(&mut row).await?;
-        let _ = self.hub.store.touch(id, now_ms());
+        self.hub.resume_locked(&mut row).await?;
         self.hub
             .emit(self.hub.sandbox_event(&row, EventType::Resumed));
         Ok(self.hub.view(&row).await)
@@ -593,6 +623,8 @@ impl Sandboxes for TenantHub {
             claimed: true,
             forked_from: Some(snapshot),
             runtime: None,
+            idle_action: source.idle_action,
+            auto_resume: source.auto_resume,
         };
         let row = self.hub.create_cold(row).await?;
         self.hub.emit(

@@ -470,37 +470,44 @@ pub fn kill_host_pids_with_mount(needle: &str) {
 
 /// The last resort: nothing of this hub may outlive its test.
 fn kill_leftovers(token: &str, state_dir: &Path, volume: Option<&Path>) {
+    // Cgroups are named after sandbox ids, which are the entries of the
+    // sandboxes dir (on the disk volume, or in the state dir without one).
+    let sandboxes = volume.unwrap_or(state_dir).join("sandboxes");
+    let ids: Vec<std::ffi::OsString> = std::fs::read_dir(sandboxes)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let roots: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let cgroups: Vec<PathBuf> = ids
+        .iter()
+        .flat_map(|id| {
+            std::iter::once(Path::new("/sys/fs/cgroup/sandhub").join(id))
+                .chain(roots.iter().map(move |r| r.join("sandhub").join(id)))
+        })
+        .filter(|cg| cg.is_dir())
+        .collect();
+    // A sandbox left paused: a frozen process dies of SIGKILL only once
+    // thawed (cgroup v1's freezer).
+    for cg in &cgroups {
+        let _ = std::fs::write(cg.join("freezer.state"), "THAWED");
+        let _ = std::fs::write(cg.join("cgroup.freeze"), "0");
+    }
     let leftovers = host_pids_with_mount(token);
     if !leftovers.is_empty() {
         eprintln!("cleanup: killing leftover sandbox processes {leftovers:?}");
         kill_host_pids_with_mount(token);
     }
-    // Cgroups are named after sandbox ids, which are the entries of the
-    // sandboxes dir (on the disk volume, or in the state dir without one).
-    let sandboxes = volume.unwrap_or(state_dir).join("sandboxes");
-    let Ok(ids) = std::fs::read_dir(sandboxes) else {
-        return;
-    };
-    let roots: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    for id in ids.flatten() {
-        let id = id.file_name();
-        let mut candidates = vec![Path::new("/sys/fs/cgroup/sandhub").join(&id)];
-        candidates.extend(roots.iter().map(|r| r.join("sandhub").join(&id)));
-        for cg in candidates {
-            if cg.is_dir() {
-                // Nested cgroups first (a v2 sandbox may have a leaf below).
-                if let Ok(children) = std::fs::read_dir(&cg) {
-                    for c in children.flatten() {
-                        if c.path().is_dir() {
-                            let _ = std::fs::remove_dir(c.path());
-                        }
-                    }
+    for cg in cgroups {
+        // Nested cgroups first (a v2 sandbox may have a leaf below).
+        if let Ok(children) = std::fs::read_dir(&cg) {
+            for c in children.flatten() {
+                if c.path().is_dir() {
+                    let _ = std::fs::remove_dir(c.path());
                 }
-                let _ = std::fs::remove_dir(&cg);
             }
         }
+        let _ = std::fs::remove_dir(&cg);
     }
 }
 

@@ -137,11 +137,7 @@ async fn detail(api: &Arc<dyn TenantView>, e2b: &E2b, sb: &Sandbox) -> Value {
     v["cpuCount"] = json!(cpu);
     v["memoryMB"] = json!(memory);
     v["diskSizeMB"] = json!(disk);
-    v["state"] = json!(if sb.state == SandboxState::Suspended {
-        "paused"
-    } else {
-        "running"
-    });
+    v["state"] = json!(if is_paused(sb) { "paused" } else { "running" });
     v["metadata"] = json!(sb.labels);
     let (internet, network) = describe(sb.network.as_ref());
     if let Some(i) = internet {
@@ -157,8 +153,17 @@ async fn detail(api: &Arc<dyn TenantView>, e2b: &E2b, sb: &Sandbox) -> Value {
 fn alive(sb: &Sandbox) -> bool {
     matches!(
         sb.state,
-        SandboxState::Ready | SandboxState::Pending | SandboxState::Suspended
+        SandboxState::Ready
+            | SandboxState::Pending
+            | SandboxState::Paused
+            | SandboxState::Suspended
     )
+}
+
+/// What E2B calls paused: frozen (its `pause` here) or, where the backend
+/// cannot freeze, suspended.
+fn is_paused(sb: &Sandbox) -> bool {
+    matches!(sb.state, SandboxState::Paused | SandboxState::Suspended)
 }
 
 async fn live(api: &Arc<dyn TenantView>, id: &str) -> Result<Sandbox> {
@@ -235,7 +240,7 @@ async fn connect(
     let req: TimeoutBody = serde_json::from_slice(&body).unwrap_or_default();
     let outcome = async {
         let mut sb = live(&api, &id).await?;
-        let resumed = sb.state == SandboxState::Suspended;
+        let resumed = is_paused(&sb);
         if resumed {
             sb = api.resume(&id).await?;
         }
@@ -324,16 +329,25 @@ async fn set_network(Api(api): Api, Path(id): Path<String>, body: axum::body::By
     }
 }
 
+/// E2B's pause keeps the processes: it is this hub's `pause` (frozen in
+/// place, memory kept). A backend that cannot freeze (kubernetes) suspends
+/// instead: the files stay, the processes do not.
 async fn pause(Api(api): Api, Path(id): Path<String>) -> Response {
     match live(&api, &id).await {
-        Ok(sb) if sb.state == SandboxState::Suspended => api_error(&Error::new(
+        Ok(sb) if is_paused(&sb) => api_error(&Error::new(
             Code::Conflict,
             format!("sandbox {id} is already paused"),
         )),
-        Ok(_) => match api.suspend(&id).await {
-            Ok(_) => StatusCode::NO_CONTENT.into_response(),
-            Err(e) => api_error(&e),
-        },
+        Ok(_) => {
+            let paused = match api.pause(&id).await {
+                Err(e) if e.code == Code::Unimplemented => api.suspend(&id).await,
+                outcome => outcome,
+            };
+            match paused {
+                Ok(_) => StatusCode::NO_CONTENT.into_response(),
+                Err(e) => api_error(&e),
+            }
+        }
         Err(e) => api_error(&e),
     }
 }
@@ -537,8 +551,8 @@ async fn list(
         alive(sb)
             && (states.is_empty()
                 || states.iter().any(|s| match s.as_str() {
-                    "paused" => sb.state == SandboxState::Suspended,
-                    "running" => sb.state != SandboxState::Suspended,
+                    "paused" => is_paused(sb),
+                    "running" => !is_paused(sb),
                     _ => false,
                 }))
     });

@@ -252,10 +252,18 @@ fn envd_routes(max_upload: u64) -> Router {
         .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE))
 }
 
-/// A sandbox that is gone (or paused) answers as E2B's proxy does.
+/// A sandbox that is gone (or paused) answers as E2B's proxy does; one
+/// paused or suspended with `auto_resume` goes on (the call resumes it).
 async fn gone(envd: &Envd) -> Option<Response> {
+    use sandhub_api::hub::SandboxState;
     match envd.api.get(&envd.id).await {
-        Ok(sb) if sb.state == sandhub_api::hub::SandboxState::Ready => None,
+        Ok(sb) if sb.state == SandboxState::Ready => None,
+        Ok(sb)
+            if sb.auto_resume
+                && matches!(sb.state, SandboxState::Paused | SandboxState::Suspended) =>
+        {
+            None
+        }
         _ => Some(not_running(&envd.id)),
     }
 }
@@ -264,9 +272,14 @@ async fn gone(envd: &Envd) -> Option<Response> {
 /// paused) answers as E2B's proxy does, 502 "... was not found", which
 /// the SDK reads as "not running".
 async fn health(Extension(envd): Extension<Envd>) -> Response {
-    gone(&envd)
-        .await
-        .unwrap_or_else(|| StatusCode::NO_CONTENT.into_response())
+    // Asking is not using it: a paused sandbox with `auto_resume` is not
+    // running, and stays paused.
+    match envd.api.get(&envd.id).await {
+        Ok(sb) if sb.state == sandhub_api::hub::SandboxState::Ready => {
+            StatusCode::NO_CONTENT.into_response()
+        }
+        _ => not_running(&envd.id),
+    }
 }
 
 async fn download(Extension(envd): Extension<Envd>, Query(q): Query<files::FileQuery>) -> Response {

@@ -23,6 +23,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_sandbox, list_sandboxes))
         .routes(routes!(get_sandbox, delete_sandbox))
         .routes(routes!(suspend))
+        .routes(routes!(pause))
         .routes(routes!(resume))
         .routes(routes!(take_snapshot, list_snapshots))
         .routes(routes!(delete_snapshot))
@@ -180,7 +181,18 @@ async fn suspend(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJs
     Ok(ApiJson(api.suspend(&id).await?))
 }
 
-/// Start a suspended sandbox again on the same files.
+/// Freeze every process in place: memory, open files and sockets stay,
+/// no CPU is used (state `Paused`); `resume` thaws it in milliseconds.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "lifecycle",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready, or this host cannot freeze (no cgroup freezer)"),
+        (status = 501, body = ErrorBody, description = "The backend has no pause (kubernetes)")))]
+async fn pause(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<ApiJson<Sandbox>> {
+    Ok(ApiJson(api.pause(&id).await?))
+}
+
+/// Start a suspended sandbox again on the same files, or thaw a paused one.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "lifecycle",
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = Sandbox), (status = 403, body = ErrorBody, description = "The template asks for what the operator does not allow (network: host)"),

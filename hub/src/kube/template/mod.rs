@@ -146,6 +146,20 @@ pub fn refuse_local_only(t: &Template) -> Result<(), Error> {
             "the hub has no host directory to seed a Pod's /workspace from",
         );
     }
+    if t.auto_resume {
+        return no(
+            "auto_resume",
+            "a Pod cannot be paused, and a suspended claim is resumed with `resume`",
+        );
+    }
+    if t.idle_action
+        .is_some_and(|a| a != sandhub_api::hub::IdleAction::Delete)
+    {
+        return no(
+            "idle_action",
+            "idle timeouts are not available here; use shutdown_after_seconds",
+        );
+    }
     if t.pids.is_some() {
         return no(
             "pids",

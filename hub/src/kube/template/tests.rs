@@ -242,6 +242,14 @@ fn local_only_fields_are_refused() {
             network: Network::Host.into(),
             ..Template::default()
         },
+        Template {
+            auto_resume: true,
+            ..Template::default()
+        },
+        Template {
+            idle_action: Some(sandhub_api::hub::IdleAction::Pause),
+            ..Template::default()
+        },
     ] {
         let e = tenant_template(
             "a",

@@ -83,6 +83,20 @@ impl Sandboxes for KubeTenant {
                 "idle_timeout_seconds is not available on the kubernetes backend; use shutdown_after_seconds",
             ));
         }
+        if req
+            .idle_action
+            .is_some_and(|a| a != sandhub_api::hub::IdleAction::Delete)
+        {
+            return Err(Error::invalid(
+                "idle_action is not available on the kubernetes backend (it has no idle timeouts)",
+            ));
+        }
+        if req.auto_resume == Some(true) {
+            return Err(Error::invalid(
+                "auto_resume is not available on the kubernetes backend: a Pod cannot be paused, \
+                 and a suspended claim is resumed with `resume`",
+            ));
+        }
         let pool_name = req
             .pool
             .clone()
@@ -296,6 +310,20 @@ impl Sandboxes for KubeTenant {
             _ => claim,
         };
         Ok(self.view(&claim).await)
+    }
+
+    /// The node runtime could freeze a Pod's cgroup, but nothing in the
+    /// Sandbox API asks it to (agent-sandbox has no pause): `suspend`
+    /// (which scales the Pod away, files kept) is what this backend has.
+    async fn pause(&self, id: &str) -> Result<Sandbox> {
+        Err(Error::new(
+            Code::Unimplemented,
+            format!(
+                "pause of {id} is not available on the kubernetes backend: the node runtime \
+                 cannot be asked to freeze a Pod through the Sandbox API (agent-sandbox has \
+                 no pause); suspend keeps the files but stops the processes"
+            ),
+        ))
     }
 
     async fn resume(&self, id: &str) -> Result<Sandbox> {

@@ -48,6 +48,8 @@ pub(crate) enum Backend {
         /// hierarchy of its own; None where it is co-mounted with `cpu`
         /// (or absent).
         cpuacct: Option<PathBuf>,
+        /// `freezer` (pause) where it is mounted; None: no pause.
+        freezer: Option<PathBuf>,
     },
 }
 
@@ -254,6 +256,13 @@ fn detect_v1(mounts: &[Mount], create: bool) -> Result<Backend, String> {
         (Some(d), true) => mkdir_ok(d).is_ok().then(|| d.clone()),
         _ => cpuacct,
     };
+    // The freezer too (best effort: only pause needs it), co-mounted with
+    // another controller or not (`dirs` lists a directory once).
+    let freezer = find("freezer");
+    let freezer = match (&freezer, create) {
+        (Some(d), true) => mkdir_ok(d).is_ok().then(|| d.clone()),
+        _ => freezer,
+    };
     if create {
         for dir in [&memory, &pids, &cpu] {
             mkdir_ok(dir).map_err(|e| {
@@ -269,6 +278,7 @@ fn detect_v1(mounts: &[Mount], create: bool) -> Result<Backend, String> {
         pids,
         cpu,
         cpuacct,
+        freezer,
     })
 }
 
@@ -306,11 +316,13 @@ impl Backend {
                 pids,
                 cpu,
                 cpuacct,
+                freezer,
             } => SandboxCgroup::V1 {
                 memory: memory.join(id),
                 pids: pids.join(id),
                 cpu: cpu.join(id),
                 cpuacct: cpuacct.as_ref().map(|d| d.join(id)),
+                freezer: freezer.as_ref().map(|d| d.join(id)),
             },
         }
     }
@@ -361,7 +373,17 @@ pub(crate) enum SandboxCgroup {
         pids: PathBuf,
         cpu: PathBuf,
         cpuacct: Option<PathBuf>,
+        freezer: Option<PathBuf>,
     },
+}
+
+/// Whether a sandbox's cgroup is frozen (`pause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Freeze {
+    Thawed,
+    /// Asked to freeze, not every task is frozen yet.
+    Freezing,
+    Frozen,
 }
 
 impl SandboxCgroup {
@@ -374,11 +396,18 @@ impl SandboxCgroup {
                 pids,
                 cpu,
                 cpuacct,
+                freezer,
             } => {
-                let mut dirs: Vec<PathBuf> = Vec::with_capacity(4);
-                for d in [Some(memory), Some(pids), Some(cpu), cpuacct.as_ref()]
-                    .into_iter()
-                    .flatten()
+                let mut dirs: Vec<PathBuf> = Vec::with_capacity(5);
+                for d in [
+                    Some(memory),
+                    Some(pids),
+                    Some(cpu),
+                    cpuacct.as_ref(),
+                    freezer.as_ref(),
+                ]
+                .into_iter()
+                .flatten()
                 {
                     if !dirs.contains(d) {
                         dirs.push(d.clone());
@@ -487,6 +516,119 @@ impl SandboxCgroup {
         Ok(all)
     }
 
+    /// The freezer's directory and whether it is v2's (`cgroup.freeze`);
+    /// None: this host cannot freeze (a v1 host without `freezer`).
+    fn freezer(&self) -> Option<(&Path, bool)> {
+        match self {
+            SandboxCgroup::V2(dir) => Some((dir, true)),
+            SandboxCgroup::V1 { freezer, .. } => freezer.as_deref().map(|d| (d, false)),
+        }
+    }
+
+    /// Whether this cgroup can be frozen at all.
+    pub fn can_freeze(&self) -> bool {
+        self.freezer().is_some()
+    }
+
+    /// The freezer's state now (Thawed where there is none).
+    pub fn freeze_state(&self) -> io::Result<Freeze> {
+        Ok(match self.freezer() {
+            None => Freeze::Thawed,
+            Some((dir, true)) => {
+                let asked = std::fs::read_to_string(dir.join("cgroup.freeze"))?;
+                let events = std::fs::read_to_string(dir.join("cgroup.events"))?;
+                match (asked.trim() == "1", counter(&events, "frozen") == Some(1)) {
+                    (true, true) => Freeze::Frozen,
+                    (true, false) => Freeze::Freezing,
+                    // Thawing (or thawed): it runs, or is about to.
+                    (false, _) => Freeze::Thawed,
+                }
+            }
+            Some((dir, false)) => {
+                match std::fs::read_to_string(dir.join("freezer.state"))?.trim() {
+                    "FROZEN" => Freeze::Frozen,
+                    "FREEZING" => Freeze::Freezing,
+                    _ => Freeze::Thawed,
+                }
+            }
+        })
+    }
+
+    /// Freezes every process of the cgroup (they keep their memory, open
+    /// files and sockets, and get no CPU) and waits until the kernel says
+    /// all are frozen, at most `timeout`; false when they were not (the
+    /// cgroup is then left thawed). Unsupported without a freezer.
+    pub fn freeze(&self, timeout: Duration) -> io::Result<bool> {
+        let Some((dir, v2)) = self.freezer() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this host's cgroup v1 has no freezer controller mounted",
+            ));
+        };
+        if !v2 {
+            // A process the v1 freezer cgroup missed (a sandbox started by
+            // a hub before it knew of the freezer) joins it now.
+            self.gather_into(dir)?;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if v2 {
+                write(&dir.join("cgroup.freeze"), "1")?;
+            } else {
+                // v1 re-walks the tasks on every write of FROZEN.
+                write(&dir.join("freezer.state"), "FROZEN")?;
+            }
+            if self.freeze_state()? == Freeze::Frozen {
+                if !v2 && self.gather_into(dir)? {
+                    // One forked while freezing: freeze again.
+                    continue;
+                }
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.thaw();
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// v1: moves every process of the sandbox that is not in the freezer
+    /// cgroup `dir` into it; whether there was one.
+    fn gather_into(&self, dir: &Path) -> io::Result<bool> {
+        let SandboxCgroup::V1 { memory, .. } = self else {
+            return Ok(false);
+        };
+        mkdir_ok(dir)?;
+        let inside = procs_in(dir)?;
+        let mut moved = false;
+        for pid in procs_in(memory)? {
+            if !inside.contains(&pid) {
+                // One that exited meanwhile is no error.
+                if write(&dir.join("cgroup.procs"), &pid.to_string()).is_ok() {
+                    moved = true;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Thaws the cgroup: its processes run on where they stopped.
+    /// Nothing to do where it was not frozen (or cannot be).
+    pub fn thaw(&self) -> io::Result<()> {
+        let Some((dir, v2)) = self.freezer() else {
+            return Ok(());
+        };
+        if !dir.exists() {
+            return Ok(());
+        }
+        if v2 {
+            write(&dir.join("cgroup.freeze"), "0")
+        } else {
+            write(&dir.join("freezer.state"), "THAWED")
+        }
+    }
+
     /// SIGKILLs every process in the cgroup until it is empty, then removes
     /// it. Safe against pid reuse: each pid is pinned with a pidfd and only
     /// signalled if it is still listed in the cgroup after pinning.
@@ -515,6 +657,12 @@ impl SandboxCgroup {
                 if still.contains(pid) {
                     let _ = pidfd_send_signal(fd, Signal::KILL);
                 }
+            }
+            // A paused sandbox: v1 keeps killed tasks frozen until thawed
+            // (v2 lets a fatal signal through). Thawed after the signals,
+            // they die before running another instruction of their own.
+            if !listed.is_empty() {
+                let _ = self.thaw();
             }
             if Instant::now() >= deadline {
                 return Ok(false);
@@ -611,6 +759,97 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_freezer_of_either_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = SandboxCgroup::V2(dir.path().to_path_buf());
+        let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        put("cgroup.freeze", "0\n");
+        put("cgroup.events", "populated 1\nfrozen 0\n");
+        assert_eq!(v2.freeze_state().unwrap(), Freeze::Thawed);
+        put("cgroup.freeze", "1\n");
+        assert_eq!(v2.freeze_state().unwrap(), Freeze::Freezing);
+        put("cgroup.events", "populated 1\nfrozen 1\n");
+        assert_eq!(v2.freeze_state().unwrap(), Freeze::Frozen);
+        assert!(v2.can_freeze());
+
+        let v1 = |freezer: Option<PathBuf>| SandboxCgroup::V1 {
+            memory: dir.path().join("m"),
+            pids: dir.path().join("p"),
+            cpu: dir.path().join("c"),
+            cpuacct: None,
+            freezer,
+        };
+        let none = v1(None);
+        assert!(!none.can_freeze());
+        assert_eq!(none.freeze_state().unwrap(), Freeze::Thawed);
+        assert_eq!(
+            none.freeze(Duration::from_millis(1)).unwrap_err().kind(),
+            io::ErrorKind::Unsupported
+        );
+        none.thaw().unwrap();
+        let with = v1(Some(dir.path().to_path_buf()));
+        for (text, state) in [
+            ("THAWED\n", Freeze::Thawed),
+            ("FREEZING\n", Freeze::Freezing),
+            ("FROZEN\n", Freeze::Frozen),
+        ] {
+            put("freezer.state", text);
+            assert_eq!(with.freeze_state().unwrap(), state, "{text}");
+        }
+        assert_eq!(with.dirs().len(), 4, "the freezer is one of its dirs");
+    }
+
+    /// A real process in a real cgroup v2 (root, and a `cgroup2` mount
+    /// with `cgroup.freeze`, which needs no controller; skipped elsewhere):
+    /// frozen, thawed, frozen again and killed frozen.
+    #[test]
+    fn v2_freezes_thaws_and_kills_a_frozen_process() {
+        let Some(mount) = mounts()
+            .ok()
+            .and_then(|m| m.into_iter().find(|m| m.fstype == "cgroup2"))
+        else {
+            eprintln!("skipped: no cgroup2 mount");
+            return;
+        };
+        let dir = mount
+            .point
+            .join(format!("sandhub-freeze-test-{}", std::process::id()));
+        if std::fs::create_dir(&dir).is_err() || !dir.join("cgroup.freeze").exists() {
+            let _ = std::fs::remove_dir(&dir);
+            eprintln!(
+                "skipped: cannot make a freezable cgroup under {}",
+                mount.point.display()
+            );
+            return;
+        }
+        let cg = SandboxCgroup::V2(dir.clone());
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        let stat =
+            |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if cg.add(child.id() as i32).is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir(&dir);
+            eprintln!("skipped: cannot move a process into {}", dir.display());
+            return;
+        }
+        assert!(cg.freeze(Duration::from_secs(5)).unwrap());
+        assert_eq!(cg.freeze_state().unwrap(), Freeze::Frozen);
+        cg.thaw().unwrap();
+        assert_eq!(cg.freeze_state().unwrap(), Freeze::Thawed);
+        assert!(cg.freeze(Duration::from_secs(5)).unwrap());
+        assert!(!stat(child.id()).is_empty());
+        // Killed while frozen: it dies, and the cgroup goes.
+        assert!(cg.kill_and_remove(Duration::from_secs(5)).unwrap());
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(!dir.exists());
+    }
+
+    #[test]
     fn unescapes_mountinfo_paths() {
         assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
         assert_eq!(unescape_mountinfo("/plain"), "/plain");
@@ -624,6 +863,7 @@ mod tests {
             pids: "/sys/fs/cgroup/pids/sandhub".into(),
             cpu: "/sys/fs/cgroup/cpu,cpuacct/sandhub".into(),
             cpuacct: None,
+            freezer: None,
         };
         let cg = b.sandbox("s1");
         assert_eq!(cg.dirs().len(), 3);
@@ -640,7 +880,12 @@ mod tests {
             pids: "/cg/all/sandhub".into(),
             cpu: "/cg/cpu/sandhub".into(),
             cpuacct: Some("/cg/cpuacct/sandhub".into()),
+            freezer: Some("/cg/freezer/sandhub".into()),
         };
-        assert_eq!(co.sandbox("s1").dirs().len(), 3, "cpuacct of its own");
+        assert_eq!(
+            co.sandbox("s1").dirs().len(),
+            4,
+            "cpuacct and freezer of their own"
+        );
     }
 }

@@ -116,6 +116,7 @@ impl CgroupTree {
                 pids,
                 cpu,
                 cpuacct,
+                ..
             } => CgroupStats::V1(V1Files {
                 memory: dir(&memory)?,
                 pids: Some(dir(&pids)?),

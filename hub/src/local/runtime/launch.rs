@@ -43,6 +43,9 @@ pub const EGRESS_RESOLV_CONF: &str =
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long processes may take to die after SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a pause waits for every process to be frozen (a process in an
+/// uninterruptible sleep, e.g. on a slow disk, is frozen when it wakes).
+pub(crate) const FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What to run. `state_dir` is the sandbox's own directory (created by
 /// [`Runtime::launch`]; kept by [`Runtime::stop`], deleted by
@@ -573,6 +576,64 @@ impl Runtime {
             .as_ref()
             .map(|b| b.sandbox(id).dirs())
             .unwrap_or_default()
+    }
+
+    /// Freezes every process of sandbox `id` (pause): they keep their
+    /// memory, files and sockets and get no CPU. Returns once the kernel
+    /// says all are frozen, at most [`FREEZE_TIMEOUT`] (then it is thawed
+    /// again and this fails).
+    pub fn freeze(&self, id: &str) -> Result<(), RuntimeError> {
+        validate_id(id)?;
+        let cg = self.freezable(id)?;
+        let frozen = cg
+            .freeze(FREEZE_TIMEOUT)
+            .ctx(|| format!("freezing sandbox {id}"))?;
+        if !frozen {
+            return Err(RuntimeError::io(
+                format!("freezing sandbox {id}"),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("its processes were not all frozen within {FREEZE_TIMEOUT:?}"),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Thaws sandbox `id`: its processes run on where they stopped.
+    pub fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
+        validate_id(id)?;
+        match &self.cgroups {
+            Some(b) => b.sandbox(id).thaw().ctx(|| format!("thawing sandbox {id}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether sandbox `id`'s cgroup is frozen, or being frozen.
+    pub fn is_frozen(&self, id: &str) -> bool {
+        validate_id(id).is_ok()
+            && self.cgroups.as_ref().is_some_and(|b| {
+                b.sandbox(id)
+                    .freeze_state()
+                    .is_ok_and(|s| s != super::cgroup::Freeze::Thawed)
+            })
+    }
+
+    fn freezable(&self, id: &str) -> Result<SandboxCgroup, RuntimeError> {
+        let missing = |detail: &str| RuntimeError::MissingFeature {
+            feature: "pause (the cgroup freezer)",
+            detail: detail.to_string(),
+        };
+        let Some(b) = &self.cgroups else {
+            return Err(missing("the hub runs without cgroups"));
+        };
+        let cg = b.sandbox(id);
+        if !cg.can_freeze() {
+            return Err(missing(
+                "this host's cgroup v1 has no freezer controller mounted",
+            ));
+        }
+        Ok(cg)
     }
 
     /// Kills every process of the sandbox and removes its cgroup; its

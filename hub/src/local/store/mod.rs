@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, path::Path, sync::Mutex};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use sandhub_api::{
     error::Code,
-    hub::{Launch, SandboxState},
+    hub::{IdleAction, Launch, SandboxState},
 };
 use sandhub_client::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -41,6 +41,10 @@ pub struct SandboxRow {
     pub forked_from: Option<String>,
     /// Backend-specific handle (pids, socket dir, pod name), as JSON.
     pub runtime: Option<serde_json::Value>,
+    /// What its idle timeout does.
+    pub idle_action: IdleAction,
+    /// Whether a call that needs it running resumes it first.
+    pub auto_resume: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +112,12 @@ CREATE TABLE IF NOT EXISTS snapshots (
 
 /// Columns added after a table's first release: added to an older
 /// database when it opens.
-const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("snapshots", "size_bytes", "INTEGER")];
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("snapshots", "size_bytes", "INTEGER"),
+    // NULL: `delete`, and no auto-resume (rows from before they existed).
+    ("sandboxes", "idle_action", "TEXT"),
+    ("sandboxes", "auto_resume", "INTEGER"),
+];
 
 fn add_missing_columns(conn: &Connection) -> rusqlite::Result<()> {
     for (table, column, ty) in ADDED_COLUMNS {
@@ -126,7 +135,8 @@ fn add_missing_columns(conn: &Connection) -> rusqlite::Result<()> {
 const SNAPSHOT_COLUMNS: &str = "id, tenant, sandbox_id, created_at, size_bytes";
 
 const SANDBOX_COLUMNS: &str = "id, tenant, template, state, labels, env, launch, created_at, \
-    shutdown_at, idle_timeout_seconds, last_activity, pool, claimed, forked_from, runtime";
+    shutdown_at, idle_timeout_seconds, last_activity, pool, claimed, forked_from, runtime, \
+    idle_action, auto_resume";
 
 fn db_err(e: rusqlite::Error) -> Error {
     Error::internal(format!("state store: {e}"))
@@ -169,6 +179,11 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         claimed: r.get::<_, i64>(12)? != 0,
         forked_from: r.get(13)?,
         runtime: runtime.and_then(|s| serde_json::from_str(&s).ok()),
+        idle_action: r
+            .get::<_, Option<String>>(15)?
+            .and_then(|s| IdleAction::parse(&s))
+            .unwrap_or_default(),
+        auto_resume: r.get::<_, Option<i64>>(16)?.unwrap_or(0) != 0,
     })
 }
 
@@ -234,7 +249,8 @@ impl Store {
             c.execute(
                 &format!(
                     "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+                     ?16, ?17)"
                 ),
                 params![
                     s.id,
@@ -252,6 +268,8 @@ impl Store {
                     s.claimed as i64,
                     s.forked_from,
                     s.runtime.as_ref().map(json),
+                    s.idle_action.as_str(),
+                    s.auto_resume as i64,
                 ],
             )
             .map(|_| ())
@@ -393,7 +411,8 @@ impl Store {
             c.query_row(
                 &format!(
                     "UPDATE sandboxes SET claimed = 1, labels = ?3, shutdown_at = ?4, \
-                     idle_timeout_seconds = ?5, last_activity = ?6, created_at = ?6 \
+                     idle_timeout_seconds = ?5, last_activity = ?6, created_at = ?6, \
+                     idle_action = ?7, auto_resume = ?8 \
                      WHERE id = (SELECT id FROM sandboxes WHERE tenant = ?1 AND pool = ?2 \
                                  AND claimed = 0 AND state = 'Ready' \
                                  ORDER BY created_at, id LIMIT 1) \
@@ -406,6 +425,8 @@ impl Store {
                     claim.shutdown_at,
                     claim.idle_timeout_seconds.map(|v| v as i64),
                     claim.now,
+                    claim.idle_action.as_str(),
+                    claim.auto_resume as i64,
                 ],
                 sandbox_from_row,
             )
@@ -441,6 +462,8 @@ impl SandboxRow {
             pool: None,
             claimed: true,
             forked_from: None,
+            idle_action: sandhub_api::hub::IdleAction::Delete,
+            auto_resume: false,
             runtime,
         }
     }
@@ -454,6 +477,8 @@ pub struct Claim<'a> {
     pub shutdown_at: Option<i64>,
     pub idle_timeout_seconds: Option<u64>,
     pub now: i64,
+    pub idle_action: IdleAction,
+    pub auto_resume: bool,
 }
 
 /// Maps "nothing there" to the NOT_FOUND every API answers with.
@@ -488,6 +513,8 @@ mod tests {
             claimed,
             forked_from: None,
             runtime: Some(serde_json::json!({"pid": 1})),
+            idle_action: IdleAction::Delete,
+            auto_resume: false,
         }
     }
 
@@ -518,12 +545,24 @@ mod tests {
             shutdown_at: Some(99),
             idle_timeout_seconds: Some(5),
             now: 10,
+            idle_action: IdleAction::Pause,
+            auto_resume: true,
         };
         let got = s.claim_warm(&claim).unwrap().unwrap();
         assert_eq!(got.id, "w1");
         assert!(got.claimed);
         assert_eq!(got.labels, labels);
         assert_eq!(got.shutdown_at, Some(99));
+        assert_eq!(
+            (got.idle_action, got.auto_resume),
+            (IdleAction::Pause, true)
+        );
+        assert_eq!(
+            s.get_any("w1")
+                .unwrap()
+                .map(|r| (r.idle_action, r.auto_resume)),
+            Some((IdleAction::Pause, true))
+        );
         assert!(s.claim_warm(&claim).unwrap().is_none());
         assert!(s.pool_members("t", "p").unwrap().is_empty());
     }

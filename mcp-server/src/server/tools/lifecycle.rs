@@ -17,7 +17,7 @@ const LIFECYCLE_TIMEOUT: f64 = 600.0;
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ResetSandboxResult {
     pub sandbox_claim_name: String,
-    /// Pending, Ready, Suspended, Finished or Expired.
+    /// Pending, Ready, Paused, Suspended, Finished or Expired.
     pub state: String,
 }
 

@@ -97,7 +97,7 @@ fn network_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 pub struct CreateSandboxResult {
     /// The sandbox's id: pass it as sandbox_claim_name to every other tool.
     pub sandbox_claim_name: String,
-    /// Pending, Ready, Suspended, Finished or Expired.
+    /// Pending, Ready, Paused, Suspended, Finished or Expired.
     pub state: String,
 }
 
@@ -130,7 +130,7 @@ pub struct SandboxStatus {
     pub sandbox_claim_name: String,
     /// True when commands and file operations can run.
     pub ready: bool,
-    /// Pending, Ready, Suspended, Finished or Expired.
+    /// Pending, Ready, Paused, Suspended, Finished or Expired.
     pub state: String,
     /// The template the sandbox was made from.
     pub template: String,

@@ -1,1 +1,0 @@
-import{t as e}from"./Chart-BXGwUPHb.js";import{r as t}from"./index-BFxTrGgR.js";function n(n){return t(e,{title:`Ready`,unit:`members`,x:n.t,y:n.ready,limit:n.replicas})}export{n as default};

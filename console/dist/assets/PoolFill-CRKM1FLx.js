@@ -1,0 +1,1 @@
+import{t as e}from"./Chart-Bb524oYM.js";import{r as t}from"./index-B3UuhDhw.js";function n(n){return t(e,{title:`Ready`,unit:`members`,x:n.t,y:n.ready,limit:n.replicas})}export{n as default};

@@ -1,0 +1,1 @@
+import{t as e}from"./Chart-Bb524oYM.js";import{r as t}from"./index-B3UuhDhw.js";function n(n){return t(e,{title:`Return`,unit:`per episode`,x:n.episodes.map(e=>e.episode),y:n.episodes.map(e=>e.return),time:!1})}export{n as default};

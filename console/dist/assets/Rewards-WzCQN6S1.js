@@ -1,1 +1,0 @@
-import{t as e}from"./Chart-BXGwUPHb.js";import{r as t}from"./index-BFxTrGgR.js";function n(n){return t(e,{title:`Return`,unit:`per episode`,x:n.episodes.map(e=>e.episode),y:n.episodes.map(e=>e.return),time:!1})}export{n as default};
