@@ -121,22 +121,56 @@ async fn idle_consumers(args: &Args, hub: &mut Hub, report: &mut Report) -> anyh
     Ok(())
 }
 
-/// `n` consumers draining the stream until dropped.
-fn live_consumers(hub: &Hub, n: usize) -> JoinSet<()> {
-    let mut set = JoinSet::new();
-    for _ in 0..n {
-        let url = format!("{}/v1/events", hub.url);
-        // The hub's client times calls out; a stream lasts the round.
-        let http = reqwest::Client::new();
-        set.spawn(async move {
-            let Ok(r) = http.get(url).send().await else {
-                return;
-            };
-            let mut body = r.bytes_stream();
-            while let Some(Ok(_)) = body.next().await {}
-        });
+/// `n` consumers draining the stream until dropped, on a thread and
+/// runtime of their own: a consumer is another program, and sharing the
+/// timing client's one thread would charge their reads to the creates
+/// being timed (each event reaches them about when its create answers).
+struct LiveConsumers {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for LiveConsumers {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
-    set
+}
+
+fn live_consumers(hub: &Hub, n: usize) -> LiveConsumers {
+    let url = format!("{}/v1/events", hub.url);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            let mut set = JoinSet::new();
+            for _ in 0..n {
+                let url = url.clone();
+                // The hub's client times calls out; a stream lasts the round.
+                let http = reqwest::Client::new();
+                set.spawn(async move {
+                    let Ok(r) = http.get(url).send().await else {
+                        return;
+                    };
+                    let mut body = r.bytes_stream();
+                    while let Some(Ok(_)) = body.next().await {}
+                });
+            }
+            let _ = stopped.await;
+            set.abort_all();
+        });
+    });
+    LiveConsumers {
+        stop: Some(stop),
+        thread: Some(thread),
+    }
 }
 
 async fn create_under_stream(
