@@ -87,7 +87,7 @@ enforceNodeAllocatable: []
 evictionHard: {}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-localStorageCapacityIsolation: true
+localStorageCapacityIsolation: false
 podLogsDir: $dir/kubelet/pod-logs
 tlsCertFile: $dir/pki/apiserver.crt
 tlsPrivateKeyFile: $dir/pki/apiserver.key

@@ -151,8 +151,11 @@ pub fn compute(old: &SandboxStatus, o: &Observed) -> SandboxStatus {
     }
 
     // Finished: from the owned Pod's terminal phase, never while suspended (a Pod being
-    // deleted for suspend turns Failed/Succeeded before it goes; v1.0.9 #2079).
+    // deleted for suspend turns Failed/Succeeded before it goes; v1.0.9 #2079), nor from a
+    // Pod already being deleted: a resume right after a suspend finds the old Pod still on
+    // its way out, and that is no death of the sandbox (its new Pod comes once it is gone).
     let terminal = owned
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .map(phase)
         .filter(|p| *p == "Succeeded" || *p == "Failed");
     if !o.suspended {
@@ -472,6 +475,16 @@ mod tests {
         );
         assert_eq!(ready(&st2).2, "Sandbox is suspended");
         assert!(cond::find(&st2.conditions, types::POD_SCHEDULED).is_none());
+
+        // Resumed while the old Pod, terminal, is still being deleted: not Finished.
+        let mut going = pod("Succeeded", false, None);
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        let resuming = compute(&st2, &observed(PodView::Owned(&going)));
+        assert!(cond::find(&resuming.conditions, types::FINISHED).is_none());
+        assert_eq!(ready(&resuming).1, r::DEPENDENCIES_NOT_READY);
 
         // Resume: Suspended stays, as NotSuspended.
         let st3 = compute(&st2, &observed(PodView::None));

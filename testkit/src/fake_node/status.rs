@@ -20,6 +20,11 @@ pub enum FailMode {
     ImagePullBackOff,
     /// Failed; every container terminated with reason `OOMKilled`, exit code 137.
     OomKilled,
+    /// Failed with the kubelet's `Evicted` for local storage: the Pod's containers past
+    /// their `ephemeral-storage` limits, in the kubelet's words, with its `DisruptionTarget`
+    /// condition. (A kubelet needs container filesystem stats to do this itself; the test
+    /// cluster's real node has none, see `dev/k8s/real-node.sh`.)
+    Evicted,
     /// Never bound: produced by the real scheduler when the Pod also carries a nodeSelector
     /// that matches no node (PodScheduled=False, reason Unschedulable). If such a Pod is bound
     /// to the fake node anyway, the fake node leaves it Pending.
@@ -33,9 +38,10 @@ impl FromStr for FailMode {
         match s {
             "ImagePullBackOff" => Ok(FailMode::ImagePullBackOff),
             "OOMKilled" => Ok(FailMode::OomKilled),
+            "Evicted" => Ok(FailMode::Evicted),
             "Unschedulable" => Ok(FailMode::Unschedulable),
             other => Err(format!(
-                "unknown {FAIL_ANNOTATION} value {other:?} (ImagePullBackOff, OOMKilled, Unschedulable)"
+                "unknown {FAIL_ANNOTATION} value {other:?} (ImagePullBackOff, OOMKilled, Evicted, Unschedulable)"
             )),
         }
     }
@@ -111,7 +117,7 @@ fn is_done(pod: &Pod, wanted: Want) -> bool {
                         == Some("ImagePullBackOff")
                 })
         }
-        Want::Fail(FailMode::OomKilled) => phase == "Failed",
+        Want::Fail(FailMode::OomKilled | FailMode::Evicted) => phase == "Failed",
         Want::Fail(FailMode::Unschedulable) | Want::Delete | Want::Nothing => true,
     }
 }
@@ -134,6 +140,7 @@ pub fn status_patch(pod: &Pod, wanted: Want, ip: Ipv4Addr) -> Value {
             ("Pending", Some("ContainersNotReady"), image_pull_back_off)
         }
         Want::Fail(FailMode::OomKilled) => ("Failed", Some("PodFailed"), oom_killed),
+        Want::Fail(FailMode::Evicted) => ("Failed", Some("PodFailed"), killed),
         _ => ("Running", None, running),
     };
     let ready = ready_reason.is_none();
@@ -146,7 +153,7 @@ pub fn status_patch(pod: &Pod, wanted: Want, ip: Ipv4Addr) -> Value {
             s["image"] = json!(c.image.clone().unwrap_or_default());
             s["imageID"] = json!("");
             s["restartCount"] = json!(0);
-            if ready || wanted == Want::Fail(FailMode::OomKilled) {
+            if ready || matches!(wanted, Want::Fail(FailMode::OomKilled | FailMode::Evicted)) {
                 s["containerID"] = json!(format!("fake://{uid}/{}", c.name));
             }
             s
@@ -173,16 +180,17 @@ pub fn status_patch(pod: &Pod, wanted: Want, ip: Ipv4Addr) -> Value {
             s
         })
         .collect();
-    json!({
+    let mut conditions = vec![
+        cond("PodReadyToStartContainers", true, None),
+        cond("Initialized", true, None),
+        cond("Ready", ready, ready_reason),
+        cond("ContainersReady", ready, ready_reason),
+        cond("PodScheduled", true, None),
+    ];
+    let mut patch = json!({
         "status": {
             "phase": phase,
-            "conditions": [
-                cond("PodReadyToStartContainers", true, None),
-                cond("Initialized", true, None),
-                cond("Ready", ready, ready_reason),
-                cond("ContainersReady", ready, ready_reason),
-                cond("PodScheduled", true, None),
-            ],
+            "conditions": [],
             "hostIP": "127.0.0.1",
             "hostIPs": [{"ip": "127.0.0.1"}],
             "podIP": ip.to_string(),
@@ -191,7 +199,48 @@ pub fn status_patch(pod: &Pod, wanted: Want, ip: Ipv4Addr) -> Value {
             "containerStatuses": containers,
             "initContainerStatuses": init_containers,
         }
-    })
+    });
+    if wanted == Want::Fail(FailMode::Evicted) {
+        patch["status"]["reason"] = json!("Evicted");
+        patch["status"]["message"] = json!(format!(
+            "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
+            ephemeral_limit(&spec)
+        ));
+        conditions.push(cond("DisruptionTarget", true, Some("TerminationByKubelet")));
+    }
+    patch["status"]["conditions"] = json!(conditions);
+    patch
+}
+
+/// The sum of the containers' `ephemeral-storage` limits, as the kubelet prints it
+/// (`Mi` when every limit is in `Mi`, else the quantities joined with `+`).
+fn ephemeral_limit(spec: &k8s_openapi::api::core::v1::PodSpec) -> String {
+    let limits: Vec<String> = spec
+        .containers
+        .iter()
+        .filter_map(|c| {
+            c.resources
+                .as_ref()?
+                .limits
+                .as_ref()?
+                .get("ephemeral-storage")
+                .map(|q| q.0.clone())
+        })
+        .collect();
+    let mib: Option<u64> = limits
+        .iter()
+        .map(|l| l.strip_suffix("Mi").and_then(|n| n.parse::<u64>().ok()))
+        .sum();
+    match mib {
+        Some(total) => format!("{total}Mi"),
+        None => limits.join("+"),
+    }
+}
+
+/// A container the kubelet killed (exit code 137, as SIGKILL leaves it).
+fn killed(_: &Container, now: &str) -> Value {
+    json!({"ready": false, "started": false, "state": {"terminated": {
+        "exitCode": 137, "reason": "Error", "startedAt": now, "finishedAt": now}}})
 }
 
 /// A container's status (without name and image) at time `now`.
@@ -285,6 +334,40 @@ mod tests {
             .unwrap()[0];
         let t = cs.state.as_ref().unwrap().terminated.as_ref().unwrap();
         assert_eq!((t.exit_code, t.reason.as_deref()), (137, Some("OOMKilled")));
+        assert_eq!(want(&p), Want::Nothing, "Failed is terminal");
+
+        // A running Pod asked to be evicted afterwards, in the kubelet's words.
+        let mut p = pod(None);
+        apply(&mut p, "10.244.0.5");
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(FAIL_ANNOTATION.into(), "Evicted".into());
+        p.spec.as_mut().unwrap().containers[0].resources =
+            Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                limits: Some(
+                    [(
+                        "ephemeral-storage".to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("24Mi".into()),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            });
+        assert_eq!(want(&p), Want::Fail(FailMode::Evicted));
+        apply(&mut p, "10.244.0.5");
+        let s = p.status.as_ref().unwrap();
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(s.reason.as_deref(), Some("Evicted"));
+        assert_eq!(
+            s.message.as_deref(),
+            Some("Pod ephemeral local storage usage exceeds the total limit of containers 24Mi. ")
+        );
+        assert!(s
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True"));
         assert_eq!(want(&p), Want::Nothing, "Failed is terminal");
 
         assert_eq!(want(&pod(Some("Unschedulable"))), Want::Nothing);
