@@ -592,6 +592,22 @@ fn mode_name(m: Network) -> &'static str {
     crate::network::mode_word(m)
 }
 
+/// A `POST /v1/volumes` body: the name (a DNS-1123 label, as template
+/// and pool names, so it is one path component on every backend), the
+/// size within [`crate::volumes::MIN_VOLUME_MB`]..=
+/// [`crate::volumes::MAX_VOLUME_MB`], and the labels.
+pub fn volume(v: &crate::volumes::CreateVolume) -> Result<(), ErrorBody> {
+    use crate::volumes::{MAX_VOLUME_MB, MIN_VOLUME_MB};
+    name("volume", &v.name)?;
+    if !(MIN_VOLUME_MB..=MAX_VOLUME_MB).contains(&v.size_mb) {
+        return Err(invalid(format!(
+            "size_mb {} must be within {MIN_VOLUME_MB}..={MAX_VOLUME_MB}",
+            v.size_mb
+        )));
+    }
+    labels(&v.labels)
+}
+
 mod secrets;
 pub use secrets::{merge_secrets, secret_hosts, secret_name, secret_ref, secret_value, secrets};
 
