@@ -316,3 +316,46 @@ async fn a_killed_hub_keeps_volumes_and_their_files_and_reconciles_the_disk() {
     let got: Value = alice.get("/keep").await.json().await.unwrap();
     assert_eq!(got["size_mb"], 16);
 }
+
+/// `sandhub volume ...` against the hub, as alice; its stdout.
+fn cli(hub: &TestHub, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(common::EXE)
+        .arg("volume")
+        .args(args)
+        .env("SANDHUB_URL", hub.url())
+        .env("SANDHUB_API_KEY", ALICE_KEY)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_creates_lists_and_removes_volumes() {
+    let hub = TestHub::start(keys_hub()).await;
+    let (ok, out, err) = cli(
+        &hub,
+        &["create", "data", "--size-mb", "8", "--label", "team=ml"],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "data");
+    let (ok, out, err) = cli(&hub, &["ls"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("NAME"), "{out}");
+    assert!(out.contains("data") && out.contains("team=ml"), "{out}");
+    let (ok, out, _) = cli(&hub, &["get", "data", "--output", "json"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["size_mb"], 8);
+    let (ok, _, err) = cli(&hub, &["create", "data", "--size-mb", "8"]);
+    assert!(!ok && err.contains("exists"), "{err}");
+    let (ok, out, err) = cli(&hub, &["rm", "data"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "data");
+    let (ok, _, err) = cli(&hub, &["get", "data"]);
+    assert!(!ok && err.contains("NOT_FOUND"), "{err}");
+}
