@@ -359,3 +359,105 @@ async fn the_cli_creates_lists_and_removes_volumes() {
     let (ok, _, err) = cli(&hub, &["get", "data"]);
     assert!(!ok && err.contains("NOT_FOUND"), "{err}");
 }
+
+/// A link met by `O_NOFOLLOW | O_DIRECTORY` (ENOTDIR) or on the way by
+/// `RESOLVE_NO_SYMLINKS` (ELOOP); the errors carry the open's context.
+fn refused_link(e: &std::io::Error) -> bool {
+    let text = e.to_string();
+    [libc::ENOTDIR, libc::ELOOP]
+        .iter()
+        .any(|n| text.contains(&format!("(os error {n})")))
+}
+
+/// The disk side alone (`DiskQuotas`'s volume calls) on a quota volume of
+/// the test's own: every step is an fd opened beneath the root without
+/// following links or crossing mounts, so a link or a mount where a
+/// tenant directory or a volume belongs is refused, never followed.
+#[test]
+fn the_volume_walk_follows_no_link_and_crosses_no_mount() {
+    use sandhub::local::runtime::quota::{plan, DiskQuotas, VolumeOptions, MIB};
+    let dir = tempfile::Builder::new()
+        .prefix("sandhub-volume-walk-")
+        .tempdir()
+        .unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let options = VolumeOptions {
+        size_mb: Some(512),
+        run_dir: dir.path().join("run"),
+    };
+    let q = DiskQuotas::detect_or_create(&state, &options).expect("making the volume");
+    let mount_point = plan::mount_point(&options.run_dir, &state.canonicalize().unwrap());
+    struct Detach(PathBuf);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            common::detach_volume(&self.0);
+        }
+    }
+    let _detach = Detach(mount_point);
+
+    q.create_volume("t1", "data", 8 * MIB, true).unwrap();
+    let fd = q.open_volume("t1", "data").unwrap();
+    assert_eq!(
+        rustix::fs::fstat(&fd).unwrap().st_ino,
+        256,
+        "a subvolume's root"
+    );
+    let volumes = q.root().join("volumes");
+    assert_eq!(
+        q.list_volumes().unwrap(),
+        vec![("t1".to_string(), "data".to_string())]
+    );
+
+    // A link where a volume belongs (to another tenant's volume, to a host
+    // directory): refused, and not listed as a volume to mount.
+    std::fs::create_dir(volumes.join("t2")).unwrap();
+    std::os::unix::fs::symlink(volumes.join("t1/data"), volumes.join("t2/data")).unwrap();
+    std::os::unix::fs::symlink("/etc", volumes.join("t2/etc")).unwrap();
+    for name in ["data", "etc"] {
+        let e = q.open_volume("t2", name).unwrap_err();
+        assert!(refused_link(&e), "t2/{name}: {e}");
+    }
+    // A link where a tenant's directory belongs.
+    std::os::unix::fs::symlink(volumes.join("t1"), volumes.join("t3")).unwrap();
+    let e = q.open_volume("t3", "data").unwrap_err();
+    assert!(refused_link(&e), "t3: {e}");
+    // A plain directory where a volume belongs: not a subvolume, refused.
+    std::fs::create_dir(volumes.join("t1/plain")).unwrap();
+    let e = q.open_volume("t1", "plain").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+    // A mount where a volume belongs (a tmpfs over t1/other): refused.
+    let over = volumes.join("t1/other");
+    std::fs::create_dir(&over).unwrap();
+    let target = std::ffi::CString::new(over.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mount(2) with NUL-terminated strings.
+    let r = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let e = q.open_volume("t1", "other").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("(os error {})", libc::EXDEV)),
+        "mount: {e}"
+    );
+    // SAFETY: umount2 of the tmpfs this test mounted.
+    unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    // Names that are not one component never reach the kernel.
+    for bad in ["..", "../t1", "a/b", ""] {
+        assert!(q.open_volume("t1", bad).is_err(), "{bad:?}");
+        assert!(q.release_volume("t1", bad).is_err(), "{bad:?}");
+    }
+    // The volume itself is untouched by all of it; releasing it removes it.
+    assert!(is_subvolume(&volumes.join("t1/data")));
+    q.release_volume("t1", "data").unwrap();
+    assert!(!volumes.join("t1/data").exists());
+    q.release_volume("t1", "data").unwrap(); // gone is fine
+    let _ = q.detach();
+}

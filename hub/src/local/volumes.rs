@@ -146,7 +146,9 @@ impl Hub {
 
     /// Puts the disk in line with the rows (see the module docs). Without
     /// a disk-quota volume there is nothing on disk to reconcile; rows stay
-    /// and answer as before.
+    /// and answer as before. A volume that cannot be put right is logged
+    /// and left as it is: one bad directory must not keep the hub (and
+    /// every sandbox) from starting.
     pub(super) fn reconcile_volumes(&self) -> Result<()> {
         let Some(quotas) = self.backend.quotas() else {
             return Ok(());
@@ -156,26 +158,30 @@ impl Hub {
             .iter()
             .map(|r| (tenant_dir(&r.tenant), r.name.clone()))
             .collect();
-        let on_disk = quotas
-            .list_volumes()
-            .map_err(|e| disk_error("listing volumes on disk", e))?;
-        for (dir, name) in on_disk {
-            if !wanted.contains(&(dir.clone(), name.clone())) {
-                tracing::info!(tenant_dir = %dir, volume = %name, "removing a volume without a row");
-                quotas
-                    .release_volume(&dir, &name)
-                    .map_err(|e| disk_error("removing a volume without a row", e))?;
+        match quotas.list_volumes() {
+            Ok(on_disk) => {
+                for (dir, name) in on_disk {
+                    if wanted.contains(&(dir.clone(), name.clone())) {
+                        continue;
+                    }
+                    tracing::info!(tenant_dir = %dir, volume = %name, "removing a volume without a row");
+                    if let Err(e) = quotas.release_volume(&dir, &name) {
+                        tracing::error!(error = %e, tenant_dir = %dir, volume = %name, "removing a volume without a row");
+                    }
+                }
             }
+            Err(e) => tracing::error!(error = %e, "listing the volumes on disk"),
         }
         for r in &rows {
-            quotas
-                .create_volume(
-                    &tenant_dir(&r.tenant),
-                    &r.name,
-                    r.size_mb.saturating_mul(MIB),
-                    false,
-                )
-                .map_err(|e| disk_error("re-limiting a volume", e))?;
+            let limited = quotas.create_volume(
+                &tenant_dir(&r.tenant),
+                &r.name,
+                r.size_mb.saturating_mul(MIB),
+                false,
+            );
+            if let Err(e) = limited {
+                tracing::error!(error = %e, tenant = %r.tenant, volume = %r.name, "putting a volume's subvolume in place");
+            }
         }
         if !rows.is_empty() {
             tracing::info!(volumes = rows.len(), "named volumes in place");
