@@ -49,3 +49,24 @@ pub struct Volume {
 pub struct VolumeList {
     pub volumes: Vec<Volume>,
 }
+
+/// Most volumes one template (or one create request) mounts.
+pub const MAX_VOLUME_MOUNTS: usize = 16;
+/// Longest mount path, in bytes.
+pub const MAX_MOUNT_PATH: usize = 256;
+
+/// One volume a sandbox mounts: `{"name": "data", "path":
+/// "/workspace/data", "read_only": false}`. The rules are checked in
+/// `validate::volume_mounts`. (Checked here ahead of the launch side:
+/// templates and create requests do not carry mounts yet.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VolumeMount {
+    /// One of the caller's volumes.
+    pub name: String,
+    /// Where it appears in the sandbox: absolute and normalized.
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
