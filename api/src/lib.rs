@@ -17,3 +17,4 @@ pub mod scoped_token;
 pub mod secrets;
 pub mod usage;
 pub mod validate;
+pub mod volumes;

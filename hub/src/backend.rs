@@ -75,6 +75,25 @@ pub trait TenantView: Sandboxes {
         let _ = name;
         Err(no_secrets())
     }
+    /// This tenant's named volumes (`/v1/volumes`); the local backend's.
+    async fn create_volume(
+        &self,
+        req: sandhub_api::volumes::CreateVolume,
+    ) -> Result<sandhub_api::volumes::Volume> {
+        let _ = req;
+        Err(no_volumes())
+    }
+    async fn list_volumes(&self) -> Result<sandhub_api::volumes::VolumeList> {
+        Err(no_volumes())
+    }
+    async fn get_volume(&self, name: &str) -> Result<sandhub_api::volumes::Volume> {
+        let _ = name;
+        Err(no_volumes())
+    }
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Err(no_volumes())
+    }
     /// Moves a sandbox's deadline to `seconds` from now (E2B's
     /// `set_timeout`: shorter or longer than before).
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {
@@ -90,6 +109,14 @@ fn no_secrets() -> sandhub_client::Error {
     sandhub_client::Error::new(
         Code::Unimplemented,
         "brokered secrets are not available on this backend",
+    )
+}
+
+fn no_volumes() -> sandhub_client::Error {
+    sandhub_client::Error::new(
+        Code::Unimplemented,
+        "named volumes are not available on this backend yet (the local backend has them; \
+         Kubernetes volumes will be PersistentVolumeClaims)",
     )
 }
 

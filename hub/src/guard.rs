@@ -271,6 +271,25 @@ impl TenantView for GuardedView {
     async fn delete_secret(&self, name: &str) -> Result<()> {
         self.inner.delete_secret(name).await
     }
+
+    async fn create_volume(
+        &self,
+        req: sandhub_api::volumes::CreateVolume,
+    ) -> Result<sandhub_api::volumes::Volume> {
+        self.inner.create_volume(req).await
+    }
+
+    async fn list_volumes(&self) -> Result<sandhub_api::volumes::VolumeList> {
+        self.inner.list_volumes().await
+    }
+
+    async fn get_volume(&self, name: &str) -> Result<sandhub_api::volumes::Volume> {
+        self.inner.get_volume(name).await
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.inner.delete_volume(name).await
+    }
 }
 
 /// The label that makes a create idempotent: a create carrying it answers

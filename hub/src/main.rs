@@ -50,6 +50,8 @@ enum Command {
     PortForward(cli::port_forward::PortForwardArgs),
     /// Warm pools: set, ls, get, rm.
     Pool(cli::pool::PoolArgs),
+    /// Named volumes: create, ls, get, rm.
+    Volume(cli::volume::VolumeArgs),
     /// Templates: set, ls, get, rm.
     Template(cli::template::TemplateArgs),
     /// Images in the hub's store (local backend): import, ls, rm, prune.
@@ -118,6 +120,7 @@ fn main() -> anyhow::Result<()> {
             Command::Cp(args) => cli::exit(cli::cp::run(args).await),
             Command::PortForward(args) => cli::exit(cli::port_forward::run(args).await),
             Command::Pool(args) => cli::exit(cli::pool::run(args).await),
+            Command::Volume(args) => cli::exit(cli::volume::run(args).await),
             Command::Template(args) => cli::exit(cli::template::run(args).await),
             Command::Image(args) => cli::exit(cli::image::run(args).await),
             Command::Suspend(args) => cli::exit(cli::sandbox::suspend(args).await),

@@ -52,6 +52,11 @@ pub struct PolicyArgs {
     /// machine's memory by their parent cgroup].
     #[arg(long, env = "SANDHUB_TENANT_MAX_MEMORY_MB")]
     pub tenant_max_memory_mb: Option<u64>,
+
+    /// Most MiB the named volumes of one tenant may add up to (their
+    /// `size_mb`, each a hard limit on the disk-quota volume).
+    #[arg(long, env = "SANDHUB_TENANT_MAX_VOLUME_MB", default_value_t = 10240)]
+    pub tenant_max_volume_mb: u64,
 }
 
 impl Default for PolicyArgs {
@@ -64,6 +69,7 @@ impl Default for PolicyArgs {
             tenant_max_sandboxes: 128,
             tenant_max_pool_replicas: 32,
             tenant_max_memory_mb: None,
+            tenant_max_volume_mb: 10240,
         }
     }
 }
@@ -78,6 +84,7 @@ pub struct Policy {
     pub tenant_max_sandboxes: u64,
     pub tenant_max_pool_replicas: u64,
     pub tenant_max_memory_mb: u64,
+    pub tenant_max_volume_mb: u64,
 }
 
 impl Policy {
@@ -104,6 +111,7 @@ impl Policy {
             tenant_max_memory_mb: args
                 .tenant_max_memory_mb
                 .unwrap_or(mem_mb.saturating_mul(8)),
+            tenant_max_volume_mb: args.tenant_max_volume_mb,
         }
     }
 

@@ -1925,6 +1925,8 @@ async fn openapi_document_describes_every_route() {
         ("/v1/templates/{name}", &["get", "put", "delete"]),
         ("/v1/secrets", &["get"]),
         ("/v1/secrets/{name}", &["put", "delete"]),
+        ("/v1/volumes", &["get", "post"]),
+        ("/v1/volumes/{name}", &["get", "delete"]),
         ("/v1/pools", &["get"]),
         ("/v1/pools/{name}", &["get", "put", "delete"]),
         ("/v1/images/prepull", &["post"]),
@@ -1975,6 +1977,8 @@ async fn openapi_document_describes_every_route() {
         "Template",
         "NamedTemplate",
         "Pool",
+        "CreateVolume",
+        "Volume",
     ] {
         assert!(
             doc["components"]["schemas"][schema].is_object(),

@@ -26,7 +26,7 @@ from ._async import (
     AsyncWatch,
     AsyncWatcher,
 )
-from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates
+from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates, AsyncVolumes
 from ._sandhub import __version__
 from ._sync import (
     Commands,
@@ -40,7 +40,7 @@ from ._sync import (
     Watch,
     Watcher,
 )
-from ._sync_services import Env, Gym, Images, Pools, Templates
+from ._sync_services import Env, Gym, Images, Pools, Templates, Volumes
 from .errors import (
     AlreadyExistsError,
     ConflictError,
@@ -82,6 +82,7 @@ from .types import (
     Template,
     UsageLimits,
     UsageSample,
+    Volume,
     WatchEvent,
 )
 from .webhooks import verify_webhook
@@ -89,10 +90,10 @@ from .webhooks import verify_webhook
 __all__ = [
     "__version__",
     "Hub", "Sandbox", "Sandboxd", "Commands", "ProcessHandle", "Files", "Watcher", "Watch", "Ports",
-    "Gym", "Env", "Templates", "Pools", "Images", "Events", "AsyncEvents", "verify_webhook",
+    "Gym", "Env", "Templates", "Pools", "Images", "Volumes", "Events", "AsyncEvents", "verify_webhook",
     "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
-    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages",
-    "CommandResult", "EntrypointStatus", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
+    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages", "AsyncVolumes",
+    "CommandResult", "EntrypointStatus", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "Volume", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
     "NetworkPolicy", "SandboxInfo", "SandboxMetrics", "SandboxUsage", "Snapshot", "StepResult", "Template",
     "UsageLimits", "UsageSample", "WatchEvent",
     "SandhubError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",

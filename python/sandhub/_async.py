@@ -21,7 +21,7 @@ from typing import IO, Any, AsyncIterator, Literal, Mapping
 
 from . import _common as c
 from ._sandhub import NativeClient
-from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates
+from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates, AsyncVolumes
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
@@ -494,6 +494,7 @@ class AsyncHub:
         self.templates = AsyncTemplates(self._native)
         self.pools = AsyncPools(self._native)
         self.images = AsyncImages(self._native)
+        self.volumes = AsyncVolumes(self._native)
 
     def __repr__(self) -> str:
         return f"<AsyncHub url={self.url!r}>"

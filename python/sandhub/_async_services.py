@@ -1,6 +1,6 @@
 """The hub's services beside sandboxes: Gym environments, templates, warm
-pools and images (``hub.gym``, ``hub.templates``, ``hub.pools``,
-``hub.images``). ``_async_services.py`` is written by hand for asyncio;
+pools, images and named volumes (``hub.gym``, ``hub.templates``,
+``hub.pools``, ``hub.images``, ``hub.volumes``). ``_async_services.py`` is written by hand for asyncio;
 ``_sync_services.py``, the blocking face, is generated from it by
 ``scripts/unasync.py``."""
 
@@ -14,9 +14,9 @@ from typing import Any, Mapping, Sequence
 from . import _common as c
 from ._sandhub import NativeClient
 from .errors import DeadlineExceededError
-from .types import Image, Pool, PrepullResult, PruneResult, StepResult, Template
+from .types import Image, Pool, PrepullResult, PruneResult, StepResult, Template, Volume
 
-__all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools", "AsyncImages"]
+__all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools", "AsyncImages", "AsyncVolumes"]
 
 
 class AsyncEnv:
@@ -145,6 +145,33 @@ class AsyncPools:
             if time.monotonic() >= deadline:
                 raise DeadlineExceededError(f"pool {name}: {pool.ready} of {replicas or pool.replicas} ready after {timeout}s")
             await asyncio.sleep(0.1)
+
+
+class AsyncVolumes:
+    """Named volumes (``hub.volumes``): a tenant's disks that outlive
+    sandboxes, each limited to its ``size_mb`` (local backend; Kubernetes
+    answers ``UnimplementedError``)."""
+
+    def __init__(self, native: NativeClient) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<AsyncVolumes>"
+
+    async def create(self, name: str, size_mb: int, labels: Mapping[str, str] | None = None) -> Volume:
+        """Creates an empty volume; ``ConflictError`` if the name is taken."""
+        body = c.dumps({"name": name, "size_mb": size_mb, "labels": dict(labels or {})})
+        return Volume._from(c.loads(await self._native.put_named("volume", name, body)))
+
+    async def get(self, name: str) -> Volume:
+        return Volume._from(c.loads(await self._native.get_named("volume", name)))
+
+    async def list(self) -> list[Volume]:
+        return [Volume._from(v) for v in c.loads(await self._native.list_named("volume"))]
+
+    async def delete(self, name: str) -> None:
+        """Deletes the volume and every file in it."""
+        await self._native.delete_named("volume", name)
 
 
 class AsyncImages:

@@ -21,7 +21,7 @@ from typing import IO, Any, Iterator, Literal, Mapping
 
 from . import _common as c
 from ._sandhub import NativeClient
-from ._sync_services import Env, Gym, Images, Pools, Templates
+from ._sync_services import Env, Gym, Images, Pools, Templates, Volumes
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
@@ -494,6 +494,7 @@ class Hub:
         self.templates = Templates(self._native)
         self.pools = Pools(self._native)
         self.images = Images(self._native)
+        self.volumes = Volumes(self._native)
 
     def __repr__(self) -> str:
         return f"<Hub url={self.url!r}>"

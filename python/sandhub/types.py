@@ -343,6 +343,21 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class Volume:
+    """A named volume: at most ``size_mb`` MiB of files that outlive
+    sandboxes. ``created_at`` is RFC 3339, UTC."""
+
+    name: str
+    size_mb: int
+    created_at: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> Volume:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
 class Image:
     """An image in the hub's store, as this tenant sees it: ``id`` is the
     config digest, ``tags`` this tenant's names for it, ``layers`` the diff

@@ -12,6 +12,7 @@ use sandhub_api::{
         CreateSandbox, ExecRequest, ForkRequest, NetworkSpec, PoolSpec, PrepullRequest,
         PullRequest, Template,
     },
+    volumes::CreateVolume,
 };
 use sandhub_client::{
     http::HubClient, sandboxd::SandboxdClient, Error, ProcessEvent, PtySize, Result, Sandboxes,
@@ -47,6 +48,21 @@ pub struct NativeClient {
 
 fn parse<T: DeserializeOwned>(what: &str, text: &str) -> PyResult<T> {
     serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+}
+
+/// The kinds `put_named` and its siblings know.
+const KINDS: [&str; 3] = ["template", "pool", "volume"];
+
+fn unknown_kind(kind: &str) -> PyErr {
+    PyValueError::new_err(format!("unknown kind {kind:?}: one of {KINDS:?}"))
+}
+
+fn check_kind(kind: &str) -> PyResult<()> {
+    if KINDS.contains(&kind) {
+        Ok(())
+    } else {
+        Err(unknown_kind(kind))
+    }
 }
 
 fn signal_of(name: &str) -> Result<Signal> {
@@ -415,7 +431,8 @@ impl NativeClient {
 
     // ------------------------------------------------- templates and pools
 
-    /// `kind` is `template` or `pool`; `body` is its JSON spec.
+    /// `kind` is `template`, `pool` or `volume`; `body` is its JSON spec
+    /// (a volume's is the create request; `name` wins over its `name`).
     fn put_named<'py>(
         &self,
         py: Python<'py>,
@@ -423,16 +440,27 @@ impl NativeClient {
         name: String,
         body: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if kind == "template" {
-            let t: Template = parse("template", body)?;
-            run!(self, py, |b| Ok(json(
-                &b.hub()?.put_template(&name, t).await?
-            )?))
-        } else {
-            let spec: PoolSpec = parse("pool", body)?;
-            run!(self, py, |b| Ok(json(
-                &b.hub()?.put_pool(&name, spec).await?
-            )?))
+        match kind.as_str() {
+            "template" => {
+                let t: Template = parse("template", body)?;
+                run!(self, py, |b| Ok(json(
+                    &b.hub()?.put_template(&name, t).await?
+                )?))
+            }
+            "pool" => {
+                let spec: PoolSpec = parse("pool", body)?;
+                run!(self, py, |b| Ok(json(
+                    &b.hub()?.put_pool(&name, spec).await?
+                )?))
+            }
+            "volume" => {
+                let mut req: CreateVolume = parse("volume", body)?;
+                req.name = name;
+                run!(self, py, |b| Ok(json(
+                    &b.hub()?.create_volume(&req).await?
+                )?))
+            }
+            other => Err(unknown_kind(other)),
         }
     }
 
@@ -442,23 +470,25 @@ impl NativeClient {
         kind: String,
         name: String,
     ) -> PyResult<Bound<'py, PyAny>> {
+        check_kind(&kind)?;
         run!(self, py, |b| {
             let hub = b.hub()?;
-            if kind == "template" {
-                Ok(json(&retry_read(|| hub.get_template(&name)).await?)?)
-            } else {
-                Ok(json(&retry_read(|| hub.get_pool(&name)).await?)?)
+            match kind.as_str() {
+                "template" => Ok(json(&retry_read(|| hub.get_template(&name)).await?)?),
+                "pool" => Ok(json(&retry_read(|| hub.get_pool(&name)).await?)?),
+                _ => Ok(json(&retry_read(|| hub.get_volume(&name)).await?)?),
             }
         })
     }
 
     fn list_named<'py>(&self, py: Python<'py>, kind: String) -> PyResult<Bound<'py, PyAny>> {
+        check_kind(&kind)?;
         run!(self, py, |b| {
             let hub = b.hub()?;
-            if kind == "template" {
-                Ok(json(&retry_read(|| hub.list_templates()).await?)?)
-            } else {
-                Ok(json(&retry_read(|| hub.list_pools()).await?)?)
+            match kind.as_str() {
+                "template" => Ok(json(&retry_read(|| hub.list_templates()).await?)?),
+                "pool" => Ok(json(&retry_read(|| hub.list_pools()).await?)?),
+                _ => Ok(json(&retry_read(|| hub.list_volumes()).await?)?),
             }
         })
     }
@@ -469,12 +499,13 @@ impl NativeClient {
         kind: String,
         name: String,
     ) -> PyResult<Bound<'py, PyAny>> {
+        check_kind(&kind)?;
         run!(self, py, |b| {
             let hub = b.hub()?;
-            if kind == "template" {
-                Ok(hub.delete_template(&name).await?)
-            } else {
-                Ok(hub.delete_pool(&name).await?)
+            match kind.as_str() {
+                "template" => Ok(hub.delete_template(&name).await?),
+                "pool" => Ok(hub.delete_pool(&name).await?),
+                _ => Ok(hub.delete_volume(&name).await?),
             }
         })
     }

@@ -125,6 +125,8 @@ def test_openapi_document_names_the_pinned_routes(openapi_doc: dict) -> None:
         "/v1/sandboxes/{id}/files/{path}": {"get", "head", "put", "delete"},
         "/v1/templates/{name}": {"get", "put", "delete"},
         "/v1/pools/{name}": {"get", "put", "delete"},
+        "/v1/volumes": {"get", "post"},
+        "/v1/volumes/{name}": {"get", "delete"},
         "/v1/sandboxes/{id}/suspend": {"post"},
         "/v1/sandboxes/{id}/pause": {"post"},
         "/v1/sandboxes/{id}/resume": {"post"},

@@ -91,6 +91,20 @@ def test_files_watch_and_limits(hub_url: str, tmp_path):
     run(main())
 
 
+def test_volumes(hub_url: str):
+    async def main() -> None:
+        hub = sandhub.AsyncHub(hub_url)
+        v = await hub.volumes.create("sdk-async-v", 8)
+        assert (v.name, v.size_mb, v.labels) == ("sdk-async-v", 8, {})
+        assert await hub.volumes.get("sdk-async-v") == v
+        assert "sdk-async-v" in [x.name for x in await hub.volumes.list()]
+        await hub.volumes.delete("sdk-async-v")
+        with pytest.raises(sandhub.NotFoundError):
+            await hub.volumes.get("sdk-async-v")
+
+    run(main())
+
+
 def test_templates_pools_gym_and_errors(hub_url: str):
     async def main() -> None:
         hub = sandhub.AsyncHub(hub_url)

@@ -262,6 +262,23 @@ def test_templates_and_pools(hub: sandhub.Hub):
         hub.templates.get("sdk-small")
 
 
+def test_volumes(hub: sandhub.Hub):
+    v = hub.volumes.create("sdk-vol", 16, labels={"suite": "sdk"})
+    assert (v.name, v.size_mb, v.labels) == ("sdk-vol", 16, {"suite": "sdk"})
+    assert v.created_at.endswith("Z")
+    assert hub.volumes.get("sdk-vol") == v
+    assert "sdk-vol" in [x.name for x in hub.volumes.list()]
+    with pytest.raises(sandhub.ConflictError):
+        hub.volumes.create("sdk-vol", 16)
+    with pytest.raises(sandhub.InvalidArgumentError):
+        hub.volumes.create("Not_A_Name", 16)
+    hub.volumes.delete("sdk-vol")
+    with pytest.raises(sandhub.NotFoundError):
+        hub.volumes.get("sdk-vol")
+    with pytest.raises(sandhub.NotFoundError):
+        hub.volumes.delete("sdk-vol")
+
+
 def test_gym(hub: sandhub.Hub):
     env = hub.gym.make(reward=[{"kind": "exit_code"}], max_episode_steps=5)
     assert env.observation_space["max_length"] > 0

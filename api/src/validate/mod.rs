@@ -592,6 +592,92 @@ fn mode_name(m: Network) -> &'static str {
     crate::network::mode_word(m)
 }
 
+/// A `POST /v1/volumes` body: the name (a DNS-1123 label, as template
+/// and pool names, so it is one path component on every backend), the
+/// size within [`crate::volumes::MIN_VOLUME_MB`]..=
+/// [`crate::volumes::MAX_VOLUME_MB`], and the labels.
+pub fn volume(v: &crate::volumes::CreateVolume) -> Result<(), ErrorBody> {
+    use crate::volumes::{MAX_VOLUME_MB, MIN_VOLUME_MB};
+    name("volume", &v.name)?;
+    if !(MIN_VOLUME_MB..=MAX_VOLUME_MB).contains(&v.size_mb) {
+        return Err(invalid(format!(
+            "size_mb {} must be within {MIN_VOLUME_MB}..={MAX_VOLUME_MB}",
+            v.size_mb
+        )));
+    }
+    labels(&v.labels)
+}
+
+/// Paths a volume may not be mounted at, nor above, nor below: the
+/// sandbox's kernel filesystems and the runtime's own mounts (`/` itself is
+/// refused as every path's parent).
+pub const RESERVED_MOUNT_PATHS: &[&str] = &["/proc", "/dev", "/sys", "/.sandhub"];
+
+/// Where the workspace is: a volume may be mounted below it, never on it.
+pub const WORKSPACE_ROOT: &str = "/workspace";
+
+/// A sandbox's volume mounts: at most [`crate::volumes::MAX_VOLUME_MOUNTS`];
+/// each a volume name and a path that is absolute and normalized (no
+/// `.`, `..`, empty component or trailing `/`), not `/`, not at, above or
+/// below a [`RESERVED_MOUNT_PATHS`] entry, not [`WORKSPACE_ROOT`] itself
+/// (nor above it), and neither at, above nor below another mount of the
+/// same list (nested mounts would depend on their order). A volume may
+/// appear twice (at two paths). Each refusal is `400 INVALID_ARGUMENT`
+/// naming the entry (`volumes[1] "/proc": ...`).
+pub fn volume_mounts(mounts: &[crate::volumes::VolumeMount]) -> Result<(), ErrorBody> {
+    use crate::volumes::{MAX_MOUNT_PATH, MAX_VOLUME_MOUNTS};
+    if mounts.len() > MAX_VOLUME_MOUNTS {
+        return Err(invalid(format!("at most {MAX_VOLUME_MOUNTS} volumes")));
+    }
+    /// `a` is `b` or lies below it.
+    fn within(a: &str, b: &str) -> bool {
+        a == b || (a.starts_with(b) && a.as_bytes().get(b.len()) == Some(&b'/'))
+    }
+    for (i, m) in mounts.iter().enumerate() {
+        let at = |why: String| invalid(format!("volumes[{i}] {:?}: {why}", m.path));
+        name("volume", &m.name).map_err(|e| invalid(format!("volumes[{i}]: {}", e.message)))?;
+        let p = m.path.as_str();
+        if p.len() > MAX_MOUNT_PATH {
+            return Err(at(format!("a path is at most {MAX_MOUNT_PATH} bytes")));
+        }
+        if !p.starts_with('/') {
+            return Err(at("the path must be absolute".into()));
+        }
+        if p == "/" {
+            return Err(at("a volume cannot be the sandbox's root".into()));
+        }
+        let normal = p[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+        if !normal || p.chars().any(|c| c.is_control()) {
+            return Err(at(
+                "the path must be normalized: no `.`, `..`, empty component, trailing `/` or control character".into(),
+            ));
+        }
+        for r in RESERVED_MOUNT_PATHS {
+            if within(p, r) || within(r, p) {
+                return Err(at(format!(
+                    "{r} is the runtime's; a volume may not be at, above or below it"
+                )));
+            }
+        }
+        if within(WORKSPACE_ROOT, p) {
+            return Err(at(format!(
+                "a volume may be mounted below {WORKSPACE_ROOT}, not on it nor above it"
+            )));
+        }
+        for (j, other) in mounts[..i].iter().enumerate() {
+            if within(p, &other.path) || within(&other.path, p) {
+                return Err(at(format!(
+                    "overlaps volumes[{j}] {:?}: mounts may not be at, above or below each other",
+                    other.path
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 mod secrets;
 pub use secrets::{merge_secrets, secret_hosts, secret_name, secret_ref, secret_value, secrets};
 

@@ -455,3 +455,62 @@ mod network {
         );
     }
 }
+
+#[test]
+fn volume_mounts_are_absolute_normalized_and_shadow_nothing() {
+    use crate::volumes::{VolumeMount, MAX_VOLUME_MOUNTS};
+    let m = |name: &str, path: &str| VolumeMount {
+        name: name.into(),
+        path: path.into(),
+        read_only: false,
+    };
+    for ok in [
+        vec![],
+        vec![m("data", "/workspace/data")],
+        vec![m("data", "/data"), m("data", "/mnt/ro")],
+        vec![m("a", "/workspace/a"), m("b", "/workspace/ab")],
+        vec![m("a", "/procedures"), m("b", "/devices")],
+    ] {
+        assert!(super::volume_mounts(&ok).is_ok(), "{ok:?}");
+    }
+    for (bad, says) in [
+        (vec![m("data", "workspace/data")], "absolute"),
+        (vec![m("data", "/")], "root"),
+        (vec![m("data", "/workspace/../etc")], "normalized"),
+        (vec![m("data", "/workspace/./x")], "normalized"),
+        (vec![m("data", "/workspace//x")], "normalized"),
+        (vec![m("data", "/workspace/x/")], "normalized"),
+        (vec![m("data", "/work\nspace")], "normalized"),
+        (vec![m("data", "/proc")], "/proc"),
+        (vec![m("data", "/proc/sys")], "/proc"),
+        (vec![m("data", "/dev")], "/dev"),
+        (vec![m("data", "/dev/shm")], "/dev"),
+        (vec![m("data", "/sys")], "/sys"),
+        (vec![m("data", "/.sandhub/overlay")], "/.sandhub"),
+        (vec![m("data", "/workspace")], "below /workspace"),
+        (vec![m("Data", "/data")], "DNS-1123"),
+        (
+            vec![m("a", "/data"), m("b", "/data")],
+            "overlaps volumes[0]",
+        ),
+        (
+            vec![m("a", "/data"), m("b", "/data/x")],
+            "overlaps volumes[0]",
+        ),
+        (
+            vec![m("a", "/data/x"), m("b", "/data")],
+            "overlaps volumes[0]",
+        ),
+        (vec![m("a", &format!("/{}", "x".repeat(300)))], "at most"),
+        (
+            (0..=MAX_VOLUME_MOUNTS)
+                .map(|i| m("a", &format!("/v{i}")))
+                .collect(),
+            "at most",
+        ),
+    ] {
+        let e = super::volume_mounts(&bad).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.message.contains(says), "{bad:?}: {}", e.message);
+    }
+}

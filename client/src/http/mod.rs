@@ -25,6 +25,7 @@ use sandhub_api::{
         SnapshotList, Template, TemplateList,
     },
     sandboxd::{DirectoryListing, FileEntry},
+    volumes::{CreateVolume, Volume, VolumeList},
 };
 use serde::de::DeserializeOwned;
 
@@ -114,6 +115,38 @@ impl HubClient {
             .call(self.sandbox(Method::GET, id, "/snapshots").timeout(QUICK))
             .await?;
         Ok(list.snapshots)
+    }
+
+    /// `POST /v1/volumes`: a new, empty named volume (local backend).
+    pub async fn create_volume(&self, request: &CreateVolume) -> Result<Volume> {
+        self.call(
+            self.request(Method::POST, "/v1/volumes")
+                .json(request)
+                .timeout(QUICK),
+        )
+        .await
+    }
+
+    /// `GET /v1/volumes`: the caller's volumes, by name.
+    pub async fn list_volumes(&self) -> Result<Vec<Volume>> {
+        let list: VolumeList = self
+            .call(self.request(Method::GET, "/v1/volumes").timeout(QUICK))
+            .await?;
+        Ok(list.volumes)
+    }
+
+    /// `GET /v1/volumes/{name}`.
+    pub async fn get_volume(&self, name: &str) -> Result<Volume> {
+        let path = format!("/v1/volumes/{}", encode(name));
+        self.call(self.request(Method::GET, &path).timeout(QUICK))
+            .await
+    }
+
+    /// `DELETE /v1/volumes/{name}`: the volume and every file in it.
+    pub async fn delete_volume(&self, name: &str) -> Result<()> {
+        let path = format!("/v1/volumes/{}", encode(name));
+        self.call_empty(self.request(Method::DELETE, &path).timeout(QUICK))
+            .await
     }
 
     /// `GET /v1/images`: the hub's image store (local backend).

@@ -23,6 +23,7 @@ pub mod snapshot;
 pub mod template;
 mod terminal;
 pub mod top;
+pub mod volume;
 
 use std::io::Write;
 

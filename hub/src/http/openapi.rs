@@ -19,6 +19,7 @@ use utoipa::OpenApi;
         (name = "lifecycle", description = "Suspend, resume, snapshot, reset, fork"),
         (name = "templates", description = "What a sandbox is"),
         (name = "secrets", description = "Values the egress gateway puts into requests; write-only"),
+        (name = "volumes", description = "Named volumes: a tenant's disk that outlives sandboxes (local backend)"),
         (name = "pools", description = "Warm sandboxes, claimed in milliseconds"),
         (name = "events", description = "Lifecycle events: a resumable stream, and signed webhooks"),
         (name = "ports", description = "TCP servers inside a sandbox, proxied (HTTP, SSE, WebSocket)"),

@@ -40,6 +40,9 @@ pub struct Hub {
     /// Held from a quota check to the insert of the row it admitted, so
     /// two concurrent creates cannot both take the last slot.
     pub(super) admission: Mutex<()>,
+    /// Held across a named volume's row change and its disk step, so a
+    /// create and a delete of one name never interleave (`volumes.rs`).
+    pub(super) volumes: Mutex<()>,
     pub(super) backend: LocalBackend,
     pub(super) clients: Mutex<HashMap<String, SandboxdClient>>,
     /// Wakes the pool refiller after a claim or a pool change.
@@ -188,6 +191,7 @@ impl Hub {
             template_dirs,
             policy,
             admission: Mutex::new(()),
+            volumes: Mutex::new(()),
             clients: Mutex::new(HashMap::new()),
             pools_changed: Notify::new(),
             launching: Mutex::new(HashMap::new()),

@@ -52,6 +52,7 @@ mod secrets;
 pub mod store;
 mod tenant;
 mod tenant_secrets;
+mod volumes;
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -215,5 +216,7 @@ pub async fn open(
     hub.recover()
         .await
         .map_err(|e| anyhow::anyhow!("re-attaching to sandboxes: {e}"))?;
+    hub.reconcile_volumes()
+        .map_err(|e| anyhow::anyhow!("named volumes: {e}"))?;
     Ok(hub)
 }

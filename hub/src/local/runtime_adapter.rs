@@ -178,6 +178,11 @@ impl LocalBackend {
         self.sandboxes.join(id)
     }
 
+    /// The disk-quota volume, when the hub has one (named volumes need it).
+    pub fn quotas(&self) -> Option<&Arc<DiskQuotas>> {
+        self.quotas.as_ref()
+    }
+
     /// Whether a sandbox's files are on the quota volume (sandboxes made
     /// before the hub had disk quotas keep running without one).
     fn on_volume(&self, dir: &Path) -> bool {

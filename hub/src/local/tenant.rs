@@ -130,6 +130,25 @@ impl TenantView for TenantHub {
         self.hub.delete_secret(&self.tenant, name)
     }
 
+    async fn create_volume(
+        &self,
+        req: sandhub_api::volumes::CreateVolume,
+    ) -> Result<sandhub_api::volumes::Volume> {
+        self.hub.create_volume(&self.tenant, req)
+    }
+
+    async fn list_volumes(&self) -> Result<sandhub_api::volumes::VolumeList> {
+        self.hub.list_volumes(&self.tenant)
+    }
+
+    async fn get_volume(&self, name: &str) -> Result<sandhub_api::volumes::Volume> {
+        self.hub.get_volume(&self.tenant, name)
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.hub.delete_volume(&self.tenant, name)
+    }
+
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
         self.running(id, op).await.map(|(_, c)| c)
     }

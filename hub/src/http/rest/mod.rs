@@ -17,6 +17,7 @@ mod sandboxes;
 mod secrets;
 pub mod shells;
 mod templates;
+mod volumes;
 mod webhooks;
 
 use utoipa_axum::router::OpenApiRouter;
@@ -32,6 +33,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(files::routes())
         .merge(templates::routes())
         .merge(secrets::routes())
+        .merge(volumes::routes())
         .merge(events::routes())
         .merge(webhooks::routes())
         .merge(pools::routes())

@@ -20,6 +20,8 @@ mod catalog;
 mod gym;
 mod secrets;
 mod snapshots;
+mod volumes;
+pub use volumes::{VolumeRefused, VolumeRow};
 
 /// One sandbox as stored. Times are Unix milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -232,6 +234,7 @@ impl Store {
         conn.execute_batch(SCHEMA).map_err(db_err)?;
         conn.execute_batch(gym::SCHEMA).map_err(db_err)?;
         conn.execute_batch(secrets::SCHEMA).map_err(db_err)?;
+        conn.execute_batch(volumes::SCHEMA).map_err(db_err)?;
         add_missing_columns(&conn).map_err(db_err)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(Store {

@@ -228,7 +228,7 @@ impl DiskQuotas {
             rustix::fs::fchmod(&root_fd, Mode::from_raw_mode(0o700))?;
         }
         let fsid = plan::uuid_text(&btrfs::fsid(root_fd.as_fd())?);
-        for dir in ["sandboxes", "snapshots"] {
+        for dir in ["sandboxes", "snapshots", VOLUMES_DIR] {
             match rustix::fs::mkdirat(root_fd.as_fd(), dir, Mode::from_raw_mode(0o700)) {
                 Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                 Err(e) => return Err(annotate(format!("creating {dir} on the volume"), e.into())),
@@ -400,6 +400,145 @@ impl DiskQuotas {
         };
         Ok((parent, name))
     }
+}
+
+/// The directory under [`DiskQuotas::root`] that holds named volumes:
+/// `volumes/<tenant dir>/<name>`, each a subvolume with a qgroup limit.
+pub const VOLUMES_DIR: &str = "volumes";
+
+/// `openat2(dir, name, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_XDEV)`: [`open_beneath`] that also never crosses a mount.
+fn open_beneath_same_fs(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
+    rustix::fs::openat2(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        ResolveFlags::BENEATH
+            | ResolveFlags::NO_SYMLINKS
+            | ResolveFlags::NO_MAGICLINKS
+            | ResolveFlags::NO_XDEV,
+    )
+    .map_err(|e| annotate(format!("opening {name}"), e.into()))
+}
+
+/// Named volumes on the quota volume (issue #32 §1). Every step goes
+/// through directory fds opened beneath the root without following links
+/// or crossing mounts; the tenant directories are the hub's (0700), and a
+/// volume's own contents, which sandboxes write, are never walked here.
+impl DiskQuotas {
+    /// `volumes/<tenant_dir>`, made when missing.
+    fn tenant_volumes(&self, tenant_dir: &str, create: bool) -> io::Result<Option<OwnedFd>> {
+        self.check_attached()?;
+        plan::check_name(tenant_dir).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        let volumes = open_beneath_same_fs(self.root_fd.as_fd(), VOLUMES_DIR)?;
+        if create {
+            match rustix::fs::mkdirat(&volumes, tenant_dir, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(annotate(format!("creating volumes/{tenant_dir}"), e.into())),
+            }
+        }
+        match open_beneath_same_fs(volumes.as_fd(), tenant_dir) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes the volume `volumes/<tenant_dir>/<name>`: an empty subvolume
+    /// limited to `bytes`. With `fresh`, whatever is there already (left
+    /// by a hub killed while deleting a volume of that name) goes first,
+    /// so a new volume never starts with an old one's files; without it,
+    /// an existing volume keeps its files and gets the limit again (the
+    /// start-up reconciliation).
+    pub fn create_volume(
+        &self,
+        tenant_dir: &str,
+        name: &str,
+        bytes: u64,
+        fresh: bool,
+    ) -> io::Result<QuotaId> {
+        let parent = self
+            .tenant_volumes(tenant_dir, true)?
+            .expect("made when missing");
+        if fresh {
+            match btrfs::destroy_subvolume(parent.as_fd(), name) {
+                Ok(()) => tracing::info!(tenant_dir, name, "removed a volume left behind"),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(annotate(format!("removing the old volume {name}"), e)),
+            }
+        }
+        self.limit(parent.as_fd(), name, bytes)
+    }
+
+    /// The volume's directory (its subvolume's root), opened without
+    /// following links or crossing mounts: the handle to mount or to reach
+    /// its files through, never a path a sandbox could have replaced.
+    pub fn open_volume(&self, tenant_dir: &str, name: &str) -> io::Result<OwnedFd> {
+        plan::check_name(name).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        let parent = self.tenant_volumes(tenant_dir, false)?.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("volumes/{tenant_dir}"))
+        })?;
+        let dir = open_beneath_same_fs(parent.as_fd(), name)?;
+        if rustix::fs::fstat(&dir)?.st_ino != btrfs::FIRST_FREE_OBJECTID {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("volume {name} is not a subvolume"),
+            ));
+        }
+        Ok(dir)
+    }
+
+    /// Deletes a volume and its files at once; one that is gone is fine.
+    pub fn release_volume(&self, tenant_dir: &str, name: &str) -> io::Result<()> {
+        plan::check_name(name).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        let Some(parent) = self.tenant_volumes(tenant_dir, false)? else {
+            return Ok(());
+        };
+        match btrfs::destroy_subvolume(parent.as_fd(), name) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(annotate(format!("deleting volume {name}"), e)),
+        }
+    }
+
+    /// Every `(tenant_dir, name)` on disk, for the start-up reconciliation.
+    pub fn list_volumes(&self) -> io::Result<Vec<(String, String)>> {
+        self.check_attached()?;
+        let volumes = open_beneath_same_fs(self.root_fd.as_fd(), VOLUMES_DIR)?;
+        let mut out = Vec::new();
+        for tenant in entries(volumes.as_fd())? {
+            let Some(dir) = self.tenant_volumes(&tenant, false)? else {
+                continue;
+            };
+            for name in entries(dir.as_fd())? {
+                out.push((tenant.clone(), name));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The names in directory `dir` (no `.`/`..`, nothing that is not UTF-8:
+/// the hub makes only hex and DNS-label names here).
+fn entries(dir: BorrowedFd<'_>) -> io::Result<Vec<String>> {
+    let fd = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut out = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&fd)? {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if name != "." && name != ".." {
+            out.push(name.to_string());
+        }
+    }
+    Ok(out)
 }
 
 /// What is mounted at the volume's mount point, judged against `image`.

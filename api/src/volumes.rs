@@ -1,0 +1,72 @@
+//! Named volumes (issue #32 §1): a tenant's disk that outlives sandboxes.
+//! The bodies of `/v1/volumes`; the rules are checked in
+//! `validate::volume`.
+//!
+//! On the local backend a volume is a btrfs subvolume with a qgroup limit
+//! of `size_mb` on the hub's disk-quota volume (docs/architecture.md,
+//! "Named volumes"). The Kubernetes backend answers `UNIMPLEMENTED`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Smallest volume, in MiB (btrfs's own bookkeeping of a subvolume takes
+/// a few hundred KiB of it).
+pub const MIN_VOLUME_MB: u64 = 1;
+/// Largest single volume, in MiB (1 TiB); the tenant's total is bounded
+/// by the operator (`--tenant-max-volume-mb`).
+pub const MAX_VOLUME_MB: u64 = 1 << 20;
+
+/// `POST /v1/volumes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreateVolume {
+    /// A DNS-1123 label, unique among the tenant's volumes.
+    pub name: String,
+    /// Most bytes the volume's files may take, in MiB
+    /// ([`MIN_VOLUME_MB`]..=[`MAX_VOLUME_MB`]).
+    pub size_mb: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A volume as `GET /v1/volumes/{name}` answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Volume {
+    pub name: String,
+    pub size_mb: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+}
+
+/// `GET /v1/volumes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VolumeList {
+    pub volumes: Vec<Volume>,
+}
+
+/// Most volumes one template (or one create request) mounts.
+pub const MAX_VOLUME_MOUNTS: usize = 16;
+/// Longest mount path, in bytes.
+pub const MAX_MOUNT_PATH: usize = 256;
+
+/// One volume a sandbox mounts: `{"name": "data", "path":
+/// "/workspace/data", "read_only": false}`. The rules are checked in
+/// `validate::volume_mounts`. (Checked here ahead of the launch side:
+/// templates and create requests do not carry mounts yet.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VolumeMount {
+    /// One of the caller's volumes.
+    pub name: String,
+    /// Where it appears in the sandbox: absolute and normalized.
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
