@@ -87,6 +87,9 @@ enforceNodeAllocatable: []
 evictionHard: {}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# No container filesystem stats here (cAdvisor sees no containerd containers, /stats/summary
+# lists no pods), so the kubelet could not evict for ephemeral storage anyway: the fake node
+# writes that eviction for the tests (annotation sandhub.dev/fake-node-fail: Evicted).
 localStorageCapacityIsolation: false
 podLogsDir: $dir/kubelet/pod-logs
 tlsCertFile: $dir/pki/apiserver.crt
