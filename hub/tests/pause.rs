@@ -41,6 +41,18 @@ async fn started(c: &HubClient, id: &str, pid: &str) -> String {
         .to_string()
 }
 
+/// Starts [`COUNTER`] in sandbox `id` and waits until it has counted:
+/// its pid and start time.
+async fn count_in(c: &HubClient, id: &str) -> (String, String) {
+    let pid = sh_ok(c, id, COUNTER).await.trim().to_string();
+    eventually("the counter to count", WAIT, || async {
+        (counter(c, id).await >= 3).then_some(())
+    })
+    .await;
+    let born = started(c, id, &pid).await;
+    (pid, born)
+}
+
 async fn ready(c: &HubClient) -> String {
     let sb = c.create(CreateSandbox::default()).await.expect("create");
     assert_eq!(sb.state, SandboxState::Ready);
@@ -85,12 +97,7 @@ async fn a_paused_sandbox_keeps_its_processes_and_their_memory() {
     let hub = TestHub::start(HubOptions::default()).await;
     let c = hub.client(None);
     let id = ready(&c).await;
-    let pid = sh_ok(&c, &id, COUNTER).await.trim().to_string();
-    eventually("the counter to count", WAIT, || async {
-        (counter(&c, &id).await >= 3).then_some(())
-    })
-    .await;
-    let born = started(&c, &id, &pid).await;
+    let (pid, born) = count_in(&c, &id).await;
 
     let before = counter(&c, &id).await;
     let paused = c.pause(&id).await.unwrap();
@@ -243,12 +250,7 @@ async fn a_hub_restarted_while_paused_finds_the_sandbox_paused_and_resumes_it() 
     let mut hub = TestHub::start(HubOptions::default()).await;
     let c = hub.client(None);
     let id = ready(&c).await;
-    let pid = sh_ok(&c, &id, COUNTER).await.trim().to_string();
-    eventually("the counter to count", WAIT, || async {
-        (counter(&c, &id).await >= 3).then_some(())
-    })
-    .await;
-    let born = started(&c, &id, &pid).await;
+    let (pid, born) = count_in(&c, &id).await;
     let before = counter(&c, &id).await;
     c.pause(&id).await.unwrap();
 

@@ -51,35 +51,34 @@ impl Api<'_> {
         format!("{}/v1/volumes{path}", self.hub.url())
     }
 
-    async fn post(&self, body: Value) -> reqwest::Response {
-        self.hub
+    /// `method` on `/v1/volumes{path}` as this tenant, with `body` as JSON.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> reqwest::Response {
+        let mut req = self
+            .hub
             .http()
-            .post(self.url(""))
-            .bearer_auth(self.key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
+            .request(method, self.url(path))
+            .bearer_auth(self.key);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn post(&self, body: Value) -> reqwest::Response {
+        self.call(reqwest::Method::POST, "", Some(body)).await
     }
 
     async fn get(&self, path: &str) -> reqwest::Response {
-        self.hub
-            .http()
-            .get(self.url(path))
-            .bearer_auth(self.key)
-            .send()
-            .await
-            .unwrap()
+        self.call(reqwest::Method::GET, path, None).await
     }
 
     async fn delete(&self, path: &str) -> reqwest::Response {
-        self.hub
-            .http()
-            .delete(self.url(path))
-            .bearer_auth(self.key)
-            .send()
-            .await
-            .unwrap()
+        self.call(reqwest::Method::DELETE, path, None).await
     }
 
     async fn create(&self, name: &str, size_mb: u64) -> Value {

@@ -426,31 +426,37 @@ impl LocalBackend {
     pub async fn stop(&self, row: &SandboxRow) -> Result<()> {
         self.egress.detach(&row.id);
         let launched = Self::launched(row).ok();
-        let (runtime, id) = (self.runtime.clone(), row.id.clone());
-        tokio::task::spawn_blocking(move || match launched {
+        let id = row.id.clone();
+        self.on_runtime(move |runtime| match launched {
             Some(l) => runtime.stop(&id, &l),
             // A launch the hub died during: whatever its cgroup holds.
             None => runtime.kill_all(&id),
         })
         .await
-        .map_err(join_error)?
-        .map_err(runtime_error)
     }
 
     /// Freezes every process of the sandbox (pause); see
     /// `Runtime::freeze`.
     pub async fn freeze(&self, row: &SandboxRow) -> Result<()> {
-        let (runtime, id) = (self.runtime.clone(), row.id.clone());
-        tokio::task::spawn_blocking(move || runtime.freeze(&id))
-            .await
-            .map_err(join_error)?
-            .map_err(runtime_error)
+        let id = row.id.clone();
+        self.on_runtime(move |runtime| runtime.freeze(&id)).await
     }
 
     /// Thaws a paused sandbox.
     pub async fn thaw(&self, row: &SandboxRow) -> Result<()> {
-        let (runtime, id) = (self.runtime.clone(), row.id.clone());
-        tokio::task::spawn_blocking(move || runtime.thaw(&id))
+        let id = row.id.clone();
+        self.on_runtime(move |runtime| runtime.thaw(&id)).await
+    }
+
+    /// Runs `f`, which blocks for as long as a start, stop or freeze
+    /// takes, on the blocking pool, and answers its error in the API's
+    /// words.
+    async fn on_runtime<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Runtime) -> std::result::Result<T, RuntimeError> + Send + 'static,
+    ) -> Result<T> {
+        let runtime = self.runtime.clone();
+        tokio::task::spawn_blocking(move || f(&runtime))
             .await
             .map_err(join_error)?
             .map_err(runtime_error)

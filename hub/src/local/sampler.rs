@@ -121,8 +121,9 @@ impl std::fmt::Debug for Sampler {
     }
 }
 
-/// The last reading of a sandbox: when, CPU µs, network bytes (in, out).
-type Reading = (Instant, u64, Option<(u64, u64)>);
+/// The last reading of a sandbox: when, its counters, network bytes (in,
+/// out).
+type Reading = (Instant, Counters, Option<(u64, u64)>);
 
 /// The sampling thread's own state of one sandbox.
 struct Probe {
@@ -131,8 +132,7 @@ struct Probe {
     /// Its files are kept open (it counts against the fd budget).
     kept: bool,
     prev: Option<Reading>,
-    /// The last counters read, and the last `(used, limit)` of its qgroup.
-    last: Option<Counters>,
+    /// The last `(used, limit)` of its qgroup.
     disk: Option<(u64, Option<u64>)>,
     /// Where it is in its [`FULL_EVERY`] cycle: everything is read at 0.
     phase: u32,
@@ -351,7 +351,6 @@ impl Worker {
                     qgroup,
                     kept: keep,
                     prev: None,
-                    last: None,
                     disk: None,
                     phase,
                     oom_seen: 0,
@@ -365,9 +364,12 @@ impl Worker {
         let mut points: Vec<(String, Point, Counters)> = Vec::with_capacity(self.probes.len());
         for (id, probe) in self.probes.iter_mut() {
             let now = Instant::now();
-            let full = probe.last.is_none() || probe.phase == 0;
+            let full = probe.prev.is_none() || probe.phase == 0;
             probe.phase = (probe.phase + 1) % FULL_EVERY;
-            let since = if full { None } else { probe.last.as_ref() };
+            let since = match &probe.prev {
+                Some((_, last, _)) if !full => Some(last),
+                _ => None,
+            };
             let counters = match probe.stats.read(&mut buf, since) {
                 Ok(c) => c,
                 Err(_) => {
@@ -386,15 +388,14 @@ impl Worker {
                     .map(|used| (used, probe.disk.and_then(|(_, max)| max))),
                 Some(_) => probe.disk,
             };
-            probe.last = Some(counters);
             probe.disk = disk;
             let net = self.sources.net.as_ref().and_then(|n| n(id));
             let first = probe.prev.is_none();
-            if let Some((at, cpu, prev_net)) = probe.prev {
+            if let Some((at, last, prev_net)) = probe.prev {
                 let elapsed_us = now.duration_since(at).as_micros().max(1) as u64;
                 let span = (elapsed_us + 500_000) / 1_000_000;
                 // CPU over exactly `span` seconds, whatever the tick's jitter.
-                let cpu_us = (u128::from(counters.cpu_usec.saturating_sub(cpu))
+                let cpu_us = (u128::from(counters.cpu_usec.saturating_sub(last.cpu_usec))
                     * u128::from(span.max(1) * 1_000_000)
                     / u128::from(elapsed_us)) as u64;
                 let net_delta = net.map(|(rx, tx)| match prev_net {
@@ -413,7 +414,7 @@ impl Worker {
                 );
                 points.push((id.clone(), point, counters));
             }
-            probe.prev = Some((now, counters.cpu_usec, net));
+            probe.prev = Some((now, counters, net));
             // Alerts: the event log's hook.
             if counters.oom_kills > probe.oom_seen && !first {
                 let _ = self.shared.alerts.send(UsageAlert::OomKilled {

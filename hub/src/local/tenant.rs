@@ -52,10 +52,18 @@ impl TenantHub {
     /// The sandbox, Ready for `op`, and its sandboxd: one that is Paused
     /// or Suspended with `auto_resume` is resumed first (`Hub::wake`).
     async fn running(&self, id: &str, op: &str) -> Result<(SandboxRow, SandboxdClient)> {
-        match self.hub.running(&self.tenant, id, op) {
+        self.awake(id, || self.hub.running(&self.tenant, id, op))
+            .await
+    }
+
+    /// `ready`, a check that sandbox `id` is Ready (FAILED_PRECONDITION
+    /// when it is not), asked again once the sandbox was woken when it is
+    /// Paused or Suspended with `auto_resume`; else its first answer.
+    async fn awake<T>(&self, id: &str, ready: impl Fn() -> Result<T>) -> Result<T> {
+        match ready() {
             Err(e) if e.code == Code::FailedPrecondition => {
                 if self.hub.wake(&self.tenant, id).await? {
-                    self.hub.running(&self.tenant, id, op)
+                    ready()
                 } else {
                     Err(e)
                 }
@@ -167,15 +175,11 @@ impl TenantView for TenantHub {
         // Per request on a kept connection: a read, and a write only when
         // the recorded activity is a second old (idle timeouts count in
         // seconds), not a write per request.
-        let last_activity = match self.hub.ready_activity(&self.tenant, id, "port access") {
-            Err(e) if e.code == Code::FailedPrecondition => {
-                if !self.hub.wake(&self.tenant, id).await? {
-                    return Err(e);
-                }
-                self.hub.ready_activity(&self.tenant, id, "port access")?
-            }
-            outcome => outcome?,
-        };
+        let last_activity = self
+            .awake(id, || {
+                self.hub.ready_activity(&self.tenant, id, "port access")
+            })
+            .await?;
         let now = now_ms();
         if now - last_activity >= 1000 {
             let _ = self.hub.store.touch(id, now);

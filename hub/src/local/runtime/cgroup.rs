@@ -249,20 +249,18 @@ fn detect_v1(mounts: &[Mount], create: bool) -> Result<Backend, String> {
             missing.join(", ")
         ));
     };
-    // CPU accounting rides along where it is its own hierarchy (best
-    // effort: only the usage sampler reads it).
-    let cpuacct = find("cpuacct").filter(|d| *d != cpu);
-    let cpuacct = match (&cpuacct, create) {
-        (Some(d), true) => mkdir_ok(d).is_ok().then(|| d.clone()),
-        _ => cpuacct,
+    // A best-effort controller: used where mounted (and, when creating,
+    // where its parent could be made), else done without.
+    let optional = |dir: Option<PathBuf>| match (dir, create) {
+        (Some(d), true) => mkdir_ok(&d).is_ok().then_some(d),
+        (dir, _) => dir,
     };
-    // The freezer too (best effort: only pause needs it), co-mounted with
-    // another controller or not (`dirs` lists a directory once).
-    let freezer = find("freezer");
-    let freezer = match (&freezer, create) {
-        (Some(d), true) => mkdir_ok(d).is_ok().then(|| d.clone()),
-        _ => freezer,
-    };
+    // CPU accounting rides along where it is its own hierarchy (only the
+    // usage sampler reads it).
+    let cpuacct = optional(find("cpuacct").filter(|d| *d != cpu));
+    // The freezer too (only pause needs it), co-mounted with another
+    // controller or not (`dirs` lists a directory once).
+    let freezer = optional(find("freezer"));
     if create {
         for dir in [&memory, &pids, &cpu] {
             mkdir_ok(dir).map_err(|e| {

@@ -253,7 +253,7 @@ impl DiskQuotas {
     /// exists (a resumed sandbox; the template may have changed).
     pub fn limit(&self, parent: BorrowedFd<'_>, name: &str, bytes: u64) -> io::Result<QuotaId> {
         self.check_attached()?;
-        plan::check_name(name).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        checked_name(name)?;
         let created = match btrfs::create_subvolume(parent, name) {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
@@ -402,6 +402,11 @@ impl DiskQuotas {
     }
 }
 
+/// [`plan::check_name`] as an I/O error (`InvalidInput`).
+fn checked_name(name: &str) -> io::Result<()> {
+    plan::check_name(name).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))
+}
+
 /// The directory under [`DiskQuotas::root`] that holds named volumes:
 /// `volumes/<tenant dir>/<name>`, each a subvolume with a qgroup limit.
 pub const VOLUMES_DIR: &str = "volumes";
@@ -430,7 +435,7 @@ impl DiskQuotas {
     /// `volumes/<tenant_dir>`, made when missing.
     fn tenant_volumes(&self, tenant_dir: &str, create: bool) -> io::Result<Option<OwnedFd>> {
         self.check_attached()?;
-        plan::check_name(tenant_dir).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        checked_name(tenant_dir)?;
         let volumes = open_beneath_same_fs(self.root_fd.as_fd(), VOLUMES_DIR)?;
         if create {
             match rustix::fs::mkdirat(&volumes, tenant_dir, Mode::from_raw_mode(0o700)) {
@@ -475,7 +480,7 @@ impl DiskQuotas {
     /// following links or crossing mounts: the handle to mount or to reach
     /// its files through, never a path a sandbox could have replaced.
     pub fn open_volume(&self, tenant_dir: &str, name: &str) -> io::Result<OwnedFd> {
-        plan::check_name(name).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        checked_name(name)?;
         let parent = self.tenant_volumes(tenant_dir, false)?.ok_or_else(|| {
             io::Error::new(io::ErrorKind::NotFound, format!("volumes/{tenant_dir}"))
         })?;
@@ -491,7 +496,7 @@ impl DiskQuotas {
 
     /// Deletes a volume and its files at once; one that is gone is fine.
     pub fn release_volume(&self, tenant_dir: &str, name: &str) -> io::Result<()> {
-        plan::check_name(name).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        checked_name(name)?;
         let Some(parent) = self.tenant_volumes(tenant_dir, false)? else {
             return Ok(());
         };
