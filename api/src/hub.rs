@@ -192,6 +192,10 @@ pub struct CreateSandbox {
     /// only; docs/networking.md). Forces a cold start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::secrets::SecretRef>,
+    /// More named volumes than the template's, mounted where each says
+    /// (local backend). Forces a cold start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volumes::VolumeMount>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -467,6 +471,11 @@ pub struct Template {
     /// request's wins.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub auto_resume: bool,
+    /// Named volumes its sandboxes mount (`[{name, path, read_only}]`,
+    /// local backend): the tenant's own, or one the operator shares with
+    /// every tenant (read-only). A create request may add more.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volumes::VolumeMount>,
     /// Kubernetes only: more containers in the sandbox's Pod (a grader, a
     /// service the task needs), at most [`MAX_SIDECARS`]. They share the
     /// Pod's network and, with `image`, its `/workspace`; `exec` reaches

@@ -57,8 +57,8 @@ pub const MAX_MOUNT_PATH: usize = 256;
 
 /// One volume a sandbox mounts: `{"name": "data", "path":
 /// "/workspace/data", "read_only": false}`. The rules are checked in
-/// `validate::volume_mounts`. (Checked here ahead of the launch side:
-/// templates and create requests do not carry mounts yet.)
+/// `validate::volume_mounts`, on a template's list, a create request's,
+/// and the two together (the request's add to the template's).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -57,6 +57,18 @@ pub struct PolicyArgs {
     /// `size_mb`, each a hard limit on the disk-quota volume).
     #[arg(long, env = "SANDHUB_TENANT_MAX_VOLUME_MB", default_value_t = 10240)]
     pub tenant_max_volume_mb: u64,
+
+    /// Publishes a named volume read-only to every tenant, as
+    /// `[TENANT/]NAME` (the tenant that owns it; `default`, the tenant of
+    /// a hub without an API keys file, when left out): a dataset or a
+    /// package cache that many sandboxes mount. A tenant's own volume of
+    /// the same name wins. Repeatable; comma-separated in the variable.
+    #[arg(
+        long = "shared-volume",
+        env = "SANDHUB_SHARED_VOLUMES",
+        value_delimiter = ','
+    )]
+    pub shared_volumes: Vec<String>,
 }
 
 impl Default for PolicyArgs {
@@ -70,6 +82,7 @@ impl Default for PolicyArgs {
             tenant_max_pool_replicas: 32,
             tenant_max_memory_mb: None,
             tenant_max_volume_mb: 10240,
+            shared_volumes: Vec::new(),
         }
     }
 }
@@ -85,6 +98,33 @@ pub struct Policy {
     pub tenant_max_pool_replicas: u64,
     pub tenant_max_memory_mb: u64,
     pub tenant_max_volume_mb: u64,
+    /// `--shared-volume`: (owner tenant, volume name) pairs.
+    pub shared_volumes: Vec<SharedVolume>,
+}
+
+/// A volume the operator published read-only to every tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedVolume {
+    pub owner: String,
+    pub name: String,
+}
+
+impl SharedVolume {
+    /// `[TENANT/]NAME`; the name is a DNS label, so the last `/` splits.
+    pub fn parse(spec: &str) -> anyhow::Result<Self> {
+        let (owner, name) = spec
+            .rsplit_once('/')
+            .unwrap_or((crate::http::OPEN_TENANT, spec));
+        sandhub_api::validate::name("volume", name)
+            .map_err(|e| anyhow::anyhow!("--shared-volume {spec:?}: {}", e.message))?;
+        if owner.is_empty() {
+            anyhow::bail!("--shared-volume {spec:?}: the tenant before `/` is empty");
+        }
+        Ok(SharedVolume {
+            owner: owner.to_string(),
+            name: name.to_string(),
+        })
+    }
 }
 
 impl Policy {
@@ -112,6 +152,12 @@ impl Policy {
                 .tenant_max_memory_mb
                 .unwrap_or(mem_mb.saturating_mul(8)),
             tenant_max_volume_mb: args.tenant_max_volume_mb,
+            // Checked by `validate`, which start-up calls.
+            shared_volumes: args
+                .shared_volumes
+                .iter()
+                .filter_map(|s| SharedVolume::parse(s).ok())
+                .collect(),
         }
     }
 
@@ -126,6 +172,14 @@ impl Policy {
         };
         sandhub_api::validate::template_limits(&t)
             .map_err(|e| anyhow::anyhow!("--default-*: {}", e.message))
+    }
+
+    /// Checks `--shared-volume`, which `resolve` skips when malformed.
+    pub fn validate_args(args: &PolicyArgs) -> anyhow::Result<()> {
+        for s in &args.shared_volumes {
+            SharedVolume::parse(s)?;
+        }
+        Ok(())
     }
 
     /// The template as sandboxes run it: the operator's defaults fill every

@@ -17,7 +17,7 @@ import os
 import time
 from datetime import datetime
 from types import TracebackType
-from typing import IO, Any, AsyncIterator, Literal, Mapping
+from typing import IO, Any, AsyncIterator, Iterable, Literal, Mapping
 
 from . import _common as c
 from ._sandhub import NativeClient
@@ -548,6 +548,7 @@ class AsyncHub:
         idle_action: Literal["delete", "suspend", "pause"] | None = None,
         auto_resume: bool | None = None,
         network: c.Network | None = None,
+        volumes: Iterable[Mapping[str, Any]] | None = None,
         wait: bool = True,
         wait_timeout: float = 600.0,
     ) -> AsyncSandbox:
@@ -558,8 +559,10 @@ class AsyncHub:
         start. ``idle_action`` is what ``idle_timeout_seconds`` does
         (``"delete"`` by default); with ``auto_resume`` a call that needs the
         sandbox running resumes it first when it is paused or suspended
-        (local backend; both override the template's). Never retried (it is
-        not idempotent)."""
+        (local backend; both override the template's). ``volumes`` mounts
+        named volumes besides the template's, each ``{"name": ..., "path":
+        ..., "read_only": False}``; it forces a cold start. Never retried
+        (it is not idempotent)."""
         body: dict[str, Any] = {}
         for k, v in (("template", template), ("pool", pool), ("shutdown_after_seconds", shutdown_after_seconds),
                      ("idle_timeout_seconds", idle_timeout_seconds), ("idle_action", idle_action),
@@ -572,6 +575,8 @@ class AsyncHub:
             body["env"] = dict(env)
         if network is not None:
             body["network"] = c.network_json(network)
+        if volumes:
+            body["volumes"] = [dict(v) for v in volumes]
         sb = AsyncSandbox(self, SandboxInfo._from(c.loads(await self._native.create(c.dumps(body)))))
         deadline = time.monotonic() + wait_timeout
         while wait and sb.state == "Pending":

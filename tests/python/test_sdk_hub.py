@@ -272,6 +272,19 @@ def test_volumes(hub: sandhub.Hub):
         hub.volumes.create("sdk-vol", 16)
     with pytest.raises(sandhub.InvalidArgumentError):
         hub.volumes.create("Not_A_Name", 16)
+
+    # Mounted: written by one sandbox, read by the next; in use, it stays.
+    mount = {"name": "sdk-vol", "path": "/workspace/vol"}
+    with hub.create(volumes=[mount]) as writer:
+        writer.commands.run("echo kept > /workspace/vol/f")
+        with pytest.raises(sandhub.ConflictError):
+            hub.volumes.delete("sdk-vol")
+    with hub.create(volumes=[{**mount, "read_only": True}]) as reader:
+        assert reader.commands.run("cat /workspace/vol/f").stdout == "kept\n"
+        assert reader.commands.run("touch /workspace/vol/g").exit_code != 0
+    with pytest.raises(sandhub.NotFoundError):
+        hub.create(volumes=[{"name": "no-such-vol", "path": "/v"}])
+
     hub.volumes.delete("sdk-vol")
     with pytest.raises(sandhub.NotFoundError):
         hub.volumes.get("sdk-vol")

@@ -154,6 +154,7 @@ impl CreateSandbox {
             network(n)?;
         }
         secrets(&self.secrets)?;
+        volume_mounts(&self.volumes)?;
         env(&self.env)
     }
 }
@@ -187,6 +188,7 @@ impl Template {
             entrypoint(argv)?;
         }
         sidecars(&self.sidecars)?;
+        volume_mounts(&self.volumes)?;
         network(&self.network)?;
         env(&self.env)
     }

@@ -50,6 +50,28 @@ pub fn parse_key_value(s: &str) -> std::result::Result<(String, String), String>
     }
 }
 
+/// `--volume NAME:PATH[:ro]`: a named volume and where it is mounted
+/// (read-write unless `:ro`). The hub checks the name and the path.
+pub fn parse_volume_mount(
+    s: &str,
+) -> std::result::Result<sandhub_api::volumes::VolumeMount, String> {
+    let (name, rest) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected NAME:PATH[:ro], got {s:?}"))?;
+    let (path, read_only) = match rest.strip_suffix(":ro") {
+        Some(p) => (p, true),
+        None => (rest.strip_suffix(":rw").unwrap_or(rest), false),
+    };
+    if name.is_empty() || path.is_empty() {
+        return Err(format!("expected NAME:PATH[:ro], got {s:?}"));
+    }
+    Ok(sandhub_api::volumes::VolumeMount {
+        name: name.to_string(),
+        path: path.to_string(),
+        read_only,
+    })
+}
+
 /// `30s`, `5m`, `1h30m`, or a bare number of seconds: the parser every
 /// Sandhub binary uses for durations.
 pub use sandhub_common::parse_duration;

@@ -9,7 +9,7 @@ use sandhub_client::{Result, Sandboxes};
 use serde::Serialize;
 
 use super::{
-    args::{parse_duration, parse_key_value, to_map, whole_seconds},
+    args::{parse_duration, parse_key_value, parse_volume_mount, to_map, whole_seconds},
     output, ClientArgs, Output,
 };
 
@@ -53,6 +53,12 @@ pub struct CreateArgs {
     #[arg(long, env = "SANDHUB_AUTO_RESUME")]
     auto_resume: bool,
 
+    /// A named volume to mount, `NAME:PATH[:ro]`, repeatable (env:
+    /// comma-separated). Added to the template's; forces a cold start.
+    #[arg(long = "volume", value_name = "NAME:PATH[:ro]", env = "SANDHUB_SANDBOX_VOLUMES",
+          value_delimiter = ',', value_parser = parse_volume_mount)]
+    volumes: Vec<sandhub_api::volumes::VolumeMount>,
+
     /// Narrowing of the template's network (forces a cold start).
     #[command(flatten)]
     network: super::network::NetworkFlags,
@@ -78,6 +84,7 @@ pub async fn create(args: CreateArgs) -> Result<i32> {
             auto_resume: args.auto_resume.then_some(true),
             network: args.network.spec(),
             secrets: Vec::new(),
+            volumes: args.volumes,
         })
         .await?;
     output::show(args.client.output, &sandbox, || &sandbox.id)?;

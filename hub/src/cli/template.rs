@@ -7,7 +7,7 @@ use sandhub_api::hub::{NamedTemplate, Network, Template};
 use sandhub_client::{Error, Result, Sandboxes};
 
 use super::{
-    args::{parse_key_value, to_map},
+    args::{parse_key_value, parse_volume_mount, to_map},
     output, ClientArgs, Output,
 };
 
@@ -104,6 +104,12 @@ struct SetArgs {
     #[arg(long = "env", value_name = "KEY=VALUE", env = "SANDHUB_TEMPLATE_ENV",
           value_delimiter = '\n', value_parser = parse_key_value)]
     env: Vec<(String, String)>,
+
+    /// A named volume to mount, `NAME:PATH[:ro]`, repeatable (env:
+    /// comma-separated).
+    #[arg(long = "volume", value_name = "NAME:PATH[:ro]", env = "SANDHUB_TEMPLATE_VOLUMES",
+          value_delimiter = ',', value_parser = parse_volume_mount)]
+    volumes: Vec<sandhub_api::volumes::VolumeMount>,
 }
 
 pub async fn run(args: TemplateArgs) -> Result<i32> {
@@ -163,6 +169,7 @@ fn from_flags(set: SetArgs) -> Template {
         secrets: Vec::new(),
         idle_action: None,
         auto_resume: false,
+        volumes: set.volumes,
     }
 }
 

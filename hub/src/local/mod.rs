@@ -175,6 +175,7 @@ pub async fn open(
 ) -> anyhow::Result<Arc<Hub>> {
     let policy = Policy::resolve(&local.policy, runtime::host_memory_kib());
     policy.validate()?;
+    Policy::validate_args(&local.policy)?;
     let template_dirs = local
         .template_dirs
         .iter()

@@ -37,6 +37,8 @@ pub struct LaunchRequest<'a> {
     /// The values of the secrets the sandbox names (template's and
     /// request's), for its gateway only.
     pub secret_values: BTreeMap<String, String>,
+    /// The named volumes it mounts (`Hub::volume_binds`).
+    pub volumes: Vec<super::runtime::VolumeBind>,
 }
 
 pub struct LocalBackend {
@@ -183,6 +185,11 @@ impl LocalBackend {
         self.quotas.as_ref()
     }
 
+    /// How sandbox ids map to host ids (one range all sandboxes share).
+    pub fn idmap(&self) -> super::runtime::IdMap {
+        self.runtime.idmap()
+    }
+
     /// Whether a sandbox's files are on the quota volume (sandboxes made
     /// before the hub had disk quotas keep running without one).
     fn on_volume(&self, dir: &Path) -> bool {
@@ -306,6 +313,7 @@ impl LocalBackend {
             max_upload_bytes: self.max_upload_bytes,
             disk_mb,
             egress: network == Network::Egress,
+            volumes: request.volumes.clone(),
         })
     }
 }

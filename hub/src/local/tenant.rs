@@ -15,7 +15,9 @@ use sandhub_api::{
         NetworkSpec, Pool, PoolSpec, Sandbox, SandboxState, Snapshot, Template, DEFAULT_TEMPLATE,
     },
     sandboxd::{DirectoryListing, FileEntry},
+    secrets::SecretRef,
     validate,
+    volumes::VolumeMount,
 };
 use sandhub_client::{
     sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
@@ -260,6 +262,24 @@ impl Backend for Arc<Hub> {
     }
 }
 
+/// The runtime JSON of a row not launched yet, when its create request
+/// narrowed the network, added secrets or added volumes: what every later
+/// launch of it applies on top of its template.
+fn pre_launch(
+    template: &Template,
+    network: Option<NetworkSpec>,
+    secrets: Vec<SecretRef>,
+    volumes: Vec<VolumeMount>,
+) -> Option<serde_json::Value> {
+    let mut runtime = (network.is_some() || !secrets.is_empty())
+        .then(|| super::egress::Recorded::pre_launch(&template.network, network, secrets));
+    if !volumes.is_empty() {
+        let obj = runtime.get_or_insert_with(|| serde_json::json!({}));
+        obj[super::volumes::REQUEST_KEY] = serde_json::to_value(volumes).unwrap_or_default();
+    }
+    runtime
+}
+
 #[async_trait]
 impl Sandboxes for TenantHub {
     async fn create(&self, req: CreateSandbox) -> Result<Sandbox> {
@@ -305,9 +325,23 @@ impl Sandboxes for TenantHub {
         // So does a narrowed network (the warm members have the template's).
         // And so do secrets the request adds (placeholders, a gateway).
         hub.check_secrets(&self.tenant, &effective, &req)?;
+        // And so do volumes the request adds (warm members mount only the
+        // template's).
+        if !req.volumes.is_empty() {
+            let all: Vec<_> = effective
+                .volumes
+                .iter()
+                .chain(&req.volumes)
+                .cloned()
+                .collect();
+            validate::volume_mounts(&all)?;
+        }
         if let (Some(pool), true) = (
             &pool,
-            req.env.is_empty() && req.network.is_none() && req.secrets.is_empty(),
+            req.env.is_empty()
+                && req.network.is_none()
+                && req.secrets.is_empty()
+                && req.volumes.is_empty(),
         ) {
             let claim = Claim {
                 tenant: &self.tenant,
@@ -348,9 +382,7 @@ impl Sandboxes for TenantHub {
             pool: None,
             claimed: true,
             forked_from: None,
-            runtime: (req.network.is_some() || !req.secrets.is_empty()).then(|| {
-                super::egress::Recorded::pre_launch(&effective.network, req.network, req.secrets)
-            }),
+            runtime: pre_launch(&effective, req.network, req.secrets, req.volumes),
             idle_action,
             auto_resume,
         };

@@ -14,18 +14,54 @@ use std::collections::BTreeSet;
 
 use sandhub_api::{
     error::Code,
+    hub::Template,
     validate,
-    volumes::{CreateVolume, Volume, VolumeList},
+    volumes::{CreateVolume, Volume, VolumeList, VolumeMount},
 };
 use sandhub_client::{Error, Result};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{
-    hub::Hub,
-    runtime::{quota::MIB, DiskQuotas},
-    store::{VolumeRefused, VolumeRow},
+    hub::{counts_against_quota, Hub},
+    runtime::{quota::MIB, DiskQuotas, IdMap, VolumeBind, VOLUMES_DIR},
+    store::{SandboxRow, VolumeRefused, VolumeRow},
 };
 use crate::backend::{now_ms, rfc3339};
+
+/// Key of a row's runtime JSON holding the volumes its create request
+/// added to its template's (kept across launches).
+pub const REQUEST_KEY: &str = "request_volumes";
+/// Key of a row's runtime JSON holding what its last launch mounted.
+pub const MOUNTED_KEY: &str = "volumes";
+
+/// A volume a sandbox mounts, resolved to its owner (the sandbox's own
+/// tenant, or the operator's for a `--shared-volume`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mounted {
+    pub owner: String,
+    pub name: String,
+    pub path: String,
+    pub read_only: bool,
+}
+
+/// The volumes `row`'s create request added (none for most rows).
+pub fn requested(row: &SandboxRow) -> Vec<VolumeMount> {
+    recorded(row, REQUEST_KEY)
+}
+
+/// What `row`'s last launch mounted.
+fn mounted(row: &SandboxRow) -> Vec<Mounted> {
+    recorded(row, MOUNTED_KEY)
+}
+
+fn recorded<T: serde::de::DeserializeOwned>(row: &SandboxRow, key: &str) -> Vec<T> {
+    row.runtime
+        .as_ref()
+        .and_then(|r| r.get(key))
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
+}
 
 /// The directory a tenant's volumes live in: 32 hex digits of the SHA-256
 /// of its name.
@@ -99,9 +135,16 @@ impl Hub {
             row.size_mb.saturating_mul(MIB),
             true,
         );
+        let made = made.and_then(|_| {
+            let root = quotas.open_volume(&tenant_dir(tenant), &row.name)?;
+            give_to_sandboxes(&root, &self.backend.idmap())
+        });
         if let Err(e) = made {
             // No volume without its disk: take the row back.
             let _ = self.store.delete_volume(tenant, &row.name);
+            if let Some(q) = self.backend.quotas() {
+                let _ = q.release_volume(&tenant_dir(tenant), &row.name);
+            }
             return Err(disk_error("making the volume's subvolume", e));
         }
         tracing::info!(tenant, volume = %row.name, size_mb = row.size_mb, "volume created");
@@ -130,6 +173,15 @@ impl Hub {
     pub(super) fn delete_volume(&self, tenant: &str, name: &str) -> Result<()> {
         validate::name("volume", name)?;
         let _held = self.volumes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(user) = self.volume_user(tenant, name)? {
+            return Err(Error::new(
+                Code::Conflict,
+                format!(
+                    "volume {name:?} is mounted by sandbox {user} (running, paused, suspended \
+                     or starting); delete that sandbox first"
+                ),
+            ));
+        }
         if !self.store.delete_volume(tenant, name)? {
             return Err(not_found(name));
         }
@@ -142,6 +194,112 @@ impl Hub {
         }
         tracing::info!(tenant, volume = name, "volume deleted");
         Ok(())
+    }
+
+    /// A sandbox that mounts `owner`'s volume `name`, or would on its next
+    /// start: one not finished whose last launch mounted it, whose create
+    /// request asked for it, or whose template (as it is now) names it.
+    /// Any tenant's sandbox counts: a shared volume is mounted by others.
+    fn volume_user(&self, owner: &str, name: &str) -> Result<Option<String>> {
+        let shared = self.shared_volume_owner(name).is_some_and(|o| o == owner);
+        for r in self.store.all_sandboxes()? {
+            if !counts_against_quota(r.state) || (r.tenant != owner && !shared) {
+                continue;
+            }
+            let by_launch = mounted(&r)
+                .iter()
+                .any(|m| m.owner == owner && m.name == name);
+            let by_name = |m: &VolumeMount| {
+                m.name == name && (r.tenant == owner || !self.owns_volume(&r.tenant, name))
+            };
+            let by_template = || {
+                self.template(&r.tenant, &r.template)
+                    .is_ok_and(|t| t.volumes.iter().any(by_name))
+            };
+            if by_launch || requested(&r).iter().any(by_name) || by_template() {
+                return Ok(Some(r.id));
+            }
+        }
+        Ok(None)
+    }
+
+    fn owns_volume(&self, tenant: &str, name: &str) -> bool {
+        matches!(self.store.get_volume(tenant, name), Ok(Some(_)))
+    }
+
+    /// The tenant that owns the shared volume `name`, if the operator
+    /// published one by that name.
+    fn shared_volume_owner(&self, name: &str) -> Option<&str> {
+        self.policy
+            .shared_volumes
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.owner.as_str())
+    }
+
+    /// What a launch of `row` with `template` mounts: the template's
+    /// volumes and its create request's, each the tenant's own or, failing
+    /// that, one the operator shares (read-only only). A volume that does
+    /// not exist is `NOT_FOUND`, naming who asked for it.
+    pub(super) fn volume_binds(
+        &self,
+        row: &SandboxRow,
+        template: &Template,
+    ) -> Result<(Vec<VolumeBind>, Vec<Mounted>)> {
+        let extra = requested(row);
+        if template.volumes.is_empty() && extra.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let all: Vec<VolumeMount> = template.volumes.iter().chain(&extra).cloned().collect();
+        validate::volume_mounts(&all)?;
+        let quotas = self.volume_quotas()?;
+        let (mut binds, mut mounted) = (Vec::new(), Vec::new());
+        for m in all {
+            let owner = if self.owns_volume(&row.tenant, &m.name) {
+                row.tenant.clone()
+            } else {
+                match self.shared_volume_owner(&m.name) {
+                    Some(o) if self.owns_volume(o, &m.name) => {
+                        if !m.read_only {
+                            return Err(Error::new(
+                                Code::PermissionDenied,
+                                format!(
+                                    "volume {:?} is shared by the operator read-only: mount it \
+                                     with `read_only: true`",
+                                    m.name
+                                ),
+                            ));
+                        }
+                        o.to_string()
+                    }
+                    _ => {
+                        return Err(Error::not_found(format!(
+                            "volume {:?} (mounted at {} by template {:?} or the create request)",
+                            m.name, m.path, row.template
+                        )))
+                    }
+                }
+            };
+            let dir = tenant_dir(&owner);
+            // Checked here too, so a broken volume fails the create with
+            // its name rather than deep inside the sandbox's start.
+            quotas
+                .open_volume(&dir, &m.name)
+                .map_err(|e| disk_error(&format!("opening volume {:?}", m.name), e))?;
+            binds.push(VolumeBind {
+                root: quotas.root().to_path_buf(),
+                rel: format!("{VOLUMES_DIR}/{dir}/{}", m.name),
+                path: m.path.clone(),
+                read_only: m.read_only,
+            });
+            mounted.push(Mounted {
+                owner,
+                name: m.name,
+                path: m.path,
+                read_only: m.read_only,
+            });
+        }
+        Ok((binds, mounted))
     }
 
     /// Puts the disk in line with the rows (see the module docs). Without
@@ -188,6 +346,20 @@ impl Hub {
         }
         Ok(())
     }
+}
+
+/// Makes a new volume's root the sandboxes' root's (the id range all
+/// sandboxes share), so a sandbox can write its first file there.
+fn give_to_sandboxes(root: &std::os::fd::OwnedFd, idmap: &IdMap) -> std::io::Result<()> {
+    let (uid, gid) = idmap.host_root();
+    rustix::fs::chownat(
+        root,
+        "",
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+        rustix::fs::AtFlags::EMPTY_PATH,
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

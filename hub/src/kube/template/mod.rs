@@ -160,6 +160,13 @@ pub fn refuse_local_only(t: &Template) -> Result<(), Error> {
             "idle timeouts are not available here; use shutdown_after_seconds",
         );
     }
+    if !t.volumes.is_empty() {
+        return Err(Error::new(
+            sandhub_api::error::Code::Unimplemented,
+            "volumes are not yet available on the kubernetes backend (they will be \
+             PersistentVolumeClaims); /v1/volumes answers UNIMPLEMENTED there too",
+        ));
+    }
     if t.pids.is_some() {
         return no(
             "pids",

@@ -91,6 +91,13 @@ impl Sandboxes for KubeTenant {
                 "idle_action is not available on the kubernetes backend (it has no idle timeouts)",
             ));
         }
+        if !req.volumes.is_empty() {
+            return Err(Error::new(
+                sandhub_api::error::Code::Unimplemented,
+                "volumes are not yet available on the kubernetes backend (they will be \
+                 PersistentVolumeClaims)",
+            ));
+        }
         if req.auto_resume == Some(true) {
             return Err(Error::invalid(
                 "auto_resume is not available on the kubernetes backend: a Pod cannot be paused, \

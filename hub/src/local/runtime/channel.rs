@@ -55,6 +55,9 @@ pub(crate) struct InitConfig {
     pub memory_mb: Option<u64>,
     /// sandboxd's `--max-upload-bytes`.
     pub max_upload_bytes: u64,
+    /// Named volumes to bind (see `volumes.rs`).
+    #[serde(default)]
+    pub volumes: Vec<super::VolumeBind>,
     pub idmap: IdMap,
     /// `tracing` filter for the code running inside.
     pub log_filter: String,

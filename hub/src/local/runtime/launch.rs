@@ -93,6 +93,9 @@ pub struct SandboxSpec {
     /// the sandbox runs). Only with the host's `/etc` (no `root_fs`).
     #[serde(default)]
     pub egress: bool,
+    /// Named volumes bound into the sandbox (see `volumes.rs`).
+    #[serde(default)]
+    pub volumes: Vec<super::VolumeBind>,
 }
 
 impl SandboxSpec {
@@ -115,6 +118,7 @@ impl SandboxSpec {
             max_upload_bytes: 0,
             disk_mb: None,
             egress: false,
+            volumes: Vec::new(),
         }
     }
 
@@ -403,6 +407,7 @@ impl Runtime {
             network_host: spec.network_host,
             memory_mb: spec.memory_mb,
             max_upload_bytes: spec.max_upload_bytes,
+            volumes: spec.volumes.clone(),
             idmap: self.idmap,
             log_filter: self.log_filter.clone(),
         };

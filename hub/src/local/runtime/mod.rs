@@ -22,6 +22,8 @@
 //!
 //! probe() -> HostSupport                        per-feature report
 //! prepare_host_etc(state_root)                  (Runtime::new calls it)
+//! spec.volumes: Vec<VolumeBind>                 named volumes bound into the sandbox
+//!                                               (see [`volumes`])
 //! runtime.snapshot(state_dir, dest, max_bytes)  copy an upper layer without
 //!                                               following links (fork = new
 //!                                               sandbox with [snapshot, ...seed])
@@ -92,6 +94,7 @@ mod seccomp;
 mod statedir;
 mod sys;
 pub mod treecopy;
+mod volumes;
 pub mod workspace;
 
 pub use error::RuntimeError;
@@ -101,8 +104,9 @@ pub use launch::{Launched, Runtime, SandboxSpec, EGRESS_RESOLV_CONF};
 pub use mounts::host_memory_kib;
 pub use netns::{NetNs, NsSockets};
 pub use probe::{probe, probe_at, Check, HostSupport};
-pub use quota::{DiskQuotas, VolumeOptions};
+pub use quota::{DiskQuotas, VolumeOptions, VOLUMES_DIR};
 pub use routes::RESET_ROUTE;
 pub use seccomp::{child_setup, install_seccomp};
 pub(crate) use statedir::open_hub_dir;
+pub use volumes::VolumeBind;
 pub use workspace::{reset_workspace, WorkspaceLayout};

@@ -11,6 +11,7 @@
 //! /tmp /root   tmpfs, sized (see [`TmpfsSizes`])
 //! /workspace   overlay (see workspace.rs)
 //! /.sandhub    layers and the overlay dir (see workspace.rs)
+//! <mounts>     named volumes, each at its path (see volumes.rs)
 //! ```
 //!
 //! Host directories are opened as `O_PATH` fds by the shim right after it
@@ -43,6 +44,7 @@ use super::{
     channel::InitConfig,
     error::annotate,
     sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY},
+    volumes::{OpenVolume, VolumeBind},
     workspace::{WorkspaceLayout, LAYERS_DIR, OVERLAY_DIR, SANDHUB_DIR, WORKSPACE},
 };
 
@@ -109,6 +111,7 @@ pub(crate) struct HostFds {
     lowers: Vec<OwnedFd>,
     entries: Vec<RootEntry>,
     devices: Vec<(&'static str, OwnedFd)>,
+    volumes: Vec<OpenVolume>,
 }
 
 fn open_path(path: &Path, what: &str) -> io::Result<OwnedFd> {
@@ -161,6 +164,11 @@ impl HostFds {
             lowers,
             entries,
             devices,
+            volumes: cfg
+                .volumes
+                .iter()
+                .map(VolumeBind::open)
+                .collect::<io::Result<Vec<_>>>()?,
         })
     }
 }
@@ -372,6 +380,12 @@ pub(crate) fn build_root(cfg: &InitConfig, host: HostFds) -> io::Result<()> {
         MountFlags::NOSUID | MountFlags::NODEV,
         &format!("mode=0700,size={}k", sizes.root_kib),
     )?;
+    // Cloned while the host's mounts are still in this namespace.
+    let volumes = host
+        .volumes
+        .iter()
+        .map(OpenVolume::detach)
+        .collect::<io::Result<Vec<_>>>()?;
     drop(host);
 
     // pivot_root(".", "."): the old root ends up stacked on the new one
@@ -382,6 +396,10 @@ pub(crate) fn build_root(cfg: &InitConfig, host: HostFds) -> io::Result<()> {
     std::env::set_current_dir("/").map_err(|e| annotate("chdir /", e))?;
 
     super::workspace::mount_workspace(&WorkspaceLayout::inside(cfg.lower_layers.len()))?;
+    // After the workspace: a volume may be mounted below it.
+    for v in &volumes {
+        v.attach()?;
+    }
     sys::mount_setattr(CWD, &cstr("/"), false, false, MOUNT_ATTR_RDONLY)
         .map_err(|e| annotate("making / read-only", e))?;
     Ok(())

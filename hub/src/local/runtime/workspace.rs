@@ -177,6 +177,9 @@ pub fn reset_workspace(layout: &WorkspaceLayout) -> io::Result<()> {
 /// Steps 1 to 4 of [`reset_workspace`]; returns the trash directory.
 fn swap_layers(layout: &WorkspaceLayout) -> io::Result<PathBuf> {
     kill_workload()?;
+    // Volumes below /workspace leave with the old overlay: keep a clone
+    // of each to mount again on the new one.
+    let volumes = super::volumes::clone_under_workspace()?;
     let meta = std::fs::metadata(&layout.upper)
         .map_err(|e| annotate(format!("stat {}", layout.upper.display()), e))?;
     rustix::mount::unmount(&layout.mount_point, rustix::mount::UnmountFlags::DETACH).map_err(
@@ -230,9 +233,21 @@ fn swap_layers(layout: &WorkspaceLayout) -> io::Result<PathBuf> {
             }
         }
         let _ = mount_workspace(layout);
+        remount(&volumes);
         return Err(e);
     }
+    remount(&volumes);
     Ok(trash)
+}
+
+/// Attaches the volumes cloned before a reset; one that fails is logged
+/// (the workspace itself is back either way).
+fn remount(volumes: &[super::volumes::DetachedVolume]) {
+    for v in volumes {
+        if let Err(e) = v.attach() {
+            tracing::error!(error = %e, "mounting a volume again after the reset");
+        }
+    }
 }
 
 /// SIGKILLs every process in this PID namespace but PID 1, sandboxd and

@@ -85,6 +85,14 @@ pub fn find_mount(mountinfo: &str, mount_point: &Path) -> Option<MountEntry> {
         .find(|m| m.mount_point == mount_point)
 }
 
+/// Every mount point in `mountinfo`, in its order.
+pub fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    mountinfo
+        .lines()
+        .filter_map(parse_mountinfo_line)
+        .map(|m| m.mount_point)
+}
+
 /// `36 35 98:0 /root /mnt rw,noatime master:1 - ext4 /dev/sda1 rw`: the
 /// fifth field is the mount point, then optional fields up to `-`, then
 /// the filesystem type and the source.
