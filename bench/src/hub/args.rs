@@ -75,6 +75,12 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(super) mcp_calls: u32,
 
+    /// Pause (and suspend) rounds of the pause phase, each waking the
+    /// sandbox twice: by `resume` and by an auto-resuming exec.
+    #[arg(long, env = "SANDHUB_BENCH_PAUSE_ROUNDS", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(super) pause_rounds: u32,
+
     /// Timed Gym resets of one env.
     #[arg(long, env = "SANDHUB_BENCH_GYM_RESETS", default_value_t = 50,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -224,6 +230,10 @@ pub(super) enum Phase {
     /// Exec with trace export on (a second hub, `--otlp-endpoint` to a
     /// loopback sink) vs off (not in the default set).
     Traces,
+    /// Pause, resume and auto-resume (after pause and after suspend) vs
+    /// exec on a running sandbox and a plain resume (not in the default
+    /// set).
+    Pause,
 }
 
 impl Args {

@@ -31,7 +31,10 @@
 //!     (`events.rs`);
 //! 14. (opt-in, `traces`) exec of `true` on a second hub exporting traces
 //!     to a loopback OTLP sink vs this one (export off), in alternating
-//!     rounds (`traces.rs`).
+//!     rounds (`traces.rs`);
+//! 15. (opt-in, `pause`) pause, resume and the exec right after, and an
+//!     auto-resuming exec vs resume-then-exec, after pause and after
+//!     suspend (`pause.rs`).
 //!
 //! With `--baseline-bin`, the selected phases run against that binary
 //! too, in alternating rounds, and the rows are new ÷ baseline
@@ -50,6 +53,7 @@ mod gym;
 mod image;
 mod internet;
 mod mcp;
+mod pause;
 mod ports;
 mod procs;
 mod pull;
@@ -221,6 +225,7 @@ async fn phases(
             Phase::Sampler => sampler::run(args, hub, report).await,
             Phase::Events => events::run(args, hub, report).await,
             Phase::Traces => traces::run(args, hub, report).await,
+            Phase::Pause => pause::run(args, hub, report).await,
             Phase::Egress => match outside.internet {
                 Some(Ok(net)) => egress::run(args, hub, report, net).await,
                 Some(Err(e)) => Err(anyhow::anyhow!("bringing up the bench internet: {e:#}")),

@@ -135,7 +135,7 @@ impl Hub {
         self.create_with(json!({ "template": template })).await
     }
 
-    async fn create_with(&mut self, body: Value) -> anyhow::Result<(String, String)> {
+    pub async fn create_with(&mut self, body: Value) -> anyhow::Result<(String, String)> {
         let v = self.call(Method::POST, "/v1/sandboxes", Some(body)).await?;
         let id = str_field(&v, "id")?;
         self.sandboxes.insert(id.clone());
