@@ -4,7 +4,7 @@
 //!
 //! On the local backend a volume is a btrfs subvolume with a qgroup limit
 //! of `size_mb` on the hub's disk-quota volume (docs/architecture.md,
-//! "Named volumes"). The Kubernetes backend answers `UNIMPLEMENTED`.
+//! "Named volumes"); on the Kubernetes backend, a PersistentVolumeClaim.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +29,44 @@ pub struct CreateVolume {
     pub size_mb: u64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Kubernetes: the claim's access mode (`ReadWriteOnce` by default:
+    /// one node's Pods share it). The local backend's volumes are shared
+    /// by any number of sandboxes whatever this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<AccessMode>,
+}
+
+/// A PersistentVolumeClaim's access mode, in Kubernetes' words.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum AccessMode {
+    #[default]
+    ReadWriteOnce,
+    ReadOnlyMany,
+    ReadWriteMany,
+    ReadWriteOncePod,
+}
+
+impl AccessMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::ReadWriteOnce => "ReadWriteOnce",
+            AccessMode::ReadOnlyMany => "ReadOnlyMany",
+            AccessMode::ReadWriteMany => "ReadWriteMany",
+            AccessMode::ReadWriteOncePod => "ReadWriteOncePod",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            AccessMode::ReadWriteOnce,
+            AccessMode::ReadOnlyMany,
+            AccessMode::ReadWriteMany,
+            AccessMode::ReadWriteOncePod,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == s)
+    }
 }
 
 /// A volume as `GET /v1/volumes/{name}` answers it.
@@ -41,6 +79,9 @@ pub struct Volume {
     pub labels: BTreeMap<String, String>,
     /// RFC 3339, UTC.
     pub created_at: String,
+    /// Kubernetes: the claim's access mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<AccessMode>,
 }
 
 /// `GET /v1/volumes`.

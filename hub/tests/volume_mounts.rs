@@ -27,6 +27,7 @@ async fn volume(c: &HubClient, name: &str, size_mb: u64) {
         name: name.into(),
         size_mb,
         labels: Default::default(),
+        access_mode: None,
     })
     .await
     .expect("create volume");

@@ -64,6 +64,7 @@ pub async fn run(args: VolumeArgs) -> Result<i32> {
                 name,
                 size_mb,
                 labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
+                access_mode: None,
             };
             let volume = hub.create_volume(&request).await?;
             output::show(format, &volume, || &volume.name)?;
@@ -114,6 +115,7 @@ mod tests {
             size_mb: 64,
             labels: [("team".to_string(), "ml".to_string())].into(),
             created_at: "2026-12-05T01:00:00.000Z".into(),
+            access_mode: None,
         };
         assert_eq!(
             volume_table(&[v]),

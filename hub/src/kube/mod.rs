@@ -101,6 +101,11 @@ pub struct KubeArgs {
     #[arg(long, env = "SANDHUB_NAMESPACE", default_value = "default")]
     pub namespace: String,
 
+    /// StorageClass of the PersistentVolumeClaims that named volumes are
+    /// (`/v1/volumes`); unset: the cluster's default class.
+    #[arg(long, env = "SANDHUB_VOLUME_STORAGE_CLASS")]
+    pub volume_storage_class: Option<String>,
+
     /// How the hub reaches each Pod's sandboxd.
     #[arg(long, env = "SANDHUB_CONNECT", value_enum, default_value_t = Connect::Direct)]
     pub connect: Connect,
@@ -245,6 +250,8 @@ pub(crate) struct Shared {
     /// `--egress-proxy-service`: whose EndpointSlices name the proxy
     /// replicas the hub asks for counters (kube/meters.rs).
     egress_service: String,
+    /// `--volume-storage-class`.
+    volume_storage_class: Option<String>,
 }
 
 impl Shared {
@@ -449,6 +456,7 @@ impl KubeTenancy {
             proxy_tokens,
             operator_secrets: Arc::new(operator_secrets),
             egress_service: args.egress_proxy_service.clone(),
+            volume_storage_class: args.volume_storage_class.clone(),
 
             client,
         });

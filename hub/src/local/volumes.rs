@@ -75,6 +75,7 @@ fn to_api(row: VolumeRow) -> Volume {
         size_mb: row.size_mb,
         labels: row.labels,
         created_at: rfc3339(row.created_at),
+        access_mode: None,
     }
 }
 

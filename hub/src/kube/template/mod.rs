@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::{
     api::core::v1::{
-        Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, PodSpec, Probe,
-        ResourceRequirements, Volume, VolumeMount,
+        Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
+        PersistentVolumeClaimVolumeSource, PodSpec, Probe, ResourceRequirements, Volume,
+        VolumeMount,
     },
     apimachinery::pkg::{api::resource::Quantity, util::intstr::IntOrString},
 };
@@ -160,13 +161,6 @@ pub fn refuse_local_only(t: &Template) -> Result<(), Error> {
             "idle timeouts are not available here; use shutdown_after_seconds",
         );
     }
-    if !t.volumes.is_empty() {
-        return Err(Error::new(
-            sandhub_api::error::Code::Unimplemented,
-            "volumes are not yet available on the kubernetes backend (they will be \
-             PersistentVolumeClaims); /v1/volumes answers UNIMPLEMENTED there too",
-        ));
-    }
     if t.pids.is_some() {
         return no(
             "pids",
@@ -303,6 +297,12 @@ pub fn tenant_template(
         volumes.retain(|v| !new_volumes.iter().any(|n| n.name == v.name));
         volumes.extend(new_volumes);
     }
+    add_volumes(
+        tenant,
+        &mut base.blueprint.pod_template.spec,
+        main,
+        &t.volumes,
+    );
     add_sidecars(&mut base.blueprint.pod_template, main, &t.sidecars)?;
     mark_network(&mut base.blueprint.pod_template, t);
     if t.network.mode == Network::Egress {
@@ -313,6 +313,63 @@ pub fn tenant_template(
     let mut out = SandboxTemplate::new(&owner::object_name(tenant, name), base);
     out.metadata = owner::tenant_metadata(tenant, name);
     Ok(out)
+}
+
+/// Pod volumes of a template's named volumes are called this, then an
+/// index: what [`template_of`] reads back.
+const NAMED_VOLUME_PREFIX: &str = "sandhub-volume-";
+
+/// Each named volume as a Pod volume of the tenant's claim of that name
+/// (`owner::object_name`: never another tenant's), mounted in the main
+/// container at its path, read-only when asked (the claim too). A base's
+/// own volumes of those names are replaced.
+fn add_volumes(
+    tenant: &str,
+    pod: &mut PodSpec,
+    main: usize,
+    mounts: &[sandhub_api::volumes::VolumeMount],
+) {
+    let volumes = pod.volumes.get_or_insert_with(Vec::new);
+    volumes.retain(|v| !v.name.starts_with(NAMED_VOLUME_PREFIX));
+    let c = &mut pod.containers[main];
+    let container_mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+    container_mounts.retain(|m| !m.name.starts_with(NAMED_VOLUME_PREFIX));
+    for (i, m) in mounts.iter().enumerate() {
+        let name = format!("{NAMED_VOLUME_PREFIX}{i}");
+        volumes.push(Volume {
+            name: name.clone(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: owner::object_name(tenant, &m.name),
+                read_only: Some(m.read_only),
+            }),
+            ..Default::default()
+        });
+        container_mounts.push(VolumeMount {
+            name,
+            mount_path: m.path.clone(),
+            read_only: Some(m.read_only),
+            ..Default::default()
+        });
+    }
+}
+
+/// The named volumes [`add_volumes`] put on a Pod spec.
+fn volumes_of(pod: &PodSpec, main: usize) -> Vec<sandhub_api::volumes::VolumeMount> {
+    let mounts = pod.containers[main].volume_mounts.iter().flatten();
+    mounts
+        .filter(|m| m.name.starts_with(NAMED_VOLUME_PREFIX))
+        .filter_map(|m| {
+            let v = pod.volumes.iter().flatten().find(|v| v.name == m.name)?;
+            let claim = &v.persistent_volume_claim.as_ref()?.claim_name;
+            // `<name>-<tenant suffix>`: the suffix has no `-`.
+            let (name, _) = claim.rsplit_once('-')?;
+            Some(sandhub_api::volumes::VolumeMount {
+                name: name.to_string(),
+                path: m.mount_path.clone(),
+                read_only: m.read_only.unwrap_or(false),
+            })
+        })
+        .collect()
 }
 
 /// Records the template's `network` on its Pod template, and labels
@@ -517,6 +574,9 @@ pub fn template_of(spec: &SandboxTemplateSpec, sandboxd_image: &str) -> Template
         memory_mb: limit("memory").and_then(parse_mib),
         disk_mb: limit("ephemeral-storage").and_then(parse_mib),
         sidecars: sidecars_of(&spec.blueprint.pod_template),
+        volumes: main_container(pod)
+            .map(|i| volumes_of(pod, i))
+            .unwrap_or_default(),
         network: network_of(spec).network,
         egress_mb: network_of(spec).egress_mb,
         secrets: network_of(spec).secrets,

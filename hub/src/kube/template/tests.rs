@@ -390,3 +390,79 @@ fn an_egress_template_labels_its_pods_and_records_its_network() {
     .unwrap_err();
     assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
 }
+
+#[test]
+fn named_volumes_are_the_tenants_own_claims_and_read_back() {
+    let mount = |name: &str, path: &str, read_only| sandhub_api::volumes::VolumeMount {
+        name: name.into(),
+        path: path.into(),
+        read_only,
+    };
+    let t = Template {
+        volumes: vec![
+            mount("data", "/workspace/data", false),
+            mount("models", "/models", true),
+        ],
+        ..image_template()
+    };
+    let out = tenant_template(
+        "alice",
+        "t",
+        builtin_base(SANDBOXD),
+        &t,
+        SANDBOXD,
+        PullPolicy::Never,
+    )
+    .unwrap();
+    let pod = &out.spec.blueprint.pod_template.spec;
+    let claims: Vec<(String, Option<bool>)> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| (c.claim_name.clone(), c.read_only))
+        .collect();
+    // Named through the tenant's own suffix: bob's template naming the
+    // same volume gets bob's claim, never alice's.
+    assert_eq!(
+        claims,
+        [
+            (owner::object_name("alice", "data"), Some(false)),
+            (owner::object_name("alice", "models"), Some(true)),
+        ]
+    );
+    let bob = tenant_template(
+        "bob",
+        "t",
+        builtin_base(SANDBOXD),
+        &t,
+        SANDBOXD,
+        PullPolicy::Never,
+    )
+    .unwrap();
+    let bobs = bob.spec.blueprint.pod_template.spec.volumes.unwrap();
+    assert!(bobs
+        .iter()
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .all(|c| c.claim_name.ends_with(&owner::object_name("bob", "x")[2..])));
+    let main = &pod.containers[main_container(pod).unwrap()];
+    let models = main
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == "/models")
+        .unwrap();
+    assert_eq!(models.read_only, Some(true));
+    assert_eq!(template_of(&out.spec, SANDBOXD), t);
+    // Applied again without them: none left behind.
+    let again = tenant_template(
+        "alice",
+        "t",
+        out.spec.clone(),
+        &image_template(),
+        SANDBOXD,
+        PullPolicy::Never,
+    )
+    .unwrap();
+    assert!(template_of(&again.spec, SANDBOXD).volumes.is_empty());
+}

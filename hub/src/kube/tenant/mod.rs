@@ -9,12 +9,14 @@
 //!   members; the template and pool members call the two below);
 //! - [`templates`]: the tenant's SandboxTemplates;
 //! - [`pools`]: the tenant's SandboxWarmPools;
-//! - [`secrets`]: `/v1/secrets` over the tenant's values Secret.
+//! - [`secrets`]: `/v1/secrets` over the tenant's values Secret;
+//! - [`volumes`]: `/v1/volumes` over PersistentVolumeClaims.
 
 mod pools;
 mod sandboxes;
 mod secrets;
 mod templates;
+mod volumes;
 
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
 

@@ -37,6 +37,26 @@ impl TenantView for KubeTenant {
         self.remove_secret(name).await
     }
 
+    /// PersistentVolumeClaims (kube/tenant/volumes.rs).
+    async fn create_volume(
+        &self,
+        req: sandhub_api::volumes::CreateVolume,
+    ) -> Result<sandhub_api::volumes::Volume> {
+        self.create_volume_claim(req).await
+    }
+
+    async fn list_volumes(&self) -> Result<sandhub_api::volumes::VolumeList> {
+        self.volume_list().await
+    }
+
+    async fn get_volume(&self, name: &str) -> Result<sandhub_api::volumes::Volume> {
+        self.read_volume(name).await
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.remove_volume(name).await
+    }
+
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
         self.client(id, op).await
     }
@@ -94,8 +114,8 @@ impl Sandboxes for KubeTenant {
         if !req.volumes.is_empty() {
             return Err(Error::new(
                 sandhub_api::error::Code::Unimplemented,
-                "volumes are not yet available on the kubernetes backend (they will be \
-                 PersistentVolumeClaims)",
+                "volumes on a create request are not available on the kubernetes backend (a \
+                 claim takes a warm Pod that exists already): put them on the template",
             ));
         }
         if req.auto_resume == Some(true) {

@@ -53,6 +53,15 @@ impl KubeTenant {
                 ),
             ));
         }
+        // Only the tenant's own volumes: a name it does not have is 404.
+        for m in &t.volumes {
+            if self.volume_claim(&m.name).await?.is_none() {
+                return Err(Error::not_found(format!(
+                    "volume {:?} (mounted at {} by template {name})",
+                    m.name, m.path
+                )));
+            }
+        }
         let mut want = template::tenant_template(
             &self.tenant,
             name,

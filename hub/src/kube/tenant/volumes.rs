@@ -1,0 +1,257 @@
+//! `/v1/volumes` on the kubernetes backend (issue #32 §1): each named
+//! volume is a PersistentVolumeClaim in the hub's namespace, named like
+//! the tenant's other objects ([`owner::object_name`]) and labelled with
+//! the tenant, of `--volume-storage-class` (the cluster's default class
+//! when unset), `size_mb` MiB and the request's access mode.
+//!
+//! Templates mount them (`template::tenant_template` adds a Pod volume
+//! for each); the claim name is built from the caller's own tenant, so a
+//! template can never name another tenant's claim. A volume a template
+//! names cannot be deleted (409); a Pod still using a deleted claim keeps
+//! it until it ends (the API server's `pvc-protection` finalizer).
+//!
+//! Not here (UNIMPLEMENTED, the `TenantView` defaults): the files API
+//! without a sandbox, snapshots and clones, and volumes added by a create
+//! request (claims come from warm pools whose Pods exist already).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements},
+    apimachinery::pkg::api::resource::Quantity,
+};
+use kube::{
+    api::{DeleteParams, ListParams, ObjectMeta, PostParams},
+    Api,
+};
+use sandhub_api::{
+    error::Code,
+    k8s::names,
+    validate,
+    volumes::{AccessMode, CreateVolume, Volume, VolumeList},
+};
+use sandhub_client::{Error, Result};
+
+use super::{kube_error, owner, KubeTenant};
+use crate::kube::model::{tenant_label_value, CREATED_BY_HUB, TENANT_LABEL};
+
+/// The hub name of the volume a claim is (its cluster name carries the
+/// tenant's suffix).
+pub const VOLUME_LABEL: &str = "sandhub.io/volume";
+/// The volume's `labels`, as JSON (a tenant's keys never become the
+/// claim's own labels, which selectors and quotas read).
+const LABELS_ANNOTATION: &str = "sandhub.io/volume-labels";
+/// The size asked for, in MiB: a class may round the claim's capacity up.
+const SIZE_ANNOTATION: &str = "sandhub.io/size-mb";
+
+impl KubeTenant {
+    fn pvcs(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.shared.client.clone(), &self.shared.namespace)
+    }
+
+    fn own_volumes(&self) -> ListParams {
+        ListParams::default().labels(&format!(
+            "{TENANT_LABEL}={},{}={CREATED_BY_HUB}",
+            tenant_label_value(&self.tenant),
+            names::CREATED_BY
+        ))
+    }
+
+    async fn volume_claims(&self) -> Result<Vec<PersistentVolumeClaim>> {
+        let mut claims = self
+            .pvcs()
+            .list(&self.own_volumes())
+            .await
+            .map_err(|e| kube_error("listing volumes", e))?
+            .items;
+        claims.retain(|c| !being_deleted(c));
+        Ok(claims)
+    }
+
+    /// The claim of the caller's volume `name`, if there is one.
+    pub(super) async fn volume_claim(&self, name: &str) -> Result<Option<PersistentVolumeClaim>> {
+        let object = owner::object_name(&self.tenant, name);
+        let got = self
+            .pvcs()
+            .get_opt(&object)
+            .await
+            .map_err(|e| kube_error(&format!("reading volume {name}"), e))?;
+        // The name is the tenant's by construction; check the label too.
+        // A claim being deleted (held by a Pod that still uses it) is gone
+        // to the API.
+        Ok(got.filter(|c| {
+            owner::owner(&c.metadata, &self.tenant) == owner::Owner::Caller && !being_deleted(c)
+        }))
+    }
+
+    pub(super) async fn create_volume_claim(&self, req: CreateVolume) -> Result<Volume> {
+        validate::volume(&req)?;
+        let cap = self.shared.policy.tenant_max_volume_mb;
+        // Each replica checks against what the API server lists: two
+        // creates racing on two replicas may both pass (the storage
+        // class's own quota, if any, still holds).
+        let have: u64 = self.volume_claims().await?.iter().map(size_mb).sum();
+        if have.saturating_add(req.size_mb) > cap {
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "volume of {} MiB refused: this tenant's volumes take {have} of the {cap} \
+                     MiB allowed (--tenant-max-volume-mb); delete one first",
+                    req.size_mb
+                ),
+            ));
+        }
+        let claim = self.claim_object(&req);
+        match self.pvcs().create(&PostParams::default(), &claim).await {
+            Ok(c) => Ok(volume_of(&c)),
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::new(
+                Code::Conflict,
+                format!(
+                    "volume {:?} exists already (or is still being deleted: a Pod uses it)",
+                    req.name
+                ),
+            )),
+            Err(e) => Err(kube_error(&format!("creating volume {}", req.name), e)),
+        }
+    }
+
+    fn claim_object(&self, req: &CreateVolume) -> PersistentVolumeClaim {
+        let labels = BTreeMap::from([
+            (TENANT_LABEL.to_string(), tenant_label_value(&self.tenant)),
+            (names::CREATED_BY.to_string(), CREATED_BY_HUB.to_string()),
+            (VOLUME_LABEL.to_string(), req.name.clone()),
+        ]);
+        let mut annotations =
+            BTreeMap::from([(SIZE_ANNOTATION.to_string(), req.size_mb.to_string())]);
+        if !req.labels.is_empty() {
+            annotations.insert(
+                LABELS_ANNOTATION.into(),
+                serde_json::to_string(&req.labels).unwrap_or_default(),
+            );
+        }
+        let mode = req.access_mode.unwrap_or_default();
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(owner::object_name(&self.tenant, &req.name)),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec![mode.as_str().to_string()]),
+                storage_class_name: self.shared.volume_storage_class.clone(),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([(
+                        "storage".to_string(),
+                        Quantity(format!("{}Mi", req.size_mb)),
+                    )])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    pub(super) async fn volume_list(&self) -> Result<VolumeList> {
+        let mut volumes: Vec<Volume> = self.volume_claims().await?.iter().map(volume_of).collect();
+        volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(VolumeList { volumes })
+    }
+
+    pub(super) async fn read_volume(&self, name: &str) -> Result<Volume> {
+        validate::name("volume", name)?;
+        self.volume_claim(name)
+            .await?
+            .map(|c| volume_of(&c))
+            .ok_or_else(|| Error::not_found(format!("volume {name:?}")))
+    }
+
+    /// 409 while one of the tenant's templates mounts it (its Pods would
+    /// fail to start without it).
+    pub(super) async fn remove_volume(&self, name: &str) -> Result<()> {
+        validate::name("volume", name)?;
+        if self.volume_claim(name).await?.is_none() {
+            return Err(Error::not_found(format!("volume {name:?}")));
+        }
+        for t in self.template_list().await? {
+            if t.template.volumes.iter().any(|m| m.name == name) {
+                return Err(Error::new(
+                    Code::Conflict,
+                    format!(
+                        "volume {name:?} is mounted by template {}; take it out of the template \
+                         first",
+                        t.name
+                    ),
+                ));
+            }
+        }
+        let object = owner::object_name(&self.tenant, name);
+        match self.pvcs().delete(&object, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                Err(Error::not_found(format!("volume {name:?}")))
+            }
+            Err(e) => Err(kube_error(&format!("deleting volume {name}"), e)),
+        }
+    }
+}
+
+fn being_deleted(c: &PersistentVolumeClaim) -> bool {
+    c.metadata.deletion_timestamp.is_some()
+}
+
+/// The MiB a claim was asked for (its annotation; else its request).
+fn size_mb(c: &PersistentVolumeClaim) -> u64 {
+    let annotated = c
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SIZE_ANNOTATION))
+        .and_then(|s| s.parse().ok());
+    annotated
+        .or_else(|| {
+            let q = c
+                .spec
+                .as_ref()?
+                .resources
+                .as_ref()?
+                .requests
+                .as_ref()?
+                .get("storage")?;
+            q.0.strip_suffix("Mi")?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+fn volume_of(c: &PersistentVolumeClaim) -> Volume {
+    let annotations = c.metadata.annotations.as_ref();
+    Volume {
+        name: c
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(VOLUME_LABEL))
+            .cloned()
+            .unwrap_or_default(),
+        size_mb: size_mb(c),
+        labels: annotations
+            .and_then(|a| a.get(LABELS_ANNOTATION))
+            .and_then(|j| serde_json::from_str(j).ok())
+            .unwrap_or_default(),
+        created_at: c
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| {
+                humantime::format_rfc3339_seconds(std::time::SystemTime::from(t.0)).to_string()
+            })
+            .unwrap_or_default(),
+        access_mode: c
+            .spec
+            .as_ref()
+            .and_then(|s| s.access_modes.as_ref())
+            .and_then(|m| m.first())
+            .and_then(|m| AccessMode::parse(m)),
+    }
+}

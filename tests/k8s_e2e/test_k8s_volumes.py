@@ -1,0 +1,117 @@
+"""Named volumes on the kubernetes backend (issue #32 §1), end to end on the real node: each
+volume a PersistentVolumeClaim of `--volume-storage-class`, mounted by the tenant's templates,
+written by one sandbox and read by the next.
+
+The test cluster has no dynamic provisioner, so the test makes the PersistentVolume a
+provisioner would (a hostPath directory on the real node, which is this machine, of a class
+only this test uses); the API server's own binder binds the hub's claim to it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import requests
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from sandhub_testing.hub_k8s import POOL, Cluster
+
+
+def ok(r: requests.Response, status: int = 200) -> Any:
+    assert r.status_code == status, r.text
+    return r.json() if r.content else None
+
+
+def run(url: str, sid: str, script: str) -> dict[str, Any]:
+    out: dict[str, Any] = ok(requests.post(f"{url}/v1/sandboxes/{sid}/exec", json={"command": script}, timeout=120))
+    return out
+
+
+def test_a_volume_is_a_claim_written_by_one_sandbox_and_read_by_the_next(cluster: Cluster) -> None:
+    tag = secrets.token_hex(3)
+    storage_class, pv = f"sandhub-e2e-{tag}", f"sandhub-e2e-{tag}"
+    host_dir = tempfile.mkdtemp(prefix="sandhub-pv-")
+    os.chmod(host_dir, 0o777)
+    cluster.core.create_persistent_volume(k8s.V1PersistentVolume(
+        metadata=k8s.V1ObjectMeta(name=pv),
+        spec=k8s.V1PersistentVolumeSpec(
+            capacity={"storage": "64Mi"},
+            access_modes=["ReadWriteOnce"],
+            storage_class_name=storage_class,
+            persistent_volume_reclaim_policy="Retain",
+            host_path=k8s.V1HostPathVolumeSource(path=host_dir, type="Directory"),
+        ),
+    ))
+    hub, url = cluster.start_hub("--base-template", POOL, "--volume-storage-class", storage_class)
+    name = f"vol-{tag}"
+    try:
+        v = ok(requests.post(f"{url}/v1/volumes", json={"name": "data", "size_mb": 32, "labels": {"k": "v"}},
+                             timeout=60), 201)
+        assert (v["name"], v["size_mb"], v["labels"], v["access_mode"]) == ("data", 32, {"k": "v"}, "ReadWriteOnce")
+        assert ok(requests.get(f"{url}/v1/volumes/data", timeout=60))["name"] == "data"
+        assert [x["name"] for x in ok(requests.get(f"{url}/v1/volumes", timeout=60))["volumes"]] == ["data"]
+        assert requests.post(f"{url}/v1/volumes", json={"name": "data", "size_mb": 1},
+                             timeout=60).status_code == 409
+        claims = [c for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items
+                  if (c.metadata.labels or {}).get("sandhub.io/volume") == "data"]
+        assert len(claims) == 1, claims
+        claim = claims[0]
+        assert claim.spec.storage_class_name == storage_class
+        assert claim.spec.resources.requests["storage"] == "32Mi"
+        assert "sandhub.io/tenant" in claim.metadata.labels
+
+        # A template may mount only volumes that exist (its tenant's own).
+        r = requests.put(f"{url}/v1/templates/{name}",
+                         json={"volumes": [{"name": "nope", "path": "/workspace/x"}]}, timeout=60)
+        assert (r.status_code, r.json()["code"]) == (404, "NOT_FOUND"), r.text
+        t = ok(requests.put(f"{url}/v1/templates/{name}",
+                            json={"volumes": [{"name": "data", "path": "/workspace/data"}]}, timeout=60))
+        assert t["volumes"] == [{"name": "data", "path": "/workspace/data", "read_only": False}], t
+        ok(requests.put(f"{url}/v1/pools/{name}", json={"template": name, "replicas": 0}, timeout=60))
+
+        a = ok(requests.post(f"{url}/v1/sandboxes", json={"pool": name}, timeout=200), 201)["id"]
+        w = run(url, a, "echo kept > /workspace/data/f && cat /workspace/data/f")
+        assert (w["exit_code"], w["stdout"]) == (0, "kept\n"), w
+        ok(requests.delete(f"{url}/v1/sandboxes/{a}", timeout=120), 204)
+        b = ok(requests.post(f"{url}/v1/sandboxes", json={"pool": name}, timeout=200), 201)["id"]
+        r2 = run(url, b, "cat /workspace/data/f")
+        assert (r2["exit_code"], r2["stdout"]) == (0, "kept\n"), r2
+        # The claim's storage is where the files went (the provisioner's side of it).
+        with open(os.path.join(host_dir, "f")) as f:
+            assert f.read() == "kept\n"
+
+        # Mounted by a template: not deleted under it.
+        r = requests.delete(f"{url}/v1/volumes/data", timeout=60)
+        assert (r.status_code, r.json()["code"]) == (409, "CONFLICT"), r.text
+        # What a Kubernetes hub does not do (yet) says so.
+        r = requests.post(f"{url}/v1/sandboxes", json={"pool": name, "volumes": [{"name": "data", "path": "/v"}]},
+                          timeout=60)
+        assert (r.status_code, r.json()["code"]) == (501, "UNIMPLEMENTED"), r.text
+
+        ok(requests.delete(f"{url}/v1/sandboxes/{b}", timeout=120), 204)
+        ok(requests.delete(f"{url}/v1/pools/{name}", timeout=60), 204)
+        ok(requests.delete(f"{url}/v1/templates/{name}", timeout=60), 204)
+        ok(requests.delete(f"{url}/v1/volumes/data", timeout=60), 204)
+        assert requests.get(f"{url}/v1/volumes/data", timeout=60).status_code == 404
+    finally:
+        hub.terminate()
+        for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items:
+            try:
+                cluster.core.delete_namespaced_persistent_volume_claim(c.metadata.name, cluster.ns)
+            except ApiException:
+                pass
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                cluster.core.delete_persistent_volume(pv)
+                break
+            except ApiException as e:
+                if e.status == 404:
+                    break
+                time.sleep(1)
+        shutil.rmtree(host_dir, ignore_errors=True)
