@@ -34,6 +34,12 @@ pub struct CreateVolume {
     /// by any number of sandboxes whatever this says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_mode: Option<AccessMode>,
+    /// Start as a writable copy of one of the tenant's volume snapshots
+    /// (`"data@before"` or `{"volume": "data", "snapshot": "before"}`)
+    /// instead of empty. The copy shares nothing with its source after
+    /// that: changes on either side stay there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<SnapshotRef>,
 }
 
 /// A PersistentVolumeClaim's access mode, in Kubernetes' words.
@@ -67,6 +73,64 @@ impl AccessMode {
         .into_iter()
         .find(|m| m.as_str() == s)
     }
+}
+
+/// Names one of a tenant's volume snapshots: `"volume@snapshot"`, or the
+/// two names apart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum SnapshotRef {
+    /// `volume@snapshot`.
+    Text(String),
+    Parts {
+        volume: String,
+        snapshot: String,
+    },
+}
+
+impl SnapshotRef {
+    /// The volume's and the snapshot's names (unchecked; see
+    /// `validate::volume`).
+    pub fn parts(&self) -> Option<(&str, &str)> {
+        match self {
+            SnapshotRef::Text(t) => t.split_once('@'),
+            SnapshotRef::Parts { volume, snapshot } => Some((volume, snapshot)),
+        }
+    }
+}
+
+/// Most snapshots one volume may have. A snapshot's blocks are shared
+/// with its volume until either side changes, and btrfs has no cheap
+/// count of what a snapshot alone holds, so snapshots are bounded by
+/// number rather than counted against `--tenant-max-volume-mb`.
+pub const MAX_SNAPSHOTS_PER_VOLUME: usize = 64;
+
+/// `POST /v1/volumes/{name}/snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreateVolumeSnapshot {
+    /// A DNS-1123 label, unique among the volume's snapshots.
+    pub name: String,
+}
+
+/// A read-only, point-in-time copy of a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VolumeSnapshot {
+    /// The volume it was taken of.
+    pub volume: String,
+    pub name: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+}
+
+/// `GET /v1/volumes/{name}/snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VolumeSnapshotList {
+    pub snapshots: Vec<VolumeSnapshot>,
 }
 
 /// A volume as `GET /v1/volumes/{name}` answers it.

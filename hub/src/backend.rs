@@ -94,6 +94,32 @@ pub trait TenantView: Sandboxes {
         let _ = name;
         Err(no_volumes())
     }
+    /// The root of one of this tenant's volumes, for the volume files API
+    /// (`/v1/volumes/{name}/files`); another tenant's is NOT_FOUND.
+    async fn volume_dir(&self, name: &str) -> Result<crate::volume_files::VolumeDir> {
+        let _ = name;
+        Err(no_volumes())
+    }
+    /// A read-only snapshot of one of this tenant's volumes.
+    async fn create_volume_snapshot(
+        &self,
+        volume: &str,
+        req: sandhub_api::volumes::CreateVolumeSnapshot,
+    ) -> Result<sandhub_api::volumes::VolumeSnapshot> {
+        let _ = (volume, req);
+        Err(no_volumes())
+    }
+    async fn list_volume_snapshots(
+        &self,
+        volume: &str,
+    ) -> Result<sandhub_api::volumes::VolumeSnapshotList> {
+        let _ = volume;
+        Err(no_volumes())
+    }
+    async fn delete_volume_snapshot(&self, volume: &str, name: &str) -> Result<()> {
+        let _ = (volume, name);
+        Err(no_volumes())
+    }
     /// Moves a sandbox's deadline to `seconds` from now (E2B's
     /// `set_timeout`: shorter or longer than before).
     async fn set_deadline(&self, id: &str, seconds: u64) -> Result<Sandbox> {

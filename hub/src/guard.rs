@@ -290,6 +290,29 @@ impl TenantView for GuardedView {
     async fn delete_volume(&self, name: &str) -> Result<()> {
         self.inner.delete_volume(name).await
     }
+
+    async fn volume_dir(&self, name: &str) -> Result<crate::volume_files::VolumeDir> {
+        self.inner.volume_dir(name).await
+    }
+
+    async fn create_volume_snapshot(
+        &self,
+        volume: &str,
+        req: sandhub_api::volumes::CreateVolumeSnapshot,
+    ) -> Result<sandhub_api::volumes::VolumeSnapshot> {
+        self.inner.create_volume_snapshot(volume, req).await
+    }
+
+    async fn list_volume_snapshots(
+        &self,
+        volume: &str,
+    ) -> Result<sandhub_api::volumes::VolumeSnapshotList> {
+        self.inner.list_volume_snapshots(volume).await
+    }
+
+    async fn delete_volume_snapshot(&self, volume: &str, name: &str) -> Result<()> {
+        self.inner.delete_volume_snapshot(volume, name).await
+    }
 }
 
 /// The label that makes a create idempotent: a create carrying it answers

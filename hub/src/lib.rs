@@ -69,6 +69,7 @@ pub mod proc_net;
 pub mod secrets_file;
 pub mod serve;
 pub mod usage;
+pub mod volume_files;
 pub mod webhooks;
 
 pub use backend::{Backend, TenantView};

@@ -1927,6 +1927,12 @@ async fn openapi_document_describes_every_route() {
         ("/v1/secrets/{name}", &["put", "delete"]),
         ("/v1/volumes", &["get", "post"]),
         ("/v1/volumes/{name}", &["get", "delete"]),
+        (
+            "/v1/volumes/{name}/files/{path}",
+            &["get", "head", "put", "delete"],
+        ),
+        ("/v1/volumes/{name}/snapshots", &["get", "post"]),
+        ("/v1/volumes/{name}/snapshots/{snapshot}", &["delete"]),
         ("/v1/pools", &["get"]),
         ("/v1/pools/{name}", &["get", "put", "delete"]),
         ("/v1/images/prepull", &["post"]),
@@ -1979,6 +1985,10 @@ async fn openapi_document_describes_every_route() {
         "Pool",
         "CreateVolume",
         "Volume",
+        "CreateVolumeSnapshot",
+        "VolumeSnapshot",
+        "VolumeSnapshotList",
+        "SnapshotRef",
     ] {
         assert!(
             doc["components"]["schemas"][schema].is_object(),

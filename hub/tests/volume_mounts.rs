@@ -28,6 +28,7 @@ async fn volume(c: &HubClient, name: &str, size_mb: u64) {
         size_mb,
         labels: Default::default(),
         access_mode: None,
+        from_snapshot: None,
     })
     .await
     .expect("create volume");

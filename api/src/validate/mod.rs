@@ -607,6 +607,16 @@ pub fn volume(v: &crate::volumes::CreateVolume) -> Result<(), ErrorBody> {
             v.size_mb
         )));
     }
+    if let Some(from) = &v.from_snapshot {
+        let Some((volume, snapshot)) = from.parts() else {
+            return Err(invalid(
+                "from_snapshot must be \"volume@snapshot\" or {\"volume\", \"snapshot\"}"
+                    .to_string(),
+            ));
+        };
+        name("volume", volume)?;
+        name("snapshot", snapshot)?;
+    }
     labels(&v.labels)
 }
 

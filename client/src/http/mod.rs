@@ -25,7 +25,9 @@ use sandhub_api::{
         SnapshotList, Template, TemplateList,
     },
     sandboxd::{DirectoryListing, FileEntry},
-    volumes::{CreateVolume, Volume, VolumeList},
+    volumes::{
+        CreateVolume, CreateVolumeSnapshot, Volume, VolumeList, VolumeSnapshot, VolumeSnapshotList,
+    },
 };
 use serde::de::DeserializeOwned;
 
@@ -147,6 +149,124 @@ impl HubClient {
         let path = format!("/v1/volumes/{}", encode(name));
         self.call_empty(self.request(Method::DELETE, &path).timeout(QUICK))
             .await
+    }
+
+    /// `POST /v1/volumes/{name}/snapshots`: a read-only snapshot of a
+    /// volume, taken at once.
+    pub async fn create_volume_snapshot(
+        &self,
+        name: &str,
+        snapshot: &str,
+    ) -> Result<VolumeSnapshot> {
+        let path = format!("/v1/volumes/{}/snapshots", encode(name));
+        let body = CreateVolumeSnapshot {
+            name: snapshot.to_string(),
+        };
+        self.call(self.request(Method::POST, &path).json(&body).timeout(QUICK))
+            .await
+    }
+
+    /// `GET /v1/volumes/{name}/snapshots`.
+    pub async fn list_volume_snapshots(&self, name: &str) -> Result<Vec<VolumeSnapshot>> {
+        let path = format!("/v1/volumes/{}/snapshots", encode(name));
+        let list: VolumeSnapshotList = self
+            .call(self.request(Method::GET, &path).timeout(QUICK))
+            .await?;
+        Ok(list.snapshots)
+    }
+
+    /// `DELETE /v1/volumes/{name}/snapshots/{snapshot}`.
+    pub async fn delete_volume_snapshot(&self, name: &str, snapshot: &str) -> Result<()> {
+        let path = format!(
+            "/v1/volumes/{}/snapshots/{}",
+            encode(name),
+            encode(snapshot)
+        );
+        self.call_empty(self.request(Method::DELETE, &path).timeout(QUICK))
+            .await
+    }
+
+    /// A request on a volume's file (`/v1/volumes/{name}/files/{path}`).
+    fn volume_file(&self, method: Method, name: &str, path: &str, query: &str) -> RequestBuilder {
+        let rest = format!(
+            "/v1/volumes/{}/files/{}{query}",
+            encode(name),
+            encode_path(path)
+        );
+        self.request(method, &rest)
+    }
+
+    /// `GET /v1/volumes/{name}/files/{path}?type=file`: a volume's file,
+    /// streamed, with no sandbox running (a directory is CONFLICT).
+    pub async fn read_volume_file(&self, name: &str, path: &str) -> Result<ByteStream> {
+        let response = self
+            .send_streaming(self.volume_file(Method::GET, name, path, "?type=file"))
+            .await?;
+        Ok(Box::pin(response.bytes_stream().map_err(transport_error)))
+    }
+
+    /// `PUT /v1/volumes/{name}/files/{path}`: writes a volume's file whole
+    /// (parents made), with no sandbox running. `append` is refused.
+    pub async fn write_volume_file(
+        &self,
+        name: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<()> {
+        let builder = self
+            .volume_file(Method::PUT, name, path, &write_query(options))
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(reqwest::Body::wrap_stream(data));
+        self.call_empty(builder).await
+    }
+
+    /// `GET /v1/volumes/{name}/files/{path}?type=directory`.
+    pub async fn list_volume_files(&self, name: &str, path: &str) -> Result<DirectoryListing> {
+        self.call(
+            self.volume_file(Method::GET, name, path, "?type=directory")
+                .timeout(QUICK),
+        )
+        .await
+    }
+
+    /// A volume's file or directory; `None` when nothing is at `path`
+    /// (a missing volume stays an error). As [`Sandboxes::stat`]: `HEAD`,
+    /// then the parent's listing.
+    pub async fn stat_volume_file(&self, name: &str, path: &str) -> Result<Option<FileEntry>> {
+        match self
+            .send(
+                self.volume_file(Method::HEAD, name, path, "")
+                    .timeout(QUICK),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.code == Code::NotFound => {
+                self.get_volume(name).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+        let Some((parent, file)) = split_parent(path) else {
+            return Ok(Some(root_entry()));
+        };
+        match self.list_volume_files(name, &parent).await {
+            Ok(listing) => Ok(listing.entries.into_iter().find(|e| e.name == file)),
+            Err(e) if e.code == Code::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `DELETE /v1/volumes/{name}/files/{path}`: a file, a link itself, or
+    /// a directory (with contents only with `recursive`).
+    pub async fn delete_volume_file(&self, name: &str, path: &str, recursive: bool) -> Result<()> {
+        let query = if recursive { "?recursive=true" } else { "" };
+        self.call_empty(
+            self.volume_file(Method::DELETE, name, path, query)
+                .timeout(QUICK),
+        )
+        .await
     }
 
     /// `GET /v1/images`: the hub's image store (local backend).

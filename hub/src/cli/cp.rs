@@ -84,27 +84,61 @@ struct Copied {
 
 pub async fn run(args: CpArgs) -> Result<i32> {
     let hub = args.client.connect()?;
+    copy(
+        hub,
+        &args.src,
+        &args.dst,
+        args.recursive,
+        Remote::Sandbox,
+        args.client.output,
+    )
+    .await
+}
+
+/// What the `NAME:path` side of a copy names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Remote {
+    /// A sandbox's workspace (`sandhub cp`).
+    Sandbox,
+    /// A named volume, no sandbox needed (`sandhub volume cp`).
+    Volume,
+}
+
+/// A copy between here and a sandbox or a volume: the same walk either
+/// way, only the calls differ.
+pub(super) async fn copy(
+    hub: HubClient,
+    src: &str,
+    dst: &str,
+    recursive: bool,
+    remote: Remote,
+    output: Output,
+) -> Result<i32> {
     let copy = Copy {
         hub,
-        recursive: args.recursive,
+        recursive,
+        remote,
         bytes: Arc::default(),
         files: Arc::default(),
     };
-    match (Operand::parse(&args.src), Operand::parse(&args.dst)) {
+    match (Operand::parse(src), Operand::parse(dst)) {
         (Operand::Remote { .. }, Operand::Remote { .. }) => {
             return Err(Error::invalid(
-                "both sides are ID:path; copy through a local file instead",
+                "both sides are NAME:path; copy through a local file instead",
             ))
         }
         (Operand::Remote { id, path }, local) => copy.download(&id, &path, local).await?,
         (local, Operand::Remote { id, path }) => copy.upload(local, &id, &path).await?,
         _ => {
-            return Err(Error::invalid(
-                "one side must be ID:path (a sandbox id, a colon, a workspace path)",
-            ))
+            return Err(Error::invalid(match remote {
+                Remote::Sandbox => {
+                    "one side must be ID:path (a sandbox id, a colon, a workspace path)"
+                }
+                Remote::Volume => "one side must be VOLUME:path (a volume name, a colon, a path)",
+            }))
         }
     }
-    if args.client.output == Output::Json {
+    if output == Output::Json {
         output::json(&Copied {
             files: copy.files.load(Ordering::Relaxed),
             bytes: copy.bytes.load(Ordering::Relaxed),
@@ -116,11 +150,46 @@ pub async fn run(args: CpArgs) -> Result<i32> {
 struct Copy {
     hub: HubClient,
     recursive: bool,
+    remote: Remote,
     bytes: Arc<AtomicU64>,
     files: Arc<AtomicU64>,
 }
 
 impl Copy {
+    async fn read(&self, id: &str, path: &str) -> Result<ByteStream> {
+        match self.remote {
+            Remote::Sandbox => self.hub.read_file(id, path).await,
+            Remote::Volume => self.hub.read_volume_file(id, path).await,
+        }
+    }
+
+    async fn write(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<()> {
+        match self.remote {
+            Remote::Sandbox => self.hub.write_file(id, path, data, options).await,
+            Remote::Volume => self.hub.write_volume_file(id, path, data, options).await,
+        }
+    }
+
+    async fn stat(&self, id: &str, path: &str) -> Result<Option<sandhub_api::sandboxd::FileEntry>> {
+        match self.remote {
+            Remote::Sandbox => self.hub.stat(id, path).await,
+            Remote::Volume => self.hub.stat_volume_file(id, path).await,
+        }
+    }
+
+    async fn list(&self, id: &str, path: &str) -> Result<sandhub_api::sandboxd::DirectoryListing> {
+        match self.remote {
+            Remote::Sandbox => self.hub.list_files(id, path).await,
+            Remote::Volume => self.hub.list_volume_files(id, path).await,
+        }
+    }
+
     async fn upload(&self, src: Operand, id: &str, path: &str) -> Result<()> {
         let local = match src {
             Operand::Std => {
@@ -193,7 +262,7 @@ impl Copy {
             append: false,
             mode,
         };
-        self.hub.write_file(id, path, stream, options).await?;
+        self.write(id, path, stream, options).await?;
         self.files.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -205,7 +274,6 @@ impl Copy {
             return Ok(true);
         }
         Ok(self
-            .hub
             .stat(id, path)
             .await?
             .is_some_and(|e| e.kind == EntryType::Directory))
@@ -214,7 +282,7 @@ impl Copy {
     async fn download(&self, id: &str, path: &str, dst: Operand) -> Result<()> {
         // Reading first costs one request for the common case (a file);
         // only a refusal needs a second look at what is there.
-        let stream = match self.hub.read_file(id, path).await {
+        let stream = match self.read(id, path).await {
             Ok(stream) => stream,
             Err(e) if e.code == Code::Conflict && self.is_remote_dir(id, path).await => {
                 return self.download_dir(id, path, dst).await;
@@ -237,7 +305,7 @@ impl Copy {
     }
 
     async fn is_remote_dir(&self, id: &str, path: &str) -> bool {
-        matches!(self.hub.stat(id, path).await, Ok(Some(e)) if e.kind == EntryType::Directory)
+        matches!(self.stat(id, path).await, Ok(Some(e)) if e.kind == EntryType::Directory)
     }
 
     async fn download_dir(&self, id: &str, path: &str, dst: Operand) -> Result<()> {
@@ -263,7 +331,7 @@ impl Copy {
             tokio::fs::create_dir_all(&local_dir)
                 .await
                 .map_err(|e| local_error(&local_dir, e))?;
-            let listing = self.hub.list_files(id, &dir).await?;
+            let listing = self.list(id, &dir).await?;
             for entry in listing.entries {
                 let remote = join(&dir, &entry.name);
                 let target = local_dir.join(&entry.name);
@@ -271,8 +339,7 @@ impl Copy {
                     EntryType::Directory => pending.push((remote, target)),
                     EntryType::File => {
                         let stream = self
-                            .hub
-                            .read_file(id, &remote)
+                            .read(id, &remote)
                             .await
                             .map_err(|e| context(e, &format!("{id}:{remote}")))?;
                         self.download_to(stream, &target).await?;

@@ -1,10 +1,11 @@
-//! `sandhub volume create|ls|get|rm`: named volumes, a tenant's disk that
-//! outlives its sandboxes (local backend).
+//! `sandhub volume create|ls|get|rm|cp|snapshot`: named volumes, a
+//! tenant's disk that outlives its sandboxes (local backend), their files
+//! with no sandbox running, and their snapshots.
 
 use std::collections::BTreeMap;
 
 use clap::{Args, Subcommand};
-use sandhub_api::volumes::{CreateVolume, Volume};
+use sandhub_api::volumes::{CreateVolume, SnapshotRef, Volume, VolumeSnapshot};
 use sandhub_client::Result;
 
 use super::{output, ClientArgs, Output};
@@ -30,6 +31,40 @@ enum VolumeCommand {
         /// A label, `KEY=VALUE` (repeatable).
         #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// Start as a copy of a snapshot, `VOLUME@SNAPSHOT`.
+        #[arg(long, value_name = "VOLUME@SNAPSHOT")]
+        from_snapshot: Option<String>,
+    },
+    /// Copy files between here and a volume, with no sandbox running:
+    /// `sandhub volume cp ./local VOL:/path` or `VOL:/path ./local`.
+    Cp {
+        /// A local path, `-` for stdin, or VOLUME:path.
+        src: String,
+        /// A local path, `-` for stdout, or VOLUME:path.
+        dst: String,
+        /// Copy directories and their contents (empty directories and
+        /// symbolic links are skipped).
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Take a read-only snapshot of a volume.
+    Snapshot {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name (a DNS-1123 label).
+        snapshot: String,
+    },
+    /// List a volume's snapshots.
+    Snapshots {
+        /// Volume name.
+        volume: String,
+    },
+    /// Delete a volume's snapshot.
+    RmSnapshot {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name.
+        snapshot: String,
     },
     /// List volumes.
     Ls,
@@ -59,12 +94,14 @@ pub async fn run(args: VolumeArgs) -> Result<i32> {
             name,
             size_mb,
             labels,
+            from_snapshot,
         } => {
             let request = CreateVolume {
                 name,
                 size_mb,
                 labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
                 access_mode: None,
+                from_snapshot: from_snapshot.map(SnapshotRef::Text),
             };
             let volume = hub.create_volume(&request).await?;
             output::show(format, &volume, || &volume.name)?;
@@ -85,8 +122,45 @@ pub async fn run(args: VolumeArgs) -> Result<i32> {
                 output::line(&name)?;
             }
         }
+        VolumeCommand::Cp {
+            src,
+            dst,
+            recursive,
+        } => {
+            return super::cp::copy(
+                hub,
+                &src,
+                &dst,
+                recursive,
+                super::cp::Remote::Volume,
+                format,
+            )
+            .await
+        }
+        VolumeCommand::Snapshot { volume, snapshot } => {
+            let snap = hub.create_volume_snapshot(&volume, &snapshot).await?;
+            output::show(format, &snap, || format!("{}@{}", snap.volume, snap.name))?;
+        }
+        VolumeCommand::Snapshots { volume } => {
+            let snaps = hub.list_volume_snapshots(&volume).await?;
+            output::show(format, &snaps, || snapshot_table(&snaps))?;
+        }
+        VolumeCommand::RmSnapshot { volume, snapshot } => {
+            hub.delete_volume_snapshot(&volume, &snapshot).await?;
+            if format == Output::Text {
+                output::line(&format!("{volume}@{snapshot}"))?;
+            }
+        }
     }
     Ok(0)
+}
+
+fn snapshot_table(snaps: &[VolumeSnapshot]) -> String {
+    let rows: Vec<Vec<String>> = snaps
+        .iter()
+        .map(|s| vec![format!("{}@{}", s.volume, s.name), s.created_at.clone()])
+        .collect();
+    output::table(&["SNAPSHOT", "CREATED"], &rows)
 }
 
 fn volume_table(volumes: &[Volume]) -> String {

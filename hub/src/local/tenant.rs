@@ -156,7 +156,43 @@ impl TenantView for TenantHub {
     }
 
     async fn delete_volume(&self, name: &str) -> Result<()> {
+        // Refused while the volume has snapshots (they are listed and
+        // deleted under its name); checked here, ahead of the delete.
+        self.hub.check_no_volume_snapshots(&self.tenant, name)?;
         self.hub.delete_volume(&self.tenant, name)
+    }
+
+    async fn volume_dir(&self, name: &str) -> Result<crate::volume_files::VolumeDir> {
+        let hub = self.hub.clone();
+        let tenant = self.tenant.clone();
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || hub.volume_dir(&tenant, &name))
+            .await
+            .map_err(|e| Error::internal(format!("opening the volume: {e}")))?
+    }
+
+    async fn create_volume_snapshot(
+        &self,
+        volume: &str,
+        req: sandhub_api::volumes::CreateVolumeSnapshot,
+    ) -> Result<sandhub_api::volumes::VolumeSnapshot> {
+        let hub = self.hub.clone();
+        let tenant = self.tenant.clone();
+        let volume = volume.to_string();
+        tokio::task::spawn_blocking(move || hub.create_volume_snapshot(&tenant, &volume, req))
+            .await
+            .map_err(|e| Error::internal(format!("snapshotting the volume: {e}")))?
+    }
+
+    async fn list_volume_snapshots(
+        &self,
+        volume: &str,
+    ) -> Result<sandhub_api::volumes::VolumeSnapshotList> {
+        self.hub.list_volume_snapshots(&self.tenant, volume)
+    }
+
+    async fn delete_volume_snapshot(&self, volume: &str, name: &str) -> Result<()> {
+        self.hub.delete_volume_snapshot(&self.tenant, volume, name)
     }
 
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {

@@ -16,7 +16,10 @@ use sandhub_api::{
     error::Code,
     hub::Template,
     validate,
-    volumes::{CreateVolume, Volume, VolumeList, VolumeMount},
+    volumes::{
+        CreateVolume, CreateVolumeSnapshot, Volume, VolumeList, VolumeMount, VolumeSnapshot,
+        VolumeSnapshotList, MAX_SNAPSHOTS_PER_VOLUME,
+    },
 };
 use sandhub_client::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -25,7 +28,9 @@ use sha2::{Digest, Sha256};
 use super::{
     hub::{counts_against_quota, Hub},
     runtime::{quota::MIB, DiskQuotas, IdMap, VolumeBind, VOLUMES_DIR},
-    store::{SandboxRow, VolumeRefused, VolumeRow},
+    store::{
+        PendingClone, SandboxRow, SnapshotRefused, VolumeRefused, VolumeRow, VolumeSnapshotRow,
+    },
 };
 use crate::backend::{now_ms, rfc3339};
 
@@ -79,6 +84,24 @@ fn to_api(row: VolumeRow) -> Volume {
     }
 }
 
+/// A volume snapshot's name on disk: `<volume>@<snapshot>`, both
+/// DNS-1123 labels, so it is one component and says both names.
+fn snapshot_key(volume: &str, snapshot: &str) -> String {
+    format!("{volume}@{snapshot}")
+}
+
+fn snapshot_to_api(row: VolumeSnapshotRow) -> VolumeSnapshot {
+    VolumeSnapshot {
+        volume: row.volume,
+        name: row.name,
+        created_at: rfc3339(row.created_at),
+    }
+}
+
+fn snapshot_not_found(volume: &str, snapshot: &str) -> Error {
+    Error::not_found(format!("volume snapshot {volume:?}@{snapshot:?}"))
+}
+
 fn not_found(name: &str) -> Error {
     Error::not_found(format!("volume {name:?}"))
 }
@@ -111,7 +134,26 @@ impl Hub {
         };
         let cap = self.policy.tenant_max_volume_mb;
         let _held = self.volumes.lock().unwrap_or_else(|p| p.into_inner());
-        match self.store.insert_volume(&row, cap)? {
+        let from = req.from_snapshot.as_ref().and_then(|f| f.parts());
+        let pending = match from {
+            Some((volume, snapshot)) => {
+                if self
+                    .store
+                    .get_volume_snapshot(tenant, volume, snapshot)?
+                    .is_none()
+                {
+                    return Err(snapshot_not_found(volume, snapshot));
+                }
+                Some(PendingClone {
+                    tenant: tenant.to_string(),
+                    name: row.name.clone(),
+                    snapshot_volume: volume.to_string(),
+                    snapshot: snapshot.to_string(),
+                })
+            }
+            None => None,
+        };
+        match self.store.insert_volume_from(&row, cap, pending.as_ref())? {
             Ok(()) => {}
             Err(VolumeRefused::Exists) => {
                 return Err(Error::new(
@@ -130,12 +172,18 @@ impl Hub {
                 ))
             }
         }
-        let made = quotas.create_volume(
-            &tenant_dir(tenant),
-            &row.name,
-            row.size_mb.saturating_mul(MIB),
-            true,
-        );
+        let bytes = row.size_mb.saturating_mul(MIB);
+        let made = match &pending {
+            Some(p) => quotas.clone_volume(
+                &tenant_dir(tenant),
+                &snapshot_key(&p.snapshot_volume, &p.snapshot),
+                &row.name,
+                bytes,
+            ),
+            None => quotas.create_volume(&tenant_dir(tenant), &row.name, bytes, true),
+        };
+        // Its root belongs to the sandboxes' root (the id range they all
+        // share), so a sandbox can write its first file there.
         let made = made.and_then(|_| {
             let root = quotas.open_volume(&tenant_dir(tenant), &row.name)?;
             give_to_sandboxes(&root, &self.backend.idmap())
@@ -143,10 +191,12 @@ impl Hub {
         if let Err(e) = made {
             // No volume without its disk: take the row back.
             let _ = self.store.delete_volume(tenant, &row.name);
-            if let Some(q) = self.backend.quotas() {
-                let _ = q.release_volume(&tenant_dir(tenant), &row.name);
-            }
+            let _ = self.store.clone_done(tenant, &row.name);
+            let _ = quotas.release_volume(&tenant_dir(tenant), &row.name);
             return Err(disk_error("making the volume's subvolume", e));
+        }
+        if pending.is_some() {
+            self.store.clone_done(tenant, &row.name)?;
         }
         tracing::info!(tenant, volume = %row.name, size_mb = row.size_mb, "volume created");
         Ok(to_api(row))
@@ -303,6 +353,221 @@ impl Hub {
         Ok((binds, mounted))
     }
 
+    /// The root of a tenant's volume, for the volume files API: the row
+    /// first (another tenant's name is NOT_FOUND, as an unused one), then
+    /// the subvolume, reached without following links or crossing mounts.
+    pub(super) fn volume_dir(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<crate::volume_files::VolumeDir> {
+        validate::name("volume", name)?;
+        let quotas = self.volume_quotas()?;
+        if self.store.get_volume(tenant, name)?.is_none() {
+            return Err(not_found(name));
+        }
+        let fd = quotas
+            .open_volume(&tenant_dir(tenant), name)
+            .map_err(|e| disk_error("opening the volume", e))?;
+        Ok(crate::volume_files::VolumeDir::new(
+            fd,
+            super::runtime::IdMap::for_current_user().host_root(),
+        ))
+    }
+
+    /// CONFLICT while `volume` has snapshots: they are named after it, and
+    /// a clone of one must keep meaning the volume it was taken of.
+    pub(super) fn check_no_volume_snapshots(&self, tenant: &str, volume: &str) -> Result<()> {
+        validate::name("volume", volume)?;
+        let snaps = self.store.list_volume_snapshots(tenant, volume)?;
+        if snaps.is_empty() {
+            return Ok(());
+        }
+        Err(Error::new(
+            Code::Conflict,
+            format!(
+                "volume {volume:?} has {} snapshot(s) ({}); delete them first",
+                snaps.len(),
+                snaps
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ))
+    }
+
+    /// A read-only snapshot of a volume. The row goes first (it claims the
+    /// name and the count), then the subvolume; a failure takes the row
+    /// back. A hub killed in between finds a row without a subvolume at
+    /// start and drops it (the create never answered).
+    pub(super) fn create_volume_snapshot(
+        &self,
+        tenant: &str,
+        volume: &str,
+        req: CreateVolumeSnapshot,
+    ) -> Result<VolumeSnapshot> {
+        validate::name("volume", volume)?;
+        validate::name("snapshot", &req.name)?;
+        let quotas = self.volume_quotas()?;
+        let _held = self.volumes.lock().unwrap_or_else(|p| p.into_inner());
+        if self.store.get_volume(tenant, volume)?.is_none() {
+            return Err(not_found(volume));
+        }
+        let row = VolumeSnapshotRow {
+            tenant: tenant.to_string(),
+            volume: volume.to_string(),
+            name: req.name,
+            created_at: now_ms(),
+        };
+        match self
+            .store
+            .insert_volume_snapshot(&row, MAX_SNAPSHOTS_PER_VOLUME)?
+        {
+            Ok(()) => {}
+            Err(SnapshotRefused::Exists) => {
+                return Err(Error::new(
+                    Code::Conflict,
+                    format!("volume {volume:?} has a snapshot {:?} already", row.name),
+                ))
+            }
+            Err(SnapshotRefused::TooMany(n)) => {
+                return Err(Error::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "volume {volume:?} has {n} snapshots, the most one volume may have \
+                         ({MAX_SNAPSHOTS_PER_VOLUME}); delete one first"
+                    ),
+                ))
+            }
+        }
+        let dir = tenant_dir(tenant);
+        let key = snapshot_key(volume, &row.name);
+        // A subvolume at the key without a row is a crashed create's
+        // leftover: never a snapshot anyone was answered.
+        let made = quotas
+            .release_volume_snapshot(&dir, &key)
+            .and_then(|()| quotas.snapshot_volume(&dir, volume, &key));
+        if let Err(e) = made {
+            let _ = self.store.delete_volume_snapshot(tenant, volume, &row.name);
+            return Err(disk_error("snapshotting the volume", e));
+        }
+        tracing::info!(tenant, volume, snapshot = %row.name, "volume snapshot taken");
+        Ok(snapshot_to_api(row))
+    }
+
+    pub(super) fn list_volume_snapshots(
+        &self,
+        tenant: &str,
+        volume: &str,
+    ) -> Result<VolumeSnapshotList> {
+        validate::name("volume", volume)?;
+        let rows = self.store.list_volume_snapshots(tenant, volume)?;
+        if rows.is_empty() && self.store.get_volume(tenant, volume)?.is_none() {
+            return Err(not_found(volume));
+        }
+        Ok(VolumeSnapshotList {
+            snapshots: rows.into_iter().map(snapshot_to_api).collect(),
+        })
+    }
+
+    /// Removes the row, then the subvolume (a failure there leaves one
+    /// the next start removes).
+    pub(super) fn delete_volume_snapshot(
+        &self,
+        tenant: &str,
+        volume: &str,
+        name: &str,
+    ) -> Result<()> {
+        validate::name("volume", volume)?;
+        validate::name("snapshot", name)?;
+        let _held = self.volumes.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.store.delete_volume_snapshot(tenant, volume, name)? {
+            return Err(snapshot_not_found(volume, name));
+        }
+        if let Some(q) = self.backend.quotas() {
+            if let Err(e) =
+                q.release_volume_snapshot(&tenant_dir(tenant), &snapshot_key(volume, name))
+            {
+                tracing::warn!(error = %e, tenant, volume, snapshot = name, "deleting a volume snapshot's subvolume; the next start retries");
+            }
+        }
+        tracing::info!(tenant, volume, snapshot = name, "volume snapshot deleted");
+        Ok(())
+    }
+
+    /// Snapshots' disk in line with their rows: a subvolume without a row
+    /// goes; a row without its subvolume (a create killed halfway, or a
+    /// disk changed behind the hub's back) cannot be made again, so it is
+    /// dropped and logged.
+    fn reconcile_volume_snapshots(&self, quotas: &DiskQuotas) -> Result<()> {
+        let rows = self.store.all_volume_snapshots()?;
+        let wanted: BTreeSet<(String, String)> = rows
+            .iter()
+            .map(|r| (tenant_dir(&r.tenant), snapshot_key(&r.volume, &r.name)))
+            .collect();
+        match quotas.list_volume_snapshots() {
+            Ok(on_disk) => {
+                for (dir, key) in on_disk {
+                    if wanted.contains(&(dir.clone(), key.clone())) {
+                        continue;
+                    }
+                    tracing::info!(tenant_dir = %dir, snapshot = %key, "removing a volume snapshot without a row");
+                    if let Err(e) = quotas.release_volume_snapshot(&dir, &key) {
+                        tracing::error!(error = %e, tenant_dir = %dir, snapshot = %key, "removing a volume snapshot without a row");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "listing the volume snapshots on disk"),
+        }
+        for r in rows {
+            let key = snapshot_key(&r.volume, &r.name);
+            match quotas.has_volume_snapshot(&tenant_dir(&r.tenant), &key) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(tenant = %r.tenant, volume = %r.volume, snapshot = %r.name, "a volume snapshot's subvolume is missing; dropping its row");
+                    self.store
+                        .delete_volume_snapshot(&r.tenant, &r.volume, &r.name)?;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, tenant = %r.tenant, snapshot = %key, "checking a volume snapshot")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Clones a hub was killed in the middle of: made again from their
+    /// snapshot (whatever stands at the volume's name may be a leftover
+    /// from before the clone, so it is replaced), so the volume has the
+    /// snapshot's files, not none. Without the snapshot any more, the
+    /// volume is left to the usual reconciliation (kept, or made empty).
+    fn finish_pending_clones(&self, quotas: &DiskQuotas) -> Result<()> {
+        for p in self.store.pending_clones()? {
+            let Some(row) = self.store.get_volume(&p.tenant, &p.name)? else {
+                self.store.clone_done(&p.tenant, &p.name)?;
+                continue;
+            };
+            let dir = tenant_dir(&p.tenant);
+            let key = snapshot_key(&p.snapshot_volume, &p.snapshot);
+            if quotas.has_volume_snapshot(&dir, &key).unwrap_or(false) {
+                match quotas.clone_volume(&dir, &key, &p.name, row.size_mb.saturating_mul(MIB)) {
+                    Ok(_) => {
+                        tracing::info!(tenant = %p.tenant, volume = %p.name, snapshot = %key, "finished a clone a stopped hub left")
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, tenant = %p.tenant, volume = %p.name, "finishing a clone");
+                        continue;
+                    }
+                }
+            } else {
+                tracing::warn!(tenant = %p.tenant, volume = %p.name, snapshot = %key, "a clone's snapshot is gone; the volume stays as it is");
+            }
+            self.store.clone_done(&p.tenant, &p.name)?;
+        }
+        Ok(())
+    }
+
     /// Puts the disk in line with the rows (see the module docs). Without
     /// a disk-quota volume there is nothing on disk to reconcile; rows stay
     /// and answer as before. A volume that cannot be put right is logged
@@ -312,6 +577,8 @@ impl Hub {
         let Some(quotas) = self.backend.quotas() else {
             return Ok(());
         };
+        self.reconcile_volume_snapshots(quotas)?;
+        self.finish_pending_clones(quotas)?;
         let rows = self.store.all_volumes()?;
         let wanted: BTreeSet<(String, String)> = rows
             .iter()

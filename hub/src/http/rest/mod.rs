@@ -17,6 +17,7 @@ mod sandboxes;
 mod secrets;
 pub mod shells;
 mod templates;
+mod volume_files;
 mod volumes;
 mod webhooks;
 
@@ -34,6 +35,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(templates::routes())
         .merge(secrets::routes())
         .merge(volumes::routes())
+        .merge(volume_files::routes())
         .merge(events::routes())
         .merge(webhooks::routes())
         .merge(pools::routes())

@@ -86,6 +86,13 @@ impl KubeTenant {
 
     pub(super) async fn create_volume_claim(&self, req: CreateVolume) -> Result<Volume> {
         validate::volume(&req)?;
+        if req.from_snapshot.is_some() {
+            return Err(Error::new(
+                Code::Unimplemented,
+                "volume snapshots and clones are not available on the kubernetes backend yet \
+                 (they need the cluster's VolumeSnapshot CRDs)",
+            ));
+        }
         let cap = self.shared.policy.tenant_max_volume_mb;
         // Each replica checks against what the API server lists: two
         // creates racing on two replicas may both pass (the storage

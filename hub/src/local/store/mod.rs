@@ -21,7 +21,7 @@ mod gym;
 mod secrets;
 mod snapshots;
 mod volumes;
-pub use volumes::{VolumeRefused, VolumeRow};
+pub use volumes::{PendingClone, SnapshotRefused, VolumeRefused, VolumeRow, VolumeSnapshotRow};
 
 /// One sandbox as stored. Times are Unix milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -21,7 +21,59 @@ CREATE TABLE IF NOT EXISTS volumes (
     created_at INTEGER NOT NULL,
     PRIMARY KEY (tenant, name)
 );
+CREATE TABLE IF NOT EXISTS volume_snapshots (
+    tenant TEXT NOT NULL,
+    volume TEXT NOT NULL,
+    name TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, volume, name)
+);
+CREATE TABLE IF NOT EXISTS volume_clones (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    snapshot_volume TEXT NOT NULL,
+    snapshot TEXT NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
 "#;
+
+/// One volume snapshot's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeSnapshotRow {
+    pub tenant: String,
+    pub volume: String,
+    pub name: String,
+    pub created_at: i64,
+}
+
+/// A volume whose files are still to be copied from a snapshot: written
+/// with the volume's row, in one transaction, and removed once the copy
+/// is on disk, so a start after a `kill -9` mid-clone makes the copy
+/// rather than an empty volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingClone {
+    pub tenant: String,
+    pub name: String,
+    pub snapshot_volume: String,
+    pub snapshot: String,
+}
+
+/// Why [`Store::insert_volume_snapshot`] added nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotRefused {
+    Exists,
+    /// The volume has this many snapshots already.
+    TooMany(usize),
+}
+
+fn snapshot_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<VolumeSnapshotRow> {
+    Ok(VolumeSnapshotRow {
+        tenant: r.get(0)?,
+        volume: r.get(1)?,
+        name: r.get(2)?,
+        created_at: r.get(3)?,
+    })
+}
 
 /// One volume's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +117,17 @@ impl Store {
         v: &VolumeRow,
         cap_mb: u64,
     ) -> Result<std::result::Result<(), VolumeRefused>> {
+        self.insert_volume_from(v, cap_mb, None)
+    }
+
+    /// [`Store::insert_volume`], and with `clone` its pending copy in the
+    /// same transaction.
+    pub fn insert_volume_from(
+        &self,
+        v: &VolumeRow,
+        cap_mb: u64,
+        clone: Option<&PendingClone>,
+    ) -> Result<std::result::Result<(), VolumeRefused>> {
         self.with(|c| {
             let tx = c.unchecked_transaction()?;
             let exists = tx
@@ -98,6 +161,13 @@ impl Store {
                     v.created_at
                 ],
             )?;
+            if let Some(p) = clone {
+                tx.execute(
+                    "INSERT OR REPLACE INTO volume_clones (tenant, name, snapshot_volume, snapshot) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                    params![p.tenant, p.name, p.snapshot_volume, p.snapshot],
+                )?;
+            }
             tx.commit()?;
             Ok(Ok(()))
         })
@@ -142,6 +212,133 @@ impl Store {
             c.execute(
                 "DELETE FROM volumes WHERE tenant = ?1 AND name = ?2",
                 params![tenant, name],
+            )
+            .map(|n| n > 0)
+        })
+    }
+}
+
+impl Store {
+    /// Every clone whose copy is not known to be on disk.
+    pub fn pending_clones(&self) -> Result<Vec<PendingClone>> {
+        self.with(|c| {
+            let mut s = c.prepare_cached(
+                "SELECT tenant, name, snapshot_volume, snapshot FROM volume_clones \
+                 ORDER BY tenant, name",
+            )?;
+            let rows = s.query_map([], |r| {
+                Ok(PendingClone {
+                    tenant: r.get(0)?,
+                    name: r.get(1)?,
+                    snapshot_volume: r.get(2)?,
+                    snapshot: r.get(3)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// The copy of a clone is on disk (or was given up on).
+    pub fn clone_done(&self, tenant: &str, name: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM volume_clones WHERE tenant = ?1 AND name = ?2",
+                params![tenant, name],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// Adds a snapshot's row unless the volume has one of that name or
+    /// [`sandhub_api::volumes::MAX_SNAPSHOTS_PER_VOLUME`] already.
+    pub fn insert_volume_snapshot(
+        &self,
+        s: &VolumeSnapshotRow,
+        max: usize,
+    ) -> Result<std::result::Result<(), SnapshotRefused>> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction()?;
+            let exists = tx
+                .query_row(
+                    "SELECT 1 FROM volume_snapshots WHERE tenant = ?1 AND volume = ?2 AND name = ?3",
+                    params![s.tenant, s.volume, s.name],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some();
+            if exists {
+                return Ok(Err(SnapshotRefused::Exists));
+            }
+            let have: i64 = tx.query_row(
+                "SELECT COUNT(*) FROM volume_snapshots WHERE tenant = ?1 AND volume = ?2",
+                params![s.tenant, s.volume],
+                |r| r.get(0),
+            )?;
+            let have = have.max(0) as usize;
+            if have >= max {
+                return Ok(Err(SnapshotRefused::TooMany(have)));
+            }
+            tx.execute(
+                "INSERT INTO volume_snapshots (tenant, volume, name, created_at) \
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![s.tenant, s.volume, s.name, s.created_at],
+            )?;
+            tx.commit()?;
+            Ok(Ok(()))
+        })
+    }
+
+    /// A volume's snapshots, by name.
+    pub fn list_volume_snapshots(
+        &self,
+        tenant: &str,
+        volume: &str,
+    ) -> Result<Vec<VolumeSnapshotRow>> {
+        self.with(|c| {
+            let mut s = c.prepare_cached(
+                "SELECT tenant, volume, name, created_at FROM volume_snapshots \
+                 WHERE tenant = ?1 AND volume = ?2 ORDER BY name",
+            )?;
+            let rows = s.query_map(params![tenant, volume], snapshot_row)?;
+            rows.collect()
+        })
+    }
+
+    /// Every tenant's volume snapshots (the start-up reconciliation).
+    pub fn all_volume_snapshots(&self) -> Result<Vec<VolumeSnapshotRow>> {
+        self.with(|c| {
+            let mut s = c.prepare_cached(
+                "SELECT tenant, volume, name, created_at FROM volume_snapshots \
+                 ORDER BY tenant, volume, name",
+            )?;
+            let rows = s.query_map([], snapshot_row)?;
+            rows.collect()
+        })
+    }
+
+    pub fn get_volume_snapshot(
+        &self,
+        tenant: &str,
+        volume: &str,
+        name: &str,
+    ) -> Result<Option<VolumeSnapshotRow>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT tenant, volume, name, created_at FROM volume_snapshots \
+                 WHERE tenant = ?1 AND volume = ?2 AND name = ?3",
+                params![tenant, volume, name],
+                snapshot_row,
+            )
+            .optional()
+        })
+    }
+
+    /// Whether there was one to delete.
+    pub fn delete_volume_snapshot(&self, tenant: &str, volume: &str, name: &str) -> Result<bool> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM volume_snapshots WHERE tenant = ?1 AND volume = ?2 AND name = ?3",
+                params![tenant, volume, name],
             )
             .map(|n| n > 0)
         })

@@ -29,6 +29,19 @@ struct VolArgs {
     name: [u8; 4088],
 }
 
+/// `struct btrfs_ioctl_vol_args_v2` (the qgroup-inherit union left zero).
+#[repr(C)]
+struct VolArgsV2 {
+    fd: i64,
+    transid: u64,
+    flags: u64,
+    unused: [u64; 4],
+    name: [u8; 4040],
+}
+
+/// `BTRFS_SUBVOL_RDONLY`: the snapshot is read-only from birth.
+const SUBVOL_RDONLY: u64 = 1 << 1;
+
 /// `struct btrfs_ioctl_ino_lookup_args`.
 #[repr(C)]
 struct InoLookupArgs {
@@ -80,6 +93,7 @@ struct QgroupLimitArgs {
 
 const IOC_SUBVOL_CREATE: u32 = ioc(IOC_WRITE, 14, size_of::<VolArgs>());
 const IOC_SNAP_DESTROY: u32 = ioc(IOC_WRITE, 15, size_of::<VolArgs>());
+const IOC_SNAP_CREATE_V2: u32 = ioc(IOC_WRITE, 23, size_of::<VolArgsV2>());
 const IOC_INO_LOOKUP: u32 = ioc(IOC_READ | IOC_WRITE, 18, size_of::<InoLookupArgs>());
 const IOC_FS_INFO: u32 = ioc(IOC_READ, 31, size_of::<FsInfoArgs>());
 const IOC_QUOTA_CTL: u32 = ioc(IOC_READ | IOC_WRITE, 40, size_of::<QuotaCtlArgs>());
@@ -135,6 +149,35 @@ pub fn destroy_subvolume(parent: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     let mut args = vol_args(name)?;
     // SAFETY: SNAP_DESTROY takes a btrfs_ioctl_vol_args.
     unsafe { ioctl(parent, IOC_SNAP_DESTROY, &mut *args) }
+}
+
+/// Makes `parent/name` a snapshot of the subvolume whose root is
+/// `source`: read-only with `read_only`, else a writable copy. Either way
+/// it shares every block with its source until one side changes it, and
+/// is made at once whatever its size.
+pub fn snapshot_subvolume(
+    source: BorrowedFd<'_>,
+    parent: BorrowedFd<'_>,
+    name: &str,
+    read_only: bool,
+) -> io::Result<()> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= 4040 || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad subvolume name {name:?}"),
+        ));
+    }
+    let mut args = Box::new(VolArgsV2 {
+        fd: i64::from(source.as_raw_fd()),
+        transid: 0,
+        flags: if read_only { SUBVOL_RDONLY } else { 0 },
+        unused: [0; 4],
+        name: [0; 4040],
+    });
+    args.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: SNAP_CREATE_V2 takes a btrfs_ioctl_vol_args_v2.
+    unsafe { ioctl(parent, IOC_SNAP_CREATE_V2, &mut *args) }
 }
 
 /// The id of the subvolume `fd` lies in (its qgroup is `0/<id>`).
@@ -194,6 +237,8 @@ mod tests {
     fn layouts_match_the_kernel() {
         assert_eq!(size_of::<VolArgs>(), 4096);
         assert_eq!(size_of::<InoLookupArgs>(), 4096);
+        assert_eq!(size_of::<VolArgsV2>(), 4096);
+        assert_eq!(std::mem::offset_of!(VolArgsV2, name), 56);
         assert_eq!(size_of::<FsInfoArgs>(), 1024);
         assert_eq!(std::mem::offset_of!(FsInfoArgs, fsid), 16);
         assert_eq!(size_of::<QuotaCtlArgs>(), 16);
@@ -206,6 +251,7 @@ mod tests {
         assert_eq!(IOC_SUBVOL_CREATE, 0x5000_940E);
         assert_eq!(IOC_SNAP_DESTROY, 0x5000_940F);
         assert_eq!(IOC_INO_LOOKUP, 0xD000_9412);
+        assert_eq!(IOC_SNAP_CREATE_V2, 0x5000_9417);
         assert_eq!(IOC_FS_INFO, 0x8400_941F);
         assert_eq!(IOC_QUOTA_CTL, 0xC010_9428);
         assert_eq!(IOC_QGROUP_LIMIT, 0x8030_942B);

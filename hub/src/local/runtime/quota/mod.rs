@@ -228,7 +228,7 @@ impl DiskQuotas {
             rustix::fs::fchmod(&root_fd, Mode::from_raw_mode(0o700))?;
         }
         let fsid = plan::uuid_text(&btrfs::fsid(root_fd.as_fd())?);
-        for dir in ["sandboxes", "snapshots", VOLUMES_DIR] {
+        for dir in ["sandboxes", "snapshots", VOLUMES_DIR, VOLUME_SNAPSHOTS_DIR] {
             match rustix::fs::mkdirat(root_fd.as_fd(), dir, Mode::from_raw_mode(0o700)) {
                 Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                 Err(e) => return Err(annotate(format!("creating {dir} on the volume"), e.into())),
@@ -411,6 +411,12 @@ fn checked_name(name: &str) -> io::Result<()> {
 /// `volumes/<tenant dir>/<name>`, each a subvolume with a qgroup limit.
 pub const VOLUMES_DIR: &str = "volumes";
 
+/// The directory under [`DiskQuotas::root`] that holds named volumes'
+/// snapshots: `volume-snapshots/<tenant dir>/<volume>@<snapshot>`, each a
+/// read-only subvolume. Apart from `volumes/` so that neither tree's
+/// start-up reconciliation mistakes the other's entries for its own.
+pub const VOLUME_SNAPSHOTS_DIR: &str = "volume-snapshots";
+
 /// `openat2(dir, name, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 /// RESOLVE_NO_XDEV)`: [`open_beneath`] that also never crosses a mount.
 fn open_beneath_same_fs(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
@@ -434,13 +440,24 @@ fn open_beneath_same_fs(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> 
 impl DiskQuotas {
     /// `volumes/<tenant_dir>`, made when missing.
     fn tenant_volumes(&self, tenant_dir: &str, create: bool) -> io::Result<Option<OwnedFd>> {
+        self.tenant_dir_in(VOLUMES_DIR, tenant_dir, create)
+    }
+
+    /// `<top>/<tenant_dir>` (`top` one of [`VOLUMES_DIR`] and
+    /// [`VOLUME_SNAPSHOTS_DIR`]), made when missing.
+    fn tenant_dir_in(
+        &self,
+        top: &str,
+        tenant_dir: &str,
+        create: bool,
+    ) -> io::Result<Option<OwnedFd>> {
         self.check_attached()?;
         checked_name(tenant_dir)?;
-        let volumes = open_beneath_same_fs(self.root_fd.as_fd(), VOLUMES_DIR)?;
+        let volumes = open_beneath_same_fs(self.root_fd.as_fd(), top)?;
         if create {
             match rustix::fs::mkdirat(&volumes, tenant_dir, Mode::from_raw_mode(0o700)) {
                 Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(annotate(format!("creating volumes/{tenant_dir}"), e.into())),
+                Err(e) => return Err(annotate(format!("creating {top}/{tenant_dir}"), e.into())),
             }
         }
         match open_beneath_same_fs(volumes.as_fd(), tenant_dir) {
@@ -509,11 +526,99 @@ impl DiskQuotas {
 
     /// Every `(tenant_dir, name)` on disk, for the start-up reconciliation.
     pub fn list_volumes(&self) -> io::Result<Vec<(String, String)>> {
+        self.list_in(VOLUMES_DIR)
+    }
+
+    /// Every `(tenant_dir, <volume>@<snapshot>)` on disk.
+    pub fn list_volume_snapshots(&self) -> io::Result<Vec<(String, String)>> {
+        self.list_in(VOLUME_SNAPSHOTS_DIR)
+    }
+
+    /// Makes `volume-snapshots/<tenant_dir>/<key>` a read-only snapshot
+    /// of the volume `name`, taken at once. The volume is reached as
+    /// [`DiskQuotas::open_volume`] reaches it; an existing `key` is
+    /// EEXIST, never replaced.
+    pub fn snapshot_volume(&self, tenant_dir: &str, name: &str, key: &str) -> io::Result<()> {
+        checked_name(key)?;
+        let source = self.open_volume(tenant_dir, name)?;
+        let parent = self
+            .tenant_dir_in(VOLUME_SNAPSHOTS_DIR, tenant_dir, true)?
+            .expect("made when missing");
+        btrfs::snapshot_subvolume(source.as_fd(), parent.as_fd(), key, true)
+            .map_err(|e| annotate(format!("snapshotting volume {name} as {key}"), e))
+    }
+
+    /// Whether the snapshot `key` is on disk (a subvolume's root).
+    pub fn has_volume_snapshot(&self, tenant_dir: &str, key: &str) -> io::Result<bool> {
+        checked_name(key)?;
+        let Some(parent) = self.tenant_dir_in(VOLUME_SNAPSHOTS_DIR, tenant_dir, false)? else {
+            return Ok(false);
+        };
+        match open_beneath_same_fs(parent.as_fd(), key) {
+            Ok(fd) => Ok(rustix::fs::fstat(&fd)?.st_ino == btrfs::FIRST_FREE_OBJECTID),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes a volume snapshot at once; one that is gone is fine.
+    pub fn release_volume_snapshot(&self, tenant_dir: &str, key: &str) -> io::Result<()> {
+        checked_name(key)?;
+        let Some(parent) = self.tenant_dir_in(VOLUME_SNAPSHOTS_DIR, tenant_dir, false)? else {
+            return Ok(());
+        };
+        match btrfs::destroy_subvolume(parent.as_fd(), key) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(annotate(format!("deleting volume snapshot {key}"), e)),
+        }
+    }
+
+    /// Makes the volume `volumes/<tenant_dir>/<name>` a writable snapshot
+    /// of the volume snapshot `key`, limited to `bytes`: whatever is at
+    /// `name` goes first (a crashed delete's or clone's leftover), so the
+    /// new volume holds exactly the snapshot's files. The two share blocks
+    /// until either changes, and changes on one side never show on the
+    /// other.
+    pub fn clone_volume(
+        &self,
+        tenant_dir: &str,
+        key: &str,
+        name: &str,
+        bytes: u64,
+    ) -> io::Result<QuotaId> {
+        checked_name(key)?;
+        checked_name(name)?;
+        let snaps = self
+            .tenant_dir_in(VOLUME_SNAPSHOTS_DIR, tenant_dir, false)?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("snapshot {key}")))?;
+        let source = open_beneath_same_fs(snaps.as_fd(), key)?;
+        if rustix::fs::fstat(&source)?.st_ino != btrfs::FIRST_FREE_OBJECTID {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("volume snapshot {key} is not a subvolume"),
+            ));
+        }
+        let parent = self
+            .tenant_volumes(tenant_dir, true)?
+            .expect("made when missing");
+        match btrfs::destroy_subvolume(parent.as_fd(), name) {
+            Ok(()) => tracing::info!(tenant_dir, name, "removed a volume left behind"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(annotate(format!("removing the old volume {name}"), e)),
+        }
+        btrfs::snapshot_subvolume(source.as_fd(), parent.as_fd(), name, false)
+            .map_err(|e| annotate(format!("cloning {key} as volume {name}"), e))?;
+        self.limit(parent.as_fd(), name, bytes)
+    }
+
+    /// `(tenant_dir, name)` of every entry two levels below `top`.
+    fn list_in(&self, top: &str) -> io::Result<Vec<(String, String)>> {
         self.check_attached()?;
-        let volumes = open_beneath_same_fs(self.root_fd.as_fd(), VOLUMES_DIR)?;
+        let volumes = open_beneath_same_fs(self.root_fd.as_fd(), top)?;
         let mut out = Vec::new();
         for tenant in entries(volumes.as_fd())? {
-            let Some(dir) = self.tenant_volumes(&tenant, false)? else {
+            let Some(dir) = self.tenant_dir_in(top, &tenant, false)? else {
                 continue;
             };
             for name in entries(dir.as_fd())? {
