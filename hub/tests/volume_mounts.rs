@@ -290,3 +290,58 @@ async fn a_link_planted_at_a_mount_point_is_refused_not_followed() {
         .unwrap_err();
     assert_eq!(e.code, Code::NotFound, "{e}");
 }
+
+#[tokio::test]
+async fn links_planted_in_a_volume_lead_nowhere_outside_a_later_sandbox() {
+    let hub = TestHub::start(keys_hub(&[])).await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let bob = hub.client(Some(BOB_KEY));
+    volume(&alice, "v", 8).await;
+    volume(&bob, "secret", 8).await;
+    let b = with_volumes(&bob, vec![mount("secret", "/s", false)])
+        .await
+        .unwrap();
+    sh_ok(&bob, &b, "echo bobs-7f3a9c2e > /s/file").await;
+    // Where the host keeps volumes: the quota volume's root.
+    let host_volumes = hub
+        .sandboxes_dir()
+        .parent()
+        .unwrap()
+        .join("volumes")
+        .display()
+        .to_string();
+
+    let a = with_volumes(&alice, vec![mount("v", "/workspace/v", false)])
+        .await
+        .unwrap();
+    sh_ok(
+        &alice,
+        &a,
+        &format!(
+            "cd /workspace/v && ln -s / root && ln -s ../../../../../../.. up && \
+             ln -s {host_volumes} host && ln -s /proc/1/root pid1"
+        ),
+    )
+    .await;
+    alice.delete(&a).await.unwrap();
+    let later = with_volumes(&alice, vec![mount("v", "/mnt/v", true)])
+        .await
+        .unwrap();
+    // Each link resolves inside the later sandbox's own root: the host's
+    // volumes directory does not exist there, and `..` stops at its `/`.
+    let host = shell(&alice, &later, "ls /mnt/v/host/").await;
+    assert_ne!(host.exit_code, 0, "{host:?}");
+    assert!(host.stderr.contains("No such file"), "{host:?}");
+    assert_eq!(sh_ok(&alice, &later, "readlink -f /mnt/v/up").await, "/\n");
+    // Nothing of bob's is anywhere in alice's sandbox.
+    let found = sh_ok(
+        &alice,
+        &later,
+        "grep -rsl bobs-7f3a9c2e / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr | head -3; true",
+    )
+    .await;
+    assert_eq!(found, "", "reached bob's volume");
+    // And the hub itself never follows them: the volume still holds just
+    // the links, and bob's file is untouched.
+    assert_eq!(sh_ok(&bob, &b, "cat /s/file").await, "bobs-7f3a9c2e\n");
+}
