@@ -148,6 +148,16 @@ pub trait Sandboxes: Send + Sync {
     async fn get_pool(&self, name: &str) -> Result<Pool>;
     async fn list_pools(&self) -> Result<Vec<Pool>>;
     async fn delete_pool(&self, name: &str) -> Result<()>;
+
+    /// The caller's named volumes (and none where the hub has no volumes:
+    /// `UNIMPLEMENTED`). Read-only here: creating, deleting and their
+    /// files are the hub's own API (`HubClient::create_volume`, ...).
+    async fn volumes(&self) -> Result<Vec<sandhub_api::volumes::Volume>> {
+        Err(Error::new(
+            sandhub_api::error::Code::Unimplemented,
+            "named volumes are not available here",
+        ))
+    }
 }
 
 /// Reads a whole file into memory (for small files; prefer the stream).

@@ -533,6 +533,10 @@ impl Sandboxes for GuardedView {
         self.inner.list_pools().await
     }
 
+    async fn volumes(&self) -> Result<Vec<sandhub_api::volumes::Volume>> {
+        self.inner.volumes().await
+    }
+
     async fn delete_pool(&self, name: &str) -> Result<()> {
         self.inner.delete_pool(name).await
     }

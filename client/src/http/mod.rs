@@ -769,6 +769,10 @@ impl Sandboxes for HubClient {
         self.call_empty(self.request(Method::DELETE, &path).timeout(SLOW))
             .await
     }
+
+    async fn volumes(&self) -> Result<Vec<Volume>> {
+        self.list_volumes().await
+    }
 }
 
 #[cfg(test)]

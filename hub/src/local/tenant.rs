@@ -852,6 +852,10 @@ impl Sandboxes for TenantHub {
             .collect()
     }
 
+    async fn volumes(&self) -> Result<Vec<sandhub_api::volumes::Volume>> {
+        Ok(self.hub.list_volumes(&self.tenant)?.volumes)
+    }
+
     async fn delete_pool(&self, name: &str) -> Result<()> {
         if !self.hub.store.delete_pool(&self.tenant, name)? {
             return Err(Error::not_found(format!("pool {name} not found")));

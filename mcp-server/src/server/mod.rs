@@ -109,7 +109,8 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             + Self::process_router()
             + Self::lifecycle_router()
             + Self::ports_router()
-            + Self::metrics_router();
+            + Self::metrics_router()
+            + Self::volumes_router();
         for route in router.map.values_mut() {
             unwrap_descriptions(Arc::make_mut(&mut route.attr.input_schema));
             if let Some(output) = route.attr.output_schema.as_mut() {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.request
+import uuid
 from typing import Any, Awaitable, Callable
 
 import anyio
@@ -39,6 +40,7 @@ EXTRA_TOOLS = {
     "watch_directory",
     "expose_port",
     "get_sandbox_metrics",
+    "list_volumes",
 }
 
 Connect = Callable[[], Any]
@@ -401,6 +403,41 @@ def test_reset_snapshot_and_watch(connect: Connect) -> None:
                 await call(session, "delete_sandbox", sandbox_claim_name=name)
 
     run(scenario)
+
+
+def test_volumes_are_listed_and_mounted_and_outlive_the_sandbox(connect: Connect, hub: Any) -> None:
+    """An agent sees the volumes it was given and mounts them; its files outlive the sandbox.
+    It cannot make one: there is no tool for it."""
+    vol = f"mcp-{uuid.uuid4().hex[:8]}"
+    req = urllib.request.Request(f"{hub.url}/v1/volumes", method="POST",
+                                 data=json.dumps({"name": vol, "size_mb": 8}).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 201
+
+    async def scenario() -> None:
+        async with connect() as session:
+            tools = {t.name for t in (await session.list_tools()).tools}
+            assert not any("volume" in t and t != "list_volumes" for t in tools), tools
+            listed = await call(session, "list_volumes")
+            assert vol in [v["name"] for v in listed["volumes"]], listed
+            mount = {"name": vol, "path": "/workspace/data"}
+            a = (await call(session, "create_sandbox", volumes=[mount]))["sandbox_claim_name"]
+            await call(session, "execute_command", sandbox_claim_name=a, command="echo kept > /workspace/data/f")
+            await call(session, "delete_sandbox", sandbox_claim_name=a)
+            b = (await call(session, "create_sandbox", volumes=[{**mount, "read_only": True}]))["sandbox_claim_name"]
+            try:
+                out = await call(session, "execute_command", sandbox_claim_name=b, command="cat /workspace/data/f")
+                assert out["stdout"] == "kept\n", out
+                denied = await call(session, "execute_command", sandbox_claim_name=b, command="touch /workspace/data/g")
+                assert denied["exit_code"] != 0, denied
+            finally:
+                await call(session, "delete_sandbox", sandbox_claim_name=b)
+            message = await fails(session, "create_sandbox", volumes=[{"name": vol, "path": "/proc/x"}])
+            assert "/proc" in message, message
+
+    run(scenario)
+    urllib.request.urlopen(urllib.request.Request(f"{hub.url}/v1/volumes/{vol}", method="DELETE"), timeout=30)
 
 
 # ------------------------------------------------------------------ negotiation

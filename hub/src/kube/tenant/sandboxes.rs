@@ -476,6 +476,10 @@ impl Sandboxes for KubeTenant {
     async fn delete_pool(&self, name: &str) -> Result<()> {
         self.remove_pool(name).await
     }
+
+    async fn volumes(&self) -> Result<Vec<sandhub_api::volumes::Volume>> {
+        Ok(self.volume_list().await?.volumes)
+    }
 }
 
 impl KubeTenant {

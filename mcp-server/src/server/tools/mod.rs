@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod ports;
 pub mod process;
 pub mod sandbox;
+pub mod volumes;
 
 use std::{future::Future, time::Duration};
 

@@ -12,6 +12,7 @@ use rmcp::{
 use sandhub_api::{
     error::Code,
     hub::{CreateSandbox, NetworkSpec, Sandbox, SandboxState},
+    volumes::VolumeMount,
 };
 use sandhub_client::Sandboxes;
 use schemars::JsonSchema;
@@ -63,6 +64,24 @@ pub struct CreateSandboxParams {
     #[serde(default)]
     #[schemars(schema_with = "network_schema")]
     pub network: Option<NetworkSpec>,
+    /// Named volumes to mount (list_volumes shows which exist), at most 16, e.g.
+    /// [{"name": "data", "path": "/workspace/data", "read_only": true}]. Paths are absolute;
+    /// files written to a volume outlive the sandbox.
+    #[serde(default)]
+    pub volumes: Option<Vec<VolumeParam>>,
+}
+
+/// One volume to mount.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeParam {
+    /// The volume's name, from list_volumes.
+    pub name: String,
+    /// Where it appears in the sandbox, e.g. /workspace/data.
+    pub path: String,
+    /// Mount it read-only. Default false.
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// The schema of `network`: the REST API's words (`NetworkSpec` has its
@@ -216,6 +235,18 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             // refuse (it knows the template).
             sandhub_api::validate::network(n).map_err(|e| ToolError::invalid(e.message))?;
         }
+        let volumes: Vec<VolumeMount> = p
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| VolumeMount {
+                name: v.name,
+                path: v.path,
+                read_only: v.read_only,
+            })
+            .collect();
+        sandhub_api::validate::volume_mounts(&volumes)
+            .map_err(|e| ToolError::invalid(e.message))?;
         let name = p
             .warmpool
             .filter(|w| !w.trim().is_empty())
@@ -233,6 +264,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             labels,
             shutdown_after_seconds: Some(shutdown_after),
             network: p.network,
+            volumes,
             ..CreateSandbox::default()
         };
         let created = bounded("creating the sandbox", ready_timeout, async {
