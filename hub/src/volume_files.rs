@@ -39,6 +39,9 @@ use tokio::io::AsyncWriteExt;
 pub const MAX_PATH: usize = 4096;
 /// Longest name of one component, in bytes (`NAME_MAX`).
 pub const MAX_NAME: usize = 255;
+/// Bytes per read or write of a file's data: each is one hop to the
+/// blocking pool.
+pub const IO_CHUNK: usize = 1 << 20;
 /// Deepest directory a recursive delete descends into: deeper trees are
 /// refused rather than walked without bound.
 pub const MAX_DELETE_DEPTH: usize = 256;
@@ -502,11 +505,9 @@ impl VolumeDir {
 /// Streams `data` into `file` and syncs it: btrfs may report a full
 /// qgroup only when the data is written back, and a synced upload is
 /// what the 204 promises.
-async fn copy_in(
-    mut file: tokio::fs::File,
-    mut data: ByteStream,
-    path: &VolPath,
-) -> FileResult<()> {
+async fn copy_in(file: tokio::fs::File, mut data: ByteStream, path: &VolPath) -> FileResult<()> {
+    // Gathered into large writes: the body comes in small frames.
+    let mut file = tokio::io::BufWriter::with_capacity(IO_CHUNK, file);
     let errno = |e: std::io::Error| {
         let n = e.raw_os_error().map(Errno::from_raw_os_error);
         match n {
@@ -519,7 +520,7 @@ async fn copy_in(
         file.write_all(&chunk).await.map_err(errno)?;
     }
     file.flush().await.map_err(errno)?;
-    file.sync_all().await.map_err(errno)
+    file.get_ref().sync_all().await.map_err(errno)
 }
 
 enum Emptied {

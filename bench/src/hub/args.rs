@@ -81,6 +81,12 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(super) pause_rounds: u32,
 
+    /// Rounds of the volumes phase (each one clone and one `cp`, one
+    /// upload and download on each side).
+    #[arg(long, env = "SANDHUB_BENCH_VOLUME_ROUNDS", default_value_t = 6,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(super) volume_rounds: u32,
+
     /// Timed Gym resets of one env.
     #[arg(long, env = "SANDHUB_BENCH_GYM_RESETS", default_value_t = 50,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -230,6 +236,10 @@ pub(super) enum Phase {
     /// Exec with trace export on (a second hub, `--otlp-endpoint` to a
     /// loopback sink) vs off (not in the default set).
     Traces,
+    /// Named volumes: a clone of 1 GiB in 1,000 files vs `cp -a
+    /// --reflink`, and 256 MiB through the volume files API vs the
+    /// sandbox files API (not in the default set: it writes a few GiB).
+    Volumes,
     /// Pause, resume and auto-resume (after pause and after suspend) vs
     /// exec on a running sandbox and a plain resume (not in the default
     /// set).

@@ -34,7 +34,10 @@
 //!     rounds (`traces.rs`);
 //! 15. (opt-in, `pause`) pause, resume and the exec right after, and an
 //!     auto-resuming exec vs resume-then-exec, after pause and after
-//!     suspend (`pause.rs`).
+//!     suspend (`pause.rs`);
+//! 16. (opt-in, `volumes`) a volume clone of 1 GiB in 1,000 files vs `cp -a
+//!     --reflink`, and 256 MiB through the volume files API vs the sandbox
+//!     files API (`volumes.rs`).
 //!
 //! With `--baseline-bin`, the selected phases run against that binary
 //! too, in alternating rounds, and the rows are new ÷ baseline
@@ -62,6 +65,7 @@ mod sampler;
 mod sdk;
 mod server;
 mod traces;
+mod volumes;
 
 use std::{
     path::PathBuf,
@@ -226,6 +230,7 @@ async fn phases(
             Phase::Events => events::run(args, hub, report).await,
             Phase::Traces => traces::run(args, hub, report).await,
             Phase::Pause => pause::run(args, hub, report).await,
+            Phase::Volumes => volumes::run(args, hub, report).await,
             Phase::Egress => match outside.internet {
                 Some(Ok(net)) => egress::run(args, hub, report, net).await,
                 Some(Err(e)) => Err(anyhow::anyhow!("bringing up the bench internet: {e:#}")),

@@ -167,8 +167,13 @@ async fn get_or_head(
         Found::File { file, entry } => {
             check_kind(kind, EntryType::File, &path)?;
             // Streamed from the fd opened above: nothing is looked up
-            // by name again while the bytes go out.
-            let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+            // by name again while the bytes go out. Large reads: each
+            // one is a hop to the blocking pool (4 KiB ones made a 256 MiB
+            // download 9x slower than the sandbox files API's).
+            let stream = tokio_util::io::ReaderStream::with_capacity(
+                tokio::fs::File::from_std(file),
+                crate::volume_files::IO_CHUNK,
+            );
             Ok(Response::builder()
                 .header(header::CONTENT_TYPE, "application/octet-stream")
                 .header(header::CONTENT_LENGTH, entry.size)
