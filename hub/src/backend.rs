@@ -100,6 +100,16 @@ pub trait TenantView: Sandboxes {
         let _ = name;
         Err(no_volumes())
     }
+    /// Where a backend without local volume directories serves a volume's
+    /// files: the sandboxd of a Pod that mounts it (Kubernetes). Asked only
+    /// when [`TenantView::volume_dir`] is `UNIMPLEMENTED`.
+    async fn volume_sandboxd(
+        &self,
+        name: &str,
+    ) -> Result<sandhub_client::sandboxd::SandboxdClient> {
+        let _ = name;
+        Err(no_volumes())
+    }
     /// A read-only snapshot of one of this tenant's volumes.
     async fn create_volume_snapshot(
         &self,

@@ -295,6 +295,13 @@ impl TenantView for GuardedView {
         self.inner.volume_dir(name).await
     }
 
+    async fn volume_sandboxd(
+        &self,
+        name: &str,
+    ) -> Result<sandhub_client::sandboxd::SandboxdClient> {
+        self.inner.volume_sandboxd(name).await
+    }
+
     async fn create_volume_snapshot(
         &self,
         volume: &str,

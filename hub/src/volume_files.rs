@@ -170,6 +170,12 @@ impl VolPath {
         format!("/{}", self.0.join("/"))
     }
 
+    /// The path relative to the volume root, `""` for the root (as a
+    /// sandboxd with the volume as its root takes it).
+    pub fn relative(&self) -> String {
+        self.0.join("/")
+    }
+
     /// The path relative to the volume root as `openat2` takes it.
     fn rel(&self) -> String {
         if self.0.is_empty() {

@@ -45,6 +45,8 @@ def test_hub_role_grants_only_what_the_backend_uses(cluster: Cluster):
     # The Helm chart's Role grants the same (it is kept by hand).
     chart = (DEPLOY.parent / "helm" / "sandhub-hub" / "templates" / "all.yaml").read_text()
     assert 'resources: ["leases"]\n    verbs: ["get", "create", "patch"]' in chart
+    # Pods: read (why a sandbox cannot start), and a volume's helper Pod made and deleted.
+    assert verbs.get(("", "pods")) == {"get", "create", "delete"}, verbs
     # Named volumes are claims the hub makes and deletes, never changes or watches.
     assert verbs.get(("", "persistentvolumeclaims")) == {"get", "list", "create", "delete"}, verbs
     assert 'resources: ["persistentvolumeclaims"]\n    verbs: ["get", "list", "create", "delete"]' in chart

@@ -85,6 +85,31 @@ def test_a_volume_is_a_claim_written_by_one_sandbox_and_read_by_the_next(cluster
         with open(os.path.join(host_dir, "f")) as f:
             assert f.read() == "kept\n"
 
+        # The files API with no sandbox of the caller's: through a helper Pod that mounts the
+        # claim (made on the first call; later calls reuse it).
+        files = f"{url}/v1/volumes/data/files"
+        got = requests.get(f"{files}/f", timeout=200)
+        assert (got.status_code, got.content) == (200, b"kept\n"), got.text
+        assert requests.put(f"{files}/dir/g.txt", data=b"from the api", timeout=60).status_code == 204
+        listing = ok(requests.get(f"{files}/dir", timeout=60))
+        assert [e["name"] for e in listing["entries"]] == ["g.txt"], listing
+        r3 = run(url, b, "cat /workspace/data/dir/g.txt")
+        assert r3["stdout"] == "from the api", r3
+        # A link planted in the volume that leads out of it is refused, not followed.
+        run(url, b, "ln -s /etc/passwd /workspace/data/passwd && ln -s ../../../.. /workspace/data/up")
+        for link in ("passwd", "up/etc/passwd"):
+            r = requests.get(f"{files}/{link}", timeout=60)
+            assert r.status_code in (403, 404), (link, r.status_code, r.text)
+            assert b"root:" not in r.content
+        assert requests.delete(f"{files}/dir/g.txt", timeout=60).status_code == 204
+        assert requests.get(f"{files}/dir/g.txt", timeout=60).status_code == 404
+        helpers = [p for p in cluster.core.list_namespaced_pod(cluster.ns).items
+                   if "sandhub.io/volume-files" in (p.metadata.labels or {})]
+        assert len(helpers) == 1 and helpers[0].spec.active_deadline_seconds == 600, helpers
+        # Snapshots need the cluster's VolumeSnapshot CRDs, which this cluster has not.
+        r = requests.post(f"{url}/v1/volumes/data/snapshots", json={"name": "s"}, timeout=60)
+        assert (r.status_code, r.json()["code"]) == (501, "UNIMPLEMENTED"), r.text
+
         # Mounted by a template: not deleted under it.
         r = requests.delete(f"{url}/v1/volumes/data", timeout=60)
         assert (r.status_code, r.json()["code"]) == (409, "CONFLICT"), r.text

@@ -18,14 +18,15 @@ use sandhub_api::{
     error::{Code, ErrorBody},
     sandboxd::{DirectoryListing, EntryType},
 };
-use sandhub_client::{ByteStream, Error};
+use sandhub_client::{sandboxd::SandboxdClient, ByteStream, Error, WriteOptions};
 use serde::Deserialize;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::{
+    backend::TenantView,
     http::{Api, ApiError, ApiPath, ApiQuery, ApiResult, AppState},
-    volume_files::{FileError, Found, VolPath},
+    volume_files::{FileError, Found, VolPath, VolumeDir},
 };
 
 impl From<FileError> for ApiError {
@@ -134,15 +135,69 @@ fn listing_response(listing: DirectoryListing, with_body: bool) -> Response {
         .into_response()
 }
 
+/// Where a volume's files are served from.
+enum Files {
+    /// The hub's own directory fd (local backend).
+    Local(VolumeDir),
+    /// The sandboxd of a Pod with the volume as its root (Kubernetes):
+    /// the same shapes, resolved by that sandboxd below its root.
+    Remote(SandboxdClient),
+}
+
+async fn open(api: &dyn TenantView, name: &str) -> ApiResult<Files> {
+    match api.volume_dir(name).await {
+        Ok(dir) => Ok(Files::Local(dir)),
+        Err(e) if e.code == Code::Unimplemented => {
+            Ok(Files::Remote(api.volume_sandboxd(name).await?))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn file_headers(size: u64) -> [(header::HeaderName, String); 2] {
+    [
+        (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+        (header::CONTENT_LENGTH, size.to_string()),
+    ]
+}
+
+/// `get_or_head` through a Pod's sandboxd.
+async fn remote_get(
+    sandboxd: &SandboxdClient,
+    path: &VolPath,
+    kind: Option<&str>,
+    with_body: bool,
+) -> ApiResult<Response> {
+    let rel = path.relative();
+    let entry = sandboxd.stat(&rel).await?.ok_or_else(|| {
+        ApiError::new(Code::NotFound, format!("{}: no such file", path.display()))
+    })?;
+    check_kind(kind, entry.kind, path)?;
+    if entry.kind == EntryType::Directory {
+        return Ok(listing_response(
+            sandboxd.list_files(&rel).await?,
+            with_body,
+        ));
+    }
+    if !with_body {
+        return Ok((file_headers(entry.size), Body::empty()).into_response());
+    }
+    let stream = sandboxd.read_file(&rel).await?;
+    Ok((file_headers(entry.size), Body::from_stream(stream)).into_response())
+}
+
 async fn get_or_head(
-    api: &dyn crate::backend::TenantView,
+    api: &dyn TenantView,
     name: &str,
     raw: &str,
     kind: Option<&str>,
     with_body: bool,
 ) -> ApiResult<Response> {
     let path = VolPath::parse(raw)?;
-    let dir = api.volume_dir(name).await?;
+    let dir = match open(api, name).await? {
+        Files::Local(dir) => dir,
+        Files::Remote(sandboxd) => return remote_get(&sandboxd, &path, kind, with_body).await,
+    };
     if !with_body {
         let entry = dir.stat(path.clone()).await?;
         check_kind(kind, entry.kind, &path)?;
@@ -276,7 +331,7 @@ async fn put_file(
     }
     let mode = parse_mode(q.mode.as_deref())?;
     let path = VolPath::parse(&path)?;
-    let dir = api.volume_dir(&name).await?;
+    let files = open(api.as_ref(), &name).await?;
     let data: ByteStream = Box::pin(
         request
             .into_body()
@@ -285,7 +340,20 @@ async fn put_file(
     );
     let (data, tripped) = limits.cap_upload(data);
     let (data, remainder) = crate::guard::drainable(data);
-    let result = dir.write(path, data, mode).await;
+    let result = match files {
+        Files::Local(dir) => dir.write(path, data, mode).await.map_err(ApiError::from),
+        Files::Remote(sandboxd) => sandboxd
+            .write_file(
+                &path.relative(),
+                data,
+                WriteOptions {
+                    mode: Some(mode),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(ApiError::from),
+    };
     if tripped.is_set() {
         return Err(limits.upload_too_large().into());
     }
@@ -314,7 +382,9 @@ async fn delete_file(
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> ApiResult<StatusCode> {
     let path = VolPath::parse(&path)?;
-    let dir = api.volume_dir(&name).await?;
-    dir.delete(path, q.recursive).await?;
+    match open(api.as_ref(), &name).await? {
+        Files::Local(dir) => dir.delete(path, q.recursive).await?,
+        Files::Remote(sandboxd) => sandboxd.delete_file(&path.relative(), q.recursive).await?,
+    }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -10,12 +10,14 @@
 //! - [`templates`]: the tenant's SandboxTemplates;
 //! - [`pools`]: the tenant's SandboxWarmPools;
 //! - [`secrets`]: `/v1/secrets` over the tenant's values Secret;
-//! - [`volumes`]: `/v1/volumes` over PersistentVolumeClaims.
+//! - [`volumes`]: `/v1/volumes` over PersistentVolumeClaims;
+//! - [`volume_pod`]: a volume's files through a helper Pod's sandboxd.
 
 mod pools;
 mod sandboxes;
 mod secrets;
 mod templates;
+mod volume_pod;
 mod volumes;
 
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};

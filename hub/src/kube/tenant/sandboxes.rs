@@ -57,6 +57,11 @@ impl TenantView for KubeTenant {
         self.remove_volume(name).await
     }
 
+    /// A helper Pod's (kube/tenant/volume_pod.rs).
+    async fn volume_sandboxd(&self, name: &str) -> Result<SandboxdClient> {
+        self.helper_pod_sandboxd(name).await
+    }
+
     async fn sandboxd(&self, id: &str, op: &str) -> Result<SandboxdClient> {
         self.client(id, op).await
     }

@@ -9,7 +9,7 @@ const TEMPLATE_FIELD_MANAGER: &str = "sandhub-hub";
 impl KubeTenant {
     /// What tenants' templates start from: the operator's `--base-template`
     /// if there is one, else the built-in sandboxd template.
-    async fn base_template(&self) -> Result<sandhub_api::k8s::SandboxTemplateSpec> {
+    pub(super) async fn base_template(&self) -> Result<sandhub_api::k8s::SandboxTemplateSpec> {
         let name = &self.shared.base_template;
         match self.templates().get_opt(name).await {
             Ok(Some(t)) if owner::owner(&t.metadata, &self.tenant) == Owner::Operator => Ok(t.spec),

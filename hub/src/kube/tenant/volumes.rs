@@ -193,6 +193,7 @@ impl KubeTenant {
                 ));
             }
         }
+        self.stop_volume_pod(name).await;
         let object = owner::object_name(&self.tenant, name);
         match self.pvcs().delete(&object, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
