@@ -141,14 +141,14 @@ enum Files {
     Local(VolumeDir),
     /// The sandboxd of a Pod with the volume as its root (Kubernetes):
     /// the same shapes, resolved by that sandboxd below its root.
-    Remote(SandboxdClient),
+    Remote(Box<SandboxdClient>),
 }
 
 async fn open(api: &dyn TenantView, name: &str) -> ApiResult<Files> {
     match api.volume_dir(name).await {
         Ok(dir) => Ok(Files::Local(dir)),
         Err(e) if e.code == Code::Unimplemented => {
-            Ok(Files::Remote(api.volume_sandboxd(name).await?))
+            Ok(Files::Remote(Box::new(api.volume_sandboxd(name).await?)))
         }
         Err(e) => Err(e.into()),
     }
