@@ -45,6 +45,15 @@ async fn with_volumes(c: &HubClient, volumes: Vec<VolumeMount>) -> sandhub_clien
     Ok(sb.id)
 }
 
+async fn from_template(c: &HubClient, template: &str) -> sandhub_api::hub::Sandbox {
+    c.create(CreateSandbox {
+        template: Some(template.into()),
+        ..Default::default()
+    })
+    .await
+    .expect("create")
+}
+
 fn keys_hub(extra_args: &'static [&'static str]) -> HubOptions {
     HubOptions {
         api_keys: true,
@@ -132,13 +141,7 @@ async fn a_reset_keeps_the_volumes_below_the_workspace() {
     )
     .await
     .unwrap();
-    let sb = c
-        .create(CreateSandbox {
-            template: Some("cached".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = from_template(&c, "cached").await;
     sh_ok(
         &c,
         &sb.id,
@@ -242,13 +245,7 @@ async fn a_link_planted_at_a_mount_point_is_refused_not_followed() {
     let c = hub.client(None);
     volume(&c, "v", 8).await;
     c.put_template("t", Template::default()).await.unwrap();
-    let sb = c
-        .create(CreateSandbox {
-            template: Some("t".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = from_template(&c, "t").await;
     // The workload leaves a link where the template will later mount a
     // volume, pointing at a directory it wants covered.
     sh_ok(
