@@ -28,8 +28,8 @@
 //!   pure decisions (`local::plan`), the SQLite store, the image store and
 //!   the namespace runtime in `local::runtime` (its own `# Layout`).
 //! - [`kube`]: the kubernetes backend (SandboxClaims, the controller's pools;
-//!   one tenant's view split into `kube::tenant`'s sandboxes, templates and
-//!   pools).
+//!   one tenant's view split into `kube::tenant`'s sandboxes, templates,
+//!   pools, secrets and volumes).
 //! - [`policy`]: the operator's sandbox defaults and tenant quotas, for both.
 //! - [`events`]: lifecycle events, one vocabulary for both backends: the
 //!   log (SQLite on the local backend, a ring on kubernetes) and its live
@@ -44,6 +44,9 @@
 //!   the OOM/disk alerts, for both (the local sampler is `local::sampler`).
 //! - [`secrets_file`]: the operator's secret values (`--secrets-file`), for
 //!   both backends and the egress proxy.
+//! - [`volume_files`]: a named volume's files reached from its directory fd
+//!   without following a link (the local backend's; Kubernetes serves them
+//!   through a helper Pod's sandboxd, `kube::tenant`).
 //!
 //! Request validation is not here: it is part of the API contract
 //! (`sandhub_api::validate`), so both backends refuse the same requests.

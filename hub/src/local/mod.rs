@@ -29,6 +29,9 @@
 //! secrets.rs         brokered secrets: values (--secrets-file, the store),
 //!                    placeholders, what each sandbox's gateway is handed
 //! tenant_secrets.rs  /v1/secrets and the create-time check (Hub methods)
+//! volumes.rs         named volumes (Hub methods): rows and subvolumes, snapshots and
+//!                    clones, what a launch mounts (volume_binds), the in-use check,
+//!                    the start-up reconciliation
 //! network.rs         PATCH .../network: a running sandbox's narrowing replaced
 //! image/             the image store: import, layers, ls/rm/prune (see its docs)
 //! runtime/           the namespace runtime itself (see its docs)
