@@ -389,6 +389,33 @@ async fn planted_links_are_refused_and_reach_nothing_outside() {
             .await;
         assert_eq!(r.status().as_u16(), 403, "HEAD {path}");
     }
+    // A mount inside the volume (as the host could make one): not crossed.
+    let over = vol.join("mnt");
+    std::fs::create_dir(&over).unwrap();
+    let target = std::ffi::CString::new(over.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mount(2) with NUL-terminated strings.
+    let r = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    std::fs::write(over.join("on-tmpfs"), "x").unwrap();
+    for path in ["mnt", "mnt/on-tmpfs"] {
+        let r = alice.get("data", path).await;
+        assert_eq!(r.status().as_u16(), 403, "GET {path}");
+    }
+    let r = alice.put("data", "mnt/new", b"x").await;
+    assert_eq!(r.status().as_u16(), 403, "PUT through a mount");
+    assert!(!over.join("new").exists());
+    // SAFETY: umount2 of the tmpfs this test mounted.
+    unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    std::fs::remove_dir(&over).unwrap();
+
     // Listings leave links out (none is followed to describe it).
     assert_eq!(alice.names("data", "").await, ["real"]);
     assert!(alice.names("data", "real").await.is_empty());

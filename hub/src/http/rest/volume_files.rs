@@ -40,15 +40,15 @@ impl From<FileError> for ApiError {
 /// As `files.rs`: the catch-all segment cannot be spelled in OpenAPI, so
 /// the routes are made by hand and documented from the handlers.
 #[derive(OpenApi)]
-#[openapi(paths(get_file, head_file, put_file, delete_file))]
+#[openapi(paths(get_volume_file, head_volume_file, put_volume_file, delete_volume_file))]
 struct VolumeFilesDoc;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     let methods = || {
-        get(get_file)
-            .head(head_file)
-            .put(put_file)
-            .delete(delete_file)
+        get(get_volume_file)
+            .head(head_volume_file)
+            .put(put_volume_file)
+            .delete(delete_volume_file)
     };
     OpenApiRouter::with_openapi(VolumeFilesDoc::openapi())
         .route("/v1/volumes/{name}/files", methods())
@@ -194,7 +194,7 @@ async fn get_or_head(
         (status = 412, body = ErrorBody, description = "The hub has no disk-quota volume"),
         (status = 501, body = ErrorBody, description = "not on this backend"),
     ))]
-async fn get_file(
+async fn get_volume_file(
     Api(api): Api,
     ApiPath(FilePath { name, path }): ApiPath<FilePath>,
     ApiQuery(q): ApiQuery<GetQuery>,
@@ -209,7 +209,7 @@ async fn get_file(
     responses((status = 200), (status = 400), (status = 403), (status = 404), (status = 409),
               (status = 412, description = "The hub has no disk-quota volume"),
               (status = 501, description = "not on this backend")))]
-async fn head_file(
+async fn head_volume_file(
     Api(api): Api,
     ApiPath(FilePath { name, path }): ApiPath<FilePath>,
     ApiQuery(q): ApiQuery<GetQuery>,
@@ -247,7 +247,7 @@ fn parse_mode(mode: Option<&str>) -> ApiResult<u32> {
               (status = 413, body = ErrorBody),
               (status = 501, body = ErrorBody, description = "not on this backend"),
               (status = 507, body = ErrorBody, description = "The volume is full (its size_mb)")))]
-async fn put_file(
+async fn put_volume_file(
     State(state): State<AppState>,
     Api(api): Api,
     ApiPath(FilePath { name, path }): ApiPath<FilePath>,
@@ -303,7 +303,7 @@ async fn put_file(
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
               (status = 412, body = ErrorBody, description = "The hub has no disk-quota volume"),
               (status = 501, body = ErrorBody, description = "not on this backend")))]
-async fn delete_file(
+async fn delete_volume_file(
     Api(api): Api,
     ApiPath(FilePath { name, path }): ApiPath<FilePath>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
