@@ -242,6 +242,51 @@ async fn volume_files_round_trip_with_no_sandbox() {
     // No temporary file is left beside it.
     assert_eq!(alice.names("data", "a/b").await, ["c.txt"]);
 
+    // An upload whose client goes away halfway leaves nothing behind.
+    let url = format!("{}/v1/volumes/data/files/cut.bin", hub.url());
+    let http = hub.http();
+    let cut = tokio::spawn(async move {
+        let first = futures::stream::once(async {
+            Ok::<_, std::io::Error>(bytes::Bytes::from(vec![1u8; 1 << 20]))
+        });
+        let body = futures::StreamExt::chain(first, futures::stream::pending());
+        let _ = http
+            .put(url)
+            .bearer_auth(ALICE_KEY)
+            .body(reqwest::Body::wrap_stream(body))
+            .send()
+            .await;
+    });
+    common::eventually("the upload's temporary file", common::WAIT, || {
+        let on_disk = on_disk.clone();
+        async move {
+            std::fs::read_dir(&on_disk)
+                .unwrap()
+                .flatten()
+                .any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(".sandhub-upload-")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    cut.abort();
+    common::eventually("no temporary file left", common::WAIT, || {
+        let on_disk = on_disk.clone();
+        async move {
+            (!std::fs::read_dir(&on_disk).unwrap().flatten().any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".sandhub-upload-")
+            }))
+            .then_some(())
+        }
+    })
+    .await;
+    assert!(!on_disk.join("cut.bin").exists());
+
     // The Rust client, the same calls.
     let client = hub.client(Some(ALICE_KEY));
     client
