@@ -425,7 +425,7 @@ impl VolumeDir {
         let p = path.clone();
         let (dir, tmp, file) = blocking(move || {
             let dir = me.make_parents(&p)?;
-            let tmp = format!("{UPLOAD_PREFIX}{}", crate::backend::new_id("u"));
+            let tmp = format!("{UPLOAD_PREFIX}{:016x}", rand::random::<u64>());
             let fd = rfs::openat(
                 &dir,
                 tmp.as_str(),
