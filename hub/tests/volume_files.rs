@@ -226,6 +226,8 @@ async fn volume_files_round_trip_with_no_sandbox() {
     let r = alice.raw(Method::HEAD, "/data/files/a/b/c.txt", None).await;
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(r.headers()["content-length"], "12");
+    let modified = r.headers()["last-modified"].to_str().unwrap().to_string();
+    assert!(modified.ends_with(" GMT"), "{modified}");
 
     // A mode, and a replacement that is whole.
     alice

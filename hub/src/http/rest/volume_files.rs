@@ -119,6 +119,13 @@ fn check_kind(want: Option<&str>, have: EntryType, path: &VolPath) -> ApiResult<
     Ok(())
 }
 
+/// `Last-Modified` for an entry, as the sandbox files API sends it.
+fn last_modified(entry: &sandhub_api::sandboxd::FileEntry) -> String {
+    humantime::parse_rfc3339(&entry.modified_at)
+        .map(httpdate::fmt_http_date)
+        .unwrap_or_default()
+}
+
 fn listing_response(listing: DirectoryListing, with_body: bool) -> Response {
     if with_body {
         return Json(listing).into_response();
@@ -154,6 +161,7 @@ async fn get_or_head(
             [
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),
                 (header::CONTENT_LENGTH, entry.size.to_string()),
+                (header::LAST_MODIFIED, last_modified(&entry)),
             ],
             Body::empty(),
         )
@@ -172,6 +180,7 @@ async fn get_or_head(
             Ok(Response::builder()
                 .header(header::CONTENT_TYPE, "application/octet-stream")
                 .header(header::CONTENT_LENGTH, entry.size)
+                .header(header::LAST_MODIFIED, last_modified(&entry))
                 .body(Body::from_stream(stream))
                 .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
         }
