@@ -434,7 +434,7 @@ impl VolumeDir {
         let p = path.clone();
         let (dir, tmp, file) = blocking(move || {
             let dir = me.make_parents(&p)?;
-            let tmp = format!("{UPLOAD_PREFIX}{}", crate::backend::new_id("u"));
+            let tmp = format!("{UPLOAD_PREFIX}{:016x}", rand::random::<u64>());
             let fd = rfs::openat(
                 &dir,
                 tmp.as_str(),
@@ -449,24 +449,26 @@ impl VolumeDir {
             Ok((dir, tmp, std::fs::File::from(fd)))
         })
         .await?;
+        // From here until the rename, a cancelled request (the client went
+        // away) must not leave the temporary file taking the volume's room.
+        let mut upload = PendingUpload {
+            dir: Arc::new(dir),
+            tmp,
+            done: false,
+        };
         let written = copy_in(tokio::fs::File::from_std(file), data, &path).await;
-        let me = self.clone();
-        blocking(move || {
-            let _keep = &me;
-            let done = written.and_then(|()| {
-                let name = path
-                    .parent()
-                    .map(|(_, n)| n.to_string())
-                    .unwrap_or_default();
-                rfs::renameat(&dir, tmp.as_str(), &dir, name.as_str())
-                    .map_err(|e| io_error(e, &path))
-            });
-            if done.is_err() {
-                let _ = rfs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
-            }
-            done
+        let (dir, tmp) = (upload.dir.clone(), upload.tmp.clone());
+        let renamed = blocking(move || {
+            written?;
+            let name = path
+                .parent()
+                .map(|(_, n)| n.to_string())
+                .unwrap_or_default();
+            rfs::renameat(&*dir, tmp.as_str(), &*dir, name.as_str()).map_err(|e| io_error(e, &path))
         })
-        .await
+        .await;
+        upload.done = renamed.is_ok();
+        renamed
     }
 
     /// Deletes a file, a link (the link itself) or an empty directory; a
@@ -505,6 +507,24 @@ impl VolumeDir {
     pub async fn delete(&self, path: VolPath, recursive: bool) -> FileResult<()> {
         let me = self.clone();
         blocking(move || me.delete_blocking(&path, recursive)).await
+    }
+}
+
+/// An upload's temporary file, removed when dropped unless it was
+/// renamed into place: on a failure and on a cancelled request alike.
+struct PendingUpload {
+    dir: Arc<OwnedFd>,
+    tmp: String,
+    done: bool,
+}
+
+impl Drop for PendingUpload {
+    fn drop(&mut self) {
+        if !self.done {
+            // One unlink in the directory already open: quick enough for
+            // a drop, and gone (ENOENT) is fine.
+            let _ = rfs::unlinkat(&*self.dir, self.tmp.as_str(), AtFlags::empty());
+        }
     }
 }
 

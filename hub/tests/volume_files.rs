@@ -226,6 +226,8 @@ async fn volume_files_round_trip_with_no_sandbox() {
     let r = alice.raw(Method::HEAD, "/data/files/a/b/c.txt", None).await;
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(r.headers()["content-length"], "12");
+    let modified = r.headers()["last-modified"].to_str().unwrap().to_string();
+    assert!(modified.ends_with(" GMT"), "{modified}");
 
     // A mode, and a replacement that is whole.
     alice
@@ -241,6 +243,51 @@ async fn volume_files_round_trip_with_no_sandbox() {
     assert_eq!(alice.read("data", "a/b/c.txt").await, "v2");
     // No temporary file is left beside it.
     assert_eq!(alice.names("data", "a/b").await, ["c.txt"]);
+
+    // An upload whose client goes away halfway leaves nothing behind.
+    let url = format!("{}/v1/volumes/data/files/cut.bin", hub.url());
+    let http = hub.http();
+    let cut = tokio::spawn(async move {
+        let first = futures::stream::once(async {
+            Ok::<_, std::io::Error>(bytes::Bytes::from(vec![1u8; 1 << 20]))
+        });
+        let body = futures::StreamExt::chain(first, futures::stream::pending());
+        let _ = http
+            .put(url)
+            .bearer_auth(ALICE_KEY)
+            .body(reqwest::Body::wrap_stream(body))
+            .send()
+            .await;
+    });
+    common::eventually("the upload's temporary file", common::WAIT, || {
+        let on_disk = on_disk.clone();
+        async move {
+            std::fs::read_dir(&on_disk)
+                .unwrap()
+                .flatten()
+                .any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(".sandhub-upload-")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    cut.abort();
+    common::eventually("no temporary file left", common::WAIT, || {
+        let on_disk = on_disk.clone();
+        async move {
+            (!std::fs::read_dir(&on_disk).unwrap().flatten().any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".sandhub-upload-")
+            }))
+            .then_some(())
+        }
+    })
+    .await;
+    assert!(!on_disk.join("cut.bin").exists());
 
     // The Rust client, the same calls.
     let client = hub.client(Some(ALICE_KEY));
@@ -389,6 +436,33 @@ async fn planted_links_are_refused_and_reach_nothing_outside() {
             .await;
         assert_eq!(r.status().as_u16(), 403, "HEAD {path}");
     }
+    // A mount inside the volume (as the host could make one): not crossed.
+    let over = vol.join("mnt");
+    std::fs::create_dir(&over).unwrap();
+    let target = std::ffi::CString::new(over.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mount(2) with NUL-terminated strings.
+    let r = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    std::fs::write(over.join("on-tmpfs"), "x").unwrap();
+    for path in ["mnt", "mnt/on-tmpfs"] {
+        let r = alice.get("data", path).await;
+        assert_eq!(r.status().as_u16(), 403, "GET {path}");
+    }
+    let r = alice.put("data", "mnt/new", b"x").await;
+    assert_eq!(r.status().as_u16(), 403, "PUT through a mount");
+    assert!(!over.join("new").exists());
+    // SAFETY: umount2 of the tmpfs this test mounted.
+    unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    std::fs::remove_dir(&over).unwrap();
+
     // Listings leave links out (none is followed to describe it).
     assert_eq!(alice.names("data", "").await, ["real"]);
     assert!(alice.names("data", "real").await.is_empty());

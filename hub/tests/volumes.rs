@@ -3,8 +3,8 @@
 //! qgroup limits on its disk-quota volume (root, loop devices and
 //! mkfs.btrfs, as `disk_quota.rs`).
 //!
-//! Mounting volumes into sandboxes and the volume files API are not built
-//! yet; these tests cover the volumes themselves: the API, its checks,
+//! The volume files API and snapshots are `volume_files.rs`'s; these
+//! tests cover the volumes themselves: the API, its checks,
 //! tenant isolation, the tenant cap, and that a `kill -9` of the hub loses
 //! nothing and leaves nothing behind.
 

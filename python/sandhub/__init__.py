@@ -26,7 +26,7 @@ from ._async import (
     AsyncWatch,
     AsyncWatcher,
 )
-from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates, AsyncVolumes
+from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates, AsyncVolumeFiles, AsyncVolumes
 from ._sandhub import __version__
 from ._sync import (
     Commands,
@@ -40,7 +40,7 @@ from ._sync import (
     Watch,
     Watcher,
 )
-from ._sync_services import Env, Gym, Images, Pools, Templates, Volumes
+from ._sync_services import Env, Gym, Images, Pools, Templates, VolumeFiles, Volumes
 from .errors import (
     AlreadyExistsError,
     ConflictError,
@@ -83,6 +83,7 @@ from .types import (
     UsageLimits,
     UsageSample,
     Volume,
+    VolumeSnapshot,
     WatchEvent,
 )
 from .webhooks import verify_webhook
@@ -90,10 +91,10 @@ from .webhooks import verify_webhook
 __all__ = [
     "__version__",
     "Hub", "Sandbox", "Sandboxd", "Commands", "ProcessHandle", "Files", "Watcher", "Watch", "Ports",
-    "Gym", "Env", "Templates", "Pools", "Images", "Volumes", "Events", "AsyncEvents", "verify_webhook",
+    "Gym", "Env", "Templates", "Pools", "Images", "Volumes", "VolumeFiles", "Events", "AsyncEvents", "verify_webhook",
     "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
-    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages", "AsyncVolumes",
-    "CommandResult", "EntrypointStatus", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "Volume", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
+    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages", "AsyncVolumes", "AsyncVolumeFiles",
+    "CommandResult", "EntrypointStatus", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "Volume", "VolumeSnapshot", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
     "NetworkPolicy", "SandboxInfo", "SandboxMetrics", "SandboxUsage", "Snapshot", "StepResult", "Template",
     "UsageLimits", "UsageSample", "WatchEvent",
     "SandhubError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",

@@ -7,16 +7,17 @@ pools, images and named volumes (``hub.gym``, ``hub.templates``,
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import IO, Any, Mapping, Sequence
 
 from . import _common as c
 from ._sandhub import NativeClient
-from .errors import DeadlineExceededError
-from .types import Image, Pool, PrepullResult, PruneResult, StepResult, Template, Volume
+from .errors import DeadlineExceededError, NotFoundError
+from .types import FileEntry, Image, Pool, PrepullResult, PruneResult, StepResult, Template, Volume, VolumeSnapshot
 
-__all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools", "AsyncImages", "AsyncVolumes"]
+__all__ = ["AsyncEnv", "AsyncGym", "AsyncTemplates", "AsyncPools", "AsyncImages", "AsyncVolumes", "AsyncVolumeFiles"]
 
 
 class AsyncEnv:
@@ -158,10 +159,21 @@ class AsyncVolumes:
     def __repr__(self) -> str:
         return "<AsyncVolumes>"
 
-    async def create(self, name: str, size_mb: int, labels: Mapping[str, str] | None = None) -> Volume:
-        """Creates an empty volume; ``ConflictError`` if the name is taken."""
-        body = c.dumps({"name": name, "size_mb": size_mb, "labels": dict(labels or {})})
-        return Volume._from(c.loads(await self._native.put_named("volume", name, body)))
+    async def create(
+        self,
+        name: str,
+        size_mb: int,
+        labels: Mapping[str, str] | None = None,
+        *,
+        from_snapshot: str | None = None,
+    ) -> Volume:
+        """Creates an empty volume, or with ``from_snapshot="volume@snapshot"``
+        a writable copy of one of your volume snapshots (independent of it
+        from then on); ``ConflictError`` if the name is taken."""
+        spec: dict[str, Any] = {"name": name, "size_mb": size_mb, "labels": dict(labels or {})}
+        if from_snapshot is not None:
+            spec["from_snapshot"] = from_snapshot
+        return Volume._from(c.loads(await self._native.put_named("volume", name, c.dumps(spec))))
 
     async def get(self, name: str) -> Volume:
         return Volume._from(c.loads(await self._native.get_named("volume", name)))
@@ -170,8 +182,106 @@ class AsyncVolumes:
         return [Volume._from(v) for v in c.loads(await self._native.list_named("volume"))]
 
     async def delete(self, name: str) -> None:
-        """Deletes the volume and every file in it."""
+        """Deletes the volume and every file in it (``ConflictError`` while
+        it has snapshots)."""
         await self._native.delete_named("volume", name)
+
+    def files(self, name: str, max_download_size: int | None = None) -> AsyncVolumeFiles:
+        """The files of volume ``name``, read and written with no sandbox
+        running (``hub.volumes.files("data").write("a.txt", b"...")``)."""
+        return AsyncVolumeFiles(self._native, name, max_download_size)
+
+    async def snapshot(self, name: str, snapshot: str) -> VolumeSnapshot:
+        """Takes a read-only snapshot of the volume, at once whatever its size."""
+        return VolumeSnapshot._from(c.loads(await self._native.volume_snapshot(name, snapshot)))
+
+    async def snapshots(self, name: str) -> builtins.list[VolumeSnapshot]:
+        """The volume's snapshots, by name."""
+        listing = c.loads(await self._native.volume_snapshots(name))
+        return [VolumeSnapshot._from(s) for s in listing]
+
+    async def delete_snapshot(self, name: str, snapshot: str) -> None:
+        """Deletes a snapshot; volumes cloned from it keep their files."""
+        await self._native.volume_delete_snapshot(name, snapshot)
+
+
+class AsyncVolumeFiles:
+    """A named volume's files with no sandbox running
+    (``hub.volumes.files(name)``), in the shapes of ``sandbox.files``.
+    Paths are relative to the volume's root; a symbolic link anywhere on a
+    path is refused (``PermissionDeniedError``), never followed."""
+
+    def __init__(self, native: NativeClient, volume: str, max_download_size: int | None = None) -> None:
+        self._native, self._volume = native, volume
+        self.max_download_size = max_download_size
+
+    def __repr__(self) -> str:
+        return f"<AsyncVolumeFiles volume={self._volume!r}>"
+
+    async def read(self, path: str) -> bytes:
+        """The whole file. Raises :class:`ResponseTooLargeError` past
+        ``max_download_size`` without downloading the rest."""
+        data: bytes = await self._native.volume_read(self._volume, path, self.max_download_size)
+        return data
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """The whole file decoded."""
+        return (await self.read(path)).decode(encoding)
+
+    async def read_to(self, path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Streams the file into a local path or binary file object; returns the byte count."""
+        reader = await self._native.volume_open_read(self._volume, path, self.max_download_size)
+        if isinstance(dest, (str, os.PathLike)):
+            with open(dest, "wb") as f:
+                return await _drain(reader, f)
+        return await _drain(reader, dest)
+
+    async def write(self, path: str, data: c.Data, *, mode: int | None = None) -> None:
+        """Writes bytes, text or a binary file object's contents, in chunks,
+        making the parents. The file is replaced only once the whole body
+        arrived; a volume that fills up raises :class:`ResourceExhaustedError`
+        (HTTP 507) and leaves nothing behind."""
+        writer = self._native.volume_open_write(self._volume, path, mode)
+        try:
+            for chunk in c.chunks_of(data):
+                await writer.send(chunk)
+        except BaseException:
+            writer.abort()
+            try:
+                await writer.finish()
+            except Exception:
+                pass
+            raise
+        await writer.finish()
+
+    async def list(self, path: str = "") -> list[FileEntry]:
+        """The regular files and directories in a directory (links are left out)."""
+        listing = c.loads(await self._native.volume_list_files(self._volume, path))
+        return [FileEntry._from(e) for e in listing["entries"]]
+
+    async def stat(self, path: str) -> FileEntry:
+        """The entry at ``path``; :class:`NotFoundError` when there is none."""
+        raw = await self._native.volume_stat(self._volume, path)
+        if raw is None:
+            raise NotFoundError(f"{self._volume}:{path}: no such file or directory")
+        return FileEntry._from(c.loads(raw))
+
+    async def exists(self, path: str) -> bool:
+        """Whether anything is at ``path``."""
+        return (await self._native.volume_stat(self._volume, path)) is not None
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Deletes a file, a link (the link itself) or an empty directory (a
+        full one needs ``recursive``)."""
+        await self._native.volume_remove(self._volume, path, recursive)
+
+
+async def _drain(reader: Any, out: IO[bytes]) -> int:
+    n = 0
+    while (chunk := await reader.next_chunk()) is not None:
+        out.write(chunk)
+        n += len(chunk)
+    return n
 
 
 class AsyncImages:

@@ -7,16 +7,17 @@ pools, images and named volumes (``hub.gym``, ``hub.templates``,
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import IO, Any, Mapping, Sequence
 
 from . import _common as c
 from ._sandhub import NativeClient
-from .errors import DeadlineExceededError
-from .types import Image, Pool, PrepullResult, PruneResult, StepResult, Template, Volume
+from .errors import DeadlineExceededError, NotFoundError
+from .types import FileEntry, Image, Pool, PrepullResult, PruneResult, StepResult, Template, Volume, VolumeSnapshot
 
-__all__ = ["Env", "Gym", "Templates", "Pools", "Images", "Volumes"]
+__all__ = ["Env", "Gym", "Templates", "Pools", "Images", "Volumes", "VolumeFiles"]
 
 
 class Env:
@@ -158,10 +159,21 @@ class Volumes:
     def __repr__(self) -> str:
         return "<Volumes>"
 
-    def create(self, name: str, size_mb: int, labels: Mapping[str, str] | None = None) -> Volume:
-        """Creates an empty volume; ``ConflictError`` if the name is taken."""
-        body = c.dumps({"name": name, "size_mb": size_mb, "labels": dict(labels or {})})
-        return Volume._from(c.loads(self._native.put_named("volume", name, body)))
+    def create(
+        self,
+        name: str,
+        size_mb: int,
+        labels: Mapping[str, str] | None = None,
+        *,
+        from_snapshot: str | None = None,
+    ) -> Volume:
+        """Creates an empty volume, or with ``from_snapshot="volume@snapshot"``
+        a writable copy of one of your volume snapshots (independent of it
+        from then on); ``ConflictError`` if the name is taken."""
+        spec: dict[str, Any] = {"name": name, "size_mb": size_mb, "labels": dict(labels or {})}
+        if from_snapshot is not None:
+            spec["from_snapshot"] = from_snapshot
+        return Volume._from(c.loads(self._native.put_named("volume", name, c.dumps(spec))))
 
     def get(self, name: str) -> Volume:
         return Volume._from(c.loads(self._native.get_named("volume", name)))
@@ -170,8 +182,106 @@ class Volumes:
         return [Volume._from(v) for v in c.loads(self._native.list_named("volume"))]
 
     def delete(self, name: str) -> None:
-        """Deletes the volume and every file in it."""
+        """Deletes the volume and every file in it (``ConflictError`` while
+        it has snapshots)."""
         self._native.delete_named("volume", name)
+
+    def files(self, name: str, max_download_size: int | None = None) -> VolumeFiles:
+        """The files of volume ``name``, read and written with no sandbox
+        running (``hub.volumes.files("data").write("a.txt", b"...")``)."""
+        return VolumeFiles(self._native, name, max_download_size)
+
+    def snapshot(self, name: str, snapshot: str) -> VolumeSnapshot:
+        """Takes a read-only snapshot of the volume, at once whatever its size."""
+        return VolumeSnapshot._from(c.loads(self._native.volume_snapshot(name, snapshot)))
+
+    def snapshots(self, name: str) -> builtins.list[VolumeSnapshot]:
+        """The volume's snapshots, by name."""
+        listing = c.loads(self._native.volume_snapshots(name))
+        return [VolumeSnapshot._from(s) for s in listing]
+
+    def delete_snapshot(self, name: str, snapshot: str) -> None:
+        """Deletes a snapshot; volumes cloned from it keep their files."""
+        self._native.volume_delete_snapshot(name, snapshot)
+
+
+class VolumeFiles:
+    """A named volume's files with no sandbox running
+    (``hub.volumes.files(name)``), in the shapes of ``sandbox.files``.
+    Paths are relative to the volume's root; a symbolic link anywhere on a
+    path is refused (``PermissionDeniedError``), never followed."""
+
+    def __init__(self, native: NativeClient, volume: str, max_download_size: int | None = None) -> None:
+        self._native, self._volume = native, volume
+        self.max_download_size = max_download_size
+
+    def __repr__(self) -> str:
+        return f"<VolumeFiles volume={self._volume!r}>"
+
+    def read(self, path: str) -> bytes:
+        """The whole file. Raises :class:`ResponseTooLargeError` past
+        ``max_download_size`` without downloading the rest."""
+        data: bytes = self._native.volume_read(self._volume, path, self.max_download_size)
+        return data
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """The whole file decoded."""
+        return (self.read(path)).decode(encoding)
+
+    def read_to(self, path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Streams the file into a local path or binary file object; returns the byte count."""
+        reader = self._native.volume_open_read(self._volume, path, self.max_download_size)
+        if isinstance(dest, (str, os.PathLike)):
+            with open(dest, "wb") as f:
+                return _drain(reader, f)
+        return _drain(reader, dest)
+
+    def write(self, path: str, data: c.Data, *, mode: int | None = None) -> None:
+        """Writes bytes, text or a binary file object's contents, in chunks,
+        making the parents. The file is replaced only once the whole body
+        arrived; a volume that fills up raises :class:`ResourceExhaustedError`
+        (HTTP 507) and leaves nothing behind."""
+        writer = self._native.volume_open_write(self._volume, path, mode)
+        try:
+            for chunk in c.chunks_of(data):
+                writer.send(chunk)
+        except BaseException:
+            writer.abort()
+            try:
+                writer.finish()
+            except Exception:
+                pass
+            raise
+        writer.finish()
+
+    def list(self, path: str = "") -> list[FileEntry]:
+        """The regular files and directories in a directory (links are left out)."""
+        listing = c.loads(self._native.volume_list_files(self._volume, path))
+        return [FileEntry._from(e) for e in listing["entries"]]
+
+    def stat(self, path: str) -> FileEntry:
+        """The entry at ``path``; :class:`NotFoundError` when there is none."""
+        raw = self._native.volume_stat(self._volume, path)
+        if raw is None:
+            raise NotFoundError(f"{self._volume}:{path}: no such file or directory")
+        return FileEntry._from(c.loads(raw))
+
+    def exists(self, path: str) -> bool:
+        """Whether anything is at ``path``."""
+        return (self._native.volume_stat(self._volume, path)) is not None
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Deletes a file, a link (the link itself) or an empty directory (a
+        full one needs ``recursive``)."""
+        self._native.volume_remove(self._volume, path, recursive)
+
+
+def _drain(reader: Any, out: IO[bytes]) -> int:
+    n = 0
+    while (chunk := reader.next_chunk()) is not None:
+        out.write(chunk)
+        n += len(chunk)
+    return n
 
 
 class Images:

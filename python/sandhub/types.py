@@ -358,6 +358,21 @@ class Volume:
 
 
 @dataclass(frozen=True)
+class VolumeSnapshot:
+    """A read-only snapshot of a volume (``volume@name``), which
+    ``hub.volumes.create(..., from_snapshot=...)`` copies into a new
+    volume. ``created_at`` is RFC 3339, UTC."""
+
+    volume: str
+    name: str
+    created_at: str = ""
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> VolumeSnapshot:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
 class Image:
     """An image in the hub's store, as this tenant sees it: ``id`` is the
     config digest, ``tags`` this tenant's names for it, ``layers`` the diff

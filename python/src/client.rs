@@ -510,6 +510,135 @@ impl NativeClient {
         })
     }
 
+    // ------------------------------------------- volume files and snapshots
+
+    /// A volume's whole file, refusing past `limit` bytes without keeping
+    /// them (no sandbox needed).
+    #[pyo3(signature = (name, path, limit=None))]
+    fn volume_read<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        path: String,
+        limit: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let stream = b.hub()?.read_volume_file(&name, &path).await?;
+            let state = tokio::sync::Mutex::new((Some(stream), 0));
+            let mut all = Vec::new();
+            while let Some(chunk) = next_chunk(&state, &path, limit).await? {
+                all.extend_from_slice(&chunk);
+            }
+            Ok(bytes::Bytes::from(all))
+        })
+    }
+
+    #[pyo3(signature = (name, path, limit=None))]
+    fn volume_open_read<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        path: String,
+        limit: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let asynchronous = self.asynchronous;
+        run!(self, py, |b| {
+            let stream = b.hub()?.read_volume_file(&name, &path).await?;
+            Ok(FileReader::new(asynchronous, path, limit, stream))
+        })
+    }
+
+    /// Starts an upload into a volume's file; the caller sends chunks and
+    /// finishes it.
+    #[pyo3(signature = (name, path, mode=None))]
+    fn volume_open_write(&self, name: String, path: String, mode: Option<u32>) -> FileWriter {
+        let backend = self.backend.clone();
+        FileWriter::spawn(self.asynchronous, move |body| async move {
+            let options = WriteOptions {
+                append: false,
+                mode,
+            };
+            backend
+                .hub()?
+                .write_volume_file(&name, &path, body, options)
+                .await
+        })
+    }
+
+    fn volume_list_files<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        path: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            Ok(json(
+                &retry_read(|| hub.list_volume_files(&name, &path)).await?,
+            )?)
+        })
+    }
+
+    /// The entry as JSON, or None when nothing is at `path`.
+    fn volume_stat<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        path: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            match b.hub()?.stat_volume_file(&name, &path).await? {
+                Some(entry) => Ok(Some(json(&entry)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn volume_remove<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        path: String,
+        recursive: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b
+            .hub()?
+            .delete_volume_file(&name, &path, recursive)
+            .await?))
+    }
+
+    fn volume_snapshot<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        snapshot: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.create_volume_snapshot(&name, &snapshot).await?
+        )?))
+    }
+
+    fn volume_snapshots<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            Ok(json(
+                &retry_read(|| hub.list_volume_snapshots(&name)).await?,
+            )?)
+        })
+    }
+
+    fn volume_delete_snapshot<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        snapshot: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b
+            .hub()?
+            .delete_volume_snapshot(&name, &snapshot)
+            .await?))
+    }
+
     // --------------------------------------------------------------- images
 
     fn images_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

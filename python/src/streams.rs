@@ -191,9 +191,21 @@ impl FileWriter {
         options: sandhub_client::WriteOptions,
         asynchronous: bool,
     ) -> Self {
+        Self::spawn(asynchronous, move |body| async move {
+            backend.write_file(&id, &path, body, options).await
+        })
+    }
+
+    /// An upload whose body `upload` sends wherever it writes (a sandbox's
+    /// file, a volume's file), fed chunk by chunk as [`FileWriter::start`].
+    pub fn spawn<F, Fut>(asynchronous: bool, upload: F) -> Self
+    where
+        F: FnOnce(ByteStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
         let (tx, mut rx) = mpsc::channel::<Result<Bytes>>(UPLOAD_QUEUE);
         let body: ByteStream = Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
-        let task = rt().spawn(async move { backend.write_file(&id, &path, body, options).await });
+        let task = rt().spawn(upload(body));
         FileWriter {
             asynchronous,
             sender: std::sync::Mutex::new(Some(tx)),

@@ -98,6 +98,20 @@ def test_volumes(hub_url: str):
         assert (v.name, v.size_mb, v.labels) == ("sdk-async-v", 8, {})
         assert await hub.volumes.get("sdk-async-v") == v
         assert "sdk-async-v" in [x.name for x in await hub.volumes.list()]
+        files = hub.volumes.files("sdk-async-v")
+        assert isinstance(files, sandhub.AsyncVolumeFiles)
+        await files.write("d/x.txt", b"async")
+        assert await files.read("d/x.txt") == b"async"
+        assert [e.name for e in await files.list("d")] == ["x.txt"]
+        assert (await files.stat("d/x.txt")).size == 5
+        snap = await hub.volumes.snapshot("sdk-async-v", "s")
+        assert [s.name for s in await hub.volumes.snapshots("sdk-async-v")] == [snap.name]
+        await hub.volumes.create("sdk-async-c", 8, from_snapshot="sdk-async-v@s")
+        assert await hub.volumes.files("sdk-async-c").read("d/x.txt") == b"async"
+        await hub.volumes.delete_snapshot("sdk-async-v", "s")
+        await files.remove("d", recursive=True)
+        assert not await files.exists("d")
+        await hub.volumes.delete("sdk-async-c")
         await hub.volumes.delete("sdk-async-v")
         with pytest.raises(sandhub.NotFoundError):
             await hub.volumes.get("sdk-async-v")

@@ -292,6 +292,50 @@ def test_volumes(hub: sandhub.Hub):
         hub.volumes.delete("sdk-vol")
 
 
+def test_volume_files_and_snapshots(hub: sandhub.Hub, tmp_path):
+    """A volume's files with no sandbox running, and a snapshot cloned
+    into a new volume that is independent of its source."""
+    hub.volumes.create("sdk-files", 16)
+    files = hub.volumes.files("sdk-files")
+    assert isinstance(files, sandhub.VolumeFiles)
+    files.write("a/b/hello.txt", "hello")
+    files.write("big.bin", io.BytesIO(b"x" * (3 << 20)))
+    assert files.read_text("a/b/hello.txt") == "hello"
+    assert len(files.read("big.bin")) == 3 << 20
+    assert files.read_to("big.bin", tmp_path / "big.bin") == 3 << 20
+    assert [(e.name, e.type) for e in files.list()] == [("a", "directory"), ("big.bin", "file")]
+    entry = files.stat("a/b/hello.txt")
+    assert isinstance(entry, sandhub.FileEntry) and entry.size == 5
+    assert files.exists("a/b") and not files.exists("nope")
+    with pytest.raises(sandhub.NotFoundError):
+        files.stat("nope")
+    with pytest.raises(sandhub.InvalidArgumentError):
+        files.read("a/../../etc/passwd")
+    with pytest.raises(sandhub.ConflictError):
+        files.remove("a")
+    # Past the volume's 16 MiB: 507, nothing left behind.
+    with pytest.raises(sandhub.ResourceExhaustedError):
+        files.write("huge.bin", b"\0" * (20 << 20))
+    assert not files.exists("huge.bin")
+
+    snap = hub.volumes.snapshot("sdk-files", "s1")
+    assert isinstance(snap, sandhub.VolumeSnapshot) and (snap.volume, snap.name) == ("sdk-files", "s1")
+    assert [s.name for s in hub.volumes.snapshots("sdk-files")] == ["s1"]
+    files.write("a/b/hello.txt", "changed")
+    hub.volumes.create("sdk-clone", 16, from_snapshot="sdk-files@s1")
+    clone = hub.volumes.files("sdk-clone")
+    assert clone.read_text("a/b/hello.txt") == "hello"
+    clone.write("a/b/hello.txt", "clone's own")
+    assert files.read_text("a/b/hello.txt") == "changed"
+    with pytest.raises(sandhub.ConflictError):
+        hub.volumes.delete("sdk-files")
+    hub.volumes.delete_snapshot("sdk-files", "s1")
+    files.remove("a", recursive=True)
+    assert not files.exists("a")
+    hub.volumes.delete("sdk-files")
+    hub.volumes.delete("sdk-clone")
+
+
 def test_gym(hub: sandhub.Hub):
     env = hub.gym.make(reward=[{"kind": "exit_code"}], max_episode_steps=5)
     assert env.observation_space["max_length"] > 0

@@ -187,20 +187,33 @@ impl HubClient {
     }
 
     /// A request on a volume's file (`/v1/volumes/{name}/files/{path}`).
-    fn volume_file(&self, method: Method, name: &str, path: &str, query: &str) -> RequestBuilder {
+    /// A `..` segment is refused here as the hub refuses it: sent, the URL
+    /// would resolve it before the hub saw it, climbing out of `/files/`.
+    fn volume_file(
+        &self,
+        method: Method,
+        name: &str,
+        path: &str,
+        query: &str,
+    ) -> Result<RequestBuilder> {
+        if path.split('/').any(|s| s == "..") {
+            return Err(Error::invalid(format!(
+                "volume path {path:?}: `..` is not allowed"
+            )));
+        }
         let rest = format!(
             "/v1/volumes/{}/files/{}{query}",
             encode(name),
             encode_path(path)
         );
-        self.request(method, &rest)
+        Ok(self.request(method, &rest))
     }
 
     /// `GET /v1/volumes/{name}/files/{path}?type=file`: a volume's file,
     /// streamed, with no sandbox running (a directory is CONFLICT).
     pub async fn read_volume_file(&self, name: &str, path: &str) -> Result<ByteStream> {
         let response = self
-            .send_streaming(self.volume_file(Method::GET, name, path, "?type=file"))
+            .send_streaming(self.volume_file(Method::GET, name, path, "?type=file")?)
             .await?;
         Ok(Box::pin(response.bytes_stream().map_err(transport_error)))
     }
@@ -215,7 +228,7 @@ impl HubClient {
         options: WriteOptions,
     ) -> Result<()> {
         let builder = self
-            .volume_file(Method::PUT, name, path, &write_query(options))
+            .volume_file(Method::PUT, name, path, &write_query(options))?
             .header(header::CONTENT_TYPE, "application/octet-stream")
             .body(reqwest::Body::wrap_stream(data));
         self.call_empty(builder).await
@@ -224,7 +237,7 @@ impl HubClient {
     /// `GET /v1/volumes/{name}/files/{path}?type=directory`.
     pub async fn list_volume_files(&self, name: &str, path: &str) -> Result<DirectoryListing> {
         self.call(
-            self.volume_file(Method::GET, name, path, "?type=directory")
+            self.volume_file(Method::GET, name, path, "?type=directory")?
                 .timeout(QUICK),
         )
         .await
@@ -236,7 +249,7 @@ impl HubClient {
     pub async fn stat_volume_file(&self, name: &str, path: &str) -> Result<Option<FileEntry>> {
         match self
             .send(
-                self.volume_file(Method::HEAD, name, path, "")
+                self.volume_file(Method::HEAD, name, path, "")?
                     .timeout(QUICK),
             )
             .await
@@ -263,7 +276,7 @@ impl HubClient {
     pub async fn delete_volume_file(&self, name: &str, path: &str, recursive: bool) -> Result<()> {
         let query = if recursive { "?recursive=true" } else { "" };
         self.call_empty(
-            self.volume_file(Method::DELETE, name, path, query)
+            self.volume_file(Method::DELETE, name, path, query)?
                 .timeout(QUICK),
         )
         .await

@@ -144,7 +144,13 @@ impl TenantView for TenantHub {
         &self,
         req: sandhub_api::volumes::CreateVolume,
     ) -> Result<sandhub_api::volumes::Volume> {
-        self.hub.create_volume(&self.tenant, req)
+        // Subvolume and snapshot ioctls commit a btrfs transaction: off
+        // the async threads.
+        let hub = self.hub.clone();
+        let tenant = self.tenant.clone();
+        tokio::task::spawn_blocking(move || hub.create_volume(&tenant, req))
+            .await
+            .map_err(|e| Error::internal(format!("creating the volume: {e}")))?
     }
 
     async fn list_volumes(&self) -> Result<sandhub_api::volumes::VolumeList> {

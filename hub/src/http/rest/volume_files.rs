@@ -41,15 +41,15 @@ impl From<FileError> for ApiError {
 /// As `files.rs`: the catch-all segment cannot be spelled in OpenAPI, so
 /// the routes are made by hand and documented from the handlers.
 #[derive(OpenApi)]
-#[openapi(paths(get_file, head_file, put_file, delete_file))]
+#[openapi(paths(get_volume_file, head_volume_file, put_volume_file, delete_volume_file))]
 struct VolumeFilesDoc;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     let methods = || {
-        get(get_file)
-            .head(head_file)
-            .put(put_file)
-            .delete(delete_file)
+        get(get_volume_file)
+            .head(head_volume_file)
+            .put(put_volume_file)
+            .delete(delete_volume_file)
     };
     OpenApiRouter::with_openapi(VolumeFilesDoc::openapi())
         .route("/v1/volumes/{name}/files", methods())
@@ -118,6 +118,13 @@ fn check_kind(want: Option<&str>, have: EntryType, path: &VolPath) -> ApiResult<
         ));
     }
     Ok(())
+}
+
+/// `Last-Modified` for an entry, as the sandbox files API sends it.
+fn last_modified(entry: &sandhub_api::sandboxd::FileEntry) -> String {
+    humantime::parse_rfc3339(&entry.modified_at)
+        .map(httpdate::fmt_http_date)
+        .unwrap_or_default()
 }
 
 fn listing_response(listing: DirectoryListing, with_body: bool) -> Response {
@@ -209,6 +216,7 @@ async fn get_or_head(
             [
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),
                 (header::CONTENT_LENGTH, entry.size.to_string()),
+                (header::LAST_MODIFIED, last_modified(&entry)),
             ],
             Body::empty(),
         )
@@ -232,6 +240,7 @@ async fn get_or_head(
             Ok(Response::builder()
                 .header(header::CONTENT_TYPE, "application/octet-stream")
                 .header(header::CONTENT_LENGTH, entry.size)
+                .header(header::LAST_MODIFIED, last_modified(&entry))
                 .body(Body::from_stream(stream))
                 .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
         }
@@ -254,7 +263,7 @@ async fn get_or_head(
         (status = 412, body = ErrorBody, description = "The hub has no disk-quota volume"),
         (status = 501, body = ErrorBody, description = "not on this backend"),
     ))]
-async fn get_file(
+async fn get_volume_file(
     Api(api): Api,
     ApiPath(FilePath { name, path }): ApiPath<FilePath>,
     ApiQuery(q): ApiQuery<GetQuery>,
@@ -269,7 +278,7 @@ async fn get_file(
     responses((status = 200), (status = 400), (status = 403), (status = 404), (status = 409),
               (status = 412, description = "The hub has no disk-quota volume"),
               (status = 501, description = "not on this backend")))]
-async fn head_file(
+async fn head_volume_file(
     Api(api): Api,
     ApiPath(FilePath { name, path }): ApiPath<FilePath>,
     ApiQuery(q): ApiQuery<GetQuery>,
@@ -307,7 +316,7 @@ fn parse_mode(mode: Option<&str>) -> ApiResult<u32> {
               (status = 413, body = ErrorBody),
               (status = 501, body = ErrorBody, description = "not on this backend"),
               (status = 507, body = ErrorBody, description = "The volume is full (its size_mb)")))]
-async fn put_file(
+async fn put_volume_file(
     State(state): State<AppState>,
     Api(api): Api,
     ApiPath(FilePath { name, path }): ApiPath<FilePath>,
@@ -376,7 +385,7 @@ async fn put_file(
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
               (status = 412, body = ErrorBody, description = "The hub has no disk-quota volume"),
               (status = 501, body = ErrorBody, description = "not on this backend")))]
-async fn delete_file(
+async fn delete_volume_file(
     Api(api): Api,
     ApiPath(FilePath { name, path }): ApiPath<FilePath>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
