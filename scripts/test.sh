@@ -71,6 +71,8 @@ if [[ -z "$venv_python" || ! -x "$venv_python" || -z "$deepagents_python" || ! -
     exit 1
 fi
 
+# sandboxd's code-interpreter tests start kernels with the main venv's ipykernel.
+export SANDHUB_CODE_PYTHON="$venv_python"
 # tests/python/test_examples.py runs each framework's example with that framework's python.
 export SANDHUB_DEEPAGENTS_PYTHON="$deepagents_python" SANDHUB_NEMO_GYM_PYTHON="$nemo_gym_python" \
     SANDHUB_DEERFLOW_PYTHON="$deerflow_python" SANDHUB_OPENHANDS_PYTHON="$openhands_python"
