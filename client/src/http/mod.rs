@@ -3,6 +3,7 @@
 //! Every route is one line in the table `Sandboxes` is written to (see the
 //! method bodies); errors come back as the hub's `{code, message}` body.
 
+mod code;
 mod events;
 mod gym;
 mod lines;
@@ -29,6 +30,7 @@ use sandhub_api::{
 };
 use serde::de::DeserializeOwned;
 
+pub use self::code::CodeEvents;
 pub use self::events::{Event, EventFilter};
 pub use self::ndjson::{decode as decode_process_event, encode as encode_process_event};
 use crate::{

@@ -141,6 +141,9 @@ impl Entry {
             daemon.config.code_python.clone(),
             "-m".into(),
             "ipykernel_launcher".into(),
+            // A plot's PNG is the figure's own size (the inline backend
+            // would crop it to its drawn box).
+            "--InlineBackend.print_figure_kwargs={'bbox_inches': None}".into(),
         ];
         let k = Arc::new(Kernel::start(daemon, argv, &env, self.cwd.as_deref()).await?);
         *slot = Some(k.clone());
