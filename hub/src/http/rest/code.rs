@@ -167,7 +167,11 @@ async fn create_context(
 /// A sandbox's contexts.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/code/contexts", tag = "code",
     params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, body = ContextList), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = ContextList),
+        (status = 404, body = ErrorBody, description = "No such sandbox"),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
+        (status = 501, body = ErrorBody, description = "The sandbox's sandboxd has no code interpreter"),
+    ))]
 async fn list_contexts(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<Response> {
     let client = api.sandboxd(&id, "listing code contexts").await?;
     let (_, list) = ask::<ContextList>(&client, Method::GET, CONTEXTS_ROUTE, Bytes::new()).await?;
@@ -177,7 +181,12 @@ async fn list_contexts(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult
 /// One context.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/code/contexts/{context}", tag = "code",
     params(("id" = String, Path, description = "Sandbox id"), ("context" = String, Path)),
-    responses((status = 200, body = Context), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = Context),
+        (status = 400, body = ErrorBody, description = "A bad context id"),
+        (status = 404, body = ErrorBody, description = "No such sandbox or context"),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
+        (status = 501, body = ErrorBody, description = "The sandbox's sandboxd has no code interpreter"),
+    ))]
 async fn get_context(
     Api(api): Api,
     ApiPath((id, ctx)): ApiPath<(String, String)>,
@@ -191,7 +200,12 @@ async fn get_context(
 /// Delete a context: its kernel is killed, its variables gone.
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/code/contexts/{context}", tag = "code",
     params(("id" = String, Path, description = "Sandbox id"), ("context" = String, Path)),
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204, description = "Deleted"),
+        (status = 400, body = ErrorBody, description = "A bad context id"),
+        (status = 404, body = ErrorBody, description = "No such sandbox or context"),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready"),
+        (status = 501, body = ErrorBody, description = "The sandbox's sandboxd has no code interpreter"),
+    ))]
 async fn delete_context(
     Api(api): Api,
     ApiPath((id, ctx)): ApiPath<(String, String)>,
@@ -205,8 +219,12 @@ async fn delete_context(
 /// Restart a context's kernel (after it died, or to forget its state).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/code/contexts/{context}/restart", tag = "code",
     params(("id" = String, Path, description = "Sandbox id"), ("context" = String, Path)),
-    responses((status = 200, body = Context), (status = 404, body = ErrorBody),
-              (status = 412, body = ErrorBody, description = "The kernel did not start")))]
+    responses((status = 200, body = Context),
+        (status = 400, body = ErrorBody, description = "A bad context id"),
+        (status = 404, body = ErrorBody, description = "No such sandbox or context"),
+        (status = 412, body = ErrorBody, description = "The sandbox is not Ready, or the kernel did not start"),
+        (status = 501, body = ErrorBody, description = "The sandbox's sandboxd has no code interpreter"),
+    ))]
 async fn restart_context(
     Api(api): Api,
     ApiPath((id, ctx)): ApiPath<(String, String)>,
