@@ -229,7 +229,68 @@ async fn code_a_dead_kernel_is_reported_and_restart_brings_it_back() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
     let fresh = run(&d, json!({"code": "'z' in globals()", "context": c.id})).await;
     assert_eq!(main_text(&fresh).as_deref(), Some("False"));
+}
+
+#[tokio::test]
+async fn code_a_flooding_kernel_blocks_no_other_context_and_results_are_capped() {
+    let Some(d) = daemon(&["--code-max-result-bytes", "1048576"]) else {
+        return;
+    };
+    let a: Context = create(&d).await.json().await.unwrap();
+    let b: Context = create(&d).await.json().await.unwrap();
+    // A prints as fast as it can until its timeout (its client reads all
+    // of it); B's cells meanwhile answer as usual, while A still floods.
+    let flood =
+        json!({"code": "while True: print('x' * 8192)", "context": a.id, "timeout_seconds": 10});
+    let flooding = tokio::spawn({
+        let url = d.rest("/v1/_sandhub/code/execute");
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&flood)
+                .send()
+                .await
+                .unwrap();
+            r.text().await.unwrap()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..5 {
+        let r = run(&d, json!({"code": "1+1", "context": b.id})).await;
+        assert_eq!(main_text(&r).as_deref(), Some("2"));
+    }
+    assert!(!flooding.is_finished(), "B waited for A's flood to end");
+    let text = flooding.await.unwrap();
+    let last: CodeEvent = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert!(matches!(last, CodeEvent::End { .. }), "{last:?}");
+    assert!(text.contains("TimeoutError"));
+    // The flooded context still works.
+    let r = run(&d, json!({"code": "'ok'", "context": a.id})).await;
+    assert_eq!(main_text(&r).as_deref(), Some("'ok'"));
+
+    // A 2 MiB result over the 1 MiB cap: cut, marked.
+    let big = run(
+        &d,
+        json!({"code": "from IPython.display import display\n\
+                        display({'text/plain': 'y' * (2 << 20), 'text/html': '<b>' * 1000}, raw=True)",
+               "context": b.id}),
+    )
+    .await;
+    let bundle = big
+        .iter()
+        .find_map(|e| match e {
+            CodeEvent::Result(b) => Some(b.clone()),
+            _ => None,
+        })
+        .expect("a result");
+    assert!(
+        bundle.truncated && bundle.html.is_none(),
+        "{:?}",
+        bundle.html
+    );
+    let t = bundle.text.unwrap();
+    assert!(t.len() <= 1 << 20 && t.ends_with(sandhub_api::code::TRUNCATED_MARKER));
 }

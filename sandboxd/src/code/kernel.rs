@@ -71,6 +71,9 @@ pub struct Kernel {
     /// The parent `msg_id` of the latest `status: idle`.
     idle: watch::Receiver<String>,
     dropped: Arc<AtomicU64>,
+    /// The last cell timed out or lost output: the kernel's own queue may
+    /// still be full of it, and would drop the next cell's output.
+    backlog: std::sync::atomic::AtomicBool,
 }
 
 /// The kernel's process and the tasks around it; dropping it kills the
@@ -209,6 +212,7 @@ impl Kernel {
             iopub: Mutex::new(iopub),
             idle,
             dropped,
+            backlog: Default::default(),
         })
     }
     /// Why the kernel is dead, if it is.
@@ -257,10 +261,14 @@ impl Kernel {
             stream_cut: false,
             execution_count: 0,
             client_gone: false,
+            interrupted: false,
         };
         if let Some(why) = self.exited() {
             run.died(&why).await;
         } else {
+            if self.backlog.swap(false, Ordering::Relaxed) {
+                self.sync(&mut shell, &mut iopub).await;
+            }
             if !env.is_empty() {
                 self.silent(&mut shell, &mut iopub, &env_preamble(env))
                     .await;
@@ -272,12 +280,42 @@ impl Kernel {
             }
         }
         let dropped = self.dropped.load(Ordering::Relaxed) - dropped_before;
+        if dropped > 0 || run.interrupted {
+            self.backlog.store(true, Ordering::Relaxed);
+        }
         run.send(CodeEvent::End {
             execution_count: run.execution_count,
             duration: started.elapsed().as_secs_f64(),
             dropped,
         })
         .await;
+    }
+
+    /// Waits until the kernel's iopub backlog has reached us: a request's
+    /// `status: idle` comes after everything published before it (ZeroMQ
+    /// keeps order), so once it is seen the next cell's output cannot be
+    /// dropped behind the old flood. Bounded: a kernel still busy with an
+    /// uninterruptible cell is given up on after a while.
+    async fn sync(&self, shell: &mut Shell, iopub: &mut mpsc::Receiver<Message>) {
+        let until = tokio::time::Instant::now() + INTERRUPT_GRACE;
+        while tokio::time::Instant::now() < until {
+            let (frames, id) = self
+                .signer
+                .request(&self.session, "kernel_info_request", json!({}));
+            if shell.send.send(message(frames)).await.is_err() {
+                return;
+            }
+            let mut idle = self.idle.clone();
+            let seen = async { idle.wait_for(|p| *p == id).await.is_ok() };
+            let drain = async { while iopub.recv().await.is_some() {} };
+            tokio::select! {
+                true = seen => break,
+                _ = drain => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+        while iopub.try_recv().is_ok() {}
+        while shell.replies.try_recv().is_ok() {}
     }
 
     /// A silent request (no output, no history): the env preamble.
@@ -330,15 +368,20 @@ impl Kernel {
         let mut timed_out = false;
         let mut replied = false;
         let mut idle_seen = false;
+        // Set when the reply comes: how long `status: idle` may lag it.
+        let mut after_reply = tokio::time::Instant::now();
         loop {
             if replied && idle_seen {
+                // The reader queues a cell's output before it signals its
+                // idle: all of it is queued now, though select! may have
+                // taken the idle first.
+                while let Ok(m) = iopub.try_recv() {
+                    if m.parent_id == id && !timed_out {
+                        run.iopub(m).await;
+                    }
+                }
                 break;
             }
-            let after_reply = if replied {
-                tokio::time::Instant::now() + IDLE_GRACE
-            } else {
-                deadline
-            };
             tokio::select! {
                 m = iopub.recv() => match m {
                     Some(m) if m.parent_id == id => {
@@ -352,6 +395,7 @@ impl Kernel {
                 m = shell.replies.recv() => match m {
                     Some(m) if m.parent_id == id => {
                         replied = true;
+                        after_reply = tokio::time::Instant::now() + IDLE_GRACE;
                         if let Some(n) = m.content.get("execution_count").and_then(Value::as_u64) {
                             run.execution_count = n;
                         }
@@ -367,7 +411,7 @@ impl Kernel {
                     run.died(&why).await;
                     return;
                 }
-                _ = tokio::time::sleep_until(after_reply), if replied => break,
+                _ = tokio::time::sleep_until(after_reply), if replied => idle_seen = true,
                 _ = tokio::time::sleep_until(deadline), if !replied => {
                     if timed_out {
                         // The cell ignored SIGINT: leave it be, say so.
@@ -377,6 +421,7 @@ impl Kernel {
                         return;
                     }
                     timed_out = true;
+                    run.interrupted = true;
                     self.interrupt();
                     run.send(error_event(TIMEOUT_ERROR, &format!(
                         "the execution took longer than {}s and was interrupted",
@@ -389,6 +434,7 @@ impl Kernel {
                     run.client_gone = true;
                     if !timed_out {
                         timed_out = true;
+                        run.interrupted = true;
                         self.interrupt();
                         deadline = tokio::time::Instant::now() + INTERRUPT_GRACE;
                     }
@@ -552,6 +598,8 @@ struct Run {
     stream_cut: bool,
     execution_count: u64,
     client_gone: bool,
+    /// The cell was interrupted (timeout, client gone).
+    interrupted: bool,
 }
 
 impl Run {

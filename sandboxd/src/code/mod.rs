@@ -145,7 +145,19 @@ impl Entry {
             // would crop it to its drawn box).
             "--InlineBackend.print_figure_kwargs={'bbox_inches': None}".into(),
         ];
-        let k = Arc::new(Kernel::start(daemon, argv, &env, self.cwd.as_deref()).await?);
+        // The ports a kernel is given were free a moment before it binds
+        // them; one taken meanwhile (another kernel starting) makes it exit
+        // at once, and a second try with new ports is the cure.
+        let mut tries = 0;
+        let k = loop {
+            tries += 1;
+            match Kernel::start(daemon, argv.clone(), &env, self.cwd.as_deref()).await {
+                Err(Error::FailedPrecondition(why)) if tries < 3 => {
+                    tracing::debug!(why, "a kernel exited while starting; trying again");
+                }
+                other => break Arc::new(other?),
+            }
+        };
         *slot = Some(k.clone());
         Ok(k)
     }
