@@ -16,7 +16,9 @@ use sandhub_api::{
 use sandhub_client::{http::HubClient, Sandboxes};
 use serde_json::json;
 
-use common::{error_body, shell_ok, HubOptions, ImageMounts, TestHub, ALICE_KEY, BOB_KEY};
+use common::{
+    error_body, mcp::McpClient, shell_ok, HubOptions, ImageMounts, TestHub, ALICE_KEY, BOB_KEY,
+};
 
 /// The image's layout, or None (skip) outside CI when it was not built.
 fn layout() -> Option<String> {
@@ -279,6 +281,35 @@ async fn code_runs_in_a_real_kernel_of_the_code_interpreter_image() {
         "NOT_FOUND",
     )
     .await;
+
+    // MCP: run_code answers the chart as image content.
+    let mut mcp = McpClient::connect(&hub.url(), Some(ALICE_KEY)).await;
+    let made = mcp
+        .call_ok("create_sandbox", json!({"warmpool": "code-interpreter-v1"}))
+        .await;
+    let name = made["sandbox_claim_name"].as_str().unwrap().to_string();
+    let plot = "import matplotlib.pyplot as plt\nplt.figure(figsize=(2, 2), dpi=50)\n\
+                plt.plot([1, 2])\nplt.show()\nprint('drawn')\n6 * 7";
+    let result = mcp
+        .call(
+            "run_code",
+            json!({"sandbox_claim_name": name, "code": plot}),
+        )
+        .await;
+    assert_ne!(result["isError"], true, "{result}");
+    let content = result["content"].as_array().unwrap();
+    let image = content
+        .iter()
+        .find(|c| c["type"] == "image")
+        .unwrap_or_else(|| panic!("no image content: {result}"));
+    assert_eq!(image["mimeType"], "image/png");
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(image["data"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(png_size(&png), (100, 100));
+    let text = common::mcp::text(&result);
+    assert!(text.contains("drawn") && text.contains("42"), "{text}");
+    assert_eq!(result["structuredContent"]["images"], 1);
 
     // Measured, not asserted: `1+1` through REST against exec.
     let mut rest = Vec::new();

@@ -40,6 +40,7 @@ const OURS: &[&str] = &[
     "watch_directory",
     "expose_port",
     "get_sandbox_metrics",
+    "run_code",
 ];
 
 #[test]

@@ -2,9 +2,9 @@
 //! and executions streamed as [`CodeEvent`]s. Inherent methods of
 //! [`HubClient`]: the [`crate::Sandboxes`] trait has no kernels in it.
 
-use std::{collections::VecDeque, pin::Pin, time::Duration};
+use std::{collections::VecDeque, time::Duration};
 
-use futures::{Stream, TryStreamExt};
+use futures::TryStreamExt;
 use reqwest::{header, Method};
 use sandhub_api::{
     code::{CodeEvent, Context, ContextList, CreateContext, ExecuteCode, DEFAULT_TIMEOUT_SECONDS},
@@ -16,13 +16,10 @@ use super::{
     lines::{self, LineDecoder},
     transport_error, HubClient, QUICK,
 };
-use crate::{paths::encode, Error, Result};
+use crate::{paths::encode, CodeEvents, Error, Result};
 
 /// A kernel's start (create, restart) may take seconds on a cold sandbox.
 const START: Duration = Duration::from_secs(120);
-
-/// An execution's events, `end` last; an error item ends it.
-pub type CodeEvents = Pin<Box<dyn Stream<Item = Result<CodeEvent>> + Send>>;
 
 impl HubClient {
     /// `POST /v1/sandboxes/{id}/code/contexts`.

@@ -30,7 +30,6 @@ use sandhub_api::{
 };
 use serde::de::DeserializeOwned;
 
-pub use self::code::CodeEvents;
 pub use self::events::{Event, EventFilter};
 pub use self::ndjson::{decode as decode_process_event, encode as encode_process_event};
 use crate::{
@@ -409,6 +408,14 @@ impl Sandboxes for HubClient {
             body,
             ndjson::ProcessLines::default(),
         )))
+    }
+
+    async fn run_code(
+        &self,
+        id: &str,
+        request: sandhub_api::code::ExecuteCode,
+    ) -> Result<crate::CodeEvents> {
+        HubClient::run_code(self, id, &request).await
     }
 
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {

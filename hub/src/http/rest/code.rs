@@ -1,47 +1,31 @@
 //! The code interpreter (issue #33): contexts (one Jupyter kernel each,
 //! run by the sandbox's sandboxd) and executions streamed as NDJSON.
 //!
-//! The hub relays sandboxd's answers but trusts nothing of them beyond
-//! their bounds: every answer is read with a size limit and parsed into
-//! the `api::code` types before anything of it is sent on (a line that is
-//! too long or not a `CodeEvent` ends the stream with an error line), a
-//! result bundle is cut to the cap again here, relayed error messages are
-//! shortened, and a stream is cut at its timeout plus a grace whatever the
-//! sandbox says. Another tenant's sandbox is a 404 before anything is
-//! forwarded (`sandboxd()` checks the owner), and its contexts with it.
+//! What comes back is checked and bounded by `crate::code` (see there).
+//! Another tenant's sandbox is a 404 before anything is forwarded
+//! (`sandboxd()` checks the owner), and its contexts with it.
 
-use std::{convert::Infallible, time::Duration};
+use std::convert::Infallible;
 
 use axum::{
     body::{Body, Bytes},
-    http::{header, HeaderMap, HeaderValue, Method, StatusCode},
+    http::{header, Method, StatusCode},
     response::{IntoResponse, Response},
 };
-use futures::{Stream, StreamExt};
-use http_body_util::BodyExt;
+use futures::StreamExt;
 use sandhub_api::{
     code::{
         canonical_language, check_context_id, check_env, CodeEvent, Context, ContextList,
-        CreateContext, ExecuteCode, CONTEXTS_ROUTE, DEFAULT_MAX_RESULT_BYTES,
-        DEFAULT_TIMEOUT_SECONDS, EXECUTE_ROUTE, MAX_EVENT_LINE_BYTES, MAX_TIMEOUT_SECONDS,
+        CreateContext, ExecuteCode, CONTEXTS_ROUTE,
     },
     error::{Code, ErrorBody},
 };
-use sandhub_client::sandboxd::SandboxdClient;
-use serde::de::DeserializeOwned;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::http::{Api, ApiError, ApiJson, ApiPath, ApiResult, AppState};
-
-/// A context answer or error body is small; a list is at most the cap's
-/// worth of them.
-const MAX_ANSWER_BYTES: usize = 1 << 20;
-/// Starting a kernel (create, restart, an execution's first) may take this.
-const START_TIMEOUT: Duration = Duration::from_secs(90);
-/// Past an execution's timeout, how long sandboxd has to end its stream.
-const STREAM_GRACE: Duration = Duration::from_secs(30);
-/// A relayed error message is cut to this.
-const MAX_MESSAGE: usize = 2048;
+use crate::{
+    code::ask,
+    http::{Api, ApiError, ApiJson, ApiPath, ApiResult, AppState},
+};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -51,83 +35,14 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(run_code))
 }
 
-fn unavailable(what: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        Code::Unavailable,
-        format!("the sandbox's code service: {what}"),
-    )
-}
-
-fn json_headers() -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h
-}
-
-/// One request to sandboxd's code routes, its answer read whole (bounded)
-/// and decoded as `T`, or its error relayed.
-async fn ask<T: DeserializeOwned>(
-    client: &SandboxdClient,
-    method: Method,
-    route: &str,
-    body: Bytes,
-) -> ApiResult<(StatusCode, Option<T>)> {
-    let call = async {
-        let response = client
-            .forward(
-                method,
-                route,
-                json_headers(),
-                http_body_util::Full::new(body),
-            )
-            .await?;
-        let status = response.status();
-        let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await
-            .map_err(|e| unavailable(format!("reading its answer: {e}")))?
-            .to_bytes();
-        Ok::<_, ApiError>((status, body))
-    };
-    let (status, body) = tokio::time::timeout(START_TIMEOUT, call)
-        .await
-        .map_err(|_| unavailable("no answer in time"))??;
-    if !status.is_success() {
-        return Err(relayed_error(status, &body));
-    }
-    if status == StatusCode::NO_CONTENT {
-        return Ok((status, None));
-    }
-    let value = serde_json::from_slice(&body)
-        .map_err(|e| unavailable(format!("an answer that is not the expected JSON: {e}")))?;
-    Ok((status, Some(value)))
-}
-
-/// sandboxd's error, its message shortened; a sandboxd without the code
-/// routes (an older one) answers 404 for the route itself.
-fn relayed_error(status: StatusCode, body: &[u8]) -> ApiError {
-    match serde_json::from_slice::<ErrorBody>(body) {
-        Ok(mut b) => {
-            if b.message.starts_with("no route for") {
-                return ApiError::new(
-                    Code::Unimplemented,
-                    "this sandbox's sandboxd has no code interpreter",
-                );
-            }
-            if b.message.len() > MAX_MESSAGE {
-                let mut end = MAX_MESSAGE;
-                while !b.message.is_char_boundary(end) {
-                    end -= 1;
-                }
-                b.message.truncate(end);
-            }
-            ApiError::new(b.code, b.message)
-        }
-        Err(_) => unavailable(format!("it answered {status}")),
-    }
+/// A body where one was due (sandboxd answered 204 where it should not).
+fn answer<T>(value: Option<T>) -> ApiResult<T> {
+    value.ok_or_else(|| {
+        ApiError::new(
+            Code::Unavailable,
+            "the sandbox's code service answered without a body",
+        )
+    })
 }
 
 fn context_route(ctx: &str, tail: &str) -> ApiResult<String> {
@@ -160,8 +75,8 @@ async fn create_context(
     check_env(&req.env).map_err(invalid)?;
     let client = api.sandboxd(&id, "starting a code context").await?;
     let body = serde_json::to_vec(&req).unwrap_or_default();
-    let (_, ctx) = ask::<Context>(&client, Method::POST, CONTEXTS_ROUTE, body.into()).await?;
-    Ok((StatusCode::CREATED, ApiJson(ctx)).into_response())
+    let ctx = ask::<Context>(&client, Method::POST, CONTEXTS_ROUTE, body.into()).await?;
+    Ok((StatusCode::CREATED, ApiJson(answer(ctx)?)).into_response())
 }
 
 /// A sandbox's contexts.
@@ -174,8 +89,8 @@ async fn create_context(
     ))]
 async fn list_contexts(Api(api): Api, ApiPath(id): ApiPath<String>) -> ApiResult<Response> {
     let client = api.sandboxd(&id, "listing code contexts").await?;
-    let (_, list) = ask::<ContextList>(&client, Method::GET, CONTEXTS_ROUTE, Bytes::new()).await?;
-    Ok(ApiJson(list).into_response())
+    let list = ask::<ContextList>(&client, Method::GET, CONTEXTS_ROUTE, Bytes::new()).await?;
+    Ok(ApiJson(answer(list)?).into_response())
 }
 
 /// One context.
@@ -193,8 +108,8 @@ async fn get_context(
 ) -> ApiResult<Response> {
     let route = context_route(&ctx, "")?;
     let client = api.sandboxd(&id, "reading a code context").await?;
-    let (_, c) = ask::<Context>(&client, Method::GET, &route, Bytes::new()).await?;
-    Ok(ApiJson(c).into_response())
+    let c = ask::<Context>(&client, Method::GET, &route, Bytes::new()).await?;
+    Ok(ApiJson(answer(c)?).into_response())
 }
 
 /// Delete a context: its kernel is killed, its variables gone.
@@ -231,8 +146,8 @@ async fn restart_context(
 ) -> ApiResult<Response> {
     let route = context_route(&ctx, "/restart")?;
     let client = api.sandboxd(&id, "restarting a code context").await?;
-    let (_, c) = ask::<Context>(&client, Method::POST, &route, Bytes::new()).await?;
-    Ok(ApiJson(c).into_response())
+    let c = ask::<Context>(&client, Method::POST, &route, Bytes::new()).await?;
+    Ok(ApiJson(answer(c)?).into_response())
 }
 
 /// Run code in a context (or the language's default context, made on
@@ -257,44 +172,10 @@ async fn run_code(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ExecuteCode>,
 ) -> ApiResult<Response> {
-    let timeout = req.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
-    if !(1..=MAX_TIMEOUT_SECONDS).contains(&timeout) {
-        return Err(invalid(format!(
-            "timeout_seconds: between 1 and {MAX_TIMEOUT_SECONDS}"
-        )));
-    }
-    match &req.context {
-        Some(ctx) => check_context_id(ctx).map_err(invalid)?,
-        None => {
-            canonical_language(req.language.as_deref()).map_err(invalid)?;
-        }
-    }
-    check_env(&req.env).map_err(invalid)?;
+    crate::code::check(&req)?;
     let client = api.sandboxd(&id, "running code").await?;
-    let body = serde_json::to_vec(&req).unwrap_or_default();
-    let response = tokio::time::timeout(
-        START_TIMEOUT,
-        client.forward(
-            Method::POST,
-            EXECUTE_ROUTE,
-            json_headers(),
-            http_body_util::Full::new(Bytes::from(body)),
-        ),
-    )
-    .await
-    .map_err(|_| unavailable("no answer in time"))??;
-    let status = response.status();
-    if status != StatusCode::OK {
-        let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        return Err(relayed_error(status, &body));
-    }
-    let frames = response.into_body().into_data_stream();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout) + STREAM_GRACE;
-    let lines = relay(frames, deadline).map(|line| Ok::<_, Infallible>(Bytes::from(line)));
+    let events = crate::code::execute(&client, &req).await?;
+    let lines = events.map(|item| Ok::<_, Infallible>(line(item)));
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),
@@ -302,137 +183,13 @@ async fn run_code(
         .into_response())
 }
 
-/// sandboxd's NDJSON, checked line by line and written anew: each line at
-/// most [`MAX_EVENT_LINE_BYTES`], a `CodeEvent`, results bounded; the
-/// stream ends after `end`, at the first bad line (with an error line) or
-/// at `deadline`.
-fn relay<S, E>(frames: S, deadline: tokio::time::Instant) -> impl Stream<Item = Vec<u8>> + Send
-where
-    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
-    E: std::fmt::Display + Send + 'static,
-{
-    struct State<S> {
-        frames: S,
-        buf: Vec<u8>,
-        done: bool,
-        deadline: tokio::time::Instant,
+fn line(item: sandhub_client::Result<CodeEvent>) -> Bytes {
+    let mut line = match item {
+        Ok(ev) => serde_json::to_vec(&ev),
+        // A broken stream ends with an error line the client can read.
+        Err(e) => serde_json::to_vec(&e.body()),
     }
-    let state = State {
-        frames,
-        buf: Vec::new(),
-        done: false,
-        deadline,
-    };
-    futures::stream::unfold(state, |mut st| async move {
-        if st.done {
-            return None;
-        }
-        loop {
-            if let Some(at) = st.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = st.buf.drain(..=at).collect();
-                let line = &line[..at];
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let out = match checked(line) {
-                    Ok(ev) => {
-                        st.done = matches!(ev, CodeEvent::End { .. });
-                        encode(&ev)
-                    }
-                    Err(msg) => {
-                        st.done = true;
-                        error_line(Code::Internal, &msg)
-                    }
-                };
-                return Some((out, st));
-            }
-            if st.buf.len() > MAX_EVENT_LINE_BYTES {
-                st.done = true;
-                let msg = format!("the sandbox sent an event over {MAX_EVENT_LINE_BYTES} bytes");
-                return Some((error_line(Code::Internal, &msg), st));
-            }
-            let next = tokio::time::timeout_at(st.deadline, st.frames.next()).await;
-            match next {
-                Ok(Some(Ok(chunk))) => st.buf.extend_from_slice(&chunk),
-                Ok(Some(Err(e))) => {
-                    st.done = true;
-                    let msg = format!("the sandbox's stream broke: {e}");
-                    return Some((error_line(Code::Unavailable, &msg), st));
-                }
-                Ok(None) => {
-                    st.done = true;
-                    let msg = "the sandbox's stream ended before its end event";
-                    return Some((error_line(Code::Unavailable, msg), st));
-                }
-                Err(_) => {
-                    st.done = true;
-                    let msg = "the execution ran past its timeout and was cut off";
-                    return Some((error_line(Code::DeadlineExceeded, msg), st));
-                }
-            }
-        }
-    })
-}
-
-fn checked(line: &[u8]) -> Result<CodeEvent, String> {
-    let mut ev: CodeEvent = serde_json::from_slice(line)
-        .map_err(|e| format!("the sandbox sent a line that is not a code event: {e}"))?;
-    if let CodeEvent::Result(b) = &mut ev {
-        b.bound(DEFAULT_MAX_RESULT_BYTES);
-    }
-    Ok(ev)
-}
-
-fn encode(ev: &CodeEvent) -> Vec<u8> {
-    let mut line = serde_json::to_vec(ev).unwrap_or_default();
+    .unwrap_or_default();
     line.push(b'\n');
-    line
-}
-
-fn error_line(code: Code, message: &str) -> Vec<u8> {
-    let mut line = serde_json::to_vec(&ErrorBody::new(code, message)).unwrap_or_default();
-    line.push(b'\n');
-    line
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    async fn relayed(chunks: Vec<&'static [u8]>) -> Vec<String> {
-        let frames = futures::stream::iter(
-            chunks
-                .into_iter()
-                .map(|c| Ok::<_, std::io::Error>(Bytes::from_static(c))),
-        );
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        relay(frames, deadline)
-            .map(|l| String::from_utf8(l).unwrap())
-            .collect()
-            .await
-    }
-
-    #[tokio::test]
-    async fn good_lines_pass_split_anywhere_and_stop_at_end() {
-        let out = relayed(vec![
-            b"{\"type\":\"stdout\",\"te",
-            b"xt\":\"hi\\n\"}\n\n{\"type\":\"end\",\"execution_count\":1,\"duration\":0.1}\n",
-            b"{\"type\":\"stdout\",\"text\":\"after end\"}\n",
-        ])
-        .await;
-        assert_eq!(out.len(), 2, "{out:?}");
-        assert!(out[0].contains("\"stdout\"") && out[1].contains("\"end\""));
-    }
-
-    #[tokio::test]
-    async fn a_forged_line_ends_the_stream_with_an_error() {
-        let out = relayed(vec![
-            b"{\"type\":\"pwned\"}\n{\"type\":\"stdout\",\"text\":\"x\"}\n",
-        ])
-        .await;
-        assert_eq!(out.len(), 1);
-        assert!(out[0].contains("INTERNAL"), "{out:?}");
-        let cut = relayed(vec![b"{\"type\":\"stdout\",\"text\":\"x\"}\n"]).await;
-        assert!(cut[1].contains("UNAVAILABLE"), "{cut:?}");
-    }
+    Bytes::from(line)
 }
