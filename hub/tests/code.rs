@@ -311,6 +311,38 @@ async fn code_runs_in_a_real_kernel_of_the_code_interpreter_image() {
     assert!(text.contains("drawn") && text.contains("42"), "{text}");
     assert_eq!(result["structuredContent"]["images"], 1);
 
+    // The CLI: one cell with -c, then a REPL fed on stdin.
+    let cli = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(common::EXE)
+            .arg("code")
+            .arg(id)
+            .args(args)
+            .env("SANDHUB_URL", hub.url())
+            .env("SANDHUB_API_KEY", ALICE_KEY)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let one = cli(&["-c", "print(6 * 7)"], "");
+    assert!(one.status.success(), "{one:?}");
+    assert_eq!(String::from_utf8_lossy(&one.stdout), "42\n");
+    let raised = cli(&["-c", "1/0"], "");
+    assert_eq!(raised.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&raised.stderr).contains("ZeroDivisionError"));
+    let repl = cli(&["--new"], "w = 2\nif w:\n    print('yes')\n\nw * 5\n");
+    assert!(repl.status.success(), "{repl:?}");
+    assert_eq!(String::from_utf8_lossy(&repl.stdout), "yes\n10\n");
+
     // Measured, not asserted: `1+1` through REST against exec.
     let mut rest = Vec::new();
     for _ in 0..20 {
