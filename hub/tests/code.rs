@@ -107,11 +107,11 @@ async fn code_runs_in_a_real_kernel_of_the_code_interpreter_image() {
         .import_image_path(std::path::Path::new(&layout), None, None)
         .await
         .unwrap();
-    let reference = image.tags.first().cloned().unwrap_or(image.id);
+    let image_ref = image.tags.first().cloned().unwrap_or(image.id);
     c.put_template(
         "code-interpreter-v1",
         Template {
-            image: Some(reference),
+            image: Some(image_ref.clone()),
             entrypoint: Some(Vec::new()),
             ..Default::default()
         },
@@ -342,6 +342,50 @@ async fn code_runs_in_a_real_kernel_of_the_code_interpreter_image() {
     let repl = cli(&["--new"], "w = 2\nif w:\n    print('yes')\n\nw * 5\n");
     assert!(repl.status.success(), "{repl:?}");
     assert_eq!(String::from_utf8_lossy(&repl.stdout), "yes\n10\n");
+
+    // A kernel killed for memory in a 128 MiB sandbox is reported; a
+    // restart brings the context back.
+    c.put_template(
+        "code-interpreter-small",
+        Template {
+            image: Some(image_ref.clone()),
+            entrypoint: Some(Vec::new()),
+            memory_mb: Some(128),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let small = c
+        .create(CreateSandbox {
+            template: Some("code-interpreter-small".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ctx = c.create_context(&small.id, &new()).await.unwrap();
+    let hog = ExecuteCode {
+        timeout_seconds: Some(60),
+        ..code(
+            "blocks = []\nwhile True: blocks.append(bytearray(16 << 20))",
+            Some(&ctx.id),
+        )
+    };
+    let oom = run(&c, &small.id, hog).await;
+    let (name, _) = error_of(&oom).unwrap_or_else(|| panic!("no error: {oom:?}"));
+    assert!(name == "KernelDied" || name == "MemoryError", "{oom:?}");
+    eprintln!("code interpreter: a 128 MiB sandbox's memory hog ended with {name}");
+    if name == "KernelDied" {
+        let why = oom.iter().find_map(|e| match e {
+            CodeEvent::Error { value, .. } => Some(value.clone()),
+            _ => None,
+        });
+        assert!(why.unwrap().contains("SIGKILL"), "{oom:?}");
+        c.restart_context(&small.id, &ctx.id).await.unwrap();
+    }
+    let back = run(&c, &small.id, code("3 * 3", Some(&ctx.id))).await;
+    assert_eq!(main_text(&back).as_deref(), Some("9"), "{back:?}");
+    c.delete(&small.id).await.unwrap();
 
     // Measured, not asserted: `1+1` through REST against exec.
     let mut rest = Vec::new();
