@@ -63,6 +63,9 @@ openhands_python="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_OPENHANDS_PYT
 # The OpenHands agent-server image (an OCI layout) its tests and example import into their hub.
 SANDHUB_OPENHANDS_IMAGE="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_OPENHANDS_IMAGE=//p' | tail -n1)"
 export SANDHUB_OPENHANDS_IMAGE
+# The code-interpreter image (an OCI layout) hub/tests/code.rs imports into its hub.
+SANDHUB_CODE_INTERPRETER_IMAGE="$(printf '%s\n' "$deps_out" | sed -n 's/^SANDHUB_CODE_INTERPRETER_IMAGE=//p' | tail -n1)"
+export SANDHUB_CODE_INTERPRETER_IMAGE
 if [[ -z "$venv_python" || ! -x "$venv_python" || -z "$deepagents_python" || ! -x "$deepagents_python" \
     || -z "$nemo_gym_python" || ! -x "$nemo_gym_python" || -z "$e2b_python" || ! -x "$e2b_python" \
     || -z "$e2b_legacy_python" || ! -x "$e2b_legacy_python" || -z "$deerflow_python" || ! -x "$deerflow_python" \
@@ -71,6 +74,8 @@ if [[ -z "$venv_python" || ! -x "$venv_python" || -z "$deepagents_python" || ! -
     exit 1
 fi
 
+# sandboxd's code-interpreter tests start kernels with the main venv's ipykernel.
+export SANDHUB_CODE_PYTHON="$venv_python"
 # tests/python/test_examples.py runs each framework's example with that framework's python.
 export SANDHUB_DEEPAGENTS_PYTHON="$deepagents_python" SANDHUB_NEMO_GYM_PYTHON="$nemo_gym_python" \
     SANDHUB_DEERFLOW_PYTHON="$deerflow_python" SANDHUB_OPENHANDS_PYTHON="$openhands_python"

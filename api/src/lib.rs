@@ -1,6 +1,7 @@
 //! What two Sandhub programs must agree on, stated once: protobuf services,
 //! JSON bodies, error code words and well-known names. Data only, no I/O.
 
+pub mod code;
 pub mod error;
 pub mod gym;
 pub mod hub;

@@ -38,6 +38,11 @@ use sandhub_api::{
     usage::{MetricsQuery, SandboxMetrics},
 };
 
+/// A code execution's events (`POST /v1/sandboxes/{id}/code`), `end` last;
+/// an error item ends it.
+pub type CodeEvents =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<sandhub_api::code::CodeEvent>> + Send>>;
+
 #[async_trait]
 pub trait Sandboxes: Send + Sync {
     /// The hub's URL when this client reaches one over HTTP (what a
@@ -62,6 +67,19 @@ pub trait Sandboxes: Send + Sync {
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()>;
     async fn signal(&self, id: &str, pid: i32, signal: Signal) -> Result<()>;
     async fn resize(&self, id: &str, pid: i32, size: PtySize) -> Result<()>;
+
+    /// Runs code in a context of the sandbox's code interpreter (issue
+    /// #33). Views without one answer UNIMPLEMENTED.
+    async fn run_code(
+        &self,
+        _id: &str,
+        _request: sandhub_api::code::ExecuteCode,
+    ) -> Result<CodeEvents> {
+        Err(Error::new(
+            sandhub_api::error::Code::Unimplemented,
+            "this view has no code interpreter",
+        ))
+    }
 
     // Kept processes: started processes that outlive the call, and the
     // hub replica, that started them, found again under the starter's

@@ -428,6 +428,18 @@ impl Sandboxes for GuardedView {
         self.inner.resize(id, pid, size).await
     }
 
+    /// Through the sandbox's sandboxd, as `POST /v1/sandboxes/{id}/code`
+    /// (the same checks and bounds: `crate::code`).
+    async fn run_code(
+        &self,
+        id: &str,
+        request: sandhub_api::code::ExecuteCode,
+    ) -> Result<sandhub_client::CodeEvents> {
+        crate::code::check(&request)?;
+        let client = self.inner.sandboxd(id, "running code").await?;
+        crate::code::execute(&client, &request).await
+    }
+
     async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
         self.timed(Op::Download, self.inner.read_file(id, path))
             .await

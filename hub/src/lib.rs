@@ -57,6 +57,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod code;
 pub mod egress_proxy;
 pub mod entrypoint;
 pub mod events;

@@ -44,6 +44,9 @@ enum Command {
     Exec(cli::exec::ExecArgs),
     /// An interactive terminal in a sandbox.
     Shell(cli::shell::ShellArgs),
+    /// Run code in a stateful kernel of a sandbox: a small REPL, or one
+    /// cell with -c (exits 1 if it raised).
+    Code(cli::code::CodeArgs),
     /// Copy files between here and a sandbox (`ID:path` on one side).
     Cp(cli::cp::CpArgs),
     /// Forward a local TCP port to a port inside a sandbox (LOCAL:REMOTE).
@@ -116,6 +119,7 @@ fn main() -> anyhow::Result<()> {
             Command::Rm(args) => cli::exit(cli::sandbox::remove(args).await),
             Command::Top(args) => cli::exit(cli::top::top(args).await),
             Command::Exec(args) => cli::exit(cli::exec::run(args).await),
+            Command::Code(args) => cli::exit(cli::code::run(args).await),
             Command::Shell(args) => cli::exit(cli::shell::run(args).await),
             Command::Cp(args) => cli::exit(cli::cp::run(args).await),
             Command::PortForward(args) => cli::exit(cli::port_forward::run(args).await),

@@ -1903,6 +1903,16 @@ async fn openapi_document_describes_every_route() {
         ("/v1/sandboxes/{id}/exec", &["post"]),
         ("/v1/sandboxes/{id}/processes", &["get", "post"]),
         ("/v1/sandboxes/{id}/entrypoint/log", &["get"]),
+        ("/v1/sandboxes/{id}/code", &["post"]),
+        ("/v1/sandboxes/{id}/code/contexts", &["get", "post"]),
+        (
+            "/v1/sandboxes/{id}/code/contexts/{context}",
+            &["get", "delete"],
+        ),
+        (
+            "/v1/sandboxes/{id}/code/contexts/{context}/restart",
+            &["post"],
+        ),
         ("/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
         ("/v1/sandboxes/{id}/processes/{pid}/signal", &["post"]),
         ("/v1/sandboxes/{id}/processes/{pid}/resize", &["post"]),
@@ -1989,6 +1999,9 @@ async fn openapi_document_describes_every_route() {
         "VolumeSnapshot",
         "VolumeSnapshotList",
         "SnapshotRef",
+        "CodeEvent",
+        "ExecuteCode",
+        "Context",
     ] {
         assert!(
             doc["components"]["schemas"][schema].is_object(),

@@ -41,6 +41,7 @@ const OURS: &[&str] = &[
     "expose_port",
     "get_sandbox_metrics",
     "list_volumes",
+    "run_code",
 ];
 
 #[test]

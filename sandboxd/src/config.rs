@@ -82,6 +82,19 @@ pub struct Config {
           value_parser = parse_max_processes)]
     pub max_processes: usize,
 
+    /// The Python that runs code contexts' kernels (`-m ipykernel_launcher`).
+    #[arg(long, env = "SANDBOXD_CODE_PYTHON", default_value = "python3")]
+    pub code_python: String,
+
+    /// Most code contexts (kernels) at once; one more is refused with
+    /// RESOURCE_EXHAUSTED (429).
+    #[arg(long, env = "SANDBOXD_MAX_CODE_CONTEXTS", default_value_t = sandhub_api::code::DEFAULT_MAX_CONTEXTS)]
+    pub max_code_contexts: usize,
+
+    /// A code result's MIME bundle larger than this is truncated (marked `truncated`).
+    #[arg(long, env = "SANDBOXD_CODE_MAX_RESULT_BYTES", default_value_t = sandhub_api::code::DEFAULT_MAX_RESULT_BYTES)]
+    pub code_max_result_bytes: usize,
+
     /// Largest accepted upload body in bytes; 0 means no limit.
     #[arg(long, env = "SANDBOXD_MAX_UPLOAD_BYTES", default_value_t = 0)]
     pub max_upload_bytes: u64,

@@ -6,6 +6,7 @@
 //! runtime endpoints, all confined to one root directory.
 
 pub mod auth;
+pub mod code;
 pub mod config;
 pub mod confine;
 pub mod entrypoint;
@@ -62,6 +63,8 @@ pub struct Daemon {
     pub auth: Option<Auth>,
     pub metrics: Metrics,
     pub processes: ProcessTable,
+    /// Code contexts: kernels this daemon started and speaks to.
+    pub code: code::Contexts,
     /// One permit per concurrent WatchDir stream.
     pub watches: Arc<Semaphore>,
     pub started: Instant,
@@ -114,6 +117,7 @@ impl Daemon {
             auth,
             metrics: Metrics::default(),
             processes: ProcessTable::new(config.max_processes),
+            code: code::Contexts::new(config.max_code_contexts),
             started: Instant::now(),
             draining: AtomicBool::new(false),
             usage: usage::OwnUsage::default(),

@@ -170,6 +170,8 @@ pub async fn drain(daemon: &Daemon) {
         ?timeout,
         "draining before shutdown"
     );
+    // Kernels idle forever: they never count as work to wait for.
+    daemon.code.clear().await;
     if !daemon.processes.wait_idle(timeout).await {
         tracing::warn!(
             running = daemon.processes.active(),

@@ -3,6 +3,7 @@
 //! Every route is one line in the table `Sandboxes` is written to (see the
 //! method bodies); errors come back as the hub's `{code, message}` body.
 
+mod code;
 mod events;
 mod gym;
 mod lines;
@@ -540,6 +541,14 @@ impl Sandboxes for HubClient {
             body,
             ndjson::ProcessLines::default(),
         )))
+    }
+
+    async fn run_code(
+        &self,
+        id: &str,
+        request: sandhub_api::code::ExecuteCode,
+    ) -> Result<crate::CodeEvents> {
+        HubClient::run_code(self, id, &request).await
     }
 
     async fn write_stdin(&self, id: &str, pid: i32, input: StdinInput) -> Result<()> {

@@ -9,6 +9,7 @@
 //! runtime from shutting down.
 
 pub mod args;
+pub mod code;
 pub mod cp;
 pub mod events;
 pub mod exec;

@@ -15,6 +15,7 @@ use utoipa::OpenApi;
     tags(
         (name = "sandboxes", description = "Create, list and delete sandboxes"),
         (name = "processes", description = "Run commands in a sandbox"),
+        (name = "code", description = "Stateful code contexts (Jupyter kernels) with rich results"),
         (name = "files", description = "Files in a sandbox's workspace"),
         (name = "lifecycle", description = "Suspend, resume, snapshot, reset, fork"),
         (name = "templates", description = "What a sandbox is"),

@@ -105,6 +105,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
     pub(crate) fn router() -> ToolRouter<Self> {
         let mut router = Self::sandbox_router()
             + Self::exec_router()
+            + Self::code_router()
             + Self::files_router()
             + Self::process_router()
             + Self::lifecycle_router()

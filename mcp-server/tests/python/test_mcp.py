@@ -41,6 +41,7 @@ EXTRA_TOOLS = {
     "expose_port",
     "get_sandbox_metrics",
     "list_volumes",
+    "run_code",
 }
 
 Connect = Callable[[], Any]

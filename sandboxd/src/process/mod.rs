@@ -256,6 +256,32 @@ fn resolve_cwd(root: &Root, cwd: Option<&str>) -> Result<(PathBuf, Option<OwnedF
     Ok((root.host_path().join(rel.as_str()), Some(fd)))
 }
 
+/// Spawns a long-lived helper of the sandbox's workload (a code kernel),
+/// confined like every process sandboxd starts (child setup, `--user`,
+/// cwd beneath the root) and leading its own process group; stdin and
+/// stdout are null, stderr is piped for the caller's diagnostics. It is
+/// not counted in the process table: its owner caps how many it keeps.
+pub(crate) fn spawn_helper(
+    daemon: &Daemon,
+    argv: &[String],
+    env: &HashMap<String, String>,
+    cwd: Option<&str>,
+) -> Result<(Child, i32)> {
+    let launch = Launch { argv, env, cwd };
+    let mut cmd = launch.command(daemon)?;
+    cmd.process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    spawn(&mut cmd, &launch)
+}
+
+/// Signals one process group (a helper from [`spawn_helper`]).
+pub(crate) fn signal_helper(pgid: i32, sig: Signal) {
+    let _ = signal_group(pgid, sig);
+}
+
 fn spawn(cmd: &mut Command, launch: &Launch<'_>) -> Result<(Child, i32)> {
     let program = launch.program();
     let child = cmd.spawn().map_err(|e| match e.kind() {

@@ -111,6 +111,9 @@ fn created(e2b: &E2b, tenant: &str, sb: &Sandbox) -> Value {
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e2b.tokens.issue(tenant, &sb.id),
+        // The code-interpreter SDKs send only this one on their `/contexts`
+        // calls (port 49999): the same signed token, which names the tenant.
+        "trafficAccessToken": e2b.tokens.issue(tenant, &sb.id),
     });
     if let Some(domain) = &e2b.domain {
         v["domain"] = json!(domain);

@@ -21,6 +21,7 @@ mod control;
 mod files;
 mod filesystem;
 mod inside;
+mod jupyter;
 mod network;
 mod outbox;
 mod paths;
@@ -125,12 +126,19 @@ pub struct Diversion {
     state: AppState,
     e2b: Arc<E2b>,
     envd: Router,
+    /// The code-interpreter port's routes (`jupyter.rs`).
+    jupyter: Router,
 }
 
 impl Diversion {
     pub fn new(state: AppState, e2b: Arc<E2b>) -> Self {
         let envd = envd_routes(state.limits.max_upload_bytes).layer(Extension(e2b.clone()));
-        Diversion { state, e2b, envd }
+        Diversion {
+            state,
+            e2b,
+            envd,
+            jupyter: jupyter::routes(),
+        }
     }
 }
 
@@ -142,6 +150,7 @@ pub async fn divert(
         state,
         e2b,
         envd: envd_router,
+        jupyter,
     }): State<Diversion>,
     mut request: Request,
     next: Next,
@@ -198,6 +207,14 @@ pub async fn divert(
         tenant,
         id,
     };
+    if port == jupyter::JUPYTER_PORT {
+        // The sandbox's kernels, not a server on that port (issue #33).
+        request.extensions_mut().insert(envd);
+        return match jupyter.oneshot(request).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+    }
     if port != ENVD_PORT {
         let uri = super::proxy::as_sent(request.uri());
         // On the hub's own host (no `{port}-{id}` host in front), what the

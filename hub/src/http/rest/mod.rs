@@ -3,6 +3,7 @@
 //! view of every tenant (`admin`, `--admin-tenants`).
 
 mod admin;
+mod code;
 mod entrypoint;
 mod events;
 mod files;
@@ -30,6 +31,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .merge(sandboxes::routes())
         .merge(processes::routes())
+        .merge(code::routes())
         .merge(entrypoint::routes())
         .merge(files::routes())
         .merge(templates::routes())

@@ -7,6 +7,7 @@
 //! prompts written for it work unchanged; `namespace` is accepted
 //! everywhere and ignored (the hub's tenant decides where sandboxes live).
 
+pub mod code;
 pub mod exec;
 pub mod files;
 pub mod lifecycle;
