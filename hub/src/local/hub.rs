@@ -374,7 +374,6 @@ impl Hub {
                 .map(|s| s.name.as_str()),
         )?;
         let (volumes, mounted) = self.volume_binds(row, &template)?;
-        let request_volumes = super::volumes::requested(row);
         let mut handle = self
             .backend
             .launch(LaunchRequest {
@@ -385,22 +384,7 @@ impl Hub {
                 volumes,
             })
             .await?;
-        // Kept with the handle: the request's volumes for the next launch,
-        // what this one mounted for the volumes' in-use check.
-        if let Some(obj) = handle.as_object_mut() {
-            if !request_volumes.is_empty() {
-                obj.insert(
-                    super::volumes::REQUEST_KEY.into(),
-                    serde_json::to_value(&request_volumes).unwrap_or_default(),
-                );
-            }
-            if !mounted.is_empty() {
-                obj.insert(
-                    super::volumes::MOUNTED_KEY.into(),
-                    serde_json::to_value(&mounted).unwrap_or_default(),
-                );
-            }
-        }
+        Self::record_volumes(row, &mounted, &mut handle);
         Self::failpoint_launched_not_recorded().await;
         row.runtime = Some(handle);
         row.state = SandboxState::Ready;

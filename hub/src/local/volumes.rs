@@ -288,6 +288,32 @@ impl Hub {
             .map(|s| s.owner.as_str())
     }
 
+    /// Keeps with a launch's handle what the next launch and the in-use
+    /// check need: the volumes the create request added, and what this
+    /// launch mounted.
+    pub(super) fn record_volumes(
+        row: &SandboxRow,
+        mounted: &[Mounted],
+        handle: &mut serde_json::Value,
+    ) {
+        let Some(obj) = handle.as_object_mut() else {
+            return;
+        };
+        let request_volumes = requested(row);
+        if !request_volumes.is_empty() {
+            obj.insert(
+                REQUEST_KEY.into(),
+                serde_json::to_value(&request_volumes).unwrap_or_default(),
+            );
+        }
+        if !mounted.is_empty() {
+            obj.insert(
+                MOUNTED_KEY.into(),
+                serde_json::to_value(mounted).unwrap_or_default(),
+            );
+        }
+    }
+
     /// What a launch of `row` with `template` mounts: the template's
     /// volumes and its create request's, each the tenant's own or, failing
     /// that, one the operator shares (read-only only). A volume that does

@@ -9,7 +9,7 @@
 //!                            nosuid,nodev (and rdonly when read-only)
 //! PID 1, after /workspace    attach(): the mount point made (or found) by a
 //!                            walk from / that follows no link, then move_mount
-//! sandboxd, on reset         reattach_under_workspace(): the volumes below
+//! sandboxd, on reset         clone_below(/workspace), then attach(): the volumes below
 //!                            /workspace go with the old overlay, so they are
 //!                            cloned first and attached again on the new one
 //! ```
@@ -37,7 +37,6 @@ use serde::{Deserialize, Serialize};
 use super::{
     error::annotate,
     sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY},
-    workspace::WORKSPACE,
 };
 
 /// btrfs gives every subvolume's root this inode number.
@@ -188,11 +187,11 @@ fn step(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
     )?)
 }
 
-/// The mounts strictly below `/workspace`, from `/proc/self/mountinfo`:
-/// only volumes are mounted there (workloads cannot mount).
-fn under_workspace() -> io::Result<Vec<PathBuf>> {
+/// The mounts strictly below `root` (the workspace), from
+/// `/proc/self/mountinfo`: only volumes are mounted there (workloads
+/// cannot mount).
+fn mounted_below(root: &Path) -> io::Result<Vec<PathBuf>> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let root = Path::new(WORKSPACE);
     let mut out: Vec<PathBuf> = super::quota::plan::mount_points(&mountinfo)
         .filter(|p| p != root && p.starts_with(root))
         .collect();
@@ -200,13 +199,13 @@ fn under_workspace() -> io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Before the workspace's overlay is detached: a clone of every volume
-/// mounted below it, to attach again with [`DetachedVolume::attach`] on
+/// Before the workspace's overlay (at `workspace`) is detached: a clone
+/// of every volume mounted below it, to attach again with [`DetachedVolume::attach`] on
 /// the new one. A mount point a workload has since made unreachable
 /// without a link (a parent renamed and replaced) is left out.
-pub(crate) fn clone_under_workspace() -> io::Result<Vec<DetachedVolume>> {
+pub(crate) fn clone_below(workspace: &Path) -> io::Result<Vec<DetachedVolume>> {
     let mut out = Vec::new();
-    for p in under_workspace()? {
+    for p in mounted_below(workspace)? {
         let Some(path) = p.to_str() else { continue };
         let Ok(at) = mount_point(path, false) else {
             tracing::warn!(

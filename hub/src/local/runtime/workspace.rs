@@ -179,7 +179,7 @@ fn swap_layers(layout: &WorkspaceLayout) -> io::Result<PathBuf> {
     kill_workload()?;
     // Volumes below /workspace leave with the old overlay: keep a clone
     // of each to mount again on the new one.
-    let volumes = super::volumes::clone_under_workspace()?;
+    let volumes = super::volumes::clone_below(&layout.mount_point)?;
     let meta = std::fs::metadata(&layout.upper)
         .map_err(|e| annotate(format!("stat {}", layout.upper.display()), e))?;
     rustix::mount::unmount(&layout.mount_point, rustix::mount::UnmountFlags::DETACH).map_err(
