@@ -13,6 +13,7 @@ import stat
 import uuid
 from typing import Iterator
 
+import httpx
 import pytest
 from e2b import (
     AsyncVolume,
@@ -225,3 +226,34 @@ async def test_async_volume_round_trip(conn: Conn, e2b_hub: Hub) -> None:
         assert await vol.list("/n") == []
     finally:
         assert await AsyncVolume.destroy(vol.volume_id, **params) is True
+
+
+def test_bad_volume_requests_get_json_errors(volume: Volume, conn: Conn, e2b_hub: Hub) -> None:
+    """Bad input on either API is a JSON `{code, message}` answer, never a crash."""
+    base = f"{e2b_hub.url}/volumecontent/{volume.volume_id}"
+    auth = {"Authorization": f"Bearer {volume.token}"}
+    cases = [
+        ("GET", f"{base}/dir?path=/&depth=abc", 400),
+        ("GET", f"{base}/dir?path=/&depth=0", 400),
+        ("GET", f"{base}/path?path=/a/../b", 400),
+        ("GET", f"{base}/file", 400),  # the root is no file
+        ("POST", f"{base}/file?path=a", 405),
+        ("GET", f"{base}/nothing?path=a", 404),
+        ("PUT", f"{base}/file?path=a&mode=99999", 400),
+        ("PUT", f"{base}/file?path=a&uid=1000", 400),
+    ]
+    with httpx.Client() as http:
+        for method, url, status in cases:
+            r = http.request(method, url, headers=auth, content=b"x")
+            assert r.status_code == status, (method, url, r.text)
+            assert r.json()["code"] == status and r.json()["message"], r.text
+        r = http.patch(f"{base}/path?path=/", headers=auth, content=b"{not json")
+        assert r.status_code == 400 and r.json()["code"] == 400
+        r = http.get(f"{base}/dir?path=/")
+        assert r.status_code == 401 and r.json()["code"] == 401
+        r = http.post(f"{e2b_hub.url}/volumes", headers={"X-API-Key": conn["api_key"]}, content=b"[]")
+        assert r.status_code == 400 and r.json()["code"] == 400
+        r = http.post(f"{e2b_hub.url}/volumes", headers={"X-API-Key": conn["api_key"]}, json={"name": "Not_A_Name"})
+        assert r.status_code == 400 and r.json()["code"] == 400
+    with pytest.raises(VolumeException):
+        Volume.create("Not_A_Name", api_key=conn["api_key"], api_url=e2b_hub.url)
