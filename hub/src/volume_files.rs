@@ -393,7 +393,8 @@ impl VolumeDir {
 
     /// Makes the directory `path` (its missing parents too with
     /// `parents`), owned by the sandboxes' root with `mode`. One that
-    /// exists is a conflict: it was not made by this call.
+    /// exists is a conflict, except with `parents` (as `mkdir -p`), where
+    /// an existing directory is left as it is.
     fn make_dir_blocking(&self, path: &VolPath, parents: bool, mode: u32) -> FileResult<()> {
         let (dir, name) = if parents {
             let dir = self.make_parents(path)?;
@@ -403,7 +404,21 @@ impl VolumeDir {
             let (dir, name, _) = self.parent(path)?;
             (dir, name)
         };
-        rfs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)).map_err(|e| io_error(e, path))?;
+        match rfs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)) {
+            Ok(()) => {}
+            Err(Errno::EXIST) if parents => {
+                // Left alone, but only a real directory counts as made:
+                // a file or link there is still a conflict.
+                let st = rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(|e| io_error(e, path))?;
+                return match FileType::from_raw_mode(st.st_mode) {
+                    FileType::Directory => Ok(()),
+                    FileType::Symlink => Err(io_error(Errno::LOOP, path)),
+                    _ => Err(io_error(Errno::EXIST, path)),
+                };
+            }
+            Err(e) => return Err(io_error(e, path)),
+        }
         let fd = rfs::openat2(&dir, name, DIR_FLAGS, Mode::empty(), RESOLVE)
             .map_err(|e| io_error(e, path))?;
         self.own(&fd, mode & 0o7777, path)

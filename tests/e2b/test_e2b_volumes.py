@@ -85,6 +85,9 @@ def test_volume_files_round_trip(volume: Volume) -> None:
         volume.make_dir("/missing/parent/dir")
     with pytest.raises(VolumeException):
         volume.make_dir("/deep")  # exists
+    assert volume.make_dir("/deep", force=True).type.value == "directory"  # as `mkdir -p`
+    with pytest.raises(VolumeException):
+        volume.make_dir("/docs/hello.txt", force=True)  # a file is there
 
     top = {e.path for e in volume.list("/")}
     assert top == {"/docs", "/deep"}
