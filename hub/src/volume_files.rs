@@ -20,7 +20,7 @@
 use std::{
     os::fd::{AsFd, BorrowedFd, OwnedFd},
     sync::Arc,
-    time::{Duration, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use futures::StreamExt;
@@ -208,6 +208,35 @@ pub enum Found {
     },
 }
 
+/// What E2B's volume API reports of an entry besides a [`FileEntry`]:
+/// the ids are the host's (see [`VolumeDir::owner`] to map them).
+#[derive(Debug, Clone, Copy)]
+pub struct Meta {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+}
+
+fn at(secs: i64, nsec: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::new(secs.max(0) as u64, nsec.clamp(0, 999_999_999) as u32)
+}
+
+// `stat`'s time fields are not i64 on every architecture.
+#[allow(clippy::unnecessary_cast)]
+fn meta(st: &rfs::Stat) -> Meta {
+    Meta {
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        atime: at(st.st_atime as i64, st.st_atime_nsec as i64),
+        mtime: at(st.st_mtime as i64, st.st_mtime_nsec as i64),
+        ctime: at(st.st_ctime as i64, st.st_ctime_nsec as i64),
+    }
+}
+
 fn kind(st: &rfs::Stat) -> Option<EntryType> {
     match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => Some(EntryType::File),
@@ -278,6 +307,10 @@ impl VolumeDir {
     /// What is at `path`, never following a link: a link is refused
     /// (403), a special file is not described (409).
     fn stat_blocking(&self, path: &VolPath) -> FileResult<FileEntry> {
+        self.stat_meta_blocking(path).map(|(e, _)| e)
+    }
+
+    fn stat_meta_blocking(&self, path: &VolPath) -> FileResult<(FileEntry, Meta)> {
         let (st, name) = match path.parent() {
             None => (rfs::fstat(self.root()).map_err(|e| io_error(e, path))?, ""),
             Some(_) => {
@@ -290,12 +323,13 @@ impl VolumeDir {
         if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
             return Err(io_error(Errno::LOOP, path));
         }
-        entry(name, &st).ok_or_else(|| {
+        let e = entry(name, &st).ok_or_else(|| {
             fail(
                 Code::Conflict,
                 format!("{}: neither a regular file nor a directory", path.display()),
             )
-        })
+        })?;
+        Ok((e, meta(&st)))
     }
 
     pub async fn stat(&self, path: VolPath) -> FileResult<FileEntry> {
@@ -303,9 +337,32 @@ impl VolumeDir {
         blocking(move || me.stat_blocking(&path)).await
     }
 
+    /// [`VolumeDir::stat`] with the ids, mode and times E2B reports.
+    pub async fn stat_meta(&self, path: VolPath) -> FileResult<(FileEntry, Meta)> {
+        let me = self.clone();
+        blocking(move || me.stat_meta_blocking(&path)).await
+    }
+
+    /// The host uid and gid of the sandboxes' root, who owns what the
+    /// API makes.
+    pub fn owner(&self) -> (u32, u32) {
+        self.owner
+    }
+
     /// A directory's regular files and directories, by name; links and
     /// special files are left out (none is followed to describe it).
     fn list_blocking(&self, path: &VolPath) -> FileResult<DirectoryListing> {
+        Ok(DirectoryListing {
+            path: path.display(),
+            entries: self
+                .list_meta_blocking(path)?
+                .into_iter()
+                .map(|(e, _)| e)
+                .collect(),
+        })
+    }
+
+    fn list_meta_blocking(&self, path: &VolPath) -> FileResult<Vec<(FileEntry, Meta)>> {
         let dir = self.open_dir(path)?;
         let mut entries = Vec::new();
         let reader = rfs::Dir::read_from(&dir).map_err(|e| io_error(e, path))?;
@@ -321,14 +378,89 @@ impl VolumeDir {
                 continue;
             };
             if let Some(e) = entry(name, &st) {
-                entries.push(e);
+                entries.push((e, meta(&st)));
             }
         }
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(DirectoryListing {
-            path: path.display(),
-            entries,
-        })
+        entries.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        Ok(entries)
+    }
+
+    /// [`VolumeDir::list`] with each entry's ids, mode and times.
+    pub async fn list_meta(&self, path: VolPath) -> FileResult<Vec<(FileEntry, Meta)>> {
+        let me = self.clone();
+        blocking(move || me.list_meta_blocking(&path)).await
+    }
+
+    /// Makes the directory `path` (its missing parents too with
+    /// `parents`), owned by the sandboxes' root with `mode`. One that
+    /// exists is a conflict, except with `parents` (as `mkdir -p`), where
+    /// an existing directory is left as it is.
+    fn make_dir_blocking(&self, path: &VolPath, parents: bool, mode: u32) -> FileResult<()> {
+        let (dir, name) = if parents {
+            let dir = self.make_parents(path)?;
+            let name = path.parent().map(|(_, n)| n).unwrap_or_default();
+            (dir, name)
+        } else {
+            let (dir, name, _) = self.parent(path)?;
+            (dir, name)
+        };
+        match rfs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)) {
+            Ok(()) => {}
+            Err(Errno::EXIST) if parents => {
+                // Left alone, but only a real directory counts as made:
+                // a file or link there is still a conflict.
+                let st = rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(|e| io_error(e, path))?;
+                return match FileType::from_raw_mode(st.st_mode) {
+                    FileType::Directory => Ok(()),
+                    FileType::Symlink => Err(io_error(Errno::LOOP, path)),
+                    _ => Err(io_error(Errno::EXIST, path)),
+                };
+            }
+            Err(e) => return Err(io_error(e, path)),
+        }
+        let fd = rfs::openat2(&dir, name, DIR_FLAGS, Mode::empty(), RESOLVE)
+            .map_err(|e| io_error(e, path))?;
+        self.own(&fd, mode & 0o7777, path)
+    }
+
+    pub async fn make_dir(&self, path: VolPath, parents: bool, mode: u32) -> FileResult<()> {
+        let me = self.clone();
+        blocking(move || me.make_dir_blocking(&path, parents, mode)).await
+    }
+
+    /// Sets the permission bits of a regular file or directory; a link is
+    /// refused, never followed. The entry is opened from its parent's fd
+    /// (`O_NOFOLLOW | O_NONBLOCK`, so no FIFO blocks) and checked to be
+    /// what `statat` saw before it is changed through that fd.
+    fn set_mode_blocking(&self, path: &VolPath, mode: u32) -> FileResult<()> {
+        let mode = Mode::from_raw_mode(mode & 0o7777);
+        if path.is_root() {
+            return rfs::fchmod(self.root(), mode).map_err(|e| io_error(e, path));
+        }
+        let seen = self.stat_blocking(path)?;
+        let (dir, name, _) = self.parent(path)?;
+        let fd = rfs::openat2(
+            &dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| io_error(e, path))?;
+        let st = rfs::fstat(&fd).map_err(|e| io_error(e, path))?;
+        if kind(&st) != Some(seen.kind) {
+            return Err(fail(
+                Code::Conflict,
+                format!("{}: changed while being opened", path.display()),
+            ));
+        }
+        rfs::fchmod(&fd, mode).map_err(|e| io_error(e, path))
+    }
+
+    pub async fn set_mode(&self, path: VolPath, mode: u32) -> FileResult<()> {
+        let me = self.clone();
+        blocking(move || me.set_mode_blocking(&path, mode)).await
     }
 
     pub async fn list(&self, path: VolPath) -> FileResult<DirectoryListing> {

@@ -19,7 +19,8 @@
 //!              (kept across restarts through backend::EnvStore)
 //! mcp.rs       the sandhub-mcp tool set, mounted at /mcp
 //! e2b/         the E2B-compatible API (--e2b): the control plane, and envd (process
-//!              and filesystem over Connect-RPC, /files, signed file URLs)
+//!              and filesystem over Connect-RPC, /files, signed file URLs), and volumes
+//!              (/volumes, and /volumecontent authorized by a volume token)
 //! hosts.rs     ports by host name (--sandbox-domain): {port}-{id}.D, link cookies
 //! proxy/       carrying requests to sandbox ports, for every door:
 //!   mod.rs       forwarding, upgrades, the headers the sandbox sees

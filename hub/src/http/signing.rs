@@ -149,6 +149,14 @@ impl Tokens {
         )
     }
 
+    /// The tenant `token` names, NOT verified: only for finding the scope
+    /// to check it against (a volume's, which depends on the tenant's
+    /// volume) before [`Tokens::verify`] decides.
+    pub fn claimed_tenant(token: &str) -> Option<String> {
+        let (tenant, _) = token.split_once('.')?;
+        String::from_utf8(B64.decode(tenant).ok()?).ok()
+    }
+
     /// The tenant `token` was issued to, if it opens `scope` under any of
     /// the keys (every key is tried, so the time taken does not say which
     /// one matched).

@@ -1,7 +1,7 @@
 //! E2B's control plane, mapped onto the tenant's sandboxes: create
 //! (`templateID` names a Sandhub template or pool, `base` the default;
 //! `metadata` becomes labels, `timeout` the deadline, `envVars` the
-//! sandbox's environment), connect (resuming a paused one), info, kill,
+//! sandbox's environment, `volumeMounts` its volumes), connect (resuming a paused one), info, kill,
 //! timeout, pause, list (filtered and paginated) and metrics.
 
 use std::{collections::BTreeMap, sync::Arc};
@@ -17,6 +17,7 @@ use sandhub_api::{
     error::Code,
     hub::{CreateSandbox, Sandbox, SandboxState, DEFAULT_TEMPLATE},
     usage::{MetricsQuery, UsageLimits},
+    volumes::VolumeMount,
 };
 use sandhub_client::{Error, Result};
 use serde::Deserialize;
@@ -94,6 +95,16 @@ struct NewSandbox {
     allow_internet_access: Option<bool>,
     #[serde(default)]
     network: Option<E2bNetwork>,
+    /// `[{name, path}]`: the tenant's named volumes (E2B's volumeID is
+    /// the name), mounted read-write.
+    #[serde(default)]
+    volume_mounts: Option<Vec<E2bVolumeMount>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct E2bVolumeMount {
+    name: String,
+    path: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -222,6 +233,16 @@ async fn create(
                 env: req.env_vars.unwrap_or_default(),
                 shutdown_after_seconds: Some(timeout_of(req.timeout)?),
                 network,
+                volumes: req
+                    .volume_mounts
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|m| VolumeMount {
+                        name: m.name,
+                        path: m.path,
+                        read_only: false,
+                    })
+                    .collect(),
                 ..Default::default()
             })
             .await?;

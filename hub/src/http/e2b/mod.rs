@@ -15,6 +15,10 @@
 //!   other port the request goes to that port in the sandbox.
 //! - `paths.rs` and `inside.rs`: E2B paths reach the whole sandbox; the
 //!   workspace through sandboxd, the rest through commands run inside.
+//! - `volumes.rs`: E2B's volumes over the tenant's named volumes: the
+//!   control plane (`/volumes`) and the content API (`/volumecontent/...`),
+//!   which carries a volume token instead of an API key, so it is diverted
+//!   here before auth too.
 
 mod connect;
 mod control;
@@ -28,6 +32,7 @@ mod paths;
 mod process;
 pub(crate) use process::KEPT_LABEL;
 mod signed;
+mod volumes;
 
 use std::sync::Arc;
 
@@ -90,7 +95,7 @@ impl E2b {
 
 /// The control-plane routes, merged with the hub's own.
 pub fn control_routes() -> Router<AppState> {
-    control::routes()
+    control::routes().merge(volumes::routes())
 }
 
 /// A sandbox E2B's proxy would not find: the 502 its SDKs read as "not
@@ -156,6 +161,9 @@ pub async fn divert(
     next: Next,
 ) -> Response {
     let Some(id) = request.headers().get(&SANDBOX_ID) else {
+        if volumes::is_content(request.uri().path()) {
+            return volumes::content(state, e2b, request).await;
+        }
         return next.run(request).await;
     };
     let Some(id) = id
