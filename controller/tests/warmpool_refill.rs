@@ -71,6 +71,12 @@ async fn warmpool_refills_after_a_claim_burst_without_any_delay_flag() {
         env.claim_ready(&format!("c{i}")).await;
     }
     // The claims-first hold is short and capped: the pool is whole soon.
+    // Its status may still count the members the claims just took, so the
+    // Sandboxes themselves are counted until the four new ones exist.
+    eventually(WAIT, "4 claimed and 4 new warm Sandboxes", || async {
+        (env.sandboxes().await.len() >= 8).then_some(())
+    })
+    .await;
     env.pool_ready("pool", 4).await;
     assert_eq!(env.sandboxes().await.len(), 8, "4 claimed + 4 warm");
 }
