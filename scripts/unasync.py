@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS: list[tuple[str, str]] = [
     ("python/sandhub/_async.py", "python/sandhub/_sync.py"),
     ("python/sandhub/_async_services.py", "python/sandhub/_sync_services.py"),
+    ("python/sandhub/_async_code.py", "python/sandhub/_sync_code.py"),
     ("integrations/rl/sandhub_rl/async_fleet.py", "integrations/rl/sandhub_rl/fleet.py"),
 ]
 
@@ -54,7 +55,7 @@ SUBS: list[tuple[str, str, str]] = [
     # The native client's flag: its calls return awaitables, or block with the GIL released.
     (r"\basynchronous=True\b", "asynchronous=False", "native client flag"),
     (r"\bAsync([A-Z]\w*)", r"\1", "Async prefix of class names"),
-    (r"\._async_services\b", "._sync_services", "module names"),
+    (r"\._async_(services|code)\b", r"._sync_\1", "module names"),
 ]
 
 _COMPILED = [(re.compile(p, re.MULTILINE), r, why) for p, r, why in SUBS]

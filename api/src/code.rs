@@ -13,8 +13,11 @@ use serde::{Deserialize, Serialize};
 pub const CONTEXTS_ROUTE: &str = "/v1/_sandhub/code/contexts";
 pub const EXECUTE_ROUTE: &str = "/v1/_sandhub/code/execute";
 
-/// The only language with a kernel so far (ipykernel).
+/// The languages with a kernel: Python (ipykernel) and bash (bash_kernel,
+/// an ipykernel subclass driving an interactive bash), both in the
+/// code-interpreter image.
 pub const PYTHON: &str = "python";
+pub const BASH: &str = "bash";
 
 /// Contexts (kernels) per sandbox, unless the operator says otherwise.
 pub const DEFAULT_MAX_CONTEXTS: usize = 16;
@@ -45,7 +48,7 @@ pub const TRUNCATED_MARKER: &str = "\n[output truncated by sandhub]\n";
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateContext {
-    /// `python` (the default).
+    /// `python` (the default) or `bash`.
     #[serde(default)]
     pub language: Option<String>,
     /// The kernel's working directory, inside the workspace (default: the
@@ -232,8 +235,9 @@ pub const KERNEL_DIED_ERROR: &str = "KernelDied";
 pub fn canonical_language(language: Option<&str>) -> Result<&'static str, String> {
     match language.map(str::to_ascii_lowercase).as_deref() {
         None | Some("") | Some("python") | Some("python3") => Ok(PYTHON),
+        Some("bash") => Ok(BASH),
         Some(other) => Err(format!(
-            "language {other:?} has no kernel here (supported: python)"
+            "language {other:?} has no kernel here (supported: python, bash)"
         )),
     }
 }
@@ -306,6 +310,7 @@ mod tests {
     fn languages_and_ids() {
         assert_eq!(canonical_language(None), Ok(PYTHON));
         assert_eq!(canonical_language(Some("Python3")), Ok(PYTHON));
+        assert_eq!(canonical_language(Some("BASH")), Ok(BASH));
         assert!(canonical_language(Some("cobol")).is_err());
         assert!(check_context_id("default-python").is_ok());
         assert!(check_context_id("../x").is_err());

@@ -6,8 +6,8 @@
 What a sandbox of the image holds: the same recipe as dev/openhands/build-image.py, whose helpers
 this script loads and reuses (CPython copied into /usr/local, bytecode `unchecked-hash`, the Debian
 packages its libraries need with their closure, one uncompressed layer), with:
-  - the pins below (ipykernel, numpy, pandas, matplotlib and their dependencies) from the package
-    index instead of the agent server;
+  - the pins below (ipykernel, numpy, pandas, matplotlib, bash_kernel and their dependencies)
+    from the package index instead of the agent server: Python and bash kernels;
   - bash, dash and coreutils as the root packages;
   - /usr/bin/python3 -> /usr/local/bin/python3, so sandboxd's default `--code-python python3`
     finds it whatever PATH sandboxd itself was started with;
@@ -43,7 +43,7 @@ from pathlib import Path
 from types import ModuleType
 
 PINS = [
-    "ipykernel==7.4.0", "numpy==2.5.5", "pandas==3.1.1", "matplotlib==3.11.2",
+    "ipykernel==7.4.0", "numpy==2.5.5", "pandas==3.1.1", "matplotlib==3.11.2", "bash_kernel==0.10.0",
 ]
 REF = "sandhub/code-interpreter:1"
 TEMPLATE = "code-interpreter-v1"
@@ -89,7 +89,7 @@ def pip_install(root: Path, facts: dict[str, str]) -> None:
     subprocess.run([str(py), "-m", "compileall", "-q", "-f", "-j0", "--invalidation-mode", "unchecked-hash",
                     "-s", str(root), "-p", "/", str(root / "usr/local/lib" / f"python{short}")],
                    check=False, env=env, stdout=subprocess.DEVNULL)
-    check = "import ipykernel_launcher, numpy, pandas, matplotlib, matplotlib_inline"
+    check = "import ipykernel_launcher, numpy, pandas, matplotlib, matplotlib_inline, bash_kernel"
     subprocess.run([str(py), "-c", check], check=True, env=env, stdout=subprocess.DEVNULL)
     python3 = root / "usr/bin/python3"
     if not python3.exists():

@@ -26,6 +26,7 @@ from ._async import (
     AsyncWatch,
     AsyncWatcher,
 )
+from ._async_code import AsyncCode, AsyncCodeContexts
 from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates, AsyncVolumeFiles, AsyncVolumes
 from ._sandhub import __version__
 from ._sync import (
@@ -40,6 +41,7 @@ from ._sync import (
     Watch,
     Watcher,
 )
+from ._sync_code import Code, CodeContexts
 from ._sync_services import Env, Gym, Images, Pools, Templates, VolumeFiles, Volumes
 from .errors import (
     AlreadyExistsError,
@@ -61,8 +63,13 @@ from .errors import (
     error_for,
 )
 from .types import (
+    CodeContext,
+    CodeResult,
     CommandResult,
     EntrypointStatus,
+    Execution,
+    ExecutionError,
+    ExecutionLogs,
     FileEntry,
     Image,
     ListeningPort,
@@ -91,10 +98,11 @@ from .webhooks import verify_webhook
 __all__ = [
     "__version__",
     "Hub", "Sandbox", "Sandboxd", "Commands", "ProcessHandle", "Files", "Watcher", "Watch", "Ports",
-    "Gym", "Env", "Templates", "Pools", "Images", "Volumes", "VolumeFiles", "Events", "AsyncEvents", "verify_webhook",
+    "Gym", "Env", "Templates", "Pools", "Images", "Volumes", "VolumeFiles", "Code", "CodeContexts", "Events", "AsyncEvents", "verify_webhook",
     "AsyncHub", "AsyncSandbox", "AsyncSandboxd", "AsyncCommands", "AsyncProcessHandle", "AsyncFiles",
-    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages", "AsyncVolumes", "AsyncVolumeFiles",
+    "AsyncWatcher", "AsyncWatch", "AsyncPorts", "AsyncGym", "AsyncEnv", "AsyncTemplates", "AsyncPools", "AsyncImages", "AsyncVolumes", "AsyncVolumeFiles", "AsyncCode", "AsyncCodeContexts",
     "CommandResult", "EntrypointStatus", "FileEntry", "Image", "PrepullResult", "PrepulledImage", "PruneResult", "ListeningPort", "Pool", "Volume", "VolumeSnapshot", "ProcessEvent", "ProcessExitEvent", "ProcessOutputEvent",
+    "CodeContext", "CodeResult", "Execution", "ExecutionError", "ExecutionLogs",
     "NetworkPolicy", "SandboxInfo", "SandboxMetrics", "SandboxUsage", "Snapshot", "StepResult", "Template",
     "UsageLimits", "UsageSample", "WatchEvent",
     "SandhubError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",

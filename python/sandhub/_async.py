@@ -21,6 +21,7 @@ from typing import IO, Any, AsyncIterator, Iterable, Literal, Mapping
 
 from . import _common as c
 from ._sandhub import NativeClient
+from ._async_code import AsyncCode
 from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates, AsyncVolumes
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
@@ -348,6 +349,7 @@ class AsyncSandbox:
         self.files = AsyncFiles(hub._native, info.id, hub.max_download_size)
         self.watcher = AsyncWatcher(hub._native, info.id)
         self.ports = AsyncPorts(hub._native, info.id)
+        self.code = AsyncCode(hub._native, info.id)
 
     @property
     def state(self) -> str:

@@ -21,6 +21,7 @@ from typing import IO, Any, Iterator, Iterable, Literal, Mapping
 
 from . import _common as c
 from ._sandhub import NativeClient
+from ._sync_code import Code
 from ._sync_services import Env, Gym, Images, Pools, Templates, Volumes
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
@@ -348,6 +349,7 @@ class Sandbox:
         self.files = Files(hub._native, info.id, hub.max_download_size)
         self.watcher = Watcher(hub._native, info.id)
         self.ports = Ports(hub._native, info.id)
+        self.code = Code(hub._native, info.id)
 
     @property
     def state(self) -> str:

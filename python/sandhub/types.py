@@ -4,6 +4,7 @@ older SDK."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,6 +29,11 @@ __all__ = [
     "Image",
     "PruneResult",
     "StepResult",
+    "CodeContext",
+    "CodeResult",
+    "ExecutionError",
+    "ExecutionLogs",
+    "Execution",
 ]
 
 
@@ -452,3 +458,116 @@ class StepResult:
     @classmethod
     def _from(cls, data: dict[str, Any]) -> StepResult:
         return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class CodeContext:
+    """A code-interpreter context: one kernel, whose variables, imports and
+    working directory persist between executions. ``state`` is ``idle``,
+    ``busy`` or ``dead`` (its kernel exited, ``exit`` says why:
+    ``sandbox.code.contexts.restart`` brings it back, empty)."""
+
+    id: str
+    language: str
+    cwd: str
+    state: str
+    exit: str | None = None
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> CodeContext:
+        return cls(**_known(cls, data))
+
+
+#: The MIME types of a kernel's result bundle, by the attribute that holds each.
+_MIME = {
+    "text": "text/plain",
+    "html": "text/html",
+    "markdown": "text/markdown",
+    "png": "image/png",
+    "jpeg": "image/jpeg",
+    "svg": "image/svg+xml",
+    "json": "application/json",
+}
+
+
+@dataclass(frozen=True)
+class CodeResult:
+    """One rich result of an execution: the cell's value
+    (``is_main_result``) or something it displayed. Each format the kernel
+    gave is set: ``png`` and ``jpeg`` as decoded bytes, ``json`` as the
+    parsed value, the rest as text. ``truncated`` means the hub dropped or
+    cut formats to keep the bundle within its bound."""
+
+    text: str | None = None
+    html: str | None = None
+    markdown: str | None = None
+    png: bytes | None = None
+    jpeg: bytes | None = None
+    svg: str | None = None
+    json: Any = None
+    is_main_result: bool = False
+    truncated: bool = False
+
+    def formats(self) -> list[str]:
+        """The names of the formats it has (``text``, ``html``, ``png``, ...)."""
+        return [name for name in _MIME if getattr(self, name) is not None]
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> CodeResult:
+        values: dict[str, Any] = {name: data.get(mime) for name, mime in _MIME.items()}
+        for image in ("png", "jpeg"):
+            if isinstance(values[image], str):
+                values[image] = base64.b64decode(values[image])
+        return cls(
+            **values,
+            is_main_result=bool(data.get("is_main_result", False)),
+            truncated=bool(data.get("truncated", False)),
+        )
+
+
+@dataclass(frozen=True)
+class ExecutionError:
+    """The exception an execution raised: ``name`` (``ZeroDivisionError``;
+    ``TimeoutError`` when its timeout interrupted it; ``KernelDied`` when
+    the kernel exited under it), ``value`` (its message) and ``traceback``
+    (the kernel's lines, joined)."""
+
+    name: str
+    value: str
+    traceback: str = ""
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> ExecutionError:
+        lines = data.get("traceback") or []
+        return cls(str(data.get("name", "")), str(data.get("value", "")), "\n".join(map(str, lines)))
+
+
+@dataclass(frozen=True)
+class ExecutionLogs:
+    """What an execution printed, in the chunks the kernel sent."""
+
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """A finished execution: its ``results`` (the cell's value and each
+    display), ``logs``, and ``error`` when it raised. ``execution_count``
+    is the kernel's ``In [n]``; ``duration`` is in seconds; ``dropped``
+    counts output messages lost to a flood."""
+
+    results: list[CodeResult] = field(default_factory=list)
+    logs: ExecutionLogs = field(default_factory=ExecutionLogs)
+    error: ExecutionError | None = None
+    execution_count: int = 0
+    duration: float = 0.0
+    dropped: int = 0
+
+    @property
+    def text(self) -> str | None:
+        """The cell's value as text (``x * 2`` gives ``"42"``), if it had one."""
+        for result in self.results:
+            if result.is_main_result:
+                return result.text
+        return None

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use pyo3::{exceptions::PyValueError, prelude::*};
 use sandhub_api::{
+    code::{CreateContext, ExecuteCode},
     gym::{BatchStep, CreateEnv, ResetRequest},
     hub::{
         CreateSandbox, ExecRequest, ForkRequest, NetworkSpec, PoolSpec, PrepullRequest,
@@ -18,13 +19,14 @@ use sandhub_client::{
     http::HubClient, sandboxd::SandboxdClient, Error, ProcessEvent, PtySize, Result, Sandboxes,
     Signal, StartProcess, StdinInput, WriteOptions,
 };
+use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
 use crate::{
     backend::{retry_read, Backend},
     errors::Failure,
     runtime::{call, rt},
-    streams::{json, next_chunk, EventStream, FileReader, FileWriter, ProcessStream, WatchStream},
+    streams::{json, next_chunk, value, EventStream, FileReader, FileWriter, ProcessStream, WatchStream},
 };
 
 /// `NativeClient.events`' filter, as the Python face writes it.
@@ -750,6 +752,60 @@ impl NativeClient {
             .hub()?
             .wait_port(&id, port, timeout)
             .await?))
+    }
+
+    // ------------------------------------------------------ code interpreter
+
+    /// `POST /v1/sandboxes/{id}/code/contexts`; `body` is a `CreateContext`.
+    fn code_create_context<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        body: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request: CreateContext = parse("context", body)?;
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.create_context(&id, &request).await?
+        )?))
+    }
+
+    fn code_list_contexts<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| {
+            let hub = b.hub()?;
+            Ok(json(&retry_read(|| hub.list_contexts(&id)).await?)?)
+        })
+    }
+
+    fn code_restart_context<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        context: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(json(
+            &b.hub()?.restart_context(&id, &context).await?
+        )?))
+    }
+
+    fn code_delete_context<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        context: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run!(self, py, |b| Ok(b.hub()?.delete_context(&id, &context).await?))
+    }
+
+    /// `POST /v1/sandboxes/{id}/code`; `body` is an `ExecuteCode`. The
+    /// stream yields each event as JSON, ending with `end` (never retried:
+    /// the code may have run).
+    fn code_run<'py>(&self, py: Python<'py>, id: String, body: &str) -> PyResult<Bound<'py, PyAny>> {
+        let asynchronous = self.asynchronous;
+        let request: ExecuteCode = parse("code", body)?;
+        run!(self, py, |b| {
+            let events = b.hub()?.run_code(&id, &request).await?;
+            Ok(EventStream::new(asynchronous, events.map(|e| e.and_then(|e| value(&e))).boxed()))
+        })
     }
 
     // ---------------------------------------------------------------- gym

@@ -374,7 +374,8 @@ impl WatchStream {
     }
 }
 
-/// Lifecycle events (`GET /v1/events`), one JSON object each.
+/// A stream of JSON objects: lifecycle events (`GET /v1/events`), or an
+/// execution's code events (`POST .../code`).
 #[pyclass(module = "sandhub._sandhub", frozen)]
 pub struct EventStream {
     asynchronous: bool,
@@ -411,4 +412,8 @@ impl EventStream {
 
 pub fn json<T: serde::Serialize>(value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|e| Error::internal(format!("encoding JSON: {e}")))
+}
+
+pub fn value<T: serde::Serialize>(value: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(value).map_err(|e| Error::internal(format!("encoding JSON: {e}")))
 }

@@ -7,6 +7,7 @@ every suite's (`SANDHUB_BIN`, else `$CARGO_TARGET_DIR/debug/sandhub`, else
 `target/debug/sandhub`); a missing one skips locally and fails under CI=true.
 
 - `e2b_hub`: one open hub (no keys file: any API key is one tenant's) for the session.
+- `code_hub`: `e2b_hub` with the `code-interpreter-v1` template installed.
 - `tenant_hub`: one hub with a keys file (alice and bob), for the tenancy tests.
 - `conn`: per-call connection kwargs for `e2b_hub`; `e2b_env` sets the
   `E2B_API_KEY`/`E2B_API_URL`/`E2B_SANDBOX_URL` variables instead, as users do.
@@ -23,6 +24,7 @@ import pytest
 from e2b import Sandbox
 from e2b_support import TENANT_KEYS, SandboxFactory
 from sandhub_testing import Hub, running_hub
+from sandhub_testing.code import install_code_interpreter
 from sandhub_testing.e2b import ANY_KEY, Conn, conn_for, unique_tag
 from sandhub_testing.fixtures import sandhub_bin  # noqa: F401 - fixture
 
@@ -56,6 +58,15 @@ def tenant_hub(sandhub_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         sandhub_bin, tmp_path_factory.mktemp("e2b-tenant-hub"), *E2B_SERVE_ARGS, api_keys=TENANT_KEYS
     ) as hub:
         yield hub
+
+
+@pytest.fixture(scope="session")
+def code_hub(e2b_hub: Hub) -> Hub:
+    """`e2b_hub` with the code-interpreter image imported and `code-interpreter-v1` set, by
+    dev/code-interpreter/build-image.py's install path (the template E2B's code-interpreter
+    SDKs create by default)."""
+    install_code_interpreter(e2b_hub.url, ANY_KEY)
+    return e2b_hub
 
 
 @pytest.fixture(scope="session")

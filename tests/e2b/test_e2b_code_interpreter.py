@@ -9,53 +9,19 @@ missing one skips locally and fails under CI=true.
 from __future__ import annotations
 
 import base64
-import importlib.util
-import os
 import struct
-from pathlib import Path
-from types import ModuleType
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import pytest
-from e2b_code_interpreter import Sandbox
+from e2b_code_interpreter import Sandbox, TimeoutException
 from sandhub_testing import Hub
-from sandhub_testing.e2b import ANY_KEY, Conn
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ci_build_image", REPO / "dev/code-interpreter/build-image.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def installed(e2b_hub: Hub, conn: Conn) -> Hub:
-    """The hub with the image imported and code-interpreter-v1 set, by the script's --install."""
-    layout = os.environ.get("SANDHUB_CODE_INTERPRETER_IMAGE", "")
-    if not (Path(layout) / "index.json").is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI needs SANDHUB_CODE_INTERPRETER_IMAGE (scripts/test-deps.sh builds it)")
-        pytest.skip("SANDHUB_CODE_INTERPRETER_IMAGE is not a built layout")
-    env = {"SANDHUB_URL": e2b_hub.url, "SANDHUB_API_KEY": ANY_KEY}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        _builder().install(Path(layout))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return e2b_hub
+from sandhub_testing.e2b import Conn
 
 
 @pytest.fixture
-def sbx(installed: Hub, conn: Conn) -> Iterator[Sandbox]:
+def sbx(code_hub: Hub, conn: Conn) -> Iterator[Sandbox]:
     sandbox = Sandbox.create(**conn)  # the SDK's default template: code-interpreter-v1
     try:
         yield sandbox
@@ -85,6 +51,9 @@ def test_state_output_results_and_errors(sbx: Sandbox) -> None:
     table = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
     assert table.results[0].html and "<table" in table.results[0].html
 
+    # E2B's language names: bash runs in a bash kernel.
+    assert sbx.run_code("echo $((6 * 7))", language="bash").logs.stdout == ["42\n"]
+
 
 def test_contexts_keep_their_own_variables(sbx: Sandbox) -> None:
     a = sbx.create_code_context()
@@ -98,3 +67,26 @@ def test_contexts_keep_their_own_variables(sbx: Sandbox) -> None:
     assert sbx.run_code("'v' in globals()", context=a).text == "False"
     sbx.remove_code_context(b)
     assert b.id not in {c.id for c in sbx.list_code_contexts()}
+
+
+def test_a_client_timeout_interrupts_the_cell_and_the_context_goes_on(sbx: Sandbox) -> None:
+    sbx.run_code("kept = 7")
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sbx.run_code("while True: pass", timeout=1)
+    assert time.monotonic() - started < 30
+    # The hub saw the client go and interrupted the kernel: the next cell runs at once.
+    assert sbx.run_code("kept", timeout=20).text == "7"
+
+
+def test_executions_in_two_contexts_run_in_parallel(sbx: Sandbox) -> None:
+    a, b = sbx.create_code_context(), sbx.create_code_context()
+    for ctx in (a, b):
+        sbx.run_code("import time", context=ctx)
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda arg: sbx.run_code(f"time.sleep(2); {arg[1]!r}", context=arg[0]), [(a, "a"), (b, "b")]))
+    elapsed = time.monotonic() - started
+    assert [e.text for e in both] == ["'a'", "'b'"]
+    # One after the other would take 4 s or more.
+    assert elapsed < 3.5, elapsed

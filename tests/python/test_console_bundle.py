@@ -12,15 +12,13 @@ missing node/npm fails the test.
 from __future__ import annotations
 
 import gzip
-import hashlib
-import os
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-import pytest
+from sandhub_testing.node import installed_modules, node_and_npm
 
 REPO = Path(__file__).resolve().parents[2]
 CONSOLE = REPO / "console"
@@ -30,58 +28,6 @@ SOURCES = ("package.json", "package-lock.json", "index.html", "vite.config.ts", 
 FIRST_LOAD_BUDGET = 250 * 1024
 #: Vite 8 needs Node 20.19 or newer.
 MIN_NODE = (20, 19)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SANDHUB_CACHE") or Path.home() / ".cache" / "sandhub")
-
-
-def node_or_skip() -> tuple[str, str]:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    why = None
-    if node is None or npm is None:
-        why = "node and npm are needed (scripts/test-deps.sh installs them)"
-    else:
-        version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout
-        m = re.match(r"v(\d+)\.(\d+)", version)
-        if not m or (int(m[1]), int(m[2])) < MIN_NODE:
-            why = f"node {version.strip()} is older than {MIN_NODE[0]}.{MIN_NODE[1]}"
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    assert node and npm
-    return node, npm
-
-
-def installed_modules(npm: str) -> Path:
-    """`node_modules` for the pinned lockfile, installed once and kept."""
-    digest = hashlib.sha256()
-    for name in ("package.json", "package-lock.json"):
-        digest.update((CONSOLE / name).read_bytes())
-    home = cache_dir() / f"console-node_modules-{digest.hexdigest()[:16]}"
-    if (home / ".complete").exists():
-        return home / "node_modules"
-    home.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=home.name + ".", dir=home.parent))
-    try:
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(CONSOLE / name, work / name)
-        # --ignore-scripts: no package runs code at install time.
-        subprocess.run(
-            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
-            cwd=work,
-            check=True,
-            timeout=600,
-        )
-        (work / ".complete").touch()
-        try:
-            work.rename(home)
-        except OSError:  # another run finished first: use its copy
-            pass
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return home / "node_modules"
 
 
 def files(root: Path) -> dict[str, bytes]:
@@ -97,8 +43,8 @@ def first_load_js(dist: Path) -> list[Path]:
 
 
 def test_the_committed_console_is_the_sources_build() -> None:
-    node, npm = node_or_skip()
-    modules = installed_modules(npm)
+    node, npm = node_and_npm(MIN_NODE)
+    modules = installed_modules(npm, CONSOLE, "console")
     with tempfile.TemporaryDirectory(prefix="sandhub-console-") as tmp:
         work = Path(tmp)
         for name in SOURCES:

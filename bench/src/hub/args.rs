@@ -87,6 +87,28 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(super) volume_rounds: u32,
 
+    /// Timed calls of each kind in the code phase's warm series (REST,
+    /// MCP, and the E2B SDK with --code-e2b).
+    #[arg(long, env = "SANDHUB_BENCH_CODE_CALLS", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(super) code_calls: u32,
+
+    /// Contexts started (each one kernel) in the code phase, each beside
+    /// an exec of python3.
+    #[arg(long, env = "SANDHUB_BENCH_CODE_CONTEXTS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(super) code_contexts: u32,
+
+    /// The code-interpreter image's OCI layout, for the code phase
+    /// (dev/code-interpreter/build-image.py builds it and prints its path).
+    #[arg(long, env = "SANDHUB_CODE_INTERPRETER_IMAGE")]
+    pub(super) code_image: Option<PathBuf>,
+
+    /// The code phase also times E2B's code-interpreter SDK (needs
+    /// `e2b_code_interpreter` in --e2b-python; the hub then runs with --e2b).
+    #[arg(long, env = "SANDHUB_BENCH_CODE_E2B")]
+    pub(super) code_e2b: bool,
+
     /// Timed Gym resets of one env.
     #[arg(long, env = "SANDHUB_BENCH_GYM_RESETS", default_value_t = 50,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -244,6 +266,11 @@ pub(super) enum Phase {
     /// exec on a running sandbox and a plain resume (not in the default
     /// set).
     Pause,
+    /// The code interpreter: `1+1` in a warm context through REST, MCP
+    /// and (with --code-e2b) the E2B SDK, and the first context, each vs
+    /// exec of `python3 -c` (not in the default set: it needs
+    /// --code-image).
+    Code,
 }
 
 impl Args {

@@ -42,8 +42,20 @@ pub fn commands_run(
     n: u32,
     warmup: u32,
 ) -> anyhow::Result<(Series, Series)> {
+    two_series(python, SCRIPT, url, n, warmup)
+}
+
+/// Runs a Python `script` (argv: hub url, n, warmup) that prints two lines
+/// of durations in seconds, space separated: two series.
+pub fn two_series(
+    python: &Path,
+    script: &str,
+    url: &str,
+    n: u32,
+    warmup: u32,
+) -> anyhow::Result<(Series, Series)> {
     let out = Process::new(python)
-        .args(["-c", SCRIPT, url, &n.to_string(), &warmup.to_string()])
+        .args(["-c", script, url, &n.to_string(), &warmup.to_string()])
         .output()
         .with_context(|| format!("running {}", python.display()))?;
     ensure!(

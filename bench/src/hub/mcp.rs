@@ -12,11 +12,36 @@ use crate::report::Progress;
 
 const PROTOCOL: &str = "2025-06-18";
 
-struct Session<'a> {
+pub(super) struct Session<'a> {
     http: &'a reqwest::Client,
     url: String,
     id: Option<String>,
     next: u64,
+}
+
+impl<'a> Session<'a> {
+    /// A new MCP session on the hub at `url` (initialized).
+    pub(super) async fn open(http: &'a reqwest::Client, url: &str) -> anyhow::Result<Session<'a>> {
+        let mut s = Session {
+            http,
+            url: format!("{url}/mcp"),
+            id: None,
+            next: 0,
+        };
+        s.request(
+            "initialize",
+            json!({
+                "protocolVersion": PROTOCOL,
+                "capabilities": {},
+                "clientInfo": {"name": "sandhub-bench", "version": env!("CARGO_PKG_VERSION")},
+            }),
+        )
+        .await?;
+        ensure!(s.id.is_some(), "initialize: no mcp-session-id header");
+        s.post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await?;
+        Ok(s)
+    }
 }
 
 impl Session<'_> {
@@ -63,7 +88,7 @@ impl Session<'_> {
         Ok(msg["result"].clone())
     }
 
-    async fn call_tool(&mut self, name: &str, arguments: Value) -> anyhow::Result<Value> {
+    pub(super) async fn call_tool(&mut self, name: &str, arguments: Value) -> anyhow::Result<Value> {
         let r = self
             .request("tools/call", json!({"name": name, "arguments": arguments}))
             .await?;
@@ -113,24 +138,7 @@ pub async fn execute(
         .timeout(super::server::CALL_TIMEOUT)
         .pool_max_idle_per_host(0)
         .build()?;
-    let mut s = Session {
-        http: &http,
-        url: format!("{}/mcp", hub.url),
-        id: None,
-        next: 0,
-    };
-    s.request(
-        "initialize",
-        json!({
-            "protocolVersion": PROTOCOL,
-            "capabilities": {},
-            "clientInfo": {"name": "sandhub-bench", "version": env!("CARGO_PKG_VERSION")},
-        }),
-    )
-    .await?;
-    ensure!(s.id.is_some(), "initialize: no mcp-session-id header");
-    s.post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        .await?;
+    let mut s = Session::open(&http, &hub.url).await?;
     let created = s.call_tool("create_sandbox", json!({})).await?;
     let id = created["sandbox_claim_name"]
         .as_str()

@@ -38,6 +38,9 @@
 //! 16. (opt-in, `volumes`) a volume clone of 1 GiB in 1,000 files vs `cp -a
 //!     --reflink`, and 256 MiB through the volume files API vs the sandbox
 //!     files API (`volumes.rs`).
+//! 17. (opt-in, `code`) `1+1` in a warm code-interpreter context through
+//!     REST, MCP and E2B's SDK, and a new context's kernel start, each vs
+//!     exec of `python3 -c` (`code.rs`).
 //!
 //! With `--baseline-bin`, the selected phases run against that binary
 //! too, in alternating rounds, and the rows are new ÷ baseline
@@ -48,6 +51,7 @@
 
 mod args;
 mod baseline;
+mod code;
 mod disk;
 mod e2b;
 mod egress;
@@ -116,7 +120,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         Some(Ok(r)) => vec!["--insecure-registry".to_string(), r.addr.clone()],
         _ => Vec::new(),
     };
-    if args.phases.contains(&Phase::E2b) {
+    if args.phases.contains(&Phase::E2b) || (args.phases.contains(&Phase::Code) && args.code_e2b) {
         extra.push("--e2b".to_string());
     }
     if args.phases.contains(&Phase::Sampler) {
@@ -231,6 +235,7 @@ async fn phases(
             Phase::Traces => traces::run(args, hub, report).await,
             Phase::Pause => pause::run(args, hub, report).await,
             Phase::Volumes => volumes::run(args, hub, report).await,
+            Phase::Code => code::run(args, hub, report).await,
             Phase::Egress => match outside.internet {
                 Some(Ok(net)) => egress::run(args, hub, report, net).await,
                 Some(Err(e)) => Err(anyhow::anyhow!("bringing up the bench internet: {e:#}")),

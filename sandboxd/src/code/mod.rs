@@ -28,7 +28,7 @@ use axum::{
 };
 use futures::StreamExt;
 use sandhub_api::code::{
-    canonical_language, check_context_id, check_env, CodeEvent, Context, ContextList,
+    canonical_language, check_context_id, BASH, check_env, CodeEvent, Context, ContextList,
     CreateContext, ExecuteCode, CONTEXTS_ROUTE, DEFAULT_TIMEOUT_SECONDS, EXECUTE_ROUTE,
     MAX_CODE_BYTES, MAX_TIMEOUT_SECONDS,
 };
@@ -126,6 +126,22 @@ impl Contexts {
     }
 }
 
+/// How a kernel of `language` starts (its connection file is added after).
+fn kernel_argv(python: &str, language: &str) -> Vec<String> {
+    let mut argv = vec![python.to_string(), "-m".into()];
+    if language == BASH {
+        argv.push("bash_kernel".into());
+    } else {
+        argv.extend([
+            "ipykernel_launcher".into(),
+            // A plot's PNG is the figure's own size (the inline backend
+            // would crop it to its drawn box).
+            "--InlineBackend.print_figure_kwargs={'bbox_inches': None}".into(),
+        ]);
+    }
+    argv
+}
+
 impl Entry {
     /// The running kernel, started if it is not.
     async fn ensure(&self, daemon: &Daemon) -> Result<Arc<Kernel>> {
@@ -134,17 +150,13 @@ impl Entry {
             return Ok(k.clone());
         }
         let mut env = self.env.clone();
-        // Plots as PNG results; an image's MPLBACKEND=Agg is for scripts.
-        env.entry("MPLBACKEND".into())
-            .or_insert_with(|| "module://matplotlib_inline.backend_inline".into());
-        let argv = vec![
-            daemon.config.code_python.clone(),
-            "-m".into(),
-            "ipykernel_launcher".into(),
-            // A plot's PNG is the figure's own size (the inline backend
-            // would crop it to its drawn box).
-            "--InlineBackend.print_figure_kwargs={'bbox_inches': None}".into(),
-        ];
+        // Python's plots as PNG results; an image's MPLBACKEND=Agg is for
+        // scripts (bash runs scripts, so it keeps it).
+        if self.language != BASH {
+            env.entry("MPLBACKEND".into())
+                .or_insert_with(|| "module://matplotlib_inline.backend_inline".into());
+        }
+        let argv = kernel_argv(&daemon.config.code_python, self.language);
         // The ports a kernel is given were free a moment before it binds
         // them; one taken meanwhile (another kernel starting) makes it exit
         // at once, and a second try with new ports is the cure.

@@ -37,7 +37,7 @@ pub struct RunCodeParams {
     /// A context id from the REST API; default: the language's default context.
     #[serde(default)]
     pub context: Option<String>,
-    /// `python` (the default).
+    /// `python` (the default) or `bash`.
     #[serde(default)]
     pub language: Option<String>,
     /// Seconds before the cell is interrupted (the context stays). Default 60.
@@ -64,8 +64,8 @@ pub struct RunCodeResult {
 #[tool_router(router = code_router, vis = "pub(crate)")]
 impl<P: SandboxesProvider> SandhubMcp<P> {
     #[tool(
-        description = "Run Python in a stateful kernel in a sandbox (variables and imports \
-        persist between calls): returns stdout, stderr, the value of the last expression, \
+        description = "Run Python (or bash, with language) in a stateful kernel in a sandbox \
+        (variables and imports persist between calls): returns stdout, stderr, the value of the last expression, \
         errors with tracebacks, and each matplotlib chart or other PNG/SVG result as an image. \
         A timeout interrupts the cell and keeps the context.",
         annotations(
