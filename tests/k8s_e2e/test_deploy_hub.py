@@ -50,6 +50,9 @@ def test_hub_role_grants_only_what_the_backend_uses(cluster: Cluster):
     # Named volumes are claims the hub makes and deletes, never changes or watches.
     assert verbs.get(("", "persistentvolumeclaims")) == {"get", "list", "create", "delete"}, verbs
     assert 'resources: ["persistentvolumeclaims"]\n    verbs: ["get", "list", "create", "delete"]' in chart
+    # Their snapshots likewise (where the cluster has the VolumeSnapshot CRDs).
+    assert verbs.get(("snapshot.storage.k8s.io", "volumesnapshots")) == {"get", "list", "create", "delete"}, verbs
+    assert 'resources: ["volumesnapshots"]\n    verbs: ["get", "list", "create", "delete"]' in chart
     assert "update" not in set().union(*verbs.values()) and "*" not in set().union(*verbs.values())
 
 

@@ -140,3 +140,104 @@ def test_a_volume_is_a_claim_written_by_one_sandbox_and_read_by_the_next(cluster
                     break
                 time.sleep(1)
         shutil.rmtree(host_dir, ignore_errors=True)
+
+
+#: The VolumeSnapshot CRD as the cluster's snapshot controller installs it, reduced to what the API
+#: server needs to serve the resource (group, version, kind, scope); the test cluster has no CSI
+#: driver or snapshot controller, so nothing acts on the objects: the test checks what the hub asks.
+SNAPSHOT_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "volumesnapshots.snapshot.storage.k8s.io"},
+    "spec": {
+        "group": "snapshot.storage.k8s.io",
+        "scope": "Namespaced",
+        "names": {"kind": "VolumeSnapshot", "plural": "volumesnapshots", "singular": "volumesnapshot",
+                  "listKind": "VolumeSnapshotList"},
+        "versions": [{"name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
+                      "schema": {"openAPIV3Schema": {"type": "object",
+                                                     "x-kubernetes-preserve-unknown-fields": True}}}],
+    },
+}
+
+
+def _remove_snapshot_crd(ext: k8s.ApiextensionsV1Api) -> None:
+    name = SNAPSHOT_CRD["metadata"]["name"]  # type: ignore[index]
+    try:
+        ext.delete_custom_resource_definition(name)
+    except ApiException as e:
+        assert e.status == 404, e
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ext.read_custom_resource_definition(name)
+        except ApiException as e:
+            if e.status == 404:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} was not deleted in 60 s")
+
+
+def test_snapshots_are_volume_snapshots_where_the_cluster_has_the_crds(cluster: Cluster) -> None:
+    ext = k8s.ApiextensionsV1Api(cluster.api)
+    _remove_snapshot_crd(ext)
+    hub, url = cluster.start_hub("--base-template", POOL, "--volume-snapshot-class", "e2e-snapclass")
+    try:
+        ok(requests.post(f"{url}/v1/volumes", json={"name": "snapsrc", "size_mb": 16}, timeout=60), 201)
+        # Without the CRDs: UNIMPLEMENTED, naming them.
+        r = requests.post(f"{url}/v1/volumes/snapsrc/snapshots", json={"name": "s1"}, timeout=60)
+        assert (r.status_code, r.json()["code"]) == (501, "UNIMPLEMENTED") and "VolumeSnapshot" in r.text, r.text
+
+        ext.create_custom_resource_definition(SNAPSHOT_CRD)
+        deadline = time.monotonic() + 60
+        while not any(c.type == "Established" and c.status == "True"
+                      for c in (ext.read_custom_resource_definition(SNAPSHOT_CRD["metadata"]["name"])  # type: ignore[index]
+                                .status.conditions or [])):
+            assert time.monotonic() < deadline, "the VolumeSnapshot CRD was not established"
+            time.sleep(0.2)
+
+        snap = ok(requests.post(f"{url}/v1/volumes/snapsrc/snapshots", json={"name": "s1"}, timeout=60), 201)
+        assert (snap["volume"], snap["name"]) == ("snapsrc", "s1") and snap["created_at"], snap
+        (obj,) = cluster.custom.list_namespaced_custom_object(
+            "snapshot.storage.k8s.io", "v1", cluster.ns, "volumesnapshots")["items"]
+        (claim,) = [c for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items
+                    if (c.metadata.labels or {}).get("sandhub.io/volume") == "snapsrc"]
+        assert obj["spec"] == {"source": {"persistentVolumeClaimName": claim.metadata.name},
+                               "volumeSnapshotClassName": "e2e-snapclass"}, obj
+        assert obj["metadata"]["labels"]["sandhub.io/tenant"] == claim.metadata.labels["sandhub.io/tenant"]
+        r = requests.post(f"{url}/v1/volumes/snapsrc/snapshots", json={"name": "s1"}, timeout=60)
+        assert (r.status_code, r.json()["code"]) == (409, "CONFLICT"), r.text
+        listed = ok(requests.get(f"{url}/v1/volumes/snapsrc/snapshots", timeout=60))["snapshots"]
+        assert [s["name"] for s in listed] == ["s1"], listed
+
+        # A clone is a claim whose dataSource is the VolumeSnapshot, at least the source's size.
+        r = requests.post(f"{url}/v1/volumes", json={"name": "small", "size_mb": 8, "from_snapshot": "snapsrc@s1"},
+                          timeout=60)
+        assert (r.status_code, r.json()["code"]) == (400, "INVALID_ARGUMENT"), r.text
+        r = requests.post(f"{url}/v1/volumes", json={"name": "nope", "size_mb": 16, "from_snapshot": "snapsrc@s9"},
+                          timeout=60)
+        assert (r.status_code, r.json()["code"]) == (404, "NOT_FOUND"), r.text
+        ok(requests.post(f"{url}/v1/volumes", json={"name": "snapcopy", "size_mb": 16,
+                                                    "from_snapshot": {"volume": "snapsrc", "snapshot": "s1"}},
+                         timeout=60), 201)
+        (copy,) = [c for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items
+                   if (c.metadata.labels or {}).get("sandhub.io/volume") == "snapcopy"]
+        source = copy.spec.data_source
+        assert (source.api_group, source.kind, source.name) == (
+            "snapshot.storage.k8s.io", "VolumeSnapshot", obj["metadata"]["name"]), source
+
+        ok(requests.delete(f"{url}/v1/volumes/snapsrc/snapshots/s1", timeout=60), 204)
+        assert ok(requests.get(f"{url}/v1/volumes/snapsrc/snapshots", timeout=60))["snapshots"] == []
+        r = requests.delete(f"{url}/v1/volumes/snapsrc/snapshots/s1", timeout=60)
+        assert (r.status_code, r.json()["code"]) == (404, "NOT_FOUND"), r.text
+        for v in ("snapcopy", "snapsrc"):
+            ok(requests.delete(f"{url}/v1/volumes/{v}", timeout=60), 204)
+    finally:
+        hub.terminate()
+        for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items:
+            if (c.metadata.labels or {}).get("sandhub.io/volume") in ("snapsrc", "snapcopy"):
+                try:
+                    cluster.core.delete_namespaced_persistent_volume_claim(c.metadata.name, cluster.ns)
+                except ApiException:
+                    pass
+        _remove_snapshot_crd(ext)

@@ -106,6 +106,12 @@ pub struct KubeArgs {
     #[arg(long, env = "SANDHUB_VOLUME_STORAGE_CLASS")]
     pub volume_storage_class: Option<String>,
 
+    /// VolumeSnapshotClass of volume snapshots (`POST
+    /// /v1/volumes/{name}/snapshots`, where the cluster has the
+    /// VolumeSnapshot CRDs); unset: the cluster's default class.
+    #[arg(long, env = "SANDHUB_VOLUME_SNAPSHOT_CLASS")]
+    pub volume_snapshot_class: Option<String>,
+
     /// How the hub reaches each Pod's sandboxd.
     #[arg(long, env = "SANDHUB_CONNECT", value_enum, default_value_t = Connect::Direct)]
     pub connect: Connect,
@@ -252,6 +258,8 @@ pub(crate) struct Shared {
     egress_service: String,
     /// `--volume-storage-class`.
     volume_storage_class: Option<String>,
+    /// `--volume-snapshot-class`.
+    volume_snapshot_class: Option<String>,
 }
 
 impl Shared {
@@ -457,6 +465,7 @@ impl KubeTenancy {
             operator_secrets: Arc::new(operator_secrets),
             egress_service: args.egress_proxy_service.clone(),
             volume_storage_class: args.volume_storage_class.clone(),
+            volume_snapshot_class: args.volume_snapshot_class.clone(),
 
             client,
         });

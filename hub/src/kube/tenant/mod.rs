@@ -11,6 +11,7 @@
 //! - [`pools`]: the tenant's SandboxWarmPools;
 //! - [`secrets`]: `/v1/secrets` over the tenant's values Secret;
 //! - [`volumes`]: `/v1/volumes` over PersistentVolumeClaims;
+//! - [`volume_snapshots`]: their snapshots (VolumeSnapshots) and clones;
 //! - [`volume_pod`]: a volume's files through a helper Pod's sandboxd.
 
 mod pools;
@@ -18,6 +19,7 @@ mod sandboxes;
 mod secrets;
 mod templates;
 mod volume_pod;
+mod volume_snapshots;
 mod volumes;
 
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};

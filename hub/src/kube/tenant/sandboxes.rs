@@ -57,6 +57,26 @@ impl TenantView for KubeTenant {
         self.remove_volume(name).await
     }
 
+    /// VolumeSnapshots (kube/tenant/volume_snapshots.rs).
+    async fn create_volume_snapshot(
+        &self,
+        volume: &str,
+        req: sandhub_api::volumes::CreateVolumeSnapshot,
+    ) -> Result<sandhub_api::volumes::VolumeSnapshot> {
+        self.snapshot_volume(volume, req).await
+    }
+
+    async fn list_volume_snapshots(
+        &self,
+        volume: &str,
+    ) -> Result<sandhub_api::volumes::VolumeSnapshotList> {
+        self.volume_snapshot_list(volume).await
+    }
+
+    async fn delete_volume_snapshot(&self, volume: &str, name: &str) -> Result<()> {
+        self.remove_volume_snapshot(volume, name).await
+    }
+
     /// A helper Pod's (kube/tenant/volume_pod.rs).
     async fn volume_sandboxd(&self, name: &str) -> Result<SandboxdClient> {
         self.helper_pod_sandboxd(name).await

@@ -10,9 +10,11 @@
 //! names cannot be deleted (409); a Pod still using a deleted claim keeps
 //! it until it ends (the API server's `pvc-protection` finalizer).
 //!
-//! Not here (UNIMPLEMENTED, the `TenantView` defaults): the files API
-//! without a sandbox, snapshots and clones, and volumes added by a create
-//! request (claims come from warm pools whose Pods exist already).
+//! A clone (`from_snapshot`) is a claim whose `dataSource` is the
+//! snapshot's VolumeSnapshot (`volume_snapshots.rs`); the files API
+//! without a sandbox goes through a helper Pod (`volume_pod.rs`). Not here
+//! (UNIMPLEMENTED): volumes added by a create request (claims come from
+//! warm pools whose Pods exist already).
 
 use std::collections::BTreeMap;
 
@@ -32,7 +34,7 @@ use sandhub_api::{
 };
 use sandhub_client::{Error, Result};
 
-use super::{kube_error, owner, KubeTenant};
+use super::{kube_error, owner, volume_snapshots, KubeTenant};
 use crate::kube::model::{tenant_label_value, CREATED_BY_HUB, TENANT_LABEL};
 
 /// The hub name of the volume a claim is (its cluster name carries the
@@ -86,13 +88,19 @@ impl KubeTenant {
 
     pub(super) async fn create_volume_claim(&self, req: CreateVolume) -> Result<Volume> {
         validate::volume(&req)?;
-        if req.from_snapshot.is_some() {
-            return Err(Error::new(
-                Code::Unimplemented,
-                "volume snapshots and clones are not available on the kubernetes backend yet \
-                 (they need the cluster's VolumeSnapshot CRDs)",
-            ));
-        }
+        let source = match req.from_snapshot.as_ref().and_then(|f| f.parts()) {
+            Some((volume, snapshot)) => {
+                let source = self.snapshot_source(volume, snapshot).await?;
+                if req.size_mb < source.size_mb {
+                    return Err(Error::invalid(format!(
+                        "size_mb {} is smaller than the snapshot's volume ({} MiB)",
+                        req.size_mb, source.size_mb
+                    )));
+                }
+                Some(source)
+            }
+            None => None,
+        };
         let cap = self.shared.policy.tenant_max_volume_mb;
         // Each replica checks against what the API server lists: two
         // creates racing on two replicas may both pass (the storage
@@ -108,7 +116,10 @@ impl KubeTenant {
                 ),
             ));
         }
-        let claim = self.claim_object(&req);
+        let mut claim = self.claim_object(&req);
+        if let (Some(source), Some(spec)) = (&source, claim.spec.as_mut()) {
+            spec.data_source = Some(volume_snapshots::data_source(source));
+        }
         match self.pvcs().create(&PostParams::default(), &claim).await {
             Ok(c) => Ok(volume_of(&c)),
             Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::new(
@@ -210,7 +221,7 @@ fn being_deleted(c: &PersistentVolumeClaim) -> bool {
 }
 
 /// The MiB a claim was asked for (its annotation; else its request).
-fn size_mb(c: &PersistentVolumeClaim) -> u64 {
+pub(super) fn size_mb(c: &PersistentVolumeClaim) -> u64 {
     let annotated = c
         .metadata
         .annotations
