@@ -19,7 +19,7 @@ import requests
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from sandhub_testing.hub_k8s import POOL, Cluster
+from sandhub_testing.hub_k8s import EXT, POOL, Cluster
 
 
 def ok(r: requests.Response, status: int = 200) -> Any:
@@ -241,3 +241,78 @@ def test_snapshots_are_volume_snapshots_where_the_cluster_has_the_crds(cluster: 
                 except ApiException:
                     pass
         _remove_snapshot_crd(ext)
+
+
+def test_a_shared_volume_is_mounted_read_only_by_another_tenant(cluster: Cluster) -> None:
+    tag = secrets.token_hex(3)
+    storage_class, pv = f"sandhub-e2e-shared-{tag}", f"sandhub-e2e-shared-{tag}"
+    host_dir = tempfile.mkdtemp(prefix="sandhub-pv-")
+    os.chmod(host_dir, 0o755)
+    with open(os.path.join(host_dir, "corpus.txt"), "w") as f:
+        f.write("shared data\n")
+    cluster.core.create_persistent_volume(k8s.V1PersistentVolume(
+        metadata=k8s.V1ObjectMeta(name=pv),
+        spec=k8s.V1PersistentVolumeSpec(
+            capacity={"storage": "64Mi"}, access_modes=["ReadWriteOnce"], storage_class_name=storage_class,
+            persistent_volume_reclaim_policy="Retain",
+            host_path=k8s.V1HostPathVolumeSource(path=host_dir, type="Directory"),
+        ),
+    ))
+    keys = {"alice": secrets.token_hex(16), "bob": secrets.token_hex(16)}
+    keys_file = os.path.join(host_dir + "-keys")
+    with open(keys_file, "w") as f:
+        f.write("".join(f"{k} {t}\n" for t, k in keys.items()))
+    os.chmod(keys_file, 0o600)
+    alice, bob = ({"Authorization": f"Bearer {keys[t]}"} for t in ("alice", "bob"))
+    hub, url = cluster.start_hub("--api-keys-file", keys_file, "--base-template", POOL,
+                                 "--volume-storage-class", storage_class, "--shared-volume", "alice/dataset")
+    name = f"reader-{tag}"
+    try:
+        ok(requests.post(f"{url}/v1/volumes", json={"name": "dataset", "size_mb": 32}, headers=alice, timeout=60), 201)
+        # Bob has no volume of that name: he mounts alice's, read-only only.
+        writable = {"volumes": [{"name": "dataset", "path": "/workspace/ds"}]}
+        r = requests.put(f"{url}/v1/templates/{name}", json=writable, headers=bob, timeout=60)
+        assert (r.status_code, r.json()["code"]) == (403, "PERMISSION_DENIED"), r.text
+        # Bob does not see it as his: it is not listed, and its files are not his.
+        assert ok(requests.get(f"{url}/v1/volumes", headers=bob, timeout=60))["volumes"] == []
+        assert requests.get(f"{url}/v1/volumes/dataset", headers=bob, timeout=60).status_code == 404
+        mount = {"volumes": [{"name": "dataset", "path": "/workspace/ds", "read_only": True}]}
+        t = ok(requests.put(f"{url}/v1/templates/{name}", json=mount, headers=bob, timeout=60))
+        assert t["volumes"] == mount["volumes"], t
+        (obj,) = [x for x in cluster.custom.list_namespaced_custom_object(
+            *EXT, cluster.ns, "sandboxtemplates")["items"]
+            if x["metadata"]["name"].startswith(f"{name}-")]
+        (claim,) = [c for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items
+                    if (c.metadata.labels or {}).get("sandhub.io/volume") == "dataset"]
+        (vol,) = [v for v in obj["spec"]["podTemplate"]["spec"]["volumes"] if v["name"].startswith("sandhub-volume-")]
+        assert vol["persistentVolumeClaim"] == {"claimName": claim.metadata.name, "readOnly": True}, vol
+
+        ok(requests.put(f"{url}/v1/pools/{name}", json={"template": name, "replicas": 0}, headers=bob, timeout=60))
+        sid = ok(requests.post(f"{url}/v1/sandboxes", json={"pool": name}, headers=bob, timeout=200), 201)["id"]
+        out = ok(requests.post(f"{url}/v1/sandboxes/{sid}/exec", headers=bob, timeout=120,
+                               json={"command": "cat /workspace/ds/corpus.txt; echo x > /workspace/ds/y"}))
+        assert out["stdout"] == "shared data\n" and out["exit_code"] != 0, out
+        assert "Read-only" in out["stderr"] or "read-only" in out["stderr"], out
+        assert not os.path.exists(os.path.join(host_dir, "y"))
+        ok(requests.delete(f"{url}/v1/sandboxes/{sid}", headers=bob, timeout=120), 204)
+        ok(requests.delete(f"{url}/v1/pools/{name}", headers=bob, timeout=60), 204)
+        ok(requests.delete(f"{url}/v1/templates/{name}", headers=bob, timeout=60), 204)
+    finally:
+        hub.terminate()
+        for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items:
+            if (c.metadata.labels or {}).get("sandhub.io/volume") == "dataset":
+                try:
+                    cluster.core.delete_namespaced_persistent_volume_claim(c.metadata.name, cluster.ns)
+                except ApiException:
+                    pass
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                cluster.core.delete_persistent_volume(pv)
+                break
+            except ApiException as e:
+                if e.status == 404:
+                    break
+            time.sleep(1)
+        shutil.rmtree(host_dir, ignore_errors=True)
+        os.unlink(keys_file)

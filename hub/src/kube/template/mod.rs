@@ -353,6 +353,20 @@ fn add_volumes(
     }
 }
 
+/// Points the template's `index`th named volume at `claim`: a volume the
+/// operator shares (`--shared-volume`), another tenant's claim, which the
+/// caller checked and which is mounted read-only.
+pub fn use_shared_claim(t: &mut SandboxTemplate, index: usize, claim: String) {
+    let name = format!("{NAMED_VOLUME_PREFIX}{index}");
+    let volumes = t.spec.blueprint.pod_template.spec.volumes.iter_mut().flatten();
+    for v in volumes.filter(|v| v.name == name) {
+        v.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.clone(),
+            read_only: Some(true),
+        });
+    }
+}
+
 /// The named volumes [`add_volumes`] put on a Pod spec.
 fn volumes_of(pod: &PodSpec, main: usize) -> Vec<sandhub_api::volumes::VolumeMount> {
     let mounts = pod.containers[main].volume_mounts.iter().flatten();

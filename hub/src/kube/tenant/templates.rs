@@ -53,13 +53,31 @@ impl KubeTenant {
                 ),
             ));
         }
-        // Only the tenant's own volumes: a name it does not have is 404.
-        for m in &t.volumes {
-            if self.volume_claim(&m.name).await?.is_none() {
-                return Err(Error::not_found(format!(
-                    "volume {:?} (mounted at {} by template {name})",
-                    m.name, m.path
-                )));
+        // The tenant's own volumes, or one the operator shares read-only
+        // (`--shared-volume`); any other name is 404.
+        let mut shared = Vec::new();
+        for (i, m) in t.volumes.iter().enumerate() {
+            if self.volume_claim(&m.name).await?.is_some() {
+                continue;
+            }
+            match self.shared_volume_claim(&m.name).await? {
+                Some(_) if !m.read_only => {
+                    return Err(Error::new(
+                        Code::PermissionDenied,
+                        format!(
+                            "volume {:?} is shared by the operator read-only: mount it with \
+                             `read_only: true`",
+                            m.name
+                        ),
+                    ))
+                }
+                Some(claim) => shared.push((i, claim)),
+                None => {
+                    return Err(Error::not_found(format!(
+                        "volume {:?} (mounted at {} by template {name})",
+                        m.name, m.path
+                    )))
+                }
             }
         }
         let mut want = template::tenant_template(
@@ -70,6 +88,9 @@ impl KubeTenant {
             &self.shared.prepull_images.sandboxd,
             self.shared.image_pull_policy,
         )?;
+        for (i, claim) in shared {
+            template::use_shared_claim(&mut want, i, claim);
+        }
         let object = owner::object_name(&self.tenant, name);
         let conflict = |e: kube::Error| match &e {
             kube::Error::Api(s) if s.code == 409 => Error::new(

@@ -14,7 +14,9 @@
 //! snapshot's VolumeSnapshot (`volume_snapshots.rs`); the files API
 //! without a sandbox goes through a helper Pod (`volume_pod.rs`). Not here
 //! (UNIMPLEMENTED): volumes added by a create request (claims come from
-//! warm pools whose Pods exist already).
+//! warm pools whose Pods exist already). A template may also mount, read-only,
+//! a volume the operator shares (`--shared-volume [TENANT/]NAME`: that
+//! tenant's claim).
 
 use std::collections::BTreeMap;
 
@@ -84,6 +86,24 @@ impl KubeTenant {
         Ok(got.filter(|c| {
             owner::owner(&c.metadata, &self.tenant) == owner::Owner::Caller && !being_deleted(c)
         }))
+    }
+
+    /// The claim of the volume `name` the operator shares with every
+    /// tenant (`--shared-volume [TENANT/]NAME`), if it exists.
+    pub(super) async fn shared_volume_claim(&self, name: &str) -> Result<Option<String>> {
+        let Some(shared) = self.shared.policy.shared_volumes.iter().find(|s| s.name == name) else {
+            return Ok(None);
+        };
+        let object = owner::object_name(&shared.owner, name);
+        let got = self
+            .pvcs()
+            .get_opt(&object)
+            .await
+            .map_err(|e| kube_error(&format!("reading shared volume {name}"), e))?;
+        Ok(got
+            .filter(|c| owner::owner(&c.metadata, &shared.owner) == owner::Owner::Caller)
+            .filter(|c| !being_deleted(c))
+            .map(|_| object))
     }
 
     pub(super) async fn create_volume_claim(&self, req: CreateVolume) -> Result<Volume> {
