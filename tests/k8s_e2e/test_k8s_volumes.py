@@ -13,7 +13,8 @@ import secrets
 import shutil
 import tempfile
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import requests
 from kubernetes import client as k8s
@@ -32,11 +33,15 @@ def run(url: str, sid: str, script: str) -> dict[str, Any]:
     return out
 
 
-def test_a_volume_is_a_claim_written_by_one_sandbox_and_read_by_the_next(cluster: Cluster) -> None:
+@contextmanager
+def hostpath_pv(cluster: Cluster, prefix: str, mode: int) -> Iterator[tuple[str, str]]:
+    """A PersistentVolume of a storage class only this test uses, on a new hostPath directory of
+    the real node (this machine) with `mode`, as a provisioner would make it; yields (class,
+    directory). At the end the claims of that class, the volume and the directory go."""
     tag = secrets.token_hex(3)
-    storage_class, pv = f"sandhub-e2e-{tag}", f"sandhub-e2e-{tag}"
+    storage_class = pv = f"{prefix}-{tag}"
     host_dir = tempfile.mkdtemp(prefix="sandhub-pv-")
-    os.chmod(host_dir, 0o777)
+    os.chmod(host_dir, mode)
     cluster.core.create_persistent_volume(k8s.V1PersistentVolume(
         metadata=k8s.V1ObjectMeta(name=pv),
         spec=k8s.V1PersistentVolumeSpec(
@@ -47,6 +52,34 @@ def test_a_volume_is_a_claim_written_by_one_sandbox_and_read_by_the_next(cluster
             host_path=k8s.V1HostPathVolumeSource(path=host_dir, type="Directory"),
         ),
     ))
+    try:
+        yield storage_class, host_dir
+    finally:
+        for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items:
+            if c.spec.storage_class_name == storage_class:
+                try:
+                    cluster.core.delete_namespaced_persistent_volume_claim(c.metadata.name, cluster.ns)
+                except ApiException:
+                    pass
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                cluster.core.delete_persistent_volume(pv)
+                break
+            except ApiException as e:
+                if e.status == 404:
+                    break
+                time.sleep(1)
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def test_a_volume_is_a_claim_written_by_one_sandbox_and_read_by_the_next(cluster: Cluster) -> None:
+    with hostpath_pv(cluster, "sandhub-e2e", 0o777) as (storage_class, host_dir):
+        _a_volume_written_and_read(cluster, storage_class, host_dir)
+
+
+def _a_volume_written_and_read(cluster: Cluster, storage_class: str, host_dir: str) -> None:
+    tag = secrets.token_hex(3)
     hub, url = cluster.start_hub("--base-template", POOL, "--volume-storage-class", storage_class)
     name = f"vol-{tag}"
     try:
@@ -125,21 +158,6 @@ def test_a_volume_is_a_claim_written_by_one_sandbox_and_read_by_the_next(cluster
         assert requests.get(f"{url}/v1/volumes/data", timeout=60).status_code == 404
     finally:
         hub.terminate()
-        for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items:
-            try:
-                cluster.core.delete_namespaced_persistent_volume_claim(c.metadata.name, cluster.ns)
-            except ApiException:
-                pass
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                cluster.core.delete_persistent_volume(pv)
-                break
-            except ApiException as e:
-                if e.status == 404:
-                    break
-                time.sleep(1)
-        shutil.rmtree(host_dir, ignore_errors=True)
 
 
 #: The VolumeSnapshot CRD as the cluster's snapshot controller installs it, reduced to what the API
@@ -244,20 +262,14 @@ def test_snapshots_are_volume_snapshots_where_the_cluster_has_the_crds(cluster: 
 
 
 def test_a_shared_volume_is_mounted_read_only_by_another_tenant(cluster: Cluster) -> None:
+    with hostpath_pv(cluster, "sandhub-e2e-shared", 0o755) as (storage_class, host_dir):
+        with open(os.path.join(host_dir, "corpus.txt"), "w") as f:
+            f.write("shared data\n")
+        _a_shared_volume_read(cluster, storage_class, host_dir)
+
+
+def _a_shared_volume_read(cluster: Cluster, storage_class: str, host_dir: str) -> None:
     tag = secrets.token_hex(3)
-    storage_class, pv = f"sandhub-e2e-shared-{tag}", f"sandhub-e2e-shared-{tag}"
-    host_dir = tempfile.mkdtemp(prefix="sandhub-pv-")
-    os.chmod(host_dir, 0o755)
-    with open(os.path.join(host_dir, "corpus.txt"), "w") as f:
-        f.write("shared data\n")
-    cluster.core.create_persistent_volume(k8s.V1PersistentVolume(
-        metadata=k8s.V1ObjectMeta(name=pv),
-        spec=k8s.V1PersistentVolumeSpec(
-            capacity={"storage": "64Mi"}, access_modes=["ReadWriteOnce"], storage_class_name=storage_class,
-            persistent_volume_reclaim_policy="Retain",
-            host_path=k8s.V1HostPathVolumeSource(path=host_dir, type="Directory"),
-        ),
-    ))
     keys = {"alice": secrets.token_hex(16), "bob": secrets.token_hex(16)}
     keys_file = os.path.join(host_dir + "-keys")
     with open(keys_file, "w") as f:
@@ -299,20 +311,4 @@ def test_a_shared_volume_is_mounted_read_only_by_another_tenant(cluster: Cluster
         ok(requests.delete(f"{url}/v1/templates/{name}", headers=bob, timeout=60), 204)
     finally:
         hub.terminate()
-        for c in cluster.core.list_namespaced_persistent_volume_claim(cluster.ns).items:
-            if (c.metadata.labels or {}).get("sandhub.io/volume") == "dataset":
-                try:
-                    cluster.core.delete_namespaced_persistent_volume_claim(c.metadata.name, cluster.ns)
-                except ApiException:
-                    pass
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                cluster.core.delete_persistent_volume(pv)
-                break
-            except ApiException as e:
-                if e.status == 404:
-                    break
-            time.sleep(1)
-        shutil.rmtree(host_dir, ignore_errors=True)
         os.unlink(keys_file)

@@ -29,7 +29,11 @@ use sandhub_api::{
 use sandhub_client::{Error, Result};
 use serde_json::json;
 
-use super::{kube_error, owner, volumes::VOLUME_LABEL, KubeTenant};
+use super::{
+    kube_error, owner,
+    volumes::{self, VOLUME_LABEL},
+    KubeTenant,
+};
 use crate::kube::model::{tenant_label_value, CREATED_BY_HUB, TENANT_LABEL};
 
 pub const GROUP: &str = "snapshot.storage.k8s.io";
@@ -137,7 +141,7 @@ impl KubeTenant {
             (VOLUME_LABEL.to_string(), volume.to_string()),
             (SNAPSHOT_LABEL.to_string(), req.name.clone()),
         ]);
-        let size = super::volumes::size_mb(&claim);
+        let size = volumes::size_mb(&claim);
         let mut spec = json!({"source": {"persistentVolumeClaimName": claim.metadata.name}});
         if let Some(class) = &self.shared.volume_snapshot_class {
             spec["volumeSnapshotClassName"] = json!(class);
@@ -240,13 +244,6 @@ fn snapshot_of(o: &DynamicObject) -> VolumeSnapshot {
     VolumeSnapshot {
         volume: label(VOLUME_LABEL),
         name: label(SNAPSHOT_LABEL),
-        created_at: o
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| {
-                humantime::format_rfc3339_seconds(std::time::SystemTime::from(t.0)).to_string()
-            })
-            .unwrap_or_default(),
+        created_at: volumes::created_at(&o.metadata),
     }
 }

@@ -278,14 +278,7 @@ fn volume_of(c: &PersistentVolumeClaim) -> Volume {
             .and_then(|a| a.get(LABELS_ANNOTATION))
             .and_then(|j| serde_json::from_str(j).ok())
             .unwrap_or_default(),
-        created_at: c
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| {
-                humantime::format_rfc3339_seconds(std::time::SystemTime::from(t.0)).to_string()
-            })
-            .unwrap_or_default(),
+        created_at: created_at(&c.metadata),
         access_mode: c
             .spec
             .as_ref()
@@ -293,4 +286,12 @@ fn volume_of(c: &PersistentVolumeClaim) -> Volume {
             .and_then(|m| m.first())
             .and_then(|m| AccessMode::parse(m)),
     }
+}
+
+/// An object's creation time as RFC 3339, UTC (empty if it has none).
+pub(super) fn created_at(meta: &ObjectMeta) -> String {
+    meta.creation_timestamp
+        .as_ref()
+        .map(|t| humantime::format_rfc3339_seconds(std::time::SystemTime::from(t.0)).to_string())
+        .unwrap_or_default()
 }
