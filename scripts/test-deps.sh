@@ -352,7 +352,7 @@ log "OpenHands agent-server image: $openhands_image"
 echo "SANDHUB_OPENHANDS_IMAGE=$openhands_image"
 
 # The code-interpreter image (hub/tests/code.rs runs kernels in a sandbox of it): the same
-# Python with ipykernel, numpy, pandas and matplotlib from the package index, built once into
+# Python with ipykernel, numpy, pandas, matplotlib and bash_kernel from the package index, built once into
 # $SANDHUB_CACHE/code-interpreter (about 40 s cold; later runs return at once).
 code_image="$(python3 "$repo_root/dev/code-interpreter/build-image.py" --cache "$cache_dir" --python "$openhands_python" \
     | tail -n1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["layout"])')"

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use futures::StreamExt;
 use pyo3::{exceptions::PyValueError, prelude::*};
 use sandhub_api::{
     code::{CreateContext, ExecuteCode},
@@ -19,14 +20,15 @@ use sandhub_client::{
     http::HubClient, sandboxd::SandboxdClient, Error, ProcessEvent, PtySize, Result, Sandboxes,
     Signal, StartProcess, StdinInput, WriteOptions,
 };
-use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
 use crate::{
     backend::{retry_read, Backend},
     errors::Failure,
     runtime::{call, rt},
-    streams::{json, next_chunk, value, EventStream, FileReader, FileWriter, ProcessStream, WatchStream},
+    streams::{
+        json, next_chunk, value, EventStream, FileReader, FileWriter, ProcessStream, WatchStream,
+    },
 };
 
 /// `NativeClient.events`' filter, as the Python face writes it.
@@ -793,18 +795,29 @@ impl NativeClient {
         id: String,
         context: String,
     ) -> PyResult<Bound<'py, PyAny>> {
-        run!(self, py, |b| Ok(b.hub()?.delete_context(&id, &context).await?))
+        run!(self, py, |b| Ok(b
+            .hub()?
+            .delete_context(&id, &context)
+            .await?))
     }
 
     /// `POST /v1/sandboxes/{id}/code`; `body` is an `ExecuteCode`. The
     /// stream yields each event as JSON, ending with `end` (never retried:
     /// the code may have run).
-    fn code_run<'py>(&self, py: Python<'py>, id: String, body: &str) -> PyResult<Bound<'py, PyAny>> {
+    fn code_run<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        body: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let asynchronous = self.asynchronous;
         let request: ExecuteCode = parse("code", body)?;
         run!(self, py, |b| {
             let events = b.hub()?.run_code(&id, &request).await?;
-            Ok(EventStream::new(asynchronous, events.map(|e| e.and_then(|e| value(&e))).boxed()))
+            Ok(EventStream::new(
+                asynchronous,
+                events.map(|e| e.and_then(|e| value(&e))).boxed(),
+            ))
         })
     }
 

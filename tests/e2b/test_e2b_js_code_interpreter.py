@@ -31,7 +31,7 @@ def test_the_js_code_interpreter_sdk_runs_unmodified(code_hub: Hub, tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(SANDHUB_E2B_URL=code_hub.url, SANDHUB_E2B_KEY=ANY_KEY)
     run = subprocess.run(
-        [node, "--test", "--test-reporter=spec", "code-interpreter.test.mjs"],
+        [node, "--test", "--test-reporter=tap", "code-interpreter.test.mjs"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -31,10 +31,9 @@ const PYTHON_ONE_PLUS_ONE: &str = "python3 -c 'print(1+1)'";
 const REST_P50_MAX_US: f64 = 5_000.0;
 
 pub(super) async fn run(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
-    let layout = args
-        .code_image
-        .as_deref()
-        .context("the code phase needs --code-image (dev/code-interpreter/build-image.py prints it)")?;
+    let layout = args.code_image.as_deref().context(
+        "the code phase needs --code-image (dev/code-interpreter/build-image.py prints it)",
+    )?;
     let t = Instant::now();
     import(hub, &args.sandhub_bin(), layout).await?;
     report.detail(
@@ -184,8 +183,14 @@ async fn mcp(args: &Args, hub: &mut Hub, report: &mut Report, id: &str) -> anyho
     let mut s = Session::open(&http, &hub.url).await?;
     let code = json!({"sandbox_claim_name": id, "code": "1+1"});
     let exec = json!({"sandbox_claim_name": id, "command": PYTHON_ONE_PLUS_ONE});
-    let check_code = |r: &Value| ensure!(r["results"] == json!(["2"]), "mcp run_code: {r}");
-    let check_exec = |r: &Value| ensure!(r["stdout"] == "2\n", "mcp execute_command: {r}");
+    let check_code = |r: &Value| -> anyhow::Result<()> {
+        ensure!(r["results"] == json!(["2"]), "mcp run_code: {r}");
+        Ok(())
+    };
+    let check_exec = |r: &Value| -> anyhow::Result<()> {
+        ensure!(r["stdout"] == "2\n", "mcp execute_command: {r}");
+        Ok(())
+    };
     for _ in 0..args.exec_warmup.min(50) {
         check_code(&s.call_tool("run_code", code.clone()).await?)?;
         check_exec(&s.call_tool("execute_command", exec.clone()).await?)?;
@@ -277,7 +282,11 @@ fn e2b(args: &Args, hub: &Hub, report: &mut Report) -> anyhow::Result<()> {
         args.exec_warmup.min(50),
     )?;
     let code = summary(report, "run_code 1+1 via e2b_code_interpreter", code)?;
-    let exec = summary(report, "commands.run python3 -c via e2b_code_interpreter", exec)?;
+    let exec = summary(
+        report,
+        "commands.run python3 -c via e2b_code_interpreter",
+        exec,
+    )?;
     report.rows.push(Row::compare(
         "run_code 1+1 (warm context) vs commands.run python3 -c, E2B SDK, p50",
         us(exec.p50),

@@ -88,7 +88,11 @@ impl Session<'_> {
         Ok(msg["result"].clone())
     }
 
-    pub(super) async fn call_tool(&mut self, name: &str, arguments: Value) -> anyhow::Result<Value> {
+    pub(super) async fn call_tool(
+        &mut self,
+        name: &str,
+        arguments: Value,
+    ) -> anyhow::Result<Value> {
         let r = self
             .request("tools/call", json!({"name": name, "arguments": arguments}))
             .await?;

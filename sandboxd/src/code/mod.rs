@@ -28,8 +28,8 @@ use axum::{
 };
 use futures::StreamExt;
 use sandhub_api::code::{
-    canonical_language, check_context_id, BASH, check_env, CodeEvent, Context, ContextList,
-    CreateContext, ExecuteCode, CONTEXTS_ROUTE, DEFAULT_TIMEOUT_SECONDS, EXECUTE_ROUTE,
+    canonical_language, check_context_id, check_env, CodeEvent, Context, ContextList,
+    CreateContext, ExecuteCode, BASH, CONTEXTS_ROUTE, DEFAULT_TIMEOUT_SECONDS, EXECUTE_ROUTE,
     MAX_CODE_BYTES, MAX_TIMEOUT_SECONDS,
 };
 use tokio::sync::{mpsc, Mutex};

@@ -358,7 +358,14 @@ fn add_volumes(
 /// caller checked and which is mounted read-only.
 pub fn use_shared_claim(t: &mut SandboxTemplate, index: usize, claim: String) {
     let name = format!("{NAMED_VOLUME_PREFIX}{index}");
-    let volumes = t.spec.blueprint.pod_template.spec.volumes.iter_mut().flatten();
+    let volumes = t
+        .spec
+        .blueprint
+        .pod_template
+        .spec
+        .volumes
+        .iter_mut()
+        .flatten();
     for v in volumes.filter(|v| v.name == name) {
         v.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
             claim_name: claim.clone(),

@@ -22,9 +22,7 @@ use sandhub_api::{
     error::Code,
     k8s::names,
     validate,
-    volumes::{
-        CreateVolumeSnapshot, VolumeSnapshot, VolumeSnapshotList, MAX_SNAPSHOTS_PER_VOLUME,
-    },
+    volumes::{CreateVolumeSnapshot, VolumeSnapshot, VolumeSnapshotList, MAX_SNAPSHOTS_PER_VOLUME},
 };
 use sandhub_client::{Error, Result};
 use serde_json::json;
@@ -146,9 +144,10 @@ impl KubeTenant {
         if let Some(class) = &self.shared.volume_snapshot_class {
             spec["volumeSnapshotClassName"] = json!(class);
         }
-        let mut object = DynamicObject::new(&object_name(&self.tenant, volume, &req.name), &resource())
-            .within(&self.shared.namespace)
-            .data(json!({ "spec": spec }));
+        let mut object =
+            DynamicObject::new(&object_name(&self.tenant, volume, &req.name), &resource())
+                .within(&self.shared.namespace)
+                .data(json!({ "spec": spec }));
         object.metadata.labels = Some(labels);
         object.metadata.annotations = Some(BTreeMap::from([(
             SIZE_ANNOTATION.to_string(),

@@ -91,7 +91,13 @@ impl KubeTenant {
     /// The claim of the volume `name` the operator shares with every
     /// tenant (`--shared-volume [TENANT/]NAME`), if it exists.
     pub(super) async fn shared_volume_claim(&self, name: &str) -> Result<Option<String>> {
-        let Some(shared) = self.shared.policy.shared_volumes.iter().find(|s| s.name == name) else {
+        let Some(shared) = self
+            .shared
+            .policy
+            .shared_volumes
+            .iter()
+            .find(|s| s.name == name)
+        else {
             return Ok(None);
         };
         let object = owner::object_name(&shared.owner, name);
