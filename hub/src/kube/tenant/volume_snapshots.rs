@@ -72,6 +72,17 @@ pub(super) struct Source {
     pub size_mb: u64,
 }
 
+impl Source {
+    /// The claim `dataSource` that starts a clone from it.
+    pub fn data_source(&self) -> TypedLocalObjectReference {
+        TypedLocalObjectReference {
+            api_group: Some(GROUP.into()),
+            kind: KIND.into(),
+            name: self.object.clone(),
+        }
+    }
+}
+
 impl KubeTenant {
     fn snapshots_api(&self) -> Api<DynamicObject> {
         Api::namespaced_with(
@@ -219,15 +230,6 @@ impl KubeTenant {
             object: object.metadata.name.unwrap_or_default(),
             size_mb,
         })
-    }
-}
-
-/// The claim `dataSource` that starts a clone from `source`.
-pub(super) fn data_source(source: &Source) -> TypedLocalObjectReference {
-    TypedLocalObjectReference {
-        api_group: Some(GROUP.into()),
-        kind: KIND.into(),
-        name: source.object.clone(),
     }
 }
 

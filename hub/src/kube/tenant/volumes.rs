@@ -36,7 +36,7 @@ use sandhub_api::{
 };
 use sandhub_client::{Error, Result};
 
-use super::{kube_error, owner, volume_snapshots, KubeTenant};
+use super::{kube_error, owner, KubeTenant};
 use crate::kube::model::{tenant_label_value, CREATED_BY_HUB, TENANT_LABEL};
 
 /// The hub name of the volume a claim is (its cluster name carries the
@@ -144,7 +144,7 @@ impl KubeTenant {
         }
         let mut claim = self.claim_object(&req);
         if let (Some(source), Some(spec)) = (&source, claim.spec.as_mut()) {
-            spec.data_source = Some(volume_snapshots::data_source(source));
+            spec.data_source = Some(source.data_source());
         }
         match self.pvcs().create(&PostParams::default(), &claim).await {
             Ok(c) => Ok(volume_of(&c)),
