@@ -440,7 +440,14 @@ fn named_volumes_are_the_tenants_own_claims_and_read_back() {
         PullPolicy::Never,
     )
     .unwrap();
-    let bobs = bob.spec.blueprint.pod_template.spec.volumes.unwrap();
+    let bobs = bob
+        .spec
+        .blueprint
+        .pod_template
+        .spec
+        .volumes
+        .clone()
+        .unwrap();
     assert!(bobs
         .iter()
         .filter_map(|v| v.persistent_volume_claim.as_ref())
@@ -465,4 +472,25 @@ fn named_volumes_are_the_tenants_own_claims_and_read_back() {
     )
     .unwrap();
     assert!(template_of(&again.spec, SANDBOXD).volumes.is_empty());
+
+    // A volume the operator shares: bob's template points at alice's
+    // claim, read-only, and still reads back as the volume's name.
+    let mut shared = bob;
+    use_shared_claim(&mut shared, 1, owner::object_name("alice", "models"));
+    let pod = &shared.spec.blueprint.pod_template.spec;
+    let claims: Vec<(String, Option<bool>)> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| (c.claim_name.clone(), c.read_only))
+        .collect();
+    assert_eq!(
+        claims,
+        [
+            (owner::object_name("bob", "data"), Some(false)),
+            (owner::object_name("alice", "models"), Some(true)),
+        ]
+    );
+    assert_eq!(template_of(&shared.spec, SANDBOXD), t);
 }
