@@ -5,6 +5,8 @@ use super::*;
 
 /// The field manager of tenants' SandboxTemplates (server-side apply).
 const TEMPLATE_FIELD_MANAGER: &str = "sandhub-hub";
+/// Read-check-writes of one template PUT before a conflict is the caller's.
+const WRITE_ATTEMPTS: u32 = 3;
 
 impl KubeTenant {
     /// What tenants' templates start from: the operator's `--base-template`
@@ -92,36 +94,46 @@ impl KubeTenant {
             template::use_shared_claim(&mut want, i, claim);
         }
         let object = owner::object_name(&self.tenant, name);
-        let conflict = |e: kube::Error| match &e {
-            kube::Error::Api(s) if s.code == 409 => Error::new(
-                Code::Conflict,
-                format!("template {name} changed meanwhile; try again"),
-            ),
-            _ => kube_error(&format!("writing template {name}"), e),
-        };
-        match templates.get_opt(&object).await.map_err(read)? {
-            // The name is ours by construction; anything else there is
-            // left alone.
-            Some(have) if owner::owner(&have.metadata, &self.tenant) != Owner::Caller => {
-                return Err(Error::new(
-                    Code::Conflict,
-                    format!("template {name}: the cluster name {object} is taken"),
-                ))
+        // The controller may write the object (its status) between our read
+        // and our write; a few fresh read-check-writes get past that, and a
+        // writer that keeps changing it meanwhile gets 409.
+        let mut attempt = 0;
+        let written = loop {
+            attempt += 1;
+            match templates.get_opt(&object).await.map_err(read)? {
+                // The name is ours by construction; anything else there is
+                // left alone.
+                Some(have) if owner::owner(&have.metadata, &self.tenant) != Owner::Caller => {
+                    return Err(Error::new(
+                        Code::Conflict,
+                        format!("template {name}: the cluster name {object} is taken"),
+                    ))
+                }
+                // At the version read: no write lands on what was not checked.
+                Some(have) => want.metadata.resource_version = have.metadata.resource_version,
+                None => want.metadata.resource_version = None,
             }
-            // At the version read: no write lands on what was not checked.
-            Some(have) => want.metadata.resource_version = have.metadata.resource_version,
-            None => {}
-        }
-        // Server-side apply, always by one field manager: what a new
-        // version of the template no longer sets is removed.
-        let written = templates
-            .patch(
-                &object,
-                &PatchParams::apply(TEMPLATE_FIELD_MANAGER).force(),
-                &Patch::Apply(&want),
-            )
-            .await
-            .map_err(conflict)?;
+            // Server-side apply, always by one field manager: what a new
+            // version of the template no longer sets is removed.
+            match templates
+                .patch(
+                    &object,
+                    &PatchParams::apply(TEMPLATE_FIELD_MANAGER).force(),
+                    &Patch::Apply(&want),
+                )
+                .await
+            {
+                Ok(written) => break written,
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < WRITE_ATTEMPTS => continue,
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    return Err(Error::new(
+                        Code::Conflict,
+                        format!("template {name} changed meanwhile; try again"),
+                    ))
+                }
+                Err(e) => return Err(kube_error(&format!("writing template {name}"), e)),
+            }
+        };
         Ok(self.template_view(name, &written))
     }
 
