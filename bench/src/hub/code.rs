@@ -54,7 +54,7 @@ async fn phases(args: &Args, hub: &mut Hub, report: &mut Report, id: &str) -> an
         format!("{} ms", t.elapsed().as_millis()),
     );
     rest(args, hub, report, id).await?;
-    mcp(args, hub, report, id).await?;
+    mcp(args, hub, report).await?;
     first_context(args, hub, report, id).await?;
     if args.code_e2b {
         e2b(args, hub, report)?;
@@ -178,9 +178,18 @@ async fn rest(args: &Args, hub: &mut Hub, report: &mut Report, id: &str) -> anyh
     Ok(())
 }
 
-async fn mcp(args: &Args, hub: &mut Hub, report: &mut Report, id: &str) -> anyhow::Result<()> {
+async fn mcp(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
     let http = hub.http.clone();
     let mut s = Session::open(&http, &hub.url).await?;
+    // An MCP session reaches only the sandboxes it made.
+    let created = s
+        .call_tool("create_sandbox", json!({"warmpool": TEMPLATE}))
+        .await?;
+    let id = created["sandbox_claim_name"]
+        .as_str()
+        .with_context(|| format!("create_sandbox: {created}"))?
+        .to_string();
+    hub.track_sandbox(id.clone());
     let code = json!({"sandbox_claim_name": id, "code": "1+1"});
     let exec = json!({"sandbox_claim_name": id, "command": PYTHON_ONE_PLUS_ONE});
     let check_code = |r: &Value| -> anyhow::Result<()> {
@@ -210,7 +219,7 @@ async fn mcp(args: &Args, hub: &mut Hub, report: &mut Report, id: &str) -> anyho
         us(c.p50),
         None,
     ));
-    Ok(())
+    hub.delete(&id).await
 }
 
 async fn first_context(
