@@ -30,6 +30,8 @@
 //! console/     the web console at `/` (embedded files, CSP), the terminal's tickets
 //! signing.rs   tokens the hub signs for itself (envd access, browser links)
 //! trace.rs     the server span of every request (traceparent in), when traces export
+//! upload.rs    a request body as an upload: the declared length refused past the cap,
+//!              the stream cut off at it and drainable (files, volumes, images)
 //! ```
 //!
 //! The children use this module's state and extractors; what two of them
@@ -50,6 +52,7 @@ pub mod proxy;
 pub mod rest;
 pub mod signing;
 mod trace;
+pub mod upload;
 
 use std::sync::Arc;
 

@@ -26,19 +26,22 @@ use axum::{
     routing::{get, post},
     Extension, Json, Router,
 };
-use futures::TryStreamExt;
 use sandhub_api::{
     error::Code,
     sandboxd::{EntryType, FileEntry},
     volumes::{CreateVolume, Volume},
 };
-use sandhub_client::{ByteStream, Error, Result};
+use sandhub_client::{Error, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{files::rest_error, E2b};
 use crate::{
-    http::{signing::Tokens, Api, AppState},
+    http::{
+        signing::Tokens,
+        upload::{self, Upload},
+        Api, AppState,
+    },
     volume_files::{Found, Meta, VolPath, VolumeDir},
 };
 
@@ -429,23 +432,13 @@ async fn write(
     let limits = state.limits;
     check_ids(q.uid, q.gid)?;
     check_mode(q.mode)?;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limits.max_upload_bytes) {
-        return Err(limits.upload_too_large());
-    }
+    upload::refuse_declared(&limits, request.headers())?;
     let path = path_of(q)?;
-    let data: ByteStream = Box::pin(
-        request
-            .into_body()
-            .into_data_stream()
-            .map_err(|e| Error::invalid(format!("reading the request body: {e}"))),
-    );
-    let (data, tripped) = limits.cap_upload(data);
-    let (data, remainder) = crate::guard::drainable(data);
+    let Upload {
+        data,
+        tripped,
+        remainder,
+    } = upload::capped(&limits, request.into_body());
     let result = dir
         .write(path.clone(), data, q.mode.unwrap_or(FILE_MODE))
         .await

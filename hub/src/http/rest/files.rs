@@ -11,14 +11,15 @@ use axum::{
     response::Response,
     routing::get,
 };
-use futures::TryStreamExt;
 use sandhub_api::{error::ErrorBody, sandboxd::DirectoryListing};
-use sandhub_client::{ByteStream, Error};
 use serde::Deserialize;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::http::{Api, ApiPath, ApiResult, AppState};
+use crate::http::{
+    upload::{self, Upload},
+    Api, ApiPath, ApiResult, AppState,
+};
 
 /// Request headers sandboxd acts on; everything else (notably the hub's
 /// own `Authorization`) stays here.
@@ -141,24 +142,15 @@ async fn put_file(
     request: Request,
 ) -> ApiResult<Response> {
     let limits = state.limits;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    // Refused before a byte of the body is read.
-    if declared.is_some_and(|len| len > limits.max_upload_bytes) {
-        return Err(limits.upload_too_large().into());
-    }
+    upload::refuse_declared(&limits, request.headers())?;
     // A chunked body is cut off with an error as it passes the limit, so
     // sandboxd sees an aborted upload and discards its temporary file.
     let (parts, body) = request.into_parts();
-    let data: ByteStream = Box::pin(
-        body.into_data_stream()
-            .map_err(|e| Error::invalid(format!("reading the request body: {e}"))),
-    );
-    let (data, tripped) = limits.cap_upload(data);
-    let (data, remainder) = crate::guard::drainable(data);
+    let Upload {
+        data,
+        tripped,
+        remainder,
+    } = upload::capped(&limits, body);
     let request = Request::from_parts(parts, Body::from_stream(data));
     let result = forward(api.as_ref(), &id, request).await;
     if tripped.is_set() {

@@ -87,14 +87,7 @@ async fn import_image(
     let images = images(&state)?;
     refuse_simple_cross_origin(request.headers())?;
     let limits = state.limits;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limits.max_upload_bytes) {
-        return Err(limits.upload_too_large().into());
-    }
+    crate::http::upload::refuse_declared(&limits, request.headers())?;
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let tag = q.tag.filter(|t| !t.is_empty());
     let pick = q.pick.filter(|p| !p.is_empty());

@@ -13,19 +13,21 @@ use axum::{
     routing::get,
     Json,
 };
-use futures::TryStreamExt;
 use sandhub_api::{
     error::{Code, ErrorBody},
     sandboxd::{DirectoryListing, EntryType},
 };
-use sandhub_client::{sandboxd::SandboxdClient, ByteStream, Error, WriteOptions};
+use sandhub_client::{sandboxd::SandboxdClient, WriteOptions};
 use serde::Deserialize;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::{
     backend::TenantView,
-    http::{Api, ApiError, ApiPath, ApiQuery, ApiResult, AppState},
+    http::{
+        upload::{self, Upload},
+        Api, ApiError, ApiPath, ApiQuery, ApiResult, AppState,
+    },
     volume_files::{FileError, Found, VolPath, VolumeDir},
 };
 
@@ -324,14 +326,7 @@ async fn put_volume_file(
     request: Request,
 ) -> ApiResult<Response> {
     let limits = state.limits;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limits.max_upload_bytes) {
-        return Err(limits.upload_too_large().into());
-    }
+    upload::refuse_declared(&limits, request.headers())?;
     if q.append {
         return Err(ApiError::new(
             Code::InvalidArgument,
@@ -341,14 +336,11 @@ async fn put_volume_file(
     let mode = parse_mode(q.mode.as_deref())?;
     let path = VolPath::parse(&path)?;
     let files = open(api.as_ref(), &name).await?;
-    let data: ByteStream = Box::pin(
-        request
-            .into_body()
-            .into_data_stream()
-            .map_err(|e| Error::invalid(format!("reading the request body: {e}"))),
-    );
-    let (data, tripped) = limits.cap_upload(data);
-    let (data, remainder) = crate::guard::drainable(data);
+    let Upload {
+        data,
+        tripped,
+        remainder,
+    } = upload::capped(&limits, request.into_body());
     let result = match files {
         Files::Local(dir) => dir.write(path, data, mode).await.map_err(ApiError::from),
         Files::Remote(sandboxd) => sandboxd
