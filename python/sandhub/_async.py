@@ -22,7 +22,16 @@ from typing import IO, Any, AsyncIterator, Iterable, Literal, Mapping
 from . import _common as c
 from ._sandhub import NativeClient
 from ._async_code import AsyncCode
-from ._async_services import AsyncEnv, AsyncGym, AsyncImages, AsyncPools, AsyncTemplates, AsyncVolumes
+from ._async_services import (
+    AsyncEnv,
+    AsyncGym,
+    AsyncImages,
+    AsyncPools,
+    AsyncTemplates,
+    AsyncVolumes,
+    _read_into,
+    _upload,
+)
 from .errors import DeadlineExceededError, NotFoundError
 from .types import (
     CommandResult,
@@ -182,10 +191,7 @@ class AsyncFiles:
     async def read_to(self, path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
         """Streams the file into a local path or binary file object; returns the byte count."""
         reader = await self._native.open_read(self._sid, path, self.max_download_size)
-        if isinstance(dest, (str, os.PathLike)):
-            with open(dest, "wb") as f:
-                return await _drain(reader, f)
-        return await _drain(reader, dest)
+        return await _read_into(reader, dest)
 
     async def write(self, path: str, data: c.Data, *, mode: int | None = None, append: bool = False) -> None:
         """Writes bytes, text or a binary file object's contents, in chunks.
@@ -195,21 +201,7 @@ class AsyncFiles:
         reading ``data`` fails (or the call is interrupted or cancelled) the
         upload is aborted, and this raises once its request has ended: the
         file was not replaced."""
-        writer = self._native.open_write(self._sid, path, mode, append)
-        try:
-            for chunk in c.chunks_of(data):
-                await writer.send(chunk)
-        except BaseException:
-            # Fail the body, then wait for the request to end; its answer
-            # (the abort's echo, or the hub's own error) yields to the
-            # caller's exception.
-            writer.abort()
-            try:
-                await writer.finish()
-            except Exception:
-                pass
-            raise
-        await writer.finish()
+        await _upload(self._native.open_write(self._sid, path, mode, append), data)
 
     async def list(self, path: str = ".") -> list[FileEntry]:
         """The entries of a directory."""
@@ -230,14 +222,6 @@ class AsyncFiles:
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Deletes a file or an empty directory (a full one needs ``recursive``)."""
         await self._native.remove(self._sid, path, recursive)
-
-
-async def _drain(reader: Any, out: IO[bytes]) -> int:
-    n = 0
-    while (chunk := await reader.next_chunk()) is not None:
-        out.write(chunk)
-        n += len(chunk)
-    return n
 
 
 class AsyncWatch:

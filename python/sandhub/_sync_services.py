@@ -231,28 +231,14 @@ class VolumeFiles:
     def read_to(self, path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
         """Streams the file into a local path or binary file object; returns the byte count."""
         reader = self._native.volume_open_read(self._volume, path, self.max_download_size)
-        if isinstance(dest, (str, os.PathLike)):
-            with open(dest, "wb") as f:
-                return _drain(reader, f)
-        return _drain(reader, dest)
+        return _read_into(reader, dest)
 
     def write(self, path: str, data: c.Data, *, mode: int | None = None) -> None:
         """Writes bytes, text or a binary file object's contents, in chunks,
         making the parents. The file is replaced only once the whole body
         arrived; a volume that fills up raises :class:`ResourceExhaustedError`
         (HTTP 507) and leaves nothing behind."""
-        writer = self._native.volume_open_write(self._volume, path, mode)
-        try:
-            for chunk in c.chunks_of(data):
-                writer.send(chunk)
-        except BaseException:
-            writer.abort()
-            try:
-                writer.finish()
-            except Exception:
-                pass
-            raise
-        writer.finish()
+        _upload(self._native.volume_open_write(self._volume, path, mode), data)
 
     def list(self, path: str = "") -> list[FileEntry]:
         """The regular files and directories in a directory (links are left out)."""
@@ -276,12 +262,36 @@ class VolumeFiles:
         self._native.volume_remove(self._volume, path, recursive)
 
 
-def _drain(reader: Any, out: IO[bytes]) -> int:
+def _read_into(reader: Any, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+    """Streams a native reader into a local path or binary file object;
+    the byte count (``files.read_to`` of sandboxes and volumes)."""
+    if isinstance(dest, (str, os.PathLike)):
+        with open(dest, "wb") as f:
+            return _read_into(reader, f)
     n = 0
     while (chunk := reader.next_chunk()) is not None:
-        out.write(chunk)
+        dest.write(chunk)
         n += len(chunk)
     return n
+
+
+def _upload(writer: Any, data: c.Data) -> None:
+    """Sends ``data`` in chunks through a native writer, then ends the
+    upload (``files.write`` of sandboxes and volumes). When reading
+    ``data`` fails (or the call is interrupted or cancelled), the body is
+    failed first, then the request waited for: its answer (the abort's
+    echo, or the hub's own error) yields to the caller's exception."""
+    try:
+        for chunk in c.chunks_of(data):
+            writer.send(chunk)
+    except BaseException:
+        writer.abort()
+        try:
+            writer.finish()
+        except Exception:
+            pass
+        raise
+    writer.finish()
 
 
 class Images:
