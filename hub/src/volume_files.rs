@@ -439,6 +439,18 @@ impl VolumeDir {
             return rfs::fchmod(self.root(), mode).map_err(|e| io_error(e, path));
         }
         let seen = self.stat_blocking(path)?;
+        let (fd, ..) = self.open_as(path, seen.kind)?;
+        rfs::fchmod(&fd, mode).map_err(|e| io_error(e, path))
+    }
+
+    /// Opens `path`'s last name from its parent's fd with `O_NOFOLLOW`
+    /// (read-only, non-blocking, so no FIFO or device can hold it) and
+    /// checks it is the `want` a `statat` saw: a swap in between is refused.
+    fn open_as<'a>(
+        &self,
+        path: &'a VolPath,
+        want: EntryType,
+    ) -> FileResult<(OwnedFd, rfs::Stat, &'a str)> {
         let (dir, name, _) = self.parent(path)?;
         let fd = rfs::openat2(
             &dir,
@@ -449,13 +461,13 @@ impl VolumeDir {
         )
         .map_err(|e| io_error(e, path))?;
         let st = rfs::fstat(&fd).map_err(|e| io_error(e, path))?;
-        if kind(&st) != Some(seen.kind) {
+        if kind(&st) != Some(want) {
             return Err(fail(
                 Code::Conflict,
                 format!("{}: changed while being opened", path.display()),
             ));
         }
-        rfs::fchmod(&fd, mode).map_err(|e| io_error(e, path))
+        Ok((fd, st, name))
     }
 
     pub async fn set_mode(&self, path: VolPath, mode: u32) -> FileResult<()> {
@@ -477,22 +489,7 @@ impl VolumeDir {
         if entry.kind == EntryType::Directory {
             return self.list_blocking(path).map(Found::Directory);
         }
-        let (dir, name, _) = self.parent(path)?;
-        let fd = rfs::openat2(
-            &dir,
-            name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-            RESOLVE,
-        )
-        .map_err(|e| io_error(e, path))?;
-        let st = rfs::fstat(&fd).map_err(|e| io_error(e, path))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(fail(
-                Code::Conflict,
-                format!("{}: changed while being opened", path.display()),
-            ));
-        }
+        let (fd, st, name) = self.open_as(path, EntryType::File)?;
         let entry = self::entry(name, &st).unwrap_or(entry);
         Ok(Found::File {
             file: fd.into(),
