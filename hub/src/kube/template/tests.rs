@@ -391,6 +391,16 @@ fn an_egress_template_labels_its_pods_and_records_its_network() {
     assert_eq!(e.code, sandhub_api::error::Code::InvalidArgument, "{e}");
 }
 
+/// The claim (and its read-only flag) of each of a Pod spec's volumes.
+fn claims_of(pod: &PodSpec) -> Vec<(String, Option<bool>)> {
+    pod.volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| (c.claim_name.clone(), c.read_only))
+        .collect()
+}
+
 #[test]
 fn named_volumes_are_the_tenants_own_claims_and_read_back() {
     let mount = |name: &str, path: &str, read_only| sandhub_api::volumes::VolumeMount {
@@ -415,13 +425,7 @@ fn named_volumes_are_the_tenants_own_claims_and_read_back() {
     )
     .unwrap();
     let pod = &out.spec.blueprint.pod_template.spec;
-    let claims: Vec<(String, Option<bool>)> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|c| (c.claim_name.clone(), c.read_only))
-        .collect();
+    let claims = claims_of(pod);
     // Named through the tenant's own suffix: bob's template naming the
     // same volume gets bob's claim, never alice's.
     assert_eq!(
@@ -478,13 +482,7 @@ fn named_volumes_are_the_tenants_own_claims_and_read_back() {
     let mut shared = bob;
     use_shared_claim(&mut shared, 1, owner::object_name("alice", "models"));
     let pod = &shared.spec.blueprint.pod_template.spec;
-    let claims: Vec<(String, Option<bool>)> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|c| (c.claim_name.clone(), c.read_only))
-        .collect();
+    let claims = claims_of(pod);
     assert_eq!(
         claims,
         [
