@@ -74,7 +74,12 @@ impl KubeTenant {
 
     /// The claim of the caller's volume `name`, if there is one.
     pub(super) async fn volume_claim(&self, name: &str) -> Result<Option<PersistentVolumeClaim>> {
-        let object = owner::object_name(&self.tenant, name);
+        self.claim_of(&self.tenant, name).await
+    }
+
+    /// The claim of `tenant`'s volume `name`, if there is one.
+    async fn claim_of(&self, tenant: &str, name: &str) -> Result<Option<PersistentVolumeClaim>> {
+        let object = owner::object_name(tenant, name);
         let got = self
             .pvcs()
             .get_opt(&object)
@@ -84,7 +89,7 @@ impl KubeTenant {
         // A claim being deleted (held by a Pod that still uses it) is gone
         // to the API.
         Ok(got.filter(|c| {
-            owner::owner(&c.metadata, &self.tenant) == owner::Owner::Caller && !being_deleted(c)
+            owner::owner(&c.metadata, tenant) == owner::Owner::Caller && !being_deleted(c)
         }))
     }
 
@@ -100,16 +105,8 @@ impl KubeTenant {
         else {
             return Ok(None);
         };
-        let object = owner::object_name(&shared.owner, name);
-        let got = self
-            .pvcs()
-            .get_opt(&object)
-            .await
-            .map_err(|e| kube_error(&format!("reading shared volume {name}"), e))?;
-        Ok(got
-            .filter(|c| owner::owner(&c.metadata, &shared.owner) == owner::Owner::Caller)
-            .filter(|c| !being_deleted(c))
-            .map(|_| object))
+        let claim = self.claim_of(&shared.owner, name).await?;
+        Ok(claim.and_then(|c| c.metadata.name))
     }
 
     pub(super) async fn create_volume_claim(&self, req: CreateVolume) -> Result<Volume> {
