@@ -25,6 +25,10 @@ pub struct StartProcess {
     /// Allocate a terminal of this size (stdout and stderr then merge).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<PtySize>,
+    /// Start with stdin already closed: the process reads EOF at once, and
+    /// no separate close has to follow. Ignored with a terminal.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_closed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -260,7 +260,36 @@ both!(
     watch_reports_creates,
     errors_map_to_codes,
     kept_processes_outlive_their_stream,
+    stdin_closed_at_start,
 );
+
+/// `stdin_closed` on both starts: `process.v1` (upstream's contract, where
+/// the client sends the EOF after `init`) and `keep.v1` (sandboxd closes
+/// the pipe itself). `cat` ends only when its stdin does.
+async fn stdin_closed_at_start(d: &Daemon) {
+    let c = &d.client;
+    let request = || StartProcess {
+        command: vec!["/bin/sh".into(), "-c".into(), "cat; echo done".into()],
+        stdin_closed: true,
+        ..Default::default()
+    };
+    let mut events = within(c.start(request())).await.unwrap();
+    started(&mut events).await;
+    assert_eq!(output_until(&mut events, "done").await, "done\n");
+    assert_eq!(exit_code(&mut events).await, 0);
+
+    let mut kept = within(c.start_kept(request(), "l", "")).await.unwrap();
+    let first = within(kept.next()).await.unwrap().unwrap();
+    assert!(
+        matches!(first, KeptEvent::Process(ProcessEvent::Started { .. })),
+        "{first:?}"
+    );
+    let (out, dropped, exit) = kept_to_end(&mut kept).await;
+    assert_eq!(
+        (String::from_utf8_lossy(&out).as_ref(), dropped, exit),
+        ("done\n", 0, Some(0))
+    );
+}
 
 /// Output and exit of a kept stream read to its end, after `Started`.
 async fn kept_to_end(events: &mut KeptEvents) -> (Vec<u8>, u64, Option<i32>) {
@@ -287,6 +316,7 @@ async fn kept_processes_outlive_their_stream(d: &Daemon) {
         env: BTreeMap::new(),
         cwd: String::new(),
         pty: None,
+        stdin_closed: false,
     };
     let mut events = within(c.start_kept(request, "scope", "")).await.unwrap();
     let pid = match within(events.next()).await.unwrap().unwrap() {
@@ -427,6 +457,7 @@ async fn start_streams_stdin_signals_and_exit(d: &Daemon) {
         env,
         cwd: "work".into(),
         pty: None,
+        stdin_closed: false,
     }))
     .await
     .unwrap();

@@ -44,6 +44,7 @@ fn request(argv: &[&str], label: &str) -> kpb::StartRequest {
         }),
         label: label.into(),
         tag: String::new(),
+        stdin_closed: false,
     }
 }
 
@@ -325,4 +326,43 @@ async fn kept_processes_are_bounded_in_number() {
     let listed = list(&mut c, "n").await;
     assert_eq!(listed.len(), 32);
     assert!(listed.iter().all(|p| p.exit_code.is_none()));
+}
+
+#[tokio::test]
+async fn stdin_closed_at_start_reads_eof_and_takes_no_more_input() {
+    let d = common::Daemon::start(&[]);
+    let mut c = client(&d).await;
+    // `cat` finishes only when its stdin ends: with the pipe open it would
+    // wait until the test timed out.
+    let mut closed = request(&["/bin/sh", "-c", "cat; echo done"], "s");
+    closed.stdin_closed = true;
+    let mut stream = within(c.start(closed)).await.expect("Start").into_inner();
+    let seen = read_to_end(&mut stream).await;
+    assert_eq!(String::from_utf8_lossy(&seen.stdout), "done\n");
+    assert_eq!(seen.exit, Some(0));
+    let pid = seen.pid.expect("init came first");
+
+    // Input to it is refused as to any process whose stdin was closed.
+    let (_held, pid_open) = start(&mut c, &["sleep", "30"], "s").await;
+    let mut closed = request(&["sleep", "30"], "s");
+    closed.stdin_closed = true;
+    let mut stream = within(c.start(closed)).await.expect("Start").into_inner();
+    let Some(Event::Init(init)) = next(&mut stream).await else {
+        panic!("no init")
+    };
+    let mut p = within(ProcessServiceClient::connect(d.grpc_url()))
+        .await
+        .unwrap();
+    let write = |pid| pb::WriteStdinRequest {
+        process_id: pid,
+        payload: Some(pb::write_stdin_request::Payload::Input("x\n".into())),
+    };
+    let refused = within(p.write_stdin(write(init.process_id)))
+        .await
+        .expect_err("stdin of a process started with it closed took input");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    within(p.write_stdin(write(pid_open)))
+        .await
+        .expect("a process started without the flag keeps its stdin");
+    assert_ne!(pid, init.process_id);
 }

@@ -59,6 +59,7 @@ impl SandboxdClient {
             env,
             cwd,
             pty,
+            stdin_closed,
         } = request;
         let start = kpb::StartRequest {
             start: Some(pb::StartRequest {
@@ -70,6 +71,7 @@ impl SandboxdClient {
             }),
             label: label.into(),
             tag: tag.into(),
+            stdin_closed,
         };
         Ok(events(self.kept().start(start).await?.into_inner()))
     }

@@ -64,7 +64,9 @@ impl SandboxdClient {
             env,
             cwd,
             pty,
+            stdin_closed,
         } = request;
+        let close_stdin = stdin_closed && pty.is_none();
         let start = pb::StartRequest {
             config: Some(config(command, env, cwd)),
             pty: pty.map(|p| pb::Pty {
@@ -73,12 +75,27 @@ impl SandboxdClient {
             }),
         };
         let stream = self.process().start(start).await?.into_inner();
-        Ok(Box::pin(stream.filter_map(|item| {
+        let mut events: ProcessEvents = Box::pin(stream.filter_map(|item| {
             futures::future::ready(match item {
                 Ok(response) => response.event.map(|e| Ok(event_of(e))),
                 Err(status) => Some(Err(status.into())),
             })
-        })))
+        }));
+        if !close_stdin {
+            return Ok(events);
+        }
+        // `process.v1` (upstream's contract) has no such field: the EOF
+        // follows `init`, as a caller would send it, but without holding
+        // the stream back for its round trip. A process that is gone by
+        // then needs no EOF; a broken connection shows on the stream.
+        let first = events.next().await;
+        if let Some(Ok(ProcessEvent::Started { pid })) = &first {
+            let (client, pid) = (self.clone(), *pid);
+            tokio::spawn(async move {
+                let _ = client.write_stdin(pid, StdinInput::Eof).await;
+            });
+        }
+        Ok(Box::pin(futures::stream::iter(first).chain(events)))
     }
 
     pub async fn write_stdin(&self, pid: i32, input: StdinInput) -> Result<()> {

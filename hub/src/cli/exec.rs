@@ -93,6 +93,7 @@ pub async fn run(args: ExecArgs) -> Result<i32> {
                 env: to_map(args.env),
                 cwd: args.cwd.unwrap_or_default(),
                 pty,
+                stdin_closed: false,
             },
         )
         .await?;

@@ -19,7 +19,7 @@ impl ProcessService {
     }
 
     fn start_process(&self, req: pb::StartRequest) -> Result<ReceiverStream<Event>> {
-        let started = self.spawn_started(&req)?;
+        let started = self.spawn_started(&req, false)?;
         let (tx, rx) = mpsc::channel(START_QUEUE);
         // A fresh channel has room, so `init` is always the first event.
         let _ = tx.try_send(event(pb::start_response::Event::Init(pb::InitEvent {
@@ -43,7 +43,7 @@ impl ProcessService {
         let tag = kept::label("tag", req.tag)?;
         let start = req.start.unwrap_or_default();
         self.daemon.processes.kept.admit()?;
-        let started = self.spawn_started(&start)?;
+        let started = self.spawn_started(&start, req.stdin_closed)?;
         let record = Arc::new(kept::Kept::new(
             started.pid,
             (label, tag),
@@ -67,8 +67,10 @@ impl ProcessService {
         ReceiverStream::new(rx)
     }
 
-    /// Spawns what a `Start` asks for, registered with its controls.
-    fn spawn_started(&self, req: &pb::StartRequest) -> Result<Started> {
+    /// Spawns what a `Start` asks for, registered with its controls. With
+    /// `stdin_closed` (and no terminal) the process's stdin pipe is closed
+    /// at once, as a `WriteStdin` of `eof` would close it.
+    fn spawn_started(&self, req: &pb::StartRequest, stdin_closed: bool) -> Result<Started> {
         let config = req.config.clone().unwrap_or_default();
         let launch = Launch::from(&config);
         let mut cmd = launch.command(&self.daemon)?;
@@ -81,7 +83,8 @@ impl ProcessService {
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());
                 let (mut child, pid) = spawn(&mut cmd, &launch)?;
-                let input = Input::Pipe(Mutex::new(child.stdin.take()));
+                let stdin = child.stdin.take().filter(|_| !stdin_closed);
+                let input = Input::Pipe(Mutex::new(stdin));
                 let stdout = child.stdout.take().expect("stdout is piped");
                 let stderr = child.stderr.take().expect("stderr is piped");
                 (child, pid, input, Output::Pipes(stdout, stderr))

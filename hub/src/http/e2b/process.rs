@@ -381,9 +381,12 @@ async fn sandbox_gone(api: &dyn TenantView, id: &str) {
     }
 }
 
-/// One output or exit event as the enveloped frame streams carry.
-fn frame_of(event: ProcessEvent) -> Option<(Bytes, bool)> {
+/// One output or exit event as the enveloped frame streams carry. A
+/// terminal's output is envd's `pty` data (stdout and stderr are one
+/// stream there): E2B's `pty` handles read only that.
+fn frame_of(event: ProcessEvent, pty: bool) -> Option<(Bytes, bool)> {
     let message = match event {
+        ProcessEvent::Stdout { data } if pty => data_event("pty", &data),
         ProcessEvent::Stdout { data } => data_event("stdout", &data),
         ProcessEvent::Stderr { data } => data_event("stderr", &data),
         ProcessEvent::Exited { exit_code } => {
@@ -401,6 +404,8 @@ struct Pump {
     primary: Option<Writer>,
     watchers: Arc<Watchers>,
     cancel: CancellationToken,
+    /// The process runs on a terminal.
+    pty: bool,
 }
 
 impl Pump {
@@ -413,7 +418,7 @@ impl Pump {
                 event = events.next() => event,
             };
             let (frame, last) = match event {
-                Some(Ok(event)) => match frame_of(event) {
+                Some(Ok(event)) => match frame_of(event, self.pty) {
                     Some(f) => f,
                     None => continue,
                 },
@@ -521,6 +526,7 @@ fn start_process(config: &ProcessConfig, pty: Option<PtySize>) -> Result<StartPr
         env: config.envs.clone(),
         cwd,
         pty,
+        stdin_closed: false,
     })
 }
 
@@ -606,7 +612,12 @@ impl Call<'_> {
     pub async fn start(&self, body: Value) -> Result<impl Stream<Item = Bytes> + Send + 'static> {
         let req: StartRequest = serde_json::from_value(body)
             .map_err(|e| Error::new(Code::InvalidArgument, format!("bad StartRequest: {e}")))?;
-        let spec = start_process(&req.process, pty_size(req.pty.as_ref()))?;
+        let mut spec = start_process(&req.process, pty_size(req.pty.as_ref()))?;
+        // E2B's commands run with stdin closed unless asked for; a terminal
+        // is always open for input (an EOF there would be a ^D typed into
+        // the shell).
+        spec.stdin_closed = spec.pty.is_none() && !req.stdin.unwrap_or(false);
+        let pty = spec.pty.is_some();
         let tag = req.tag.as_deref().unwrap_or("");
         let mut events = self.api.start_kept(self.id, spec, KEPT_LABEL, tag).await?;
         let pid = match events.next().await {
@@ -618,10 +629,6 @@ impl Call<'_> {
                 ))
             }
         };
-        if !req.stdin.unwrap_or(false) {
-            // E2B's commands run with stdin closed unless asked for.
-            let _ = self.api.write_stdin(self.id, pid, StdinInput::Eof).await;
-        }
         let (primary, primary_reader) = outbox::outbox(PRIMARY_BUDGET);
         let watchers = Arc::new(Watchers::default());
         let key = self.key();
@@ -640,6 +647,7 @@ impl Call<'_> {
             primary: Some(primary),
             watchers,
             cancel,
+            pty,
         };
         tokio::spawn(pump.run_to_end(events, self.registry.clone(), key, pid));
         Ok(frames(
@@ -718,6 +726,7 @@ impl Call<'_> {
             primary: None,
             watchers: watchers.clone(),
             cancel,
+            pty: found.pty,
         };
         Ok(Some((watchers, Some((pump, events)))))
     }

@@ -111,6 +111,7 @@ async fn start_process(
             cols: p.cols,
             rows: p.rows,
         }),
+        stdin_closed: false,
     };
     let events = api.start(&id, request).await?;
     // Listed from its start to its exit, or to the end of this response
@@ -405,6 +406,7 @@ async fn pty(
                     cols: q.cols,
                     rows: q.rows,
                 }),
+                stdin_closed: false,
             },
         )
         .await?;

@@ -188,6 +188,7 @@ impl<P: SandboxesProvider> SandhubMcp<P> {
             env: p.env.unwrap_or_default(),
             cwd,
             pty: None,
+            stdin_closed: false,
         };
         let started = tokio::time::timeout(START_TIMEOUT, async {
             let mut events = sb
