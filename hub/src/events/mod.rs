@@ -14,8 +14,9 @@
 //! ```
 //!
 //! Emitting never waits for storage: [`EventLog::emit`] pushes onto a
-//! bounded queue and wakes one writer thread, which stores what queued in
-//! one transaction and only then broadcasts it. So an action pays a mutex
+//! bounded queue and wakes one writer thread, which lets a batch gather for
+//! a moment (`GATHER`), stores what queued in one transaction and only then
+//! broadcasts it. So an action pays a mutex
 //! and a push, a burst of actions shares one commit, and every event a
 //! consumer has seen is already stored: a reconnect with `Last-Event-ID`
 //! after a `kill -9` of the hub misses nothing it was sent and repeats
@@ -378,6 +379,16 @@ impl Live {
     }
 }
 
+/// How long the writer lets a batch gather once an event woke it. Woken,
+/// it would commit at once, and often on the CPU of the request that
+/// emitted (the scheduler favours the waker's CPU for the woken), before
+/// that request had answered: the answer then waited for the commit (the
+/// warm claim's regression, issue #34). Leaving the CPU first lets the
+/// answer go, and a burst of actions shares one commit.
+const GATHER: Duration = Duration::from_millis(2);
+/// A batch this big is stored without gathering more.
+const GATHER_AT_MOST: usize = 256;
+
 /// The log and its live feed. Cheap to emit into from any module.
 pub struct EventLog {
     queue: Mutex<Queue>,
@@ -590,6 +601,13 @@ impl EventLog {
                         .wait_timeout(q, PRUNE_EVERY)
                         .unwrap_or_else(|p| p.into_inner());
                     q = g;
+                }
+                if !q.pending.is_empty() && q.pending.len() < GATHER_AT_MOST {
+                    // Still "writing" for `flush`: the batch is on its way.
+                    q.writing = true;
+                    drop(q);
+                    std::thread::sleep(GATHER);
+                    q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
                 }
                 q.writing = !q.pending.is_empty();
                 q.pending.drain(..).collect()
