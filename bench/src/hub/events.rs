@@ -32,7 +32,7 @@ const LIVE_CONSUMERS: usize = 8;
 const ROUND_CLAIMS: u32 = 20;
 const PACE: Duration = Duration::from_millis(10);
 /// Rounds per side, alternating.
-const ROUNDS: usize = 6;
+const ROUNDS: usize = 15;
 /// The pool the rounds claim from (refilled between rounds).
 const POOL_REPLICAS: u32 = 24;
 /// Create p50 with live consumers vs without.
