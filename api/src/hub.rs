@@ -192,8 +192,8 @@ pub struct CreateSandbox {
     /// only; docs/networking.md). Forces a cold start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::secrets::SecretRef>,
-    /// More named volumes than the template's, mounted where each says
-    /// (local backend). Forces a cold start.
+    /// More named volumes than the template's, mounted where each says.
+    /// Forces a cold start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::volumes::VolumeMount>,
 }

@@ -30,6 +30,10 @@ const PROXY_DOMAIN: &[u8] = b"sandhub-egress-proxy/v1";
 /// The hub's bearer on the proxy's meter route (another domain again:
 /// no Pod ever holds it, and it opens no sandbox).
 const METER_DOMAIN: &[u8] = b"sandhub-egress-meter/v1";
+/// The hub's signature on a claim's volume mounts (issue #32): the
+/// controller mounts the claims a SandboxClaim names only when the hub
+/// signed that list for that claim (`crate::k8s::volumes`).
+const VOLUMES_DOMAIN: &[u8] = b"sandhub-claim-volumes/v1";
 
 /// The HMAC key; never printed.
 #[derive(Clone)]
@@ -86,11 +90,44 @@ impl SandboxdTokens {
         self.derive(METER_DOMAIN, namespace, "")
     }
 
+    /// The hub's signature on `mounts` (the JSON of a claim's volume
+    /// mounts annotation) for claim `claim` of `namespace`.
+    pub fn volumes_signature(&self, namespace: &str, claim: &str, mounts: &str) -> String {
+        self.derive_parts(
+            VOLUMES_DOMAIN,
+            &[namespace.as_bytes(), claim.as_bytes(), mounts.as_bytes()],
+        )
+    }
+
+    /// Whether `signature` is [`Self::volumes_signature`]'s, compared in
+    /// constant time.
+    pub fn verify_volumes(
+        &self,
+        namespace: &str,
+        claim: &str,
+        mounts: &str,
+        signature: &str,
+    ) -> bool {
+        let want = self.volumes_signature(namespace, claim, mounts);
+        want.len() == signature.len()
+            && want
+                .bytes()
+                .zip(signature.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+
     fn derive(&self, domain: &[u8], namespace: &str, sandbox: &str) -> String {
+        self.derive_parts(domain, &[namespace.as_bytes(), sandbox.as_bytes()])
+    }
+
+    fn derive_parts(&self, domain: &[u8], parts: &[&[u8]]) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes any key");
-        // NUL separators: names never hold NUL, so no two (namespace,
-        // sandbox) pairs feed the MAC the same bytes.
-        for part in [domain, namespace.as_bytes(), sandbox.as_bytes()] {
+        // NUL separators: names never hold NUL (nor does JSON, which
+        // escapes it), so no two lists of parts feed the MAC the same bytes.
+        mac.update(domain);
+        mac.update(&[0]);
+        for part in parts {
             mac.update(part);
             mac.update(&[0]);
         }
@@ -142,6 +179,31 @@ mod tests {
         let digest = t.digest("ns", "sb");
         assert_eq!(digest, hex(&Sha256::digest(token.as_bytes())));
         assert_ne!(digest, token);
+    }
+
+    #[test]
+    fn a_volumes_signature_covers_the_namespace_the_claim_and_the_list() {
+        let t = tokens(3);
+        let m = r#"[{"claim":"data-x","path":"/workspace/d","read_only":false}]"#;
+        let sig = t.volumes_signature("ns", "sb-1", m);
+        assert!(t.verify_volumes("ns", "sb-1", m, &sig));
+        assert!(!t.verify_volumes("ns", "sb-2", m, &sig), "another claim");
+        assert!(
+            !t.verify_volumes("ns2", "sb-1", m, &sig),
+            "another namespace"
+        );
+        let other = m.replace("false", "true");
+        assert!(
+            !t.verify_volumes("ns", "sb-1", &other, &sig),
+            "another list"
+        );
+        assert!(!t.verify_volumes("ns", "sb-1", m, &sig[1..]), "a prefix");
+        assert!(
+            !tokens(4).verify_volumes("ns", "sb-1", m, &sig),
+            "another key"
+        );
+        // Never any other credential of the same names.
+        assert_ne!(sig, t.token("ns", "sb-1"));
     }
 
     #[test]

@@ -8,6 +8,7 @@ only this test uses); the API server's own binder binds the hub's claim to it.""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -146,16 +147,90 @@ def _a_volume_written_and_read(cluster: Cluster, storage_class: str, host_dir: s
         # Mounted by a template: not deleted under it.
         r = requests.delete(f"{url}/v1/volumes/data", timeout=60)
         assert (r.status_code, r.json()["code"]) == (409, "CONFLICT"), r.text
-        # What a Kubernetes hub does not do (yet) says so.
-        r = requests.post(f"{url}/v1/sandboxes", json={"pool": name, "volumes": [{"name": "data", "path": "/v"}]},
-                          timeout=60)
-        assert (r.status_code, r.json()["code"]) == (501, "UNIMPLEMENTED"), r.text
 
         ok(requests.delete(f"{url}/v1/sandboxes/{b}", timeout=120), 204)
         ok(requests.delete(f"{url}/v1/pools/{name}", timeout=60), 204)
         ok(requests.delete(f"{url}/v1/templates/{name}", timeout=60), 204)
         ok(requests.delete(f"{url}/v1/volumes/data", timeout=60), 204)
         assert requests.get(f"{url}/v1/volumes/data", timeout=60).status_code == 404
+    finally:
+        hub.terminate()
+
+
+def test_volumes_on_a_create_request_get_a_pod_of_their_own(cluster: Cluster) -> None:
+    with hostpath_pv(cluster, "sandhub-e2e-req", 0o777) as (storage_class, host_dir):
+        _volumes_on_a_create_request(cluster, storage_class, host_dir)
+
+
+def _volumes_on_a_create_request(cluster: Cluster, storage_class: str, host_dir: str) -> None:
+    tag = secrets.token_hex(3)
+    hub, url = cluster.start_hub("--base-template", POOL, "--volume-storage-class", storage_class)
+    name = f"req-{tag}"
+    sandboxes = f"{url}/v1/sandboxes"
+    try:
+        ok(requests.post(f"{url}/v1/volumes", json={"name": "work", "size_mb": 32}, timeout=60), 201)
+        # A template with a warm member, which was made without the volume: the request's
+        # sandbox gets a Pod of its own.
+        ok(requests.put(f"{url}/v1/templates/{name}", json={}, timeout=60))
+        ok(requests.put(f"{url}/v1/pools/{name}", json={"template": name, "replicas": 1}, timeout=60))
+        for bad, want in (([{"name": "nope", "path": "/workspace/w"}], (404, "NOT_FOUND")),
+                          ([{"name": "work", "path": "/workspace"}], (400, "INVALID_ARGUMENT")),
+                          ([{"name": "work", "path": "/proc/w"}], (400, "INVALID_ARGUMENT"))):
+            r = requests.post(sandboxes, json={"pool": name, "volumes": bad}, timeout=60)
+            assert (r.status_code, r.json()["code"]) == want, (bad, r.text)
+
+        mount = [{"name": "work", "path": "/workspace/work"}]
+        a = ok(requests.post(sandboxes, json={"pool": name, "volumes": mount}, timeout=200), 201)
+        assert a["launch"] == "cold", a
+        w = run(url, a["id"], "echo from-a > /workspace/work/f && cat /workspace/work/f")
+        assert (w["exit_code"], w["stdout"]) == (0, "from-a\n"), w
+        with open(os.path.join(host_dir, "f")) as f:
+            assert f.read() == "from-a\n"
+        # Not deleted under the sandbox that mounts it.
+        r = requests.delete(f"{url}/v1/volumes/work", timeout=60)
+        assert (r.status_code, r.json()["code"]) == (409, "CONFLICT") and a["id"] in r.text, r.text
+
+        # The claim names the volume's claim, signed by the hub for that claim. A claim written
+        # by anyone else with the same list (another name, so the signature does not fit) gets
+        # no Pod: the controller refuses it.
+        obj = cluster.custom.get_namespaced_custom_object(*EXT, cluster.ns, "sandboxclaims", a["id"])
+        notes = obj["metadata"]["annotations"]
+        listed = json.loads(notes["sandhub.io/volume-mounts"])
+        assert [(m["path"], m["read_only"]) for m in listed] == [("/workspace/work", False)], listed
+        forged = f"forged-{tag}"
+        cluster.custom.create_namespaced_custom_object(*EXT, cluster.ns, "sandboxclaims", {
+            "apiVersion": f"{EXT[0]}/{EXT[1]}", "kind": "SandboxClaim",
+            "metadata": {"name": forged, "annotations": {
+                k: v for k, v in notes.items() if k.startswith("sandhub.io/volume-mounts")}},
+            "spec": {"warmPoolRef": obj["spec"]["warmPoolRef"]},
+        })
+        deadline = time.monotonic() + 60
+        reason = None
+        while time.monotonic() < deadline and reason != "InvalidMetadata":
+            got = cluster.custom.get_namespaced_custom_object(*EXT, cluster.ns, "sandboxclaims", forged)
+            ready = [c for c in (got.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
+            reason = ready[0]["reason"] if ready else None
+            time.sleep(0.5)
+        assert reason == "InvalidMetadata", got
+        assert "signature" in ready[0]["message"], ready
+        cluster.custom.delete_namespaced_custom_object(*EXT, cluster.ns, "sandboxclaims", forged)
+
+        ok(requests.delete(f"{sandboxes}/{a['id']}", timeout=120), 204)
+        # The next sandbox reads it, read-only.
+        ro = [{"name": "work", "path": "/srv/work", "read_only": True}]
+        b = ok(requests.post(sandboxes, json={"pool": name, "volumes": ro}, timeout=200), 201)["id"]
+        r2 = run(url, b, "cat /srv/work/f; echo x > /srv/work/g")
+        assert r2["stdout"] == "from-a\n" and r2["exit_code"] != 0, r2
+        assert not os.path.exists(os.path.join(host_dir, "g"))
+        ok(requests.delete(f"{sandboxes}/{b}", timeout=120), 204)
+        # Deleted once no claim names it (the claim goes with its sandbox).
+        deadline = time.monotonic() + 60
+        while (r := requests.delete(f"{url}/v1/volumes/work", timeout=60)).status_code == 409:
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.5)
+        assert r.status_code == 204, r.text
+        ok(requests.delete(f"{url}/v1/pools/{name}", timeout=60), 204)
+        ok(requests.delete(f"{url}/v1/templates/{name}", timeout=60), 204)
     finally:
         hub.terminate()
 

@@ -19,6 +19,8 @@ pub mod template;
 #[cfg(feature = "k8s")]
 pub mod validate;
 #[cfg(feature = "k8s")]
+pub mod volumes;
+#[cfg(feature = "k8s")]
 pub mod warmpool;
 
 #[cfg(feature = "k8s")]

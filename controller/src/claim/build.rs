@@ -8,7 +8,9 @@ use kube::ResourceExt;
 use sandhub_api::k8s::common::PodMetadata;
 use sandhub_api::k8s::conditions::{created_by, launch_type};
 use sandhub_api::k8s::names::{self, name_hash};
+use sandhub_api::k8s::volumes::{self as claim_volumes, ClaimVolume};
 use sandhub_api::k8s::{Sandbox, SandboxClaim, SandboxSpec, SandboxTemplate};
+use sandhub_api::sandboxd_token::SandboxdTokens;
 use serde_json::{json, Map, Value};
 
 use super::inject::{inject_env, merge_vcts, EnvRequest};
@@ -20,6 +22,42 @@ use crate::warmpool::build::apply_secure_defaults;
 pub enum BuildError {
     EnvVarsInjectionRejected(String),
     VolumeClaimTemplatesError(String),
+    /// The hub's volume mounts annotation is unsigned, forged or malformed.
+    VolumeMounts(String),
+}
+
+/// Whether the claim names volume mounts of the hub's (which only a Pod
+/// made for it can have: see `sandhub_api::k8s::volumes`).
+pub fn has_volume_mounts(claim: &SandboxClaim) -> bool {
+    claim
+        .annotations()
+        .contains_key(claim_volumes::MOUNTS_ANNOTATION)
+}
+
+/// The volume mounts the claim's annotation lists, if the hub signed that
+/// list for this claim with the key `tokens` holds; none when it names none.
+fn volume_mounts(
+    claim: &SandboxClaim,
+    tokens: Option<&SandboxdTokens>,
+) -> Result<Vec<ClaimVolume>, BuildError> {
+    let a = claim.annotations();
+    let Some(value) = a.get(claim_volumes::MOUNTS_ANNOTATION) else {
+        return Ok(Vec::new());
+    };
+    let refuse = |why: &str| {
+        BuildError::VolumeMounts(format!("{}: {why}", claim_volumes::MOUNTS_ANNOTATION))
+    };
+    let tokens = tokens.ok_or_else(|| {
+        refuse("volume mounts need the key the hub signs them with (--sandboxd-token-key-file)")
+    })?;
+    let signature = a
+        .get(claim_volumes::SIGNATURE_ANNOTATION)
+        .ok_or_else(|| refuse("not signed by the hub"))?;
+    let namespace = claim.namespace().unwrap_or_default();
+    if !tokens.verify_volumes(&namespace, &claim.name_any(), value, signature) {
+        return Err(refuse("the hub's signature does not match"));
+    }
+    claim_volumes::parse(value).map_err(BuildError::VolumeMounts)
 }
 
 /// The claim's `created-by` label, or `controller`.
@@ -70,7 +108,9 @@ pub fn template_pod_metadata(template: &SandboxTemplate) -> PodMetadata {
 pub fn cold_sandbox(
     claim: &SandboxClaim,
     template: &SandboxTemplate,
+    tokens: Option<&SandboxdTokens>,
 ) -> Result<Sandbox, BuildError> {
+    let mounts = volume_mounts(claim, tokens)?;
     let mut spec = SandboxSpec {
         blueprint: template.spec.blueprint.clone(),
         ..Default::default()
@@ -107,6 +147,8 @@ pub fn cold_sandbox(
         template.spec.env_vars_injection_policy,
     )
     .map_err(BuildError::EnvVarsInjectionRejected)?;
+    claim_volumes::mount(&mut spec.blueprint.pod_template.spec, &mounts)
+        .map_err(BuildError::VolumeMounts)?;
     apply_secure_defaults(&mut spec, template);
 
     let (pod_labels, pod_annotations) = claim_pod_metadata(claim, template);
@@ -289,7 +331,7 @@ mod tests {
 
     #[test]
     fn cold_sandbox_is_named_like_the_claim_and_owned_by_it() {
-        let sb = cold_sandbox(&claim(), &template()).unwrap();
+        let sb = cold_sandbox(&claim(), &template(), None).unwrap();
         assert_eq!(sb.name_any(), "my-claim");
         let owner = controller_of(&sb.metadata).unwrap();
         assert_eq!(
@@ -324,12 +366,12 @@ mod tests {
             container_name: None,
         }]);
         assert!(matches!(
-            cold_sandbox(&c, &template()),
+            cold_sandbox(&c, &template(), None),
             Err(BuildError::EnvVarsInjectionRejected(_))
         ));
         let mut t = template();
         t.spec.env_vars_injection_policy = InjectionPolicy::Allowed;
-        let sb = cold_sandbox(&c, &t).unwrap();
+        let sb = cold_sandbox(&c, &t, None).unwrap();
         let env = sb.spec.blueprint.pod_template.spec.containers[0]
             .env
             .clone()
@@ -340,17 +382,81 @@ mod tests {
         v.metadata.name = "data".into();
         c.spec.volume_claim_templates = Some(vec![v]);
         assert!(matches!(
-            cold_sandbox(&c, &t),
+            cold_sandbox(&c, &t, None),
             Err(BuildError::VolumeClaimTemplatesError(_))
         ));
         t.spec.volume_claim_templates_policy = InjectionPolicy::Allowed;
-        let sb = cold_sandbox(&c, &t).unwrap();
+        let sb = cold_sandbox(&c, &t, None).unwrap();
         assert_eq!(
             sb.spec.blueprint.volume_claim_templates.unwrap()[0]
                 .metadata
                 .name,
             "data"
         );
+    }
+
+    #[test]
+    fn volume_mounts_are_mounted_only_when_the_hub_signed_them_for_the_claim() {
+        let key = SandboxdTokens::new(vec![b'k'; 32]).unwrap();
+        let list = r#"[{"claim":"data-t1","path":"/workspace/data","read_only":true}]"#;
+        let with = |value: &str, sig: Option<String>| {
+            let mut c = claim();
+            let a = c.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            a.insert(claim_volumes::MOUNTS_ANNOTATION.into(), value.into());
+            if let Some(sig) = sig {
+                a.insert(claim_volumes::SIGNATURE_ANNOTATION.into(), sig);
+            }
+            c
+        };
+        let signed = with(list, Some(key.volumes_signature("ns", "my-claim", list)));
+        assert!(has_volume_mounts(&signed) && !has_volume_mounts(&claim()));
+        let sb = cold_sandbox(&signed, &template(), Some(&key)).unwrap();
+        let pod = &sb.spec.blueprint.pod_template.spec;
+        let vol = pod.volumes.as_ref().unwrap().last().unwrap();
+        let pvc = vol.persistent_volume_claim.as_ref().unwrap();
+        assert_eq!(
+            (pvc.claim_name.as_str(), pvc.read_only),
+            ("data-t1", Some(true))
+        );
+        let m = pod.containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .last()
+            .unwrap();
+        assert_eq!(
+            (m.name.as_str(), m.mount_path.as_str()),
+            (vol.name.as_str(), "/workspace/data")
+        );
+
+        let refused = |c: &SandboxClaim, key: Option<&SandboxdTokens>| {
+            matches!(
+                cold_sandbox(c, &template(), key),
+                Err(BuildError::VolumeMounts(_))
+            )
+        };
+        // No key here, no signature, another claim's, a changed list, another key.
+        assert!(refused(&signed, None));
+        assert!(refused(&with(list, None), Some(&key)));
+        let other = with(list, Some(key.volumes_signature("ns", "other-claim", list)));
+        assert!(refused(&other, Some(&key)));
+        let widened = list.replace("true", "false");
+        let changed = with(
+            &widened,
+            Some(key.volumes_signature("ns", "my-claim", list)),
+        );
+        assert!(refused(&changed, Some(&key)));
+        let theirs = SandboxdTokens::new(vec![b'j'; 32]).unwrap();
+        assert!(refused(
+            &with(list, Some(theirs.volumes_signature("ns", "my-claim", list))),
+            Some(&key)
+        ));
+        // Signed but malformed, or shadowing: refused all the same.
+        let bad = r#"[{"claim":"c","path":"/"}]"#;
+        assert!(refused(
+            &with(bad, Some(key.volumes_signature("ns", "my-claim", bad))),
+            Some(&key)
+        ));
     }
 
     #[test]

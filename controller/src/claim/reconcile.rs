@@ -380,7 +380,7 @@ async fn get_or_create(
     }
 
     // 6. Cold create.
-    let sb = match plan::decide_cold(claim, &template) {
+    let sb = match plan::decide_cold(claim, &template, cx.ctx.sandboxd_tokens.as_ref()) {
         Ok(sb) => sb,
         Err(outcome) => return Ok(outcome),
     };

@@ -18,9 +18,10 @@ use sandhub_api::k8s::conditions::{claim as reason, messages};
 use sandhub_api::k8s::names;
 use sandhub_api::k8s::warmpool::UpdateStrategyType;
 use sandhub_api::k8s::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool};
+use sandhub_api::sandboxd_token::SandboxdTokens;
 use serde_json::{json, Value};
 
-use super::build::{cold_sandbox, template_pod_metadata, BuildError};
+use super::build::{cold_sandbox, has_volume_mounts, template_pod_metadata, BuildError};
 use super::metadata;
 use crate::object::controlled_by_kind;
 use crate::warmpool::build::template_hash;
@@ -208,7 +209,9 @@ pub fn decide_route(
     ) {
         return Route::Refuse(unbound(reason::INVALID_METADATA, msg, None));
     }
-    let cold_forced = claim.spec.env.as_ref().is_some_and(|e| !e.is_empty())
+    // The hub's volume mounts too: a warm Pod was made without them.
+    let cold_forced = has_volume_mounts(claim)
+        || claim.spec.env.as_ref().is_some_and(|e| !e.is_empty())
         || claim
             .spec
             .volume_claim_templates
@@ -222,8 +225,13 @@ pub fn decide_route(
 }
 
 /// The cold Sandbox to create, or why the claim cannot have one.
-pub fn decide_cold(claim: &SandboxClaim, template: &SandboxTemplate) -> Result<Sandbox, Outcome> {
-    cold_sandbox(claim, template).map_err(|e| match e {
+pub fn decide_cold(
+    claim: &SandboxClaim,
+    template: &SandboxTemplate,
+    tokens: Option<&SandboxdTokens>,
+) -> Result<Sandbox, Outcome> {
+    cold_sandbox(claim, template, tokens).map_err(|e| match e {
+        BuildError::VolumeMounts(m) => unbound(reason::INVALID_METADATA, m, None),
         BuildError::EnvVarsInjectionRejected(m) => {
             unbound(reason::ENV_VARS_INJECTION_REJECTED, m, None)
         }

@@ -195,6 +195,16 @@ fn env_or_volume_claims_force_a_cold_start() {
         decide_route(&vct, &template(), &allowed),
         Route::Cold
     ));
+    // So do the hub's volume mounts (checked when the Sandbox is built).
+    let mut mounts = claim();
+    mounts.metadata.annotations = Some(std::collections::BTreeMap::from([(
+        sandhub_api::k8s::volumes::MOUNTS_ANNOTATION.to_string(),
+        "[]".to_string(),
+    )]));
+    assert!(matches!(
+        decide_route(&mounts, &template(), &allowed),
+        Route::Cold
+    ));
     let mut empty = claim();
     empty.spec.env = Some(vec![]);
     assert!(matches!(

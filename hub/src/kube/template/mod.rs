@@ -335,21 +335,14 @@ fn add_volumes(
     let container_mounts = c.volume_mounts.get_or_insert_with(Vec::new);
     container_mounts.retain(|m| !m.name.starts_with(NAMED_VOLUME_PREFIX));
     for (i, m) in mounts.iter().enumerate() {
-        let name = format!("{NAMED_VOLUME_PREFIX}{i}");
-        volumes.push(Volume {
-            name: name.clone(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: owner::object_name(tenant, &m.name),
-                read_only: Some(m.read_only),
-            }),
-            ..Default::default()
-        });
-        container_mounts.push(VolumeMount {
-            name,
-            mount_path: m.path.clone(),
-            read_only: Some(m.read_only),
-            ..Default::default()
-        });
+        let (v, at) = sandhub_api::k8s::volumes::claim_volume(
+            format!("{NAMED_VOLUME_PREFIX}{i}"),
+            &owner::object_name(tenant, &m.name),
+            &m.path,
+            m.read_only,
+        );
+        volumes.push(v);
+        container_mounts.push(at);
     }
 }
 

@@ -136,13 +136,6 @@ impl Sandboxes for KubeTenant {
                 "idle_action is not available on the kubernetes backend (it has no idle timeouts)",
             ));
         }
-        if !req.volumes.is_empty() {
-            return Err(Error::new(
-                sandhub_api::error::Code::Unimplemented,
-                "volumes on a create request are not available on the kubernetes backend (a \
-                 claim takes a warm Pod that exists already): put them on the template",
-            ));
-        }
         if req.auto_resume == Some(true) {
             return Err(Error::invalid(
                 "auto_resume is not available on the kubernetes backend: a Pod cannot be paused, \
@@ -166,7 +159,10 @@ impl Sandboxes for KubeTenant {
         }
         let id = new_id("sb");
         let egress = self.egress_claim(&id, &pool.template, &req).await?;
-        let claim = model::claim_for(
+        let volumes = self
+            .request_volumes(&id, &pool.template, &req.volumes)
+            .await?;
+        let mut claim = model::claim_for(
             &id,
             &self.tenant,
             &pool_object.metadata.name.clone().unwrap_or_default(),
@@ -175,6 +171,12 @@ impl Sandboxes for KubeTenant {
             SystemTime::now(),
             egress.as_ref(),
         )?;
+        // Signed for this claim: the controller makes its Pod with them.
+        claim
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(volumes);
         self.claims()
             .create(&PostParams::default(), &claim)
             .await

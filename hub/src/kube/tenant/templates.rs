@@ -1,6 +1,7 @@
 //! A tenant's SandboxTemplates: its own (named by [`owner::object_name`]),
 //! applied server-side, and the operator's, read only.
 
+use super::volumes::Mounted;
 use super::*;
 
 /// The field manager of tenants' SandboxTemplates (server-side apply).
@@ -59,27 +60,11 @@ impl KubeTenant {
         // (`--shared-volume`); any other name is 404.
         let mut shared = Vec::new();
         for (i, m) in t.volumes.iter().enumerate() {
-            if self.volume_claim(&m.name).await?.is_some() {
-                continue;
-            }
-            match self.shared_volume_claim(&m.name).await? {
-                Some(_) if !m.read_only => {
-                    return Err(Error::new(
-                        Code::PermissionDenied,
-                        format!(
-                            "volume {:?} is shared by the operator read-only: mount it with \
-                             `read_only: true`",
-                            m.name
-                        ),
-                    ))
-                }
-                Some(claim) => shared.push((i, claim)),
-                None => {
-                    return Err(Error::not_found(format!(
-                        "volume {:?} (mounted at {} by template {name})",
-                        m.name, m.path
-                    )))
-                }
+            if let Mounted::Shared(claim) = self
+                .mounted_claim(m, &format!("mounted at {} by template {name}", m.path))
+                .await?
+            {
+                shared.push((i, claim));
             }
         }
         let mut want = template::tenant_template(

@@ -12,11 +12,14 @@
 //!
 //! A clone (`from_snapshot`) is a claim whose `dataSource` is the
 //! snapshot's VolumeSnapshot (`volume_snapshots.rs`); the files API
-//! without a sandbox goes through a helper Pod (`volume_pod.rs`). Not here
-//! (UNIMPLEMENTED): volumes added by a create request (claims come from
-//! warm pools whose Pods exist already). A template may also mount, read-only,
-//! a volume the operator shares (`--shared-volume [TENANT/]NAME`: that
-//! tenant's claim).
+//! without a sandbox goes through a helper Pod (`volume_pod.rs`). A
+//! template may also mount, read-only, a volume the operator shares
+//! (`--shared-volume [TENANT/]NAME`: that tenant's claim).
+//!
+//! Volumes a create request adds go on its SandboxClaim as an annotation
+//! the hub signs for that claim (`sandhub_api::k8s::volumes`): the
+//! controller then makes a Pod for it (no warm member has them) with each
+//! claim mounted. A volume such a claim names cannot be deleted either.
 
 use std::collections::BTreeMap;
 
@@ -30,9 +33,9 @@ use kube::{
 };
 use sandhub_api::{
     error::Code,
-    k8s::names,
+    k8s::{names, volumes as claim_volumes},
     validate,
-    volumes::{AccessMode, CreateVolume, Volume, VolumeList},
+    volumes::{AccessMode, CreateVolume, Volume, VolumeList, VolumeMount},
 };
 use sandhub_client::{Error, Result};
 
@@ -47,6 +50,14 @@ pub const VOLUME_LABEL: &str = "sandhub.io/volume";
 const LABELS_ANNOTATION: &str = "sandhub.io/volume-labels";
 /// The size asked for, in MiB: a class may round the claim's capacity up.
 const SIZE_ANNOTATION: &str = "sandhub.io/size-mb";
+
+/// Whose claim a mount of the caller's names.
+pub(super) enum Mounted {
+    /// The caller's own volume (`owner::object_name`).
+    Own(String),
+    /// One the operator shares, mounted read-only.
+    Shared(String),
+}
 
 impl KubeTenant {
     fn pvcs(&self) -> Api<PersistentVolumeClaim> {
@@ -107,6 +118,93 @@ impl KubeTenant {
         };
         let claim = self.claim_of(&shared.owner, name).await?;
         Ok(claim.and_then(|c| c.metadata.name))
+    }
+
+    /// The claim mount `m` of the caller's names: its own volume, or one
+    /// the operator shares, which only `read_only` may mount; any other
+    /// name is NOT_FOUND (`what` says where it was named).
+    pub(super) async fn mounted_claim(&self, m: &VolumeMount, what: &str) -> Result<Mounted> {
+        if let Some(c) = self.volume_claim(&m.name).await? {
+            return Ok(Mounted::Own(c.metadata.name.unwrap_or_default()));
+        }
+        match self.shared_volume_claim(&m.name).await? {
+            Some(_) if !m.read_only => Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "volume {:?} is shared by the operator read-only: mount it with \
+                     `read_only: true`",
+                    m.name
+                ),
+            )),
+            Some(claim) => Ok(Mounted::Shared(claim)),
+            None => Err(Error::not_found(format!("volume {:?} ({what})", m.name))),
+        }
+    }
+
+    /// The annotations that give claim `id` of template `template` the
+    /// volumes its create request adds: the list of claims, and the hub's
+    /// signature of it for that claim, which the controller checks before
+    /// it mounts anything. None when the request adds none.
+    pub(super) async fn request_volumes(
+        &self,
+        id: &str,
+        template: &str,
+        mounts: &[VolumeMount],
+    ) -> Result<Vec<(String, String)>> {
+        if mounts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(keys) = &self.shared.proxy_tokens else {
+            return Err(Error::new(
+                Code::FailedPrecondition,
+                "volumes on a create request need the hub's and the controller's \
+                 --sandboxd-token-key-file: the controller mounts only what the hub signed",
+            ));
+        };
+        // With the template's own: none may be at, above or below another.
+        let own = self.read_template(template).await?.template.volumes;
+        let all: Vec<VolumeMount> = own.iter().chain(mounts).cloned().collect();
+        validate::volume_mounts(&all)?;
+        let mut list = Vec::with_capacity(mounts.len());
+        for m in mounts {
+            let (Mounted::Own(claim) | Mounted::Shared(claim)) = self
+                .mounted_claim(m, &format!("mounted at {} by the request", m.path))
+                .await?;
+            list.push(claim_volumes::ClaimVolume {
+                claim,
+                path: m.path.clone(),
+                read_only: m.read_only,
+            });
+        }
+        let value = serde_json::to_string(&list)
+            .map_err(|e| Error::internal(format!("volume mounts: {e}")))?;
+        let signature = keys.volumes_signature(&self.shared.namespace, id, &value);
+        Ok(vec![
+            (claim_volumes::MOUNTS_ANNOTATION.to_string(), value),
+            (claim_volumes::SIGNATURE_ANNOTATION.to_string(), signature),
+        ])
+    }
+
+    /// A sandbox whose create request mounted claim `object`, if any (of
+    /// any tenant: an operator's shared volume is mounted by others).
+    async fn request_mounting(&self, object: &str) -> Result<Option<String>> {
+        let claims = self
+            .claims()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_error("listing sandboxes", e))?;
+        Ok(claims.items.into_iter().find_map(|c| {
+            let value = c
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(claim_volumes::MOUNTS_ANNOTATION)?;
+            let mounts = claim_volumes::parse(value).ok()?;
+            mounts
+                .iter()
+                .any(|m| m.claim == object)
+                .then(|| c.metadata.name.clone().unwrap_or_default())
+        }))
     }
 
     pub(super) async fn create_volume_claim(&self, req: CreateVolume) -> Result<Volume> {
@@ -209,7 +307,7 @@ impl KubeTenant {
     }
 
     /// 409 while one of the tenant's templates mounts it (its Pods would
-    /// fail to start without it).
+    /// fail to start without it), or a sandbox's create request did.
     pub(super) async fn remove_volume(&self, name: &str) -> Result<()> {
         validate::name("volume", name)?;
         if self.volume_claim(name).await?.is_none() {
@@ -227,8 +325,21 @@ impl KubeTenant {
                 ));
             }
         }
-        self.stop_volume_pod(name).await;
         let object = owner::object_name(&self.tenant, name);
+        if let Some(sandbox) = self.request_mounting(&object).await? {
+            // Another tenant's sandbox mounting a shared volume is not
+            // named to its owner.
+            let who = if self.claim(&sandbox).await.is_ok() {
+                format!("sandbox {sandbox}")
+            } else {
+                "another tenant's sandbox".to_string()
+            };
+            return Err(Error::new(
+                Code::Conflict,
+                format!("volume {name:?} is mounted by {who}; delete that first"),
+            ));
+        }
+        self.stop_volume_pod(name).await;
         match self.pvcs().delete(&object, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => {
