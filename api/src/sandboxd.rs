@@ -49,6 +49,46 @@ pub struct FileEntry {
     pub mode: String,
 }
 
+/// sandboxd's own files route beside upstream's `/v1/files`:
+/// `GET {META_ROUTE}/{path}` is a [`MetaEntry`] (`?list=true`: a
+/// directory's [`MetaListing`]), `POST ?mode=&parents=` makes a directory,
+/// `PATCH` with a [`SetMode`] body changes the permission bits. A final
+/// symbolic link is never followed (403). What E2B's volume content API
+/// reports of an entry, for a volume on Kubernetes.
+pub const META_ROUTE: &str = "/v1/_sandhub/meta";
+
+/// An entry with its ids, mode and times, as sandboxd's process sees them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaEntry {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: EntryType,
+    /// A file's length; 0 for a directory.
+    pub size: u64,
+    /// Permission bits (at most `0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// RFC 3339 with nanoseconds, UTC.
+    pub atime: String,
+    pub mtime: String,
+    pub ctime: String,
+}
+
+/// A directory's regular files and directories (links and special files
+/// left out, none followed), by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaListing {
+    pub entries: Vec<MetaEntry>,
+}
+
+/// `PATCH {META_ROUTE}/{path}`'s body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetMode {
+    pub mode: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DirectoryListing {

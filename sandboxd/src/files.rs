@@ -101,7 +101,7 @@ impl Query {
     }
 }
 
-fn form_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
+pub(crate) fn form_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
     query.split('&').filter(|s| !s.is_empty()).map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let decode = |s: &str| {

@@ -2,8 +2,10 @@
 //!
 //! It serves the upstream agent-sandbox sandboxd wire protocol (REST files
 //! API, gRPC `process.v1`), Sandhub's `keep.v1` (processes that outlive
-//! their stream) and `watcher.v1`, and the legacy python
-//! runtime endpoints, all confined to one root directory.
+//! their stream) and `watcher.v1`, its own REST routes under
+//! `/v1/_sandhub/` (usage, the entrypoint, code contexts, file metadata:
+//! `meta.rs`), and the legacy python runtime endpoints, all confined to
+//! one root directory.
 
 pub mod auth;
 pub mod code;
@@ -14,6 +16,7 @@ pub mod error;
 pub mod files;
 pub mod identity;
 pub mod legacy;
+pub mod meta;
 pub mod metrics;
 pub mod process;
 pub mod rest;

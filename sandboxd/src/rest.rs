@@ -49,6 +49,7 @@ pub fn router_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> Router {
         .route(crate::usage::USAGE_ROUTE, get(usage))
         .route("/metrics", get(metrics))
         .merge(files::routes())
+        .merge(crate::meta::routes())
         .merge(crate::code::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

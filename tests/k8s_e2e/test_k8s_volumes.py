@@ -35,7 +35,7 @@ def run(url: str, sid: str, script: str) -> dict[str, Any]:
 
 
 @contextmanager
-def hostpath_pv(cluster: Cluster, prefix: str, mode: int) -> Iterator[tuple[str, str]]:
+def hostpath_pv(cluster: Cluster, prefix: str, mode: int, capacity: str = "64Mi") -> Iterator[tuple[str, str]]:
     """A PersistentVolume of a storage class only this test uses, on a new hostPath directory of
     the real node (this machine) with `mode`, as a provisioner would make it; yields (class,
     directory). At the end the claims of that class, the volume and the directory go."""
@@ -46,7 +46,7 @@ def hostpath_pv(cluster: Cluster, prefix: str, mode: int) -> Iterator[tuple[str,
     cluster.core.create_persistent_volume(k8s.V1PersistentVolume(
         metadata=k8s.V1ObjectMeta(name=pv),
         spec=k8s.V1PersistentVolumeSpec(
-            capacity={"storage": "64Mi"},
+            capacity={"storage": capacity},
             access_modes=["ReadWriteOnce"],
             storage_class_name=storage_class,
             persistent_volume_reclaim_policy="Retain",
@@ -231,6 +231,66 @@ def _volumes_on_a_create_request(cluster: Cluster, storage_class: str, host_dir:
         assert r.status_code == 204, r.text
         ok(requests.delete(f"{url}/v1/pools/{name}", timeout=60), 204)
         ok(requests.delete(f"{url}/v1/templates/{name}", timeout=60), 204)
+    finally:
+        hub.terminate()
+
+
+def test_e2b_volume_content_goes_through_the_helper_pod(cluster: Cluster) -> None:
+    """E2B's volume content API on Kubernetes, in raw HTTP as the `e2b` SDK sends it (the SDK
+    itself runs against the local backend in tests/e2b): served by the volume's helper Pod."""
+    # E2B's create takes no size: such a volume asks for 1024 MiB.
+    with hostpath_pv(cluster, "sandhub-e2e-e2b", 0o777, "1Gi") as (storage_class, host_dir):
+        _e2b_volume_content(cluster, storage_class, host_dir)
+
+
+def _e2b_volume_content(cluster: Cluster, storage_class: str, host_dir: str) -> None:
+    hub, url = cluster.start_hub("--e2b", "--base-template", POOL, "--volume-storage-class", storage_class)
+    key = {"x-api-key": "any-key-on-an-open-hub"}
+    try:
+        made = ok(requests.post(f"{url}/volumes", json={"name": "e2bdata"}, headers=key, timeout=60), 201)
+        base = f"{url}/volumecontent/{made['volumeID']}"
+        auth = {"Authorization": f"Bearer {made['token']}"}
+        r = requests.get(f"{base}/dir", params={"path": "/"}, headers={"Authorization": "Bearer x"}, timeout=60)
+        assert r.status_code == 401, r.text
+
+        d = ok(requests.post(f"{base}/dir", params={"path": "/a/b", "force": "true", "mode": 0o750},
+                             headers=auth, timeout=200), 201)
+        assert (d["type"], d["path"], d["mode"]) == ("directory", "/a/b", 0o750), d
+        # The ids as the Pods see them (the same as the storage's: no user namespace here).
+        assert (d["uid"], d["gid"]) == (os.stat(os.path.join(host_dir, "a/b")).st_uid,
+                                        os.stat(os.path.join(host_dir, "a/b")).st_gid), d
+        r = requests.post(f"{base}/dir", params={"path": "/a/b"}, headers=auth, timeout=60)
+        assert r.status_code == 409, r.text
+        f = ok(requests.put(f"{base}/file", params={"path": "/a/b/f.txt", "mode": 0o640}, data=b"hello",
+                            headers=auth, timeout=60), 201)
+        assert (f["type"], f["size"], f["mode"], f["name"]) == ("file", 5, 0o640, "f.txt"), f
+        got = requests.get(f"{base}/file", params={"path": "/a/b/f.txt"}, headers=auth, timeout=60)
+        assert (got.status_code, got.content) == (200, b"hello"), got.text
+        listed = ok(requests.get(f"{base}/dir", params={"path": "/a", "depth": 2}, headers=auth, timeout=60))
+        assert [e["path"] for e in listed] == ["/a/b", "/a/b/f.txt"], listed
+        assert all(e["mtime"].endswith("Z") and e["ctime"] and e["atime"] for e in listed), listed
+        p = ok(requests.patch(f"{base}/path", params={"path": "/a/b/f.txt"}, json={"mode": 0o600},
+                              headers=auth, timeout=60))
+        assert p["mode"] == 0o600, p
+        assert os.stat(os.path.join(host_dir, "a/b/f.txt")).st_mode & 0o7777 == 0o600
+        # Links planted in the volume (here straight into its storage) are refused, never followed.
+        os.symlink("/etc/passwd", os.path.join(host_dir, "passwd"))
+        os.symlink("/etc", os.path.join(host_dir, "etc"))
+        for op, params in (("file", {"path": "/passwd"}), ("path", {"path": "/passwd"}),
+                           ("file", {"path": "/etc/passwd"})):
+            r = requests.get(f"{base}/{op}", params=params, headers=auth, timeout=60)
+            assert r.status_code in (403, 404) and b"root:" not in r.content, (op, params, r.text)
+        r = requests.patch(f"{base}/path", params={"path": "/passwd"}, json={"mode": 0o777}, headers=auth,
+                           timeout=60)
+        assert r.status_code in (403, 404), r.text
+        assert os.stat("/etc/passwd").st_mode & 0o7777 != 0o777
+        assert [e["name"] for e in ok(requests.get(f"{base}/dir", params={"path": "/"}, headers=auth,
+                                                   timeout=60))] == ["a"]
+        assert requests.delete(f"{base}/path", params={"path": "/a"}, headers=auth, timeout=60).status_code == 204
+        r = requests.get(f"{base}/path", params={"path": "/a"}, headers=auth, timeout=60)
+        assert (r.status_code, r.json()["code"]) == (404, 404), r.text
+        assert os.path.exists("/etc/passwd")
+        assert requests.delete(f"{url}/volumes/{made['volumeID']}", headers=key, timeout=60).status_code == 204
     finally:
         hub.terminate()
 

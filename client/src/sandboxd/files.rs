@@ -6,10 +6,10 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use sandhub_api::{
     error::Code,
-    sandboxd::{DirectoryListing, FileEntry},
+    sandboxd::{DirectoryListing, FileEntry, MetaEntry, MetaListing, SetMode, META_ROUTE},
 };
 
-use super::{empty, json, SandboxdClient};
+use super::{empty, full, json, SandboxdClient};
 use crate::{
     paths::{encode_path, root_entry, split_parent, write_query},
     ByteStream, Error, Result, WriteOptions,
@@ -17,6 +17,10 @@ use crate::{
 
 fn files_url(path: &str) -> String {
     format!("/v1/files/{}", encode_path(path))
+}
+
+fn meta_url(path: &str) -> String {
+    format!("{META_ROUTE}/{}", encode_path(path))
 }
 
 impl SandboxdClient {
@@ -80,5 +84,37 @@ impl SandboxdClient {
         }
         self.send(Method::DELETE, &url, empty()).await?;
         Ok(())
+    }
+
+    /// `path`'s ids, mode and times, its final name not followed (a link
+    /// is PERMISSION_DENIED): sandboxd's own route, not upstream's.
+    pub async fn meta(&self, path: &str) -> Result<MetaEntry> {
+        json(self.send(Method::GET, &meta_url(path), empty()).await?).await
+    }
+
+    /// The regular files and directories of directory `path`, each with
+    /// its ids, mode and times; links and special files left out.
+    pub async fn meta_list(&self, path: &str) -> Result<Vec<MetaEntry>> {
+        let url = format!("{}?list=true", meta_url(path));
+        let listing: MetaListing = json(self.send(Method::GET, &url, empty()).await?).await?;
+        Ok(listing.entries)
+    }
+
+    /// Makes directory `path` with `mode` (and its missing parents with
+    /// `parents`, where one that exists is left as it is).
+    pub async fn make_dir(&self, path: &str, parents: bool, mode: u32) -> Result<MetaEntry> {
+        let url = format!("{}?mode={mode}&parents={parents}", meta_url(path));
+        json(self.send(Method::POST, &url, empty()).await?).await
+    }
+
+    /// Sets `path`'s permission bits (a link is refused, not followed).
+    pub async fn set_mode(&self, path: &str, mode: u32) -> Result<MetaEntry> {
+        let body = serde_json::to_vec(&SetMode { mode })
+            .map_err(|e| crate::Error::internal(format!("encoding a mode: {e}")))?;
+        json(
+            self.send(Method::PATCH, &meta_url(path), full(body))
+                .await?,
+        )
+        .await
     }
 }

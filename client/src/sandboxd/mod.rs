@@ -196,6 +196,12 @@ fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
+fn full(bytes: Vec<u8>) -> Body {
+    http_body_util::Full::new(Bytes::from(bytes))
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
 async fn body_bytes(response: Response<Incoming>) -> Result<Bytes> {
     Ok(response
         .into_body()

@@ -32,6 +32,8 @@
 //! trace.rs     the server span of every request (traceparent in), when traces export
 //! upload.rs    a request body as an upload: the declared length refused past the cap,
 //!              the stream cut off at it and drainable (files, volumes, images)
+//! volume_store.rs  where a volume's files are, for rest/ and e2b/: the hub's own
+//!              directory, or a Kubernetes volume's helper Pod
 //! ```
 //!
 //! The children use this module's state and extractors; what two of them
@@ -53,6 +55,7 @@ pub mod rest;
 pub mod signing;
 mod trace;
 pub mod upload;
+pub mod volume_store;
 
 use std::sync::Arc;
 

@@ -18,7 +18,8 @@
 //! - `volumes.rs`: E2B's volumes over the tenant's named volumes: the
 //!   control plane (`/volumes`) and the content API (`/volumecontent/...`),
 //!   which carries a volume token instead of an API key, so it is diverted
-//!   here before auth too.
+//!   here before auth too; `volume_store.rs` finds the volume's files (the
+//!   hub's own directory, or a Kubernetes volume's helper Pod).
 
 mod connect;
 mod control;

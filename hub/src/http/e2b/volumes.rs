@@ -6,9 +6,10 @@
 //!   size: such volumes get [`DEFAULT_SIZE_MB`], within the tenant's cap.
 //! - The content API (`/volumecontent/{volumeID}/...`), authorized by the
 //!   volume's token alone (`Authorization: Bearer`), so it is diverted
-//!   before the hub's API-key auth. It is served by the same
-//!   [`VolumeDir`] as `/v1/volumes/{name}/files`: every step an `openat2`
-//!   that follows no link, so links are refused the same way.
+//!   before the hub's API-key auth. It is served from the same place as
+//!   `/v1/volumes/{name}/files` (`volume_store.rs`): the hub's own
+//!   directory fd on the local backend, where every step is an `openat2`
+//!   that follows no link, or the volume's helper Pod on Kubernetes.
 //!
 //! A volume token is the hub's signed token (`../signing.rs`) for the scope
 //! `volume:{name}:{created_at}`: it names its tenant, opens that one volume
@@ -19,7 +20,6 @@
 use std::sync::Arc;
 
 use axum::{
-    body::Body,
     extract::{Path, Request},
     http::{header, Method, StatusCode},
     response::{IntoResponse, Response},
@@ -28,7 +28,7 @@ use axum::{
 };
 use sandhub_api::{
     error::Code,
-    sandboxd::{EntryType, FileEntry},
+    sandboxd::EntryType,
     volumes::{CreateVolume, Volume},
 };
 use sandhub_client::{Error, Result};
@@ -40,9 +40,10 @@ use crate::{
     http::{
         signing::Tokens,
         upload::{self, Upload},
+        volume_store::{Stat, Store},
         Api, AppState,
     },
-    volume_files::{Found, Meta, VolPath, VolumeDir},
+    volume_files::VolPath,
 };
 
 /// The size of a volume made through E2B's API, in MiB: E2B's create
@@ -220,15 +221,8 @@ pub async fn content(state: AppState, e2b: Arc<E2b>, request: Request) -> Respon
         Ok(q) => q,
         Err(e) => return rest_error(&Error::invalid(format!("bad query: {e}"))),
     };
-    let dir = match api.volume_dir(&id).await {
+    let dir = match Store::open(api.as_ref(), &id).await {
         Ok(d) => d,
-        Err(e) if e.code == Code::Unimplemented => {
-            return rest_error(&Error::new(
-                Code::Unimplemented,
-                "E2B's volume content API is served on the local backend only; \
-                 use /v1/volumes/{name}/files",
-            ))
-        }
         Err(e) => return rest_error(&e),
     };
     let method = request.method().clone();
@@ -269,8 +263,9 @@ fn rfc3339(t: std::time::SystemTime) -> String {
 }
 
 /// E2B's `VolumeEntryStat`.
-fn entry_stat(dir: &VolumeDir, path: &VolPath, e: &FileEntry, m: &Meta) -> Value {
+fn entry_stat(dir: &Store, path: &VolPath, e: &Stat) -> Value {
     let (uid, gid) = dir.owner();
+    let m = &e.meta;
     json!({
         "name": e.name,
         "type": match e.kind {
@@ -292,14 +287,14 @@ fn child(path: &VolPath, name: &str) -> Result<VolPath> {
     VolPath::parse(&format!("{}/{name}", path.display())).map_err(|e| e.error)
 }
 
-async fn stat(dir: &VolumeDir, q: &ContentQuery) -> Result<Value> {
+async fn stat(dir: &Store, q: &ContentQuery) -> Result<Value> {
     let path = path_of(q)?;
-    let (e, m) = dir.stat_meta(path.clone()).await.map_err(|e| e.error)?;
-    Ok(entry_stat(dir, &path, &e, &m))
+    let e = dir.stat(&path).await?;
+    Ok(entry_stat(dir, &path, &e))
 }
 
 /// `depth` levels below `path` (1: its own entries), breadth first.
-async fn list_dir(dir: &VolumeDir, q: &ContentQuery) -> Result<Response> {
+async fn list_dir(dir: &Store, q: &ContentQuery) -> Result<Response> {
     let depth = q.depth.unwrap_or(1);
     if !(1..=MAX_DEPTH).contains(&depth) {
         return Err(Error::invalid(format!(
@@ -311,16 +306,16 @@ async fn list_dir(dir: &VolumeDir, q: &ContentQuery) -> Result<Response> {
     for d in 0..depth {
         let mut next = Vec::new();
         for p in level {
-            let listed = match dir.list_meta(p.clone()).await {
+            let listed = match dir.list(&p).await {
                 Ok(l) => l,
                 // Below the first level, a directory gone meanwhile is
                 // simply not there any more.
-                Err(e) if d > 0 && e.error.code == Code::NotFound => continue,
-                Err(e) => return Err(e.error),
+                Err(e) if d > 0 && e.code == Code::NotFound => continue,
+                Err(e) => return Err(e),
             };
-            for (e, m) in listed {
+            for e in listed {
                 let cp = child(&p, &e.name)?;
-                out.push(entry_stat(dir, &cp, &e, &m));
+                out.push(entry_stat(dir, &cp, &e));
                 if out.len() > MAX_ENTRIES {
                     return Err(Error::invalid(format!(
                         "over {MAX_ENTRIES} entries; list with a smaller depth"
@@ -357,22 +352,17 @@ fn check_mode(mode: Option<u32>) -> Result<()> {
     Ok(())
 }
 
-async fn make_dir(dir: &VolumeDir, q: &ContentQuery) -> Result<Response> {
+async fn make_dir(dir: &Store, q: &ContentQuery) -> Result<Response> {
     check_ids(q.uid, q.gid)?;
     check_mode(q.mode)?;
     let path = path_of(q)?;
-    dir.make_dir(
-        path.clone(),
-        q.force.unwrap_or(false),
-        q.mode.unwrap_or(DIR_MODE),
-    )
-    .await
-    .map_err(|e| e.error)?;
-    let (e, m) = dir.stat_meta(path.clone()).await.map_err(|e| e.error)?;
-    Ok((StatusCode::CREATED, Json(entry_stat(dir, &path, &e, &m))).into_response())
+    dir.make_dir(&path, q.force.unwrap_or(false), q.mode.unwrap_or(DIR_MODE))
+        .await?;
+    let e = dir.stat(&path).await?;
+    Ok((StatusCode::CREATED, Json(entry_stat(dir, &path, &e))).into_response())
 }
 
-async fn patch(dir: &VolumeDir, q: &ContentQuery, request: Request) -> Result<Response> {
+async fn patch(dir: &Store, q: &ContentQuery, request: Request) -> Result<Response> {
     let path = path_of(q)?;
     let body = axum::body::to_bytes(request.into_body(), 64 * 1024)
         .await
@@ -385,47 +375,26 @@ async fn patch(dir: &VolumeDir, q: &ContentQuery, request: Request) -> Result<Re
     check_ids(md.uid, md.gid)?;
     check_mode(md.mode)?;
     if let Some(mode) = md.mode {
-        dir.set_mode(path.clone(), mode)
-            .await
-            .map_err(|e| e.error)?;
+        dir.set_mode(&path, mode).await?;
     }
-    let (e, m) = dir.stat_meta(path.clone()).await.map_err(|e| e.error)?;
-    Ok(Json(entry_stat(dir, &path, &e, &m)).into_response())
+    let e = dir.stat(&path).await?;
+    Ok(Json(entry_stat(dir, &path, &e)).into_response())
 }
 
-async fn remove(dir: &VolumeDir, q: &ContentQuery) -> Result<Response> {
+async fn remove(dir: &Store, q: &ContentQuery) -> Result<Response> {
     let path = path_of(q)?;
     // E2B's remove takes a directory with its contents.
-    dir.delete(path, true).await.map_err(|e| e.error)?;
+    dir.remove(&path).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn read(dir: &VolumeDir, q: &ContentQuery) -> Result<Response> {
-    let path = path_of(q)?;
-    match dir.get(path.clone()).await.map_err(|e| e.error)? {
-        Found::Directory(_) => Err(Error::invalid(format!(
-            "{}: is a directory",
-            path.display()
-        ))),
-        Found::File { file, entry } => {
-            // Streamed from the fd already opened: nothing is looked up by
-            // name again while the bytes go out.
-            let stream = tokio_util::io::ReaderStream::with_capacity(
-                tokio::fs::File::from_std(file),
-                crate::volume_files::IO_CHUNK,
-            );
-            Ok(Response::builder()
-                .header(header::CONTENT_TYPE, "application/octet-stream")
-                .header(header::CONTENT_LENGTH, entry.size)
-                .body(Body::from_stream(stream))
-                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
-        }
-    }
+async fn read(dir: &Store, q: &ContentQuery) -> Result<Response> {
+    dir.read(&path_of(q)?).await
 }
 
 async fn write(
     state: &AppState,
-    dir: &VolumeDir,
+    dir: &Store,
     q: &ContentQuery,
     request: Request,
 ) -> Result<Response> {
@@ -439,10 +408,7 @@ async fn write(
         tripped,
         remainder,
     } = upload::capped(&limits, request.into_body());
-    let result = dir
-        .write(path.clone(), data, q.mode.unwrap_or(FILE_MODE))
-        .await
-        .map_err(|e| e.error);
+    let result = dir.write(&path, data, q.mode.unwrap_or(FILE_MODE)).await;
     if tripped.is_set() {
         return Err(limits.upload_too_large());
     }
@@ -454,8 +420,8 @@ async fn write(
             .await;
     }
     result?;
-    let (e, m) = dir.stat_meta(path.clone()).await.map_err(|e| e.error)?;
-    Ok((StatusCode::CREATED, Json(entry_stat(dir, &path, &e, &m))).into_response())
+    let e = dir.stat(&path).await?;
+    Ok((StatusCode::CREATED, Json(entry_stat(dir, &path, &e))).into_response())
 }
 
 #[cfg(test)]

@@ -26,9 +26,10 @@ use crate::{
     backend::TenantView,
     http::{
         upload::{self, Upload},
+        volume_store::Store,
         Api, ApiError, ApiPath, ApiQuery, ApiResult, AppState,
     },
-    volume_files::{FileError, Found, VolPath, VolumeDir},
+    volume_files::{FileError, Found, VolPath},
 };
 
 impl From<FileError> for ApiError {
@@ -144,23 +145,8 @@ fn listing_response(listing: DirectoryListing, with_body: bool) -> Response {
         .into_response()
 }
 
-/// Where a volume's files are served from.
-enum Files {
-    /// The hub's own directory fd (local backend).
-    Local(VolumeDir),
-    /// The sandboxd of a Pod with the volume as its root (Kubernetes):
-    /// the same shapes, resolved by that sandboxd below its root.
-    Remote(Box<SandboxdClient>),
-}
-
-async fn open(api: &dyn TenantView, name: &str) -> ApiResult<Files> {
-    match api.volume_dir(name).await {
-        Ok(dir) => Ok(Files::Local(dir)),
-        Err(e) if e.code == Code::Unimplemented => {
-            Ok(Files::Remote(Box::new(api.volume_sandboxd(name).await?)))
-        }
-        Err(e) => Err(e.into()),
-    }
+async fn open(api: &dyn TenantView, name: &str) -> ApiResult<Store> {
+    Ok(Store::open(api, name).await?)
 }
 
 fn file_headers(size: u64) -> [(header::HeaderName, String); 2] {
@@ -204,8 +190,8 @@ async fn get_or_head(
 ) -> ApiResult<Response> {
     let path = VolPath::parse(raw)?;
     let dir = match open(api, name).await? {
-        Files::Local(dir) => dir,
-        Files::Remote(sandboxd) => return remote_get(&sandboxd, &path, kind, with_body).await,
+        Store::Local(dir) => dir,
+        Store::Pod(sandboxd) => return remote_get(&sandboxd, &path, kind, with_body).await,
     };
     if !with_body {
         let entry = dir.stat(path.clone()).await?;
@@ -342,8 +328,8 @@ async fn put_volume_file(
         remainder,
     } = upload::capped(&limits, request.into_body());
     let result = match files {
-        Files::Local(dir) => dir.write(path, data, mode).await.map_err(ApiError::from),
-        Files::Remote(sandboxd) => sandboxd
+        Store::Local(dir) => dir.write(path, data, mode).await.map_err(ApiError::from),
+        Store::Pod(sandboxd) => sandboxd
             .write_file(
                 &path.relative(),
                 data,
@@ -384,8 +370,8 @@ async fn delete_volume_file(
 ) -> ApiResult<StatusCode> {
     let path = VolPath::parse(&path)?;
     match open(api.as_ref(), &name).await? {
-        Files::Local(dir) => dir.delete(path, q.recursive).await?,
-        Files::Remote(sandboxd) => sandboxd.delete_file(&path.relative(), q.recursive).await?,
+        Store::Local(dir) => dir.delete(path, q.recursive).await?,
+        Store::Pod(sandboxd) => sandboxd.delete_file(&path.relative(), q.recursive).await?,
     }
     Ok(StatusCode::NO_CONTENT)
 }
