@@ -1,13 +1,14 @@
 """The hub on the kubernetes backend, on the real node: MCP create_sandbox
-latency from a warm pool, and execute_command through the hub against a
-direct gRPC Execute to the same Pod's sandboxd, measured in the same run.
+latency from a warm pool, and exec through the hub (REST and MCP) against a
+direct gRPC Execute of the same process to the same Pod's sandboxd, in
+alternating rounds of the same run.
 
     bash dev/k8s/cluster.sh up /tmp/c && bash dev/k8s/cluster.sh up-real-node /tmp/c
     cargo build --release -p sandhub -p sandhub-controller
     SANDHUB_TEST_KUBECONFIG=/tmp/c/kubeconfig SANDHUB_TEST_REAL_NODE=1 \\
       SANDHUB_BIN=$CARGO_TARGET_DIR/release/sandhub \\
       SANDHUB_CONTROLLER_BIN=$CARGO_TARGET_DIR/release/sandhub-controller \\
-      $SANDHUB_CACHE/venv/bin/python bench/k8s_hub.py [--creates 8] [--execs 200]
+      $SANDHUB_CACHE/venv/bin/python bench/k8s_hub.py [--creates 8] [--execs 200] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ def row(name: str, xs: list[float]) -> str:
     return f"| {name} | {len(xs)} | {pct(xs, 50):.2f} | {pct(xs, 90):.2f} | {pct(xs, 99):.2f} | {statistics.mean(xs):.2f} |"
 
 
-async def measure(c: support.Cluster, url: str, creates: int, execs: int) -> None:
+#: What each exec row runs: argv `true`, and the same through a shell (`"command": "true"` in
+#: REST and MCP is `/bin/sh -c true`), so each hub row has a direct row that runs the very same
+#: process.
+ARGV = ["true"]
+SHELL = ["/bin/sh", "-c", "true"]
+
+
+async def measure(c: support.Cluster, url: str, creates: int, execs: int, rounds: int) -> None:
     async with streamable_http_client(f"{url}/mcp") as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
@@ -47,50 +55,69 @@ async def measure(c: support.Cluster, url: str, creates: int, execs: int) -> Non
                 assert not r.is_error, r.content
                 names.append(r.structured_content["sandbox_claim_name"])
             name = names[0]
-            await s.call_tool("execute_command", {"sandbox_claim_name": name, "command": "true"})
-            mcp_ms = []
-            for _ in range(execs):
-                t = time.perf_counter()
-                r = await s.call_tool("execute_command", {"sandbox_claim_name": name, "command": "true"})
-                mcp_ms.append((time.perf_counter() - t) * 1000)
-                assert not r.is_error
-            rest_ms = []
             session = requests.Session()
-            for _ in range(execs):
-                t = time.perf_counter()
-                r = session.post(f"{url}/v1/sandboxes/{name}/exec", json={"command": "true"}, timeout=30)
-                rest_ms.append((time.perf_counter() - t) * 1000)
-                assert r.status_code == 200
-            # Direct: the same Pod's sandboxd over gRPC, with its token.
             claim = c.claim(name)
             ip = claim["status"]["sandbox"]["podIPs"][0]
             token = c.sandboxd_token(claim["status"]["sandbox"]["name"])
-            channel = grpc.insecure_channel(f"{ip}:9090")
-            stub = process_pb2_grpc.ProcessServiceStub(channel)
+            stub = process_pb2_grpc.ProcessServiceStub(grpc.insecure_channel(f"{ip}:9090"))
             md = [("authorization", f"Bearer {token}")]
-            req = process_pb2.ExecuteRequest(config=process_pb2.ProcessConfig(command=["true"]))
-            stub.Execute(req, metadata=md)
-            direct_ms = []
-            for _ in range(execs):
-                t = time.perf_counter()
-                stub.Execute(req, metadata=md)
-                direct_ms.append((time.perf_counter() - t) * 1000)
+
+            def rest(command: str | list[str]) -> None:
+                r = session.post(f"{url}/v1/sandboxes/{name}/exec", json={"command": command}, timeout=30)
+                assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+
+            def direct(argv: list[str]) -> None:
+                req = process_pb2.ExecuteRequest(config=process_pb2.ProcessConfig(command=argv))
+                assert stub.Execute(req, metadata=md).exit_code == 0
+
+            async def mcp() -> None:
+                r = await s.call_tool("execute_command", {"sandbox_claim_name": name, "command": "true"})
+                assert not r.is_error
+
+            kinds = {
+                "REST exec argv `true` via hub": lambda: rest(ARGV),
+                "gRPC Execute argv `true` direct to sandboxd": lambda: direct(ARGV),
+                "REST exec `sh -c true` via hub": lambda: rest("true"),
+                "MCP execute_command `sh -c true` via hub": None,
+                "gRPC Execute `sh -c true` direct to sandboxd": lambda: direct(SHELL),
+            }
+            ms: dict[str, list[float]] = {k: [] for k in kinds}
+            for k, f in kinds.items():  # one of each first: connections made, caches warm
+                await mcp() if f is None else f()
+            per_round = max(1, execs // rounds)
+            order = list(kinds)
+            for rnd in range(rounds):
+                # Which kind goes first rotates round by round, so a slow spell of the machine
+                # falls on each in turn.
+                for k in order[rnd % len(order):] + order[:rnd % len(order)]:
+                    f = kinds[k]
+                    for _ in range(per_round):
+                        t = time.perf_counter()
+                        await mcp() if f is None else f()
+                        ms[k].append((time.perf_counter() - t) * 1000)
             for n in names:
                 await s.call_tool("delete_sandbox", {"sandbox_claim_name": n})
     print("| measurement | n | p50 ms | p90 ms | p99 ms | mean ms |")
     print("|---|---|---|---|---|---|")
     print(row("MCP create_sandbox (warm pool)", create_ms))
-    print(row("MCP execute_command `true` via hub", mcp_ms))
-    print(row("REST exec `true` via hub", rest_ms))
-    print(row("gRPC Execute `true` direct to sandboxd", direct_ms))
-    print(f"\nhub REST / direct p50: {pct(rest_ms, 50) / pct(direct_ms, 50):.2f}x; "
-          f"MCP / direct p50: {pct(mcp_ms, 50) / pct(direct_ms, 50):.2f}x")
+    for k, xs in ms.items():
+        print(row(k, xs))
+
+    def ratio(a: str, b: str) -> str:
+        return f"{pct(ms[a], 50) / pct(ms[b], 50):.2f}x"
+
+    print(f"\n{rounds} alternating rounds of {per_round} per kind. p50 ratios against the direct call "
+          "running the same process:")
+    print(f"- hub REST argv / direct argv: {ratio('REST exec argv `true` via hub', 'gRPC Execute argv `true` direct to sandboxd')} (issue #34 target: <= 1.3x)")
+    print(f"- hub REST sh -c / direct sh -c: {ratio('REST exec `sh -c true` via hub', 'gRPC Execute `sh -c true` direct to sandboxd')}")
+    print(f"- MCP sh -c / direct sh -c: {ratio('MCP execute_command `sh -c true` via hub', 'gRPC Execute `sh -c true` direct to sandboxd')}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--creates", type=int, default=8)
-    ap.add_argument("--execs", type=int, default=200)
+    ap.add_argument("--execs", type=int, default=200, help="per kind, over all rounds")
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     with support.e2e_cluster() as c:
         # A warm pool as large as the burst, all Ready before timing starts.
@@ -100,7 +127,7 @@ def main() -> None:
         support.wait_for_pool(c, args.creates, timeout=300)
         hub, url = c.start_hub()
         try:
-            anyio.run(measure, c, url, args.creates, args.execs)
+            anyio.run(measure, c, url, args.creates, args.execs, args.rounds)
         finally:
             stop_process(hub)
 
