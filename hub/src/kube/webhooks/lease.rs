@@ -149,27 +149,41 @@ fn spec(me: &str, duration: Duration, acquired: MicroTime, transitions: i32) -> 
     }
 }
 
+/// Write conflicts [`release`] reads the Lease again after.
+const RELEASE_ATTEMPTS: usize = 3;
+
 /// Frees the Lease if `me` holds it (at the version read), so another
 /// replica takes it at its next look instead of after the duration;
-/// `true` when it did.
+/// `true` when it did. A renewal the loop had already started may land
+/// between the read and the write (409): the Lease is read again then,
+/// since after `resign` the loop writes no more.
 pub async fn release(api: &Api<Lease>, name: &str, me: &str) -> kube::Result<bool> {
-    let Some(lease) = api.get_opt(name).await? else {
-        return Ok(false);
-    };
-    let holder = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref());
-    if holder != Some(me) {
-        return Ok(false);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let Some(lease) = api.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref());
+        if holder != Some(me) {
+            return Ok(false);
+        }
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": lease.metadata.resource_version},
+            "spec": {"holderIdentity": null},
+        });
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < RELEASE_ATTEMPTS => continue,
+            Err(e) => return Err(e),
+        }
     }
-    let patch = serde_json::json!({
-        "metadata": {"resourceVersion": lease.metadata.resource_version},
-        "spec": {"holderIdentity": null},
-    });
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| true)
 }
 
 /// Looks at the Lease every third of its duration and acts, forever.
