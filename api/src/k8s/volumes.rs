@@ -23,9 +23,20 @@ pub const MOUNTS_ANNOTATION: &str = "sandhub.io/volume-mounts";
 pub const SIGNATURE_ANNOTATION: &str = "sandhub.io/volume-mounts-signature";
 /// Pod volumes made from [`MOUNTS_ANNOTATION`] are named this, then an index.
 pub const POD_VOLUME_PREFIX: &str = "sandhub-request-volume-";
-/// The container that gets the mounts when the Pod has one of this name
-/// (the hub's templates name their main container so); else the first.
+/// The container that runs sandboxd, and gets the mounts, when the Pod has
+/// one of this name (the hub's templates name their main container so);
+/// else the first: see [`main_container`].
 pub const MAIN_CONTAINER: &str = "sandboxd";
+
+/// The index of a Pod's main container: the one the hub's templates run
+/// sandboxd in and mount named volumes in, which the controller mounts a
+/// claim's volumes in too. None for a Pod without containers.
+pub fn main_container(pod: &PodSpec) -> Option<usize> {
+    pod.containers
+        .iter()
+        .position(|c| c.name == MAIN_CONTAINER)
+        .or((!pod.containers.is_empty()).then_some(0))
+}
 
 /// One volume a claim's Pod mounts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,12 +79,7 @@ pub fn mount(pod: &mut PodSpec, mounts: &[ClaimVolume]) -> Result<(), String> {
     if mounts.is_empty() {
         return Ok(());
     }
-    let main = pod
-        .containers
-        .iter()
-        .position(|c| c.name == MAIN_CONTAINER)
-        .or((!pod.containers.is_empty()).then_some(0))
-        .ok_or("the Pod has no container to mount volumes in")?;
+    let main = main_container(pod).ok_or("the Pod has no container to mount volumes in")?;
     let volumes = pod.volumes.get_or_insert_with(Vec::new);
     volumes.retain(|v| !v.name.starts_with(POD_VOLUME_PREFIX));
     let c = &mut pod.containers[main];

@@ -145,10 +145,6 @@ fn listing_response(listing: DirectoryListing, with_body: bool) -> Response {
         .into_response()
 }
 
-async fn open(api: &dyn TenantView, name: &str) -> ApiResult<Store> {
-    Ok(Store::open(api, name).await?)
-}
-
 fn file_headers(size: u64) -> [(header::HeaderName, String); 2] {
     [
         (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -189,7 +185,7 @@ async fn get_or_head(
     with_body: bool,
 ) -> ApiResult<Response> {
     let path = VolPath::parse(raw)?;
-    let dir = match open(api, name).await? {
+    let dir = match Store::open(api, name).await? {
         Store::Local(dir) => dir,
         Store::Pod(sandboxd) => return remote_get(&sandboxd, &path, kind, with_body).await,
     };
@@ -321,7 +317,7 @@ async fn put_volume_file(
     }
     let mode = parse_mode(q.mode.as_deref())?;
     let path = VolPath::parse(&path)?;
-    let files = open(api.as_ref(), &name).await?;
+    let files = Store::open(api.as_ref(), &name).await?;
     let Upload {
         data,
         tripped,
@@ -369,7 +365,7 @@ async fn delete_volume_file(
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> ApiResult<StatusCode> {
     let path = VolPath::parse(&path)?;
-    match open(api.as_ref(), &name).await? {
+    match Store::open(api.as_ref(), &name).await? {
         Store::Local(dir) => dir.delete(path, q.recursive).await?,
         Store::Pod(sandboxd) => sandboxd.delete_file(&path.relative(), q.recursive).await?,
     }

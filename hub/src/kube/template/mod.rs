@@ -31,8 +31,9 @@ use sandhub_client::Error;
 use super::{owner, PullPolicy};
 
 /// The name of the container that runs sandboxd in a Pod template, when
-/// there are several (else the first container is).
-pub const SANDBOXD_CONTAINER: &str = "sandboxd";
+/// there are several (else the first container is): the same rule the
+/// controller mounts a claim's volumes by ([`main_container`]).
+pub use sandhub_api::k8s::volumes::{main_container, MAIN_CONTAINER as SANDBOXD_CONTAINER};
 /// The init container that copies sandboxd out of the sandboxd image.
 pub const COPY_INIT: &str = "sandhub-sandboxd";
 /// Where the copied sandboxd (and busybox) live in a Pod that runs another image.
@@ -82,14 +83,6 @@ pub fn builtin_base(sandboxd_image: &str) -> SandboxTemplateSpec {
         metadata: None,
     };
     spec
-}
-
-/// The index of the container that runs sandboxd.
-pub fn main_container(spec: &PodSpec) -> Option<usize> {
-    spec.containers
-        .iter()
-        .position(|c| c.name == SANDBOXD_CONTAINER)
-        .or((!spec.containers.is_empty()).then_some(0))
 }
 
 /// The init container that copies sandboxd and busybox into [`BIN_DIR`].
