@@ -51,7 +51,7 @@ enum Suite {
     Sandboxd(sandboxd::Args),
     /// hub: claim/create/reset latency, exec via hub vs sandboxd, MCP, Gym, memory;
     /// opt-in phases (images, ports, egress gateway vs host, ...).
-    Hub(hub::Args),
+    Hub(Box<hub::Args>),
     /// router: sandhub-router vs nginx under wrk (throughput, p50/p99).
     Router(router::Args),
     /// controller: claim→Ready latency of a warm and a cold claim burst.
@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let report = match cli.suite {
         Suite::Sandboxd(args) => runtime.block_on(sandboxd::run(args))?,
-        Suite::Hub(args) => runtime.block_on(hub::run(args))?,
+        Suite::Hub(args) => runtime.block_on(hub::run(*args))?,
         Suite::Controller(args) => runtime.block_on(controller::run(args))?,
         Suite::Replicas(args) => runtime.block_on(replicas::run(args))?,
         Suite::Router(args) => router::run_sync(args)?,

@@ -547,7 +547,8 @@ async fn http2_clients_reach_a_port() {
 
 /// Requests to a port reuse the hub's keep-alive connection to it (the
 /// server sees one client connection), and a kept connection is never
-/// reused once its sandbox is gone.
+/// reused once its sandbox is paused (until it is resumed) or gone, however
+/// often it was just checked Ready.
 #[tokio::test]
 async fn kept_connections_are_reused_and_die_with_their_sandbox() {
     let (hub, c, id, _server) = hub_with_server().await;
@@ -566,6 +567,12 @@ async fn kept_connections_are_reused_and_die_with_their_sandbox() {
     );
     let r = http.get(&url).bearer_auth(BOB_KEY).send().await.unwrap();
     error_body(r, 404, "NOT_FOUND").await;
+    c.pause(&id).await.unwrap();
+    let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
+    error_body(r, 412, "FAILED_PRECONDITION").await;
+    c.resume(&id).await.unwrap();
+    let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
+    assert_eq!(r.status(), 200);
     c.delete(&id).await.unwrap();
     let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
     error_body(r, 404, "NOT_FOUND").await;

@@ -169,6 +169,11 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(super) ports_connections: u32,
 
+    /// sandhub-router for the ports phase's third side (the router in the
+    /// sandbox's network namespace, on the same servers); none: two sides.
+    #[arg(long, env = "SANDHUB_BENCH_PORTS_ROUTER_BIN")]
+    pub(super) ports_router_bin: Option<PathBuf>,
+
     /// Rounds of the egress phase (each: download, connects and DNS on the
     /// host and through the gateway, which side first alternating).
     #[arg(long, env = "SANDHUB_BENCH_EGRESS_ROUNDS", default_value_t = 3,

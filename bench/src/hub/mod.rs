@@ -364,6 +364,7 @@ async fn ports(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Resul
         args.ports_rounds,
         Duration::from_secs(args.ports_secs),
         args.ports_connections,
+        args.ports_router_bin.as_deref(),
     )
     .await?;
     for o in outcomes {
@@ -388,21 +389,46 @@ async fn ports(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Resul
             Value::new(p99(&o.hub), Unit::Microseconds),
             None,
         ));
+        if !o.router.is_empty() {
+            // Issue #34 §1: the hub's proxy against the project's own
+            // router on the same server, in the same run.
+            report.rows.push(Row::compare(
+                format!("port proxy vs sandhub-router, {}: requests/s", o.server),
+                Value::new(rps(&o.router), Unit::PerSecond),
+                Value::new(rps(&o.hub), Unit::PerSecond),
+                (!app).then_some(Target::RatioAtLeast(0.8)),
+            ));
+            report.rows.push(Row::compare(
+                format!("port proxy vs sandhub-router, {}: p99", o.server),
+                Value::new(p99(&o.router), Unit::Microseconds),
+                Value::new(p99(&o.hub), Unit::Microseconds),
+                (!app).then_some(Target::RatioAtMost(1.0)),
+            ));
+            report.detail(format!("ports, {}: router", o.server), &o.command_router);
+        }
         report.detail(format!("ports, {}: direct", o.server), o.command_direct);
         report.detail(format!("ports, {}: hub", o.server), o.command_hub);
+        let errors = errors + o.router.iter().map(|r| r.errors).sum::<u64>();
         report.detail(
-            format!("ports, {}: wrk errors (both sides)", o.server),
+            format!("ports, {}: wrk errors (every side)", o.server),
             errors,
         );
-        let cpu: Vec<String> = o
-            .hub_cpu_us
-            .iter()
-            .map(|us| format!("{us:.1} µs"))
-            .collect();
+        let per_round = |v: &[f64]| {
+            v.iter()
+                .map(|us| format!("{us:.1} µs"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         report.detail(
             format!("ports, {}: hub CPU per request, per round", o.server),
-            cpu.join(", "),
+            per_round(&o.hub_cpu_us),
         );
+        if !o.router_cpu_us.is_empty() {
+            report.detail(
+                format!("ports, {}: router CPU per request, per round", o.server),
+                per_round(&o.router_cpu_us),
+            );
+        }
     }
     Ok(())
 }

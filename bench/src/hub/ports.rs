@@ -2,7 +2,11 @@
 //! through the hub's `/v1/sandboxes/{id}/ports/{port}/...`, against the
 //! same server reached from the sandbox's own network namespace (wrk run
 //! under `nsenter --net`, as `ip netns exec` would: no hub in the path).
-//! Rounds alternate direct and hub; medians are reported.
+//! With a `sandhub-router` binary, a third side: the router started in the
+//! sandbox's network namespace, pointed by its headers at the same
+//! `127.0.0.1:{port}`, and loaded from there (issue #34 §1's reference:
+//! the project's own proxy on the same server, in the same run).
+//! Rounds rotate which side goes first; medians are reported.
 //!
 //! Two servers: Python's `http.server` (HTTP/1.1 keep-alive, a small file,
 //! buffered writes and TCP_NODELAY so Nagle's 40 ms stalls do not hide
@@ -17,7 +21,10 @@
 //! direct, and a cheaper proxy slower. The hub's CPU time per request,
 //! measured around each hub round, is the proxy's own cost either way.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context};
 use reqwest::Method;
@@ -67,11 +74,24 @@ pub struct Outcome {
     pub server: &'static str,
     pub direct: Vec<WrkResult>,
     pub hub: Vec<WrkResult>,
+    /// Empty without a router binary.
+    pub router: Vec<WrkResult>,
     pub command_direct: String,
     pub command_hub: String,
+    pub command_router: String,
     /// The hub's CPU time (user + system) per request carried, per hub
     /// round: what the proxy itself costs, whatever else the machine runs.
     pub hub_cpu_us: Vec<f64>,
+    /// The same for the router, per router round.
+    pub router_cpu_us: Vec<f64>,
+}
+
+/// Which side a round runs.
+#[derive(Clone, Copy)]
+enum Side {
+    Direct,
+    Hub,
+    Router,
 }
 
 /// User plus system CPU time of process `pid` so far, in microseconds
@@ -117,10 +137,12 @@ pub async fn proxy(
     rounds: u32,
     duration: Duration,
     connections: u32,
+    router_bin: Option<&Path>,
 ) -> anyhow::Result<Vec<Outcome>> {
     let wrk = PathBuf::from("wrk");
     let (id, _) = hub.create().await?;
     let mut out = Vec::new();
+    let mut router: Option<InNetns> = None;
     for server in &SERVERS {
         let r = hub
             .call(
@@ -151,6 +173,9 @@ pub async fn proxy(
         }
         let pid = pid_with(server.marker)
             .with_context(|| format!("finding {}'s process", server.name))?;
+        if let (Some(bin), None) = (router_bin, &router) {
+            router = Some(InNetns::router(bin, pid)?);
+        }
         let direct_url = format!("http://127.0.0.1:{}/index.txt", server.port);
         let load = Load {
             wrk: &wrk,
@@ -159,49 +184,165 @@ pub async fn proxy(
             duration,
             headers: &[],
         };
-        let mut direct = Vec::new();
-        let mut through = Vec::new();
-        let mut hub_cpu_us = Vec::new();
-        for round in 0..rounds {
-            eprintln!("ports: {} round {}/{rounds}", server.name, round + 1);
-            direct.push(run_in_netns(pid, &load, &direct_url)?);
-            let before = cpu_us(hub.pid())?;
-            let result = load.run(&url)?;
-            let spent = cpu_us(hub.pid())? - before;
-            let requests = result.requests_per_sec * duration.as_secs_f64();
-            if requests > 0.0 {
-                hub_cpu_us.push(spent / requests);
-            }
-            through.push(result);
-        }
-        out.push(Outcome {
+        // The router's routing headers: the sandbox's own loopback and port.
+        let router_headers = [
+            "X-Sandbox-ID: bench".to_string(),
+            "X-Sandbox-Pod-IP: 127.0.0.1".to_string(),
+            format!("X-Sandbox-Port: {}", server.port),
+        ];
+        let router_load = Load {
+            headers: &router_headers,
+            ..load
+        };
+        let router_url = router
+            .as_ref()
+            .map(|r| format!("http://127.0.0.1:{}/index.txt", r.port));
+        let sides: &[Side] = if router.is_some() {
+            &[Side::Direct, Side::Hub, Side::Router]
+        } else {
+            &[Side::Direct, Side::Hub]
+        };
+        let mut o = Outcome {
             server: server.name,
-            direct,
-            hub: through,
+            direct: Vec::new(),
+            hub: Vec::new(),
+            router: Vec::new(),
             command_direct: format!(
                 "nsenter --net=/proc/<server pid>/ns/net {}",
                 load.command_line(&direct_url)
             ),
             command_hub: load.command_line(&url),
-            hub_cpu_us,
-        });
+            command_router: router_url.as_ref().map_or(String::new(), |u| {
+                format!(
+                    "nsenter --net=/proc/<server pid>/ns/net {}",
+                    router_load.command_line(u)
+                )
+            }),
+            hub_cpu_us: Vec::new(),
+            router_cpu_us: Vec::new(),
+        };
+        for round in 0..rounds {
+            eprintln!("ports: {} round {}/{rounds}", server.name, round + 1);
+            // Which side goes first rotates, so drift hits each alike.
+            for k in 0..sides.len() {
+                match sides[(k + round as usize) % sides.len()] {
+                    Side::Direct => o.direct.push(checked(
+                        run_in_netns(pid, &load, &direct_url)?,
+                        duration,
+                        "direct",
+                    )?),
+                    Side::Hub => {
+                        let (result, cpu) = with_cpu(hub.pid(), duration, || load.run(&url))?;
+                        o.hub.extend(Some(result));
+                        o.hub_cpu_us.extend(cpu);
+                    }
+                    Side::Router => {
+                        let (Some(r), Some(u)) = (&router, &router_url) else {
+                            continue;
+                        };
+                        let (result, cpu) = with_cpu(r.proc.pid(), duration, || {
+                            run_in_netns(pid, &router_load, u)
+                        })?;
+                        o.router.extend(Some(result));
+                        o.router_cpu_us.extend(cpu);
+                    }
+                }
+            }
+        }
+        out.push(o);
     }
+    drop(router);
     hub.delete(&id).await?;
     Ok(out)
 }
 
+/// One wrk run, and the CPU time process `pid` spent per request in it.
+fn with_cpu(
+    pid: u32,
+    duration: Duration,
+    run: impl FnOnce() -> anyhow::Result<WrkResult>,
+) -> anyhow::Result<(WrkResult, Option<f64>)> {
+    let before = cpu_us(pid)?;
+    let result = checked(run()?, duration, "proxied")?;
+    let spent = cpu_us(pid)? - before;
+    let requests = result.requests_per_sec * duration.as_secs_f64();
+    Ok((result, (requests > 0.0).then(|| spent / requests)))
+}
+
+/// A run whose answers were mostly errors measured the errors, not the
+/// proxy: refused (over 1%) rather than reported.
+fn checked(r: WrkResult, duration: Duration, side: &str) -> anyhow::Result<WrkResult> {
+    let requests = r.requests_per_sec * duration.as_secs_f64();
+    if r.errors as f64 > requests / 100.0 {
+        bail!(
+            "the {side} wrk run had {} errors in about {requests:.0} requests",
+            r.errors
+        );
+    }
+    Ok(r)
+}
+
+/// A process started in the sandbox's network namespace (stopped when dropped).
+struct InNetns {
+    proc: crate::router::procs::Proc,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl InNetns {
+    /// sandhub-router on `127.0.0.1:{port}` of the namespace of process
+    /// `pid`, routing by header with loopback allowed (as its own suite runs it).
+    fn router(bin: &Path, pid: u32) -> anyhow::Result<InNetns> {
+        let dir = tempfile::tempdir()?;
+        // A port free on the host is as good a guess as any in a namespace
+        // holding only the bench's two servers.
+        let port = crate::router::procs::free_port()?;
+        let mut cmd = std::process::Command::new("nsenter");
+        cmd.arg(format!("--net=/proc/{pid}/ns/net"))
+            .arg(bin)
+            .args(["--http-bind-address", &format!("127.0.0.1:{port}")])
+            .args(["--metrics-bind-address", "0"])
+            .args(["--health-probe-bind-address", "0"])
+            .args(["--allow-loopback-pod-ip", "--access-log=false"])
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1");
+        let log = dir.path().join("router.log");
+        let proc = crate::router::procs::Proc::spawn("sandhub-router", &mut cmd, &log)?;
+        for _ in 0..100 {
+            let probe = std::process::Command::new("nsenter")
+                .arg(format!("--net=/proc/{pid}/ns/net"))
+                .args(["curl", "-s", "-o", "/dev/null"])
+                .arg(format!("http://127.0.0.1:{port}/"))
+                .status()?;
+            if probe.success() {
+                return Ok(InNetns {
+                    proc,
+                    port,
+                    _dir: dir,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "sandhub-router did not listen in the sandbox's namespace: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    }
+}
+
 /// wrk from the sandbox's network namespace (host cgroup and mounts).
 fn run_in_netns(pid: u32, load: &Load<'_>, url: &str) -> anyhow::Result<WrkResult> {
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net=/proc/{pid}/ns/net"))
+    let mut cmd = std::process::Command::new("nsenter");
+    cmd.arg(format!("--net=/proc/{pid}/ns/net"))
         .arg("wrk")
         .arg(format!("-t{}", load.threads))
         .arg(format!("-c{}", load.connections))
         .arg(format!("-d{}s", load.duration.as_secs()))
-        .arg("--latency")
-        .arg(url)
-        .output()
-        .context("running nsenter wrk")?;
+        .arg("--latency");
+    for h in load.headers {
+        cmd.arg("-H").arg(h);
+    }
+    let out = cmd.arg(url).output().context("running nsenter wrk")?;
     if !out.status.success() {
         bail!(
             "nsenter wrk failed: {}",

@@ -6,7 +6,7 @@
 //!
 //! Targets (issue "sandhub-router"): throughput at least nginx's, p99 no worse.
 
-mod procs;
+pub(crate) mod procs;
 
 use std::{path::PathBuf, time::Duration};
 

@@ -24,7 +24,13 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> anyhow::Result<Proc> {
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Proc {
+    pub(crate) fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> anyhow::Result<Proc> {
         let out = std::fs::File::create(log)?;
         let child = cmd
             .stdin(Stdio::null())

@@ -63,6 +63,8 @@ pub struct Hub {
     pub(super) events: Arc<EventLog>,
     /// The tenants' webhooks of those events.
     pub(super) webhooks: Arc<crate::webhooks::Webhooks>,
+    /// Sandboxes seen Ready through a port, per store generation.
+    pub(super) ready: super::ready::ReadyCache,
 }
 
 /// A pool's run of failed warm starts.
@@ -200,6 +202,7 @@ impl Hub {
             max_snapshot_bytes: AtomicU64::new(0),
             events,
             webhooks,
+            ready: Default::default(),
         })
     }
 

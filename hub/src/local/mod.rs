@@ -16,6 +16,8 @@
 //! pools.rs           warm pools: the refiller
 //! gauges.rs          the pool and tenant gauges of /metrics (Hub::gauges)
 //! ports.rs           a sandbox's TCP ports, reached inside its network namespace
+//! ready.rs           ReadyCache: which sandboxes were Ready, per store generation (the
+//!                    port proxy's check per request, without a lookup)
 //! plan.rs            the pure decisions lifecycle and pools apply (unit-tested)
 //! store/             the SQLite store (sandboxes, templates, pools, snapshots, gym envs,
 //!                    tenants' secret values)
@@ -48,6 +50,7 @@ mod network;
 pub mod plan;
 mod pools;
 mod ports;
+mod ready;
 pub mod runtime;
 mod runtime_adapter;
 pub mod sampler;

@@ -216,14 +216,23 @@ impl TenantView for TenantHub {
     }
 
     async fn port_access(&self, id: &str) -> Result<()> {
-        // Per request on a kept connection: a read, and a write only when
-        // the recorded activity is a second old (idle timeouts count in
-        // seconds), not a write per request.
-        let last_activity = self
-            .awake(id, || {
-                self.hub.ready_activity(&self.tenant, id, "port access")
-            })
-            .await?;
+        // Per request on a kept connection: from memory while the store has
+        // not changed since the sandbox was last read Ready (a lookup
+        // otherwise), and a write only when the recorded activity is a
+        // second old (idle timeouts count in seconds), not one per request.
+        let generation = self.hub.store.generation();
+        let last_activity = match self.hub.ready.get(&self.tenant, id, generation) {
+            Some(at) => at,
+            None => {
+                let at = self
+                    .awake(id, || {
+                        self.hub.ready_activity(&self.tenant, id, "port access")
+                    })
+                    .await?;
+                self.hub.ready.put(&self.tenant, id, generation, at);
+                at
+            }
+        };
         let now = now_ms();
         if now - last_activity >= 1000 {
             let _ = self.hub.store.touch(id, now);

@@ -6,7 +6,14 @@
 //! could roll back the last commits), and keeps a warm claim to a single
 //! indexed UPDATE of well under a millisecond.
 
-use std::{collections::BTreeMap, path::Path, sync::Mutex};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex,
+    },
+};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use sandhub_api::{
@@ -70,6 +77,12 @@ pub struct SnapshotRow {
 
 pub struct Store {
     conn: Mutex<Connection>,
+    /// The connection's `total_changes()` after its last use. SQLite adds
+    /// every row an INSERT, UPDATE or DELETE touches, and this connection
+    /// is the only one that writes these tables, so a value read before a
+    /// lookup and still current later says no row changed in between
+    /// ([`Store::generation`]).
+    changes: AtomicU64,
 }
 
 const SCHEMA: &str = r#"
@@ -238,13 +251,25 @@ impl Store {
         add_missing_columns(&conn).map_err(db_err)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(Store {
+            changes: AtomicU64::new(conn.total_changes()),
             conn: Mutex::new(conn),
         })
     }
 
     fn with<T>(&self, f: impl FnOnce(&Db<'_>) -> rusqlite::Result<T>) -> Result<T> {
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        f(&Db(&conn)).map_err(db_err)
+        let out = f(&Db(&conn));
+        // Published before the lock is let go: whoever reads a row after
+        // this write also sees the generation it moved to.
+        self.changes.store(conn.total_changes(), Ordering::Release);
+        out.map_err(db_err)
+    }
+
+    /// Moves whenever any row of the store changes (no lock taken): what a
+    /// cache of a lookup keeps, to know it still holds. Read it before the
+    /// lookup, so a write racing the lookup leaves the entry stale.
+    pub fn generation(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     pub fn insert_sandbox(&self, s: &SandboxRow) -> Result<()> {
@@ -533,6 +558,31 @@ mod tests {
             s.list_sandboxes("t1").unwrap()[0].runtime,
             Some(serde_json::json!({"pid": 1}))
         );
+    }
+
+    #[test]
+    fn the_generation_moves_with_every_change_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("db")).unwrap();
+        let mut seen = s.generation();
+        let mut moved = |s: &Store, what: &str| {
+            let now = s.generation();
+            assert_ne!(now, seen, "{what} must move the generation");
+            seen = now;
+        };
+        s.insert_sandbox(&row("a", "t", None, true)).unwrap();
+        moved(&s, "an insert");
+        s.set_state("a", SandboxState::Paused).unwrap();
+        moved(&s, "a state change");
+        s.touch("a", 50).unwrap();
+        moved(&s, "the activity stamp");
+        s.delete_sandbox("a").unwrap();
+        moved(&s, "a delete");
+        let quiet = s.generation();
+        assert!(s.get_sandbox("t", "a").unwrap().is_none());
+        assert!(s.state_of("t", "a").unwrap().is_none());
+        s.touch("gone", 60).unwrap();
+        assert_eq!(s.generation(), quiet, "reads and no-op writes leave it");
     }
 
     #[test]
