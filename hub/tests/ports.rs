@@ -13,7 +13,9 @@ use common::{
     error_body, eventually, shell, shell_ok, HubOptions, TestHub, ALICE_KEY, BOB_KEY, WAIT,
 };
 
-/// One stdlib-only Python server: `GET /sse` streams three events (chunked),
+/// One stdlib-only Python server: `GET /conn` answers the client's port
+/// (which connection it came on), `GET /closesoon` too, then hangs up that
+/// connection 0.3 s later, idle; `GET /sse` streams three events (chunked),
 /// `POST /echo` answers its body, `GET /ws` is a WebSocket echo (text frames
 /// up to 125 bytes, enough here), anything else is `http.server`'s file
 /// listing of the cwd.
@@ -37,6 +39,16 @@ class H(http.server.SimpleHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+            return
+        if self.path == "/closesoon":
+            body = str(self.client_address[1]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            import socket, threading
+            threading.Timer(0.3, self.connection.shutdown, (socket.SHUT_RDWR,)).start()
             return
         if self.path == "/cookies":
             self.send_response(200)
@@ -567,6 +579,18 @@ async fn kept_connections_are_reused_and_die_with_their_sandbox() {
     );
     let r = http.get(&url).bearer_auth(BOB_KEY).send().await.unwrap();
     error_body(r, 404, "NOT_FOUND").await;
+    // A kept connection the server hangs up while it sits idle is found
+    // closed when next used, and the request goes on a new one.
+    let soon = format!("{}/v1/sandboxes/{id}/ports/{PORT}/closesoon", hub.url());
+    let r = http.get(&soon).bearer_auth(ALICE_KEY).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let hung_up = r.text().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    for _ in 0..3 {
+        let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
+        assert_eq!(r.status(), 200, "after the server hung up a kept connection");
+        assert_ne!(r.text().await.unwrap(), hung_up);
+    }
     c.pause(&id).await.unwrap();
     let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
     error_body(r, 412, "FAILED_PRECONDITION").await;
