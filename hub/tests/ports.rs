@@ -588,7 +588,11 @@ async fn kept_connections_are_reused_and_die_with_their_sandbox() {
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
     for _ in 0..3 {
         let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
-        assert_eq!(r.status(), 200, "after the server hung up a kept connection");
+        assert_eq!(
+            r.status(),
+            200,
+            "after the server hung up a kept connection"
+        );
         assert_ne!(r.text().await.unwrap(), hung_up);
     }
     c.pause(&id).await.unwrap();
