@@ -33,22 +33,16 @@ class H(http.server.SimpleHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
     def do_GET(self):
-        if self.path == "/conn":
-            body = str(self.client_address[1]).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        if self.path == "/closesoon":
+        if self.path in ("/conn", "/closesoon"):
             body = str(self.client_address[1]).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
             self.wfile.flush()
-            import socket, threading
-            threading.Timer(0.3, self.connection.shutdown, (socket.SHUT_RDWR,)).start()
+            if self.path == "/closesoon":
+                import socket, threading
+                threading.Timer(0.3, self.connection.shutdown, (socket.SHUT_RDWR,)).start()
             return
         if self.path == "/cookies":
             self.send_response(200)
