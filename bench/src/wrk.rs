@@ -35,7 +35,19 @@ impl Load<'_> {
     }
 
     pub fn run(&self, url: &str) -> anyhow::Result<WrkResult> {
-        let mut cmd = Command::new(self.wrk);
+        self.run_as(Command::new(self.wrk), url)
+    }
+
+    /// The same load from the network namespace of process `pid`
+    /// (`nsenter --net`, as `ip netns exec` would; host cgroup and mounts).
+    pub fn run_in_netns(&self, pid: u32, url: &str) -> anyhow::Result<WrkResult> {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/proc/{pid}/ns/net")).arg(self.wrk);
+        self.run_as(cmd, url)
+    }
+
+    /// Runs `cmd` (wrk, or what starts it) with this load's arguments.
+    fn run_as(&self, mut cmd: Command, url: &str) -> anyhow::Result<WrkResult> {
         cmd.arg(format!("-t{}", self.threads))
             .arg(format!("-c{}", self.connections))
             .arg(format!("-d{}s", self.duration.as_secs()))

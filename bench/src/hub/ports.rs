@@ -227,23 +227,22 @@ pub async fn proxy(
             for k in 0..sides.len() {
                 match sides[(k + round as usize) % sides.len()] {
                     Side::Direct => o.direct.push(checked(
-                        run_in_netns(pid, &load, &direct_url)?,
+                        load.run_in_netns(pid, &direct_url)?,
                         duration,
                         "direct",
                     )?),
                     Side::Hub => {
                         let (result, cpu) = with_cpu(hub.pid(), duration, || load.run(&url))?;
-                        o.hub.extend(Some(result));
+                        o.hub.push(result);
                         o.hub_cpu_us.extend(cpu);
                     }
                     Side::Router => {
                         let (Some(r), Some(u)) = (&router, &router_url) else {
                             continue;
                         };
-                        let (result, cpu) = with_cpu(r.proc.pid(), duration, || {
-                            run_in_netns(pid, &router_load, u)
-                        })?;
-                        o.router.extend(Some(result));
+                        let (result, cpu) =
+                            with_cpu(r.proc.pid(), duration, || router_load.run_in_netns(pid, u))?;
+                        o.router.push(result);
                         o.router_cpu_us.extend(cpu);
                     }
                 }
@@ -328,27 +327,4 @@ impl InNetns {
             std::fs::read_to_string(&log).unwrap_or_default()
         )
     }
-}
-
-/// wrk from the sandbox's network namespace (host cgroup and mounts).
-fn run_in_netns(pid: u32, load: &Load<'_>, url: &str) -> anyhow::Result<WrkResult> {
-    let mut cmd = std::process::Command::new("nsenter");
-    cmd.arg(format!("--net=/proc/{pid}/ns/net"))
-        .arg("wrk")
-        .arg(format!("-t{}", load.threads))
-        .arg(format!("-c{}", load.connections))
-        .arg(format!("-d{}s", load.duration.as_secs()))
-        .arg("--latency");
-    for h in load.headers {
-        cmd.arg("-H").arg(h);
-    }
-    let out = cmd.arg(url).output().context("running nsenter wrk")?;
-    if !out.status.success() {
-        bail!(
-            "nsenter wrk failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    crate::wrk::parse(&text).with_context(|| format!("unexpected wrk output:\n{text}"))
 }

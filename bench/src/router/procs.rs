@@ -27,9 +27,7 @@ impl Proc {
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
-}
 
-impl Proc {
     pub(crate) fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> anyhow::Result<Proc> {
         let out = std::fs::File::create(log)?;
         let child = cmd
