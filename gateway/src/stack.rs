@@ -234,6 +234,10 @@ pub(crate) struct Loop {
     judged: Option<Arc<SandboxPolicy>>,
     /// Bytes of `Limits::bulk_budget` the open flows hold.
     bulk_held: usize,
+    /// When the first open flow reaches `--egress-idle-timeout`: the loop
+    /// must wake then even if nothing else happens, or a flow whose peer
+    /// answers later than the timeout would never be judged idle.
+    next_idle: Option<std::time::Instant>,
 }
 
 thread_local! {
@@ -375,6 +379,7 @@ impl Loop {
             rate_window: (std::time::Instant::now(), 0),
             secrets: Arc::new(secrets),
             bulk_held: 0,
+            next_idle: None,
         })
     }
 
@@ -386,7 +391,10 @@ impl Loop {
                 .poll_delay(SmolInstant::now(), &self.sockets)
                 .map(|d| Duration::from_micros(d.total_micros()))
                 .unwrap_or(Duration::from_secs(5))
-                .min(Duration::from_secs(5));
+                .min(Duration::from_secs(5))
+                .min(self.next_idle.map_or(Duration::MAX, |t| {
+                    t.saturating_duration_since(std::time::Instant::now())
+                }));
             let woke = tokio::select! {
                 r = self.tun.readable() => match r {
                     Ok(mut guard) => {
@@ -802,8 +810,15 @@ impl Loop {
     fn pump(&mut self) {
         let idle = self.cfg.limits.idle_timeout;
         let mut done = Vec::new();
+        let mut next_idle: Option<std::time::Instant> = None;
         for (key, f) in self.open.iter_mut() {
             let sock = self.sockets.get_mut::<tcp::Socket>(f.handle);
+            // Judged before this pass moves anything: bytes that arrive
+            // after the deadline do not revive a connection already idle.
+            if f.active.elapsed() >= idle && sock.is_open() {
+                sock.abort();
+                f.reset_pending = true;
+            }
             // Sandbox -> upstream, while the channel has room.
             while sock.can_recv() {
                 let Some(tx) = &f.to_up else { break };
@@ -880,9 +895,9 @@ impl Loop {
                     Err(mpsc::error::TryRecvError::Empty) => break,
                 }
             }
-            if f.active.elapsed() >= idle && sock.is_open() {
-                sock.abort();
-                f.reset_pending = true;
+            if sock.is_open() {
+                let at = f.active + idle;
+                next_idle = Some(next_idle.map_or(at, |n| n.min(at)));
             }
             if f.up_done && f.out.is_none() && !f.closing {
                 sock.close();
@@ -897,6 +912,7 @@ impl Loop {
                 }
             }
         }
+        self.next_idle = next_idle;
         for key in done {
             if let Some(f) = self.open.remove(&key) {
                 for t in &f.tasks {
