@@ -28,7 +28,8 @@ async fn list_templates(Api(api): Api) -> ApiResult<ApiJson<TemplateList>> {
 #[utoipa::path(put, path = "/v1/templates/{name}", tag = "templates", request_body = Template,
     params(("name" = String, Path, description = "DNS-1123 label")),
     responses((status = 200, body = NamedTemplate), (status = 400, body = ErrorBody),
-              (status = 403, body = ErrorBody, description = "root_fs or seed_dir outside --template-dirs, or network: host without --allow-host-network")))]
+              (status = 403, body = ErrorBody, description = "root_fs or seed_dir outside --template-dirs, or network: host without --allow-host-network"),
+              (status = 404, body = ErrorBody, description = "image names an image the tenant's store does not hold (pull it first)")))]
 async fn put_template(
     Api(api): Api,
     ApiPath(name): ApiPath<String>,
