@@ -832,7 +832,10 @@ fn cold_start_latency_and_idle_memory() {
             let pss: u64 = pids.iter().map(|p| field(p, "Pss:")).sum();
             let anon: u64 = pids.iter().map(|p| field(p, "Pss_Anon:")).sum();
             eprintln!("idle sandbox: PSS {pss} KiB, of which anonymous {anon} KiB");
-            assert!(anon < 16 << 10, "anonymous memory {anon} KiB");
+            // 3.5 MiB (debug build). Bounded tightly enough to catch what
+            // mimalloc did when tried as this binary's allocator: 11.9 MiB
+            // (docs/benchmarks.md, issue #34 §1).
+            assert!(anon < 6 << 10, "anonymous memory {anon} KiB");
         }
         assert_eq!(health(sb.l()), 200);
     }
