@@ -5,9 +5,8 @@
 use std::{path::Path, sync::Arc};
 
 use axum::{
-    extract::{Request, State},
+    extract::Request,
     http::header,
-    middleware::Next,
     response::{IntoResponse, Response},
 };
 use sandhub_api::error::Code;
@@ -20,6 +19,7 @@ use super::{
         PtyTickets,
     },
     error::ApiError,
+    plain::{Entry, Plain},
 };
 
 /// The tenant every request belongs to when no keys file is configured.
@@ -127,30 +127,35 @@ pub fn presented_key(headers: &axum::http::HeaderMap) -> Option<&[u8]> {
         .or_else(|| headers.get("x-api-key").map(|v| v.as_bytes()))
 }
 
-pub async fn authenticate(
-    State(Auth { keys, tickets }): State<Auth>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let tenant = match &keys {
-        None => OPEN_TENANT.to_string(),
-        Some(_) if is_open(request.uri().path()) => OPEN_TENANT.to_string(),
-        Some(keys) => match presented_key(request.headers())
-            .and_then(|k| keys.tenant_of(k))
-            .or_else(|| ticket_tenant(&request, &tickets))
-        {
-            Some(t) => t,
-            None => {
-                return ApiError::new(
-                    Code::Unauthenticated,
-                    "send a valid API key as `Authorization: Bearer <key>`",
-                )
-                .into_response()
-            }
-        },
-    };
-    request.extensions_mut().insert(Tenant(tenant));
-    next.run(request).await
+impl Plain for Auth {
+    type Carry = ();
+
+    /// Sets the request's [`Tenant`], or answers UNAUTHENTICATED.
+    fn enter(&self, request: &mut Request) -> Entry<()> {
+        let tenant = match &self.keys {
+            None => OPEN_TENANT.to_string(),
+            Some(_) if is_open(request.uri().path()) => OPEN_TENANT.to_string(),
+            Some(keys) => match presented_key(request.headers())
+                .and_then(|k| keys.tenant_of(k))
+                .or_else(|| ticket_tenant(request, &self.tickets))
+            {
+                Some(t) => t,
+                None => {
+                    return Entry::Answer(
+                        ApiError::new(
+                            Code::Unauthenticated,
+                            "send a valid API key as `Authorization: Bearer <key>`",
+                        )
+                        .into_response(),
+                    )
+                }
+            },
+        };
+        request.extensions_mut().insert(Tenant(tenant));
+        Entry::Pass(())
+    }
+
+    fn leave((): (), _: &mut Response) {}
 }
 
 #[cfg(test)]

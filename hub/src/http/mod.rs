@@ -27,6 +27,7 @@
 //!   answer.rs    what a sandbox's answer may carry back (CSP sandbox, cookies)
 //!   limits.rs    in-flight caps per sandbox, tenant and hub; head and idle timeouts
 //! browser.rs   refusing what only a sandbox's page could send (Origin, port cookies)
+//! plain.rs     middleware without from_fn's per-request clone (auth, metrics, route tag)
 //! console/     the web console at `/` (embedded files, CSP), the terminal's tickets
 //! signing.rs   tokens the hub signs for itself (envd access, browser links)
 //! trace.rs     the server span of every request (traceparent in), when traces export
@@ -50,6 +51,7 @@ pub mod hosts;
 mod json;
 pub mod mcp;
 mod openapi;
+mod plain;
 pub mod proxy;
 pub mod rest;
 pub mod signing;
@@ -75,6 +77,7 @@ pub use json::{ApiJson, ApiJsonOrDefault};
 pub use crate::guard::Limits;
 
 use crate::backend::{Backend, TenantView};
+use plain::PlainLayer;
 
 /// JSON request bodies (exec, create, templates) are small; a larger one
 /// is a mistake and gets 413 before it is read.
@@ -180,11 +183,11 @@ pub fn app(
             }),
         )
         // Which route template served a request, for its metrics label.
-        .route_layer(middleware::from_fn(rest::health::tag_route))
+        .route_layer(PlainLayer(rest::health::TagRoute))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
-        .layer(middleware::from_fn_with_state(auth, auth::authenticate));
+        .layer(PlainLayer(auth));
     // envd traffic names its sandbox in a header and carries that
     // sandbox's token, not an API key: it turns off before auth.
     let app = match e2b {
@@ -205,13 +208,16 @@ pub fn app(
         )),
         None => app,
     };
-    let app = app
-        .layer(middleware::from_fn_with_state(
-            state.metrics.clone(),
-            rest::health::count_requests,
-        ))
-        // Outermost: the span covers auth, routing and metrics too.
-        .layer(middleware::from_fn(trace::trace_request))
-        .with_state(state);
+    let app = app.layer(PlainLayer(rest::health::CountRequests(
+        state.metrics.clone(),
+    )));
+    // Outermost: the span covers auth, routing and metrics too. Only with
+    // an exporter: the layer costs a clone of the app per request.
+    let app = if sandhub_telemetry::enabled() {
+        app.layer(middleware::from_fn(trace::trace_request))
+    } else {
+        app
+    };
+    let app = app.with_state(state);
     (app, mcp_stop)
 }

@@ -2,7 +2,7 @@
 //! door (REST, Gym, E2B, MCP share this app), child of the caller's
 //! `traceparent` when it sent a valid one. The operation spans
 //! (`ops.rs`) and the sandboxd client spans (`sandhub-client`) nest
-//! under it. Off (no `--otlp-endpoint`), it passes the request through.
+//! under it. Off (no `--otlp-endpoint`), `app` leaves it out.
 
 use axum::{extract::MatchedPath, extract::Request, middleware::Next, response::Response};
 use sandhub_telemetry::Parent;

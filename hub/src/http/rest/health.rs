@@ -6,7 +6,6 @@ use std::sync::Arc;
 use axum::{
     extract::{MatchedPath, Request, State},
     http::header,
-    middleware::Next,
     response::{IntoResponse, Response},
 };
 use prometheus_client::{
@@ -17,7 +16,10 @@ use prometheus_client::{
 use sandhub_api::error::{Code, ErrorBody};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::http::{ApiError, AppState};
+use crate::http::{
+    plain::{Entry, Plain},
+    ApiError, AppState,
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -269,45 +271,65 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-pub async fn count_requests(
-    State(metrics): State<Arc<Metrics>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    // A method outside the standard set is one label, not one per spelling.
-    let method = match request.method().as_str() {
-        m @ ("GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS") => m.to_string(),
-        _ => "other".to_string(),
-    };
-    let started = std::time::Instant::now();
-    metrics.inflight.inc();
-    let response = next.run(request).await;
-    metrics.inflight.dec();
-    metrics
-        .request_seconds
-        .observe(started.elapsed().as_secs_f64());
-    metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            method,
-            route: response
-                .extensions()
-                .get::<MatchedPath>()
-                .map_or("other", |p| p.as_str())
-                .to_string(),
-            code: response.status().as_u16(),
-        })
-        .inc();
-    response
+/// Counts every request by method, route template and status, and times
+/// it (`sandhub_http_requests_total`, `sandhub_http_request_seconds`).
+#[derive(Clone)]
+pub struct CountRequests(pub Arc<Metrics>);
+
+impl Plain for CountRequests {
+    type Carry = (Arc<Metrics>, &'static str, std::time::Instant);
+
+    fn enter(&self, request: &mut Request) -> Entry<Self::Carry> {
+        // A method outside the standard set is one label, not one per spelling.
+        let method = match request.method().as_str() {
+            "GET" => "GET",
+            "HEAD" => "HEAD",
+            "POST" => "POST",
+            "PUT" => "PUT",
+            "PATCH" => "PATCH",
+            "DELETE" => "DELETE",
+            "OPTIONS" => "OPTIONS",
+            _ => "other",
+        };
+        self.0.inflight.inc();
+        Entry::Pass((self.0.clone(), method, std::time::Instant::now()))
+    }
+
+    fn leave((metrics, method, started): Self::Carry, response: &mut Response) {
+        metrics.inflight.dec();
+        metrics
+            .request_seconds
+            .observe(started.elapsed().as_secs_f64());
+        metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                method: method.to_string(),
+                route: response
+                    .extensions()
+                    .get::<MatchedPath>()
+                    .map_or("other", |p| p.as_str())
+                    .to_string(),
+                code: response.status().as_u16(),
+            })
+            .inc();
+    }
 }
 
 /// Copies the route template that matched into the response, where
-/// [`count_requests`] (outside the router, so it sees every request) finds it.
-pub async fn tag_route(request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().cloned();
-    let mut response = next.run(request).await;
-    if let Some(route) = route {
-        response.extensions_mut().insert(route);
+/// [`CountRequests`] (outside the router, so it sees every request) finds it.
+#[derive(Clone, Copy)]
+pub struct TagRoute;
+
+impl Plain for TagRoute {
+    type Carry = Option<MatchedPath>;
+
+    fn enter(&self, request: &mut Request) -> Entry<Self::Carry> {
+        Entry::Pass(request.extensions().get::<MatchedPath>().cloned())
     }
-    response
+
+    fn leave(route: Self::Carry, response: &mut Response) {
+        if let Some(route) = route {
+            response.extensions_mut().insert(route);
+        }
+    }
 }
