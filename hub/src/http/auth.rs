@@ -4,11 +4,7 @@
 
 use std::{path::Path, sync::Arc};
 
-use axum::{
-    extract::Request,
-    http::header,
-    response::{IntoResponse, Response},
-};
+use axum::{extract::Request, http::header, response::IntoResponse};
 use sandhub_api::error::Code;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -154,8 +150,6 @@ impl Plain for Auth {
         request.extensions_mut().insert(Tenant(tenant));
         Entry::Pass(())
     }
-
-    fn leave((): (), _: &mut Response) {}
 }
 
 #[cfg(test)]

@@ -27,8 +27,8 @@ pub trait Plain: Clone + Send + Sync + 'static {
     /// Whether the inner service gets `request` next.
     fn enter(&self, request: &mut Request) -> Entry<Self::Carry>;
 
-    /// Sees (and may change) the inner service's answer.
-    fn leave(carry: Self::Carry, response: &mut Response);
+    /// Sees (and may change) the inner service's answer; by default, leaves it.
+    fn leave(_carry: Self::Carry, _response: &mut Response) {}
 }
 
 /// What the way in decided.

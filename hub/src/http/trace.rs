@@ -9,9 +9,6 @@ use sandhub_telemetry::Parent;
 use tracing::Instrument;
 
 pub async fn trace_request(mut request: Request, next: Next) -> Response {
-    if !sandhub_telemetry::enabled() {
-        return next.run(request).await;
-    }
     let method = request.method().clone();
     let span = sandhub_telemetry::server_span(method.as_str(), request.headers());
     // Work that leaves this task (an MCP tool call runs on the session's

@@ -281,16 +281,11 @@ impl Plain for CountRequests {
 
     fn enter(&self, request: &mut Request) -> Entry<Self::Carry> {
         // A method outside the standard set is one label, not one per spelling.
-        let method = match request.method().as_str() {
-            "GET" => "GET",
-            "HEAD" => "HEAD",
-            "POST" => "POST",
-            "PUT" => "PUT",
-            "PATCH" => "PATCH",
-            "DELETE" => "DELETE",
-            "OPTIONS" => "OPTIONS",
-            _ => "other",
-        };
+        const STANDARD: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+        let method = STANDARD
+            .into_iter()
+            .find(|m| *m == request.method().as_str())
+            .unwrap_or("other");
         self.0.inflight.inc();
         Entry::Pass((self.0.clone(), method, std::time::Instant::now()))
     }
