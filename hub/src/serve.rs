@@ -3,7 +3,6 @@
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use clap::{Args, ValueEnum};
 
 use crate::{
@@ -143,6 +142,13 @@ pub struct PortArgs {
     /// The same for WebSockets and other upgrades, and event streams (SSE).
     #[arg(long, env = "SANDHUB_PORT_STREAM_IDLE_TIMEOUT", default_value = "1h", value_parser = sandhub_common::parse_duration)]
     pub port_stream_idle_timeout: Duration,
+
+    /// Serve plain HTTP/1.1 requests to sandbox ports on the fast path
+    /// (the one sandhub-router runs), with the same checks as the rest of
+    /// the API; `false` sends them through the general server. Local
+    /// backend only, and off while traces are exported (`--otlp-endpoint`).
+    #[arg(long, env = "SANDHUB_PORT_FAST_PATH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub port_fast_path: bool,
 }
 
 impl PortArgs {
@@ -298,7 +304,7 @@ async fn serve(
         _ => None,
     };
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (app, mcp_stop) = http::app(
+    let (app, mcp_stop, fast) = http::app(
         AppState {
             hub,
             metrics: Arc::default(),
@@ -320,9 +326,12 @@ async fn serve(
         keys,
         e2b.clone(),
     );
-    let listener = listener.tap_io(|stream| {
-        let _ = stream.set_nodelay(true);
-    });
+    // The fast path has no span per request, and speaks to the port
+    // directly, not through a router: otherwise every request takes hyper's.
+    let fast_path = args.ports.port_fast_path
+        && args.backend == BackendKind::Local
+        && !sandhub_telemetry::enabled();
+    let fast = fast_path.then(|| Arc::new(fast));
     tracing::info!(addr = %args.listen, backend = %where_, nofile, "sandhub serving");
     if e2b.is_some() {
         let url = format!("http://{}", args.listen);
@@ -338,7 +347,7 @@ async fn serve(
     }
     let (drain_delay, drain_timeout) = (args.drain_delay, args.drain_timeout);
     let (stopping_tx, stopping) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = http::listen::serve(listener, app, fast, async move {
         signals.recv().await;
         draining.store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(delay = ?drain_delay, "draining: /readyz fails, still serving");
@@ -348,10 +357,9 @@ async fn serve(
         // Open MCP event streams would hold the shutdown forever.
         mcp_stop.cancel();
     });
-    let server = std::future::IntoFuture::into_future(server);
     tokio::pin!(server);
     tokio::select! {
-        served = &mut server => served?,
+        () = &mut server => {}
         // Past the bound, requests still in flight are cut: a stuck client
         // must not keep a replica from ever stopping.
         _ = async {

@@ -16,32 +16,6 @@ use sandhub_common::drain::Draining;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Adds its bytes to a counter when dropped.
-pub struct ByteCount {
-    n: u64,
-    counter: Counter,
-}
-
-impl ByteCount {
-    pub fn new(counter: &Counter) -> Self {
-        Self {
-            n: 0,
-            counter: counter.clone(),
-        }
-    }
-    pub fn add(&mut self, n: usize) {
-        self.n += n as u64;
-    }
-}
-
-impl Drop for ByteCount {
-    fn drop(&mut self) {
-        if self.n > 0 {
-            self.counter.inc_by(self.n);
-        }
-    }
-}
-
 /// The client's request body on its way upstream, with the optional
 /// `--max-request-body-bytes` limit enforced as it streams.
 pub struct RequestBody {
@@ -52,15 +26,9 @@ pub struct RequestBody {
     draining: Option<Draining>,
 }
 
-/// The router's bound on reading a refused request body (see
-/// [`sandhub_common::drain`]): at most this much of a too-large body, or
-/// of one the sandbox never got, is still read (and dropped) before the
-/// answer, for at most [`DRAIN_TIMEOUT`]. A client still sending when the
-/// router answers and closes would get a reset instead of the answer;
-/// reading the rest first lets it read the 413. Bounded, so a huge or
-/// endless body still ends the connection.
-pub const DRAIN_CAP: u64 = 1 << 20;
-pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// The bound on reading a refused request body, the same on the fast
+/// path and hyper's (see [`sandhub_http1::count`]).
+pub use sandhub_http1::{ByteCount, DRAIN_CAP, DRAIN_TIMEOUT};
 
 /// Returned (as the body error) when a streaming body passes the limit.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +42,7 @@ impl RequestBody {
         Self {
             inner,
             remaining,
-            count: ByteCount::new(tx),
+            count: ByteCount::new(Some(tx)),
             draining: None,
         }
     }

@@ -51,13 +51,13 @@ impl ProxyBody {
     pub fn upstream(inner: Incoming, rx: &Counter) -> Self {
         Self::Upstream {
             inner,
-            count: ByteCount::new(rx),
+            count: ByteCount::new(Some(rx)),
         }
     }
     pub fn grpc(inner: Incoming, rx: &Counter, deadline: Option<Duration>) -> Self {
         Self::Grpc {
             inner,
-            count: ByteCount::new(rx),
+            count: ByteCount::new(Some(rx)),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep(d))),
             done: false,
         }

@@ -136,20 +136,20 @@ impl Plain for Auth {
                 .or_else(|| ticket_tenant(request, &self.tickets))
             {
                 Some(t) => t,
-                None => {
-                    return Entry::Answer(
-                        ApiError::new(
-                            Code::Unauthenticated,
-                            "send a valid API key as `Authorization: Bearer <key>`",
-                        )
-                        .into_response(),
-                    )
-                }
+                None => return Entry::Answer(unauthenticated().into_response()),
             },
         };
         request.extensions_mut().insert(Tenant(tenant));
         Entry::Pass(())
     }
+}
+
+/// The answer to a request without a valid key.
+pub fn unauthenticated() -> ApiError {
+    ApiError::new(
+        Code::Unauthenticated,
+        "send a valid API key as `Authorization: Bearer <key>`",
+    )
 }
 
 #[cfg(test)]

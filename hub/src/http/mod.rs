@@ -26,6 +26,9 @@
 //!   mod.rs       forwarding, upgrades, the headers the sandbox sees
 //!   answer.rs    what a sandbox's answer may carry back (CSP sandbox, cookies)
 //!   limits.rs    in-flight caps per sandbox, tenant and hub; head and idle timeouts
+//! fast/        the port route's HTTP/1.1 fast path (sandhub-http1's server): plain
+//!              requests to a port without hyper's server or axum, same checks
+//! listen.rs    the listener: each connection to the fast path, then hyper and the app
 //! browser.rs   refusing what only a sandbox's page could send (Origin, port cookies)
 //! plain.rs     middleware without from_fn's per-request clone (auth, metrics, route tag)
 //! console/     the web console at `/` (embedded files, CSP), the terminal's tickets
@@ -46,9 +49,11 @@ mod browser;
 mod console;
 pub mod e2b;
 mod error;
+pub mod fast;
 pub mod gym;
 pub mod hosts;
 mod json;
+pub mod listen;
 pub mod mcp;
 mod openapi;
 mod plain;
@@ -140,12 +145,13 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 }
 
 /// The whole HTTP app: routes, OpenAPI, MCP at `/mcp`, auth, limits and
-/// metrics; plus the token that ends MCP's open streams at shutdown.
+/// metrics; the token that ends MCP's open streams at shutdown; and what
+/// the port route's fast path needs, over the same guarded backend.
 pub fn app(
     state: AppState,
     keys: Option<Arc<ApiKeys>>,
     e2b: Option<Arc<e2b::E2b>>,
-) -> (Router, tokio_util::sync::CancellationToken) {
+) -> (Router, tokio_util::sync::CancellationToken, fast::Ports) {
     let (mut router, openapi) = routes();
     if let Some(e2b) = &e2b {
         router = router
@@ -163,6 +169,7 @@ pub fn app(
         ..state
     };
     let (mcp, mcp_stop) = mcp::http_service(state.hub.clone(), keys.is_some());
+    let fast = fast::Ports::new(&state, keys.clone());
     let auth = auth::Auth {
         keys: keys.clone(),
         tickets: Arc::new(console::PtyTickets::default()),
@@ -219,5 +226,5 @@ pub fn app(
         app
     };
     let app = app.with_state(state);
-    (app, mcp_stop)
+    (app, mcp_stop, fast)
 }

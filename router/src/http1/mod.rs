@@ -1,17 +1,16 @@
-//! The router's own HTTP/1.1 code, by side.
+//! The router's HTTP/1.1 code, by side. The fast path itself (its server,
+//! the direct exchange, the wire codec) is `sandhub-http1`, shared with the
+//! hub; what is the router's own is here.
 //!
-//! - [`inbound`]: the fast-path server for clients (plain listener, and TLS
-//!   without h2); it hands everything it does not serve to hyper's server.
+//! - [`inbound`], [`wire`]: the shared crate's, re-exported.
 //! - [`outbound`]: reaching sandboxes: the dialer, hyper's pooled clients
 //!   (HTTP/1.1 and h2c), and the direct exchange to a Pod IP.
 //! - `pool`: the direct exchange's per-thread connection pool.
-//! - [`wire`]: the codec both sides share.
 //!
-//! Arrows: `inbound` -> `outbound` -> `pool`, and both sides -> `wire`.
-//! Nothing here imports the proxy: `inbound` asks its `inbound::Handler`
-//! (the proxy) for every decision.
+//! Arrows: `outbound` -> `pool`. Nothing here imports the proxy: the
+//! shared server asks its `inbound::Handler` (the proxy) for every decision.
 
-pub mod inbound;
 pub mod outbound;
-mod pool;
-pub mod wire;
+pub mod pool;
+
+pub use sandhub_http1::{inbound, wire};

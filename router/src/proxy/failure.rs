@@ -6,7 +6,7 @@ use super::Proxy;
 use crate::{
     body::BodyTooLarge,
     error::ProxyError,
-    http1::outbound::{DialError, DialFailure, ExchangeError},
+    http1::outbound::{body_too_large, DialError, DialFailure, ExchangeError},
     routing::Target,
 };
 
@@ -19,8 +19,11 @@ impl Proxy {
         cached_uid: Option<&str>,
     ) -> ProxyError {
         match e {
-            ExchangeError::Dial(dial) => self.dial_failure(&dial, t, cached_uid),
-            e if e.body_too_large() => ProxyError::BodyTooLarge,
+            ExchangeError::Dial(e) => match e.downcast_ref::<DialError>() {
+                Some(dial) => self.dial_failure(dial, t, cached_uid),
+                None => ProxyError::Dial(t.id.clone()),
+            },
+            e if body_too_large(&e) => ProxyError::BodyTooLarge,
             // The client's body broke off or was malformed: its fault, not the sandbox's.
             ExchangeError::Body(_) => ProxyError::BadRequest("Invalid request body."),
             e => {

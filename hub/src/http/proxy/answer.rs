@@ -10,6 +10,8 @@
 //!   port cookie, and on the hub's origin are kept under the port's path.
 
 use axum::http::{header, HeaderMap, HeaderValue};
+use bytes::Bytes;
+use sandhub_http1::outbound::ResponseHead;
 
 use super::PORT_COOKIE as COOKIE;
 
@@ -54,18 +56,68 @@ pub fn harden(h: &mut HeaderMap, served: &Served) {
     }
 }
 
+/// [`harden`] for the fast path's response head (`http::fast`): the same
+/// headers added, the same cookies kept and rewritten, and the per-hop
+/// headers the head's parser leaves (it drops the framing ones) gone.
+pub fn harden_head(head: &mut ResponseHead, served: &Served) {
+    let on_hub = matches!(served, Served::OnHubOrigin { .. });
+    let mut cookies = Vec::new();
+    head.retain(|name, value| {
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        if is("set-cookie") {
+            cookies.push(value.to_vec());
+            return false;
+        }
+        let hop = is("te") || is("proxy-authenticate") || is("proxy-authorization");
+        // Set below, replacing the server's.
+        let ours = on_hub && (is("x-content-type-options") || is("cross-origin-resource-policy"));
+        !(hop || ours)
+    });
+    if let Some(prefix) = cookie_prefix(served) {
+        for value in cookies {
+            let kept = std::str::from_utf8(&value)
+                .ok()
+                .and_then(|v| host_only(v, prefix))
+                .filter(|v| HeaderValue::from_str(v).is_ok());
+            if let Some(kept) = kept {
+                head.push(Bytes::from_static(b"set-cookie"), Bytes::from(kept));
+            }
+        }
+    }
+    if on_hub {
+        for (name, value) in [
+            ("content-security-policy", SANDBOX_CSP),
+            ("x-content-type-options", "nosniff"),
+            ("cross-origin-resource-policy", "same-origin"),
+        ] {
+            head.push(
+                Bytes::from_static(name.as_bytes()),
+                Bytes::from_static(value.as_bytes()),
+            );
+        }
+    }
+}
+
+/// Where `served`'s cookies are kept: `Some(None)` as the server set them
+/// (host-only), `Some(Some(prefix))` under the port's path, `None` dropped.
+fn cookie_prefix(served: &Served) -> Option<Option<&str>> {
+    match served {
+        Served::OnHubOrigin { cookie_path: None } => None,
+        Served::OnHubOrigin {
+            cookie_path: Some(p),
+        } => Some(Some(p.as_str())),
+        Served::OwnHost => Some(None),
+    }
+}
+
 fn rewrite_cookies(h: &mut HeaderMap, served: &Served) {
     let sent: Vec<HeaderValue> = h.get_all(header::SET_COOKIE).iter().cloned().collect();
     if sent.is_empty() {
         return;
     }
     h.remove(header::SET_COOKIE);
-    let prefix = match served {
-        Served::OnHubOrigin { cookie_path: None } => return,
-        Served::OnHubOrigin {
-            cookie_path: Some(p),
-        } => Some(p.as_str()),
-        Served::OwnHost => None,
+    let Some(prefix) = cookie_prefix(served) else {
+        return;
     };
     for value in sent {
         let Some(kept) = value.to_str().ok().and_then(|v| host_only(v, prefix)) else {

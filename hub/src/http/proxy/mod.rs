@@ -6,19 +6,24 @@
 //!
 //! ```text
 //! mod.rs     forward(): the request there and the answer back; kept connections
-//! answer.rs  the answer made safe for where it is shown (CSP sandbox, cookies)
+//! answer.rs  the answer made safe for where it is shown (CSP sandbox, cookies),
+//!            as a HeaderMap or as the fast path's response head
 //! limits.rs  caps on requests in flight, answer and idle timeouts
 //! ```
+//!
+//! The port route's plain requests usually take the HTTP/1.1 fast path
+//! instead (`http::fast`), which uses this module's caps, credentials list
+//! and answer rules, so both paths keep the same promises.
 
 mod answer;
 mod limits;
 
-pub use answer::{Served, SANDBOX_CSP};
+pub use answer::{harden_head, Served, SANDBOX_CSP};
 
 /// The cookie a host-routed port link is kept in: the hub's own, so every
 /// route strips it from requests and no sandbox may set it.
 pub const PORT_COOKIE: &str = "sandhub_port";
-pub use limits::{Gate, ProxyLimits};
+pub use limits::{Gate, ProxyLimits, Slot};
 
 use axum::{
     body::Body,
@@ -41,10 +46,10 @@ type Sender = hyper::client::conn::http1::SendRequest<Body>;
 type PoolKey = (String, String, u16);
 
 /// How long an idle connection to a port is kept, and how many per port.
-const IDLE_FOR: Duration = Duration::from_secs(30);
-const MAX_IDLE_PER_PORT: usize = 32;
+pub const IDLE_FOR: Duration = Duration::from_secs(30);
+pub const MAX_IDLE_PER_PORT: usize = 32;
 /// Past this many ports with idle connections, dead entries are swept.
-const SWEEP_AT: usize = 1024;
+pub const SWEEP_AT: usize = 1024;
 
 struct Idle {
     sender: Sender,
@@ -85,6 +90,15 @@ impl PortPool {
     /// Requests carried right now (every tenant).
     pub fn in_flight(&self) -> usize {
         self.gate.in_flight()
+    }
+
+    /// A slot for one more request to sandbox `id`'s ports, under the caps.
+    pub fn admit(&self, tenant: &str, id: &str) -> ApiResult<Slot> {
+        self.gate.admit(&self.limits, tenant, id)
+    }
+
+    pub fn limits(&self) -> &ProxyLimits {
+        &self.limits
     }
 
     fn take(&self, key: &PoolKey) -> Option<(Sender, HeaderMap)> {
@@ -178,7 +192,7 @@ pub async fn forward(
             "cross-origin upgrade refused: Origin must match the hub's host",
         ));
     }
-    let slot = pool.gate.admit(&pool.limits, api.tenant(), id)?;
+    let slot = pool.admit(api.tenant(), id)?;
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
     let mut upstream = hyper::Request::builder()
@@ -285,8 +299,15 @@ async fn send(
 
 fn is_event_stream(h: &HeaderMap) -> bool {
     h.get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+        .is_some_and(|v| is_event_stream_type(v.as_bytes()))
+}
+
+/// Whether a Content-Type is an event stream (SSE), which is quiet by
+/// nature and gets the stream idle timeout.
+pub fn is_event_stream_type(content_type: &[u8]) -> bool {
+    content_type
+        .trim_ascii_start()
+        .starts_with(b"text/event-stream")
 }
 
 /// What `sandhub-router` says when it cannot reach the port itself
@@ -356,6 +377,15 @@ fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
     sandhub_common::hop::strip_hop_by_hop(h, keep_upgrade, true);
 }
 
+/// The request headers that carry a credential of the hub's (the API key,
+/// E2B's sandbox access tokens): the server inside never sees them.
+pub const CREDENTIALS: [&str; 4] = [
+    "authorization",
+    "x-api-key",
+    "x-access-token",
+    "e2b-traffic-access-token",
+];
+
 /// What the server inside sees: the client's headers without the hop-by-hop
 /// ones, without any credential (the sandbox must never learn the
 /// tenant's key) and, on upgrades, without Origin (checked here already;
@@ -364,12 +394,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
 fn request_headers(mut h: HeaderMap, port: u16, upgrade: bool) -> HeaderMap {
     strip_hop_by_hop(&mut h, upgrade);
     // Nor any E2B credential (the API key, the sandbox's access tokens).
-    for secret in [
-        header::AUTHORIZATION.as_str(),
-        "x-api-key",
-        "x-access-token",
-        "e2b-traffic-access-token",
-    ] {
+    for secret in CREDENTIALS {
         h.remove(secret);
     }
     // Nor the router's routing headers: only the hub names the target.

@@ -280,31 +280,49 @@ impl Plain for CountRequests {
     type Carry = (Arc<Metrics>, &'static str, std::time::Instant);
 
     fn enter(&self, request: &mut Request) -> Entry<Self::Carry> {
-        // A method outside the standard set is one label, not one per spelling.
-        const STANDARD: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
-        let method = STANDARD
-            .into_iter()
-            .find(|m| *m == request.method().as_str())
-            .unwrap_or("other");
         self.0.inflight.inc();
+        let method = method_label(request.method().as_str());
         Entry::Pass((self.0.clone(), method, std::time::Instant::now()))
     }
 
     fn leave((metrics, method, started): Self::Carry, response: &mut Response) {
         metrics.inflight.dec();
-        metrics
-            .request_seconds
+        let route = response
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or("other", |p| p.as_str());
+        metrics.count_request(method, route, response.status().as_u16(), started);
+    }
+}
+
+/// A request's method as a label: a method outside the standard set is
+/// one label, not one per spelling.
+pub fn method_label(method: &str) -> &'static str {
+    const STANDARD: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+    STANDARD
+        .into_iter()
+        .find(|m| *m == method)
+        .unwrap_or("other")
+}
+
+impl Metrics {
+    /// Counts one answered request (`route`: its template, or `other`),
+    /// begun at `started`. Every request is counted here, whichever path
+    /// served it (hyper's, or the port route's fast path).
+    pub fn count_request(
+        &self,
+        method: &'static str,
+        route: &str,
+        code: u16,
+        started: std::time::Instant,
+    ) {
+        self.request_seconds
             .observe(started.elapsed().as_secs_f64());
-        metrics
-            .requests
+        self.requests
             .get_or_create(&RequestLabels {
                 method: method.to_string(),
-                route: response
-                    .extensions()
-                    .get::<MatchedPath>()
-                    .map_or("other", |p| p.as_str())
-                    .to_string(),
-                code: response.status().as_u16(),
+                route: route.to_string(),
+                code,
             })
             .inc();
     }

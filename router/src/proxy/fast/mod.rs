@@ -17,6 +17,7 @@ use crate::{
     http1::{
         inbound::{ClientIo, FastRequest, Handler, Parsed, Planned},
         outbound::{self, Answer},
+        pool::ByAddr,
     },
     metrics::{InflightGuard, MethodLabel},
     response::ProxyBody,
@@ -43,6 +44,7 @@ impl Planned for Plan {
 
 impl Handler for FastProxy<'_> {
     type Plan = Plan;
+    type Keep = ByAddr;
 
     fn plan(&self, buf: &[u8], up_head: &mut BytesMut) -> Parsed<Plan> {
         plan::plan(buf, up_head, self.conn, self.proxy)
@@ -86,8 +88,8 @@ impl Handler for FastProxy<'_> {
         answer.map_err(|e| whole(e.to_http()))
     }
 
-    fn rx_bytes(&self) -> &Counter {
-        &self.proxy.metrics.rx_bytes
+    fn rx_bytes(&self) -> Option<&Counter> {
+        Some(&self.proxy.metrics.rx_bytes)
     }
 }
 

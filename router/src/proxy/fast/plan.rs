@@ -41,7 +41,7 @@ const DROPPED: [&str; 15] = [
 ];
 
 /// One request the fast path will serve, decided from its head alone.
-pub(crate) struct Plan {
+pub struct Plan {
     pub head_len: usize,
     pub method: Method,
     /// The method and path, when the access log is on.

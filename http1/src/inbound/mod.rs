@@ -1,25 +1,24 @@
 //! The HTTP/1.1 fast path, on the plain listener and on TLS connections
 //! that did not negotiate h2.
 //!
-//! A keep-alive client sending header-routed requests to a known Pod address
-//! (the router's bread and butter) is served here without hyper's server:
-//! the request head is parsed in place, rewritten straight into the pooled
-//! sandbox connection's buffer, and the response head is copied back with
-//! its per-hop headers dropped. No `HeaderMap`, no per-request task or
-//! allocation beyond the target's names, two reads and two writes.
+//! A keep-alive client sending plain requests the handler takes (the
+//! router's header-routed ones, the hub's port routes) is served here
+//! without hyper's server: the request head is parsed in place, rewritten
+//! straight into the upstream connection's buffer, and the response head is
+//! copied back with its per-hop headers dropped. No `HeaderMap`, no
+//! per-request task, two reads and two writes.
 //!
 //! Everything else hands the connection, with the bytes already read, to
 //! hyper for the rest of its life: upgrades, h2c, chunked request bodies,
-//! `Expect`, path routing, DNS-named targets, HTTP/1.0, requests without a
-//! Host or an `X-Sandbox-ID`, and anything malformed (hyper then gives the
-//! client its usual error).
+//! `Expect`, HTTP/1.0, whatever the handler does not take, and anything
+//! malformed (hyper then gives the client its usual error).
 //!
 //! This module is the server: the client connection, its bytes, timeouts,
 //! and the relay of the answer. Every decision (which requests it takes,
 //! where they go, whether they may, what is counted and logged) is the
-//! `Handler`'s, which the proxy implements (`proxy::fast`) with the same
-//! routing, authorization, metrics, access log and errors as its hyper path.
-//! So the arrows point one way: the proxy uses this module, never the reverse.
+//! [`Handler`]'s, which its user implements with the same routing,
+//! authorization, metrics and errors as its hyper path. So the arrows point
+//! one way: the users import this module, never the reverse.
 
 mod prefixed;
 mod request;
@@ -43,16 +42,16 @@ use tokio::{
     time::Sleep,
 };
 
-use crate::body::{DRAIN_CAP, DRAIN_TIMEOUT};
-use crate::http1::{
-    outbound::Answer,
+use crate::count::{DRAIN_CAP, DRAIN_TIMEOUT};
+use crate::{
+    outbound::{Answer, Keep},
     wire::{
         poll_read_into, put_date, put_header, put_piece, read_some, status_line, write_piece,
         LAST_CHUNK,
     },
 };
 pub use prefixed::Prefixed;
-pub(crate) use request::FastRequest;
+pub use request::FastRequest;
 
 /// Largest request head read here; a longer one goes to hyper, which decides.
 const MAX_HEAD: usize = 64 * 1024;
@@ -63,8 +62,8 @@ const COALESCE: usize = 16 * 1024;
 /// How long a client may take to send a request head, idle time included
 /// (hyper's `header_read_timeout` on the fallback path).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
-// After an error, a request body up to the router's drain bound
-// (`body::DRAIN_CAP`, `body::DRAIN_TIMEOUT`) is read and dropped to keep
+// After an error, a request body up to the drain bound
+// (`count::DRAIN_CAP`, `count::DRAIN_TIMEOUT`) is read and dropped to keep
 // the connection; a larger one closes it.
 
 /// A client connection's stream: plain TCP or TLS.
@@ -72,9 +71,13 @@ pub trait ClientIo: AsyncRead + AsyncWrite + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Unpin> ClientIo for T {}
 
 /// What the fast path asks of the proxy behind it, for one client connection.
-pub(crate) trait Handler {
+// Used with concrete types, whose futures' `Send` is then known.
+#[allow(async_fn_in_trait)]
+pub trait Handler {
     /// One request the handler takes, decided from its head alone.
     type Plan: Planned;
+    /// Where an answer's connection goes when its body ends.
+    type Keep: Keep;
 
     /// Decides, from the bytes so far, whether the next request is served
     /// here (and if so writes its head for the sandbox into `up_head`).
@@ -83,31 +86,31 @@ pub(crate) trait Handler {
     /// Held while a request is in flight.
     fn in_flight(&self) -> impl Sized + '_;
 
-    /// Authorizes the planned request, sends `req` to the sandbox and reads
+    /// Authorizes the planned request, sends `req` upstream and reads
     /// the response head; then counts and logs the request (begun at
-    /// `start`) by the status the client gets. `Err`: the router's own
+    /// `start`) by the status the client gets. `Err`: the handler's own
     /// answer, whole.
     async fn exchange<S: ClientIo>(
         &self,
         plan: Self::Plan,
         start: Instant,
         req: &mut FastRequest<'_, S>,
-    ) -> Result<Answer, Response<Bytes>>;
+    ) -> Result<Answer<Self::Keep>, Response<Bytes>>;
 
-    /// Counts the response body's bytes.
-    fn rx_bytes(&self) -> &Counter;
+    /// Counts the response body's bytes, if the handler counts them.
+    fn rx_bytes(&self) -> Option<&Counter>;
 }
 
 /// What the server itself needs of a planned request: where its head ends,
 /// how its body is framed, and whether the client keeps the connection.
-pub(crate) trait Planned {
+pub trait Planned {
     fn head_len(&self) -> usize;
     fn content_length(&self) -> u64;
     fn keep_alive(&self) -> bool;
 }
 
 /// What the bytes so far say about the next request.
-pub(crate) enum Parsed<P> {
+pub enum Parsed<P> {
     /// Not a whole head yet.
     Partial,
     /// A request for hyper: the connection goes there.
@@ -132,10 +135,18 @@ struct Client<S> {
     out: BytesMut,
     /// The current request's head, rewritten for the sandbox.
     up_head: BytesMut,
+    /// Bytes the client sent while its request was with the upstream.
+    ahead: BytesMut,
+}
+
+/// Resolves when the client hangs up (`true`: end of stream or an error)
+/// or sends more (`false`: the bytes are in `ahead`).
+async fn hang_up(stream: &mut impl ClientIo, ahead: &mut BytesMut) -> bool {
+    !matches!(read_some(stream, ahead).await, Ok(1..))
 }
 
 /// Serves `stream` until it closes or needs hyper.
-pub(crate) async fn serve<S: ClientIo, H: Handler>(
+pub async fn serve<S: ClientIo, H: Handler>(
     stream: S,
     handler: &H,
     mut stop: watch::Receiver<bool>,
@@ -145,6 +156,7 @@ pub(crate) async fn serve<S: ClientIo, H: Handler>(
         inbuf: BytesMut::with_capacity(READ_CHUNK),
         out: BytesMut::with_capacity(READ_CHUNK),
         up_head: BytesMut::with_capacity(1024),
+        ahead: BytesMut::new(),
     };
     let deadline = tokio::time::sleep(HEAD_TIMEOUT);
     tokio::pin!(deadline);
@@ -217,16 +229,45 @@ impl<S: ClientIo> Client<S> {
         let _inflight = handler.in_flight();
         let (head_len, keep_alive) = (plan.head_len(), plan.keep_alive());
         self.inbuf.advance(head_len);
-        let mut req = FastRequest::new(
-            &self.up_head,
-            &mut self.inbuf,
-            &mut self.stream,
-            plan.content_length(),
-        );
+        let content_length = plan.content_length();
+        // A body that came whole with the head leaves the client socket
+        // free, to notice a hang-up while the upstream thinks.
+        let whole = self.inbuf.len() as u64 >= content_length;
+        let mut req;
         // The handler counts the request once the head is known, before it
         // is sent (as on hyper's path): a client that reads the metrics next
         // sees its request.
-        let answer = handler.exchange(plan, start, &mut req).await;
+        let answer = if whole {
+            req = FastRequest::new(&self.up_head, &mut self.inbuf, None, content_length);
+            // A client that hangs up before its answer takes the request
+            // with it (as hyper's server does): whatever the handler holds
+            // for it (an upstream connection, a slot under a cap) is freed
+            // now, not when a silent upstream finally answers.
+            let exchange = handler.exchange(plan, start, &mut req);
+            tokio::pin!(exchange);
+            let mut watching = true;
+            loop {
+                tokio::select! {
+                    answer = &mut exchange => break answer,
+                    gone = hang_up(&mut self.stream, &mut self.ahead), if watching => {
+                        if gone {
+                            return Ok(false);
+                        }
+                        // The next request, pipelined: kept for later, and
+                        // the watch ends (reading on could hold too much).
+                        watching = false;
+                    }
+                }
+            }
+        } else {
+            req = FastRequest::new(
+                &self.up_head,
+                &mut self.inbuf,
+                Some(&mut self.stream),
+                content_length,
+            );
+            handler.exchange(plan, start, &mut req).await
+        };
         req.settle();
         let (buffered, remaining) = (req.buffered, req.remaining);
         let mut consumed = req.consumed();
@@ -252,6 +293,11 @@ impl<S: ClientIo> Client<S> {
         };
         if !consumed {
             self.linger().await;
+        }
+        // Bytes read while watching for a hang-up follow what was unserved.
+        if !self.ahead.is_empty() {
+            self.inbuf.extend_from_slice(&self.ahead);
+            self.ahead.clear();
         }
         Ok(keep_alive)
     }
@@ -303,7 +349,13 @@ impl<S: ClientIo> Client<S> {
     /// Copies the sandbox's response to the client: the head with its
     /// per-hop headers dropped, then the body, re-framed as chunked when the
     /// sandbox did not give its length. `Ok(false)`: the body ended early.
-    async fn relay(&mut self, answer: Answer, keep_alive: bool, rx: &Counter) -> io::Result<bool> {
+    async fn relay<K: Keep>(
+        &mut self,
+        answer: Answer<K>,
+        keep_alive: bool,
+        rx: Option<&Counter>,
+    ) -> io::Result<bool> {
+        let idle = answer.idle_timeout;
         let (head, mut body) = answer.into_body(rx);
         let out = &mut self.out;
         out.clear();
@@ -352,7 +404,17 @@ impl<S: ClientIo> Client<S> {
             write_piece(&mut self.stream, &data, chunked).await?;
         }
         loop {
-            match body.frame().await {
+            let next = match idle {
+                None => body.frame().await,
+                Some(idle) => match tokio::time::timeout(idle, body.frame()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        tracing::debug!(?idle, "upstream sent nothing of its body for too long");
+                        return Ok(false);
+                    }
+                },
+            };
+            match next {
                 None => {
                     if chunked {
                         self.stream.write_all(LAST_CHUNK).await?;
@@ -375,7 +437,7 @@ impl<S: ClientIo> Client<S> {
     }
 }
 
-/// One of the router's own answers (errors), whole, into `out`.
+/// One of the handler's own answers (errors), whole, into `out`.
 fn write_small(out: &mut BytesMut, resp: Response<Bytes>, keep_alive: bool) {
     use std::fmt::Write;
     out.clear();

@@ -1,4 +1,4 @@
-//! A fast-path request on its way to the sandbox, as the outbound side's
+//! A fast-path request on its way upstream, as the outbound side's
 //! [`Outgoing`]: the head already rewritten for the sandbox, then the
 //! client's Content-Length body, streamed from the client socket.
 
@@ -6,7 +6,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
 use super::ClientIo;
-use crate::http1::{
+use crate::{
     outbound::{ExchangeError, Outgoing},
     wire::read_some,
 };
@@ -14,10 +14,12 @@ use crate::http1::{
 /// The request as it goes to the sandbox: the rewritten head, followed by
 /// the Content-Length body, partly already read (`buffered` bytes at the
 /// front of `inbuf`) and partly (`remaining`) still on the client socket.
-pub(crate) struct FastRequest<'a, S> {
+pub struct FastRequest<'a, S> {
     head: &'a [u8],
     inbuf: &'a mut BytesMut,
-    client: &'a mut S,
+    /// `None` when the whole body came with the head: then the server
+    /// watches the client for a hang-up meanwhile.
+    client: Option<&'a mut S>,
     pub(super) buffered: usize,
     pub(super) remaining: u64,
     /// Body bytes streamed after the head.
@@ -30,7 +32,7 @@ impl<'a, S> FastRequest<'a, S> {
     pub(super) fn new(
         head: &'a [u8],
         inbuf: &'a mut BytesMut,
-        client: &'a mut S,
+        client: Option<&'a mut S>,
         content_length: u64,
     ) -> Self {
         let buffered = (inbuf.len() as u64).min(content_length) as usize;
@@ -46,7 +48,7 @@ impl<'a, S> FastRequest<'a, S> {
 
     /// Body bytes streamed to the sandbox after the head (those that
     /// travelled with the head are not counted here).
-    pub(crate) fn sent(&self) -> u64 {
+    pub fn sent(&self) -> u64 {
         self.sent
     }
 
@@ -83,7 +85,12 @@ impl<S: ClientIo> Outgoing for FastRequest<'_, S> {
         self.buffered = 0;
         while self.remaining > 0 {
             if self.inbuf.is_empty() {
-                let n = read_some(self.client, self.inbuf).await?;
+                let Some(client) = self.client.as_deref_mut() else {
+                    return Err(ExchangeError::Body(
+                        "the body is not on the client socket".into(),
+                    ));
+                };
+                let n = read_some(client, self.inbuf).await?;
                 if n == 0 {
                     return Err(ExchangeError::Body("client closed mid-body".into()));
                 }

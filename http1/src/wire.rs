@@ -1,7 +1,7 @@
 //! The HTTP/1.1 wire codec both sides share: reading into a buffer's spare
 //! room, and writing status lines, header lines, dates and chunks. Only
 //! bytes and buffers here; parsing a response head is the outbound side's
-//! (`outbound::head`), a request head the proxy's (`proxy::fast::plan`).
+//! (`outbound::head`), a request head the handler's.
 
 use std::{
     io,
@@ -15,18 +15,15 @@ use http::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// How much room a read gets when a buffer runs short.
-pub(crate) const READ_CHUNK: usize = 16 * 1024;
+pub const READ_CHUNK: usize = 16 * 1024;
 
 /// Reads what is there into `buf`'s spare capacity; `Ok(0)`: end of stream.
-pub(crate) async fn read_some(
-    s: &mut (impl AsyncRead + Unpin),
-    buf: &mut BytesMut,
-) -> io::Result<usize> {
+pub async fn read_some(s: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> io::Result<usize> {
     std::future::poll_fn(|cx| poll_read_into(s, buf, cx)).await
 }
 
 /// One `name: value` header line.
-pub(crate) fn put_header(buf: &mut BytesMut, name: &[u8], value: &[u8]) {
+pub fn put_header(buf: &mut BytesMut, name: &[u8], value: &[u8]) {
     buf.put_slice(name);
     buf.put_slice(b": ");
     buf.put_slice(value);
@@ -34,16 +31,16 @@ pub(crate) fn put_header(buf: &mut BytesMut, name: &[u8], value: &[u8]) {
 }
 
 /// The chunk that ends a chunked body (no trailers).
-pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// A chunk's size line.
-pub(crate) fn put_chunk_size(buf: &mut BytesMut, n: usize) {
+pub fn put_chunk_size(buf: &mut BytesMut, n: usize) {
     use std::fmt::Write;
     let _ = write!(buf, "{n:x}\r\n");
 }
 
 /// Writes `data` as it is, or as one chunk of a chunked body.
-pub(crate) async fn write_piece(
+pub async fn write_piece(
     s: &mut (impl AsyncWrite + Unpin),
     data: &[u8],
     chunked: bool,
@@ -61,7 +58,7 @@ pub(crate) async fn write_piece(
 
 /// Polls one read into `buf`'s spare capacity (growing it when short);
 /// `Ok(0)`: end of stream.
-pub(crate) fn poll_read_into(
+pub fn poll_read_into(
     s: &mut (impl AsyncRead + Unpin),
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
@@ -79,7 +76,7 @@ pub(crate) fn poll_read_into(
 }
 
 /// `HTTP/1.1 <code> <reason>\r\n`.
-pub(crate) fn status_line(out: &mut BytesMut, code: u16) {
+pub fn status_line(out: &mut BytesMut, code: u16) {
     out.put_slice(b"HTTP/1.1 ");
     let mut digits = [0u8; 3];
     digits[0] = b'0' + (code / 100 % 10) as u8;
@@ -96,7 +93,7 @@ pub(crate) fn status_line(out: &mut BytesMut, code: u16) {
 }
 
 /// `date: <IMF-fixdate>\r\n`, formatted once a second per worker thread.
-pub(crate) fn put_date(out: &mut BytesMut) {
+pub fn put_date(out: &mut BytesMut) {
     thread_local! {
         static DATE: std::cell::RefCell<(u64, [u8; 29])> = const { std::cell::RefCell::new((0, [0; 29])) };
     }
@@ -120,7 +117,7 @@ pub(crate) fn put_date(out: &mut BytesMut) {
 }
 
 /// `data` as it is, or as one chunk of a chunked body, into `out`.
-pub(crate) fn put_piece(out: &mut BytesMut, data: &[u8], chunked: bool) {
+pub fn put_piece(out: &mut BytesMut, data: &[u8], chunked: bool) {
     if chunked {
         put_chunk_size(out, data.len());
         out.put_slice(data);

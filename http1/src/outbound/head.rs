@@ -1,4 +1,4 @@
-//! Reading the sandbox's response head: parsed in place, 1xx interim
+//! Reading the upstream's response head: parsed in place, 1xx interim
 //! answers skipped, the body's framing decided (RFC 9112 §6), and the
 //! per-hop headers dropped before anything reaches the client.
 
@@ -12,7 +12,7 @@ use super::{
     body::{Chunk, Framing, FramingState},
     ExchangeError, MAX_HEAD,
 };
-use crate::http1::wire::{read_some, READ_CHUNK};
+use crate::wire::{read_some, READ_CHUNK};
 
 const MAX_HEADERS: usize = 96;
 
@@ -23,25 +23,56 @@ struct Span {
     value: (u32, u32),
 }
 
-/// A response head from the sandbox, with the per-hop headers dropped.
-pub(crate) struct ResponseHead {
+/// A response head from upstream, with the per-hop headers dropped.
+pub struct ResponseHead {
     pub status: u16,
     bytes: Bytes,
     /// Heap-held: an inline array made every move of the head (several per
     /// request, through the exchange's futures) a memcpy of kilobytes.
     spans: Vec<Span>,
+    /// Headers the caller added ([`ResponseHead::push`]), after the upstream's.
+    added: Vec<(Bytes, Bytes)>,
     pub(super) state: FramingState,
 }
 
 impl ResponseHead {
-    /// The headers that travel on to the client, in the sandbox's order.
+    /// The headers that travel on to the client, in the upstream's order,
+    /// then those the caller added.
     pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.spans.iter().map(|s| {
-            (
-                &self.bytes[s.name.0 as usize..s.name.1 as usize],
-                &self.bytes[s.value.0 as usize..s.value.1 as usize],
-            )
-        })
+        self.spans
+            .iter()
+            .map(|s| self.span(s))
+            .chain(self.added.iter().map(|(n, v)| (&n[..], &v[..])))
+    }
+
+    fn span(&self, s: &Span) -> (&[u8], &[u8]) {
+        (
+            &self.bytes[s.name.0 as usize..s.name.1 as usize],
+            &self.bytes[s.value.0 as usize..s.value.1 as usize],
+        )
+    }
+
+    /// Keeps only the upstream's headers `keep` says yes to (framing
+    /// headers are not offered: the relay owns the framing).
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8], &[u8]) -> bool) {
+        let bytes = &self.bytes;
+        self.spans.retain(|s| {
+            let name = &bytes[s.name.0 as usize..s.name.1 as usize];
+            name.eq_ignore_ascii_case(b"content-length")
+                || keep(name, &bytes[s.value.0 as usize..s.value.1 as usize])
+        });
+    }
+
+    /// Adds a header after the upstream's.
+    pub fn push(&mut self, name: Bytes, value: Bytes) {
+        self.added.push((name, value));
+    }
+
+    /// The first value of header `name` (case-insensitive).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.headers()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
     }
 
     /// Whether the body is framed by Content-Length (or absent); otherwise the
@@ -51,8 +82,8 @@ impl ResponseHead {
     }
 
     /// The headers as a `HeaderMap`, values as slices of the head (no copy each).
-    pub(super) fn header_map(&self) -> Result<HeaderMap, ExchangeError> {
-        let mut map = HeaderMap::with_capacity(self.spans.len());
+    pub fn header_map(&self) -> Result<HeaderMap, ExchangeError> {
+        let mut map = HeaderMap::with_capacity(self.spans.len() + self.added.len());
         for s in &self.spans {
             let name = HeaderName::from_bytes(&self.bytes[s.name.0 as usize..s.name.1 as usize])
                 .map_err(|_| ExchangeError::Protocol("header name"))?;
@@ -60,6 +91,13 @@ impl ResponseHead {
                 self.bytes.slice(s.value.0 as usize..s.value.1 as usize),
             )
             .map_err(|_| ExchangeError::Protocol("header value"))?;
+            map.append(name, value);
+        }
+        for (name, value) in &self.added {
+            let name =
+                HeaderName::from_bytes(name).map_err(|_| ExchangeError::Protocol("header name"))?;
+            let value = HeaderValue::from_maybe_shared(value.clone())
+                .map_err(|_| ExchangeError::Protocol("header value"))?;
             map.append(name, value);
         }
         Ok(map)
@@ -189,6 +227,7 @@ fn parse_head(buf: &mut BytesMut, is_head: bool) -> Result<Option<ResponseHead>,
             status: code,
             bytes: buf.split_to(len).freeze(),
             spans,
+            added: Vec::new(),
             state: Framing::with_keep_alive(framing, keep_alive),
         }));
     }

@@ -1,10 +1,9 @@
-//! A response body read straight off a pooled sandbox connection, decoded
-//! by its framing (length, chunked, or until close) as the client reads it;
-//! the connection goes back to the pool when the body ends cleanly.
+//! A response body read straight off an upstream connection, decoded by
+//! its framing (length, chunked, or until close) as the client reads it;
+//! the connection goes to its [`Keep`] when the body ends cleanly.
 
 use std::{
     io,
-    net::SocketAddr,
     pin::Pin,
     task::{ready, Context, Poll},
 };
@@ -14,11 +13,8 @@ use hyper::body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use super::{ExchangeError, MAX_HEAD};
-use crate::{
-    body::ByteCount,
-    http1::{pool, wire::poll_read_into},
-};
+use super::{ExchangeError, Keep, MAX_HEAD};
+use crate::{count::ByteCount, pool::Idle, wire::poll_read_into};
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Chunk {
@@ -40,7 +36,7 @@ pub(super) enum Framing {
 }
 
 #[derive(Clone, Copy)]
-pub(crate) struct FramingState {
+pub struct FramingState {
     pub(super) framing: Framing,
     keep_alive: bool,
 }
@@ -54,29 +50,30 @@ impl Framing {
     }
 }
 
-/// A response body read straight from the sandbox connection; the
-/// connection goes back to the pool when the body ends cleanly.
-pub struct DirectBody {
+/// A response body read straight from the upstream connection; the
+/// connection goes to `keep` when the body ends cleanly.
+pub struct DirectBody<K> {
     stream: Option<TcpStream>,
-    addr: SocketAddr,
+    /// Taken when the body ends, whichever way.
+    keep: Option<K>,
     buf: BytesMut,
     state: FramingState,
     done: bool,
     count: ByteCount,
 }
 
-impl DirectBody {
+impl<K: Keep> DirectBody<K> {
     pub(super) fn new(
         stream: TcpStream,
-        addr: SocketAddr,
+        keep: K,
         buf: BytesMut,
         state: FramingState,
-        rx: &Counter,
+        rx: Option<&Counter>,
     ) -> Self {
         let done = matches!(state.framing, Framing::Length(0));
         let mut b = Self {
             stream: Some(stream),
-            addr,
+            keep: Some(keep),
             buf,
             state,
             done,
@@ -90,16 +87,24 @@ impl DirectBody {
 
     fn finish(&mut self) {
         self.done = true;
-        if let Some(stream) = self.stream.take() {
+        let keep = self.keep.take();
+        if let (Some(stream), Some(keep)) = (self.stream.take(), keep) {
             if self.state.keep_alive && self.buf.is_empty() {
                 let buf = std::mem::take(&mut self.buf);
-                pool::put_idle(self.addr, pool::Idle { stream, buf });
+                keep.keep(Idle { stream, buf });
             }
         }
     }
 
+    /// Ends the body early: the connection is closed, not kept.
+    fn fail(&mut self) {
+        self.done = true;
+        self.stream = None;
+        self.keep = None;
+    }
+
     /// The next piece of body already read from the sandbox, counted; no I/O.
-    pub(crate) fn next_buffered(&mut self) -> Result<Option<Bytes>, ExchangeError> {
+    pub fn next_buffered(&mut self) -> Result<Option<Bytes>, ExchangeError> {
         if self.done {
             return Ok(None);
         }
@@ -203,7 +208,7 @@ fn find_crlf(b: &[u8]) -> Option<usize> {
     b.windows(2).position(|w| w == b"\r\n")
 }
 
-impl Body for DirectBody {
+impl<K: Keep> Body for DirectBody<K> {
     type Data = Bytes;
     type Error = ExchangeError;
 
@@ -224,8 +229,7 @@ impl Body for DirectBody {
                 Ok(None) if this.done => return Poll::Ready(None),
                 Ok(None) => {}
                 Err(e) => {
-                    this.done = true;
-                    this.stream = None;
+                    this.fail();
                     return Poll::Ready(Some(Err(e)));
                 }
             }
@@ -234,8 +238,7 @@ impl Body for DirectBody {
             };
             match ready!(poll_read_into(stream, &mut this.buf, cx)) {
                 Ok(0) => {
-                    this.stream = None;
-                    this.done = true;
+                    this.fail();
                     return if matches!(this.state.framing, Framing::UntilClose) {
                         Poll::Ready(None)
                     } else {
@@ -247,8 +250,7 @@ impl Body for DirectBody {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    this.stream = None;
-                    this.done = true;
+                    this.fail();
                     return Poll::Ready(Some(Err(e.into())));
                 }
             }
@@ -267,7 +269,7 @@ impl Body for DirectBody {
     }
 }
 
-impl DirectBody {
+impl<K> DirectBody<K> {
     fn count_add(&mut self, n: usize) {
         self.count.add(n);
     }
