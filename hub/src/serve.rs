@@ -359,7 +359,7 @@ async fn serve(
     });
     tokio::pin!(server);
     tokio::select! {
-        () = &mut server => {}
+        served = &mut server => served.context("the listener")?,
         // Past the bound, requests still in flight are cut: a stuck client
         // must not keep a replica from ever stopping.
         _ = async {

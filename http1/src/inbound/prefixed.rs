@@ -21,6 +21,11 @@ impl<S> Prefixed<S> {
     pub fn new(prefix: BytesMut, inner: S) -> Self {
         Self { prefix, inner }
     }
+
+    /// The bytes still to replay, and the stream.
+    pub fn into_parts(self) -> (BytesMut, S) {
+        (self.prefix, self.inner)
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
