@@ -141,9 +141,23 @@ async fn hub_with_server_args(
     (hub, c, sb.id, events)
 }
 
+/// The hub serves plain port requests on the HTTP/1.1 fast path (the one
+/// sandhub-router runs) unless `--port-fast-path false`: the tests that
+/// pin what a request and its answer may carry run on both paths.
+const HYPERS_PATH: &[&str] = &["--port-fast-path", "false"];
+
 #[tokio::test]
 async fn http_sse_and_bodies_reach_a_server_inside_the_sandbox() {
-    let (hub, _c, id, _server) = hub_with_server().await;
+    http_sse_and_bodies(&[]).await;
+}
+
+#[tokio::test]
+async fn http_sse_and_bodies_reach_a_server_on_hypers_path_too() {
+    http_sse_and_bodies(HYPERS_PATH).await;
+}
+
+async fn http_sse_and_bodies(extra_args: &'static [&'static str]) {
+    let (hub, _c, id, _server) = hub_with_server_args(extra_args).await;
     let http = hub.http();
     let base = format!("{}/v1/sandboxes/{id}/ports/{PORT}", hub.url());
 
@@ -201,6 +215,35 @@ async fn http_sse_and_bodies_reach_a_server_inside_the_sandbox() {
         r.text().await.unwrap(),
         "data: event 0\n\ndata: event 1\n\ndata: event 2\n\n"
     );
+
+    // Counted as every request is, by route template, none left in flight;
+    // a key that is no tenant's is refused before any route.
+    let r = http
+        .get(format!("{base}/hello.txt"))
+        .bearer_auth("not-a-key-of-anyone")
+        .send()
+        .await
+        .unwrap();
+    error_body(r, 401, "UNAUTHENTICATED").await;
+    let metrics = http
+        .get(format!("{}/metrics", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"sandhub_http_requests_total{method="GET",route="/v1/sandboxes/{id}/ports/{port}/{*path}",code="200"} 2"#,
+        r#"sandhub_http_requests_total{method="POST",route="/v1/sandboxes/{id}/ports/{port}/{*path}",code="200"} 1"#,
+        r#"sandhub_http_requests_total{method="GET",route="/v1/sandboxes/{id}/ports/{port}",code="200"} 1"#,
+        r#"sandhub_http_requests_total{method="GET",route="/v1/sandboxes/{id}/ports/{port}/",code="200"} 1"#,
+        r#"sandhub_http_requests_total{method="GET",route="other",code="401"} 1"#,
+        // This request itself.
+        "sandhub_http_inflight_requests 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 }
 
 fn ws_request(
@@ -557,7 +600,16 @@ async fn http2_clients_reach_a_port() {
 /// often it was just checked Ready.
 #[tokio::test]
 async fn kept_connections_are_reused_and_die_with_their_sandbox() {
-    let (hub, c, id, _server) = hub_with_server().await;
+    kept_connections(&[]).await;
+}
+
+#[tokio::test]
+async fn kept_connections_die_with_their_sandbox_on_hypers_path_too() {
+    kept_connections(HYPERS_PATH).await;
+}
+
+async fn kept_connections(extra_args: &'static [&'static str]) {
+    let (hub, c, id, _server) = hub_with_server_args(extra_args).await;
     let http = hub.http();
     let url = format!("{}/v1/sandboxes/{id}/ports/{PORT}/conn", hub.url());
     let mut seen = std::collections::BTreeSet::new();
@@ -607,7 +659,16 @@ async fn kept_connections_are_reused_and_die_with_their_sandbox() {
 /// path, never named like the hub's own.
 #[tokio::test]
 async fn pages_on_the_hubs_origin_are_sandboxed_and_keep_their_cookies_home() {
-    let (hub, _c, id, _server) = hub_with_server().await;
+    pages_on_the_hubs_origin(&[]).await;
+}
+
+#[tokio::test]
+async fn pages_on_the_hubs_origin_are_sandboxed_on_hypers_path_too() {
+    pages_on_the_hubs_origin(HYPERS_PATH).await;
+}
+
+async fn pages_on_the_hubs_origin(extra_args: &'static [&'static str]) {
+    let (hub, _c, id, _server) = hub_with_server_args(extra_args).await;
     let http = hub.http();
     let r = http
         .get(format!(

@@ -12,10 +12,10 @@
 //!   connection to the fast path or hyper's server.
 //! - [`proxy`]: the request path itself, one file per protocol (plain HTTP,
 //!   upgrades, gRPC) and the proxy's half of the fast path.
-//! - [`http1`]: the router's own HTTP/1.1 code, by side: `inbound` (the
-//!   fast-path server for clients), `outbound` (dialing, hyper's pooled
-//!   clients, the direct exchange to Pod IPs), their connection pool and
-//!   their shared wire codec.
+//! - [`http1`]: the router's HTTP/1.1 code: the fast path's server and
+//!   wire codec (the `sandhub-http1` crate's, shared with the hub's port
+//!   route), and its own `outbound` (dialing, hyper's pooled clients, the
+//!   direct exchange to Pod IPs) and per-thread connection pool.
 //! - [`routing`]: parsing and validating the target (pure).
 //! - [`authz`]: allow-all, TokenReview and scoped tokens.
 //! - [`cache`]: the Pod cache (a kube watch feeding a pure index).

@@ -12,7 +12,7 @@ import pytest
 from sandhub_testing import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "import_circles.py"
-CRATES = ["hub", "router", "sandboxd", "mcp-server", "client", "api", "common", "controller", "gateway", "python"]
+CRATES = ["hub", "router", "http1", "sandboxd", "mcp-server", "client", "api", "common", "controller", "gateway", "python"]
 
 
 def circles(src: Path) -> subprocess.CompletedProcess[str]:
