@@ -59,10 +59,6 @@ const READ_CHUNK: usize = 8 * 1024;
 /// A response body piece at most this large is copied behind the head so
 /// both leave in one write.
 const COALESCE: usize = 16 * 1024;
-/// How long a request waits for its answer before the server starts
-/// watching its client for a hang-up (which then frees what the request
-/// holds).
-const WATCH_AFTER: Duration = Duration::from_millis(200);
 /// How long a client may take to send a request head, idle time included
 /// (hyper's `header_read_timeout` on the fallback path).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -249,19 +245,11 @@ impl<S: ClientIo> Client<S> {
             // now, not when a silent upstream finally answers.
             let exchange = handler.exchange(plan, start, &mut req);
             tokio::pin!(exchange);
-            // Most answers come long before a hang-up could matter; watching
-            // from the start would cost every request a read that finds
-            // nothing. A timer costs no system call.
-            let watch_from = tokio::time::sleep(WATCH_AFTER);
-            tokio::pin!(watch_from);
-            let mut waited = false;
             let mut watching = true;
             loop {
                 tokio::select! {
-                    biased;
                     answer = &mut exchange => break answer,
-                    () = &mut watch_from, if !waited => waited = true,
-                    gone = hang_up(&mut self.stream, &mut self.ahead), if waited && watching => {
+                    gone = hang_up(&mut self.stream, &mut self.ahead), if watching => {
                         if gone {
                             return Ok(false);
                         }

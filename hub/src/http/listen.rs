@@ -151,7 +151,7 @@ impl Connection {
     /// runtime, for hyper.
     async fn fast(self, stream: TcpStream, ports: &fast::Ports) {
         let stop = self.stop.clone();
-        let (prefix, stream) = match inbound::serve(stream, &fast::Conn::new(ports), stop).await {
+        let (prefix, stream) = match inbound::serve(stream, &fast::Conn(ports), stop).await {
             inbound::Outcome::Closed => return,
             inbound::Outcome::Fallback(io) => io.into_parts(),
         };

@@ -22,11 +22,7 @@
 mod plan;
 mod pool;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Instant,
-};
+use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::Response;
@@ -41,7 +37,7 @@ use super::{
     auth::ApiKeys,
     hosts::HostRouting,
     proxy::{harden_head, is_event_stream_type, PortPool, Served},
-    rest::health::{Metrics, RequestLabels},
+    rest::health::Metrics,
     ApiError, AppState,
 };
 use crate::backend::{Backend, TenantView};
@@ -56,10 +52,6 @@ pub struct Ports {
     hosts: Option<Arc<HostRouting>>,
     ports: Arc<PortPool>,
     metrics: Arc<Metrics>,
-    /// The request counters by method, route and status, looked up once:
-    /// the fast path's labels are all static, so a request needs neither
-    /// the labels' allocations nor the family's lock.
-    counters: Mutex<HashMap<(&'static str, &'static str, u16), Counter>>,
 }
 
 impl Ports {
@@ -71,28 +63,7 @@ impl Ports {
             hosts: state.hosts.clone(),
             ports: state.ports.clone(),
             metrics: state.metrics.clone(),
-            counters: Mutex::default(),
         }
-    }
-
-    /// Counts one answered request, as `Metrics::count_request` does.
-    fn count(&self, method: &'static str, route: &'static str, code: u16, start: Instant) {
-        let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        let counter = counters.entry((method, route, code)).or_insert_with(|| {
-            self.metrics
-                .requests
-                .get_or_create(&RequestLabels {
-                    method: method.to_string(),
-                    route: route.to_string(),
-                    code,
-                })
-                .clone()
-        });
-        counter.inc();
-        drop(counters);
-        self.metrics
-            .request_seconds
-            .observe(start.elapsed().as_secs_f64());
     }
 
     /// Serves one planned request: the caps, the Ready check or a new
@@ -101,11 +72,11 @@ impl Ports {
     async fn exchange<S: ClientIo>(
         &self,
         plan: &Plan,
-        view: Arc<dyn TenantView>,
+        tenant: &str,
         req: &mut FastRequest<'_, S>,
     ) -> Result<Answer<Kept>, ApiError> {
         let (id, port) = (plan.id.as_str(), plan.port);
-        let tenant = view.tenant();
+        let view = self.hub.tenant(tenant);
         let slot = self.ports.admit(tenant, id)?;
         let key = PortKey {
             tenant: tenant.to_string(),
@@ -195,29 +166,7 @@ fn failure(port: u16, e: ExchangeError) -> ApiError {
 }
 
 /// The fast path serving one client connection.
-pub struct Conn<'a> {
-    ports: &'a Ports,
-    /// The backend as the last request's tenant sees it: a connection
-    /// usually carries one tenant's requests, so each need not build it.
-    view: Mutex<Option<Arc<dyn TenantView>>>,
-}
-
-impl<'a> Conn<'a> {
-    pub fn new(ports: &'a Ports) -> Self {
-        Conn {
-            ports,
-            view: Mutex::default(),
-        }
-    }
-
-    fn view(&self, tenant: &str) -> Arc<dyn TenantView> {
-        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
-        match &*view {
-            Some(v) if v.tenant() == tenant => v.clone(),
-            _ => view.insert(self.ports.hub.tenant(tenant)).clone(),
-        }
-    }
-}
+pub struct Conn<'a>(pub &'a Ports);
 
 impl Planned for Plan {
     fn head_len(&self) -> usize {
@@ -246,15 +195,15 @@ impl Handler for Conn<'_> {
 
     fn plan(&self, buf: &[u8], up_head: &mut bytes::BytesMut) -> Parsed<Plan> {
         let rules = Rules {
-            keys: self.ports.keys.as_deref(),
-            hosts: self.ports.hosts.as_deref(),
+            keys: self.0.keys.as_deref(),
+            hosts: self.0.hosts.as_deref(),
         };
         plan::plan(buf, up_head, &rules)
     }
 
     fn in_flight(&self) -> impl Sized + '_ {
-        self.ports.metrics.inflight.inc();
-        InFlight(&self.ports.metrics)
+        self.0.metrics.inflight.inc();
+        InFlight(&self.0.metrics)
     }
 
     async fn exchange<S: ClientIo>(
@@ -264,10 +213,7 @@ impl Handler for Conn<'_> {
         req: &mut FastRequest<'_, S>,
     ) -> Result<Answer<Kept>, Response<Bytes>> {
         let (result, route) = match plan.tenant.as_deref() {
-            Some(tenant) => {
-                let view = self.view(tenant);
-                (self.ports.exchange(&plan, view, req).await, plan.route)
-            }
+            Some(tenant) => (self.0.exchange(&plan, tenant, req).await, plan.route),
             // Refused before routing, as by the auth layer: no route label.
             None => (Err(super::auth::unauthenticated()), "other"),
         };
@@ -275,7 +221,9 @@ impl Handler for Conn<'_> {
             Ok(answer) => answer.head.status,
             Err(e) => e.status().as_u16(),
         };
-        self.ports.count(plan.method, route, status, start);
+        self.0
+            .metrics
+            .count_request(plan.method, route, status, start);
         result.map_err(ApiError::into_whole)
     }
 

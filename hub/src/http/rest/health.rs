@@ -307,8 +307,8 @@ pub fn method_label(method: &str) -> &'static str {
 
 impl Metrics {
     /// Counts one answered request (`route`: its template, or `other`),
-    /// begun at `started`. (The port route's fast path counts into the same
-    /// family, through counters it looks up once: `http::fast`.)
+    /// begun at `started`. Every request is counted here, whichever path
+    /// served it (hyper's, or the port route's fast path).
     pub fn count_request(
         &self,
         method: &'static str,
