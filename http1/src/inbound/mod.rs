@@ -20,6 +20,7 @@
 //! authorization, metrics and errors as its hyper path. So the arrows point
 //! one way: the users import this module, never the reverse.
 
+mod head;
 mod prefixed;
 mod request;
 
@@ -50,6 +51,7 @@ use crate::{
         LAST_CHUNK,
     },
 };
+pub use head::{request_head, RequestHead, MAX_HEADERS};
 pub use prefixed::Prefixed;
 pub use request::FastRequest;
 

@@ -11,7 +11,10 @@
 
 use bytes::{BufMut, BytesMut};
 use http::uri::PathAndQuery;
-use sandhub_http1::{inbound::Parsed, wire::put_header};
+use sandhub_http1::{
+    inbound::{request_head, Parsed, MAX_HEADERS},
+    wire::put_header,
+};
 
 use crate::http::{
     auth::{ApiKeys, OPEN_TENANT},
@@ -19,9 +22,6 @@ use crate::http::{
     proxy::{CREDENTIALS, PORT_COOKIE},
     rest::health::method_label,
 };
-
-/// hyper's default limit; more headers go to hyper for its 431.
-const MAX_HEADERS: usize = 100;
 
 /// The port route's three templates, as the request metrics label them.
 const ROUTE_BARE: &str = "/v1/sandboxes/{id}/ports/{port}";
@@ -82,19 +82,12 @@ fn has_port_cookie(value: &[u8]) -> bool {
 /// Decides, from the bytes so far, whether the next request is served here
 /// (and if so writes its head for the sandbox into `up_head`).
 pub fn plan(buf: &[u8], up_head: &mut BytesMut, rules: &Rules<'_>) -> Parsed<Plan> {
-    if buf.is_empty() {
-        return Parsed::Partial;
-    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(_) => return Parsed::Fallback,
+    let req = match request_head(buf, &mut headers) {
+        Ok(req) => req,
+        Err(parsed) => return parsed,
     };
-    let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
-        return Parsed::Fallback;
-    };
+    let (method, target, head_len) = (req.method, req.target, req.len);
     if method == "CONNECT" || PathAndQuery::try_from(target).is_err() {
         return Parsed::Fallback;
     }

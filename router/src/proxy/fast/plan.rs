@@ -8,13 +8,13 @@ use http::Method;
 
 use crate::{
     authz::bearer_value,
-    http1::{inbound::Parsed, wire::put_header},
+    http1::{
+        inbound::{request_head, Parsed, MAX_HEADERS},
+        wire::put_header,
+    },
     proxy::{Conn, Proxy, Resolved},
     routing::{parse_headers, parse_path, visible_ascii, HeaderRules, HeaderSource, Target},
 };
-
-/// hyper's default limit; more headers go to hyper for its 431.
-const MAX_HEADERS: usize = 100;
 
 /// Request headers that never reach the sandbox as the client sent them:
 /// per-hop ones (RFC 9110 §7.6.1), credentials meant for the router, and the
@@ -58,19 +58,12 @@ pub struct Plan {
 /// Decides, from the bytes so far, whether the next request is served here
 /// (and if so writes its head for the sandbox into `up_head`).
 pub(super) fn plan(buf: &[u8], up_head: &mut BytesMut, conn: &Conn, proxy: &Proxy) -> Parsed<Plan> {
-    if buf.is_empty() {
-        return Parsed::Partial;
-    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(_) => return Parsed::Fallback,
+    let req = match request_head(buf, &mut headers) {
+        Ok(req) => req,
+        Err(parsed) => return parsed,
     };
-    let (Some(method), Some(path), Some(1)) = (req.method, req.path, req.version) else {
-        return Parsed::Fallback;
-    };
+    let (method, path, head_len) = (req.method, req.target, req.len);
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
         return Parsed::Fallback;
     };
