@@ -944,6 +944,58 @@ async fn a_silent_port_cannot_starve_the_hub_of_descriptors() {
     .await;
 }
 
+/// A client that hangs up while the sandbox's server is silent takes its
+/// request with it: the in-flight gauge comes back down (it used to stay
+/// up for ever on hyper's path, whose answer is then never made), and so
+/// do the caps' slots. On both paths.
+#[tokio::test]
+async fn a_request_whose_client_hangs_up_is_no_longer_in_flight() {
+    hung_up_requests(&[]).await;
+}
+
+#[tokio::test]
+async fn a_request_whose_client_hangs_up_is_no_longer_in_flight_on_hypers_path() {
+    hung_up_requests(HYPERS_PATH).await;
+}
+
+async fn hung_up_requests(extra_args: &'static [&'static str]) {
+    let hub = TestHub::start(HubOptions {
+        api_keys: true,
+        extra_args,
+        ..Default::default()
+    })
+    .await;
+    let alice = hub.client(Some(ALICE_KEY));
+    let a = alice.create(CreateSandbox::default()).await.unwrap().id;
+    let _silent = start_silent(&hub, &alice, &a).await;
+    let in_flight = || {
+        let (http, url) = (hub.http(), format!("{}/metrics", hub.url()));
+        async move {
+            let text = http.get(url).send().await.ok()?.text().await.ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("sandhub_http_inflight_requests "))
+                .and_then(|n| n.parse::<i64>().ok())
+        }
+    };
+    let url = format!("{}/v1/sandboxes/{a}/ports/{SILENT_PORT}/", hub.url());
+    let mut held = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        let (http, url) = (hub.http(), url.clone());
+        held.spawn(async move { http.get(url).bearer_auth(ALICE_KEY).send().await });
+    }
+    // Five held, plus the metrics request itself.
+    eventually("the requests to be in flight", WAIT, || async {
+        (in_flight().await? == 6).then_some(())
+    })
+    .await;
+    held.abort_all();
+    while held.join_next().await.is_some() {}
+    eventually("the hung-up requests to leave the gauge", WAIT, || async {
+        (in_flight().await? == 1).then_some(())
+    })
+    .await;
+}
+
 /// Issue #26 (4): a server that never sends its answer's head gets 504
 /// after `--port-response-timeout`; one that stops mid-body is cut after
 /// `--port-idle-timeout`. Neither holds the hub's descriptors for ever.

@@ -37,7 +37,7 @@ use super::{
     auth::ApiKeys,
     hosts::HostRouting,
     proxy::{harden_head, is_event_stream_type, PortPool, Served},
-    rest::health::Metrics,
+    rest::health::{InFlight, Metrics},
     ApiError, AppState,
 };
 use crate::backend::{Backend, TenantView};
@@ -180,15 +180,6 @@ impl Planned for Plan {
     }
 }
 
-/// Counts a request in flight while it lives.
-pub struct InFlight<'a>(&'a Metrics);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.inflight.dec();
-    }
-}
-
 impl Handler for Conn<'_> {
     type Plan = Plan;
     type Keep = Kept;
@@ -202,8 +193,7 @@ impl Handler for Conn<'_> {
     }
 
     fn in_flight(&self) -> impl Sized + '_ {
-        self.0.metrics.inflight.inc();
-        InFlight(&self.0.metrics)
+        InFlight::new(&self.0.metrics)
     }
 
     async fn exchange<S: ClientIo>(

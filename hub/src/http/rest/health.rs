@@ -277,21 +277,39 @@ async fn metrics(State(state): State<AppState>) -> Response {
 pub struct CountRequests(pub Arc<Metrics>);
 
 impl Plain for CountRequests {
-    type Carry = (Arc<Metrics>, &'static str, std::time::Instant);
+    type Carry = (Arc<Metrics>, &'static str, std::time::Instant, InFlight);
 
     fn enter(&self, request: &mut Request) -> Entry<Self::Carry> {
-        self.0.inflight.inc();
+        let in_flight = InFlight::new(&self.0);
         let method = method_label(request.method().as_str());
-        Entry::Pass((self.0.clone(), method, std::time::Instant::now()))
+        Entry::Pass((self.0.clone(), method, std::time::Instant::now(), in_flight))
     }
 
-    fn leave((metrics, method, started): Self::Carry, response: &mut Response) {
-        metrics.inflight.dec();
+    fn leave((metrics, method, started, in_flight): Self::Carry, response: &mut Response) {
+        drop(in_flight);
         let route = response
             .extensions()
             .get::<MatchedPath>()
             .map_or("other", |p| p.as_str());
         metrics.count_request(method, route, response.status().as_u16(), started);
+    }
+}
+
+/// A request in the in-flight gauge, until it is dropped: when its answer
+/// is made, or when the server drops the request first because its client
+/// hung up (then no answer is ever made, and `leave` never runs).
+pub struct InFlight(Gauge<i64, std::sync::atomic::AtomicI64>);
+
+impl InFlight {
+    pub fn new(metrics: &Metrics) -> Self {
+        metrics.inflight.inc();
+        InFlight(metrics.inflight.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
