@@ -222,6 +222,19 @@ impl std::ops::Deref for Db<'_> {
 }
 
 impl Db<'_> {
+    /// A transaction that reads and then writes on what it read. It takes
+    /// the write lock at its start (`BEGIN IMMEDIATE`), waiting out another
+    /// writer under the busy timeout. A deferred one would read a snapshot
+    /// first, and the hub's other connections to this file (the event log,
+    /// the webhooks' outbox) may commit before it writes: SQLite then
+    /// refuses the write at once (`database is locked`), whatever the
+    /// timeout.
+    fn check_then_write(&self) -> rusqlite::Result<rusqlite::Transaction<'_>> {
+        rusqlite::Transaction::new_unchecked(self.0, rusqlite::TransactionBehavior::Immediate)
+    }
+}
+
+impl Db<'_> {
     fn execute<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
         self.0.prepare_cached(sql)?.execute(params)
     }

@@ -129,7 +129,7 @@ impl Store {
         clone: Option<&PendingClone>,
     ) -> Result<std::result::Result<(), VolumeRefused>> {
         self.with(|c| {
-            let tx = c.unchecked_transaction()?;
+            let tx = c.check_then_write()?;
             let exists = tx
                 .query_row(
                     "SELECT 1 FROM volumes WHERE tenant = ?1 AND name = ?2",
@@ -257,7 +257,7 @@ impl Store {
         max: usize,
     ) -> Result<std::result::Result<(), SnapshotRefused>> {
         self.with(|c| {
-            let tx = c.unchecked_transaction()?;
+            let tx = c.check_then_write()?;
             let exists = tx
                 .query_row(
                     "SELECT 1 FROM volume_snapshots WHERE tenant = ?1 AND volume = ?2 AND name = ?3",
@@ -357,6 +357,35 @@ mod tests {
             labels: [("team".to_string(), "a".to_string())].into(),
             created_at: 7,
         }
+    }
+
+    /// Another connection to the file (the event log's, the webhooks')
+    /// commits while a check-then-insert runs: the insert waits for it and
+    /// succeeds, instead of failing with `database is locked` (seen in CI).
+    #[test]
+    fn a_check_then_insert_waits_out_another_connections_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let s = Store::open(&path).unwrap();
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other
+            .execute_batch(
+                "CREATE TABLE other (n INTEGER); BEGIN IMMEDIATE; INSERT INTO other VALUES (1);",
+            )
+            .unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            other.execute_batch("COMMIT").unwrap();
+        });
+        assert_eq!(
+            s.insert_volume(&v("alice", "data", 1), 100).unwrap(),
+            Ok(())
+        );
+        writer.join().unwrap();
+        assert_eq!(
+            s.insert_volume(&v("alice", "data", 1), 100).unwrap(),
+            Err(VolumeRefused::Exists)
+        );
     }
 
     #[test]
