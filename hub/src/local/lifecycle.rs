@@ -243,6 +243,9 @@ impl Hub {
         };
         match self.store.get_sandbox(tenant, id)? {
             Some(row) if asleep(&row) => {}
+            // Another call woke it between this one's check and now: the
+            // check is worth asking again (it failed on a state now gone).
+            Some(row) if row.state == SandboxState::Ready => return Ok(true),
             _ => return Ok(false),
         }
         let _guard = self.lifecycle(id).lock_owned().await;
