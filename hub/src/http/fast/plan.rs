@@ -11,6 +11,7 @@
 
 use bytes::{BufMut, BytesMut};
 use http::uri::PathAndQuery;
+use sandhub_common::hop::HOP_BY_HOP;
 use sandhub_http1::{
     inbound::{request_head, Parsed, MAX_HEADERS},
     wire::put_header,
@@ -204,16 +205,8 @@ pub fn plan(buf: &[u8], up_head: &mut BytesMut, rules: &Rules<'_>) -> Parsed<Pla
 /// headers, and those written anew (Host, the length, and X-Forwarded-Host
 /// when there is a Host to put in it).
 fn dropped(name: &str, value: &[u8], has_host: bool) -> bool {
-    const HOP: [&str; 6] = [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "trailer",
-    ];
     let is = |n: &str| name.eq_ignore_ascii_case(n);
-    HOP.iter().any(|h| is(h))
+    HOP_BY_HOP.iter().any(|h| is(h.as_str()))
         || CREDENTIALS.iter().any(|c| is(c))
         || (is("te") && value != b"trailers")
         || is("host")

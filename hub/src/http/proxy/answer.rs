@@ -11,6 +11,7 @@
 
 use axum::http::{header, HeaderMap, HeaderValue};
 use bytes::Bytes;
+use sandhub_common::hop::HOP_BY_HOP;
 use sandhub_http1::outbound::ResponseHead;
 
 use super::PORT_COOKIE as COOKIE;
@@ -68,7 +69,7 @@ pub fn harden_head(head: &mut ResponseHead, served: &Served) {
             cookies.push(value.to_vec());
             return false;
         }
-        let hop = is("te") || is("proxy-authenticate") || is("proxy-authorization");
+        let hop = is("te") || HOP_BY_HOP.iter().any(|h| is(h.as_str()));
         // Set below, replacing the server's.
         let ours = on_hub && (is("x-content-type-options") || is("cross-origin-resource-policy"));
         !(hop || ours)
