@@ -186,8 +186,13 @@ impl Root {
         self.open_at(rel, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
     }
 
+    /// Opens `rel` for reading. `O_NONBLOCK`: a name the workload swapped
+    /// for a FIFO is not waited on at open (it does not change reads of a
+    /// regular file); callers check what they opened with `fstat`.
     pub fn open_read(&self, rel: &RelPath) -> Result<std::fs::File> {
-        Ok(self.open_at(rel, OFlags::RDONLY, Mode::empty())?.into())
+        Ok(self
+            .open_at(rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?
+            .into())
     }
 
     /// Creates `rel` and its missing parents as directories (mode 0755).

@@ -30,7 +30,7 @@ use crate::{
     transfer, Daemon,
 };
 
-const PREFIX: &str = "/v1/files";
+pub(crate) const PREFIX: &str = "/v1/files";
 const DEFAULT_MODE: u32 = 0o644;
 
 pub fn routes() -> Router<Arc<Daemon>> {
@@ -229,13 +229,10 @@ fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
-async fn serve_file(
-    root: &Root,
-    rel: &RelPath,
-    headers: &HeaderMap,
-    with_body: bool,
-) -> Result<Response> {
-    // Stat the opened file, not the path, so headers describe the bytes sent.
+/// `rel` opened for reading, and its stat. The opened file is statted, not
+/// the path, so what is sent matches what is described; a name swapped for
+/// a FIFO meanwhile is neither waited on ([`Root::open_read`]) nor read.
+pub(crate) fn open_file(root: &Root, rel: &RelPath) -> Result<(std::fs::File, rfs::Stat)> {
     let file = root.open_read(rel)?;
     let st = rfs::fstat(&file).map_err(|e| Error::io(e.into(), &rel.display()))?;
     if kind_of(&st) != Kind::File {
@@ -244,6 +241,23 @@ async fn serve_file(
             rel.display()
         )));
     }
+    Ok((file, st))
+}
+
+/// Whether a GET's query asks for nothing but a file's bytes (none, or
+/// `type=file`, or parameters a GET ignores); anything else (a listing, a
+/// bad value) is [`get`]'s to answer.
+pub(crate) fn is_plain_read_query(query: Option<&str>) -> bool {
+    matches!(Query::parse(query), Ok(q) if matches!(q.kind, None | Some(Kind::File)))
+}
+
+async fn serve_file(
+    root: &Root,
+    rel: &RelPath,
+    headers: &HeaderMap,
+    with_body: bool,
+) -> Result<Response> {
+    let (file, st) = open_file(root, rel)?;
     let len = st.st_size as u64;
     let modified = mtime(&st);
     let last_modified = httpdate::fmt_http_date(modified);

@@ -13,6 +13,7 @@ pub mod config;
 pub mod confine;
 pub mod entrypoint;
 pub mod error;
+pub mod fast_get;
 pub mod files;
 pub mod identity;
 pub mod legacy;

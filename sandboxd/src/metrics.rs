@@ -26,6 +26,9 @@ pub struct Metrics {
     pub exec_seconds: Histogram,
     pub active_processes: Gauge,
     pub active_watches: Gauge,
+    /// Whole-file downloads the fast path sent (`fast_get.rs`), a subset of
+    /// the GET 200s in `http_requests`.
+    pub fast_downloads: Counter,
 }
 
 impl Default for Metrics {
@@ -40,6 +43,7 @@ impl Default for Metrics {
         );
         let active_processes = Gauge::default();
         let active_watches = Gauge::default();
+        let fast_downloads = Counter::default();
         registry.register(
             "http_requests",
             "REST and legacy HTTP requests by method and status",
@@ -66,6 +70,11 @@ impl Default for Metrics {
             "WatchDir streams open now",
             active_watches.clone(),
         );
+        registry.register(
+            "fast_downloads",
+            "Whole-file downloads sent with sendfile, outside hyper",
+            fast_downloads.clone(),
+        );
         Metrics {
             registry,
             http_requests,
@@ -74,6 +83,7 @@ impl Default for Metrics {
             exec_seconds,
             active_processes,
             active_watches,
+            fast_downloads,
         }
     }
 }

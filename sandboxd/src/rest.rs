@@ -102,12 +102,23 @@ pub fn grpc_router(daemon: Arc<Daemon>) -> Router {
 /// and is stripped before it gets here; the caller then presents ours in
 /// [`ROUTED_AUTH_HEADER`]. Either header with the right token is enough.
 fn check_presented(auth: &crate::auth::Auth, headers: &http::HeaderMap) -> Result<(), Error> {
-    let routed = headers.get(ROUTED_AUTH_HEADER).map(HeaderValue::as_bytes);
-    match auth.check_header(
+    check_presented_values(
+        auth,
         headers
             .get(header::AUTHORIZATION)
             .map(HeaderValue::as_bytes),
-    ) {
+        headers.get(ROUTED_AUTH_HEADER).map(HeaderValue::as_bytes),
+    )
+}
+
+/// [`check_presented`] on the two headers' values (the first of each), for
+/// the fast download path, which parses heads without a `HeaderMap`.
+pub(crate) fn check_presented_values(
+    auth: &crate::auth::Auth,
+    authorization: Option<&[u8]>,
+    routed: Option<&[u8]>,
+) -> Result<(), Error> {
+    match auth.check_header(authorization) {
         Err(_) if routed.is_some() => auth.check_header(routed),
         other => other,
     }

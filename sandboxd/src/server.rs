@@ -6,15 +6,17 @@ use std::{future::Future, net::SocketAddr, path::Path, sync::Arc, time::Duration
 
 use anyhow::Context;
 use axum::Router;
+use bytes::BytesMut;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::{conn::auto, graceful::GracefulShutdown},
     service::TowerToHyperService,
 };
+use sandhub_http1::inbound::Prefixed;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use crate::{config::Config, legacy, rest, Daemon};
+use crate::{config::Config, fast_get, legacy, rest, Daemon};
 
 /// How long open connections get to finish after the listeners close.
 const CONNECTION_GRACE: Duration = Duration::from_secs(2);
@@ -81,16 +83,12 @@ pub async fn run_on(
         spawn_unix(
             tokio_listener(listeners.rest).context("REST listener")?,
             rest::router_with(daemon.clone(), extra),
-            idle,
-            streams,
-            stop.clone(),
+            Serving::rest(&daemon, idle, streams, stop.clone()),
         ),
         spawn_unix(
             tokio_listener(listeners.grpc).context("gRPC listener")?,
             rest::grpc_router(daemon.clone()),
-            idle,
-            streams,
-            stop.clone(),
+            Serving::other(idle, streams, stop.clone()),
         ),
     ];
     ready();
@@ -134,16 +132,20 @@ pub async fn serve(
             let rest_l = bind_unix(&dir.join(sandhub_api::sandboxd::REST_SOCKET))?;
             let grpc_l = bind_unix(&dir.join(sandhub_api::sandboxd::GRPC_SOCKET))?;
             tracing::info!(dir = %dir.display(), "serving REST and gRPC on unix sockets");
-            tasks.push(spawn_unix(rest_l, rest_app, idle, streams, stop.clone()));
-            tasks.push(spawn_unix(grpc_l, grpc_app, idle, streams, stop.clone()));
+            let rest = Serving::rest(&daemon, idle, streams, stop.clone());
+            tasks.push(spawn_unix(rest_l, rest_app, rest));
+            let grpc = Serving::other(idle, streams, stop.clone());
+            tasks.push(spawn_unix(grpc_l, grpc_app, grpc));
         }
         None => {
             let rest_l = bind_tcp(&config.listen_host, config.rest_port).await?;
             let grpc_l = bind_tcp(&config.listen_host, config.grpc_port).await?;
             tracing::info!(addr = %rest_l.local_addr()?, "serving REST");
             tracing::info!(addr = %grpc_l.local_addr()?, "serving gRPC");
-            tasks.push(spawn_tcp(rest_l, rest_app, idle, streams, stop.clone()));
-            tasks.push(spawn_tcp(grpc_l, grpc_app, idle, streams, stop.clone()));
+            let rest = Serving::rest(&daemon, idle, streams, stop.clone());
+            tasks.push(spawn_tcp(rest_l, rest_app, rest));
+            let grpc = Serving::other(idle, streams, stop.clone());
+            tasks.push(spawn_tcp(grpc_l, grpc_app, grpc));
         }
     }
     if config.legacy_port != 0 {
@@ -152,9 +154,7 @@ pub async fn serve(
         tasks.push(spawn_tcp(
             legacy_l,
             legacy::router(daemon.clone()),
-            idle,
-            streams,
-            stop.clone(),
+            Serving::other(idle, streams, stop.clone()),
         ));
     }
     Ok(tasks)
@@ -204,13 +204,34 @@ fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
 }
 
-fn spawn_tcp(
-    listener: TcpListener,
-    app: Router,
+/// How a listener's connections are served.
+struct Serving {
+    /// The fast download path's daemon, on the REST listeners while it is on.
+    fast: Option<Arc<Daemon>>,
     idle: Duration,
     streams: u32,
     stop: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
+}
+
+impl Serving {
+    fn rest(daemon: &Arc<Daemon>, idle: Duration, streams: u32, stop: CancellationToken) -> Self {
+        Serving {
+            fast: fast_get::enabled().then(|| daemon.clone()),
+            ..Serving::other(idle, streams, stop)
+        }
+    }
+
+    fn other(idle: Duration, streams: u32, stop: CancellationToken) -> Self {
+        Serving {
+            fast: None,
+            idle,
+            streams,
+            stop,
+        }
+    }
+}
+
+fn spawn_tcp(listener: TcpListener, app: Router, serving: Serving) -> tokio::task::JoinHandle<()> {
     let listener = Arc::new(listener);
     tokio::spawn(accept_loop(
         move || {
@@ -222,18 +243,14 @@ fn spawn_tcp(
             }
         },
         app,
-        idle,
-        streams,
-        stop,
+        serving,
     ))
 }
 
 fn spawn_unix(
     listener: UnixListener,
     app: Router,
-    idle: Duration,
-    streams: u32,
-    stop: CancellationToken,
+    serving: Serving,
 ) -> tokio::task::JoinHandle<()> {
     let listener = Arc::new(listener);
     tokio::spawn(accept_loop(
@@ -242,25 +259,26 @@ fn spawn_unix(
             async move { Ok(l.accept().await?.0) }
         },
         app,
-        idle,
-        streams,
-        stop,
+        serving,
     ))
 }
 
 /// Serves HTTP/1.1 and h2c (gRPC) on every accepted connection until `stop`,
-/// then gives open connections a short grace period.
-async fn accept_loop<A, F, IO>(
-    mut accept: A,
-    app: Router,
-    idle: Duration,
-    streams: u32,
-    stop: CancellationToken,
-) where
+/// then gives open connections a short grace period. With the fast download
+/// path on, a connection starts there and moves to hyper, with the bytes
+/// already read, at its first request the fast path does not take.
+async fn accept_loop<A, F, IO>(mut accept: A, app: Router, serving: Serving)
+where
     A: FnMut() -> F,
     F: Future<Output = std::io::Result<IO>>,
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    IO: fast_get::Socket,
 {
+    let Serving {
+        fast,
+        idle,
+        streams,
+        stop,
+    } = serving;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -287,10 +305,22 @@ async fn accept_loop<A, F, IO>(
             },
         };
         let service = TowerToHyperService::new(app.clone());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-        let conn = graceful.watch(conn.into_owned());
+        let (builder, watcher, fast, stop) = (
+            builder.clone(),
+            graceful.watcher(),
+            fast.clone(),
+            stop.clone(),
+        );
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let io = match fast {
+                Some(daemon) => match fast_get::serve(io, &daemon, &stop).await {
+                    fast_get::Outcome::Closed => return,
+                    fast_get::Outcome::Fallback(io) => io,
+                },
+                None => Prefixed::new(BytesMut::new(), io),
+            };
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
