@@ -1,9 +1,10 @@
 //! The plain download, `GET /v1/files/{path}` of a whole regular file,
-//! served without hyper: the head is written here and the body goes from
-//! the page cache to the socket with `sendfile(2)`, never copied through
-//! this process. Upstream's sandboxd sends file bodies the same way (Go's
-//! `io.Copy` into a TCP connection); a body read into buffers and written
-//! back out costs two copies more per byte.
+//! served without hyper: the head is written here, a small body is read
+//! behind it and leaves in the same write, and a large one goes from the
+//! page cache to the socket with `sendfile(2)` (Unix sockets) or in chunks
+//! read one ahead (TCP; see [`Socket::SENDFILE`]). The hyper path
+//! costs a blocking-pool round trip per 256 KiB and a task per connection
+//! on top: a 4 KiB file took 5–7× as long that way.
 //!
 //! Only the 200 of a whole regular file is served here. Every other
 //! request (a range, a conditional, a listing, HEAD, another route, h2c,
@@ -26,6 +27,7 @@ use std::{
 };
 
 use bytes::{Buf, BufMut, BytesMut};
+use futures::StreamExt;
 use rustix::fs as rfs;
 use sandhub_api::sandboxd::ROUTED_AUTH_HEADER;
 use sandhub_http1::inbound::{request_head, Parsed, Prefixed, MAX_HEADERS};
@@ -52,12 +54,21 @@ const SENDFILE_MAX: usize = 4 << 20;
 /// A connection's socket, as the fast path needs it: its descriptor for
 /// `sendfile`, and tokio's readiness for it.
 pub trait Socket: AsyncRead + AsyncWrite + AsFd + Unpin + Send + Sync + 'static {
+    /// Whether large bodies go out with `sendfile` (else read by the
+    /// blocking pool, one chunk ahead, as the hyper path does). Measured on 256 MiB downloads (docs/benchmarks.md):
+    /// on a Unix socket (the hub's local backend) `sendfile` costs a third of
+    /// the daemon's CPU of the hyper path for 1.2× its throughput; on TCP it
+    /// was slower than the copy, which overlaps the file's reads with the
+    /// sends on the second core, so TCP copies.
+    const SENDFILE: bool;
+
     fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
     /// Runs `f` (a write on the descriptor); `WouldBlock` clears readiness.
     fn try_write<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
 }
 
 impl Socket for tokio::net::TcpStream {
+    const SENDFILE: bool = false;
     fn writable(&self) -> impl Future<Output = io::Result<()>> + Send {
         tokio::net::TcpStream::writable(self)
     }
@@ -67,6 +78,7 @@ impl Socket for tokio::net::TcpStream {
 }
 
 impl Socket for tokio::net::UnixStream {
+    const SENDFILE: bool = true;
     fn writable(&self) -> impl Future<Output = io::Result<()>> + Send {
         tokio::net::UnixStream::writable(self)
     }
@@ -126,8 +138,9 @@ pub async fn serve<S: Socket>(
             })
             .inc();
         daemon.metrics.fast_downloads.inc();
-        match send(&mut stream, &download, idle).await {
-            Ok(()) if download.keep_alive && !stop.is_cancelled() => {}
+        let keep_alive = download.keep_alive;
+        match send(&mut stream, *download, idle).await {
+            Ok(()) if keep_alive && !stop.is_cancelled() => {}
             Ok(()) => {
                 let _ = stream.shutdown().await;
                 return Outcome::Closed;
@@ -216,24 +229,27 @@ fn names_close(value: &[u8]) -> bool {
 }
 
 /// Writes the head and the body.
-async fn send<S: Socket>(stream: &mut S, d: &Download, idle: Duration) -> io::Result<()> {
+async fn send<S: Socket>(stream: &mut S, d: Download, idle: Duration) -> io::Result<()> {
     let mut out = BytesMut::with_capacity(256);
     if d.len <= COALESCE {
         let mut body = vec![0u8; d.len as usize];
         let got = read_at(&d.file, &mut body, 0)?;
-        write_head(&mut out, got as u64, d);
+        write_head(&mut out, got as u64, &d);
         out.put_slice(&body[..got]);
         return with_deadline(idle, stream.write_all(&out)).await;
     }
-    write_head(&mut out, d.len, d);
+    write_head(&mut out, d.len, &d);
     with_deadline(idle, stream.write_all(&out)).await?;
+    if !S::SENDFILE {
+        return stream_rest(stream, d.file, 0, d.len, idle).await;
+    }
     let mut offset = 0u64;
     while offset < d.len {
         let want = (d.len - offset).min(SENDFILE_MAX as u64) as usize;
         let sent = match with_deadline(idle, sendfile(stream, &d.file, &mut offset, want)).await {
             // A file system without sendfile for this file: copy the rest.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) && offset == 0 => {
-                return copy_rest(stream, d, idle).await
+                return stream_rest(stream, d.file, 0, d.len, idle).await
             }
             other => other?,
         };
@@ -278,18 +294,21 @@ async fn sendfile<S: Socket>(
     }
 }
 
-/// The body from `pread`s, for a file `sendfile` cannot read.
-async fn copy_rest<S: Socket>(stream: &mut S, d: &Download, idle: Duration) -> io::Result<()> {
-    let mut buf = vec![0u8; crate::transfer::IO_CHUNK];
-    let mut offset = 0u64;
-    while offset < d.len {
-        let want = (d.len - offset).min(buf.len() as u64) as usize;
-        let got = read_at(&d.file, &mut buf[..want], offset)?;
-        if got == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        with_deadline(idle, stream.write_all(&buf[..got])).await?;
-        offset += got as u64;
+/// The body as the hyper path reads it (`transfer::read_body`: the
+/// blocking pool reads the next chunk while this one is written), for TCP
+/// and for a file `sendfile` cannot read. On two cores the overlap of the
+/// read with the send is worth more than the copy `sendfile` saves.
+async fn stream_rest<S: Socket>(
+    stream: &mut S,
+    file: std::fs::File,
+    from: u64,
+    len: u64,
+    idle: Duration,
+) -> io::Result<()> {
+    let chunks = crate::transfer::read_body(file, from, len - from);
+    futures::pin_mut!(chunks);
+    while let Some(chunk) = chunks.next().await {
+        with_deadline(idle, stream.write_all(&chunk?)).await?;
     }
     Ok(())
 }

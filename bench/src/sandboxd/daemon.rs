@@ -38,8 +38,16 @@ impl Daemon {
             )
         })?;
         let (rest_port, grpc_port) = (free_port()?, free_port()?);
-        let mut child = Command::new(&bin)
-            .args(["--listen-host", "127.0.0.1", "--legacy-port", "0"])
+        let mut command = Command::new(&bin);
+        if is_upstream(&bin).await? {
+            // Upstream's Go daemon: no legacy port, and its logs at the
+            // level ours runs at (no line per request).
+            command.args(["--zap-log-level", "error"]);
+        } else {
+            command.args(["--legacy-port", "0"]);
+        }
+        let mut child = command
+            .args(["--listen-host", "127.0.0.1"])
             .args(["--rest-port", &rest_port.to_string()])
             .args(["--grpc-port", &grpc_port.to_string()])
             .arg("--root-dir")
@@ -112,6 +120,19 @@ impl Daemon {
             let _ = self.child.kill().await;
         }
     }
+}
+
+/// Whether `bin` is upstream's sandboxd (Go's `flag` usage, no
+/// `--legacy-port`) rather than ours.
+pub async fn is_upstream(bin: &Path) -> anyhow::Result<bool> {
+    let out = Command::new(bin)
+        .arg("--help")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("running {} --help", bin.display()))?;
+    let help = [out.stdout, out.stderr].concat();
+    Ok(!String::from_utf8_lossy(&help).contains("legacy-port"))
 }
 
 /// A loopback port that was free a moment ago (sandboxd binds it next; a

@@ -84,7 +84,7 @@ pub async fn run(
 
 /// One `Execute` of `true`, timed from sending the request to holding the
 /// decoded response.
-async fn remote(client: &mut ProcessServiceClient<Channel>) -> anyhow::Result<Duration> {
+pub(super) async fn remote(client: &mut ProcessServiceClient<Channel>) -> anyhow::Result<Duration> {
     let request = ExecuteRequest {
         config: Some(ProcessConfig {
             command: vec!["true".into()],

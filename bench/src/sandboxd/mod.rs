@@ -6,8 +6,11 @@
 //! 2. exec: the round trip of `true` through gRPC `Execute` vs a plain
 //!    fork+exec+wait of `true` in this process;
 //! 3. files: REST upload and download of one large file vs `cp` of it on
-//!    the same filesystem.
+//!    the same filesystem;
+//! 4. against (with `--against-bin`): downloads and exec next to another
+//!    sandboxd, upstream's Go daemon or an older build of ours.
 
+mod against;
 mod daemon;
 mod exec;
 mod files;
@@ -76,6 +79,12 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=100))]
     file_repeats: u32,
 
+    /// Another sandboxd for the `against` phase: upstream's Go daemon
+    /// (`go build ./packages/sandboxd/cmd/sandboxd` in kubernetes-sigs/agent-sandbox)
+    /// or an older build of ours; which one is told from its `--help`.
+    #[arg(long, env = "SANDHUB_BENCH_AGAINST_BIN")]
+    against_bin: Option<PathBuf>,
+
     /// Wall-time cap of each phase in seconds: a phase that reaches it stops
     /// and reports what it measured so far.
     #[arg(long, env = "SANDHUB_BENCH_PHASE_TIMEOUT_SECS", default_value_t = 600,
@@ -87,6 +96,8 @@ pub struct Args {
 enum Phase {
     Exec,
     Files,
+    /// Next to `--against-bin` (not in the default set).
+    Against,
 }
 
 impl Args {
@@ -167,6 +178,34 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             None,
         ));
         loaded.describe(&mut report, "after file load");
+    }
+
+    if args.phases.contains(&Phase::Against) {
+        let Some(bin) = &args.against_bin else {
+            anyhow::bail!("the against phase needs --against-bin");
+        };
+        let theirs_root = work.path().join("theirs");
+        std::fs::create_dir_all(&theirs_root)?;
+        let theirs = Daemon::start(bin, &theirs_root).await?;
+        let theirs_name = if daemon::is_upstream(bin).await? {
+            "upstream"
+        } else {
+            "baseline"
+        };
+        report.detail(format!("{theirs_name} binary"), theirs.bin.display());
+        let plan = against::Plan {
+            ours: &daemon,
+            ours_root: &root,
+            theirs: &theirs,
+            theirs_root: &theirs_root,
+            theirs_name,
+            large: args.file_size_mib << 20,
+            rounds: args.file_repeats,
+            deadline: args.deadline(),
+        };
+        let result = against::run(&plan, &mut report).await;
+        theirs.stop().await;
+        result?;
     }
 
     daemon.stop().await;
