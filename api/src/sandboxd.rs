@@ -57,6 +57,19 @@ pub struct FileEntry {
 /// reports of an entry, for a volume on Kubernetes.
 pub const META_ROUTE: &str = "/v1/_sandhub/meta";
 
+/// `POST`: `process.v1` `Execute` over HTTP/1.1, a Sandhub extension. The
+/// body is a protobuf `ExecuteRequest`, a success a protobuf
+/// `ExecuteResponse` ([`PROTOBUF_CONTENT_TYPE`]), an error the usual JSON.
+/// One write each way, where a unary gRPC call over HTTP/2 takes a
+/// HEADERS and a DATA frame, often in two writes from two threads. A
+/// sandboxd without it answers 404 `no route for ...` (an older build) or
+/// Go's `404 page not found` (upstream's); clients then use gRPC.
+pub const EXECUTE_ROUTE: &str = "/v1/_sandhub/execute";
+pub const PROTOBUF_CONTENT_TYPE: &str = "application/x-protobuf";
+/// The largest `EXECUTE_ROUTE` request body: gRPC's decoding limit for
+/// `Execute` on sandboxd (64 MiB).
+pub const MAX_EXECUTE_REQUEST: usize = 64 << 20;
+
 /// An entry with its ids, mode and times, as sandboxd's process sees them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaEntry {

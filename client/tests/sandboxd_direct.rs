@@ -261,7 +261,96 @@ both!(
     errors_map_to_codes,
     kept_processes_outlive_their_stream,
     stdin_closed_at_start,
+    exec_goes_over_rest,
 );
+
+/// sandboxd's `/metrics` text, through the client's own REST connection.
+async fn metrics(c: &SandboxdClient) -> String {
+    let response = c
+        .forward(
+            http::Method::GET,
+            "/metrics",
+            http::HeaderMap::new(),
+            http_body_util::Empty::<Bytes>::new(),
+        )
+        .await
+        .unwrap();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// A unary exec is one REST request (`EXECUTE_ROUTE`), no gRPC call.
+async fn exec_goes_over_rest(d: &Daemon) {
+    let c = &d.client;
+    for _ in 0..3 {
+        let r = within(c.exec(exec(argv(&["true"])))).await.unwrap();
+        assert_eq!(r.exit_code, 0);
+    }
+    let text = metrics(c).await;
+    assert!(
+        text.contains(r#"sandboxd_http_requests_total{method="POST",code="200"} 3"#),
+        "{text}"
+    );
+    assert!(!text.contains("ProcessService/Execute"), "{text}");
+}
+
+/// Where sandboxd has no REST execute route (here: its legacy runtime's
+/// port, which has none, standing in for an older or upstream sandboxd's
+/// REST port), the client says so once and uses gRPC from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_falls_back_to_grpc_where_the_route_is_missing() {
+    let Some(binary) = binary() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let (rest, grpc, legacy) = (free_port(), free_port(), free_port());
+    let child = Command::new(binary)
+        .arg("--root-dir")
+        .arg(root.path())
+        .args(["--listen-host", "127.0.0.1"])
+        .args(["--rest-port", &rest.to_string()])
+        .args(["--grpc-port", &grpc.to_string()])
+        .args(["--legacy-port", &legacy.to_string()])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let daemon = Daemon {
+        child,
+        root,
+        _sockets: tempfile::tempdir().unwrap(),
+        client: SandboxdClient::tcp(
+            format!("http://127.0.0.1:{rest}"),
+            format!("http://127.0.0.1:{grpc}"),
+        )
+        .unwrap(),
+    };
+    daemon.wait_ready().await;
+    let routeless = SandboxdClient::tcp(
+        format!("http://127.0.0.1:{legacy}"),
+        format!("http://127.0.0.1:{grpc}"),
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let r = within(routeless.exec(exec(sh("echo via grpc"))))
+            .await
+            .unwrap();
+        assert_eq!((r.exit_code, r.stdout.as_str()), (0, "via grpc\n"));
+    }
+    // A missing executable stays the command's NOT_FOUND on both paths.
+    let missing = within(routeless.exec(exec(argv(&["/no/such/program"])))).await;
+    assert_eq!(code(missing), Code::NotFound);
+    let missing = within(daemon.client.exec(exec(argv(&["/no/such/program"])))).await;
+    assert_eq!(code(missing), Code::NotFound);
+    let text = metrics(&daemon.client).await;
+    assert!(
+        text.contains(
+            r#"sandboxd_grpc_requests_total{method="/process.v1.ProcessService/Execute",code="Ok"} 2"#
+        ),
+        "{text}"
+    );
+}
 
 /// `stdin_closed` on both starts: `process.v1` (upstream's contract, where
 /// the client sends the EOF after `init`) and `keep.v1` (sandboxd closes

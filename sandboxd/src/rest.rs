@@ -8,7 +8,7 @@ use axum::{
     http::{header, HeaderValue, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, post},
     Json, Router,
 };
 use sandhub_api::{
@@ -17,7 +17,7 @@ use sandhub_api::{
         self, keep::v1::kept_process_service_server::KeptProcessServiceServer,
         process::v1::process_service_server::ProcessServiceServer,
     },
-    sandboxd::{is_secret_name, Health, Metadata, ROUTED_AUTH_HEADER},
+    sandboxd::{is_secret_name, Health, Metadata, EXECUTE_ROUTE, ROUTED_AUTH_HEADER},
 };
 
 use crate::{
@@ -47,6 +47,7 @@ pub fn router_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> Router {
         .route(crate::entrypoint::ENTRYPOINT_ROUTE, get(entrypoint))
         .route(crate::entrypoint::ENTRYPOINT_LOG_ROUTE, get(entrypoint_log))
         .route(crate::usage::USAGE_ROUTE, get(usage))
+        .route(EXECUTE_ROUTE, post(crate::process::unary::execute))
         .route("/metrics", get(metrics))
         .merge(files::routes())
         .merge(crate::meta::routes())

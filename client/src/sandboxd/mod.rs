@@ -16,7 +16,10 @@ pub use process::TIMED_OUT_EXIT_CODE;
 mod transport;
 mod watch;
 
-use std::{path::Path, sync::Arc};
+use std::{
+    path::Path,
+    sync::{atomic::AtomicBool, Arc},
+};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response};
@@ -56,6 +59,10 @@ pub struct SandboxdClient {
     /// Sent on every gRPC call (same purpose; the router needs a different
     /// `x-sandbox-port` for gRPC than for REST).
     grpc_metadata: Metadata,
+    /// Whether unary execs go over REST (`EXECUTE_ROUTE`); cleared, for
+    /// every clone, the first time this sandboxd answers that it has no
+    /// such route.
+    rest_execute: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for SandboxdClient {
@@ -105,6 +112,7 @@ impl SandboxdClient {
             channel,
             rest_headers: Arc::default(),
             grpc_metadata: Metadata::default(),
+            rest_execute: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -167,6 +175,21 @@ impl SandboxdClient {
         path_and_query: &str,
         body: Body,
     ) -> Result<Response<Incoming>> {
+        let response = self.send_any(method, path_and_query, body).await?;
+        if response.status().is_success() {
+            Ok(response)
+        } else {
+            Err(error_of(response).await)
+        }
+    }
+
+    /// Sends one REST request, with the trace context; any answer is `Ok`.
+    async fn send_any(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Body,
+    ) -> Result<Response<Incoming>> {
         let mut request = Request::builder()
             .method(method)
             .uri(format!("{}{}", self.rest_base, path_and_query));
@@ -182,13 +205,8 @@ impl SandboxdClient {
         } else {
             span.in_scope(|| crate::propagate::apply(request.headers_mut()));
             tracing::Instrument::instrument(self.http.request(request), span).await
-        }
-        .map_err(transport_error)?;
-        if response.status().is_success() {
-            Ok(response)
-        } else {
-            Err(error_of(response).await)
-        }
+        };
+        response.map_err(transport_error)
     }
 }
 

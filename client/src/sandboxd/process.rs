@@ -1,21 +1,31 @@
 //! Processes over sandboxd's `process.v1` gRPC service.
 
-use std::time::Duration;
+use std::{sync::atomic::Ordering, time::Duration};
 
 use bytes::Bytes;
 use futures::StreamExt;
+use http::{Method, StatusCode};
+use prost::Message;
 use sandhub_api::{
     error::Code,
     hub::{ExecRequest, ExecResult},
     proto::process::v1::{self as pb, start_response::Event},
+    sandboxd::EXECUTE_ROUTE,
 };
 use tokio::time::Instant;
 use tonic::Streaming;
 
-use super::SandboxdClient;
+use super::{body_bytes, full, SandboxdClient};
 use crate::{
     Error, ProcessEvent, ProcessEvents, PtySize, Result, Signal, StartProcess, StdinInput,
 };
+
+/// A 404 that says the route is missing, not what the command named: our
+/// own older builds' JSON (`no route for ...`), or Go's mux's text
+/// (upstream's sandboxd).
+fn is_missing_route(message: &str) -> bool {
+    message.starts_with("no route for ") || message.ends_with("404 page not found")
+}
 
 /// The exit code of a command its timeout killed (that of coreutils
 /// `timeout`, and of sandboxd's own timed runs).
@@ -37,13 +47,13 @@ impl SandboxdClient {
         let timeout = request.timeout_seconds.map(timeout_of).transpose()?;
         let config = config(request.command.argv(), request.env, request.cwd);
         if request.stdin.is_empty() && timeout.is_none() {
-            let done = self
-                .process()
-                .execute(pb::ExecuteRequest {
-                    config: Some(config),
-                })
-                .await?
-                .into_inner();
+            let request = pb::ExecuteRequest {
+                config: Some(config),
+            };
+            let done = match self.execute_over_rest(&request).await? {
+                Some(done) => done,
+                None => self.process().execute(request).await?.into_inner(),
+            };
             return Ok(ExecResult {
                 exit_code: done.exit_code,
                 stdout: lossy(&done.stdout),
@@ -53,6 +63,36 @@ impl SandboxdClient {
         }
         self.run_started(config, Bytes::from(request.stdin), timeout)
             .await
+    }
+
+    /// `Execute` over REST ([`EXECUTE_ROUTE`]): one HTTP/1.1 request on a
+    /// pooled connection. `None` when this sandboxd has no such route (an
+    /// older build, or upstream's), which is remembered: the caller then
+    /// uses gRPC, now and from then on.
+    async fn execute_over_rest(
+        &self,
+        request: &pb::ExecuteRequest,
+    ) -> Result<Option<pb::ExecuteResponse>> {
+        if !self.rest_execute.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let response = self
+            .send_any(Method::POST, EXECUTE_ROUTE, full(request.encode_to_vec()))
+            .await?;
+        let status = response.status();
+        let body = body_bytes(response).await?;
+        if status.is_success() {
+            return pb::ExecuteResponse::decode(body).map(Some).map_err(|e| {
+                Error::internal(format!("sandboxd's answer is not an ExecuteResponse: {e}"))
+            });
+        }
+        let error = Error::from_http(status.as_u16(), &body);
+        if status == StatusCode::NOT_FOUND && is_missing_route(&error.message) {
+            tracing::debug!("this sandboxd has no REST execute route; using gRPC");
+            self.rest_execute.store(false, Ordering::Relaxed);
+            return Ok(None);
+        }
+        Err(error)
     }
 
     /// Starts a process; the stream begins with `Started` and ends after

@@ -15,6 +15,7 @@ mod kept;
 mod pty;
 mod service;
 mod table;
+pub mod unary;
 
 use std::{
     collections::HashMap,
@@ -340,6 +341,20 @@ impl Drop for KillOnDrop {
             let _ = signal_group(self.pgid, Signal::KILL);
         }
     }
+}
+
+/// `Execute`: runs `config` to completion, all output in the answer. Both
+/// faces call this: gRPC `process.v1` and REST [`unary`].
+pub(crate) async fn execute(
+    daemon: &Daemon,
+    config: &pb::ProcessConfig,
+) -> Result<pb::ExecuteResponse> {
+    let done = collect(daemon, Launch::from(config), None, None).await?;
+    Ok(pb::ExecuteResponse {
+        exit_code: done.exit_code,
+        stdout: done.stdout.into(),
+        stderr: done.stderr.into(),
+    })
 }
 
 /// Spawns, feeds stdin, collects stdout and stderr, and reaps.

@@ -219,12 +219,7 @@ impl pb::process_service_server::ProcessService for ProcessService {
         request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<pb::ExecuteResponse>, Status> {
         let config = request.into_inner().config.unwrap_or_default();
-        let done = collect(&self.daemon, Launch::from(&config), None, None).await?;
-        Ok(Response::new(pb::ExecuteResponse {
-            exit_code: done.exit_code,
-            stdout: done.stdout.into(),
-            stderr: done.stderr.into(),
-        }))
+        Ok(Response::new(execute(&self.daemon, &config).await?))
     }
 
     async fn write_stdin(
