@@ -262,7 +262,36 @@ both!(
     kept_processes_outlive_their_stream,
     stdin_closed_at_start,
     exec_goes_over_rest,
+    concurrent_execs_beyond_the_cap_share_grpc,
 );
+
+/// At most `MAX_REST_EXECS` unary execs hold REST connections at once; the
+/// rest go over gRPC's one multiplexed connection, and all of them finish.
+async fn concurrent_execs_beyond_the_cap_share_grpc(d: &Daemon) {
+    use sandhub_client::sandboxd::MAX_REST_EXECS;
+    let c = &d.client;
+    let extra = 4;
+    let runs = (0..MAX_REST_EXECS + extra).map(|i| async move {
+        let r = within(c.exec(exec(sh(&format!("sleep 1; echo {i}")))))
+            .await
+            .unwrap();
+        assert_eq!((r.exit_code, r.stdout.trim()), (0, i.to_string().as_str()));
+    });
+    futures::future::join_all(runs).await;
+    let text = metrics(c).await;
+    assert!(
+        text.contains(&format!(
+            r#"sandboxd_http_requests_total{{method="POST",code="200"}} {MAX_REST_EXECS}"#
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            r#"sandboxd_grpc_requests_total{{method="/process.v1.ProcessService/Execute",code="Ok"}} {extra}"#
+        )),
+        "{text}"
+    );
+}
 
 /// sandboxd's `/metrics` text, through the client's own REST connection.
 async fn metrics(c: &SandboxdClient) -> String {

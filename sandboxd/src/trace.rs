@@ -31,6 +31,10 @@ fn span_name(request: &Request) -> String {
     if let Some(rpc) = sandhub_telemetry::context::rpc_name(request.uri().path()) {
         return rpc.to_string();
     }
+    // `Execute` over REST is still `Execute`.
+    if request.uri().path() == sandhub_api::sandboxd::EXECUTE_ROUTE {
+        return "process.v1.ProcessService/Execute".to_string();
+    }
     match request.extensions().get::<MatchedPath>() {
         Some(route) => format!("{} {}", request.method(), route.as_str()),
         None => request.method().to_string(),

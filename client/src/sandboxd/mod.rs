@@ -12,13 +12,16 @@ mod forward;
 mod keep;
 pub use keep::{process_events as kept_process_events, KeptEvent, KeptEvents, KeptProcess};
 mod process;
-pub use process::TIMED_OUT_EXIT_CODE;
+pub use process::{MAX_REST_EXECS, TIMED_OUT_EXIT_CODE};
 mod transport;
 mod watch;
 
 use std::{
     path::Path,
-    sync::{atomic::AtomicBool, Arc},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize},
+        Arc,
+    },
 };
 
 use bytes::Bytes;
@@ -63,6 +66,9 @@ pub struct SandboxdClient {
     /// every clone, the first time this sandboxd answers that it has no
     /// such route.
     rest_execute: Arc<AtomicBool>,
+    /// Unary execs on REST right now, each holding a connection of its
+    /// own; past [`MAX_REST_EXECS`] they share the gRPC channel.
+    rest_executing: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for SandboxdClient {
@@ -113,6 +119,7 @@ impl SandboxdClient {
             rest_headers: Arc::default(),
             grpc_metadata: Metadata::default(),
             rest_execute: Arc::new(AtomicBool::new(true)),
+            rest_executing: Arc::default(),
         }
     }
 
@@ -190,6 +197,19 @@ impl SandboxdClient {
         path_and_query: &str,
         body: Body,
     ) -> Result<Response<Incoming>> {
+        let span = crate::propagate::call_span(path_and_query.split('?').next().unwrap_or(""));
+        self.send_traced(method, path_and_query, body, span).await
+    }
+
+    /// [`Self::send_any`] under `span` (a client span, or none when traces
+    /// are off).
+    async fn send_traced(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Body,
+        span: tracing::Span,
+    ) -> Result<Response<Incoming>> {
         let mut request = Request::builder()
             .method(method)
             .uri(format!("{}{}", self.rest_base, path_and_query));
@@ -199,7 +219,6 @@ impl SandboxdClient {
         let mut request = request
             .body(body)
             .map_err(|e| Error::invalid(format!("building request {path_and_query}: {e}")))?;
-        let span = crate::propagate::call_span(request.uri().path());
         let response = if span.is_none() {
             self.http.request(request).await
         } else {

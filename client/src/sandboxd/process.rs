@@ -1,6 +1,9 @@
 //! Processes over sandboxd's `process.v1` gRPC service.
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::{
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -25,6 +28,32 @@ use crate::{
 /// (upstream's sandboxd).
 fn is_missing_route(message: &str) -> bool {
     message.starts_with("no route for ") || message.ends_with("404 page not found")
+}
+
+/// Unary execs one client runs over REST at once. Each holds an HTTP/1.1
+/// connection (and a descriptor at each end) until its command ends; past
+/// this many, the rest share gRPC's one multiplexed connection, so a burst
+/// of long commands cannot grow the connections without bound.
+pub const MAX_REST_EXECS: usize = 16;
+
+/// One of `limit` places, given back on drop.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl<'a> Slot<'a> {
+    fn take(count: &'a AtomicUsize, limit: usize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(count))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The exit code of a command its timeout killed (that of coreutils
@@ -76,8 +105,14 @@ impl SandboxdClient {
         if !self.rest_execute.load(Ordering::Relaxed) {
             return Ok(None);
         }
+        let Some(_slot) = Slot::take(&self.rest_executing, MAX_REST_EXECS) else {
+            return Ok(None);
+        };
+        // The call is `Execute` whatever carries it: its span is named so.
+        let span = crate::propagate::call_span("/process.v1.ProcessService/Execute");
+        let body = full(request.encode_to_vec());
         let response = self
-            .send_any(Method::POST, EXECUTE_ROUTE, full(request.encode_to_vec()))
+            .send_traced(Method::POST, EXECUTE_ROUTE, body, span)
             .await?;
         let status = response.status();
         let body = body_bytes(response).await?;
