@@ -64,7 +64,12 @@ pub const META_ROUTE: &str = "/v1/_sandhub/meta";
 /// HEADERS and a DATA frame, often in two writes from two threads. A
 /// sandboxd without it answers 404 `no route for ...` (an older build) or
 /// Go's `404 page not found` (upstream's); clients then use gRPC.
+///
+/// `?timeout_ms=N` kills the process group after N ms, as a timed run
+/// does: the answer then has exit code 124, the output read so far, and
+/// [`EXECUTE_TIMED_OUT_HEADER`] set to `true`.
 pub const EXECUTE_ROUTE: &str = "/v1/_sandhub/execute";
+pub const EXECUTE_TIMED_OUT_HEADER: &str = "x-sandhub-timed-out";
 pub const PROTOBUF_CONTENT_TYPE: &str = "application/x-protobuf";
 /// The largest `EXECUTE_ROUTE` request body: gRPC's decoding limit for
 /// `Execute` on sandboxd (64 MiB).

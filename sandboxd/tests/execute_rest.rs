@@ -11,7 +11,9 @@ use prost::Message;
 use reqwest::{header, Client, StatusCode};
 use sandhub_api::{
     proto::process::v1 as pb,
-    sandboxd::{EXECUTE_ROUTE, MAX_EXECUTE_REQUEST, PROTOBUF_CONTENT_TYPE},
+    sandboxd::{
+        EXECUTE_ROUTE, EXECUTE_TIMED_OUT_HEADER, MAX_EXECUTE_REQUEST, PROTOBUF_CONTENT_TYPE,
+    },
 };
 
 fn client() -> Client {
@@ -137,4 +139,88 @@ async fn the_route_needs_the_token() {
     }
     let ok = post(&d, request(&["true"]), Some("s3cret")).await;
     assert_eq!(ok.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_timeout_kills_the_group_and_says_so() {
+    let d = Daemon::start(&[]);
+    let response = client()
+        .post(format!("{}?timeout_ms=300", d.rest(EXECUTE_ROUTE)))
+        .body(request(&["sh", "-c", "echo started; exec sleep 30"]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()[EXECUTE_TIMED_OUT_HEADER], "true");
+    let done = pb::ExecuteResponse::decode(response.bytes().await.unwrap()).unwrap();
+    assert_eq!(done.exit_code, 124);
+    assert_eq!(&done.stdout[..], b"started\n");
+
+    let quick = client()
+        .post(format!("{}?timeout_ms=10000", d.rest(EXECUTE_ROUTE)))
+        .body(request(&["true"]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(quick.headers()[EXECUTE_TIMED_OUT_HEADER], "false");
+    for bad in ["-1", "soon", "0"] {
+        let refused = client()
+            .post(format!("{}?timeout_ms={bad}", d.rest(EXECUTE_ROUTE)))
+            .body(request(&["true"]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            error_code(refused, StatusCode::BAD_REQUEST).await,
+            "INVALID_ARGUMENT",
+            "{bad}"
+        );
+    }
+}
+
+/// A caller that hangs up mid-command takes its process group with it, as
+/// a cancelled gRPC call does.
+#[test]
+fn a_caller_that_hangs_up_kills_the_command() {
+    use std::io::Write;
+    let d = Daemon::start(&[]);
+    let body = request(&["sh", "-c", "echo $$ > pid; exec sleep 30"]);
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", d.rest_port)).unwrap();
+    write!(
+        conn,
+        "POST {EXECUTE_ROUTE} HTTP/1.1\r\nHost: sandboxd\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    conn.write_all(&body).unwrap();
+    let pid_file = d.root_path().join("pid");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file) {
+            if let Ok(pid) = text.trim().parse::<u32>() {
+                break pid;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(conn);
+    let gone = |pid: u32| match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pid {pid} outlived its caller"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -7,7 +7,9 @@
 //! 1. a small-file download (4 KiB), the round trip, p50 over many;
 //! 2. a large download (`--file-size-mib`), MB/s, the median of rounds,
 //!    whichever daemon goes first alternating;
-//! 3. `Execute` of `true` over gRPC, p50.
+//! 3. `Execute` of `true` over gRPC, p50;
+//! 4. `Execute` of `true` as Sandhub's clients send it to ours (REST,
+//!    `EXECUTE_ROUTE`) against gRPC to theirs, p50.
 //!
 //! The ratios are ours ÷ theirs, against issue #34's targets: exec at most
 //! 0.7×, downloads at least 1.2× the throughput.
@@ -18,7 +20,13 @@ use std::{
 };
 
 use anyhow::{ensure, Context};
-use sandhub_api::proto::process::v1::process_service_client::ProcessServiceClient;
+use prost::Message;
+use sandhub_api::{
+    proto::process::v1::{
+        process_service_client::ProcessServiceClient, ExecuteRequest, ProcessConfig,
+    },
+    sandboxd::{EXECUTE_ROUTE, PROTOBUF_CONTENT_TYPE},
+};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -37,6 +45,7 @@ const LARGE_NAME: &str = "bench-large.bin";
 /// Rounds of the small download and of exec (each daemon, after warm-up).
 const SMALL_ROUNDS: u32 = 2000;
 const EXEC_ROUNDS: u32 = 500;
+const EXEC_ROUTE_ROUNDS: u32 = 500;
 const WARMUP: u32 = 50;
 const EXEC_TARGET: f64 = 0.7;
 const DOWNLOAD_TARGET: f64 = 1.2;
@@ -137,7 +146,32 @@ pub async fn run(plan: &Plan<'_>, report: &mut Report) -> anyhow::Result<()> {
     }
     let [ours, theirs] = samples.map(|mut s| summarize(&mut s).p50);
     report.rows.push(Row::compare(
-        format!("exec `true`, p50, sandboxd vs {who}"),
+        format!("exec `true` over gRPC, p50, sandboxd vs {who}"),
+        us(theirs),
+        us(ours),
+        Some(Target::RatioAtMost(EXEC_TARGET)),
+    ));
+
+    // What Sandhub's clients send ours (REST) against what theirs takes.
+    eprintln!("against: {EXEC_ROUTE_ROUNDS} execs each, ours over REST");
+    let mut samples = [Vec::new(), Vec::new()];
+    for i in 0..WARMUP + EXEC_ROUTE_ROUNDS {
+        for side in in_turn(i) {
+            let took = match side {
+                0 => conns[0].execute_true().await?,
+                _ => exec::remote(&mut clients[1]).await?,
+            };
+            if i >= WARMUP {
+                samples[side].push(took);
+            }
+        }
+        if Instant::now() >= plan.deadline {
+            break;
+        }
+    }
+    let [ours, theirs] = samples.map(|mut s| summarize(&mut s).p50);
+    report.rows.push(Row::compare(
+        format!("exec `true`, p50, sandboxd over REST vs {who} over gRPC"),
         us(theirs),
         us(ours),
         Some(Target::RatioAtMost(EXEC_TARGET)),
@@ -179,13 +213,39 @@ impl Conn {
     async fn get(&mut self, name: &str, len: u64) -> anyhow::Result<Duration> {
         let request = format!("GET /v1/files/{name} HTTP/1.1\r\nHost: sandboxd\r\n\r\n");
         let started = Instant::now();
-        tokio::time::timeout(CALL_TIMEOUT, self.exchange(request.as_bytes(), len))
+        tokio::time::timeout(CALL_TIMEOUT, self.exchange(request.as_bytes(), Some(len)))
             .await
             .with_context(|| format!("GET {name} timed out"))??;
         Ok(started.elapsed())
     }
 
-    async fn exchange(&mut self, request: &[u8], len: u64) -> anyhow::Result<()> {
+    /// `Execute` of `true` over REST (`EXECUTE_ROUTE`), as Sandhub's
+    /// clients send it to a sandboxd that has the route.
+    async fn execute_true(&mut self) -> anyhow::Result<Duration> {
+        let body = ExecuteRequest {
+            config: Some(ProcessConfig {
+                command: vec!["true".into()],
+                ..Default::default()
+            }),
+        }
+        .encode_to_vec();
+        let mut request = format!(
+            "POST {EXECUTE_ROUTE} HTTP/1.1\r\nHost: sandboxd\r\n\
+             Content-Type: {PROTOBUF_CONTENT_TYPE}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        request.extend_from_slice(&body);
+        let started = Instant::now();
+        tokio::time::timeout(CALL_TIMEOUT, self.exchange(&request, None))
+            .await
+            .context("Execute over REST timed out")??;
+        Ok(started.elapsed())
+    }
+
+    /// Sends `request`, reads a 200 answer whole (its body `len` bytes, if
+    /// given) and drops the body.
+    async fn exchange(&mut self, request: &[u8], len: Option<u64>) -> anyhow::Result<()> {
         self.stream.write_all(request).await?;
         let mut filled = 0;
         let end = loop {

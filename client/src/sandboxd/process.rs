@@ -13,7 +13,7 @@ use sandhub_api::{
     error::Code,
     hub::{ExecRequest, ExecResult},
     proto::process::v1::{self as pb, start_response::Event},
-    sandboxd::EXECUTE_ROUTE,
+    sandboxd::{EXECUTE_ROUTE, EXECUTE_TIMED_OUT_HEADER},
 };
 use tokio::time::Instant;
 use tonic::Streaming;
@@ -69,26 +69,27 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 const STDIN_CHUNK: usize = 256 * 1024;
 
 impl SandboxdClient {
-    /// Runs a command to completion. Without stdin and timeout this is one
-    /// `Execute` call; otherwise the process is started, fed, and (at the
+    /// Runs a command to completion. Without stdin this is one REST
+    /// request (`EXECUTE_ROUTE`; sandboxd kills the group at the timeout),
+    /// or, where sandboxd has no such route, one gRPC `Execute` without a
+    /// timeout. Otherwise the process is started, fed, and (at the
     /// deadline) its group killed, keeping the output read so far.
     pub async fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
         let timeout = request.timeout_seconds.map(timeout_of).transpose()?;
         let config = config(request.command.argv(), request.env, request.cwd);
-        if request.stdin.is_empty() && timeout.is_none() {
-            let request = pb::ExecuteRequest {
+        if request.stdin.is_empty() {
+            let unary = pb::ExecuteRequest {
                 config: Some(config),
             };
-            let done = match self.execute_over_rest(&request).await? {
-                Some(done) => done,
-                None => self.process().execute(request).await?.into_inner(),
-            };
-            return Ok(ExecResult {
-                exit_code: done.exit_code,
-                stdout: lossy(&done.stdout),
-                stderr: lossy(&done.stderr),
-                timed_out: false,
-            });
+            if let Some(done) = self.execute_over_rest(&unary, timeout).await? {
+                return Ok(done);
+            }
+            if timeout.is_none() {
+                let done = self.process().execute(unary).await?.into_inner();
+                return Ok(result_of(done, false));
+            }
+            let config = unary.config.unwrap_or_default();
+            return self.run_started(config, Bytes::new(), timeout).await;
         }
         self.run_started(config, Bytes::from(request.stdin), timeout)
             .await
@@ -101,7 +102,8 @@ impl SandboxdClient {
     async fn execute_over_rest(
         &self,
         request: &pb::ExecuteRequest,
-    ) -> Result<Option<pb::ExecuteResponse>> {
+        timeout: Option<Duration>,
+    ) -> Result<Option<ExecResult>> {
         if !self.rest_execute.load(Ordering::Relaxed) {
             return Ok(None);
         }
@@ -111,15 +113,28 @@ impl SandboxdClient {
         // The call is `Execute` whatever carries it: its span is named so.
         let span = crate::propagate::call_span("/process.v1.ProcessService/Execute");
         let body = full(request.encode_to_vec());
-        let response = self
-            .send_traced(Method::POST, EXECUTE_ROUTE, body, span)
-            .await?;
+        let route = match timeout {
+            // Whole milliseconds, rounded up: never shorter than asked.
+            Some(t) => format!(
+                "{EXECUTE_ROUTE}?timeout_ms={}",
+                t.as_nanos().div_ceil(1_000_000)
+            ),
+            None => EXECUTE_ROUTE.to_string(),
+        };
+        let response = self.send_traced(Method::POST, &route, body, span).await?;
         let status = response.status();
+        let timed_out = response
+            .headers()
+            .get(EXECUTE_TIMED_OUT_HEADER)
+            .is_some_and(|v| v == "true");
         let body = body_bytes(response).await?;
         if status.is_success() {
-            return pb::ExecuteResponse::decode(body).map(Some).map_err(|e| {
-                Error::internal(format!("sandboxd's answer is not an ExecuteResponse: {e}"))
-            });
+            return match pb::ExecuteResponse::decode(body) {
+                Ok(done) => Ok(Some(result_of(done, timed_out))),
+                Err(e) => Err(Error::internal(format!(
+                    "sandboxd's answer is not an ExecuteResponse: {e}"
+                ))),
+            };
         }
         let error = Error::from_http(status.as_u16(), &body);
         if status == StatusCode::NOT_FOUND && is_missing_route(&error.message) {
@@ -368,6 +383,15 @@ pub(super) fn config(
 /// timeout past the clock's end would overflow the deadline below.
 fn timeout_of(seconds: f64) -> Result<Duration> {
     Ok(sandhub_api::limits::timeout("timeout_seconds", seconds)?)
+}
+
+fn result_of(done: pb::ExecuteResponse, timed_out: bool) -> ExecResult {
+    ExecResult {
+        exit_code: done.exit_code,
+        stdout: lossy(&done.stdout),
+        stderr: lossy(&done.stderr),
+        timed_out,
+    }
 }
 
 fn lossy(bytes: &[u8]) -> String {

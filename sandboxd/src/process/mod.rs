@@ -343,18 +343,25 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// `Execute`: runs `config` to completion, all output in the answer. Both
-/// faces call this: gRPC `process.v1` and REST [`unary`].
+/// `Execute`: runs `config` to completion (or its group killed at
+/// `timeout`), all output in the answer. Both faces call this: gRPC
+/// `process.v1` (no timeout there) and REST [`unary`].
 pub(crate) async fn execute(
     daemon: &Daemon,
     config: &pb::ProcessConfig,
-) -> Result<pb::ExecuteResponse> {
-    let done = collect(daemon, Launch::from(config), None, None).await?;
-    Ok(pb::ExecuteResponse {
-        exit_code: done.exit_code,
-        stdout: done.stdout.into(),
-        stderr: done.stderr.into(),
-    })
+    timeout: Option<Duration>,
+) -> Result<Completed> {
+    collect(daemon, Launch::from(config), None, timeout).await
+}
+
+impl Completed {
+    pub(crate) fn into_response(self) -> pb::ExecuteResponse {
+        pb::ExecuteResponse {
+            exit_code: self.exit_code,
+            stdout: self.stdout.into(),
+            stderr: self.stderr.into(),
+        }
+    }
 }
 
 /// Spawns, feeds stdin, collects stdout and stderr, and reaps.

@@ -219,7 +219,8 @@ impl pb::process_service_server::ProcessService for ProcessService {
         request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<pb::ExecuteResponse>, Status> {
         let config = request.into_inner().config.unwrap_or_default();
-        Ok(Response::new(execute(&self.daemon, &config).await?))
+        let done = execute(&self.daemon, &config, None).await?;
+        Ok(Response::new(done.into_response()))
     }
 
     async fn write_stdin(
