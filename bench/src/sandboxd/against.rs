@@ -265,6 +265,7 @@ impl Conn {
             .context("no content-length")?
             .trim()
             .parse()?;
+        let len = len.unwrap_or(announced);
         ensure!(
             announced == len,
             "content-length {announced}, expected {len}"
