@@ -77,19 +77,10 @@ pub async fn run(plan: &Plan<'_>, report: &mut Report) -> anyhow::Result<()> {
     let who = plan.theirs_name;
 
     eprintln!("against: {SMALL_ROUNDS} small downloads from each");
-    let mut samples = [Vec::new(), Vec::new()];
-    for i in 0..WARMUP + SMALL_ROUNDS {
-        for side in in_turn(i) {
-            let took = conns[side].get(SMALL_NAME, SMALL_LEN as u64).await?;
-            if i >= WARMUP {
-                samples[side].push(took);
-            }
-        }
-        if Instant::now() >= plan.deadline {
-            break;
-        }
-    }
-    let [ours, theirs] = samples.map(|mut s| summarize(&mut s).p50);
+    let [ours, theirs] = p50s(SMALL_ROUNDS, plan.deadline, async |side| {
+        conns[side].get(SMALL_NAME, SMALL_LEN as u64).await
+    })
+    .await?;
     report.rows.push(Row::compare(
         format!("download 4 KiB, p50, sandboxd vs {who}"),
         us(theirs),
@@ -132,19 +123,10 @@ pub async fn run(plan: &Plan<'_>, report: &mut Report) -> anyhow::Result<()> {
             .with_context(|| format!("connecting to {}", daemon.grpc_url))?;
         clients.push(ProcessServiceClient::new(channel));
     }
-    let mut samples = [Vec::new(), Vec::new()];
-    for i in 0..WARMUP + EXEC_ROUNDS {
-        for side in in_turn(i) {
-            let took = exec::remote(&mut clients[side]).await?;
-            if i >= WARMUP {
-                samples[side].push(took);
-            }
-        }
-        if Instant::now() >= plan.deadline {
-            break;
-        }
-    }
-    let [ours, theirs] = samples.map(|mut s| summarize(&mut s).p50);
+    let [ours, theirs] = p50s(EXEC_ROUNDS, plan.deadline, async |side| {
+        exec::remote(&mut clients[side]).await
+    })
+    .await?;
     report.rows.push(Row::compare(
         format!("exec `true` over gRPC, p50, sandboxd vs {who}"),
         us(theirs),
@@ -154,22 +136,11 @@ pub async fn run(plan: &Plan<'_>, report: &mut Report) -> anyhow::Result<()> {
 
     // What Sandhub's clients send ours (REST) against what theirs takes.
     eprintln!("against: {EXEC_ROUTE_ROUNDS} execs each, ours over REST");
-    let mut samples = [Vec::new(), Vec::new()];
-    for i in 0..WARMUP + EXEC_ROUTE_ROUNDS {
-        for side in in_turn(i) {
-            let took = match side {
-                0 => conns[0].execute_true().await?,
-                _ => exec::remote(&mut clients[1]).await?,
-            };
-            if i >= WARMUP {
-                samples[side].push(took);
-            }
-        }
-        if Instant::now() >= plan.deadline {
-            break;
-        }
-    }
-    let [ours, theirs] = samples.map(|mut s| summarize(&mut s).p50);
+    let [ours, theirs] = p50s(EXEC_ROUTE_ROUNDS, plan.deadline, async |side| match side {
+        0 => conns[0].execute_true().await,
+        _ => exec::remote(&mut clients[1]).await,
+    })
+    .await?;
     report.rows.push(Row::compare(
         format!("exec `true`, p50, sandboxd over REST vs {who} over gRPC"),
         us(theirs),
@@ -177,6 +148,33 @@ pub async fn run(plan: &Plan<'_>, report: &mut Report) -> anyhow::Result<()> {
         Some(Target::RatioAtMost(EXEC_TARGET)),
     ));
     Ok(())
+}
+
+/// The p50 of `rounds` calls to each side (0: ours, 1: theirs) after
+/// [`WARMUP`] untimed ones, alternating which side goes first; fewer if
+/// `deadline` passes.
+async fn p50s(
+    rounds: u32,
+    deadline: Instant,
+    mut call: impl AsyncFnMut(usize) -> anyhow::Result<Duration>,
+) -> anyhow::Result<[Duration; 2]> {
+    let mut samples = [Vec::new(), Vec::new()];
+    for i in 0..WARMUP + rounds {
+        for side in in_turn(i) {
+            let took = call(side).await?;
+            if i >= WARMUP {
+                samples[side].push(took);
+            }
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+    ensure!(
+        !samples[0].is_empty(),
+        "the deadline passed during the warm-up"
+    );
+    Ok(samples.map(|mut s| summarize(&mut s).p50))
 }
 
 /// Both sides (0: ours, 1: theirs), in an order that alternates with `i`.
