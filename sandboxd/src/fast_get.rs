@@ -34,12 +34,7 @@ use sandhub_http1::inbound::{request_head, Parsed, Prefixed, MAX_HEADERS};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    files,
-    metrics::RequestLabels,
-    rest::{self},
-    Daemon,
-};
+use crate::{files, rest, Daemon};
 
 /// Largest request head read here; a longer one goes to hyper, which decides.
 const MAX_HEAD: usize = 64 * 1024;
@@ -129,14 +124,7 @@ pub async fn serve<S: Socket>(
             }
         };
         inbuf.advance(download.head_len);
-        daemon
-            .metrics
-            .http_requests
-            .get_or_create(&RequestLabels {
-                method: "GET".into(),
-                code: 200,
-            })
-            .inc();
+        daemon.metrics.count_http("GET".into(), 200);
         daemon.metrics.fast_downloads.inc();
         let keep_alive = download.keep_alive;
         match send(&mut stream, *download, idle).await {
@@ -241,7 +229,7 @@ async fn send<S: Socket>(stream: &mut S, d: Download, idle: Duration) -> io::Res
     write_head(&mut out, d.len, &d);
     with_deadline(idle, stream.write_all(&out)).await?;
     if !S::SENDFILE {
-        return stream_rest(stream, d.file, 0, d.len, idle).await;
+        return stream_rest(stream, d.file, d.len, idle).await;
     }
     let mut offset = 0u64;
     while offset < d.len {
@@ -249,7 +237,7 @@ async fn send<S: Socket>(stream: &mut S, d: Download, idle: Duration) -> io::Res
         let sent = match with_deadline(idle, sendfile(stream, &d.file, &mut offset, want)).await {
             // A file system without sendfile for this file: copy the rest.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) && offset == 0 => {
-                return stream_rest(stream, d.file, 0, d.len, idle).await
+                return stream_rest(stream, d.file, d.len, idle).await
             }
             other => other?,
         };
@@ -301,11 +289,10 @@ async fn sendfile<S: Socket>(
 async fn stream_rest<S: Socket>(
     stream: &mut S,
     file: std::fs::File,
-    from: u64,
     len: u64,
     idle: Duration,
 ) -> io::Result<()> {
-    let chunks = crate::transfer::read_body(file, from, len - from);
+    let chunks = crate::transfer::read_body(file, 0, len);
     futures::pin_mut!(chunks);
     while let Some(chunk) = chunks.next().await {
         with_deadline(idle, stream.write_all(&chunk?)).await?;

@@ -89,6 +89,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// One REST or legacy request answered with `code`.
+    pub fn count_http(&self, method: String, code: u16) {
+        self.http_requests
+            .get_or_create(&RequestLabels { method, code })
+            .inc();
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.

@@ -23,7 +23,7 @@ use sandhub_api::{
 use crate::{
     error::Error,
     files,
-    metrics::{RequestLabels, RpcLabels},
+    metrics::RpcLabels,
     process::{KeptProcessService, ProcessService},
     watcher::WatcherService,
     Daemon,
@@ -167,12 +167,7 @@ pub(crate) async fn count_http_requests(
     let response = next.run(request).await;
     daemon
         .metrics
-        .http_requests
-        .get_or_create(&RequestLabels {
-            method,
-            code: response.status().as_u16(),
-        })
-        .inc();
+        .count_http(method, response.status().as_u16());
     response
 }
 

@@ -33,7 +33,7 @@ use tokio::{
 };
 use tonic::transport::Endpoint;
 
-use super::{daemon::Daemon, exec};
+use super::{daemon::Daemon, exec, files};
 use crate::{
     report::{Report, Row, Target, Unit, Value},
     stats::{median, summarize},
@@ -65,13 +65,11 @@ pub struct Plan<'a> {
 }
 
 pub async fn run(plan: &Plan<'_>, report: &mut Report) -> anyhow::Result<()> {
-    let small = random(SMALL_LEN);
-    let large = random(plan.large as usize);
+    // The same bytes in both roots: `write_source` starts from one seed.
     for root in [plan.ours_root, plan.theirs_root] {
-        std::fs::write(root.join(SMALL_NAME), &small)?;
-        std::fs::write(root.join(LARGE_NAME), &large)?;
+        files::write_source(&root.join(SMALL_NAME), SMALL_LEN as u64)?;
+        files::write_source(&root.join(LARGE_NAME), plan.large)?;
     }
-    drop(large);
     let sides = [plan.ours, plan.theirs];
     let mut conns = [Conn::open(plan.ours).await?, Conn::open(plan.theirs).await?];
     let who = plan.theirs_name;
@@ -284,18 +282,4 @@ impl Conn {
 
 fn us(d: Duration) -> Value {
     Value::new(d.as_secs_f64() * 1e6, Unit::Microseconds)
-}
-
-/// Incompressible bytes (xorshift), so no layer can take a shortcut.
-fn random(len: usize) -> Vec<u8> {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        out.extend_from_slice(&state.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }

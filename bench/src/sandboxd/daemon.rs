@@ -21,6 +21,8 @@ pub struct Daemon {
     /// sandboxd running.
     child: Child,
     pub bin: PathBuf,
+    /// Upstream's Go daemon, rather than a build of ours.
+    pub upstream: bool,
     pub rest_url: String,
     pub grpc_url: String,
 }
@@ -39,7 +41,8 @@ impl Daemon {
         })?;
         let (rest_port, grpc_port) = (free_port()?, free_port()?);
         let mut command = Command::new(&bin);
-        if is_upstream(&bin).await? {
+        let upstream = is_upstream(&bin).await?;
+        if upstream {
             // Upstream's Go daemon: no legacy port, and its logs at the
             // level ours runs at (no line per request).
             command.args(["--zap-log-level", "error"]);
@@ -82,6 +85,7 @@ impl Daemon {
         Ok(Daemon {
             child,
             bin,
+            upstream,
             rest_url: format!("http://127.0.0.1:{rest_port}"),
             grpc_url: format!("http://127.0.0.1:{grpc_port}"),
         })
@@ -124,7 +128,7 @@ impl Daemon {
 
 /// Whether `bin` is upstream's sandboxd (Go's `flag` usage, no
 /// `--legacy-port`) rather than ours.
-pub async fn is_upstream(bin: &Path) -> anyhow::Result<bool> {
+async fn is_upstream(bin: &Path) -> anyhow::Result<bool> {
     let out = Command::new(bin)
         .arg("--help")
         .stdin(Stdio::null())

@@ -237,7 +237,7 @@ async fn download(
 
 /// Writes `size` bytes of incompressible data: nothing on the path
 /// compresses today, but zeros would invite a shortcut some day.
-fn write_source(path: &Path, size: u64) -> anyhow::Result<()> {
+pub(super) fn write_source(path: &Path, size: u64) -> anyhow::Result<()> {
     let mut file = std::fs::File::create(path)?;
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut block = vec![0u8; 1 << 20];

@@ -187,7 +187,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         let theirs_root = work.path().join("theirs");
         std::fs::create_dir_all(&theirs_root)?;
         let theirs = Daemon::start(bin, &theirs_root).await?;
-        let theirs_name = if daemon::is_upstream(bin).await? {
+        let theirs_name = if theirs.upstream {
             "upstream"
         } else {
             "baseline"

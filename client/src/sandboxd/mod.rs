@@ -182,7 +182,7 @@ impl SandboxdClient {
         path_and_query: &str,
         body: Body,
     ) -> Result<Response<Incoming>> {
-        let response = self.send_any(method, path_and_query, body).await?;
+        let response = self.send_any(method, path_and_query, body, None).await?;
         if response.status().is_success() {
             Ok(response)
         } else {
@@ -190,25 +190,14 @@ impl SandboxdClient {
         }
     }
 
-    /// Sends one REST request, with the trace context; any answer is `Ok`.
+    /// Sends one REST request, with the trace context, under a client span
+    /// named `span_name` (by default the request's path); any answer is `Ok`.
     async fn send_any(
         &self,
         method: Method,
         path_and_query: &str,
         body: Body,
-    ) -> Result<Response<Incoming>> {
-        let span = crate::propagate::call_span(path_and_query.split('?').next().unwrap_or(""));
-        self.send_traced(method, path_and_query, body, span).await
-    }
-
-    /// [`Self::send_any`] under `span` (a client span, or none when traces
-    /// are off).
-    async fn send_traced(
-        &self,
-        method: Method,
-        path_and_query: &str,
-        body: Body,
-        span: tracing::Span,
+        span_name: Option<&str>,
     ) -> Result<Response<Incoming>> {
         let mut request = Request::builder()
             .method(method)
@@ -219,6 +208,7 @@ impl SandboxdClient {
         let mut request = request
             .body(body)
             .map_err(|e| Error::invalid(format!("building request {path_and_query}: {e}")))?;
+        let span = crate::propagate::call_span(span_name.unwrap_or(request.uri().path()));
         let response = if span.is_none() {
             self.http.request(request).await
         } else {

@@ -110,8 +110,6 @@ impl SandboxdClient {
         let Some(_slot) = Slot::take(&self.rest_executing, MAX_REST_EXECS) else {
             return Ok(None);
         };
-        // The call is `Execute` whatever carries it: its span is named so.
-        let span = crate::propagate::call_span("/process.v1.ProcessService/Execute");
         let body = full(request.encode_to_vec());
         let route = match timeout {
             // Whole milliseconds, rounded up: never shorter than asked.
@@ -121,7 +119,9 @@ impl SandboxdClient {
             ),
             None => EXECUTE_ROUTE.to_string(),
         };
-        let response = self.send_traced(Method::POST, &route, body, span).await?;
+        // The call is `Execute` whatever carries it: its span is named so.
+        let span_name = Some("/process.v1.ProcessService/Execute");
+        let response = self.send_any(Method::POST, &route, body, span_name).await?;
         let status = response.status();
         let timed_out = response
             .headers()
