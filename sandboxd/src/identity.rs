@@ -93,16 +93,20 @@ impl RunAs {
     }
 
     /// Runs `cmd` as this user: its ids (std drops supplementary groups
-    /// when it changes the uid as root), and `HOME`, `USER` and `LOGNAME`
-    /// (a request's own environment, applied after, still wins).
+    /// when it changes the uid as root), and [`RunAs::env`] (a request's
+    /// own environment, applied after, still wins).
     pub fn apply(&self, cmd: &mut Command) {
-        cmd.gid(self.gid).uid(self.uid);
-        if let Some(home) = &self.home {
-            cmd.env("HOME", home);
-        }
-        if let Some(name) = &self.name {
-            cmd.env("USER", name).env("LOGNAME", name);
-        }
+        cmd.gid(self.gid).uid(self.uid).envs(self.env());
+    }
+
+    /// `HOME`, `USER` and `LOGNAME` for a process run as this user, where
+    /// `/etc/passwd` names them.
+    pub fn env(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let home = self.home.as_deref().map(|h| ("HOME", h));
+        let name = self.name.as_deref().into_iter();
+        home.into_iter()
+            .chain(name.clone().map(|n| ("USER", n)))
+            .chain(name.map(|n| ("LOGNAME", n)))
     }
 }
 

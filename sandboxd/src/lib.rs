@@ -111,6 +111,11 @@ impl Daemon {
             })?,
             None => Vec::new(),
         };
+        // Before any workload can touch the sandbox's /dev. Without one,
+        // every spawn fails with this error; the daemon still serves files.
+        if let Err(e) = process::dev_null() {
+            tracing::warn!("opening /dev/null: {e}; no process can be started");
+        }
         let daemon = Daemon {
             run_as,
             entrypoint,

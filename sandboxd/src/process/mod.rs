@@ -14,6 +14,7 @@
 mod kept;
 mod pty;
 mod service;
+mod spawn;
 mod table;
 pub mod unary;
 
@@ -23,7 +24,7 @@ use std::{
     os::{fd::OwnedFd, unix::process::ExitStatusExt},
     path::{Path, PathBuf},
     pin::pin,
-    process::{ExitStatus, Stdio},
+    process::ExitStatus,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -33,7 +34,7 @@ use rustix::process::{Pid, Signal};
 use sandhub_api::proto::{keep::v1 as kpb, process::v1 as pb};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
-    process::{Child, ChildStdin, Command},
+    process::ChildStdin,
     sync::{mpsc, Mutex},
 };
 use tokio_stream::wrappers::ReceiverStream;
@@ -41,6 +42,8 @@ use tonic::{Request, Response, Status};
 
 pub use self::kept::{LINGER as KEPT_LINGER, MAX_KEPT, TAIL_BYTES as KEPT_TAIL_BYTES};
 pub use self::service::{KeptProcessService, ProcessService};
+pub(crate) use self::spawn::dev_null;
+use self::spawn::{Child, Command, Lead, Stdio};
 use self::table::Registration;
 pub use self::table::{ProcessTable, MAX_STDIN_WRITERS};
 use crate::{
@@ -137,9 +140,9 @@ impl Launch<'_> {
         self.argv.first().map_or("", String::as_str)
     }
 
-    /// A command with argv, environment and working directory set; the
-    /// caller chooses stdio and grouping.
-    fn command(&self, daemon: &Daemon) -> Result<Prepared> {
+    /// A command with argv, environment, working directory, user and the
+    /// daemon's child setup; the caller chooses stdio and what it leads.
+    fn command(&self, daemon: &Daemon) -> Result<Command> {
         let Some((program, args)) = self.argv.split_first() else {
             return Err(Error::InvalidArgument("command is required".into()));
         };
@@ -147,69 +150,35 @@ impl Launch<'_> {
             return Err(Error::InvalidArgument("command[0] is empty".into()));
         }
         let mut cmd = Command::new(program);
-        let (cwd, cwd_fd) = match (self.cwd, &daemon.config.default_cwd) {
-            (None | Some(""), Some(default)) if default.is_dir() => (default.clone(), None),
-            (cwd, _) => resolve_cwd(&daemon.root(), cwd)?,
-        };
         cmd.args(args);
-        match &cwd_fd {
-            None => {
-                cmd.current_dir(cwd);
+        match (self.cwd, &daemon.config.default_cwd) {
+            (None | Some(""), Some(default)) if default.is_dir() => {
+                cmd.current_dir(default);
             }
-            Some(fd) => {
-                let raw = std::os::fd::AsRawFd::as_raw_fd(fd);
-                // SAFETY: fchdir is async-signal-safe; the fd stays open in
-                // the parent (held by `Prepared`) until the spawn returns.
-                unsafe {
-                    cmd.pre_exec(move || {
-                        if libc::fchdir(raw) == 0 {
-                            Ok(())
-                        } else {
-                            Err(io::Error::last_os_error())
-                        }
-                    });
+            (cwd, _) => match resolve_cwd(&daemon.root(), cwd)? {
+                (_, Some(fd)) => {
+                    cmd.current_dir_fd(fd);
                 }
-            }
-        }
-        // SAFETY: default_signals only calls signal(2).
-        unsafe {
-            cmd.pre_exec(crate::identity::default_signals);
+                (path, None) => {
+                    cmd.current_dir(path);
+                }
+            },
         }
         if let Some(setup) = daemon.child_setup {
-            // SAFETY: ChildSetup is documented to be async-signal-safe.
-            unsafe {
-                cmd.pre_exec(setup);
-            }
+            cmd.setup(setup);
         }
         if let Some(user) = &daemon.run_as {
-            user.apply(cmd.as_std_mut());
+            cmd.ids(user.uid, user.gid);
+            for (k, v) in user.env() {
+                cmd.env(k, v);
+            }
         }
-        // The child inherits the daemon's environment by default; only the
-        // overrides are handed over, so a spawn without any copies nothing.
-        if !self.env.is_empty() {
-            cmd.envs(self.env);
+        // The child inherits the daemon's environment; the request's own
+        // variables go on top (after the user's, so they win).
+        for (k, v) in self.env {
+            cmd.env(k, v);
         }
-        Ok(Prepared { cmd, _cwd: cwd_fd })
-    }
-}
-
-/// A command plus the directory fd its working directory names, which
-/// must stay open until the spawn.
-struct Prepared {
-    cmd: Command,
-    _cwd: Option<OwnedFd>,
-}
-
-impl std::ops::Deref for Prepared {
-    type Target = Command;
-    fn deref(&self) -> &Command {
-        &self.cmd
-    }
-}
-
-impl std::ops::DerefMut for Prepared {
-    fn deref_mut(&mut self) -> &mut Command {
-        &mut self.cmd
+        Ok(cmd)
     }
 }
 
@@ -270,10 +239,10 @@ pub(crate) fn spawn_helper(
 ) -> Result<(Child, i32)> {
     let launch = Launch { argv, env, cwd };
     let mut cmd = launch.command(daemon)?;
-    cmd.process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+    cmd.lead(Lead::Group)
+        .stdin(Stdio::Null)
+        .stdout(Stdio::Null)
+        .stderr(Stdio::Piped)
         .kill_on_drop(true);
     spawn(&mut cmd, &launch)
 }
@@ -294,8 +263,7 @@ fn spawn(cmd: &mut Command, launch: &Launch<'_>) -> Result<(Child, i32)> {
         io::ErrorKind::InvalidInput => Error::InvalidArgument(format!("{program}: {e}")),
         _ => Error::io(e, program),
     })?;
-    // A child that has not been waited for always has its id.
-    let pid = child.id().expect("unreaped child has a pid") as i32;
+    let pid = child.id();
     tracing::debug!(pid, program, "process started");
     Ok((child, pid))
 }
@@ -372,14 +340,14 @@ async fn collect(
     timeout: Option<Duration>,
 ) -> Result<Completed> {
     let mut cmd = launch.command(daemon)?;
-    cmd.process_group(0)
+    cmd.lead(Lead::Group)
         .stdin(if stdin.is_some() {
-            Stdio::piped()
+            Stdio::Piped
         } else {
-            Stdio::null()
+            Stdio::Null
         })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::Piped)
+        .stderr(Stdio::Piped);
     let slot = daemon.processes.reserve()?;
     let started = Instant::now();
     let (mut child, pid) = spawn(&mut cmd, &launch)?;

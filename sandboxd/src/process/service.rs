@@ -74,14 +74,14 @@ impl ProcessService {
         let config = req.config.clone().unwrap_or_default();
         let launch = Launch::from(&config);
         let mut cmd = launch.command(&self.daemon)?;
-        cmd.stdin(Stdio::piped());
+        cmd.stdin(Stdio::Piped);
         let slot = self.daemon.processes.reserve()?;
         let started = Instant::now();
         let (child, pid, input, output) = match &req.pty {
             None => {
-                cmd.process_group(0)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped());
+                cmd.lead(Lead::Group)
+                    .stdout(Stdio::Piped)
+                    .stderr(Stdio::Piped);
                 let (mut child, pid) = spawn(&mut cmd, &launch)?;
                 let stdin = child.stdin.take().filter(|_| !stdin_closed);
                 let input = Input::Pipe(Mutex::new(stdin));
@@ -96,32 +96,19 @@ impl ProcessService {
                     fd.try_clone()
                         .map_err(|e| Error::Internal(format!("duplicating the terminal: {e}")))
                 };
-                cmd.stdin(Stdio::from(copy(&slave)?))
-                    .stdout(Stdio::from(copy(&slave)?))
-                    .stderr(Stdio::from(slave));
-                // SAFETY: only async-signal-safe calls (setsid, ioctl) run
-                // between fork and exec. Stdio is already on 0/1/2 then.
-                // No process_group here: setsid makes the child a group
-                // leader, and setpgid on a session leader fails.
-                unsafe {
-                    cmd.pre_exec(|| {
-                        if libc::setsid() < 0 {
-                            return Err(io::Error::last_os_error());
-                        }
-                        if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                            return Err(io::Error::last_os_error());
-                        }
-                        Ok(())
-                    });
-                }
+                // Its own session with the terminal as its controlling one
+                // (which makes it a group leader too).
+                cmd.stdin(Stdio::Fd(copy(&slave)?))
+                    .stdout(Stdio::Fd(copy(&slave)?))
+                    .stderr(Stdio::Fd(slave))
+                    .lead(Lead::Terminal);
                 let (child, pid) = spawn(&mut cmd, &launch)?;
                 let master = Arc::new(master);
                 (child, pid, Input::Pty(master.clone()), Output::Pty(master))
             }
         };
-        // The command holds our copies of the terminal's slave end; they
-        // must be closed for EIO to mark the end of output.
-        drop(cmd);
+        // The spawn closed our copies of the terminal's slave end, so EIO
+        // marks the end of output.
         let control = Arc::new(Control { pgid: pid, input });
         let reg = Registration::new(self.daemon.clone(), slot, pid, started, Some(control));
         Ok(Started {
