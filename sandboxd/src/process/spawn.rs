@@ -22,7 +22,8 @@
 //!   execs or exits, so there is no race) and `_exit`s.
 //!
 //! The caller gets a [`Child`] shaped like tokio's (the same pipe types),
-//! reaped through a pidfd the clone hands over atomically.
+//! reaped through a pidfd the clone hands over atomically (before Linux
+//! 5.2, which lacks `CLONE_PIDFD`, by a blocking-pool thread in `waitpid`).
 
 use std::{
     cell::RefCell,
@@ -35,7 +36,10 @@ use std::{
     },
     process::ExitStatus,
     ptr,
-    sync::OnceLock,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        OnceLock,
+    },
 };
 
 use tokio::{
@@ -85,6 +89,8 @@ pub(crate) struct Command {
     ids: Option<(u32, u32)>,
     setup: Option<ChildSetup>,
     kill_on_drop: bool,
+    /// Off only in tests of the pre-5.2 path.
+    pidfd: bool,
 }
 
 impl Command {
@@ -99,6 +105,7 @@ impl Command {
             ids: None,
             setup: None,
             kill_on_drop: false,
+            pidfd: true,
         }
     }
 
@@ -223,13 +230,21 @@ impl Command {
             envp: plan.envp_ptrs.as_ptr(),
             errno: 0,
         };
+        let want_pidfd = self.pidfd && !NO_PIDFD.load(Ordering::Relaxed);
         let (pid, pidfd) = STACK.with(|stack| {
             let mut stack = stack.borrow_mut();
             let stack = match stack.as_mut() {
                 Some(s) => s,
                 None => stack.insert(Stack::new()?),
             };
-            clone_vfork(stack, &mut args)
+            match clone_vfork(stack, &mut args, want_pidfd) {
+                // Before Linux 5.2: no CLONE_PIDFD; from now on, wait on a thread.
+                Err(e) if want_pidfd && e.raw_os_error() == Some(libc::EINVAL) => {
+                    NO_PIDFD.store(true, Ordering::Relaxed);
+                    clone_vfork(stack, &mut args, false)
+                }
+                r => r,
+            }
         })?;
         drop(theirs);
         // Written by the child behind the compiler's back (shared memory).
@@ -241,12 +256,20 @@ impl Command {
             unsafe { libc::waitpid(pid, &mut 0, 0) };
             return Err(io::Error::from_raw_os_error(errno));
         }
-        // SAFETY: the pidfd moves into the AsyncFd and is closed only when
-        // it drops, so the registered fd stays open and the same.
-        let pidfd = match unsafe {
-            AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
-        } {
-            Ok(fd) => fd,
+        let registered = match pidfd {
+            // SAFETY: the pidfd moves into the AsyncFd and is closed only
+            // when it drops, so the registered fd stays open and the same.
+            Some(fd) => {
+                unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+                    .map(Reaper::PidFd)
+                    .map_err(io::Error::from)
+            }
+            None => Ok(Reaper::Thread(tokio::task::spawn_blocking(move || {
+                wait_blocking(pid)
+            }))),
+        };
+        let reaper = match registered {
+            Ok(r) => r,
             Err(e) => {
                 // No way to reap it later: kill and reap it now.
                 // SAFETY: our own, unreaped child.
@@ -254,13 +277,13 @@ impl Command {
                     libc::kill(pid, libc::SIGKILL);
                     libc::waitpid(pid, &mut 0, 0);
                 }
-                return Err(e.into());
+                return Err(e);
             }
         };
         // Killed if wiring its pipes fails below; then as asked.
         let mut child = Child {
             pid,
-            pidfd: Some(pidfd),
+            reaper: Some(reaper),
             status: None,
             kill_on_drop: true,
             stdin: None,
@@ -280,11 +303,19 @@ impl Command {
     }
 }
 
+/// How a [`Child`] learns that it exited.
+enum Reaper {
+    /// Its pidfd, readable once it has.
+    PidFd(AsyncFd<OwnedFd>),
+    /// Kernels before 5.2 (no `CLONE_PIDFD`): a blocking-pool thread waits.
+    Thread(tokio::task::JoinHandle<io::Result<ExitStatus>>),
+}
+
 /// A started process, reaped through its pidfd.
 pub(crate) struct Child {
     pid: i32,
     /// `None` only while dropping.
-    pidfd: Option<AsyncFd<OwnedFd>>,
+    reaper: Option<Reaper>,
     status: Option<ExitStatus>,
     kill_on_drop: bool,
     pub(crate) stdin: Option<ChildStdin>,
@@ -304,13 +335,19 @@ impl Child {
             if let Some(s) = self.status {
                 return Ok(s);
             }
-            let Some(pidfd) = &self.pidfd else {
-                return Err(io::Error::other("child already dropped"));
-            };
-            let mut ready = pidfd.readable().await?;
-            match reap(self.pid)? {
-                Some(s) => self.status = Some(s),
-                None => ready.clear_ready(),
+            match &mut self.reaper {
+                Some(Reaper::PidFd(pidfd)) => {
+                    let mut ready = pidfd.readable().await?;
+                    match reap(self.pid)? {
+                        Some(s) => self.status = Some(s),
+                        None => ready.clear_ready(),
+                    }
+                }
+                Some(Reaper::Thread(waiting)) => {
+                    let status = waiting.await.map_err(io::Error::other)??;
+                    self.status = Some(status);
+                }
+                None => return Err(io::Error::other("child already dropped")),
             }
         }
     }
@@ -327,8 +364,12 @@ impl Drop for Child {
         }
         // Reap it whenever it exits, or it stays a zombie for the daemon's
         // life. Without a runtime (shutdown) the daemon is going anyway.
-        let (pid, pidfd) = (self.pid, self.pidfd.take());
-        if let (Some(pidfd), Ok(rt)) = (pidfd, tokio::runtime::Handle::try_current()) {
+        // A waiting thread reaps it on its own.
+        let (pid, pidfd) = match self.reaper.take() {
+            Some(Reaper::PidFd(fd)) => (self.pid, fd),
+            _ => return,
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 loop {
                     let Ok(mut ready) = pidfd.readable().await else {
@@ -343,6 +384,24 @@ impl Drop for Child {
         }
     }
 }
+
+/// `waitpid` until the child has exited, on a thread that may block.
+fn wait_blocking(pid: i32) -> io::Result<ExitStatus> {
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out-pointer; the pid is our child.
+        if unsafe { libc::waitpid(pid, &mut status, 0) } == pid {
+            return Ok(ExitStatus::from_raw(status));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Set once a clone with `CLONE_PIDFD` was refused (Linux before 5.2).
+static NO_PIDFD: AtomicBool = AtomicBool::new(false);
 
 /// `waitpid(WNOHANG)`: the status once the child has exited.
 fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
@@ -570,7 +629,11 @@ impl Drop for Stack {
 /// Clones the child with every signal blocked in this thread, so neither
 /// this thread nor the child (which inherits the mask) runs a handler
 /// while they share memory; returns once the child has execed or exited.
-fn clone_vfork(stack: &mut Stack, args: &mut ChildArgs) -> io::Result<(i32, OwnedFd)> {
+fn clone_vfork(
+    stack: &mut Stack,
+    args: &mut ChildArgs,
+    want_pidfd: bool,
+) -> io::Result<(i32, Option<OwnedFd>)> {
     let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
     let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
     let mut pidfd: libc::c_int = -1;
@@ -578,13 +641,17 @@ fn clone_vfork(stack: &mut Stack, args: &mut ChildArgs) -> io::Result<(i32, Owne
     // clone runs `child_main` on a stack nobody else uses, with `args`
     // alive: CLONE_VFORK suspends this thread until the child execs or
     // exits. CLONE_PIDFD stores the pidfd in `pidfd`.
+    let flags = libc::CLONE_VM
+        | libc::CLONE_VFORK
+        | libc::SIGCHLD
+        | if want_pidfd { libc::CLONE_PIDFD } else { 0 };
     let pid = unsafe {
         libc::sigfillset(all.as_mut_ptr());
         libc::pthread_sigmask(libc::SIG_SETMASK, all.as_ptr(), old.as_mut_ptr());
         let pid = libc::clone(
             child_main,
             stack.top(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+            flags,
             (args as *mut ChildArgs).cast(),
             &mut pidfd as *mut libc::c_int,
         );
@@ -596,7 +663,10 @@ fn clone_vfork(stack: &mut Stack, args: &mut ChildArgs) -> io::Result<(i32, Owne
         pid
     };
     // SAFETY: CLONE_PIDFD opened it for us (close-on-exec).
-    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+    Ok((
+        pid,
+        want_pidfd.then(|| unsafe { OwnedFd::from_raw_fd(pidfd) }),
+    ))
 }
 
 /// The child, between clone and exec. Shares the daemon's memory: raw
@@ -870,6 +940,26 @@ mod tests {
             gone(pid),
             gone(other)
         );
+    }
+
+    #[tokio::test]
+    async fn without_a_pidfd_a_thread_waits() {
+        let mut cmd = sh("exit 7");
+        cmd.pidfd = false;
+        let (status, _) = output(&mut cmd).await;
+        assert_eq!(status.code(), Some(7));
+        let mut cmd = Command::new("sleep");
+        cmd.args(["60"]).kill_on_drop(true).pidfd = false;
+        let child = cmd.spawn().unwrap();
+        let pid = child.id();
+        drop(child);
+        for _ in 0..100 {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("{pid} was not killed and reaped");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
