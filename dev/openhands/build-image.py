@@ -44,7 +44,11 @@ import time
 from pathlib import Path
 from typing import IO, Iterable
 
-PINS = ["openhands-agent-server==1.58.2", "openhands-tools==1.58.2", "openhands-sdk==1.58.2"]
+# cryptography 51 accepts only URL-safe base64 Fernet keys, and openhands-sdk 1.58.2 derives
+# its key with standard base64 (`+` and `/` in about 3 keys of 4): every such server answers
+# 500 on creating a conversation. 50.0.2 is the last release that takes both.
+PINS = ["openhands-agent-server==1.58.2", "openhands-tools==1.58.2", "openhands-sdk==1.58.2",
+        "cryptography==50.0.2"]
 REF = "sandhub/openhands-agent-server:1.58.2"
 DEFAULT_PYTHON = "/root/.pyenv/versions/3.12.1/bin/python3.12"
 ROOT_PACKAGES = ["bash", "dash", "coreutils", "git", "tmux", "procps", "grep", "sed", "findutils",
