@@ -110,16 +110,30 @@ impl RunAs {
     }
 }
 
-/// Runs in a child between fork and exec: every signal a workload can
-/// catch back to its default. Exec keeps *ignored* dispositions, so a
+/// Runs in a child between fork (or vfork-style clone) and exec: every
+/// signal back to its default. Exec keeps *ignored* dispositions, so a
 /// sandboxd started under `nohup` or as a background job (SIGINT and
 /// SIGQUIT ignored) would otherwise hand that on, and a SendSignal(SIGINT)
-/// could not interrupt anything. Only `signal(2)`: async-signal-safe.
+/// could not interrupt anything. The raw call also reaches the signals
+/// glibc keeps to itself (32, 33), which its wrappers refuse. An all-zero
+/// kernel `sigaction` is SIG_DFL with no flags and an empty mask, whatever
+/// the architecture's field order. Raw system calls only: safe in a child
+/// that shares the daemon's memory.
 pub fn default_signals() -> io::Result<()> {
-    for sig in 1..32 {
+    let dfl = [0u64; 4];
+    for sig in 1..=64 {
         if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: resetting a disposition to SIG_DFL in the child.
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
+            // SAFETY: resetting a disposition to SIG_DFL in the child; the
+            // kernel only reads the zeroed struct.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    dfl.as_ptr(),
+                    std::ptr::null::<u64>(),
+                    8,
+                )
+            };
         }
     }
     Ok(())
@@ -174,7 +188,7 @@ pub fn start_entrypoint(
     if let Some(user) = run_as {
         user.apply(&mut cmd);
     }
-    // SAFETY: default_signals only calls signal(2).
+    // SAFETY: default_signals only makes rt_sigaction system calls.
     unsafe {
         cmd.pre_exec(default_signals);
     }

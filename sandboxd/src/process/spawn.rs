@@ -734,25 +734,9 @@ unsafe fn prepare(args: &ChildArgs) -> i32 {
             }
         }
     }
-    // Every disposition back to default: a handler is reset by exec
-    // anyway, but an *ignored* signal stays ignored across it, and a
-    // daemon started under nohup (SIGINT, SIGHUP ignored) must not hand
-    // that on. The raw call also reaches the signals glibc keeps to
-    // itself (32, 33), which its wrapper refuses. An all-zero kernel
-    // `sigaction` is SIG_DFL with no flags and an empty mask, whatever
-    // the architecture's field order.
-    let dfl = [0u64; 4];
-    for sig in 1..=64 {
-        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                dfl.as_ptr(),
-                ptr::null::<u64>(),
-                8,
-            );
-        }
-    }
+    // Every disposition back to default (a daemon handler must never run
+    // here, and nothing the daemon ignores may reach the workload).
+    let _ = crate::identity::default_signals();
     let mut empty: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut empty);
     libc::sigprocmask(libc::SIG_SETMASK, &empty, ptr::null_mut());
