@@ -251,9 +251,8 @@ impl Command {
         // SAFETY: a plain read of a live, aligned i32.
         let errno = unsafe { ptr::read_volatile(&args.errno) };
         if errno != 0 {
-            // The child `_exit`ed; reap it now (it is already a zombie).
-            // SAFETY: waiting for our own child; status is a valid out-pointer.
-            unsafe { libc::waitpid(pid, &mut 0, 0) };
+            // The child `_exit`ed; reap it now (it is exiting already).
+            let _ = wait_blocking(pid);
             return Err(io::Error::from_raw_os_error(errno));
         }
         let registered = match pidfd {
@@ -273,10 +272,8 @@ impl Command {
             Err(e) => {
                 // No way to reap it later: kill and reap it now.
                 // SAFETY: our own, unreaped child.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut 0, 0);
-                }
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let _ = wait_blocking(pid);
                 return Err(e);
             }
         };
@@ -385,31 +382,16 @@ impl Drop for Child {
     }
 }
 
-/// `waitpid` until the child has exited, on a thread that may block.
-fn wait_blocking(pid: i32) -> io::Result<ExitStatus> {
-    loop {
-        let mut status = 0;
-        // SAFETY: status is a valid out-pointer; the pid is our child.
-        if unsafe { libc::waitpid(pid, &mut status, 0) } == pid {
-            return Ok(ExitStatus::from_raw(status));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 /// Set once a clone with `CLONE_PIDFD` was refused (Linux before 5.2).
 static NO_PIDFD: AtomicBool = AtomicBool::new(false);
 
-/// `waitpid(WNOHANG)`: the status once the child has exited.
-fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
+/// `waitpid` on our own child, retried on EINTR: its status once it has
+/// exited (with `WNOHANG`, `None` while it runs; without, it blocks).
+fn waitpid(pid: i32, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
     let mut status = 0;
     loop {
         // SAFETY: status is a valid out-pointer; the pid is our child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        match r {
+        match unsafe { libc::waitpid(pid, &mut status, flags) } {
             0 => return Ok(None),
             r if r == pid => return Ok(Some(ExitStatus::from_raw(status))),
             _ => {
@@ -420,6 +402,16 @@ fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
             }
         }
     }
+}
+
+/// The status once the child has exited, without waiting.
+fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
+    waitpid(pid, libc::WNOHANG)
+}
+
+/// Waits for the child to exit, on a thread that may block.
+fn wait_blocking(pid: i32) -> io::Result<ExitStatus> {
+    waitpid(pid, 0)?.ok_or_else(|| io::Error::other("waitpid returned without a status"))
 }
 
 /// Everything the child reads, as C pointers into a [`Plan`] the parent
@@ -459,19 +451,17 @@ impl Plan {
         let cstr = |s: &OsStr| CString::new(s.as_bytes()).map_err(|_| nul_error());
         let mut strings = Vec::new();
         // The environment: the daemon's, then the command's overrides.
-        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !cmd.env.contains_key(k))
-            .collect();
-        env.extend(cmd.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let mut envp = Vec::with_capacity(env.len());
+        let daemon_env = std::env::vars_os().filter(|(k, _)| !cmd.env.contains_key(k));
+        let overrides = cmd.env.iter().map(|(k, v)| (k.clone(), v.clone()));
+        let mut envp = Vec::new();
         let mut path = None;
-        for (k, v) in &env {
+        for (k, v) in daemon_env.chain(overrides) {
             let mut kv = k.clone();
             kv.push("=");
-            kv.push(v);
+            kv.push(&v);
             envp.push(cstr(&kv)?);
             if k == "PATH" {
-                path = Some(v.clone());
+                path = Some(v);
             }
         }
         let program = cstr(&cmd.program)?;
