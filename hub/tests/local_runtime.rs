@@ -674,6 +674,126 @@ fn stop_kills_everything_and_removes_the_cgroup() {
     sb.stop();
 }
 
+/// The memory controller's cgroup of `pid` as `/proc/<pid>/cgroup` gives it
+/// (v1's `memory` line, else v2's unified one).
+fn memory_cgroup(pid: i32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let line = |pick: &dyn Fn(&str) -> bool| {
+        text.lines()
+            .find(|l| pick(l))
+            .map(|l| l.splitn(3, ':').nth(2).unwrap_or_default().to_string())
+    };
+    line(&|l| {
+        l.split(':')
+            .nth(1)
+            .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+    })
+    .or_else(|| line(&|l| l.starts_with("0::")))
+    .unwrap_or_default()
+}
+
+#[test]
+fn a_spare_init_becomes_the_sandbox_and_is_replaced() {
+    // Spare cgroups of a hub that is gone are swept at start; another
+    // live process's are not (it may be a hub about to use its own).
+    let (dead, v1_memory) = {
+        let mut child = Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        let root = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .find(|l| {
+                l.contains(" - cgroup ")
+                    && l.rsplit(' ')
+                        .next()
+                        .is_some_and(|opts| opts.split(',').any(|o| o == "memory"))
+            })
+            .and_then(|l| l.split(' ').nth(4).map(PathBuf::from));
+        (child.id(), root.map(|r| r.join("sandhub")))
+    };
+    let (stale, live) = match &v1_memory {
+        Some(parent) => {
+            std::fs::create_dir_all(parent).unwrap();
+            let stale = parent.join(format!(".spare-{dead}-0"));
+            let live = parent.join(format!(".spare-{}-999999", std::process::id()));
+            let _ = std::fs::create_dir(&stale);
+            let _ = std::fs::create_dir(&live);
+            (Some(stale), Some(live))
+        }
+        None => (None, None),
+    };
+
+    let fx = fixture();
+    if let (Some(stale), Some(live)) = (&stale, &live) {
+        assert!(!stale.exists(), "a dead hub's spare cgroup is swept");
+        assert!(live.exists(), "a live process's spare cgroup is kept");
+        std::fs::remove_dir(live).unwrap();
+    }
+    let mut first = None;
+    wait_until("a spare is ready", || {
+        first = fx.rt.spare_pid();
+        first.is_some()
+    });
+    let first = first.unwrap();
+    let spare_cgroup = memory_cgroup(first);
+    if v1_memory.is_some() {
+        assert!(
+            spare_cgroup.contains("/sandhub/.spare-"),
+            "on v1 a spare waits in a cgroup of its own: {spare_cgroup}"
+        );
+    }
+
+    let mut spec = fx.spec("spare-1");
+    spec.pids = Some(77);
+    let sb = fx.launch(spec);
+    // The spare was this sandbox's stage 1: it forked the shim and exited.
+    wait_until("the spare that became stage 1 exited", || !running(first));
+    assert!(memory_cgroup(sb.l().shim_pid).ends_with("/sandhub/spare-1"));
+    assert_eq!(cgroup_value(&fx.rt, "spare-1", &["pids.max"]), "77");
+    if v1_memory.is_some() {
+        let old = v1_memory.as_ref().unwrap().join(
+            spare_cgroup
+                .rsplit('/')
+                .next()
+                .expect("a spare cgroup name"),
+        );
+        assert!(!old.exists(), "the spare's cgroup became the sandbox's");
+    }
+    assert_eq!(sb.sh("echo hi").stdout, "hi\n");
+    let log = std::fs::read_to_string(sb.spec.state_dir.join("sandbox.log")).unwrap_or_default();
+    assert!(!log.contains("panicked"), "{log}");
+
+    // The next one is started in the background; a spare that died is
+    // replaced in place.
+    let mut second = None;
+    wait_until("the next spare is ready", || {
+        second = fx.rt.spare_pid().filter(|p| *p != first);
+        second.is_some()
+    });
+    let second = second.unwrap();
+    // SAFETY: a plain kill of the spare this runtime started.
+    assert_eq!(unsafe { libc::kill(second, libc::SIGKILL) }, 0);
+    let sb2 = fx.launch(fx.spec("spare-2"));
+    assert_eq!(sb2.sh("echo again").stdout, "again\n");
+
+    // Dropping the runtime kills the spare and removes its cgroup.
+    drop(sb);
+    drop(sb2);
+    let mut third = None;
+    wait_until("a spare is ready again", || {
+        third = fx.rt.spare_pid().filter(|p| *p != second);
+        third.is_some()
+    });
+    let third = third.unwrap();
+    let third_cgroup = memory_cgroup(third);
+    drop(fx);
+    assert!(!running(third), "a dropped runtime leaves no spare running");
+    if let Some(parent) = &v1_memory {
+        let name = third_cgroup.rsplit('/').next().unwrap();
+        assert!(!parent.join(name).exists(), "{name} is removed");
+    }
+}
+
 #[test]
 fn suspend_and_resume_keep_the_files() {
     let fx = fixture();

@@ -4,7 +4,7 @@
 //! 1. warm claim: `POST /v1/sandboxes` answered from a ready pool, in a
 //!    steady stream and (`settled`) each on a pool refilled after the last;
 //! 2. cold create: the same with no pool, until the new sandbox's sandboxd
-//!    answers;
+//!    answers, against util-linux `unshare` of every namespace (the floor);
 //! 3. reset of a sandbox whose workspace changed;
 //! 4. exec of `true` through the hub vs straight to the same sandbox's
 //!    sandboxd over its Unix sockets (the baseline);
@@ -90,6 +90,8 @@ use crate::{
 const WARM_P50_MAX_US: f64 = 2_000.0;
 const WARM_P99_MAX_US: f64 = 10_000.0;
 const COLD_P50_MAX_US: f64 = 30_000.0;
+/// Issue #34 §4: a cold create within 1.5× of unsharing every namespace.
+const COLD_FLOOR_RATIO_MAX: f64 = 1.5;
 const RESET_P50_MAX_US: f64 = 5_000.0;
 const MCP_P50_MAX_US: f64 = 3_000.0;
 const GYM_RESET_P50_MAX_US: f64 = 5_000.0;
@@ -286,8 +288,15 @@ async fn warm(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result
 }
 
 async fn cold(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
-    let s = rest::cold_creates(hub, args.cold_creates, args.deadline()).await?;
+    let (s, floor) = rest::cold_creates(hub, args.cold_creates, args.deadline()).await?;
     let sum = summary(report, "cold create", s)?;
+    let floor = summary(report, "unshare of every namespace", floor)?;
+    report.rows.push(Row::compare(
+        "cold create vs `unshare` of every namespace, p50",
+        us(floor.p50),
+        us(sum.p50),
+        Some(Target::RatioAtMost(COLD_FLOOR_RATIO_MAX)),
+    ));
     report.rows.push(Row::absolute(
         "cold create until sandboxd answers, p50",
         us(sum.p50),

@@ -125,20 +125,54 @@ async fn claims(
 }
 
 /// Cold creates with no pool: each timed until the 201, then deleted.
-pub async fn cold_creates(hub: &mut Hub, n: u32, deadline: Instant) -> anyhow::Result<Series> {
+pub async fn cold_creates(
+    hub: &mut Hub,
+    n: u32,
+    deadline: Instant,
+) -> anyhow::Result<(Series, Series)> {
     let mut s = Series::new(n);
+    let mut floor = Series::new(n);
     let mut progress = Progress::new("cold create", n.into());
     for done in 1..=n {
         if s.past("cold create", deadline) {
             break;
         }
+        // The floor alternates with the create, so load drift hits both.
+        floor.samples.push(unshare_floor().await?);
         let t = Instant::now();
         let (id, _) = hub.create().await?;
         s.samples.push(t.elapsed());
         hub.delete(&id).await?;
         progress.update(done.into());
     }
-    Ok(s)
+    Ok((s, floor))
+}
+
+/// The floor a cold create is judged against (issue #34 §4): util-linux
+/// `unshare` of every namespace a sandbox gets (user with root mapped,
+/// mount, UTS, IPC, network, PID with a fork, cgroup) running `true`.
+async fn unshare_floor() -> anyhow::Result<std::time::Duration> {
+    let t = Instant::now();
+    let status = tokio::process::Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--net",
+            "--pid",
+            "--fork",
+            "--cgroup",
+            "true",
+        ])
+        .stdin(std::process::Stdio::null())
+        .status()
+        .await
+        .context("running unshare (util-linux) for the cold-create floor")?;
+    let took = t.elapsed();
+    anyhow::ensure!(status.success(), "unshare of every namespace: {status}");
+    Ok(took)
 }
 
 /// Resets of one sandbox, each after an untimed `touch x`, so every reset

@@ -18,6 +18,9 @@ use super::error::annotate;
 
 const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 const PARENT: &str = "sandhub";
+/// Cgroups under the parent whose name starts so are spares' (see
+/// `spare.rs`), never a sandbox's: sandbox ids cannot start with a dot.
+pub(crate) const SPARE_PREFIX: &str = ".spare-";
 /// The CFS period quotas are expressed against (the kernel default).
 const CPU_PERIOD_US: u64 = 100_000;
 
@@ -348,6 +351,60 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// Whether a cgroup keeps its processes and counters across a
+    /// rename(2), which is how a spare's cgroup becomes a sandbox's. Only
+    /// v1 allows it (v2 refuses to rename cgroups).
+    pub fn renames(&self) -> bool {
+        matches!(self, Backend::V1 { .. })
+    }
+
+    /// Creates the empty cgroup `name` (a spare's, [`SPARE_PREFIX`]) with
+    /// no limits of its own: the parent's caps bound it, and it gets the
+    /// sandbox's limits when it is renamed to one ([`SandboxCgroup::rename_to`]).
+    pub fn create_spare(&self, name: &str) -> io::Result<SandboxCgroup> {
+        let cg = self.sandbox(name);
+        let mut made: Vec<PathBuf> = Vec::new();
+        for dir in cg.dirs() {
+            if let Err(e) = std::fs::create_dir(&dir) {
+                for d in made.iter().rev() {
+                    let _ = std::fs::remove_dir(d);
+                }
+                return Err(annotate(format!("creating cgroup {}", dir.display()), e));
+            }
+            made.push(dir);
+        }
+        Ok(cg)
+    }
+
+    /// Removes the spare cgroups (`.spare-<hub pid>-<n>`) of hubs that are
+    /// gone. Only a dead hub's: another hub on this host may have made its
+    /// spare's cgroup and not yet moved the spare in. The kernel refuses to
+    /// remove a cgroup that still has processes, so none is lost here.
+    pub fn sweep_spares(&self) {
+        let hub_gone = |name: &str| {
+            let pid = name
+                .strip_prefix(SPARE_PREFIX)
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|p| p.parse::<i32>().ok())
+                .and_then(Pid::from_raw);
+            pid.is_some_and(|p| {
+                rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH)
+            })
+        };
+        for parent in self.sandbox("").dirs() {
+            let Ok(entries) = std::fs::read_dir(&parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if hub_gone(&entry.file_name().to_string_lossy()) {
+                    let _ = std::fs::remove_dir(entry.path());
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) enum CreateError {
     /// The cgroup exists and still has processes: the sandbox is running.
@@ -444,7 +501,55 @@ impl SandboxCgroup {
         }
     }
 
-    fn apply(&self, limits: &Limits) -> io::Result<()> {
+    /// Renames this cgroup (a spare's) to sandbox `id`'s in every
+    /// hierarchy, processes and all ([`Backend::renames`]). An empty cgroup
+    /// already there (left by an earlier run of the sandbox) is replaced;
+    /// one with processes is [`CreateError::Busy`]. On failure, what was
+    /// renamed is renamed back.
+    pub fn rename_to(&self, backend: &Backend, id: &str) -> Result<SandboxCgroup, CreateError> {
+        let target = backend.sandbox(id);
+        let (from, to) = (self.dirs(), target.dirs());
+        debug_assert_eq!(from.len(), to.len());
+        let one = |f: &Path, t: &Path| -> Result<(), CreateError> {
+            match std::fs::rename(f, t) {
+                Ok(()) => Ok(()),
+                Err(e)
+                    if e.kind() == io::ErrorKind::AlreadyExists
+                        || e.raw_os_error() == Some(libc::ENOTEMPTY) =>
+                {
+                    if !procs_in(t)?.is_empty() {
+                        return Err(CreateError::Busy(t.to_path_buf()));
+                    }
+                    std::fs::remove_dir(t)
+                        .map_err(|e| annotate(format!("removing cgroup {}", t.display()), e))?;
+                    std::fs::rename(f, t).map_err(|e| {
+                        annotate(
+                            format!("renaming cgroup {} to {}", f.display(), t.display()),
+                            e,
+                        )
+                        .into()
+                    })
+                }
+                Err(e) => Err(annotate(
+                    format!("renaming cgroup {} to {}", f.display(), t.display()),
+                    e,
+                )
+                .into()),
+            }
+        };
+        for (i, (f, t)) in from.iter().zip(&to).enumerate() {
+            if let Err(e) = one(f, t) {
+                for (f, t) in from.iter().zip(&to).take(i).rev() {
+                    let _ = std::fs::rename(t, f);
+                }
+                return Err(e);
+            }
+        }
+        Ok(target)
+    }
+
+    /// Writes `limits`, "unlimited" for the ones not given.
+    pub fn apply(&self, limits: &Limits) -> io::Result<()> {
         let mem = limits.memory_mb.map(|mb| mb.saturating_mul(1 << 20));
         let pids = limits
             .pids

@@ -80,7 +80,9 @@ impl CgroupTree {
             let Ok(name) = entry.file_name().to_str() else {
                 continue;
             };
-            if name != "." && name != ".." {
+            // Dot names are not sandboxes: ".", ".." and spares'
+            // (`spare.rs`; sandbox ids never start with a dot).
+            if !name.starts_with('.') {
                 out.push(name.to_string());
             }
         }

@@ -5,9 +5,13 @@
 //!
 //! ```text
 //! hub                                      sandbox
+//!  |                                        stage 1 started ahead (a spare,
+//!  |                                        see `spare.rs`), waiting
+//!  | -- Log(fd) --------------------------> stage 1: the sandbox's log
+//!  |                                        becomes its stdout and stderr
 //!  | -- Config(json) ---------------------> stage 1
-//!  |  (moves stage 1 into the cgroup,       unshares user, mount, UTS, IPC,
-//!  |   in parallel with the right side)     net; opens host paths
+//!  |  (cgroup renamed and limited           unshares user, mount, UTS, IPC,
+//!  |   before, see below)                   net; opens host paths
 //!  | <-------------------------- Unshared -- stage 1
 //!  |  (writes uid_map/gid_map)
 //!  | -- Mapped ---------------------------> stage 1 becomes root, forks the shim, exits
@@ -16,14 +20,28 @@
 //!  | <---------------------- Error(text) -- any stage, instead of the above
 //! ```
 //!
-//! The cgroup move overlaps stage 1's exec and unshare because on cgroup
-//! v1 the first migration after a quiet period waits for an RCU grace
-//! period (5-15 ms here); `Mapped` is sent only once the move is done, so
-//! the shim and everything it forks start inside the cgroup.
+//! On cgroup v1 the first migration of a process into a cgroup after a
+//! quiet spell waits for an RCU grace period (5-19 ms measured here), so a
+//! spare is moved into a cgroup of its own when it is started, and that
+//! cgroup is renamed to the sandbox's and given its limits before `Config`
+//! (see `spare.rs`). Where cgroups cannot be renamed (v2), the launch
+//! moves stage 1 into the sandbox's cgroup while it unshares; either way
+//! `Mapped` comes only once stage 1 is in the cgroup, so the shim and
+//! everything it forks start inside it.
 
-use std::{collections::BTreeMap, io, os::fd::OwnedFd, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeMap,
+    io::{self, IoSlice, IoSliceMut},
+    mem::MaybeUninit,
+    os::fd::{BorrowedFd, OwnedFd},
+    path::PathBuf,
+    time::Duration,
+};
 
-use rustix::net::{self, RecvFlags, SendFlags};
+use rustix::net::{
+    self, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
 use serde::{Deserialize, Serialize};
 
 use super::idmap::IdMap;
@@ -79,10 +97,13 @@ const SHIM_PID: u8 = b'P';
 const MAPPED: u8 = b'M';
 const READY: u8 = b'R';
 const ERROR: u8 = b'E';
+/// The one message with an fd (SCM_RIGHTS): the sandbox's log.
+const LOG: u8 = b'L';
 
 /// Longest message accepted; the config is the only large one.
 const MAX_MESSAGE: usize = 4 << 20;
 
+#[derive(Debug)]
 pub(crate) struct Channel(pub OwnedFd);
 
 impl Channel {
@@ -142,6 +163,71 @@ impl Channel {
 
     /// The next message; `None` once the peer closed its end. A `timeout`
     /// bounds the wait (`ErrorKind::TimedOut` when it passes).
+    /// Hands stage 1 the sandbox's log (its first message): a spare is
+    /// started before anyone knows which sandbox it will be.
+    pub fn send_log(&self, log: BorrowedFd<'_>) -> io::Result<()> {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut ancillary = SendAncillaryBuffer::new(&mut space);
+        let fds = [log];
+        if !ancillary.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(io::Error::other("no room for the log fd"));
+        }
+        let n = net::sendmsg(
+            &self.0,
+            &[IoSlice::new(&[LOG])],
+            &mut ancillary,
+            SendFlags::NOSIGNAL,
+        )?;
+        if n != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "short send on sync socket",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stage 1's side of [`Channel::send_log`]: waits for it without a
+    /// timeout (a spare may wait long); `None` at EOF (its hub is gone).
+    pub fn recv_log(&self) -> io::Result<Option<OwnedFd>> {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+        let mut tag = [0u8; 1];
+        let got = loop {
+            match net::recvmsg(
+                &self.0,
+                &mut [IoSliceMut::new(&mut tag)],
+                &mut ancillary,
+                RecvFlags::CMSG_CLOEXEC,
+            ) {
+                Ok(r) => break r,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let mut fd = None;
+        for msg in ancillary.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                for f in fds {
+                    fd.get_or_insert(f);
+                }
+            }
+        }
+        if got.bytes == 0 {
+            return Ok(None);
+        }
+        let whole = !got
+            .flags
+            .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC);
+        match fd {
+            Some(fd) if whole && tag[0] == LOG => Ok(Some(fd)),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "expected the log fd first",
+            )),
+        }
+    }
+
     pub fn recv(&self, timeout: Option<Duration>) -> io::Result<Option<Msg>> {
         let timeout = timeout.map(|t| t.max(Duration::from_millis(1)));
         net::sockopt::set_socket_timeout(&self.0, net::sockopt::Timeout::Recv, timeout)?;
@@ -197,6 +283,8 @@ fn decode(buf: &[u8]) -> io::Result<Msg> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsFd;
+
     use super::*;
 
     #[test]
@@ -216,7 +304,21 @@ mod tests {
         }
         let err = other.recv(Some(Duration::from_millis(5))).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        // The log fd: the same open file arrives, and a plain message where
+        // it is expected is refused.
+        let log = tempfile::tempfile().unwrap();
+        hub.send_log(log.as_fd()).unwrap();
+        let got = std::fs::File::from(other.recv_log().unwrap().unwrap());
+        use std::io::{Seek, Write};
+        (&got).write_all(b"line").unwrap();
+        assert_eq!((&log).stream_position().unwrap(), 4);
+        hub.send(&Msg::Mapped).unwrap();
+        let err = other.recv_log().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let err = other.recv(Some(Duration::from_millis(5))).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         drop(hub);
         assert_eq!(other.recv(Some(Duration::from_secs(1))).unwrap(), None);
+        assert!(other.recv_log().unwrap().is_none());
     }
 }

@@ -1,9 +1,10 @@
 //! The inside of a sandbox: what `sandhub __sandbox-init` runs.
 //!
-//! The hub spawns `<exe> __sandbox-init` with the sync socket as stdin and
-//! the sandbox log as stdout/stderr, then (see `channel.rs`):
+//! The hub spawns `<exe> __sandbox-init` with the sync socket as stdin
+//! ahead of need (a spare, see `spare.rs`), then (see `channel.rs`):
 //!
-//! 1. **stage 1** reads the config, lowers its `oom_score_adj` to -900
+//! 1. **stage 1** waits for the sandbox's log (its stdout and stderr from
+//!    then on) and the config, lowers its `oom_score_adj` to -900
 //!    (only possible before leaving the initial user namespace; PID 1 and
 //!    sandboxd inherit it, workloads reset it in `child_setup`), binds
 //!    sandboxd's listening sockets in the hub-only `<state_dir>/sock`
@@ -80,6 +81,18 @@ fn stage1() -> ! {
     // SAFETY: fd 0 is the sync socket the hub passed as stdin; nothing
     // else in this fresh process owns it.
     let chan = Channel(unsafe { OwnedFd::from_raw_fd(0) });
+    // Started as a spare: stdout and stderr are /dev/null until the hub
+    // picks this process for a sandbox and hands over that sandbox's log.
+    match chan.recv_log() {
+        Ok(Some(log)) => {
+            let moved = rustix::stdio::dup2_stdout(&log).and(rustix::stdio::dup2_stderr(&log));
+            if let Err(e) = moved {
+                fail(&chan, format!("making the log stdout and stderr: {e}"));
+            }
+        }
+        Ok(None) => sys::exit_now(1),
+        Err(e) => fail(&chan, format!("reading the log fd: {e}")),
+    }
     let cfg: InitConfig = match chan.recv(None) {
         Ok(Some(Msg::Config(json))) => match serde_json::from_slice(&json) {
             Ok(cfg) => cfg,

@@ -8,13 +8,10 @@ use std::{
     io,
     os::{
         fd::AsFd,
-        unix::{
-            fs::{DirBuilderExt, OpenOptionsExt},
-            process::CommandExt,
-        },
+        unix::fs::{DirBuilderExt, OpenOptionsExt},
     },
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Child,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -30,6 +27,7 @@ use super::{
     idmap::IdMap,
     init, probe, procfs,
     quota::DiskQuotas,
+    spare::Spares,
     statedir::{self, StateDir},
     treecopy::{self, CopyStats},
 };
@@ -181,6 +179,8 @@ pub struct Runtime {
     log_filter: String,
     /// Disk quotas (issue #12 row 6); `None`: sandboxes write without limit.
     disk_quotas: Option<Arc<DiskQuotas>>,
+    /// Stage 1 started ahead of the next launch (`spare.rs`).
+    spares: Spares,
 }
 
 impl Runtime {
@@ -232,6 +232,8 @@ impl Runtime {
         let host_etc = hostetc::prepare_host_etc(&state_root)
             .ctx(|| "preparing the sandboxes' /etc".to_string())?;
         let log_filter = std::env::var("SANDHUB_SANDBOX_LOG").unwrap_or_else(|_| "warn".into());
+        let spares = Spares::new(exe.clone(), cgroups.clone());
+        spares.refill();
         Ok(Runtime {
             exe,
             state_root,
@@ -243,6 +245,7 @@ impl Runtime {
             host_etc,
             log_filter,
             disk_quotas: None,
+            spares,
         })
     }
 
@@ -331,40 +334,71 @@ impl Runtime {
         for layer in &spec.lower_layers {
             self.check_layer(layer)?;
         }
-        let cgroup = match &self.cgroups {
-            Some(backend) => Some(backend.create(&spec.id, &spec.limits()).map_err(
-                |e| match e {
-                    CreateError::Busy(cgroup) => RuntimeError::AlreadyRunning {
-                        id: spec.id.clone(),
-                        cgroup,
-                    },
-                    CreateError::Io(e) => RuntimeError::io(format!("cgroup of {}", spec.id), e),
-                },
-            )?),
-            None => {
-                if spec.limits().any() {
-                    debug_assert!(self.allow_no_cgroup_limits);
-                    tracing::warn!(id = %spec.id, "limits requested but no cgroups: ignored");
-                }
-                None
-            }
-        };
+        let spare = self
+            .spares
+            .take()
+            .ctx(|| format!("spawning {} {}", self.exe.display(), init::SUBCOMMAND))?;
+        let stage1 = spare.child.id() as i32;
+        // From here a failure kills stage 1 and removes its cgroup.
         let mut attempt = Attempt {
-            child: None,
+            child: Some(spare.child),
             shim: None,
-            cgroup,
+            cgroup: spare.cgroup,
             done: false,
         };
-        let launched = self.start(spec, &dirs, &mut attempt)?;
+        self.confine(spec, stage1, &mut attempt)?;
+        let launched = self.start(spec, &dirs, &spare.chan, stage1, &mut attempt)?;
         attempt.done = true;
         tracing::debug!(id = %spec.id, shim = launched.shim_pid, elapsed = ?started.elapsed(), "sandbox ready");
         Ok(launched)
+    }
+
+    /// Puts stage 1 (`pid`, a spare's) into sandbox `spec.id`'s cgroup
+    /// with its limits: the spare's own cgroup renamed where cgroups can
+    /// be, else a new one it is moved into. Either way before the config
+    /// goes out, so nothing of the sandbox runs unconfined.
+    fn confine(
+        &self,
+        spec: &SandboxSpec,
+        pid: i32,
+        attempt: &mut Attempt,
+    ) -> Result<(), RuntimeError> {
+        let busy = |e| match e {
+            CreateError::Busy(cgroup) => RuntimeError::AlreadyRunning {
+                id: spec.id.clone(),
+                cgroup,
+            },
+            CreateError::Io(e) => RuntimeError::io(format!("cgroup of {}", spec.id), e),
+        };
+        let Some(backend) = &self.cgroups else {
+            if spec.limits().any() {
+                debug_assert!(self.allow_no_cgroup_limits);
+                tracing::warn!(id = %spec.id, "limits requested but no cgroups: ignored");
+            }
+            return Ok(());
+        };
+        match &attempt.cgroup {
+            Some(spare) => {
+                let cg = spare.rename_to(backend, &spec.id).map_err(busy)?;
+                attempt.cgroup = Some(cg.clone());
+                cg.apply(&spec.limits())
+                    .ctx(|| format!("limits of sandbox {}", spec.id))
+            }
+            None => {
+                let cg = backend.create(&spec.id, &spec.limits()).map_err(busy)?;
+                attempt.cgroup = Some(cg.clone());
+                cg.add(pid)
+                    .ctx(|| format!("moving the sandbox into its cgroup {:?}", cg.dirs()))
+            }
+        }
     }
 
     fn start(
         &self,
         spec: &SandboxSpec,
         dirs: &StateDir,
+        chan: &Channel,
+        stage1: i32,
         attempt: &mut Attempt,
     ) -> Result<Launched, RuntimeError> {
         let deadline = Instant::now() + LAUNCH_TIMEOUT;
@@ -374,20 +408,9 @@ impl Runtime {
             .mode(0o600)
             .open(&dirs.log)
             .ctx(|| format!("opening {}", dirs.log.display()))?;
-        let log_err = log.try_clone().ctx(|| "dup of the log fd".to_string())?;
-        let (chan, inside) = Channel::pair().ctx(|| "creating the sync socket".to_string())?;
-        let child = Command::new(&self.exe)
-            // argv[0] is visible inside (/proc/1/cmdline): no host path.
-            .arg0("sandhub")
-            .arg(init::SUBCOMMAND)
-            .env_clear()
-            .stdin(Stdio::from(inside))
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .spawn()
-            .ctx(|| format!("spawning {} {}", self.exe.display(), init::SUBCOMMAND))?;
-        let stage1 = child.id() as i32;
-        let child = attempt.child.insert(child);
+        chan.send_log(log.as_fd())
+            .ctx(|| "handing the sandbox its log".to_string())?;
+        drop(log);
         // The inside resolves these from the hub's cwd; make that moot.
         let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         let config = InitConfig {
@@ -416,12 +439,7 @@ impl Runtime {
             .ctx(|| "encoding the sandbox config".to_string())?;
         chan.send(&Msg::Config(json))
             .ctx(|| "sending the sandbox config".to_string())?;
-        // Stage 1 unshares meanwhile; it forks nothing before `Mapped`.
-        if let Some(cg) = &attempt.cgroup {
-            cg.add(stage1)
-                .ctx(|| format!("moving the sandbox into its cgroup {:?}", cg.dirs()))?;
-        }
-        match self.expect(spec, dirs, &chan, deadline)? {
+        match self.expect(spec, dirs, chan, deadline)? {
             Msg::Unshared => {}
             other => return Err(self.protocol(spec, dirs, other)),
         }
@@ -430,17 +448,19 @@ impl Runtime {
             .ctx(|| format!("writing the id maps of sandbox {}", spec.id))?;
         chan.send(&Msg::Mapped)
             .ctx(|| "signalling the sandbox".to_string())?;
-        let shim = match self.expect(spec, dirs, &chan, deadline)? {
+        let shim = match self.expect(spec, dirs, chan, deadline)? {
             Msg::ShimPid(pid) => pid,
             other => return Err(self.protocol(spec, dirs, other)),
         };
         // Stage 1 exits right after forking the shim; reap it.
-        let _ = child.wait();
+        if let Some(child) = &mut attempt.child {
+            let _ = child.wait();
+        }
         let start_time = procfs::stat(shim)
             .ctx(|| format!("reading /proc/{shim}/stat of the new sandbox"))?
             .start_time;
         attempt.shim = Some((shim, start_time));
-        match self.expect(spec, dirs, &chan, deadline)? {
+        match self.expect(spec, dirs, chan, deadline)? {
             Msg::Ready => {}
             other => return Err(self.protocol(spec, dirs, other)),
         }
@@ -535,6 +555,12 @@ impl Runtime {
             }
             RuntimeError::io(what(), e)
         })
+    }
+
+    /// The host pid of the stage 1 started ahead for the next launch, if
+    /// one is ready (`spare.rs`).
+    pub fn spare_pid(&self) -> Option<i32> {
+        self.spares.ready_pid()
     }
 
     /// Whether the sandbox's shim is still the same running process.

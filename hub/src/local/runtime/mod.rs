@@ -91,6 +91,7 @@ mod procfs;
 pub mod quota;
 mod routes;
 mod seccomp;
+mod spare;
 mod statedir;
 mod sys;
 pub mod treecopy;
