@@ -123,6 +123,10 @@ pub fn create_in(netns: &OwnedFd) -> io::Result<Device> {
                 "setns",
             )?;
             let tun = create_here()?;
+            // The hub attaches while the sandbox is still starting, maybe
+            // before its init brings `lo` up (which gives it 127.0.0.1);
+            // up twice is harmless.
+            let _ = loopback_up();
             let loopback_dns = std::net::UdpSocket::bind("127.0.0.1:53")
                 .and_then(|s| s.set_nonblocking(true).map(|()| s))
                 .ok();
@@ -130,6 +134,36 @@ pub fn create_in(netns: &OwnedFd) -> io::Result<Device> {
         })?
         .join()
         .map_err(|_| io::Error::other("the TUN thread panicked"))?
+}
+
+/// Brings `lo` up in the current thread's network namespace (a new one
+/// starts with it down, and many programs expect 127.0.0.1 to work); a
+/// sandbox's init calls it too, and up twice is harmless.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket takes plain integers; the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh fd that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain data; zeroed is valid (empty name, no flags).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq for SIOCGIFFLAGS/SIOCSIFFLAGS, which
+    // read and write only its name and flags.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// The same in the current thread's network namespace.

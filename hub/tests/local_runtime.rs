@@ -773,6 +773,7 @@ fn a_spare_init_becomes_the_sandbox_and_is_replaced() {
     let second = second.unwrap();
     // SAFETY: a plain kill of the spare this runtime started.
     assert_eq!(unsafe { libc::kill(second, libc::SIGKILL) }, 0);
+    wait_until("the killed spare is dead", || !running(second));
     let sb2 = fx.launch(fx.spec("spare-2"));
     assert_eq!(sb2.sh("echo again").stdout, "again\n");
 

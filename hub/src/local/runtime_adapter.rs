@@ -358,27 +358,42 @@ impl LocalBackend {
         spec.env.extend(recorded.secret_env());
         let runs_entrypoint = !spec.entrypoint.is_empty();
         let runtime = self.runtime.clone();
-        let launched = tokio::task::spawn_blocking(move || runtime.launch(&spec))
-            .await
-            .map_err(join_error)?
-            .map_err(runtime_error)?;
-        if let Some(policy) = policy {
-            if let Err(e) = self
-                .egress
-                .attach(
-                    &request.row.tenant,
-                    &request.row.id,
-                    &launched,
-                    policy,
-                    recorded.egress_mb,
-                    secrets,
-                )
-                .await
-            {
-                let (runtime, id, l) = (self.runtime.clone(), request.row.id.clone(), launched);
-                let _ = tokio::task::spawn_blocking(move || runtime.stop(&id, &l)).await;
+        // The gateway needs only the sandbox's network namespace: it is
+        // attached while the sandbox builds its root and starts sandboxd.
+        let (shim_tx, shim_rx) = tokio::sync::oneshot::channel();
+        let launching = tokio::task::spawn_blocking(move || {
+            runtime.launch_then(&spec, move |l| {
+                let _ = shim_tx.send(l.clone());
+            })
+        });
+        let attaching = async {
+            let (Some(policy), Ok(early)) = (policy, shim_rx.await) else {
+                return None;
+            };
+            let (tenant, id) = (&request.row.tenant, &request.row.id);
+            Some(
+                self.egress
+                    .attach(tenant, id, &early, policy, recorded.egress_mb, secrets)
+                    .await,
+            )
+        };
+        let (launched, attached) = tokio::join!(launching, attaching);
+        let launched = match launched
+            .map_err(join_error)
+            .and_then(|r| r.map_err(runtime_error))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                if let Some(Ok(())) = attached {
+                    self.egress.detach(&request.row.id);
+                }
                 return Err(e);
             }
+        };
+        if let Some(Err(e)) = attached {
+            let (runtime, id, l) = (self.runtime.clone(), request.row.id.clone(), launched);
+            let _ = tokio::task::spawn_blocking(move || runtime.stop(&id, &l)).await;
+            return Err(e);
         }
         let mut value =
             serde_json::to_value(&launched).map_err(|e| Error::internal(e.to_string()))?;

@@ -224,7 +224,7 @@ fn pid1(chan: Channel, cfg: InitConfig, host: HostFds, listeners: UnixListeners)
         fail(&chan, format!("sethostname: {e}"));
     }
     if !cfg.network_host {
-        if let Err(e) = sys::loopback_up() {
+        if let Err(e) = sandhub_gateway::tun::loopback_up() {
             fail(&chan, format!("bringing lo up: {e}"));
         }
     }

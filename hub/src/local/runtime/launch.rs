@@ -315,6 +315,19 @@ impl Runtime {
     /// Starts a sandbox and returns once its sandboxd accepts connections
     /// on both sockets. On error nothing of the attempt keeps running.
     pub fn launch(&self, spec: &SandboxSpec) -> Result<Launched, RuntimeError> {
+        self.launch_then(spec, |_| {})
+    }
+
+    /// [`Runtime::launch`], calling `on_shim` as soon as the sandbox's
+    /// namespaces exist and its shim is known (the handle it will return),
+    /// while the sandbox is still building its root and starting sandboxd:
+    /// what needs only the namespaces (the egress gateway) can be set up
+    /// meanwhile. The launch may still fail after it.
+    pub fn launch_then(
+        &self,
+        spec: &SandboxSpec,
+        on_shim: impl FnOnce(&Launched),
+    ) -> Result<Launched, RuntimeError> {
         let started = Instant::now();
         validate_id(&spec.id)?;
         let dirs = StateDir::new(&spec.state_dir);
@@ -334,10 +347,17 @@ impl Runtime {
         for layer in &spec.lower_layers {
             self.check_layer(layer)?;
         }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&dirs.log)
+            .ctx(|| format!("opening {}", dirs.log.display()))?;
         let spare = self
             .spares
-            .take()
-            .ctx(|| format!("spawning {} {}", self.exe.display(), init::SUBCOMMAND))?;
+            .take(log.as_fd())
+            .ctx(|| format!("starting {} {}", self.exe.display(), init::SUBCOMMAND))?;
+        drop(log);
         let stage1 = spare.child.id() as i32;
         // From here a failure kills stage 1 and removes its cgroup.
         let mut attempt = Attempt {
@@ -347,7 +367,7 @@ impl Runtime {
             done: false,
         };
         self.confine(spec, stage1, &mut attempt)?;
-        let launched = self.start(spec, &dirs, &spare.chan, stage1, &mut attempt)?;
+        let launched = self.start(spec, &dirs, &spare.chan, stage1, &mut attempt, on_shim)?;
         attempt.done = true;
         tracing::debug!(id = %spec.id, shim = launched.shim_pid, elapsed = ?started.elapsed(), "sandbox ready");
         Ok(launched)
@@ -400,17 +420,9 @@ impl Runtime {
         chan: &Channel,
         stage1: i32,
         attempt: &mut Attempt,
+        on_shim: impl FnOnce(&Launched),
     ) -> Result<Launched, RuntimeError> {
         let deadline = Instant::now() + LAUNCH_TIMEOUT;
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&dirs.log)
-            .ctx(|| format!("opening {}", dirs.log.display()))?;
-        chan.send_log(log.as_fd())
-            .ctx(|| "handing the sandbox its log".to_string())?;
-        drop(log);
         // The inside resolves these from the hub's cwd; make that moot.
         let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         let config = InitConfig {
@@ -460,15 +472,17 @@ impl Runtime {
             .ctx(|| format!("reading /proc/{shim}/stat of the new sandbox"))?
             .start_time;
         attempt.shim = Some((shim, start_time));
+        let launched = Launched {
+            shim_pid: shim,
+            start_time,
+            socket_dir: dirs.sock.clone(),
+        };
+        on_shim(&launched);
         match self.expect(spec, dirs, chan, deadline)? {
             Msg::Ready => {}
             other => return Err(self.protocol(spec, dirs, other)),
         }
-        Ok(Launched {
-            shim_pid: shim,
-            start_time,
-            socket_dir: dirs.sock.clone(),
-        })
+        Ok(launched)
     }
 
     /// The next message from the sandbox; an `Error` message, EOF and the

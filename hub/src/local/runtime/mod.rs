@@ -10,6 +10,9 @@
 //!                                               subvolume limited to spec.disk_mb
 //!                                               (see [`quota`])
 //! runtime.launch(&SandboxSpec) -> Launched      blocks until sandboxd answers
+//! runtime.launch_then(&spec, on_shim)           the same, calling on_shim once the
+//!                                               namespaces exist (egress attaches early)
+//! runtime.spare_pid()                           the stage 1 waiting for the next launch
 //! runtime.is_alive(&Launched) -> bool           shim pid + start time still match
 //! runtime.stop(id, &Launched)                   kill all, remove cgroup, keep files
 //! runtime.remove(&SandboxSpec, Option<&Launched>)   stop + delete the state dir
@@ -41,8 +44,9 @@
 //!
 //! # How a sandbox is built
 //!
-//! `launch` re-executes the `sandhub` binary as `__sandbox-init` (see
-//! [`init`] for the stages and `channel.rs` for the handshake). The sandbox
+//! `launch` takes a `sandhub __sandbox-init` started ahead of need (a
+//! spare, `spare.rs`; see [`init`] for the stages and `channel.rs` for the
+//! handshake). The sandbox
 //! gets new user, mount, PID, UTS, IPC and cgroup namespaces (and network,
 //! unless `network_host`); its ids 0..65536 map to host ids from
 //! [`HOST_ID_BASE`] ([`idmap`]); its root filesystem is described in

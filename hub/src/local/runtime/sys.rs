@@ -5,7 +5,7 @@
 use std::{
     ffi::CStr,
     io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, BorrowedFd},
     sync::atomic::{AtomicI32, Ordering},
 };
 
@@ -246,35 +246,6 @@ pub(crate) fn mount_setattr(
     };
     if r != 0 {
         return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Brings `lo` up in the current network namespace (a new one starts with
-/// it down, and many programs expect 127.0.0.1 to work).
-pub(crate) fn loopback_up() -> io::Result<()> {
-    // SAFETY: socket takes plain integers; the result is checked.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh fd that nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: ifreq is plain data; zeroed is valid (empty name, no flags).
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: `req` is a valid ifreq for SIOCGIFFLAGS/SIOCSIFFLAGS, which
-    // read and write only its name and flags.
-    unsafe {
-        if libc::ioctl(sock.as_fd().as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        if libc::ioctl(sock.as_fd().as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
-            return Err(io::Error::last_os_error());
-        }
     }
     Ok(())
 }
