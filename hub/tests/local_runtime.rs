@@ -750,8 +750,8 @@ fn a_spare_init_becomes_the_sandbox_and_is_replaced() {
     wait_until("the spare that became stage 1 exited", || !running(first));
     assert!(memory_cgroup(sb.l().shim_pid).ends_with("/sandhub/spare-1"));
     assert_eq!(cgroup_value(&fx.rt, "spare-1", &["pids.max"]), "77");
-    if v1_memory.is_some() {
-        let old = v1_memory.as_ref().unwrap().join(
+    if let Some(parent) = &v1_memory {
+        let old = parent.join(
             spare_cgroup
                 .rsplit('/')
                 .next()
