@@ -481,7 +481,20 @@ def local_results() -> Iterator[dict[str, Result]]:
 
 
 def sandbox_processes(tmp: Path, world: World) -> list[int]:
-    return sorted(set(pids_with_mount(str(tmp))) - set(world.processes()))
+    """Processes with this test's directory mounted, less the blocks' own and their
+    children: the hub's spare `__sandbox-init`, which waits for its next launch with an
+    empty environment (so no marker), is the hub's child, and a sandbox's processes
+    never are (its first process exits once it has forked the sandbox's shim)."""
+    own = set(world.processes())
+    return sorted(p for p in set(pids_with_mount(str(tmp))) - own if parent(p) not in own)
+
+
+def parent(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), None)
 
 
 LOCAL_IDS = [run.id for run, _ in blocks_for("local")]
