@@ -510,31 +510,30 @@ impl SandboxCgroup {
         let target = backend.sandbox(id);
         let (from, to) = (self.dirs(), target.dirs());
         debug_assert_eq!(from.len(), to.len());
+        let rename = |f: &Path, t: &Path| {
+            std::fs::rename(f, t).map_err(|e| {
+                annotate(
+                    format!("renaming cgroup {} to {}", f.display(), t.display()),
+                    e,
+                )
+            })
+        };
         let one = |f: &Path, t: &Path| -> Result<(), CreateError> {
-            match std::fs::rename(f, t) {
-                Ok(()) => Ok(()),
+            match rename(f, t) {
                 Err(e)
-                    if e.kind() == io::ErrorKind::AlreadyExists
-                        || e.raw_os_error() == Some(libc::ENOTEMPTY) =>
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty
+                    ) =>
                 {
                     if !procs_in(t)?.is_empty() {
                         return Err(CreateError::Busy(t.to_path_buf()));
                     }
                     std::fs::remove_dir(t)
                         .map_err(|e| annotate(format!("removing cgroup {}", t.display()), e))?;
-                    std::fs::rename(f, t).map_err(|e| {
-                        annotate(
-                            format!("renaming cgroup {} to {}", f.display(), t.display()),
-                            e,
-                        )
-                        .into()
-                    })
+                    Ok(rename(f, t)?)
                 }
-                Err(e) => Err(annotate(
-                    format!("renaming cgroup {} to {}", f.display(), t.display()),
-                    e,
-                )
-                .into()),
+                other => Ok(other?),
             }
         };
         for (i, (f, t)) in from.iter().zip(&to).enumerate() {

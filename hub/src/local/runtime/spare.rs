@@ -66,7 +66,7 @@ impl Spare {
     fn start(exe: &Path, cgroups: Option<&Backend>) -> io::Result<Spare> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let (chan, inside) = Channel::pair()?;
-        let mut child = Command::new(exe)
+        let child = Command::new(exe)
             // argv[0] is visible inside (/proc/1/cmdline): no host path.
             .arg0("sandhub")
             .arg(init::SUBCOMMAND)
@@ -75,12 +75,14 @@ impl Spare {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
+        let pid = child.id() as i32;
+        let mut spare = Spare {
+            child,
+            chan,
+            cgroup: None,
+        };
         let Some(backend) = cgroups.filter(|b| b.renames()) else {
-            return Ok(Spare {
-                child,
-                chan,
-                cgroup: None,
-            });
+            return Ok(spare);
         };
         let name = format!(
             "{SPARE_PREFIX}{}-{}",
@@ -88,21 +90,14 @@ impl Spare {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let moved = backend.create_spare(&name).and_then(|cg| {
-            if let Err(e) = cg.add(child.id() as i32) {
-                let _ = cg.kill_and_remove(KILL_TIMEOUT);
-                return Err(e);
-            }
-            Ok(cg)
+            let added = cg.add(pid);
+            spare.cgroup = Some(cg);
+            added
         });
         match moved {
-            Ok(cg) => Ok(Spare {
-                child,
-                chan,
-                cgroup: Some(cg),
-            }),
+            Ok(()) => Ok(spare),
             Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                spare.discard();
                 Err(e)
             }
         }
@@ -193,7 +188,7 @@ impl Spares {
             return Ok(spare);
         }
         spare.discard();
-        let fresh = Spare::start(&self.exe, self.cgroups.as_ref())?;
+        let fresh = self.start()?;
         match fresh.chan.send_log(log) {
             Ok(()) => Ok(fresh),
             Err(e) => {
@@ -213,16 +208,18 @@ impl Spares {
                 .unwrap_or_else(|p| p.into_inner());
             state.spare.take()
         };
-        match ready {
-            Some(mut s) => {
-                if s.alive() {
-                    return Ok(s);
-                }
-                s.discard();
-                Spare::start(&self.exe, self.cgroups.as_ref())
+        if let Some(mut s) = ready {
+            if s.alive() {
+                return Ok(s);
             }
-            None => Spare::start(&self.exe, self.cgroups.as_ref()),
+            s.discard();
         }
+        self.start()
+    }
+
+    /// A spare started in place, on the calling thread.
+    fn start(&self) -> io::Result<Spare> {
+        Spare::start(&self.exe, self.cgroups.as_ref())
     }
 
     /// The host pid of the spare waiting now, if any (tests, diagnostics).
