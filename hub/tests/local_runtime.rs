@@ -337,6 +337,34 @@ fn sandbox_is_isolated_from_the_host_and_other_sandboxes() {
     }
 }
 
+/// The entrypoint is the first workload a sandbox runs, started before
+/// sandboxd serves. Like every exec after it, it finds the root finished:
+/// only the runtime's own dirs below `/.sandhub` (no trace of the host's
+/// root, which PID 1 pivoted away from and detached), one mount at `/`,
+/// and `/` read-only (the last step of building it).
+#[test]
+fn workloads_start_only_once_the_root_is_sealed() {
+    let fx = fixture();
+    let mut spec = fx.spec("sealed");
+    spec.entrypoint = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "{ ls -A /.sandhub; grep -c ' / / ' /proc/self/mountinfo; touch /x; } \
+         > /workspace/seen.tmp 2>&1; mv /workspace/seen.tmp /workspace/seen"
+            .into(),
+    ];
+    let sb = fx.launch(spec);
+    let mut seen = String::new();
+    wait_until("the entrypoint's report", || {
+        seen = sb.sh("cat /workspace/seen 2>/dev/null").stdout;
+        !seen.is_empty()
+    });
+    let expected = "layers\noverlay\n1\ntouch: cannot touch '/x': Read-only file system\n";
+    assert_eq!(seen, expected, "what the entrypoint saw");
+    let r = sb.sh("ls -A /.sandhub; grep -c ' / / ' /proc/self/mountinfo; touch /x 2>&1");
+    assert_eq!(r.stdout, expected, "what an exec sees: {r:?}");
+}
+
 /// The first of `files` found in the sandbox's cgroup dirs, trimmed.
 fn cgroup_value(rt: &Runtime, id: &str, files: &[&str]) -> String {
     rt.cgroup_dirs(id)
