@@ -193,6 +193,11 @@ pub trait Backend: Send + Sync + 'static {
     fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
         Vec::new()
     }
+    /// Per tenant, how many egress gateways run now (`/metrics`): every
+    /// tenant [`Backend::egress_usage`] names, zero where none run.
+    fn egress_gateways(&self) -> Vec<(String, usize)> {
+        Vec::new()
+    }
     /// The images side: the local backend's store, or on Kubernetes
     /// pre-pull onto the nodes (which hold the images).
     fn images(&self) -> Option<Arc<dyn ImageService>> {

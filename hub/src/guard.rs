@@ -198,6 +198,10 @@ impl Backend for Guarded {
         self.inner.egress_usage()
     }
 
+    fn egress_gateways(&self) -> Vec<(String, usize)> {
+        self.inner.egress_gateways()
+    }
+
     fn shared_mcp_sessions(&self) -> Option<Arc<dyn sandhub_mcp::SharedSessions>> {
         self.inner.shared_mcp_sessions()
     }

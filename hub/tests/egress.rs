@@ -341,6 +341,87 @@ EOF
     drop(net);
 }
 
+/// `sandhub_egress_gateways`, summed over tenants: the gateways running.
+async fn gateways(hub: &TestHub) -> u64 {
+    let text = hub
+        .http()
+        .get(format!("{}/metrics", hub.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("sandhub_egress_gateways{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// The gateway attaches while the sandbox boots, so a launch can fail
+/// after it attached (here sandboxd refuses the template's unknown user,
+/// once the namespaces exist; the hub logs each attach). The create then
+/// fails with the reason, and the gateway is stopped with the sandbox:
+/// `sandhub_egress_gateways` counts only the sandbox that is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_failing_after_the_gateway_attached_leaves_no_gateway() {
+    if !prerequisites() {
+        return;
+    }
+    let hub = TestHub::start(HubOptions::default()).await;
+    let c = hub.client(None);
+    for (name, extra) in [
+        ("online", json!({})),
+        ("broken", json!({"user": "no-such-user"})),
+    ] {
+        let mut body = json!({"network": {"mode": "egress", "allow_out": ["pypi.test"]}});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = put_template(&hub, name, body).await;
+        assert!(r.status().is_success(), "{name}: {}", r.status());
+    }
+    assert_eq!(gateways(&hub).await, 0);
+    let online = create(&c, "online").await;
+    assert_eq!(
+        gateways(&hub).await,
+        1,
+        "one egress sandbox up, one gateway"
+    );
+    // Each launch races its attach; the attach nearly always wins (it
+    // needs the namespaces, the failure comes after PID 1 built the root).
+    let mut attached = 0;
+    for _ in 0..3 {
+        let r = hub
+            .http()
+            .post(format!("{}/v1/sandboxes", hub.url()))
+            .json(&json!({"template": "broken"}))
+            .send()
+            .await
+            .unwrap();
+        let body = error_body(r, 412, "FAILED_PRECONDITION").await;
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains("no-such-user"), "{body}");
+        let id = message.split_whitespace().nth(1).unwrap();
+        attached += usize::from(
+            hub.log()
+                .contains(&format!("egress gateway attached id={id}")),
+        );
+        assert_eq!(gateways(&hub).await, 1, "a failed launch left its gateway");
+    }
+    assert!(
+        attached > 0,
+        "no failed launch had its gateway attached: {}",
+        hub.log_tail()
+    );
+    c.delete(&online).await.unwrap();
+    assert_eq!(
+        gateways(&hub).await,
+        0,
+        "the deleted sandbox's gateway is gone"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_ranges_open_only_where_the_operator_opens_them() {
     if !prerequisites() {

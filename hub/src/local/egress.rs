@@ -409,6 +409,27 @@ impl Egress {
             .collect()
     }
 
+    /// How many gateways run per tenant, for every tenant that had one
+    /// while the hub runs (so a gauge goes back to zero), for `/metrics`.
+    pub fn gateways_by_tenant(&self) -> Vec<(String, usize)> {
+        let mut counts: BTreeMap<String, usize> = self
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .map(|t| (t.clone(), 0))
+            .collect();
+        for (tenant, _) in self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            *counts.entry(tenant.clone()).or_default() += 1;
+        }
+        counts.into_iter().collect()
+    }
+
     /// Every tenant's totals while the hub runs (gateways running and
     /// gone), for `/metrics`.
     pub fn usage_by_tenant(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {

@@ -294,6 +294,10 @@ impl Backend for Arc<Hub> {
         self.backend.egress.usage_by_tenant()
     }
 
+    fn egress_gateways(&self) -> Vec<(String, usize)> {
+        self.backend.egress.gateways_by_tenant()
+    }
+
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {
         let hub = self.clone();
         // What uses images: every tenant's templates, and every sandbox the

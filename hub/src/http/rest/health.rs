@@ -43,6 +43,8 @@ pub struct EgressMetrics {
     pub bytes_in: Family<TenantLabels, Counter>,
     pub opened: Family<TenantLabels, Counter>,
     pub refused: Family<TenantLabels, Counter>,
+    /// Gateways running now: one per egress sandbox that is up.
+    pub gateways: Family<TenantLabels, Gauge<i64, std::sync::atomic::AtomicI64>>,
 }
 
 pub struct Metrics {
@@ -108,7 +110,13 @@ impl Default for Metrics {
             bytes_in: Default::default(),
             opened: Default::default(),
             refused: Default::default(),
+            gateways: Default::default(),
         };
+        registry.register(
+            "egress_gateways",
+            "Egress gateways running, by tenant (one per egress sandbox that is up)",
+            egress.gateways.clone(),
+        );
         for (name, help, f) in [
             (
                 "egress_sent_bytes",
@@ -229,6 +237,15 @@ async fn metrics(State(state): State<AppState>) -> Response {
         set(&e.bytes_in, u.bytes_in);
         set(&e.opened, u.connections_opened);
         set(&e.refused, u.connections_refused);
+    }
+    for (tenant, n) in state.hub.egress_gateways() {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        state
+            .metrics
+            .egress
+            .gateways
+            .get_or_create(&TenantLabels { tenant })
+            .set(n);
     }
     let store = |c: &Counter, v: u64| c.inner().store(v, std::sync::atomic::Ordering::Relaxed);
     if let Some(log) = &state.events {
