@@ -4,7 +4,8 @@
 //! 1. warm claim: `POST /v1/sandboxes` answered from a ready pool, in a
 //!    steady stream and (`settled`) each on a pool refilled after the last;
 //! 2. cold create: the same with no pool, until the new sandbox's sandboxd
-//!    answers, against util-linux `unshare` of every namespace (the floor);
+//!    answers, against util-linux `unshare` of every namespace (the floor),
+//!    after two untimed creates (a fresh state dir's one-time work);
 //! 3. reset of a sandbox whose workspace changed;
 //! 4. exec of `true` through the hub vs straight to the same sandbox's
 //!    sandboxd over its Unix sockets (the baseline);
