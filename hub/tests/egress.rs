@@ -343,15 +343,7 @@ EOF
 
 /// `sandhub_egress_gateways`, summed over tenants: the gateways running.
 async fn gateways(hub: &TestHub) -> u64 {
-    let text = hub
-        .http()
-        .get(format!("{}/metrics", hub.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = hub.metrics().await;
     text.lines()
         .filter(|l| l.starts_with("sandhub_egress_gateways{"))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
@@ -637,15 +629,7 @@ async fn the_gateway_counts_payload_bytes_and_logs_each_decision_per_tenant() {
     assert!(!d[1]["reason"].as_str().unwrap().is_empty(), "{log}");
 
     // /metrics: the same totals, one series per tenant (no sandbox label).
-    let m = hub
-        .http()
-        .get(format!("{}/metrics", hub.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = hub.metrics().await;
     for line in [
         format!("sandhub_egress_sent_bytes_total{{tenant=\"alice\"}} {sent}"),
         format!("sandhub_egress_received_bytes_total{{tenant=\"alice\"}} {received}"),

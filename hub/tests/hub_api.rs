@@ -2362,16 +2362,7 @@ async fn pool_and_tenant_gauges_follow_the_pools_and_quotas() {
         (pools.get_pool("warm").await.ok()?.ready == 2).then_some(())
     })
     .await;
-    let scrape = || async {
-        hub.http()
-            .get(format!("{}/metrics", hub.url()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let scrape = || hub.metrics();
     let value = |text: &str, series: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{series} ")))
@@ -2503,15 +2494,7 @@ async fn the_grafana_dashboard_queries_only_series_the_hub_exports() {
         .await
         .unwrap();
     c.snapshot(&id).await.unwrap();
-    let text = hub
-        .http()
-        .get(format!("{}/metrics", hub.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = hub.metrics().await;
     let missing: Vec<&String> = series
         .iter()
         .filter(|s| {
@@ -2549,15 +2532,7 @@ async fn operations_are_timed_by_op_backend_and_outcome() {
         Code::NotFound
     );
     c.delete(&id).await.unwrap();
-    let text = hub
-        .http()
-        .get(format!("{}/metrics", hub.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = hub.metrics().await;
     let count = |labels: &str| {
         let prefix = format!("sandhub_operation_seconds_count{{{labels}}} ");
         text.lines()

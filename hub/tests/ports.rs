@@ -225,14 +225,7 @@ async fn http_sse_and_bodies(extra_args: &'static [&'static str]) {
         .await
         .unwrap();
     error_body(r, 401, "UNAUTHENTICATED").await;
-    let metrics = http
-        .get(format!("{}/metrics", hub.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = hub.metrics().await;
     for line in [
         r#"sandhub_http_requests_total{method="GET",route="/v1/sandboxes/{id}/ports/{port}/{*path}",code="200"} 2"#,
         r#"sandhub_http_requests_total{method="POST",route="/v1/sandboxes/{id}/ports/{port}/{*path}",code="200"} 1"#,

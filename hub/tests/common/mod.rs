@@ -180,6 +180,18 @@ impl TestHub {
         reqwest::Client::builder().timeout(WAIT).build().unwrap()
     }
 
+    /// The text of `GET /metrics` (no key needed).
+    pub async fn metrics(&self) -> String {
+        self.http()
+            .get(format!("{}/metrics", self.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// The hub's whole log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
