@@ -823,6 +823,27 @@ fn a_spare_init_becomes_the_sandbox_and_is_replaced() {
     }
 }
 
+/// A reset's dropped upper layer is deleted in the background; a stop can
+/// cut that short. What is left is deleted at the sandbox's next start, on
+/// a blocking thread sandboxd starts only when there is such trash.
+#[test]
+fn trash_left_by_a_reset_is_deleted_at_the_next_start() {
+    let fx = fixture();
+    let mut sb = fx.launch(fx.spec("trash"));
+    sb.stop();
+    let trash = sb.spec.state_dir.join("overlay").join("trash-left");
+    std::fs::create_dir_all(trash.join("sub")).unwrap();
+    std::fs::write(trash.join("sub/f"), "dropped\n").unwrap();
+    for p in [trash.clone(), trash.join("sub"), trash.join("sub/f")] {
+        std::os::unix::fs::lchown(&p, Some(HOST_ID_BASE), Some(HOST_ID_BASE)).unwrap();
+    }
+    sb.relaunch();
+    wait_until("the trash to be deleted", || !trash.exists());
+    assert_eq!(health(sb.l()), 200);
+    let upper = sb.spec.state_dir.join("overlay").join("upper");
+    assert!(upper.is_dir(), "the live upper layer stays");
+}
+
 #[test]
 fn suspend_and_resume_keep_the_files() {
     let fx = fixture();
@@ -985,6 +1006,15 @@ fn cold_start_latency_and_idle_memory() {
             // mimalloc did when tried as this binary's allocator: 11.9 MiB
             // (docs/benchmarks.md, issue #34 §1).
             assert!(anon < 6 << 10, "anonymous memory {anon} KiB");
+            // One thread each: an idle sandboxd runs on its one runtime
+            // thread, and starts a blocking thread (with a malloc arena of
+            // its own) only for work, such as trash left by a reset.
+            for pid in &pids {
+                let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .unwrap()
+                    .count();
+                assert_eq!(threads, 1, "threads of pid {pid}");
+            }
         }
         assert_eq!(health(sb.l()), 200);
     }

@@ -357,7 +357,14 @@ fn announce_ready(chan: Arc<Mutex<Option<Channel>>>) {
         let _ = sys::null_over(0);
         std::mem::forget(chan);
     }
-    drop(tokio::task::spawn_blocking(|| {
-        workspace::purge_trash(Path::new(workspace::OVERLAY_DIR))
-    }));
+    // A blocking thread only when there is trash: an idle sandbox's
+    // sandboxd is then one thread, and no thread's malloc arena.
+    let overlay = Path::new(workspace::OVERLAY_DIR);
+    match workspace::trash(overlay) {
+        Ok(trash) if trash.is_empty() => {}
+        Ok(trash) => drop(tokio::task::spawn_blocking(move || {
+            workspace::purge_trash(&trash)
+        })),
+        Err(e) => eprintln!("sandbox init: listing {}: {e}", overlay.display()),
+    }
 }

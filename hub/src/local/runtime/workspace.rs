@@ -292,14 +292,24 @@ fn kill_workload() -> io::Result<()> {
     ))
 }
 
-/// Deletes upper layers left behind by earlier resets (a reset whose
-/// background deletion did not finish before the sandbox stopped).
-pub fn purge_trash(overlay_dir: &Path) -> io::Result<()> {
+/// Upper layers left behind by earlier resets (a reset whose background
+/// deletion did not finish before the sandbox stopped), to delete with
+/// [`purge_trash`].
+pub fn trash(overlay_dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir(overlay_dir)? {
         let entry = entry?;
         if entry.file_name().to_string_lossy().starts_with("trash-") {
-            std::fs::remove_dir_all(entry.path())?;
+            found.push(entry.path());
         }
+    }
+    Ok(found)
+}
+
+/// Deletes what [`trash`] found.
+pub fn purge_trash(trash: &[PathBuf]) -> io::Result<()> {
+    for dir in trash {
+        std::fs::remove_dir_all(dir)?;
     }
     Ok(())
 }
