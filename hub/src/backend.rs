@@ -174,6 +174,16 @@ impl PortStream {
     }
 }
 
+/// One tenant's egress gateways, for `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct TenantEgress {
+    pub tenant: String,
+    /// What its gateways counted while the hub runs, running and gone.
+    pub usage: sandhub_api::hub::EgressUsage,
+    /// Gateways running now (0 once all of its are gone).
+    pub gateways: usize,
+}
+
 /// A backend as the front doors see it.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
@@ -189,13 +199,8 @@ pub trait Backend: Send + Sync + 'static {
     /// default: a wrapper that forgot to forward it would report nothing.)
     async fn gauges(&self) -> Result<crate::gauges::Gauges>;
     /// Per tenant, what its egress gateways counted while the hub runs
-    /// (`/metrics`; empty where there are none).
-    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
-        Vec::new()
-    }
-    /// Per tenant, how many egress gateways run now (`/metrics`): every
-    /// tenant [`Backend::egress_usage`] names, zero where none run.
-    fn egress_gateways(&self) -> Vec<(String, usize)> {
+    /// and how many run now (`/metrics`; empty where there are none).
+    fn egress_usage(&self) -> Vec<TenantEgress> {
         Vec::new()
     }
     /// The images side: the local backend's store, or on Kubernetes

@@ -194,12 +194,8 @@ impl Backend for Guarded {
         self.inner.images()
     }
 
-    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+    fn egress_usage(&self) -> Vec<crate::backend::TenantEgress> {
         self.inner.egress_usage()
-    }
-
-    fn egress_gateways(&self) -> Vec<(String, usize)> {
-        self.inner.egress_gateways()
     }
 
     fn shared_mcp_sessions(&self) -> Option<Arc<dyn sandhub_mcp::SharedSessions>> {

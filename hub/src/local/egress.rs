@@ -409,54 +409,37 @@ impl Egress {
             .collect()
     }
 
-    /// How many gateways run per tenant, for every tenant that had one
-    /// while the hub runs (so a gauge goes back to zero), for `/metrics`.
-    pub fn gateways_by_tenant(&self) -> Vec<(String, usize)> {
-        let mut counts: BTreeMap<String, usize> = self
-            .retired
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .map(|t| (t.clone(), 0))
-            .collect();
-        for (tenant, _) in self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            *counts.entry(tenant.clone()).or_default() += 1;
-        }
-        counts.into_iter().collect()
-    }
-
     /// Every tenant's totals while the hub runs (gateways running and
-    /// gone), for `/metrics`.
-    pub fn usage_by_tenant(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
-        let mut sums = self
+    /// gone) and its gateways running now, for `/metrics`. A tenant whose
+    /// gateways are all gone stays, with 0 running, so its gauge drops.
+    pub fn usage_by_tenant(&self) -> Vec<crate::backend::TenantEgress> {
+        let mut sums: BTreeMap<String, (sandhub_gateway::meter::Totals, usize)> = self
             .retired
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .iter()
+            .map(|(tenant, t)| (tenant.clone(), (*t, 0)))
+            .collect();
         for (tenant, gw) in self
             .running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
         {
-            add(sums.entry(tenant.clone()).or_default(), gw.meter().totals());
+            let (sum, running) = sums.entry(tenant.clone()).or_default();
+            add(sum, gw.meter().totals());
+            *running += 1;
         }
         sums.into_iter()
-            .map(|(tenant, t)| {
-                (
-                    tenant,
-                    sandhub_api::hub::EgressUsage {
-                        bytes_out: t.bytes_out,
-                        bytes_in: t.bytes_in,
-                        connections_opened: t.connections_opened,
-                        connections_refused: t.connections_refused,
-                    },
-                )
+            .map(|(tenant, (t, gateways))| crate::backend::TenantEgress {
+                tenant,
+                usage: sandhub_api::hub::EgressUsage {
+                    bytes_out: t.bytes_out,
+                    bytes_in: t.bytes_in,
+                    connections_opened: t.connections_opened,
+                    connections_refused: t.connections_refused,
+                },
+                gateways,
             })
             .collect()
     }

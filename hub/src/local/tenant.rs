@@ -290,12 +290,8 @@ impl Backend for Arc<Hub> {
         self.pool_and_tenant_gauges()
     }
 
-    fn egress_usage(&self) -> Vec<(String, sandhub_api::hub::EgressUsage)> {
+    fn egress_usage(&self) -> Vec<crate::backend::TenantEgress> {
         self.backend.egress.usage_by_tenant()
-    }
-
-    fn egress_gateways(&self) -> Vec<(String, usize)> {
-        self.backend.egress.gateways_by_tenant()
     }
 
     fn images(&self) -> Option<Arc<dyn crate::backend::ImageService>> {

@@ -224,7 +224,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
         // rather than dropping every pool from the dashboards.
         Err(e) => tracing::debug!(error = %e.message, "reading pool and tenant gauges"),
     }
-    for (tenant, u) in state.hub.egress_usage() {
+    for crate::backend::TenantEgress {
+        tenant,
+        usage: u,
+        gateways,
+    } in state.hub.egress_usage()
+    {
         let l = TenantLabels { tenant };
         let e = &state.metrics.egress;
         // Absolute totals the hub keeps (they only grow while it runs).
@@ -237,15 +242,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
         set(&e.bytes_in, u.bytes_in);
         set(&e.opened, u.connections_opened);
         set(&e.refused, u.connections_refused);
-    }
-    for (tenant, n) in state.hub.egress_gateways() {
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        state
-            .metrics
-            .egress
-            .gateways
-            .get_or_create(&TenantLabels { tenant })
-            .set(n);
+        e.gateways
+            .get_or_create(&l)
+            .set(i64::try_from(gateways).unwrap_or(i64::MAX));
     }
     let store = |c: &Counter, v: u64| c.inner().store(v, std::sync::atomic::Ordering::Relaxed);
     if let Some(log) = &state.events {
