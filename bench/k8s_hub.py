@@ -1,5 +1,5 @@
 """The hub on the kubernetes backend, on the real node: MCP create_sandbox
-latency from a warm pool, and exec through the hub (REST and MCP) against a
+and REST create latency from a warm pool, and exec through the hub (REST and MCP) against a
 direct gRPC Execute of the same process to the same Pod's sandboxd, in
 alternating rounds of the same run.
 
@@ -8,14 +8,22 @@ alternating rounds of the same run.
     SANDHUB_TEST_KUBECONFIG=/tmp/c/kubeconfig SANDHUB_TEST_REAL_NODE=1 \\
       SANDHUB_BIN=$CARGO_TARGET_DIR/release/sandhub \\
       SANDHUB_CONTROLLER_BIN=$CARGO_TARGET_DIR/release/sandhub-controller \\
-      $SANDHUB_CACHE/venv/bin/python bench/k8s_hub.py [--creates 8] [--execs 200] [--rounds 5]
+      $SANDHUB_CACHE/venv/bin/python bench/k8s_hub.py [--creates 8] [--execs 200] [--rounds 5] \\
+      [--baseline-bin OTHER_SANDHUB]
+
+With --baseline-bin, warm creates of both builds first, in alternating rounds (a fresh hub each
+round, its first create untimed).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import os
 import statistics
 import time
+import urllib.parse
 
 import anyio
 import grpc
@@ -43,19 +51,84 @@ ARGV = ["true"]
 SHELL = ["/bin/sh", "-c", "true"]
 
 
+async def make(s: ClientSession, session: requests.Session, url: str, creates: int) -> tuple[
+    list[float], list[float], list[str], list[str]
+]:
+    """`creates` MCP creates and as many REST creates, alternating, from the warm pool: the
+    time of each, and the ids made (MCP's, then REST's)."""
+    mcp_ms, rest_ms, mcp_names, rest_names = [], [], [], []
+    for _ in range(creates):
+        t = time.perf_counter()
+        r = await s.call_tool("create_sandbox", {"warmpool": support.POOL})
+        mcp_ms.append((time.perf_counter() - t) * 1000)
+        assert not r.is_error, r.content
+        mcp_names.append(r.structured_content["sandbox_claim_name"])
+        t = time.perf_counter()
+        made = session.post(f"{url}/v1/sandboxes", json={"pool": support.POOL}, timeout=60)
+        rest_ms.append((time.perf_counter() - t) * 1000)
+        assert made.status_code in (200, 201), made.text
+        rest_names.append(made.json()["id"])
+    return mcp_ms, rest_ms, mcp_names, rest_names
+
+
+async def remove(s: ClientSession, session: requests.Session, url: str, mcp: list[str], rest: list[str]) -> None:
+    for n in mcp:
+        await s.call_tool("delete_sandbox", {"sandbox_claim_name": n})
+    for n in rest:
+        session.delete(f"{url}/v1/sandboxes/{n}", timeout=60)
+
+
+async def create_round(url: str, creates: int) -> tuple[list[float], list[float]]:
+    """One A/B round on a hub just started: one untimed create first (its first API and
+    sandboxd connections; a serving hub has them), then the timed ones, then all deleted."""
+    async with streamable_http_client(f"{url}/mcp") as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            session = requests.Session()
+            first = session.post(f"{url}/v1/sandboxes", json={"pool": support.POOL}, timeout=60)
+            assert first.status_code in (200, 201), first.text
+            mcp_ms, rest_ms, mcp_names, rest_names = await make(s, session, url, creates)
+            await remove(s, session, url, mcp_names, rest_names + [first.json()["id"]])
+    return mcp_ms, rest_ms
+
+
+def ab_creates(c: support.Cluster, new_bin: str, old_bin: str, creates: int, rounds: int) -> None:
+    """Warm creates of two hub builds in alternating rounds on the same cluster, each round on
+    a full pool: which build goes first alternates."""
+    ms: dict[str, tuple[list[float], list[float]]] = {"new": ([], []), "old": ([], [])}
+    builds = [("new", new_bin), ("old", old_bin)]
+    for rnd in range(rounds):
+        for label, path in builds[rnd % 2:] + builds[:rnd % 2]:
+            support.wait_for_pool(c, 2 * creates + 1, timeout=300)
+            os.environ["SANDHUB_BIN"] = path
+            hub, url = c.start_hub()
+            try:
+                mcp_ms, rest_ms = anyio.run(create_round, url, creates)
+            finally:
+                stop_process(hub)
+            ms[label][0].extend(mcp_ms)
+            ms[label][1].extend(rest_ms)
+            print(f"round {rnd + 1} {label}: MCP p50 {pct(mcp_ms, 50):.2f} ms, REST p50 {pct(rest_ms, 50):.2f} ms",
+                  flush=True)
+    os.environ["SANDHUB_BIN"] = new_bin
+    print("| build | create | n | p50 ms | p90 ms | p99 ms | mean ms |")
+    print("|---|---|---|---|---|---|---|")
+    for label in ("new", "old"):
+        for kind, xs in zip(("MCP create_sandbox", "REST POST /v1/sandboxes"), ms[label]):
+            print(f"| {label} {row(kind, xs)[2:]}")
+    for i, kind in enumerate(("MCP create_sandbox", "REST POST /v1/sandboxes")):
+        print(f"- {kind} p50 new / old: {pct(ms['new'][i], 50) / pct(ms['old'][i], 50):.2f}x "
+              f"(new p50 {pct(ms['new'][i], 50):.2f} ms; issue #34 target: <= 50 ms)")
+    print(f"{rounds} alternating rounds of {creates} creates per kind and build.\n", flush=True)
+
+
 async def measure(c: support.Cluster, url: str, creates: int, execs: int, rounds: int) -> None:
     async with streamable_http_client(f"{url}/mcp") as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
-            create_ms, names = [], []
-            for _ in range(creates):
-                t = time.perf_counter()
-                r = await s.call_tool("create_sandbox", {"warmpool": support.POOL})
-                create_ms.append((time.perf_counter() - t) * 1000)
-                assert not r.is_error, r.content
-                names.append(r.structured_content["sandbox_claim_name"])
-            name = names[0]
             session = requests.Session()
+            create_ms, rest_create_ms, names, rest_names = await make(s, session, url, creates)
+            name = names[0]
             claim = c.claim(name)
             ip = claim["status"]["sandbox"]["podIPs"][0]
             token = c.sandboxd_token(claim["status"]["sandbox"]["name"])
@@ -65,6 +138,19 @@ async def measure(c: support.Cluster, url: str, creates: int, execs: int, rounds
             def rest(command: str | list[str]) -> None:
                 r = session.post(f"{url}/v1/sandboxes/{name}/exec", json={"command": command}, timeout=30)
                 assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+
+            # `requests` spends a few hundred microseconds of Python per call, which the direct
+            # row's gRPC C core does not: this row sends the same request on one kept-alive
+            # http.client connection, so the hub's own cost is compared.
+            lean = http.client.HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=30)
+            argv_body = json.dumps({"command": ARGV})
+
+            def rest_lean() -> None:
+                lean.request("POST", f"/v1/sandboxes/{name}/exec", body=argv_body,
+                             headers={"content-type": "application/json"})
+                r = lean.getresponse()
+                body = r.read()
+                assert r.status == 200 and json.loads(body)["exit_code"] == 0, body
 
             def direct(argv: list[str]) -> None:
                 req = process_pb2.ExecuteRequest(config=process_pb2.ProcessConfig(command=argv))
@@ -76,6 +162,7 @@ async def measure(c: support.Cluster, url: str, creates: int, execs: int, rounds
 
             kinds = {
                 "REST exec argv `true` via hub": lambda: rest(ARGV),
+                "REST exec argv `true` via hub, lean client": rest_lean,
                 "gRPC Execute argv `true` direct to sandboxd": lambda: direct(ARGV),
                 "REST exec `sh -c true` via hub": lambda: rest("true"),
                 "MCP execute_command `sh -c true` via hub": None,
@@ -95,11 +182,11 @@ async def measure(c: support.Cluster, url: str, creates: int, execs: int, rounds
                         t = time.perf_counter()
                         await mcp() if f is None else f()
                         ms[k].append((time.perf_counter() - t) * 1000)
-            for n in names:
-                await s.call_tool("delete_sandbox", {"sandbox_claim_name": n})
+            await remove(s, session, url, names, rest_names)
     print("| measurement | n | p50 ms | p90 ms | p99 ms | mean ms |")
     print("|---|---|---|---|---|---|")
     print(row("MCP create_sandbox (warm pool)", create_ms))
+    print(row("REST POST /v1/sandboxes (warm pool)", rest_create_ms))
     for k, xs in ms.items():
         print(row(k, xs))
 
@@ -109,6 +196,7 @@ async def measure(c: support.Cluster, url: str, creates: int, execs: int, rounds
     print(f"\n{rounds} alternating rounds of {per_round} per kind. p50 ratios against the direct call "
           "running the same process:")
     print(f"- hub REST argv / direct argv: {ratio('REST exec argv `true` via hub', 'gRPC Execute argv `true` direct to sandboxd')} (issue #34 target: <= 1.3x)")
+    print(f"- hub REST argv, lean client / direct argv: {ratio('REST exec argv `true` via hub, lean client', 'gRPC Execute argv `true` direct to sandboxd')}")
     print(f"- hub REST sh -c / direct sh -c: {ratio('REST exec `sh -c true` via hub', 'gRPC Execute `sh -c true` direct to sandboxd')}")
     print(f"- MCP sh -c / direct sh -c: {ratio('MCP execute_command `sh -c true` via hub', 'gRPC Execute `sh -c true` direct to sandboxd')}")
 
@@ -118,13 +206,17 @@ def main() -> None:
     ap.add_argument("--creates", type=int, default=8)
     ap.add_argument("--execs", type=int, default=200, help="per kind, over all rounds")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--baseline-bin", help="another sandhub build: its warm creates and SANDHUB_BIN's "
+                    "alternate, round by round, before the exec rows")
     args = ap.parse_args()
     with support.e2e_cluster() as c:
-        # A warm pool as large as the burst, all Ready before timing starts.
+        # A warm pool as large as a round's creates, all Ready before timing starts.
         c.custom.patch_namespaced_custom_object(
-            *support.EXT, c.ns, "sandboxwarmpools", support.POOL, {"spec": {"replicas": args.creates}}
+            *support.EXT, c.ns, "sandboxwarmpools", support.POOL, {"spec": {"replicas": 2 * args.creates + 1}}
         )
-        support.wait_for_pool(c, args.creates, timeout=300)
+        if args.baseline_bin:
+            ab_creates(c, str(support.binary("sandhub")), args.baseline_bin, args.creates, args.rounds)
+        support.wait_for_pool(c, 2 * args.creates + 1, timeout=300)
         hub, url = c.start_hub()
         try:
             anyio.run(measure, c, url, args.creates, args.execs, args.rounds)

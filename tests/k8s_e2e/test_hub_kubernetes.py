@@ -15,7 +15,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from sandhub_gymnasium import SandhubEnv
 from sandhub_testing import stop_process, wait_for
-from sandhub_testing.hub_k8s import POOL, Cluster, wait_for_pool
+from sandhub_testing.hub_k8s import EXT, POOL, Cluster, wait_for_pool
 
 REQUEST_TIMEOUT_S = 120.0
 
@@ -240,3 +240,47 @@ def test_usage_of_a_real_pod_comes_from_its_sandboxd(cluster: Cluster) -> None:
     finally:
         stop_process(hub)
     wait_for_pool(cluster, 2)
+
+
+def test_reads_right_after_writes_see_them(cluster: Cluster) -> None:
+    """A create reads pools and templates from the hub's watches (hub/src/kube/caches.rs), and
+    so do the GETs. What this hub has just written is read back from the API server, and what
+    it has not seen yet (made past it, with the Kubernetes API) is asked for there: no read
+    lags a write, however far behind the watches are."""
+    hub, url = cluster.start_hub()
+    made = False
+
+    def ok(r: requests.Response, status: int = 200) -> Any:
+        assert r.status_code == status, r.text
+        return r.json() if r.content else None
+
+    try:
+        # Each read follows its write at once, many times over: one stale read fails it.
+        for memory in (256, 512, 384, 768, 320, 640) * 15:
+            ok(requests.put(f"{url}/v1/templates/rw", json={"memory_mb": memory}, timeout=60))
+            got = ok(requests.get(f"{url}/v1/templates/rw", timeout=60))
+            assert got["memory_mb"] == memory, got
+        for replicas in (0, 1) * 20:
+            ok(requests.put(f"{url}/v1/pools/rw", json={"template": "rw", "replicas": replicas}, timeout=60))
+            got = ok(requests.get(f"{url}/v1/pools/rw", timeout=60))
+            assert (got["template"], got["replicas"]) == ("rw", replicas), got
+        ok(requests.delete(f"{url}/v1/pools/rw", timeout=60), 204)
+        assert requests.get(f"{url}/v1/pools/rw", timeout=60).status_code == 404
+        ok(requests.delete(f"{url}/v1/templates/rw", timeout=60), 204)
+        assert requests.get(f"{url}/v1/templates/rw", timeout=60).status_code == 404
+
+        # A pool the operator makes with kubectl is claimable at once.
+        made = True
+        cluster.custom.create_namespaced_custom_object(*EXT, cluster.ns, "sandboxwarmpools", {
+            "apiVersion": f"{EXT[0]}/{EXT[1]}", "kind": "SandboxWarmPool",
+            "metadata": {"name": "made-past-the-hub"},
+            "spec": {"replicas": 0, "sandboxTemplateRef": {"name": POOL}},
+        })
+        sb = ok(requests.post(f"{url}/v1/sandboxes", json={"pool": "made-past-the-hub"}, timeout=REQUEST_TIMEOUT_S),
+                201)
+        assert (sb["pool"], sb["template"], sb["state"]) == ("made-past-the-hub", POOL, "Ready"), sb
+        ok(requests.delete(f"{url}/v1/sandboxes/{sb['id']}", timeout=60), 204)
+    finally:
+        stop_process(hub)
+        if made:
+            cluster.custom.delete_namespaced_custom_object(*EXT, cluster.ns, "sandboxwarmpools", "made-past-the-hub")

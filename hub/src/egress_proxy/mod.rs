@@ -331,7 +331,7 @@ pub async fn run(args: EgressProxyArgs) -> anyhow::Result<()> {
         broker: Some(Arc::new(broker)),
     });
     let claims = Arc::new(Claims {
-        store: crate::kube::claim_cache(&client, &args.namespace, None),
+        store: crate::kube::claim_cache(&client, &args.namespace, None, None),
         namespace: args.namespace.clone(),
         tokens,
         meters: Mutex::default(),

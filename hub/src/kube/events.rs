@@ -49,7 +49,7 @@ use std::{
 
 use futures::StreamExt;
 use kube::{
-    runtime::{watcher, WatchStreamExt},
+    runtime::{reflector::Store, watcher},
     Api, Resource,
 };
 use sandhub_api::k8s::{
@@ -520,9 +520,17 @@ impl Reorder {
 /// Where the claim watch sends what it derived (see [`spawn`]).
 pub type Feed = mpsc::Sender<Vec<NewEvent>>;
 
-/// Starts the reorderer into `log` and the pool and template watches;
-/// returns the feed the claim watch ([`super::claim_cache`]) sends into.
-pub fn spawn(client: &kube::Client, namespace: &str, log: Arc<EventLog>) -> Feed {
+/// What [`spawn`] started: the feed the claim watch
+/// ([`super::claim_cache`]) sends into, and the pool and template watches'
+/// stores (kube/caches.rs reads them).
+pub struct Spawned {
+    pub feed: Feed,
+    pub pools: Store<SandboxWarmPool>,
+    pub templates: Store<SandboxTemplate>,
+}
+
+/// Starts the reorderer into `log` and the pool and template watches.
+pub fn spawn(client: &kube::Client, namespace: &str, log: Arc<EventLog>) -> Spawned {
     let (tx, mut rx) = mpsc::channel::<Vec<NewEvent>>(QUEUE);
     tokio::spawn(async move {
         let mut reorder = Reorder::default();
@@ -548,48 +556,58 @@ pub fn spawn(client: &kube::Client, namespace: &str, log: Arc<EventLog>) -> Feed
         }
     });
     let pools: Api<SandboxWarmPool> = Api::namespaced(client.clone(), namespace);
-    watch(
+    let pools = watch(
         pools,
         tx.clone(),
         PoolTracker::default(),
         PoolTracker::observe,
     );
     let templates: Api<SandboxTemplate> = Api::namespaced(client.clone(), namespace);
-    watch(
+    let templates = watch(
         templates,
         tx.clone(),
         TemplateTracker::default(),
         TemplateTracker::observe,
     );
-    tx
+    Spawned {
+        feed: tx,
+        pools,
+        templates,
+    }
 }
 
+/// A watch of `api`'s objects, kept in the store it returns, whose changes
+/// `observe` turns into events.
 fn watch<K, T>(
     api: Api<K>,
     tx: Feed,
     mut tracker: T,
     observe: fn(&mut T, &watcher::Event<K>) -> Vec<NewEvent>,
-) where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    K::DynamicType: Default,
+) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
     T: Send + 'static,
 {
+    let (store, events) = super::caches::reflect(api, watcher::Config::default());
     tokio::spawn(async move {
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
+        let mut events = std::pin::pin!(events);
+        // The store is kept even once nobody takes the events.
+        let mut tx = Some(tx);
         while let Some(ev) = events.next().await {
             match ev {
                 Ok(ev) => {
+                    let Some(feed) = &tx else { continue };
                     let out = observe(&mut tracker, &ev);
-                    if !out.is_empty() && tx.send(out).await.is_err() {
-                        return;
+                    if !out.is_empty() && feed.send(out).await.is_err() {
+                        tx = None;
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "lifecycle event watch"),
             }
         }
     });
+    store
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! finds every sandbox again and keeps nothing of its own.
 
 mod asking;
+mod caches;
 pub mod egress;
 mod entrypoints;
 mod events;
@@ -41,8 +42,8 @@ use async_trait::async_trait;
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{api::ListParams, Api};
 use sandhub_api::{k8s::SandboxClaim, scoped_token::ScopedTokens};
 use sandhub_client::{sandboxd::SandboxdClient, Result};
@@ -226,6 +227,10 @@ pub(crate) struct Shared {
     /// The hub's claims, kept by a watch: process and file calls read the
     /// claim here instead of a GET each (2–3 ms of every exec).
     claim_cache: Store<SandboxClaim>,
+    /// Woken when the claim watch sees a claim a create waits on.
+    claim_waiters: Arc<caches::ClaimWaiters>,
+    /// Pools, templates and Sandboxes as their watches last saw them.
+    caches: caches::Caches,
     /// Claims this hub suspended or deleted lately: their cached copy may
     /// still name the old Pod, so calls read them from the API server.
     changed: Mutex<HashMap<String, Instant>>,
@@ -328,11 +333,13 @@ const CHANGED_TTL: Duration = Duration::from_secs(30);
 /// The reflector behind [`Shared::cached_claim`]: claims created by hubs.
 /// The hub's claims in `namespace`, kept by a watch (the hub's own reads,
 /// and `sandhub egress-proxy`'s policies).
-/// With `events`, the same watch feeds the lifecycle events (kube/events.rs).
+/// With `events`, the same watch feeds the lifecycle events (kube/events.rs);
+/// with `waiters`, it wakes the creates waiting on a claim.
 pub(crate) fn claim_cache(
     client: &kube::Client,
     namespace: &str,
     events: Option<events::Feed>,
+    waiters: Option<Arc<caches::ClaimWaiters>>,
 ) -> Store<SandboxClaim> {
     let api: Api<SandboxClaim> = Api::namespaced(client.clone(), namespace);
     let selector = format!(
@@ -340,17 +347,16 @@ pub(crate) fn claim_cache(
         sandhub_api::k8s::names::CREATED_BY,
         model::CREATED_BY_HUB
     );
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default().labels(&selector)),
-    )
-    .default_backoff();
+    let (reader, stream) = caches::reflect(api, watcher::Config::default().labels(&selector));
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut events = events.map(|feed| (feed, events::ClaimTracker::default()));
         while let Some(ev) = stream.next().await {
-            let (Some((feed, tracker)), Ok(ev)) = (&mut events, ev) else {
+            let Ok(ev) = ev else { continue };
+            if let Some(waiters) = &waiters {
+                waiters.saw(&ev);
+            }
+            let Some((feed, tracker)) = &mut events else {
                 continue;
             };
             let derived = tracker.observe(&ev);
@@ -396,7 +402,8 @@ impl KubeTenancy {
     ) -> anyhow::Result<Self> {
         let client = client(args.kubeconfig.as_deref()).await?;
         let events = crate::events::EventLog::memory(events, tenant_label_value);
-        let feed = events::spawn(&client, &args.namespace, events.clone());
+        let watched = events::spawn(&client, &args.namespace, events.clone());
+        let claim_waiters = Arc::new(caches::ClaimWaiters::default());
         let proxy_tokens = match &args.sandboxd_token_key_file {
             Some(path) => Some(
                 sandhub_api::sandboxd_token::SandboxdTokens::from_file(path)
@@ -448,7 +455,19 @@ impl KubeTenancy {
             reach,
             ready_timeout: args.ready_timeout,
             clients: Mutex::default(),
-            claim_cache: claim_cache(&client, &args.namespace, Some(feed)),
+            claim_cache: claim_cache(
+                &client,
+                &args.namespace,
+                Some(watched.feed),
+                Some(claim_waiters.clone()),
+            ),
+            claim_waiters,
+            caches: caches::Caches::new(
+                &args.namespace,
+                watched.pools,
+                watched.templates,
+                caches::sandbox_metadata(&client, &args.namespace),
+            ),
             changed: Mutex::default(),
             policy,
             pool_writes: tokio::sync::Mutex::default(),

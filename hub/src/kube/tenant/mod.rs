@@ -48,6 +48,7 @@ use sandhub_client::{
 };
 
 use super::{
+    caches::Watched,
     model,
     owner::{self, Owner},
     reach::Target,
@@ -131,8 +132,13 @@ impl KubeTenant {
         }
     }
 
+    /// Set when the Sandbox is made and never changed: the watch's copy
+    /// answers when it has the label.
     async fn launch_type(&self, claim: &SandboxClaim) -> Option<String> {
         let name = claim.status.as_ref()?.sandbox.as_ref()?.name.clone();
+        if let Some(l) = self.shared.caches.sandbox_label(&name, names::LAUNCH_TYPE) {
+            return Some(l);
+        }
         let sb = self.sandboxes().get_opt(&name).await.ok()??;
         sb.metadata.labels?.get(names::LAUNCH_TYPE).cloned()
     }
@@ -188,7 +194,50 @@ impl KubeTenant {
 
     /// The object `name` means to this tenant: its own (cluster name
     /// [`owner::object_name`]), else the operator's; never another tenant's.
+    /// Read from the watch when it has the object (see kube/caches.rs),
+    /// else from the API server.
     pub(super) async fn find<K>(&self, api: &Api<K>, kind: &str, name: &str) -> Result<(K, Owner)>
+    where
+        K: Watched + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        match self.find_cached::<K>(name) {
+            Some(found) => Ok(found),
+            None => self.find_fresh(api, kind, name).await,
+        }
+    }
+
+    /// [`Self::find`] in the watch's copy; `None` where only the API server
+    /// can say (nothing this tenant may use is there, or the watch may not
+    /// be relied on).
+    fn find_cached<K: Watched>(&self, name: &str) -> Option<(K, Owner)> {
+        if !sandhub_api::hub::is_dns_label(name) {
+            return None;
+        }
+        let caches = &self.shared.caches;
+        if name.len() <= owner::MAX_TENANT_NAME {
+            let own = owner::object_name(&self.tenant, name);
+            if let Some(o) = caches.lookup::<K>(&own)? {
+                if owner::owner(o.meta(), &self.tenant) == Owner::Caller {
+                    return Some(((*o).clone(), Owner::Caller));
+                }
+            }
+        }
+        match caches.lookup::<K>(name)? {
+            Some(o) if owner::owner(o.meta(), &self.tenant) == Owner::Operator => {
+                Some(((*o).clone(), Owner::Operator))
+            }
+            _ => None,
+        }
+    }
+
+    /// [`Self::find`] from the API server: for what is about to be changed
+    /// on the strength of it (a delete's preconditions).
+    pub(super) async fn find_fresh<K>(
+        &self,
+        api: &Api<K>,
+        kind: &str,
+        name: &str,
+    ) -> Result<(K, Owner)>
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
@@ -214,11 +263,22 @@ impl KubeTenant {
     }
 
     /// Waits (a watch, not a poll) until the claim is Ready or can never be.
-    async fn wait_ready(&self, id: &str) -> Result<SandboxClaim> {
+    /// A claim this create just made is waited for on the claim watch every
+    /// claim shares (no copy there can predate it); any other, on a watch of
+    /// its own from a fresh list.
+    async fn wait_ready(&self, id: &str, made_now: bool) -> Result<SandboxClaim> {
         let timeout = self.shared.ready_timeout;
-        let wait = await_condition(self.claims(), id, |c: Option<&SandboxClaim>| {
-            c.is_none_or(|c| model::is_ready(c) || model::terminal_reason(c).is_some())
-        });
+        let settled = |c: &SandboxClaim| model::is_ready(c) || model::terminal_reason(c).is_some();
+        let wait = async {
+            if made_now {
+                Ok(self.watched_until(id, settled).await)
+            } else {
+                await_condition(self.claims(), id, |c: Option<&SandboxClaim>| {
+                    c.is_none_or(settled)
+                })
+                .await
+            }
+        };
         // Meanwhile its Pod's status says early why it cannot start: a fatal
         // reason ends the wait now, any other is kept for the timeout's answer.
         let last_problem = std::sync::Mutex::new(None::<StartProblem>);
@@ -281,6 +341,27 @@ impl KubeTenant {
             ));
         }
         Ok(claim)
+    }
+
+    /// Claim `id` once the claim watch has it `settled`; `None` once it
+    /// is gone after the watch had seen it.
+    async fn watched_until(
+        &self,
+        id: &str,
+        settled: impl Fn(&SandboxClaim) -> bool,
+    ) -> Option<SandboxClaim> {
+        let wait = self.shared.claim_waiters.wait(id);
+        let key = kube::runtime::reflector::ObjectRef::new(id).within(&self.shared.namespace);
+        let mut seen = false;
+        loop {
+            match self.shared.claim_cache.get(&key) {
+                Some(c) if settled(&c) => return Some((*c).clone()),
+                Some(_) => seen = true,
+                None if seen => return None,
+                None => {}
+            }
+            wait.changed().await;
+        }
     }
 
     /// Why starting sandbox `id`'s Pod is not coming up, if its status

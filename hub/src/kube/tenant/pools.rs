@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Read-check-writes of one pool PUT before a conflict is the caller's.
+const WRITE_ATTEMPTS: u32 = 3;
+
 impl KubeTenant {
     pub(super) fn pool_view(&self, p: &SandboxWarmPool) -> Pool {
         let mut v = model::pool_of(p);
@@ -59,42 +62,51 @@ impl KubeTenant {
         // tests/k8s_e2e/test_k8s_security.py pins that).
         spec.validate()?;
 
-        let conflict = |e: kube::Error| match &e {
-            kube::Error::Api(s) if s.code == 409 => Error::new(
-                Code::Conflict,
-                format!("pool {name} changed meanwhile; try again"),
-            ),
-            _ => kube_error(&format!("writing pool {name}"), e),
-        };
         let want = owner::tenant_pool(&self.tenant, name, &template, spec.replicas);
-        let written = match pools.get_opt(&object).await.map_err(read)? {
-            // The name is ours by construction; anything else there (a
-            // 48-bit suffix collision, an operator's object) is left alone.
-            Some(have) if owner::owner(&have.metadata, &self.tenant) != Owner::Caller => {
-                return Err(Error::new(
-                    Code::Conflict,
-                    format!("pool {name}: the cluster name {object} is taken"),
-                ))
+        // Read back from the API server for a while, not the watch.
+        self.shared.caches.wrote::<SandboxWarmPool>(&object);
+        // The controller writes the pool's status as its Pods come and go,
+        // which moves its resourceVersion between our read and our write; a
+        // few fresh read-check-writes get past that, and a writer that keeps
+        // changing it meanwhile gets 409.
+        let mut attempt = 0;
+        let written = loop {
+            attempt += 1;
+            let wrote = match pools.get_opt(&object).await.map_err(read)? {
+                // The name is ours by construction; anything else there (a
+                // 48-bit suffix collision, an operator's object) is left alone.
+                Some(have) if owner::owner(&have.metadata, &self.tenant) != Owner::Caller => {
+                    return Err(Error::new(
+                        Code::Conflict,
+                        format!("pool {name}: the cluster name {object} is taken"),
+                    ))
+                }
+                // At the version read: no write lands on what was not checked.
+                Some(have) => {
+                    let patch = serde_json::json!({
+                        "metadata": {"resourceVersion": have.metadata.resource_version},
+                        "spec": {
+                            "replicas": want.spec.replicas,
+                            "sandboxTemplateRef": {"name": template},
+                        },
+                    });
+                    pools
+                        .patch(&object, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                }
+                None => pools.create(&PostParams::default(), &want).await,
+            };
+            match wrote {
+                Ok(written) => break written,
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < WRITE_ATTEMPTS => continue,
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    return Err(Error::new(
+                        Code::Conflict,
+                        format!("pool {name} changed meanwhile; try again"),
+                    ))
+                }
+                Err(e) => return Err(kube_error(&format!("writing pool {name}"), e)),
             }
-            // The resourceVersion makes the patch fail if the pool changed
-            // since it was read: no write lands on what was not checked.
-            Some(have) => {
-                let patch = serde_json::json!({
-                    "metadata": {"resourceVersion": have.metadata.resource_version},
-                    "spec": {
-                        "replicas": want.spec.replicas,
-                        "sandboxTemplateRef": {"name": template},
-                    },
-                });
-                pools
-                    .patch(&object, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(conflict)?
-            }
-            None => pools
-                .create(&PostParams::default(), &want)
-                .await
-                .map_err(conflict)?,
         };
         Ok(self.pool_view(&written))
     }
@@ -124,9 +136,12 @@ impl KubeTenant {
     }
 
     pub(super) async fn remove_pool(&self, name: &str) -> Result<()> {
-        match self.find(&self.pools(), "pool", name).await? {
+        match self.find_fresh(&self.pools(), "pool", name).await? {
             (_, Owner::Operator) => Err(operator_pool(name)),
             (p, _) => {
+                self.shared
+                    .caches
+                    .wrote::<SandboxWarmPool>(p.metadata.name.as_deref().unwrap_or_default());
                 let params = DeleteParams {
                     preconditions: Some(kube::api::Preconditions {
                         uid: p.metadata.uid.clone(),

@@ -181,7 +181,7 @@ impl Sandboxes for KubeTenant {
             .create(&PostParams::default(), &claim)
             .await
             .map_err(|e| kube_error("creating the sandbox claim", e))?;
-        match self.wait_ready(&id).await {
+        match self.wait_ready(&id, true).await {
             Ok(claim) => Ok(self.view(&claim).await),
             Err(e) => {
                 // A claim that will not come up is not left to hold a Pod.
@@ -382,7 +382,7 @@ impl Sandboxes for KubeTenant {
 
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         self.set_mode(id, "Running").await?;
-        let claim = self.wait_ready(id).await?;
+        let claim = self.wait_ready(id, false).await?;
         Ok(self.view(&claim).await)
     }
 

@@ -79,6 +79,8 @@ impl KubeTenant {
             template::use_shared_claim(&mut want, i, claim);
         }
         let object = owner::object_name(&self.tenant, name);
+        // Read back from the API server for a while, not the watch.
+        self.shared.caches.wrote::<SandboxTemplate>(&object);
         // The controller may write the object (its status) between our read
         // and our write; a few fresh read-check-writes get past that, and a
         // writer that keeps changing it meanwhile gets 409.
@@ -149,7 +151,7 @@ impl KubeTenant {
     }
 
     pub(super) async fn remove_template(&self, name: &str) -> Result<()> {
-        let (t, who) = self.find(&self.templates(), "template", name).await?;
+        let (t, who) = self.find_fresh(&self.templates(), "template", name).await?;
         if who == Owner::Operator {
             return Err(Error::new(
                 Code::PermissionDenied,
@@ -157,6 +159,7 @@ impl KubeTenant {
             ));
         }
         let object = t.metadata.name.clone().unwrap_or_default();
+        self.shared.caches.wrote::<SandboxTemplate>(&object);
         let users: Vec<String> = self
             .pools()
             .list(&ListParams::default().labels(&owner::tenant_selector(&self.tenant)))
