@@ -32,7 +32,7 @@ from k8s_agent_sandbox.commands._process_stubs import process_pb2, process_pb2_g
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from sandhub_testing import hub_k8s as support
-from sandhub_testing import stop_process
+from sandhub_testing import stop_process, wait_for
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -92,6 +92,16 @@ async def create_round(url: str, creates: int) -> tuple[list[float], list[float]
     return mcp_ms, rest_ms
 
 
+def settle(c: support.Cluster, pool: int) -> None:
+    """A full pool, and no Pod of the last round still going: a Pod's teardown takes CPU
+    that the next round's creates would otherwise share."""
+    support.wait_for_pool(c, pool, timeout=300)
+    wait_for("the last round's Pods to be gone",
+             lambda: len([p for p in c.pods() if p.metadata.deletion_timestamp is None]) == len(c.pods()) == pool,
+             timeout=300)
+    time.sleep(2)
+
+
 def ab_creates(c: support.Cluster, new_bin: str, old_bin: str, creates: int, rounds: int) -> None:
     """Warm creates of two hub builds in alternating rounds on the same cluster, each round on
     a full pool: which build goes first alternates."""
@@ -99,7 +109,7 @@ def ab_creates(c: support.Cluster, new_bin: str, old_bin: str, creates: int, rou
     builds = [("new", new_bin), ("old", old_bin)]
     for rnd in range(rounds):
         for label, path in builds[rnd % 2:] + builds[:rnd % 2]:
-            support.wait_for_pool(c, 2 * creates + 1, timeout=300)
+            settle(c, 2 * creates + 1)
             os.environ["SANDHUB_BIN"] = path
             hub, url = c.start_hub()
             try:
@@ -216,7 +226,7 @@ def main() -> None:
         )
         if args.baseline_bin:
             ab_creates(c, str(support.binary("sandhub")), args.baseline_bin, args.creates, args.rounds)
-        support.wait_for_pool(c, 2 * args.creates + 1, timeout=300)
+        settle(c, 2 * args.creates + 1)
         hub, url = c.start_hub()
         try:
             anyio.run(measure, c, url, args.creates, args.execs, args.rounds)
