@@ -87,6 +87,30 @@ pub(super) fn kube_error(what: &str, e: kube::Error) -> Error {
     }
 }
 
+/// Read-check-writes of one pool or template PUT before a conflict is the
+/// caller's.
+const WRITE_ATTEMPTS: u32 = 3;
+
+/// What attempt `attempt` of a read-check-write of `kind` `name` came to:
+/// the object written, `None` to read it again and retry (a conflict, while
+/// attempts remain), or the caller's error.
+pub(super) fn settle_write<K>(
+    wrote: kube::Result<K>,
+    attempt: u32,
+    kind: &str,
+    name: &str,
+) -> Result<Option<K>> {
+    match wrote {
+        Ok(written) => Ok(Some(written)),
+        Err(kube::Error::Api(s)) if s.code == 409 && attempt < WRITE_ATTEMPTS => Ok(None),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::new(
+            Code::Conflict,
+            format!("{kind} {name} changed meanwhile; try again"),
+        )),
+        Err(e) => Err(kube_error(&format!("writing {kind} {name}"), e)),
+    }
+}
+
 fn unimplemented(what: &str) -> Error {
     Error::new(
         Code::Unimplemented,
@@ -459,5 +483,40 @@ impl KubeTenant {
             .await
             .map_err(|e| kube_error(&format!("setting sandbox {id} {mode}"), e))?;
         Ok(claim)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("it changed", "Conflict")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_conflict_is_retried_until_the_last_attempt_then_is_the_callers() {
+        assert_eq!(settle_write(Ok(7), 1, "pool", "p").unwrap(), Some(7));
+        for attempt in 1..WRITE_ATTEMPTS {
+            assert_eq!(
+                settle_write::<u8>(Err(status(409)), attempt, "pool", "p").unwrap(),
+                None
+            );
+        }
+        let last = settle_write::<u8>(Err(status(409)), WRITE_ATTEMPTS, "pool", "p").unwrap_err();
+        assert_eq!(last.code, Code::Conflict);
+        assert_eq!(last.message, "pool p changed meanwhile; try again");
+        // Anything else is never retried.
+        let other = settle_write::<u8>(Err(status(403)), 1, "template", "t").unwrap_err();
+        assert_eq!(other.code, Code::PermissionDenied);
+        assert!(
+            other.message.starts_with("writing template t: "),
+            "{}",
+            other.message
+        );
     }
 }

@@ -3,9 +3,6 @@
 
 use super::*;
 
-/// Read-check-writes of one pool PUT before a conflict is the caller's.
-const WRITE_ATTEMPTS: u32 = 3;
-
 impl KubeTenant {
     pub(super) fn pool_view(&self, p: &SandboxWarmPool) -> Pool {
         let mut v = model::pool_of(p);
@@ -96,16 +93,8 @@ impl KubeTenant {
                 }
                 None => pools.create(&PostParams::default(), &want).await,
             };
-            match wrote {
-                Ok(written) => break written,
-                Err(kube::Error::Api(s)) if s.code == 409 && attempt < WRITE_ATTEMPTS => continue,
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    return Err(Error::new(
-                        Code::Conflict,
-                        format!("pool {name} changed meanwhile; try again"),
-                    ))
-                }
-                Err(e) => return Err(kube_error(&format!("writing pool {name}"), e)),
+            if let Some(written) = settle_write(wrote, attempt, "pool", name)? {
+                break written;
             }
         };
         Ok(self.pool_view(&written))

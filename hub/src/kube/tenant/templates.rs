@@ -6,8 +6,6 @@ use super::*;
 
 /// The field manager of tenants' SandboxTemplates (server-side apply).
 const TEMPLATE_FIELD_MANAGER: &str = "sandhub-hub";
-/// Read-check-writes of one template PUT before a conflict is the caller's.
-const WRITE_ATTEMPTS: u32 = 3;
 
 impl KubeTenant {
     /// What tenants' templates start from: the operator's `--base-template`
@@ -102,23 +100,15 @@ impl KubeTenant {
             }
             // Server-side apply, always by one field manager: what a new
             // version of the template no longer sets is removed.
-            match templates
+            let wrote = templates
                 .patch(
                     &object,
                     &PatchParams::apply(TEMPLATE_FIELD_MANAGER).force(),
                     &Patch::Apply(&want),
                 )
-                .await
-            {
-                Ok(written) => break written,
-                Err(kube::Error::Api(s)) if s.code == 409 && attempt < WRITE_ATTEMPTS => continue,
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    return Err(Error::new(
-                        Code::Conflict,
-                        format!("template {name} changed meanwhile; try again"),
-                    ))
-                }
-                Err(e) => return Err(kube_error(&format!("writing template {name}"), e)),
+                .await;
+            if let Some(written) = settle_write(wrote, attempt, "template", name)? {
+                break written;
             }
         };
         Ok(self.template_view(name, &written))
