@@ -278,8 +278,15 @@ def test_reads_right_after_writes_see_them(cluster: Cluster) -> None:
         })
         sb = ok(requests.post(f"{url}/v1/sandboxes", json={"pool": "made-past-the-hub"}, timeout=REQUEST_TIMEOUT_S),
                 201)
-        assert (sb["pool"], sb["template"], sb["state"]) == ("made-past-the-hub", POOL, "Ready"), sb
-        ok(requests.delete(f"{url}/v1/sandboxes/{sb['id']}", timeout=60), 204)
+        assert (sb["pool"], sb["template"], sb["state"], sb["launch"]) == (
+            "made-past-the-hub", POOL, "Ready", "cold"), sb
+        warm = ok(requests.post(f"{url}/v1/sandboxes", json={"pool": POOL}, timeout=REQUEST_TIMEOUT_S), 201)
+        assert warm["launch"] == "warm", warm
+        # A list tells each one's launch too (from the Sandbox watch, or one list of Sandboxes).
+        listed = {s["id"]: s["launch"] for s in ok(requests.get(f"{url}/v1/sandboxes", timeout=60))["sandboxes"]}
+        assert (listed.get(sb["id"]), listed.get(warm["id"])) == ("cold", "warm"), listed
+        for made_now in (sb, warm):
+            ok(requests.delete(f"{url}/v1/sandboxes/{made_now['id']}", timeout=60), 204)
     finally:
         stop_process(hub)
         if made:

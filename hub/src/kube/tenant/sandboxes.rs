@@ -208,26 +208,40 @@ impl Sandboxes for KubeTenant {
             .list(&params)
             .await
             .map_err(|e| kube_error("listing sandboxes", e))?;
-        let launch: BTreeMap<String, String> = self
-            .sandboxes()
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| kube_error("listing Sandboxes", e))?
-            .into_iter()
-            .filter_map(|s| {
-                let l = s.metadata.labels?.get(names::LAUNCH_TYPE).cloned()?;
-                Some((s.metadata.name?, l))
+        let bound = |c: &SandboxClaim| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.sandbox.as_ref())
+                .map(|s| s.name.clone())
+        };
+        // From the Sandbox watch when it has every bound Sandbox's label
+        // (set when the Sandbox is made, never changed); else one list.
+        let cached: Option<BTreeMap<String, String>> = claims
+            .iter()
+            .filter_map(bound)
+            .map(|b| {
+                let l = self.shared.caches.sandbox_label(&b, names::LAUNCH_TYPE)?;
+                Some((b, l))
             })
             .collect();
+        let launch = match cached {
+            Some(launch) => launch,
+            None => self
+                .sandboxes()
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| kube_error("listing Sandboxes", e))?
+                .into_iter()
+                .filter_map(|s| {
+                    let l = s.metadata.labels?.get(names::LAUNCH_TYPE).cloned()?;
+                    Some((s.metadata.name?, l))
+                })
+                .collect(),
+        };
         Ok(claims
             .into_iter()
             .map(|c| {
-                let bound = c
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.sandbox.as_ref())
-                    .map(|s| s.name.clone());
-                let l = bound.and_then(|b| launch.get(&b).cloned());
+                let l = bound(&c).and_then(|b| launch.get(&b).cloned());
                 self.hub_view(&c, l.as_deref())
             })
             .collect())
