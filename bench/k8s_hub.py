@@ -12,7 +12,9 @@ alternating rounds of the same run.
       [--baseline-bin OTHER_SANDHUB]
 
 With --baseline-bin, warm creates of both builds first, in alternating rounds (a fresh hub each
-round, its first create untimed).
+round, its first create untimed). Last, where an MCP create's time goes: MCP create_sandbox, a
+REST create and a REST create of MCP's request in turn, each with the hub's own time read from
+its create_warm histogram.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import os
 import statistics
 import time
 import urllib.parse
+from typing import Any
 
 import anyio
+from anyio import to_thread
 import grpc
 import requests
 from k8s_agent_sandbox.commands._process_stubs import process_pb2, process_pb2_grpc
@@ -90,6 +94,58 @@ async def create_round(url: str, creates: int) -> tuple[list[float], list[float]
             mcp_ms, rest_ms, mcp_names, rest_names = await make(s, session, url, creates)
             await remove(s, session, url, mcp_names, rest_names + [first.json()["id"]])
     return mcp_ms, rest_ms
+
+
+def served_seconds(session: requests.Session, url: str) -> float:
+    """The hub's own time spent on warm creates so far: the sum of its
+    `sandhub_operation_seconds{op="create_warm"}` histogram (every door, every outcome)."""
+    text = session.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sandhub_operation_seconds_sum{") and 'op="create_warm"' in line)
+
+
+#: What MCP's create_sandbox adds to the request it makes: its session's label and a lifetime.
+MCP_SHAPE: dict[str, Any] = {"labels": {"sandhub.io/mcp-session": "bench"}, "shutdown_after_seconds": 300}
+
+
+async def anatomy(s: ClientSession, session: requests.Session, url: str, per_kind: int) -> dict[
+    str, tuple[list[float], list[float]]
+]:
+    """Where an MCP create's time goes: MCP create_sandbox, a REST create, and a REST create of
+    the very request MCP makes, in turn (which kind goes first rotates). For each create, the
+    client's time and the hub's own (its create_warm histogram read before and after), so
+    what the door and the client add shows apart from what the backend does."""
+    async def mcp() -> str:
+        r = await s.call_tool("create_sandbox", {"warmpool": support.POOL})
+        assert not r.is_error, r.content
+        return str(r.structured_content["sandbox_claim_name"])
+
+    def rest(body: dict[str, Any]) -> str:
+        made = session.post(f"{url}/v1/sandboxes", json=body, timeout=60)
+        assert made.status_code in (200, 201), made.text
+        return str(made.json()["id"])
+
+    async def rest_plain() -> str:
+        return rest({"pool": support.POOL})
+
+    async def rest_mcp_shape() -> str:
+        return rest({"pool": support.POOL, **MCP_SHAPE})
+
+    kinds = {"MCP create_sandbox": mcp, "REST create": rest_plain,
+             "REST create, MCP's request (label, lifetime)": rest_mcp_shape}
+    out: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in kinds}
+    made: list[str] = []
+    order = list(kinds)
+    for i in range(per_kind):
+        for k in order[i % len(order):] + order[:i % len(order)]:
+            before = served_seconds(session, url)
+            t = time.perf_counter()
+            made.append(await kinds[k]())
+            out[k][0].append((time.perf_counter() - t) * 1000)
+            out[k][1].append((served_seconds(session, url) - before) * 1000)
+    for n in made:
+        session.delete(f"{url}/v1/sandboxes/{n}", timeout=60)
+    return out
 
 
 def settle(c: support.Cluster, pool: int) -> None:
@@ -193,6 +249,21 @@ async def measure(c: support.Cluster, url: str, creates: int, execs: int, rounds
                         await mcp() if f is None else f()
                         ms[k].append((time.perf_counter() - t) * 1000)
             await remove(s, session, url, names, rest_names)
+            # A third of the pool per kind, `rounds` times, on a full pool each time.
+            per_kind = max(1, (2 * creates + 1) // 3)
+            parts: dict[str, tuple[list[float], list[float]]] = {}
+            for _ in range(rounds):
+                await to_thread.run_sync(settle, c, 2 * creates + 1)
+                for k, (client, served) in (await anatomy(s, session, url, per_kind)).items():
+                    parts.setdefault(k, ([], []))
+                    parts[k][0].extend(client)
+                    parts[k][1].extend(served)
+    print("| create, warm pool | n | client p50 ms | hub's own p50 ms | client - hub p50 ms |")
+    print("|---|---|---|---|---|")
+    for k, (client, served) in parts.items():
+        gaps = [a - b for a, b in zip(client, served)]
+        print(f"| {k} | {len(client)} | {pct(client, 50):.2f} | {pct(served, 50):.2f} | {pct(gaps, 50):.2f} |")
+    print()
     print("| measurement | n | p50 ms | p90 ms | p99 ms | mean ms |")
     print("|---|---|---|---|---|---|")
     print(row("MCP create_sandbox (warm pool)", create_ms))
