@@ -16,6 +16,12 @@
 //! itself answers each claim with the one status write any controller must
 //! make. No controller can beat it on this cluster; the ratio says how much
 //! the controller's own work (adoption writes, Pod updates, refills) adds.
+//!
+//! With `--rounds N` the floor and the controller's bursts alternate N times
+//! (which goes first alternates), each controller round in a namespace of
+//! its own with a controller of its own, and the next round starts only once
+//! the last one's namespace is gone. The rows pool every round; the details
+//! give each round's p50 ratio and their median.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -59,6 +65,12 @@ pub struct Args {
     /// Skip the cold burst.
     #[arg(long, env = "SANDHUB_BENCH_WARM_ONLY")]
     warm_only: bool,
+    /// Rounds of the floor and the controller's bursts, alternating (which
+    /// goes first alternates too): the floor moves by 2x between runs on
+    /// this machine, so a ratio wants both sides measured in turn.
+    #[arg(long, env = "SANDHUB_BENCH_ROUNDS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=50))]
+    rounds: u32,
     /// Give up on a burst (or on filling the pool) after this many seconds.
     #[arg(long, env = "SANDHUB_BENCH_TIMEOUT_SECS", default_value_t = 300)]
     timeout_secs: u64,
@@ -209,17 +221,50 @@ pub async fn run(args: Args) -> Result<Report> {
     });
     let client = client(&kubeconfig).await?;
     sandhub_testkit::crds::install_crds(&client, "sandhub-bench").await?;
-    let ns = format!("bench-controller-{}", std::process::id());
     let nss: Api<Namespace> = Api::all(client.clone());
-    create_namespace(&nss, &ns).await?;
-    let floor = floor(&client, &nss, &format!("{ns}-floor"), &args).await?;
-    let log = std::env::temp_dir().join(format!("{ns}-controller.log"));
-    let controller = Controller::start(&bin, &kubeconfig, &ns, &args.controller_args, &log)?;
-
-    let result = bursts(&client, &ns, &args).await;
-    drop(controller);
-    let _ = nss.delete(&ns, &DeleteParams::background()).await;
-    let (warm, cold, pool_fill) = result?;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let (mut floors, mut warms, mut colds, mut fills) = (vec![], vec![], vec![], vec![]);
+    let mut log = PathBuf::new();
+    for round in 0..args.rounds {
+        let ns = format!("bench-controller-{}-{round}", std::process::id());
+        let floor_ns = format!("{ns}-floor");
+        if round % 2 == 0 {
+            floors.push(floor(&client, &nss, &floor_ns, &args).await?);
+        }
+        create_namespace(&nss, &ns).await?;
+        log = std::env::temp_dir().join(format!("{ns}-controller.log"));
+        let controller = Controller::start(&bin, &kubeconfig, &ns, &args.controller_args, &log)?;
+        let result = bursts(&client, &ns, &args).await;
+        drop(controller);
+        let _ = nss.delete(&ns, &DeleteParams::background()).await;
+        let (warm, cold, pool_fill) = result?;
+        // The next burst does not share the API server with this one's teardown.
+        gone(&nss, &ns, timeout).await?;
+        if round % 2 == 1 {
+            floors.push(floor(&client, &nss, &floor_ns, &args).await?);
+        }
+        if args.rounds > 1 {
+            eprintln!(
+                "controller bench: round {}: warm p50 {:.1} ms against the floor's {:.1} ms",
+                round + 1,
+                p50_ms(&warm),
+                p50_ms(floors.last().expect("a floor per round"))
+            );
+        }
+        warms.push(warm);
+        colds.extend(cold);
+        fills.push(pool_fill);
+    }
+    let round_ratios: Vec<f64> = warms
+        .iter()
+        .zip(&floors)
+        .map(|(w, f)| p50_ms(w) / p50_ms(f))
+        .collect();
+    let floor = Burst::pooled(floors);
+    let warm = Burst::pooled(warms);
+    let cold = (!colds.is_empty()).then(|| Burst::pooled(colds));
+    fills.sort_unstable();
+    let pool_fill = fills[fills.len() / 2];
 
     let mut report = Report {
         suite: "controller",
@@ -277,12 +322,34 @@ pub async fn run(args: Args) -> Result<Report> {
             cold.warm_launches,
         );
     }
-    report.detail("warm claims served warm", warm.warm_launches);
+    report.detail(
+        format!("warm claims served warm (of {})", n * args.rounds),
+        warm.warm_launches,
+    );
     report.detail(
         format!("pool of {n}: 0→all Ready"),
         format!("{:.2} s", pool_fill.as_secs_f64()),
     );
-    report.detail("controller log", log.display());
+    if round_ratios.len() > 1 {
+        let mut sorted = round_ratios.clone();
+        sorted.sort_by(f64::total_cmp);
+        report.detail(
+            format!(
+                "warm p50 ÷ the floor's, per round ({} alternating rounds; the rows pool them)",
+                round_ratios.len()
+            ),
+            format!(
+                "{} (median {:.2}×)",
+                round_ratios
+                    .iter()
+                    .map(|r| format!("{r:.2}×"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                sorted[sorted.len() / 2]
+            ),
+        );
+    }
+    report.detail("controller log (the last round's)", log.display());
     report.detail(
         "controller args",
         if args.controller_args.is_empty() {
@@ -305,6 +372,43 @@ struct Burst {
     creates_done: Duration,
     duplicates: usize,
     warm_launches: usize,
+}
+
+impl Burst {
+    /// Rounds as one: every latency, the median round's whole-burst times,
+    /// and the counts summed.
+    fn pooled(rounds: Vec<Burst>) -> Burst {
+        let median = |f: fn(&Burst) -> Duration| {
+            let mut v: Vec<Duration> = rounds.iter().map(f).collect();
+            v.sort_unstable();
+            v[v.len() / 2]
+        };
+        Burst {
+            all_ready: median(|b| b.all_ready),
+            creates_done: median(|b| b.creates_done),
+            duplicates: rounds.iter().map(|b| b.duplicates).sum(),
+            warm_launches: rounds.iter().map(|b| b.warm_launches).sum(),
+            latencies: rounds.into_iter().flat_map(|b| b.latencies).collect(),
+        }
+    }
+}
+
+fn p50_ms(b: &Burst) -> f64 {
+    let mut lat = b.latencies.clone();
+    lat.sort_unstable();
+    percentile(&lat, 50.0).as_secs_f64() * 1e3
+}
+
+/// Waits until namespace `ns` and everything in it are gone.
+async fn gone(nss: &Api<Namespace>, ns: &str, timeout: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    while nss.get_opt(ns).await?.is_some() {
+        if t0.elapsed() > timeout {
+            bail!("namespace {ns} still there after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
 }
 
 async fn bursts(
@@ -433,6 +537,7 @@ async fn floor(client: &Client, nss: &Api<Namespace>, ns: &str, args: &Args) -> 
     .await;
     oracle.abort();
     let _ = nss.delete(ns, &DeleteParams::background()).await;
+    gone(nss, ns, Duration::from_secs(args.timeout_secs)).await?;
     result
 }
 
