@@ -43,7 +43,7 @@ use sandhub_api::k8s::{
 
 use crate::machine::Machine;
 use crate::report::{Report, Row, Target, Unit, Value};
-use crate::stats::percentile;
+use crate::stats::{median, percentile};
 
 /// Targets from the issue: warm claim→Ready p50 ≤ 50 ms, p99 ≤ 200 ms.
 const WARM_P50_MAX_US: f64 = 50_000.0;
@@ -331,8 +331,6 @@ pub async fn run(args: Args) -> Result<Report> {
         format!("{:.2} s", pool_fill.as_secs_f64()),
     );
     if round_ratios.len() > 1 {
-        let mut sorted = round_ratios.clone();
-        sorted.sort_by(f64::total_cmp);
         report.detail(
             format!(
                 "warm p50 ÷ the floor's, per round ({} alternating rounds; the rows pool them)",
@@ -345,7 +343,7 @@ pub async fn run(args: Args) -> Result<Report> {
                     .map(|r| format!("{r:.2}×"))
                     .collect::<Vec<_>>()
                     .join(", "),
-                sorted[sorted.len() / 2]
+                median(&round_ratios)
             ),
         );
     }
