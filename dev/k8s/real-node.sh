@@ -97,6 +97,9 @@ tlsPrivateKeyFile: $dir/pki/apiserver.key
 registerWithTaints:
 - {key: sandhub.dev/real-node, value: "true", effect: NoSchedule}
 YAML
+    # The kubelet adds iptables chains to the host (KUBE-FIREWALL's rule puts every packet
+    # on the host's loopback through conntrack); remember whether they were ours to remove.
+    if ! iptables -S KUBE-FIREWALL >/dev/null 2>&1; then : >"$dir/kubelet/iptables-ours"; fi
     log "starting kubelet (node $REAL_NODE_NAME)"
     # --hostname-override=localhost with the apiserver's
     # --kubelet-preferred-address-types=Hostname,InternalIP makes logs and exec reach the
@@ -106,6 +109,29 @@ YAML
         --node-labels="$REAL_NODE_LABEL"
     wait_for "node $REAL_NODE_NAME Ready" kubelet node_ready "$REAL_NODE_NAME"
     log "real node $REAL_NODE_NAME Ready (taint $REAL_NODE_TAINT, pod IPs 10.88.$slice.0/24)"
+}
+
+# Removes the chains the kubelet added to the host's iptables, when this DIR's kubelet made
+# them and no other kubelet runs: KUBE-FIREWALL left behind costs every packet on the host's
+# loopback a conntrack lookup, long after the tests (the port-proxy bench's hub, on the host,
+# paid it; the router it is compared with, inside the sandbox's namespace, did not).
+drop_kubelet_iptables() {
+    [[ -f "$dir/kubelet/iptables-ours" ]] || return 0
+    local ipt t ch p
+    # Another cluster's kubelet still uses them (ours may linger as a zombie: not counted).
+    for p in $(pgrep -x kubelet); do running "$p" && return 0; done
+    for ipt in iptables ip6tables; do
+        command -v "$ipt" >/dev/null || continue
+        for ch in INPUT OUTPUT; do
+            while "$ipt" -D "$ch" -j KUBE-FIREWALL 2>/dev/null; do :; done
+        done
+        for t in filter nat mangle; do
+            for ch in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+                "$ipt" -t "$t" -F "$ch" 2>/dev/null && "$ipt" -t "$t" -X "$ch" 2>/dev/null
+            done
+        done
+    done
+    rm -f "$dir/kubelet/iptables-ours"
 }
 
 stop_real_node() {
@@ -122,6 +148,7 @@ stop_real_node() {
         done
     fi
     stop kubelet containerd
+    drop_kubelet_iptables
     # The kubelet mounts volumes and containerd its snapshots under DIR: unmount them so
     # DIR can be removed.
     local m
