@@ -295,32 +295,6 @@ async fn code_a_flooding_kernel_blocks_no_other_context_and_results_are_capped()
     assert!(t.len() <= 1 << 20 && t.ends_with(sandhub_api::code::TRUNCATED_MARKER));
 }
 
-/// The pids of `parent`'s children whose command line contains `needle`.
-fn children_running(parent: u32, needle: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(parent) && String::from_utf8_lossy(&cmdline).contains(needle)
-        })
-        .collect()
-}
-
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        let state = s
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.trim_start().chars().next());
-        !matches!(state, Some('Z' | 'X'))
-    })
-}
-
 #[tokio::test]
 async fn code_kernels_end_with_the_test_daemon() {
     // A kernel leads a process group of its own, so killing sandboxd alone
@@ -328,14 +302,21 @@ async fn code_kernels_end_with_the_test_daemon() {
     let Some(d) = daemon(&[]) else { return };
     let c: Context = create(&d).await.json().await.unwrap();
     run(&d, json!({"code": "1", "context": c.id})).await;
-    let kernels = children_running(d.child.id(), "ipykernel");
+    let kernels: Vec<i32> = common::children(d.child.id())
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("ipykernel"))
+        })
+        .collect();
     assert!(
         !kernels.is_empty(),
         "a context runs a kernel below sandboxd"
     );
     drop(d);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while kernels.iter().any(|&k| alive(k)) {
+    while kernels.iter().any(|&k| common::pid_alive(k)) {
         assert!(
             Instant::now() < deadline,
             "kernels {kernels:?} outlived their sandboxd"

@@ -131,15 +131,6 @@ fn running(cmdline: &[&str]) -> bool {
         .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
 }
 
-fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !cond() {
@@ -337,12 +328,15 @@ async fn sigterm_kills_the_process_and_its_children() {
     let mut seen = Vec::new();
     read_until(&mut s, &mut seen, "\n").await;
     let child: i32 = String::from_utf8_lossy(&seen).trim().parse().unwrap();
-    assert!(pid_alive(child));
+    assert!(common::pid_alive(child));
     within(c.send_signal(signal(pid, pb::Signal::Sigterm)))
         .await
         .unwrap();
     assert_eq!(rest(&mut s).await.exit, Some(128 + 15));
-    eventually("the background sleep dies too", || !pid_alive(child)).await;
+    eventually("the background sleep dies too", || {
+        !common::pid_alive(child)
+    })
+    .await;
     // Gone from the table once exited.
     let r = within(c.send_signal(signal(pid, pb::Signal::Sigterm))).await;
     assert_eq!(code(r), Code::NotFound);

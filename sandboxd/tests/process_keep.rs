@@ -117,15 +117,6 @@ async fn list(c: &mut KeptProcessServiceClient<Channel>, label: &str) -> Vec<kpb
     .processes
 }
 
-fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !cond() {
@@ -144,7 +135,10 @@ async fn a_kept_process_outlives_its_stream_and_replays_to_a_later_reader() {
     let (stream, pid) = start(&mut c, &["/bin/sh", "-c", script], "tenant-a").await;
     drop(stream);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(pid_alive(pid), "the kept process died with its stream");
+    assert!(
+        common::pid_alive(pid),
+        "the kept process died with its stream"
+    );
 
     let listed = list(&mut c, "tenant-a").await;
     assert_eq!(listed.len(), 1, "{listed:?}");
@@ -264,7 +258,7 @@ async fn the_tail_keeps_the_newest_mebibyte_and_says_how_much_it_dropped() {
     let script = format!("head -c {total} /dev/zero | tr '\\0' a; printf END");
     let (stream, pid) = start(&mut c, &["/bin/sh", "-c", &script], "t").await;
     drop(stream);
-    eventually("the writer finishes unread", || !pid_alive(pid)).await;
+    eventually("the writer finishes unread", || !common::pid_alive(pid)).await;
     let seen = read_to_end(&mut attach(&mut c, pid, "t").await.unwrap()).await;
     assert_eq!(seen.exit, Some(0));
     assert!(
@@ -308,7 +302,7 @@ async fn kept_processes_are_bounded_in_number() {
     .await
     .unwrap();
     let victim = *victim;
-    eventually("the killed one is reaped", || !pid_alive(victim)).await;
+    eventually("the killed one is reaped", || !common::pid_alive(victim)).await;
     let deadline = Instant::now() + WAIT;
     loop {
         let listed = list(&mut c, "n").await;

@@ -2,6 +2,8 @@
 //! real `Daemon` (no listener): every behaviour that does not depend on the
 //! transport.
 
+mod common;
+
 use std::{
     collections::HashMap,
     future::Future,
@@ -169,16 +171,6 @@ fn running(cmdline: &[&str]) -> bool {
         .unwrap()
         .flatten()
         .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
-}
-
-fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name.
-        Ok(stat) => !stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-        Err(_) => false,
-    }
 }
 
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
@@ -561,7 +553,7 @@ async fn sigterm_reaches_the_whole_group() {
     let mut seen = Vec::new();
     read_until(&mut s, &mut seen, "\n").await;
     let child: i32 = String::from_utf8_lossy(&seen).trim().parse().unwrap();
-    assert!(pid_alive(child));
+    assert!(common::pid_alive(child));
     within(f.svc.send_signal(Request::new(pb::SendSignalRequest {
         process_id: pid,
         signal: pb::Signal::Sigterm as i32,
@@ -570,7 +562,7 @@ async fn sigterm_reaches_the_whole_group() {
     .unwrap();
     assert_eq!(rest(&mut s).await.exit, Some(128 + 15));
     eventually("the background sleep dies with its group", || {
-        !pid_alive(child)
+        !common::pid_alive(child)
     })
     .await;
 }
@@ -605,7 +597,7 @@ async fn unsupported_signals_are_invalid_argument() {
         .await;
         assert_eq!(code(r), Code::InvalidArgument, "signal {signal}");
     }
-    assert!(pid_alive(pid));
+    assert!(common::pid_alive(pid));
     f.daemon.processes.kill_all();
     assert_eq!(rest(&mut s).await.exit, Some(128 + 9));
 }

@@ -11,14 +11,6 @@ use sandhub_api::proto::process::v1::{
     StartRequest,
 };
 
-fn pid_alive(pid: i32) -> bool {
-    // A zombie still has a /proc entry; count only live processes.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.contains(") Z "),
-        Err(_) => false,
-    }
-}
-
 async fn start_sleeper(d: &Daemon, script: &str) -> i32 {
     let mut grpc = ProcessServiceClient::connect(d.grpc_url()).await.unwrap();
     let mut stream = grpc
@@ -59,7 +51,7 @@ async fn sigterm_drains_then_kills_the_process_groups() {
         .trim()
         .parse()
         .unwrap();
-    assert!(pid_alive(pid) && pid_alive(child));
+    assert!(common::pid_alive(pid) && common::pid_alive(child));
 
     unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
     let started = Instant::now();
@@ -85,7 +77,7 @@ async fn sigterm_drains_then_kills_the_process_groups() {
         "did not wait for the timeout: {took:?}"
     );
     let gone = Instant::now() + Duration::from_secs(5);
-    while pid_alive(child) || pid_alive(pid) {
+    while common::pid_alive(child) || common::pid_alive(pid) {
         assert!(Instant::now() < gone, "process group survived shutdown");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -110,7 +110,7 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         // sandboxd starts code kernels and detached commands in process
         // groups of their own, which a SIGKILL of sandboxd alone leaves to
-        // init: six kernels of `code_kernel.rs` (one of 1.5 GB) outlived a
+        // init: seven kernels of `code_kernel.rs` (one of 1.5 GB) outlived a
         // CI run. In a sandbox its PID namespace ends them; here, end them
         // while they are still sandboxd's children.
         kill_children(self.child.id());
@@ -119,37 +119,41 @@ impl Drop for Daemon {
     }
 }
 
+/// Whether `pid` runs (a zombie has a /proc entry but does not).
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => !stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// `parent`'s children now: each one's pid and process group.
+pub fn children(parent: u32) -> Vec<(i32, i32)> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After the command's closing parenthesis: state, ppid, pgrp, ...
+            let (_, rest) = stat.rsplit_once(')')?;
+            let mut fields = rest.split_whitespace().skip(1);
+            let ppid = fields.next()?.parse::<u32>().ok()?;
+            let pgrp = fields.next()?.parse::<i32>().ok()?;
+            (ppid == parent).then_some((pid, pgrp))
+        })
+        .collect()
+}
+
 /// SIGKILL to every child of `parent` and, for a child that leads its own
 /// process group, to that whole group.
 pub fn kill_children(parent: u32) {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // After the command's closing parenthesis: state, ppid, pgrp, ...
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let (Some(ppid), Some(pgrp)) = (
-            fields.get(1).and_then(|f| f.parse::<u32>().ok()),
-            fields.get(2).and_then(|f| f.parse::<i32>().ok()),
-        ) else {
-            continue;
-        };
-        if ppid != parent {
-            continue;
-        }
+    for (pid, pgrp) in children(parent) {
         let target = if pgrp == pid { -pid } else { pid };
         // SAFETY: a plain kill of a process (group) this test's daemon started.
         unsafe { libc::kill(target, libc::SIGKILL) };
