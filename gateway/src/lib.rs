@@ -23,7 +23,8 @@
 //!             per-sandbox name <-> fake IP pool), cache.rs (the
 //!             per-sandbox upstream answer cache: TTLs, LRU), mod.rs (the
 //!             sandbox-side responder, the upstream resolve)
-//! tun.rs      making and configuring the TUN device inside a namespace
+//! tun.rs      making and configuring the TUN device inside a namespace;
+//!             TunFd, which closes it on the blocking pool
 //! stack.rs    the per-sandbox loop: TUN <-> smoltcp <-> real sockets;
 //!             re-judges open flows when the policy changes
 //! udp.rs      UDP flows the policy names (`udp:HOST:PORT`): judged on

@@ -67,7 +67,7 @@ use crate::{
     dns::{self, cache::DnsCache, fakeip::FakePool},
     meter::Meter,
     policy::{self, internal, Flow as PolicyFlow, Proto, SandboxPolicy},
-    tun::MTU,
+    tun::{TunFd, MTU},
     udp, Config, PolicyCell,
 };
 
@@ -204,7 +204,7 @@ pub(crate) struct Loop {
     cfg: Arc<Config>,
     /// Read afresh for every SYN and DNS query (a PATCH swaps it).
     policy: PolicyCell,
-    tun: AsyncFd<OwnedFd>,
+    tun: AsyncFd<TunFd>,
     iface: Interface,
     dev: Queues,
     sockets: SocketSet<'static>,
@@ -325,7 +325,8 @@ impl Loop {
         secrets: Vec<Secret>,
     ) -> io::Result<Loop> {
         // SAFETY: an OwnedFd is a valid fd that stays open as long as the
-        // AsyncFd owns it.
+        // AsyncFd owns it (a TunFd closes it only when dropped).
+        let tun = TunFd::new(tun);
         let tun = unsafe { AsyncFd::register_with_interest(tun, tokio::io::Interest::READABLE) }
             .map_err(|e| e.into_parts().1)?;
         let mut dev = Queues {

@@ -10,7 +10,8 @@
 //!
 //! The device is not persistent: when the hub closes the fd (it stops the
 //! gateway, or dies), the kernel removes the device and its routes, and
-//! the sandbox is offline: it fails closed.
+//! the sandbox is offline: it fails closed. A running gateway holds its fd
+//! as a [`TunFd`], which does that close off the event loop.
 
 use std::{
     io,
@@ -96,6 +97,44 @@ fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
         return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
     }
     Ok(())
+}
+
+/// A TUN device's fd that, dropped inside a tokio runtime, is closed on
+/// the runtime's blocking pool.
+///
+/// Closing the last fd of a TUN device unregisters the device, and the
+/// kernel waits out RCU grace periods inside that `close` (six
+/// `synchronize_rcu_expedited` and an `rcu_barrier` per device in a
+/// `perf` of the hub). A gateway is dropped when its sandbox stops, on an
+/// event-loop thread: each close stalled that thread, and every request
+/// it was serving, for milliseconds (docs/benchmarks.md, issue #34 §0).
+/// The sandbox is already offline once the gateway's loop is gone
+/// (nothing reads the device), so a later close changes nothing it can
+/// reach.
+pub(crate) struct TunFd(Option<OwnedFd>);
+
+impl TunFd {
+    pub(crate) fn new(fd: OwnedFd) -> Self {
+        TunFd(Some(fd))
+    }
+}
+
+impl AsRawFd for TunFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        // Some until drop: only Drop takes it.
+        self.0.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+}
+
+impl Drop for TunFd {
+    fn drop(&mut self) {
+        let Some(fd) = self.0.take() else { return };
+        // Outside a runtime (or once it shuts down, when the pool drops
+        // the closure unrun) the fd closes here, as a plain drop would.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn_blocking(move || drop(fd)));
+        }
+    }
 }
 
 /// What the gateway holds inside one sandbox's namespace.
@@ -224,5 +263,57 @@ fn create_here() -> io::Result<OwnedFd> {
             "adding the default route",
         )?;
         Ok(tun)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `/proc/self/fd/{fd}` names: a pipe's inode while it is open.
+    fn names(fd: std::os::fd::RawFd) -> Option<std::path::PathBuf> {
+        std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()
+    }
+
+    /// The close waits for the runtime's blocking pool: with the pool's
+    /// one thread held, the fd is still open after the drop returns, and
+    /// closed once the pool runs. Dropped outside a runtime, it closes at
+    /// once.
+    #[test]
+    fn a_tun_fd_dropped_in_a_runtime_closes_on_the_blocking_pool() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let (read, write) = std::io::pipe().unwrap();
+        let fd: OwnedFd = read.into();
+        let raw = fd.as_raw_fd();
+        let pipe = names(raw).unwrap();
+        assert!(pipe.to_string_lossy().starts_with("pipe:"), "{pipe:?}");
+        let (hold, held) = std::sync::mpsc::channel::<()>();
+        rt.block_on(async move {
+            let busy = tokio::task::spawn_blocking(move || held.recv());
+            drop(TunFd::new(fd));
+            assert_eq!(names(raw), Some(pipe.clone()), "closed on the event loop");
+            hold.send(()).unwrap();
+            busy.await.unwrap().unwrap();
+            // The close was queued behind the held task; wait for it.
+            for _ in 0..200 {
+                if names(raw).as_ref() != Some(&pipe) {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            assert_ne!(names(raw), Some(pipe), "never closed");
+        });
+        drop(write);
+
+        let (read, _write) = std::io::pipe().unwrap();
+        let fd: OwnedFd = read.into();
+        let raw = fd.as_raw_fd();
+        let pipe = names(raw);
+        drop(TunFd::new(fd));
+        assert_ne!(names(raw), pipe, "a drop outside a runtime closes at once");
     }
 }
