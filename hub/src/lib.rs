@@ -47,6 +47,8 @@
 //! - [`volume_files`]: a named volume's files reached from its directory fd
 //!   without following a link (the local backend's; Kubernetes serves them
 //!   through a helper Pod's sandboxd, `kube::tenant`).
+//! - [`sqlite`]: how the store, the event log and the webhook outbox open
+//!   their SQLite file (WAL, and a busy handler that waits in short steps).
 //!
 //! Request validation is not here: it is part of the API contract
 //! (`sandhub_api::validate`), so both backends refuse the same requests.
@@ -72,6 +74,7 @@ pub mod policy;
 pub mod proc_net;
 pub mod secrets_file;
 pub mod serve;
+pub mod sqlite;
 pub mod usage;
 pub mod volume_files;
 pub mod webhooks;

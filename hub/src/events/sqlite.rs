@@ -6,7 +6,6 @@
 use std::{
     path::Path,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use rusqlite::{params, Connection};
@@ -54,11 +53,7 @@ fn db_err(e: rusqlite::Error) -> Error {
 }
 
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
-    let c = Connection::open(path)?;
-    c.pragma_update(None, "journal_mode", "WAL")?;
-    c.pragma_update(None, "synchronous", "NORMAL")?;
-    c.busy_timeout(Duration::from_secs(5))?;
-    Ok(c)
+    crate::sqlite::open(path)
 }
 
 impl SqliteLog {

@@ -5,7 +5,6 @@
 use std::{
     path::Path,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -112,12 +111,7 @@ pub struct WebhookStore {
 
 impl WebhookStore {
     pub fn open(path: &Path) -> Result<WebhookStore> {
-        let c = Connection::open(path).map_err(db_err)?;
-        c.pragma_update(None, "journal_mode", "WAL")
-            .map_err(db_err)?;
-        c.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(db_err)?;
-        c.busy_timeout(Duration::from_secs(5)).map_err(db_err)?;
+        let c = crate::sqlite::open(path).map_err(db_err)?;
         c.execute_batch(SCHEMA).map_err(db_err)?;
         Ok(WebhookStore {
             conn: Mutex::new(c),

@@ -250,13 +250,7 @@ impl Db<'_> {
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self> {
-        let conn = Connection::open(path).map_err(db_err)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(db_err)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(db_err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(db_err)?;
+        let conn = crate::sqlite::open(path).map_err(db_err)?;
         conn.execute_batch(SCHEMA).map_err(db_err)?;
         conn.execute_batch(gym::SCHEMA).map_err(db_err)?;
         conn.execute_batch(secrets::SCHEMA).map_err(db_err)?;

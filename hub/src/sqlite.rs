@@ -1,0 +1,110 @@
+//! How the hub opens its SQLite files: one setting for the store, the
+//! event log and the webhook outbox, which share a file on the local
+//! backend (each from a connection of its own).
+//!
+//! - WAL, with `synchronous=NORMAL`: a commit survives the hub's crash
+//!   (only power loss can take the last ones), and readers never wait
+//!   for the writer.
+//! - A busy handler that waits in short steps. WAL still lets one writer
+//!   in at a time, so a connection that wants to write while another
+//!   commits waits. SQLite's own handler (`busy_timeout`) sleeps 1 ms at
+//!   its first step, and the store writes from the HTTP event loop's
+//!   threads: every request that met the event writer's commit (about
+//!   100 µs) lost a millisecond (docs/benchmarks.md, issue #34 §0).
+
+use std::{path::Path, time::Duration};
+
+use rusqlite::Connection;
+
+/// How long a write waits for another connection's before it fails with
+/// `SQLITE_BUSY`.
+pub const BUSY_WAIT: Duration = Duration::from_secs(5);
+/// The first wait; each next one doubles, up to [`BUSY_STEP_MAX`].
+const BUSY_STEP_FIRST: Duration = Duration::from_micros(20);
+const BUSY_STEP_MAX: Duration = Duration::from_millis(5);
+
+/// Opens (or creates) `path` in WAL mode with the hub's busy handler.
+pub fn open(path: &Path) -> rusqlite::Result<Connection> {
+    let mut c = Connection::open(path)?;
+    c.pragma_update(None, "journal_mode", "WAL")?;
+    c.pragma_update(None, "synchronous", "NORMAL")?;
+    c.busy_handler(Some(busy))?;
+    Ok(c)
+}
+
+/// SQLite's busy callback: sleeps this attempt's step and tries again, or
+/// gives up (false) once [`BUSY_WAIT`] has gone by in steps.
+fn busy(attempt: i32) -> bool {
+    match busy_step(u32::try_from(attempt).unwrap_or(0)) {
+        Some(step) => {
+            std::thread::sleep(step);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The wait before retry `attempt` (0 first), or None once the waits
+/// before it add up to [`BUSY_WAIT`].
+fn busy_step(attempt: u32) -> Option<Duration> {
+    let step = |n: u32| {
+        BUSY_STEP_FIRST
+            .saturating_mul(1u32.checked_shl(n).unwrap_or(u32::MAX))
+            .min(BUSY_STEP_MAX)
+    };
+    let mut waited = Duration::ZERO;
+    for n in 0..attempt {
+        waited += step(n);
+        if waited >= BUSY_WAIT {
+            return None;
+        }
+    }
+    Some(step(attempt))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busy_steps_start_short_double_and_stop_after_the_wait() {
+        assert_eq!(busy_step(0), Some(Duration::from_micros(20)));
+        assert_eq!(busy_step(1), Some(Duration::from_micros(40)));
+        assert_eq!(busy_step(8), Some(BUSY_STEP_MAX));
+        assert_eq!(busy_step(40), Some(BUSY_STEP_MAX));
+        let steps: Vec<Duration> = (0..).map_while(busy_step).collect();
+        let total: Duration = steps.iter().sum();
+        assert!(
+            total >= BUSY_WAIT && total <= BUSY_WAIT + BUSY_STEP_MAX,
+            "{total:?} over {} steps",
+            steps.len()
+        );
+    }
+
+    /// A write that meets another connection's open write transaction
+    /// waits for it, then goes through.
+    #[test]
+    fn a_write_waits_for_another_connections_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let holder = open(&path).unwrap();
+        holder.execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let (path2, started) = (path.clone(), std::time::Instant::now());
+        let writer = std::thread::spawn(move || {
+            let c = open(&path2).unwrap();
+            c.execute("INSERT INTO t VALUES (1)", [])
+                .map(|_| started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        holder
+            .execute_batch("INSERT INTO t VALUES (0); COMMIT")
+            .unwrap();
+        let waited = writer.join().unwrap().unwrap();
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+        let n: i64 = holder
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 2);
+    }
+}
