@@ -11,6 +11,12 @@
 //!   its first step, and the store writes from the HTTP event loop's
 //!   threads: every request that met the event writer's commit (about
 //!   100 µs) lost a millisecond (docs/benchmarks.md, issue #34 §0).
+//! - Checkpoints off the event loop ([`checkpoint_late`]). SQLite copies
+//!   the WAL back into the file, and `fsync`s it, in whichever commit
+//!   finds the WAL past a threshold. The event log's writer thread commits
+//!   after nearly every change and keeps SQLite's 1000 pages; the
+//!   connections that write from the event loop wait for ten times that,
+//!   so they pay only if the event writer stops.
 
 use std::{path::Path, time::Duration};
 
@@ -30,6 +36,18 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
     c.pragma_update(None, "synchronous", "NORMAL")?;
     c.busy_handler(Some(busy))?;
     Ok(c)
+}
+
+/// WAL pages past which a [`checkpoint_late`] connection checkpoints
+/// itself: 40 MiB of 4 KiB pages, which bounds the WAL should no other
+/// connection commit.
+pub const BACKSTOP_PAGES: u32 = 10_000;
+
+/// Leaves the WAL's automatic checkpoint to other connections until the
+/// WAL holds [`BACKSTOP_PAGES`]: for a connection that writes from the
+/// HTTP event loop's threads.
+pub fn checkpoint_late(c: &Connection) -> rusqlite::Result<()> {
+    c.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)
 }
 
 /// SQLite's busy callback: sleeps this attempt's step and tries again, or
@@ -106,5 +124,40 @@ mod tests {
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 2);
+    }
+
+    /// Frames in the WAL file, from its size: 32 bytes of header, then 24
+    /// bytes and a page per frame. The file is reused from its start after
+    /// a checkpoint, so past SQLite's 1000 pages it grows only while no
+    /// connection checkpoints.
+    fn wal_frames(db: &Path) -> u64 {
+        let wal = db.with_extension("db-wal");
+        (std::fs::metadata(wal).unwrap().len().saturating_sub(32)) / (24 + 4096)
+    }
+
+    /// A connection set to checkpoint late lets the WAL grow past
+    /// SQLite's 1000 pages; one with the default checkpoints at them.
+    #[test]
+    fn a_late_connection_leaves_the_checkpoint_to_others() {
+        for late in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("t.db");
+            let c = open(&path).unwrap();
+            if late {
+                checkpoint_late(&c).unwrap();
+            }
+            c.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+            // A page of its own per row: each commit adds a frame or more.
+            for _ in 0..1500 {
+                c.execute("INSERT INTO t VALUES (zeroblob(3000))", [])
+                    .unwrap();
+            }
+            let frames = wal_frames(&path);
+            if late {
+                assert!(frames > 1200, "{frames} frames");
+            } else {
+                assert!(frames < 1100, "{frames} frames");
+            }
+        }
     }
 }

@@ -112,6 +112,7 @@ pub struct WebhookStore {
 impl WebhookStore {
     pub fn open(path: &Path) -> Result<WebhookStore> {
         let c = crate::sqlite::open(path).map_err(db_err)?;
+        crate::sqlite::checkpoint_late(&c).map_err(db_err)?;
         c.execute_batch(SCHEMA).map_err(db_err)?;
         Ok(WebhookStore {
             conn: Mutex::new(c),

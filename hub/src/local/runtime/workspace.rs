@@ -22,6 +22,7 @@ use std::{
     os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
 };
 
 use super::error::annotate;
@@ -284,12 +285,42 @@ fn kill_workload() -> io::Result<()> {
             signalled.push(pid);
         }
         if !found {
+            wait_exited(&signalled);
             return Ok(());
         }
     }
     Err(io::Error::other(
         "processes keep appearing while resetting the workspace",
     ))
+}
+
+/// How long a reset waits for the processes it killed to exit.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until each of `pids` has exited (gone, or a zombie its parent
+/// has yet to reap). A SIGKILL is acted on only when its process next
+/// runs, which on a busy machine can be after the reset would have
+/// answered: a `ps` right after the reset then still listed the workload
+/// (`reset_restores_the_seed_and_kills_processes` failed so in a CI run).
+/// A process that outlasts [`EXIT_WAIT`] (stuck in the kernel) is logged,
+/// and the reset goes on: it can never run its own code again.
+fn wait_exited(pids: &[i32]) {
+    let deadline = Instant::now() + EXIT_WAIT;
+    loop {
+        let left: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|&p| super::procfs::stat(p).is_ok_and(|st| st.is_running()))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(?left, "processes killed by a reset have not exited yet");
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
 
 /// Upper layers left behind by earlier resets (a reset whose background

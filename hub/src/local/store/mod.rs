@@ -251,6 +251,7 @@ impl Db<'_> {
 impl Store {
     pub fn open(path: &Path) -> Result<Self> {
         let conn = crate::sqlite::open(path).map_err(db_err)?;
+        crate::sqlite::checkpoint_late(&conn).map_err(db_err)?;
         conn.execute_batch(SCHEMA).map_err(db_err)?;
         conn.execute_batch(gym::SCHEMA).map_err(db_err)?;
         conn.execute_batch(secrets::SCHEMA).map_err(db_err)?;
