@@ -52,15 +52,11 @@ fn db_err(e: rusqlite::Error) -> Error {
     Error::internal(format!("event log: {e}"))
 }
 
-fn connect(path: &Path) -> rusqlite::Result<Connection> {
-    crate::sqlite::open(path)
-}
-
 impl SqliteLog {
     pub fn open(path: &Path, hook: Option<Arc<dyn AppendHook>>) -> Result<SqliteLog> {
-        let writer = connect(path).map_err(db_err)?;
+        let writer = crate::sqlite::open(path).map_err(db_err)?;
         writer.execute_batch(SCHEMA).map_err(db_err)?;
-        let reader = connect(path).map_err(db_err)?;
+        let reader = crate::sqlite::open(path).map_err(db_err)?;
         Ok(SqliteLog {
             writer: Mutex::new(writer),
             reader: Mutex::new(reader),

@@ -273,12 +273,8 @@ fn kill_workload() -> io::Result<()> {
     for _pass in 0..1000 {
         let mut found = false;
         for pid in super::procfs::all_pids()? {
-            if spared.contains(&pid) || signalled.contains(&pid) {
+            if spared.contains(&pid) || signalled.contains(&pid) || !running(pid) {
                 continue;
-            }
-            match super::procfs::stat(pid) {
-                Ok(st) if st.is_running() => {}
-                _ => continue,
             }
             found = true;
             super::sys::kill(pid, libc::SIGKILL)?;
@@ -294,6 +290,11 @@ fn kill_workload() -> io::Result<()> {
     ))
 }
 
+/// Whether `pid` exists and has not exited (a zombie has).
+fn running(pid: i32) -> bool {
+    super::procfs::stat(pid).is_ok_and(|st| st.is_running())
+}
+
 /// How long a reset waits for the processes it killed to exit.
 const EXIT_WAIT: Duration = Duration::from_secs(5);
 
@@ -307,11 +308,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(5);
 fn wait_exited(pids: &[i32]) {
     let deadline = Instant::now() + EXIT_WAIT;
     loop {
-        let left: Vec<i32> = pids
-            .iter()
-            .copied()
-            .filter(|&p| super::procfs::stat(p).is_ok_and(|st| st.is_running()))
-            .collect();
+        let left: Vec<i32> = pids.iter().copied().filter(|&p| running(p)).collect();
         if left.is_empty() {
             return;
         }
