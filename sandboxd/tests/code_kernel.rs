@@ -164,6 +164,32 @@ async fn code_timeout_interrupts_and_the_context_lives_on() {
 }
 
 #[tokio::test]
+async fn code_a_slow_kernel_is_reached_as_soon_as_it_listens() {
+    // A kernel that binds its ports 6.5 s after its start (a loaded
+    // machine). zeromq's own connect retry doubles its pause, so it was
+    // reached only at 12.75 s; past 25.6 s, never (CI once failed so:
+    // "Connect timed out after 30s"). sandboxd now waits for the ports
+    // to listen and then connects at once.
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let slow = dir.path().join("slow-python");
+    std::fs::write(&slow, format!("#!/bin/sh\nsleep 6.5\nexec {py} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let d = common::Daemon::start(&["--code-python", slow.to_str().unwrap()]);
+    let started = Instant::now();
+    let r = create(&d).await;
+    let took = started.elapsed();
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    assert!(
+        took < Duration::from_secs(11),
+        "a kernel that listened after ~7 s was reached after {took:?}"
+    );
+    let c: Context = r.json().await.unwrap();
+    let out = run(&d, json!({"code": "6 * 7", "context": c.id})).await;
+    assert_eq!(main_text(&out).as_deref(), Some("42"));
+}
+
+#[tokio::test]
 async fn code_contexts_are_separate_capped_and_run_in_parallel() {
     let Some(d) = daemon(&["--max-code-contexts", "2"]) else {
         return;

@@ -33,7 +33,7 @@ use tokio::{
     sync::{mpsc, watch, Mutex},
     task::AbortHandle,
 };
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::wire::{random_hex, Message, Signer};
 use crate::{
@@ -44,6 +44,11 @@ use crate::{
 
 /// How long a kernel may take to answer its first request.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest pause between two looks at the socket table while a kernel
+/// has not bound its ports yet: what a start pays at most for the polling.
+const LISTEN_POLL_MAX: Duration = Duration::from_millis(20);
+/// This network namespace's IPv4 TCP sockets (the kernel binds 127.0.0.1).
+const TCP_TABLE: &str = "/proc/self/net/tcp";
 /// Output messages queued between the kernel and an execution.
 const IOPUB_QUEUE: usize = 1024;
 /// After the timeout's SIGINT, how long the cell has to stop.
@@ -113,13 +118,63 @@ fn describe_exit(status: std::io::Result<std::process::ExitStatus>, stderr: &[u8
         },
         Err(e) => format!("the kernel could not be waited for: {e}"),
     };
+    why.push_str(&last_words(stderr));
+    why
+}
+
+/// `; its last words: a | b | c`: the last three lines of a stderr tail,
+/// or nothing when it is empty.
+fn last_words(stderr: &[u8]) -> String {
     let tail = String::from_utf8_lossy(stderr);
     let last: Vec<&str> = tail.lines().rev().take(3).collect();
-    if !last.is_empty() {
-        why.push_str("; its last words: ");
-        why.push_str(&last.into_iter().rev().collect::<Vec<_>>().join(" | "));
+    if last.is_empty() {
+        return String::new();
     }
-    why
+    let last: Vec<&str> = last.into_iter().rev().collect();
+    format!("; its last words: {}", last.join(" | "))
+}
+
+/// The ports something listens on, from a socket table in
+/// `/proc/net/tcp`'s format (`local_address` is `ADDR:PORT` in hex, state
+/// `0A` is LISTEN).
+fn listening_ports(table: &str) -> Vec<u16> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let local = fields.nth(1)?;
+            let state = fields.nth(1)?;
+            if state != "0A" {
+                return None;
+            }
+            u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
+        })
+        .collect()
+}
+
+/// Returns once something listens on every one of `ports` in this network
+/// namespace, polling its socket table; at once if the table cannot be
+/// read (zeromq's own retry then waits instead).
+///
+/// Why not let zeromq retry a refused connect: its retry doubles its pause
+/// up to 30 s, so a kernel that bound its ports 7 s after its start was
+/// reached at 12.75 s, and one that took more than 25.6 s was not reached
+/// before zeromq's 30 s connect timeout. Looking first also never dials a
+/// port nobody listens on, which could connect the socket to itself.
+async fn wait_listening(ports: &[u16]) {
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let Ok(table) = tokio::fs::read_to_string(TCP_TABLE).await else {
+            return;
+        };
+        let open = listening_ports(&table);
+        if ports.iter().all(|p| open.contains(p)) {
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(LISTEN_POLL_MAX);
+    }
 }
 
 impl Kernel {
@@ -155,9 +210,11 @@ impl Kernel {
         let mut tasks = Vec::new();
         let (exit_tx, exit) = watch::channel(None);
         let stderr = child.stderr.take();
+        // The end of its stderr so far: why it died, or why a start failed.
+        let stderr_tail = Arc::new(StdMutex::new(Vec::new()));
+        let tail = stderr_tail.clone();
         tasks.push(
             tokio::spawn(async move {
-                let tail = Arc::new(StdMutex::new(Vec::new()));
                 let reader = stderr.map(|mut err| {
                     let tail = tail.clone();
                     tokio::spawn(async move {
@@ -191,12 +248,19 @@ impl Kernel {
         let session = random_hex();
         let dropped = Arc::<AtomicU64>::default();
         let mut exit = proc.exit.clone();
-        let connect = connect(&mut proc, &signer, &session, &dropped, ports[0], ports[1]);
+        let (stage_tx, stage) = watch::channel(Stage::Listen);
+        let connect = connect(
+            &mut proc, &signer, &session, &dropped, ports[0], ports[1], stage_tx,
+        );
         let (shell, iopub, idle) = tokio::select! {
             r = tokio::time::timeout(START_TIMEOUT, connect) => match r {
                 Ok(r) => r?,
-                Err(_) => return Err(Error::Unavailable(format!(
-                    "the kernel did not answer within {}s", START_TIMEOUT.as_secs()))),
+                Err(_) => {
+                    let said = last_words(&stderr_tail.lock().unwrap_or_else(|p| p.into_inner()));
+                    return Err(Error::Unavailable(format!(
+                        "the kernel did not answer within {}s ({}){said}",
+                        START_TIMEOUT.as_secs(), stage.borrow().describe())));
+                }
             },
             _ = async { exit.wait_for(Option::is_some).await.is_ok() } => {
                 let why = exit.borrow().clone().unwrap_or_default();
@@ -444,10 +508,29 @@ impl Kernel {
     }
 }
 
-/// Connects shell and iopub, starts their readers, and handshakes:
-/// `kernel_info_request` until one of its iopub messages arrives, which
-/// proves the subscription is live (a SUB misses what was published
-/// before it joined).
+/// How far a kernel's start got, for the error when it gets no further.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Listen,
+    Connect,
+    Handshake,
+}
+
+impl Stage {
+    fn describe(self) -> &'static str {
+        match self {
+            Stage::Listen => "it never listened on its shell and iopub ports",
+            Stage::Connect => "it listened, but its sockets did not greet",
+            Stage::Handshake => "it was connected, but never answered kernel_info",
+        }
+    }
+}
+
+/// Connects shell and iopub once the kernel listens on both, starts their
+/// readers, and handshakes: `kernel_info_request` until one of its iopub
+/// messages arrives, which proves the subscription is live (a SUB misses
+/// what was published before it joined). The caller bounds the whole of
+/// it ([`START_TIMEOUT`]), so zeromq's own connect timeout is off.
 async fn connect(
     proc: &mut Proc,
     signer: &Signer,
@@ -455,19 +538,28 @@ async fn connect(
     dropped: &Arc<AtomicU64>,
     shell_port: u16,
     iopub_port: u16,
+    stage: watch::Sender<Stage>,
 ) -> Result<(Shell, mpsc::Receiver<Message>, watch::Receiver<String>)> {
     let zmq = |e: zeromq::ZmqError| Error::Unavailable(format!("reaching the kernel: {e}"));
-    let mut shell = DealerSocket::new();
+    let options = || {
+        let mut o = SocketOptions::default();
+        o.no_connect_timeout();
+        o
+    };
+    wait_listening(&[shell_port, iopub_port]).await;
+    stage.send_replace(Stage::Connect);
+    let mut shell = DealerSocket::with_options(options());
     shell
         .connect(&format!("tcp://127.0.0.1:{shell_port}"))
         .await
         .map_err(zmq)?;
-    let mut iopub = SubSocket::new();
+    let mut iopub = SubSocket::with_options(options());
     iopub.subscribe("").await.map_err(zmq)?;
     iopub
         .connect(&format!("tcp://127.0.0.1:{iopub_port}"))
         .await
         .map_err(zmq)?;
+    stage.send_replace(Stage::Handshake);
     let (send, mut recv) = shell.split();
 
     let (reply_tx, replies) = mpsc::channel(64);
@@ -704,5 +796,53 @@ fn bundle(data: Option<&Value>) -> ResultBundle {
         json: data.and_then(|d| d.get("application/json")).cloned(),
         is_main_result: false,
         truncated: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_ports_are_the_listen_rows_of_the_table() {
+        let table = "\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:A1B2 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 101 1 0 100 0 0 10 0
+   1: 0100007F:C3D4 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000     0        0 102 1 0 20 4 30 10 -1
+   2: 00000000:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 103 1 0 100 0 0 10 0
+   3: 0100007F:1F90 0100007F:9C40 06 00000000:00000000 03:00000000 00000000     0        0 0 3 0
+";
+        // An established socket's local port (C3D4) and a TIME_WAIT one's
+        // (1F90) are not listeners; the header and short lines are skipped.
+        assert_eq!(listening_ports(table), vec![0xA1B2, 0x50]);
+        assert!(listening_ports("header only\n   9: bad\n").is_empty());
+    }
+
+    #[tokio::test]
+    async fn waiting_for_listeners_ends_soon_after_the_last_binds() {
+        let first = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let second_port = free_port().unwrap();
+        let ports = [first.local_addr().unwrap().port(), second_port];
+        let started = Instant::now();
+        let binder = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Taken meanwhile by another process: then nothing to test.
+            TcpListener::bind(("127.0.0.1", second_port)).ok()
+        });
+        tokio::time::timeout(Duration::from_secs(10), wait_listening(&ports))
+            .await
+            .expect("both ports listen");
+        let waited = started.elapsed();
+        let second = binder.await.unwrap();
+        if second.is_some() {
+            assert!(waited >= Duration::from_millis(300), "{waited:?}");
+            // The poll's pause is capped, so the wait ends within a few
+            // pauses of the bind (zeromq's retry would have slept 400 ms).
+            assert!(
+                waited < Duration::from_millis(300) + 10 * LISTEN_POLL_MAX,
+                "{waited:?}"
+            );
+        }
+        drop(first);
     }
 }
