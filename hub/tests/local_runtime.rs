@@ -123,22 +123,25 @@ struct Exec {
     stderr: String,
 }
 
+/// A gRPC channel to the sandbox's sandboxd, over its socket.
+async fn grpc_channel(l: &Launched) -> tonic::transport::Channel {
+    let path = l.socket_dir.join(GRPC_SOCKET);
+    tonic::transport::Endpoint::try_from("http://sandbox")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
 /// `process.v1 Execute` over the sandbox's gRPC socket.
 fn exec(l: &Launched, argv: &[&str]) -> Exec {
-    let path = l.socket_dir.join(GRPC_SOCKET);
     block_on(async move {
-        let channel = tonic::transport::Endpoint::try_from("http://sandbox")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await
-            .unwrap();
+        let channel = grpc_channel(l).await;
         let resp = ProcessServiceClient::new(channel)
             .execute(ExecuteRequest {
                 config: Some(ProcessConfig {
@@ -856,6 +859,47 @@ fn suspend_and_resume_keep_the_files() {
     assert_ne!(sb.l(), &first);
     let r = sb.sh("cat /workspace/a/b/file; stat -c '%a %U' /workspace/a/b/file");
     assert_eq!(r.stdout, "kept\n600 root\n", "{r:?}");
+}
+
+#[test]
+fn sandboxd_lists_its_grpc_services_through_reflection() {
+    // The reflection service is built by the spare before the sandbox
+    // exists and handed down to sandboxd: it must still be served.
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
+    let fx = fixture();
+    let sb = fx.launch(fx.spec("reflect"));
+    let names = block_on(async {
+        let mut client = ServerReflectionClient::new(grpc_channel(sb.l()).await);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut answers = client
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let answer = answers.message().await.unwrap().expect("one answer");
+        match answer.message_response {
+            Some(MessageResponse::ListServicesResponse(list)) => {
+                list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+            }
+            other => panic!("not a service list: {other:?}"),
+        }
+    });
+    for service in [
+        "process.v1.ProcessService",
+        "keep.v1.KeptProcessService",
+        "watcher.v1.FileWatcherService",
+    ] {
+        assert!(names.iter().any(|n| n == service), "{service} in {names:?}");
+    }
+    // And the services themselves answer next to it.
+    assert_eq!(exec(sb.l(), &["true"]).code, 0);
 }
 
 #[test]

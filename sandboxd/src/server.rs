@@ -63,12 +63,14 @@ pub struct UnixListeners {
     pub grpc: std::os::unix::net::UnixListener,
 }
 
-/// [`run_with`] on listeners bound elsewhere; `ready` runs once they are
-/// being served.
+/// [`run_with`] on listeners bound elsewhere, with the gRPC services that
+/// need no daemon built ahead ([`rest::grpc_base`]); `ready` runs once
+/// the listeners are being served.
 pub async fn run_on(
     daemon: Arc<Daemon>,
     extra: Router<Arc<Daemon>>,
     listeners: UnixListeners,
+    grpc_base: rest::GrpcBase,
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
     let signals = sandhub_common::StopSignals::install()?;
@@ -87,7 +89,7 @@ pub async fn run_on(
         ),
         spawn_unix(
             tokio_listener(listeners.grpc).context("gRPC listener")?,
-            rest::grpc_router(daemon.clone()),
+            rest::grpc_router_on(grpc_base, daemon.clone()),
             Serving::other(idle, streams, stop.clone()),
         ),
     ];

@@ -3,8 +3,11 @@
 //! The hub spawns `<exe> __sandbox-init` with the sync socket as stdin
 //! ahead of need (a spare, see `spare.rs`), then (see `channel.rs`):
 //!
-//! 1. **stage 1** waits for the sandbox's log (its stdout and stderr from
-//!    then on) and the config, lowers its `oom_score_adj` to -900
+//! 1. **stage 1** parses sandboxd's flags and builds its gRPC reflection
+//!    while it idles as a spare (each took ~0.5 ms of every cold create
+//!    when sandboxd did it in its fresh process), then waits
+//!    for the sandbox's log (its stdout and stderr from then on) and the
+//!    config, lowers its `oom_score_adj` to -900
 //!    (only possible before leaving the initial user namespace; PID 1 and
 //!    sandboxd inherit it, workloads reset it in `child_setup`), binds
 //!    sandboxd's listening sockets in the hub-only `<state_dir>/sock`
@@ -77,10 +80,52 @@ fn fail(chan: &Channel, msg: String) -> ! {
     sys::exit_now(1)
 }
 
+/// What stage 1 makes for sandboxd, handed down through the shim and
+/// PID 1 (each drops its copy once it forked).
+struct ForSandboxd {
+    /// Bound by stage 1 as host root (see `bind_listeners`).
+    listeners: UnixListeners,
+    /// Its flags, parsed before the sandbox's config arrived; `cfg`'s
+    /// settings are filled in by `sandboxd_config`.
+    config: sandboxd::Config,
+    /// Its gRPC services that need no daemon (`sandboxd::rest::grpc_base`).
+    grpc_base: sandboxd::rest::GrpcBase,
+}
+
+/// sandboxd's flags that every sandbox shares. Parsed in the spare's idle
+/// time, in its own environment (the hub's, not the template's), so
+/// `SANDBOXD_*` variables of a template cannot reconfigure the daemon.
+fn base_sandboxd_config() -> Result<sandboxd::Config, clap::Error> {
+    use clap::Parser as _;
+    sandboxd::Config::try_parse_from(["sandboxd", "--legacy-port", "0", "--root-dir", WORKSPACE])
+}
+
+/// The sandbox's own settings over the shared flags, as the flags
+/// `--default-cwd`, `--user`, `--entrypoint` and `--max-upload-bytes`
+/// would set them (one that is unset keeps what the environment gave).
+fn sandboxd_config(mut config: sandboxd::Config, cfg: &InitConfig) -> sandboxd::Config {
+    config.max_upload_bytes = cfg.max_upload_bytes;
+    if let Some(dir) = &cfg.workdir {
+        config.default_cwd = Some(dir.into());
+    }
+    if let Some(user) = &cfg.user {
+        config.user = Some(user.clone());
+    }
+    if !cfg.entrypoint.is_empty() {
+        config.entrypoint = Some(serde_json::to_string(&cfg.entrypoint).unwrap_or_default());
+    }
+    config
+}
+
 fn stage1() -> ! {
     // SAFETY: fd 0 is the sync socket the hub passed as stdin; nothing
     // else in this fresh process owns it.
     let chan = Channel(unsafe { OwnedFd::from_raw_fd(0) });
+    let base_config = match base_sandboxd_config() {
+        Ok(c) => c,
+        Err(e) => fail(&chan, format!("sandboxd flags: {e}")),
+    };
+    let grpc_base = sandboxd::rest::grpc_base();
     // Started as a spare: stdout and stderr are /dev/null until the hub
     // picks this process for a sandbox and hands over that sandbox's log.
     match chan.recv_log() {
@@ -115,6 +160,11 @@ fn stage1() -> ! {
     let listeners = match bind_listeners(&cfg.state_dir.join("sock")) {
         Ok(l) => l,
         Err(e) => fail(&chan, format!("binding sandboxd's sockets: {e}")),
+    };
+    let sandboxd = ForSandboxd {
+        config: sandboxd_config(base_config, &cfg),
+        listeners,
+        grpc_base,
     };
     // PID and cgroup namespaces come later, in the shim: the first child
     // after CLONE_NEWPID is the namespace's init, and the cgroup namespace
@@ -156,7 +206,7 @@ fn stage1() -> ! {
     // at once) never has a long-lived child to reap.
     match sys::fork() {
         Ok(Forked::Parent(_)) => sys::exit_now(0),
-        Ok(Forked::Child) => shim(chan, cfg, host, listeners),
+        Ok(Forked::Child) => shim(chan, cfg, host, sandboxd),
         Err(e) => fail(&chan, format!("forking the shim: {e}")),
     }
 }
@@ -178,7 +228,7 @@ fn bind_listeners(dir: &Path) -> io::Result<UnixListeners> {
     })
 }
 
-fn shim(chan: Channel, cfg: InitConfig, host: HostFds, listeners: UnixListeners) -> ! {
+fn shim(chan: Channel, cfg: InitConfig, host: HostFds, sandboxd: ForSandboxd) -> ! {
     // Names for `ps`/`top` on the host (argv stays `sandhub __sandbox-init`).
     let _ = rustix::thread::set_name(c"sandhub-shim");
     if let Err(e) = sys::setsid() {
@@ -194,12 +244,12 @@ fn shim(chan: Channel, cfg: InitConfig, host: HostFds, listeners: UnixListeners)
         fail(&chan, format!("reporting the shim pid: {e}"));
     }
     let pid1 = match sys::fork() {
-        Ok(Forked::Child) => pid1(chan, cfg, host, listeners),
+        Ok(Forked::Child) => pid1(chan, cfg, host, sandboxd),
         Ok(Forked::Parent(pid)) => pid,
         Err(e) => fail(&chan, format!("forking PID 1: {e}")),
     };
     drop(host);
-    drop(listeners);
+    drop(sandboxd);
     let _ = sys::null_over(0);
     std::mem::forget(chan); // fd 0 now is /dev/null
     let _ = sys::forward_signals_to(pid1, &[libc::SIGTERM]);
@@ -210,7 +260,7 @@ fn shim(chan: Channel, cfg: InitConfig, host: HostFds, listeners: UnixListeners)
     }
 }
 
-fn pid1(chan: Channel, cfg: InitConfig, host: HostFds, listeners: UnixListeners) -> ! {
+fn pid1(chan: Channel, cfg: InitConfig, host: HostFds, for_sandboxd: ForSandboxd) -> ! {
     let _ = rustix::thread::set_name(c"sandhub-init");
     // If the shim dies (stop, kill -9), the whole sandbox goes with it:
     // killing a PID namespace's init kills every process in it.
@@ -229,11 +279,11 @@ fn pid1(chan: Channel, cfg: InitConfig, host: HostFds, listeners: UnixListeners)
         }
     }
     let sandboxd = match sys::fork() {
-        Ok(Forked::Child) => sandboxd_main(chan, cfg, listeners),
+        Ok(Forked::Child) => sandboxd_main(chan, cfg, for_sandboxd),
         Ok(Forked::Parent(pid)) => pid,
         Err(e) => fail(&chan, format!("forking sandboxd: {e}")),
     };
-    drop(listeners);
+    drop(for_sandboxd);
     if sandboxd != SANDBOXD_PID {
         eprintln!("sandbox init: sandboxd is pid {sandboxd}, expected {SANDBOXD_PID}");
     }
@@ -264,7 +314,7 @@ fn base_env(cfg: &InitConfig) -> Vec<(String, String)> {
     ]
 }
 
-fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! {
+fn sandboxd_main(chan: Channel, cfg: InitConfig, made: ForSandboxd) -> ! {
     let _ = rustix::thread::set_name(c"sandboxd");
     // Ignored dispositions survive exec: undo the shim's and any the hub
     // was started with (nohup, a shell ignoring SIGQUIT), or workloads
@@ -275,34 +325,11 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! 
             let _ = sys::default_signal(sig);
         }
     }
-    // Parsed before the template's env is applied, so `SANDBOXD_*`
-    // variables in it cannot reconfigure the daemon.
-    use clap::Parser as _;
-    let max_upload = cfg.max_upload_bytes.to_string();
-    let mut flags = vec![
-        "sandboxd",
-        "--legacy-port",
-        "0",
-        "--root-dir",
-        WORKSPACE,
-        "--max-upload-bytes",
-        &max_upload,
-    ];
-    if let Some(dir) = &cfg.workdir {
-        flags.extend(["--default-cwd", dir]);
-    }
-    if let Some(user) = &cfg.user {
-        flags.extend(["--user", user]);
-    }
-    let entrypoint = (!cfg.entrypoint.is_empty())
-        .then(|| serde_json::to_string(&cfg.entrypoint).unwrap_or_default());
-    if let Some(argv) = &entrypoint {
-        flags.extend(["--entrypoint", argv]);
-    }
-    let config = match sandboxd::Config::try_parse_from(flags) {
-        Ok(c) => c,
-        Err(e) => fail(&chan, format!("sandboxd flags: {e}")),
-    };
+    let ForSandboxd {
+        listeners,
+        config,
+        grpc_base,
+    } = made;
     // Single-threaded here: mutating the environment is sound.
     for (k, _) in std::env::vars_os() {
         std::env::remove_var(k);
@@ -331,9 +358,13 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, listeners: UnixListeners) -> ! 
         let daemon = sandboxd::Daemon::with_child_setup(config, Some(seccomp::child_setup))?;
         daemon.start_entrypoint();
         let ready = chan.clone();
-        sandboxd::server::run_on(daemon, routes::extra_routes(), listeners, move || {
-            announce_ready(ready)
-        })
+        sandboxd::server::run_on(
+            daemon,
+            routes::extra_routes(),
+            listeners,
+            grpc_base,
+            move || announce_ready(ready),
+        )
         .await
     });
     match result {
@@ -366,5 +397,68 @@ fn announce_ready(chan: Arc<Mutex<Option<Channel>>>) {
             workspace::purge_trash(&trash)
         })),
         Err(e) => eprintln!("sandbox init: listing {}: {e}", overlay.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(workdir: Option<&str>, user: Option<&str>, entrypoint: &[&str]) -> InitConfig {
+        InitConfig {
+            id: "sb-test".into(),
+            state_dir: "/nonexistent".into(),
+            lower_layers: vec![],
+            root_fs: None,
+            host_etc: "/etc".into(),
+            env: Default::default(),
+            workdir: workdir.map(Into::into),
+            user: user.map(Into::into),
+            entrypoint: entrypoint.iter().map(|s| s.to_string()).collect(),
+            network_host: false,
+            memory_mb: None,
+            max_upload_bytes: 123_456,
+            volumes: vec![],
+            idmap: super::super::idmap::IdMap::for_current_user(),
+            log_filter: String::new(),
+        }
+    }
+
+    /// What sandboxd was given before its flags were parsed ahead: the
+    /// sandbox's settings as command-line flags.
+    fn parsed_from_flags(cfg: &InitConfig) -> sandboxd::Config {
+        use clap::Parser as _;
+        let max_upload = cfg.max_upload_bytes.to_string();
+        let mut flags = vec!["sandboxd", "--legacy-port", "0", "--root-dir", WORKSPACE];
+        flags.extend(["--max-upload-bytes", &max_upload]);
+        if let Some(dir) = &cfg.workdir {
+            flags.extend(["--default-cwd", dir]);
+        }
+        if let Some(user) = &cfg.user {
+            flags.extend(["--user", user]);
+        }
+        let argv = serde_json::to_string(&cfg.entrypoint).unwrap();
+        if !cfg.entrypoint.is_empty() {
+            flags.extend(["--entrypoint", &argv]);
+        }
+        sandboxd::Config::try_parse_from(flags).unwrap()
+    }
+
+    #[test]
+    fn the_config_parsed_ahead_is_the_one_the_flags_gave() {
+        for cfg in [
+            config(None, None, &[]),
+            config(
+                Some("/srv/app"),
+                Some("1000:1000"),
+                &["python", "-m", "http.server"],
+            ),
+        ] {
+            let ahead = sandboxd_config(base_sandboxd_config().unwrap(), &cfg);
+            assert_eq!(
+                format!("{ahead:?}"),
+                format!("{:?}", parsed_from_flags(&cfg))
+            );
+        }
     }
 }
