@@ -9,6 +9,7 @@ pub mod k8s;
 pub mod legacy;
 pub mod limits;
 pub mod network;
+pub mod proc_net;
 pub mod proto;
 pub mod sandboxd;
 #[cfg(feature = "sandboxd-token")]

@@ -39,7 +39,6 @@
 //!   seam `/v1/webhooks` calls, and the local backend's outbox and deliverer
 //!   (kubernetes': `kube::webhooks`).
 //! - [`entrypoint`]: whether a sandbox's entrypoint runs, or how it ended, for both.
-//! - [`proc_net`]: the kernel's TCP tables (what listens in a sandbox), for both.
 //! - [`usage`]: each sandbox's ring of resource samples, its series and
 //!   the OOM/disk alerts, for both (the local sampler is `local::sampler`).
 //! - [`secrets_file`]: the operator's secret values (`--secrets-file`), for
@@ -71,7 +70,6 @@ pub mod local;
 pub mod mcp;
 pub mod ops;
 pub mod policy;
-pub mod proc_net;
 pub mod secrets_file;
 pub mod serve;
 pub mod sqlite;

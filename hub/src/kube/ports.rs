@@ -62,5 +62,5 @@ pub async fn listening(client: &SandboxdClient) -> Result<Vec<ListeningPort>> {
         )));
     }
     let (v4, v6) = r.stdout.split_once(SPLIT).unwrap_or((&r.stdout, ""));
-    Ok(crate::proc_net::listening(v4, v6))
+    Ok(sandhub_api::proc_net::listening(v4, v6))
 }

@@ -134,25 +134,6 @@ fn last_words(stderr: &[u8]) -> String {
     format!("; its last words: {}", last.join(" | "))
 }
 
-/// The ports something listens on, from a socket table in
-/// `/proc/net/tcp`'s format (`local_address` is `ADDR:PORT` in hex, state
-/// `0A` is LISTEN).
-fn listening_ports(table: &str) -> Vec<u16> {
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let local = fields.nth(1)?;
-            let state = fields.nth(1)?;
-            if state != "0A" {
-                return None;
-            }
-            u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
-        })
-        .collect()
-}
-
 /// Returns once something listens on every one of `ports` in this network
 /// namespace, polling its socket table; at once if the table cannot be
 /// read (zeromq's own retry then waits instead).
@@ -168,8 +149,8 @@ async fn wait_listening(ports: &[u16]) {
         let Ok(table) = tokio::fs::read_to_string(TCP_TABLE).await else {
             return;
         };
-        let open = listening_ports(&table);
-        if ports.iter().all(|p| open.contains(p)) {
+        let open = sandhub_api::proc_net::parse_listening(&table);
+        if ports.iter().all(|&p| open.iter().any(|l| l.port == p)) {
             return;
         }
         tokio::time::sleep(pause).await;
@@ -802,21 +783,6 @@ fn bundle(data: Option<&Value>) -> ResultBundle {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn listening_ports_are_the_listen_rows_of_the_table() {
-        let table = "\
-  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:A1B2 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 101 1 0 100 0 0 10 0
-   1: 0100007F:C3D4 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000     0        0 102 1 0 20 4 30 10 -1
-   2: 00000000:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 103 1 0 100 0 0 10 0
-   3: 0100007F:1F90 0100007F:9C40 06 00000000:00000000 03:00000000 00000000     0        0 0 3 0
-";
-        // An established socket's local port (C3D4) and a TIME_WAIT one's
-        // (1F90) are not listeners; the header and short lines are skipped.
-        assert_eq!(listening_ports(table), vec![0xA1B2, 0x50]);
-        assert!(listening_ports("header only\n   9: bad\n").is_empty());
-    }
 
     #[tokio::test]
     async fn waiting_for_listeners_ends_soon_after_the_last_binds() {

@@ -125,7 +125,7 @@ impl NetNs {
             let v6 = std::fs::read_to_string("/proc/thread-self/net/tcp6").unwrap_or_default();
             Ok((v4, v6))
         })?;
-        Ok(crate::proc_net::listening(&v4, &v6))
+        Ok(sandhub_api::proc_net::listening(&v4, &v6))
     }
 }
 

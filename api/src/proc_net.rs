@@ -1,10 +1,11 @@
 //! Reading the kernel's `/proc/net/tcp{,6}` tables: what listens, by
-//! port. The local backend reads them inside a sandbox's network namespace,
-//! the Kubernetes one through the Pod's sandboxd; both parse them here.
+//! port. The hub's local backend reads them inside a sandbox's network
+//! namespace, its Kubernetes one through the Pod's sandboxd, and sandboxd
+//! to know when a code kernel listens; all parse them here.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use sandhub_api::hub::ListeningPort;
+use crate::hub::ListeningPort;
 
 /// One entry per port (IPv4 first), sorted by port.
 pub fn listening(tcp: &str, tcp6: &str) -> Vec<ListeningPort> {
