@@ -5,7 +5,7 @@
 use std::{
     future::Future,
     os::unix::fs::{MetadataExt, PermissionsExt},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
@@ -777,8 +777,9 @@ fn a_spare_init_becomes_the_sandbox_and_is_replaced() {
     let mut spec = fx.spec("spare-1");
     spec.pids = Some(77);
     let sb = fx.launch(spec);
-    // The spare was this sandbox's stage 1: it forked the shim and exited.
-    wait_until("the spare that became stage 1 exited", || !running(first));
+    // The spare was this sandbox's stage 1, and goes on as its shim.
+    assert_eq!(sb.l().shim_pid, first, "stage 1 is the shim");
+    assert!(running(first));
     assert!(memory_cgroup(sb.l().shim_pid).ends_with("/sandhub/spare-1"));
     assert_eq!(cgroup_value(&fx.rt, "spare-1", &["pids.max"]), "77");
     if let Some(parent) = &v1_memory {
@@ -808,9 +809,18 @@ fn a_spare_init_becomes_the_sandbox_and_is_replaced() {
     let sb2 = fx.launch(fx.spec("spare-2"));
     assert_eq!(sb2.sh("echo again").stdout, "again\n");
 
-    // Dropping the runtime kills the spare and removes its cgroup.
+    // The shims are this process's children: once stopped, each is
+    // reaped, not left a zombie.
+    let shims = [sb.l().shim_pid, sb2.l().shim_pid];
     drop(sb);
     drop(sb2);
+    wait_until("the stopped sandboxes' shims are reaped", || {
+        shims
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}")).exists())
+    });
+
+    // Dropping the runtime kills the spare and removes its cgroup.
     let mut third = None;
     wait_until("a spare is ready again", || {
         third = fx.rt.spare_pid().filter(|p| *p != second);

@@ -11,11 +11,12 @@
 //!  |                                        becomes its stdout and stderr
 //!  | -- Config(json) ---------------------> stage 1
 //!  |  (cgroup renamed and limited           unshares user, mount, UTS, IPC,
-//!  |   before, see below)                   net; opens host paths
+//!  |   before, see below)                   PID, cgroup, net; opens host paths
 //!  | <-------------------------- Unshared -- stage 1
 //!  |  (writes uid_map/gid_map)
-//!  | -- Mapped ---------------------------> stage 1 becomes root, forks the shim, exits
-//!  | <--------------------------- ShimPid -- shim, after unsharing PID + cgroup
+//!  | -- Mapped ---------------------------> stage 1 becomes root: the shim
+//!  | <--------------------------- ShimPid -- the shim (stage 1's pid), then
+//!  |                                        it forks PID 1
 //!  | <----------------------------- Ready -- sandboxd, once its sockets accept
 //!  | <---------------------- Error(text) -- any stage, instead of the above
 //! ```
@@ -25,9 +26,9 @@
 //! spare is moved into a cgroup of its own when it is started, and that
 //! cgroup is renamed to the sandbox's and given its limits before `Config`
 //! (see `spare.rs`). Where cgroups cannot be renamed (v2), the launch
-//! moves stage 1 into the sandbox's cgroup while it unshares; either way
-//! `Mapped` comes only once stage 1 is in the cgroup, so the shim and
-//! everything it forks start inside it.
+//! makes the sandbox's cgroup and moves stage 1 into it, also before
+//! `Config`. Either way stage 1 is in its cgroup when it unshares, so the
+//! cgroup namespace is rooted there and everything it forks starts inside.
 
 use std::{
     collections::BTreeMap,

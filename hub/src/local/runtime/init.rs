@@ -12,14 +12,17 @@
 //!    sandboxd inherit it, workloads reset it in `child_setup`), binds
 //!    sandboxd's listening sockets in the hub-only `<state_dir>/sock`
 //!    (inherited down to sandboxd as fds; the sandbox never sees that
-//!    directory, so it cannot swap a socket for a link to another's), unshares
-//!    the user, mount, UTS, IPC (and network) namespaces and opens the
-//!    host paths it needs. Once the hub wrote its id maps (and moved it
-//!    into its cgroup) it becomes root inside, forks the shim and exits,
-//!    so the hub never has a long-lived child to reap;
-//! 2. **the shim** leaves the hub's session, unshares the PID and cgroup
-//!    namespaces, reports its pid, forks PID 1 and waits for it. Its host
-//!    pid plus start time identify the sandbox across hub restarts;
+//!    directory, so it cannot swap a socket for a link to another's),
+//!    leaves the hub's session, unshares the user, mount, UTS, IPC, PID,
+//!    cgroup (and network) namespaces in one call and opens the host paths
+//!    it needs. The hub put it in the sandbox's cgroup before the config
+//!    (so the cgroup namespace is rooted there); once the hub wrote its id
+//!    maps it becomes root inside and goes on as
+//! 2. **the shim**: it reports its pid, forks PID 1 (the first child
+//!    after `CLONE_NEWPID`, so the namespace's init) and waits for it. Its
+//!    host pid plus start time identify the sandbox across hub restarts.
+//!    It stays the hub's child (a fork less than a shim of its own, which
+//!    cost 0.3-0.5 ms of every cold create); the hub reaps it (`reaper.rs`);
 //! 3. **PID 1** builds the root filesystem, sets the hostname, brings `lo`
 //!    up, forks sandboxd (always PID 2) and then only reaps: orphans of the
 //!    sandbox land on it, and tokio in sandboxd reaps only its own
@@ -29,7 +32,7 @@
 //!    `child_setup` (seccomp, `no_new_privs`), and tells the hub it is ready
 //!    once it serves them.
 //!
-//! Stage 1, the shim and PID 1 stay single-threaded: `unshare
+//! Stage 1 (the shim) and PID 1 stay single-threaded: `unshare
 //! (CLONE_NEWUSER)` demands it, and they fork.
 
 use std::{
@@ -166,11 +169,24 @@ fn stage1() -> ! {
         listeners,
         grpc_base,
     };
-    // PID and cgroup namespaces come later, in the shim: the first child
-    // after CLONE_NEWPID is the namespace's init, and the cgroup namespace
-    // must be rooted at the sandbox's cgroup, which we may not be in yet.
-    let mut flags =
-        libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
+    // Its own session: a signal to the hub's process group (a Ctrl-C)
+    // must not reach the sandbox, which outlives the hub.
+    if let Err(e) = sys::setsid() {
+        fail(&chan, format!("setsid: {e}"));
+    }
+    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
+        let _ = sys::ignore_signal(sig);
+    }
+    // Every namespace at once. CLONE_NEWPID applies to the children: the
+    // first one forked (PID 1) is the new namespace's init. The cgroup
+    // namespace is rooted where we are: the sandbox's cgroup, which the
+    // hub moved us into before it sent the config.
+    let mut flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWCGROUP;
     if !cfg.network_host {
         flags |= libc::CLONE_NEWNET;
     }
@@ -193,7 +209,7 @@ fn stage1() -> ! {
     if let Err(e) = chan.send(&Msg::Unshared) {
         fail(&chan, format!("reporting the new namespaces: {e}"));
     }
-    // Mapped: the id maps are written and we are in the sandbox's cgroup.
+    // Mapped: the id maps are written.
     match chan.recv(None) {
         Ok(Some(Msg::Mapped)) => {}
         Ok(Some(other)) => fail(&chan, format!("expected Mapped, got {other:?}")),
@@ -202,13 +218,7 @@ fn stage1() -> ! {
     if let Err(e) = sys::become_root(cfg.idmap.allows_setgroups()) {
         fail(&chan, format!("becoming root in the user namespace: {e}"));
     }
-    // The shim is forked and stage 1 exits, so the hub (which reaps stage 1
-    // at once) never has a long-lived child to reap.
-    match sys::fork() {
-        Ok(Forked::Parent(_)) => sys::exit_now(0),
-        Ok(Forked::Child) => shim(chan, cfg, host, sandboxd),
-        Err(e) => fail(&chan, format!("forking the shim: {e}")),
-    }
+    shim(chan, cfg, host, sandboxd)
 }
 
 /// Binds `rest.sock` and `grpc.sock` in `dir` (hub-only), replacing stale
@@ -228,18 +238,10 @@ fn bind_listeners(dir: &Path) -> io::Result<UnixListeners> {
     })
 }
 
+/// Stage 1 from here on: in every namespace of the sandbox, root inside.
 fn shim(chan: Channel, cfg: InitConfig, host: HostFds, sandboxd: ForSandboxd) -> ! {
     // Names for `ps`/`top` on the host (argv stays `sandhub __sandbox-init`).
     let _ = rustix::thread::set_name(c"sandhub-shim");
-    if let Err(e) = sys::setsid() {
-        fail(&chan, format!("setsid: {e}"));
-    }
-    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
-        let _ = sys::ignore_signal(sig);
-    }
-    if let Err(e) = sys::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWCGROUP) {
-        fail(&chan, format!("unshare PID and cgroup namespaces: {e}"));
-    }
     if let Err(e) = chan.send(&Msg::ShimPid(sys::getpid())) {
         fail(&chan, format!("reporting the shim pid: {e}"));
     }

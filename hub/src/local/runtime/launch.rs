@@ -27,6 +27,7 @@ use super::{
     idmap::IdMap,
     init, probe, procfs,
     quota::DiskQuotas,
+    reaper,
     spare::Spares,
     statedir::{self, StateDir},
     treecopy::{self, CopyStats},
@@ -369,6 +370,10 @@ impl Runtime {
         self.confine(spec, stage1, &mut attempt)?;
         let launched = self.start(spec, &dirs, &spare.chan, stage1, &mut attempt, on_shim)?;
         attempt.done = true;
+        // The shim is stage 1, our child: reaped whenever it exits.
+        if let Some(shim) = attempt.child.take() {
+            reaper::adopt(shim);
+        }
         tracing::debug!(id = %spec.id, shim = launched.shim_pid, elapsed = ?started.elapsed(), "sandbox ready");
         Ok(launched)
     }
@@ -460,14 +465,11 @@ impl Runtime {
             .ctx(|| format!("writing the id maps of sandbox {}", spec.id))?;
         chan.send(&Msg::Mapped)
             .ctx(|| "signalling the sandbox".to_string())?;
+        // Stage 1 goes on as the shim (`init.rs`): the same process.
         let shim = match self.expect(spec, dirs, chan, deadline)? {
-            Msg::ShimPid(pid) => pid,
+            Msg::ShimPid(pid) if pid == stage1 => pid,
             other => return Err(self.protocol(spec, dirs, other)),
         };
-        // Stage 1 exits right after forking the shim; reap it.
-        if let Some(child) = &mut attempt.child {
-            let _ = child.wait();
-        }
         let start_time = procfs::stat(shim)
             .ctx(|| format!("reading /proc/{shim}/stat of the new sandbox"))?
             .start_time;

@@ -93,6 +93,7 @@ mod netns;
 mod probe;
 mod procfs;
 pub mod quota;
+mod reaper;
 mod routes;
 mod seccomp;
 mod spare;
