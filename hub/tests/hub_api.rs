@@ -2571,3 +2571,33 @@ async fn operations_are_timed_by_op_backend_and_outcome() {
         "{text}"
     );
 }
+
+/// `SANDHUB_SANDBOX_LOG` filters every sandbox's sandboxd. A spare sets up
+/// that logging before it knows its sandbox (the filter is its first
+/// message), so this checks the filter still arrives and sandboxd's lines
+/// still land in the sandbox's own log, where the default (`warn`) keeps
+/// them out.
+#[tokio::test]
+async fn the_sandbox_log_filter_reaches_sandboxd() {
+    let quiet = TestHub::start(HubOptions::default()).await;
+    let debug = TestHub::start(HubOptions {
+        extra_env: &[("SANDHUB_SANDBOX_LOG", "sandboxd=debug")],
+        ..Default::default()
+    })
+    .await;
+    let mut logs = Vec::new();
+    for hub in [&quiet, &debug] {
+        let c = hub.client(None);
+        let sb = create_from(&c, "default").await;
+        sh_ok(&c, &sb.id, "true").await;
+        logs.push(hub.sandboxes_dir().join(&sb.id).join("sandbox.log"));
+    }
+    let line = "process started";
+    eventually("sandboxd's debug line in the sandbox's log", WAIT, || {
+        let log = std::fs::read_to_string(&logs[1]).unwrap_or_default();
+        async move { log.contains(line).then_some(()) }
+    })
+    .await;
+    let quiet_log = std::fs::read_to_string(&logs[0]).unwrap_or_default();
+    assert!(!quiet_log.contains(line), "warn logs no debug: {quiet_log}");
+}

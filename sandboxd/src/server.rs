@@ -58,6 +58,7 @@ pub async fn run_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> anyhow
 /// REST and gRPC listeners bound by someone else and handed over, e.g. by
 /// the hub's local backend, which binds them on the host where the
 /// sandbox's workload can neither see nor replace them.
+#[derive(Debug)]
 pub struct UnixListeners {
     pub rest: std::os::unix::net::UnixListener,
     pub grpc: std::os::unix::net::UnixListener,

@@ -6,15 +6,18 @@
 //! ```text
 //! hub                                      sandbox
 //!  |                                        stage 1 started ahead (a spare,
-//!  |                                        see `spare.rs`), waiting
+//!  |                                        see `spare.rs`)
+//!  | -- LogFilter(text) ------------------> stage 1 sets up sandboxd's
+//!  |                                        logging, then waits
 //!  | -- Log(fd) --------------------------> stage 1: the sandbox's log
 //!  |                                        becomes its stdout and stderr
 //!  | -- Config(json) ---------------------> stage 1
 //!  |  (cgroup renamed and limited           unshares user, mount, UTS, IPC,
-//!  |   before, see below)                   PID, cgroup, net; opens host paths
+//!  |   before, see below; then binds        PID, cgroup, net; opens host paths
+//!  |   sandboxd's sockets)
 //!  | <-------------------------- Unshared -- stage 1
 //!  |  (writes uid_map/gid_map)
-//!  | -- Mapped ---------------------------> stage 1 becomes root: the shim
+//!  | -- Mapped(rest fd, grpc fd) ---------> stage 1 becomes root: the shim
 //!  | <--------------------------- ShimPid -- the shim (stage 1's pid), then
 //!  |                                        it forks PID 1
 //!  | <----------------------------- Ready -- sandboxd, once its sockets accept
@@ -34,7 +37,7 @@ use std::{
     collections::BTreeMap,
     io::{self, IoSlice, IoSliceMut},
     mem::MaybeUninit,
-    os::fd::{BorrowedFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::PathBuf,
     time::Duration,
 };
@@ -43,6 +46,7 @@ use rustix::net::{
     self, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
+use sandboxd::server::UnixListeners;
 use serde::{Deserialize, Serialize};
 
 use super::idmap::IdMap;
@@ -78,12 +82,12 @@ pub(crate) struct InitConfig {
     #[serde(default)]
     pub volumes: Vec<super::VolumeBind>,
     pub idmap: IdMap,
-    /// `tracing` filter for the code running inside.
-    pub log_filter: String,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Msg {
+    /// sandboxd's `tracing` filter: a spare's first message.
+    LogFilter(String),
     Config(Vec<u8>),
     Unshared,
     ShimPid(i32),
@@ -98,7 +102,9 @@ const SHIM_PID: u8 = b'P';
 const MAPPED: u8 = b'M';
 const READY: u8 = b'R';
 const ERROR: u8 = b'E';
-/// The one message with an fd (SCM_RIGHTS): the sandbox's log.
+const LOG_FILTER: u8 = b'F';
+/// The messages with fds (SCM_RIGHTS): the sandbox's log, and `Mapped`
+/// with sandboxd's two listening sockets.
 const LOG: u8 = b'L';
 
 /// Longest message accepted; the config is the only large one.
@@ -126,6 +132,10 @@ impl Channel {
     pub fn send(&self, msg: &Msg) -> io::Result<()> {
         let mut buf = Vec::with_capacity(16);
         match msg {
+            Msg::LogFilter(filter) => {
+                buf.push(LOG_FILTER);
+                buf.extend_from_slice(filter.as_bytes());
+            }
             Msg::Config(json) => {
                 buf.push(CONFIG);
                 buf.extend_from_slice(json);
@@ -162,20 +172,45 @@ impl Channel {
         Ok(())
     }
 
-    /// The next message; `None` once the peer closed its end. A `timeout`
-    /// bounds the wait (`ErrorKind::TimedOut` when it passes).
-    /// Hands stage 1 the sandbox's log (its first message): a spare is
-    /// started before anyone knows which sandbox it will be.
+    /// Hands stage 1 the sandbox's log (its first message after the log
+    /// filter): a spare is started before anyone knows which sandbox it
+    /// will be.
     pub fn send_log(&self, log: BorrowedFd<'_>) -> io::Result<()> {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        self.send_fds(LOG, &[log])
+    }
+
+    /// Stage 1's side of [`Channel::send_log`]: waits for it without a
+    /// timeout (a spare may wait long); `None` at EOF (its hub is gone).
+    pub fn recv_log(&self) -> io::Result<Option<OwnedFd>> {
+        Ok(self.recv_fds::<1>(LOG, "the log fd")?.map(|[log]| log))
+    }
+
+    /// `Mapped` (the id maps are written), with sandboxd's listening
+    /// sockets, which the hub bound while stage 1 unshared.
+    pub fn send_mapped(&self, listeners: &UnixListeners) -> io::Result<()> {
+        self.send_fds(MAPPED, &[listeners.rest.as_fd(), listeners.grpc.as_fd()])
+    }
+
+    /// Stage 1's side of [`Channel::send_mapped`]; `None` at EOF.
+    pub fn recv_mapped(&self) -> io::Result<Option<UnixListeners>> {
+        Ok(self
+            .recv_fds::<2>(MAPPED, "Mapped with two sockets")?
+            .map(|[rest, grpc]| UnixListeners {
+                rest: rest.into(),
+                grpc: grpc.into(),
+            }))
+    }
+
+    /// A message of just `tag`, carrying `fds`.
+    fn send_fds(&self, tag: u8, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut ancillary = SendAncillaryBuffer::new(&mut space);
-        let fds = [log];
-        if !ancillary.push(SendAncillaryMessage::ScmRights(&fds)) {
-            return Err(io::Error::other("no room for the log fd"));
+        if !ancillary.push(SendAncillaryMessage::ScmRights(fds)) {
+            return Err(io::Error::other("no room for the fds"));
         }
         let n = net::sendmsg(
             &self.0,
-            &[IoSlice::new(&[LOG])],
+            &[IoSlice::new(&[tag])],
             &mut ancillary,
             SendFlags::NOSIGNAL,
         )?;
@@ -188,16 +223,17 @@ impl Channel {
         Ok(())
     }
 
-    /// Stage 1's side of [`Channel::send_log`]: waits for it without a
-    /// timeout (a spare may wait long); `None` at EOF (its hub is gone).
-    pub fn recv_log(&self) -> io::Result<Option<OwnedFd>> {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    /// Waits (without a timeout) for a message of just `tag` carrying
+    /// exactly `N` fds; anything else is `InvalidData` naming `what`, and
+    /// fds that came with it are closed. `None` at EOF.
+    fn recv_fds<const N: usize>(&self, tag: u8, what: &str) -> io::Result<Option<[OwnedFd; N]>> {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut ancillary = RecvAncillaryBuffer::new(&mut space);
-        let mut tag = [0u8; 1];
+        let mut got_tag = [0u8; 1];
         let got = loop {
             match net::recvmsg(
                 &self.0,
-                &mut [IoSliceMut::new(&mut tag)],
+                &mut [IoSliceMut::new(&mut got_tag)],
                 &mut ancillary,
                 RecvFlags::CMSG_CLOEXEC,
             ) {
@@ -206,12 +242,10 @@ impl Channel {
                 Err(e) => return Err(e.into()),
             }
         };
-        let mut fd = None;
+        let mut fds = Vec::with_capacity(N);
         for msg in ancillary.drain() {
-            if let RecvAncillaryMessage::ScmRights(fds) = msg {
-                for f in fds {
-                    fd.get_or_insert(f);
-                }
+            if let RecvAncillaryMessage::ScmRights(received) = msg {
+                fds.extend(received);
             }
         }
         if got.bytes == 0 {
@@ -220,15 +254,17 @@ impl Channel {
         let whole = !got
             .flags
             .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC);
-        match fd {
-            Some(fd) if whole && tag[0] == LOG => Ok(Some(fd)),
+        match <[OwnedFd; N]>::try_from(fds) {
+            Ok(fds) if whole && got_tag[0] == tag => Ok(Some(fds)),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                "expected the log fd first",
+                format!("expected {what}"),
             )),
         }
     }
 
+    /// The next message; `None` once the peer closed its end. A `timeout`
+    /// bounds the wait (`ErrorKind::TimedOut` when it passes).
     pub fn recv(&self, timeout: Option<Duration>) -> io::Result<Option<Msg>> {
         let timeout = timeout.map(|t| t.max(Duration::from_millis(1)));
         net::sockopt::set_socket_timeout(&self.0, net::sockopt::Timeout::Recv, timeout)?;
@@ -272,6 +308,7 @@ fn decode(buf: &[u8]) -> io::Result<Msg> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed sync message");
     let (&tag, body) = buf.split_first().ok_or_else(bad)?;
     Ok(match tag {
+        LOG_FILTER => Msg::LogFilter(String::from_utf8_lossy(body).into_owned()),
         CONFIG => Msg::Config(body.to_vec()),
         SHIM_PID => Msg::ShimPid(i32::from_le_bytes(body.try_into().map_err(|_| bad())?)),
         UNSHARED => Msg::Unshared,
@@ -293,6 +330,7 @@ mod tests {
         let (hub, other) = Channel::pair().unwrap();
         let other = Channel(other);
         for msg in [
+            Msg::LogFilter("sandboxd=debug,warn".into()),
             Msg::Config(b"{\"a\":1}".to_vec()),
             Msg::Unshared,
             Msg::ShimPid(4242),
@@ -318,6 +356,32 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         let err = other.recv(Some(Duration::from_millis(5))).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        // Mapped with the two listening sockets: the same sockets arrive
+        // (a connection to the path reaches the received one), and a
+        // Mapped with one fd only, or the log, is refused.
+        let dir = tempfile::tempdir().unwrap();
+        let bound = super::super::statedir::bind_listeners(dir.path()).unwrap();
+        hub.send_mapped(&bound).unwrap();
+        let got = other.recv_mapped().unwrap().unwrap();
+        drop(bound);
+        for (name, listener) in [
+            (sandhub_api::sandboxd::REST_SOCKET, &got.rest),
+            (sandhub_api::sandboxd::GRPC_SOCKET, &got.grpc),
+        ] {
+            let _client = std::os::unix::net::UnixStream::connect(dir.path().join(name)).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            assert!(listener.accept().is_ok(), "{name} is the bound socket");
+        }
+        hub.send_fds(MAPPED, &[log.as_fd()]).unwrap();
+        assert_eq!(
+            other.recv_mapped().unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        hub.send_log(log.as_fd()).unwrap();
+        assert_eq!(
+            other.recv_mapped().unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
         drop(hub);
         assert_eq!(other.recv(Some(Duration::from_secs(1))).unwrap(), None);
         assert!(other.recv_log().unwrap().is_none());

@@ -3,21 +3,23 @@
 //! The hub spawns `<exe> __sandbox-init` with the sync socket as stdin
 //! ahead of need (a spare, see `spare.rs`), then (see `channel.rs`):
 //!
-//! 1. **stage 1** parses sandboxd's flags and builds its gRPC reflection
-//!    while it idles as a spare (each took ~0.5 ms of every cold create
-//!    when sandboxd did it in its fresh process), then waits
+//! 1. **stage 1** parses sandboxd's flags, builds its gRPC reflection and
+//!    installs its logging (the filter is the spare's first message) while
+//!    it idles as a spare (together ~1.1 ms of every cold create when
+//!    sandboxd did them in its fresh process), then waits
 //!    for the sandbox's log (its stdout and stderr from then on) and the
 //!    config, lowers its `oom_score_adj` to -900
 //!    (only possible before leaving the initial user namespace; PID 1 and
-//!    sandboxd inherit it, workloads reset it in `child_setup`), binds
-//!    sandboxd's listening sockets in the hub-only `<state_dir>/sock`
-//!    (inherited down to sandboxd as fds; the sandbox never sees that
-//!    directory, so it cannot swap a socket for a link to another's),
+//!    sandboxd inherit it, workloads reset it in `child_setup`),
 //!    leaves the hub's session, unshares the user, mount, UTS, IPC, PID,
 //!    cgroup (and network) namespaces in one call and opens the host paths
 //!    it needs. The hub put it in the sandbox's cgroup before the config
-//!    (so the cgroup namespace is rooted there); once the hub wrote its id
-//!    maps it becomes root inside and goes on as
+//!    (so the cgroup namespace is rooted there). Meanwhile the hub binds
+//!    sandboxd's listening sockets in the hub-only `<state_dir>/sock`
+//!    (inherited down to sandboxd as fds; the sandbox never sees that
+//!    directory, so it cannot swap a socket for a link to another's) and
+//!    writes the id maps; it hands the sockets over with `Mapped`. Stage 1
+//!    then becomes root inside and goes on as
 //! 2. **the shim**: it reports its pid, forks PID 1 (the first child
 //!    after `CLONE_NEWPID`, so the namespace's init) and waits for it. Its
 //!    host pid plus start time identify the sandbox across hub restarts.
@@ -37,11 +39,7 @@
 
 use std::{
     ffi::OsString,
-    io,
-    os::{
-        fd::{FromRawFd, OwnedFd},
-        unix::net::UnixListener,
-    },
+    os::fd::{FromRawFd, OwnedFd},
     path::Path,
     sync::{Arc, Mutex},
 };
@@ -86,7 +84,8 @@ fn fail(chan: &Channel, msg: String) -> ! {
 /// What stage 1 makes for sandboxd, handed down through the shim and
 /// PID 1 (each drops its copy once it forked).
 struct ForSandboxd {
-    /// Bound by stage 1 as host root (see `bind_listeners`).
+    /// Bound by the hub as host root (`statedir::bind_listeners`) and
+    /// handed over with `Mapped`.
     listeners: UnixListeners,
     /// Its flags, parsed before the sandbox's config arrived; `cfg`'s
     /// settings are filled in by `sandboxd_config`.
@@ -129,6 +128,24 @@ fn stage1() -> ! {
         Err(e) => fail(&chan, format!("sandboxd flags: {e}")),
     };
     let grpc_base = sandboxd::rest::grpc_base();
+    // sandboxd's logging, installed while this spare idles (the global
+    // subscriber is inherited down the forks; it took ~0.15 ms of every
+    // cold create in sandboxd). It writes to fd 2, which becomes the
+    // sandbox's log below. Only sandboxd and the runtime code it shares
+    // log through it; the stages before it report with `eprintln!`.
+    // `Targets`, not `EnvFilter`: every sandbox would carry a regex engine
+    // in its resident memory.
+    match chan.recv(None) {
+        Ok(Some(Msg::LogFilter(filter))) => {
+            let _ = sandhub_common::Logging::new("text")
+                .default_level(tracing::Level::WARN)
+                .directives(&filter)
+                .try_init();
+        }
+        Ok(None) => sys::exit_now(1),
+        Ok(Some(other)) => fail(&chan, format!("expected the log filter, got {other:?}")),
+        Err(e) => fail(&chan, format!("reading the log filter: {e}")),
+    }
     // Started as a spare: stdout and stderr are /dev/null until the hub
     // picks this process for a sandbox and hands over that sandbox's log.
     match chan.recv_log() {
@@ -158,17 +175,6 @@ fn stage1() -> ! {
              (needs CAP_SYS_RESOURCE): {e}; the OOM killer may pick sandboxd"
         );
     }
-    // As host root, before any namespace: a socket file created later
-    // inside would belong to the sandbox's mapped root.
-    let listeners = match bind_listeners(&cfg.state_dir.join("sock")) {
-        Ok(l) => l,
-        Err(e) => fail(&chan, format!("binding sandboxd's sockets: {e}")),
-    };
-    let sandboxd = ForSandboxd {
-        config: sandboxd_config(base_config, &cfg),
-        listeners,
-        grpc_base,
-    };
     // Its own session: a signal to the hub's process group (a Ctrl-C)
     // must not reach the sandbox, which outlives the hub.
     if let Err(e) = sys::setsid() {
@@ -209,33 +215,21 @@ fn stage1() -> ! {
     if let Err(e) = chan.send(&Msg::Unshared) {
         fail(&chan, format!("reporting the new namespaces: {e}"));
     }
-    // Mapped: the id maps are written.
-    match chan.recv(None) {
-        Ok(Some(Msg::Mapped)) => {}
-        Ok(Some(other)) => fail(&chan, format!("expected Mapped, got {other:?}")),
-        Ok(None) | Err(_) => sys::exit_now(1),
-    }
+    // Mapped: the id maps are written; with it come sandboxd's sockets.
+    let listeners = match chan.recv_mapped() {
+        Ok(Some(listeners)) => listeners,
+        Ok(None) => sys::exit_now(1),
+        Err(e) => fail(&chan, format!("reading Mapped: {e}")),
+    };
+    let sandboxd = ForSandboxd {
+        config: sandboxd_config(base_config, &cfg),
+        listeners,
+        grpc_base,
+    };
     if let Err(e) = sys::become_root(cfg.idmap.allows_setgroups()) {
         fail(&chan, format!("becoming root in the user namespace: {e}"));
     }
     shim(chan, cfg, host, sandboxd)
-}
-
-/// Binds `rest.sock` and `grpc.sock` in `dir` (hub-only), replacing stale
-/// ones from an earlier run of the sandbox.
-fn bind_listeners(dir: &Path) -> io::Result<UnixListeners> {
-    let bind = |name: &str| {
-        let path = dir.join(name);
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        UnixListener::bind(&path)
-    };
-    Ok(UnixListeners {
-        rest: bind(sandhub_api::sandboxd::REST_SOCKET)?,
-        grpc: bind(sandhub_api::sandboxd::GRPC_SOCKET)?,
-    })
 }
 
 /// Stage 1 from here on: in every namespace of the sandbox, root inside.
@@ -339,12 +333,6 @@ fn sandboxd_main(chan: Channel, cfg: InitConfig, made: ForSandboxd) -> ! {
     for (k, v) in base_env(&cfg).into_iter().chain(cfg.env.clone()) {
         std::env::set_var(k, v);
     }
-    // `Targets`, not `EnvFilter`: this process is the sandbox's sandboxd,
-    // and every sandbox would carry a regex engine in its resident memory.
-    let _ = sandhub_common::Logging::new("text")
-        .default_level(tracing::Level::WARN)
-        .directives(&cfg.log_filter)
-        .try_init();
     // One thread: an idle sandbox should cost a few MiB, not a worker pool.
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -422,7 +410,6 @@ mod tests {
             max_upload_bytes: 123_456,
             volumes: vec![],
             idmap: super::super::idmap::IdMap::for_current_user(),
-            log_filter: String::new(),
         }
     }
 

@@ -177,7 +177,6 @@ pub struct Runtime {
     egress_etc: std::sync::Mutex<EgressEtc>,
     /// The hub's egress CA (brokered secrets), for that copy.
     egress_ca: Option<String>,
-    log_filter: String,
     /// Disk quotas (issue #12 row 6); `None`: sandboxes write without limit.
     disk_quotas: Option<Arc<DiskQuotas>>,
     /// Stage 1 started ahead of the next launch (`spare.rs`).
@@ -233,7 +232,7 @@ impl Runtime {
         let host_etc = hostetc::prepare_host_etc(&state_root)
             .ctx(|| "preparing the sandboxes' /etc".to_string())?;
         let log_filter = std::env::var("SANDHUB_SANDBOX_LOG").unwrap_or_else(|_| "warn".into());
-        let spares = Spares::new(exe.clone(), cgroups.clone());
+        let spares = Spares::new(exe.clone(), cgroups.clone(), &log_filter);
         spares.refill();
         Ok(Runtime {
             exe,
@@ -244,7 +243,6 @@ impl Runtime {
             egress_etc: std::sync::Mutex::new(EgressEtc::Unmade),
             egress_ca: None,
             host_etc,
-            log_filter,
             disk_quotas: None,
             spares,
         })
@@ -449,13 +447,16 @@ impl Runtime {
             max_upload_bytes: spec.max_upload_bytes,
             volumes: spec.volumes.clone(),
             idmap: self.idmap,
-            log_filter: self.log_filter.clone(),
         };
         let json = serde_json::to_vec(&config)
             .map_err(io::Error::other)
             .ctx(|| "encoding the sandbox config".to_string())?;
         chan.send(&Msg::Config(json))
             .ctx(|| "sending the sandbox config".to_string())?;
+        // While stage 1 unshares (the slowest step of its own): sandboxd's
+        // sockets, in the hub-only sock dir, handed over with `Mapped`.
+        let listeners = statedir::bind_listeners(&dirs.sock)
+            .ctx(|| format!("binding sandboxd's sockets in {}", dirs.sock.display()))?;
         match self.expect(spec, dirs, chan, deadline)? {
             Msg::Unshared => {}
             other => return Err(self.protocol(spec, dirs, other)),
@@ -463,8 +464,9 @@ impl Runtime {
         self.idmap
             .write(stage1)
             .ctx(|| format!("writing the id maps of sandbox {}", spec.id))?;
-        chan.send(&Msg::Mapped)
+        chan.send_mapped(&listeners)
             .ctx(|| "signalling the sandbox".to_string())?;
+        drop(listeners);
         // Stage 1 goes on as the shim (`init.rs`): the same process.
         let shim = match self.expect(spec, dirs, chan, deadline)? {
             Msg::ShimPid(pid) if pid == stage1 => pid,

@@ -52,9 +52,9 @@
 //! [`HOST_ID_BASE`] ([`idmap`]); its root filesystem is described in
 //! `mounts.rs`, its workspace in [`workspace`]; its cgroup lives at
 //! `<mount>/sandhub/<id>` (`cgroup.rs`). sandboxd serves on
-//! `<state_dir>/sock/{rest,grpc}.sock`, bound by stage 1 on the host before
-//! it leaves the hub's user namespace and inherited by sandboxd as fds: the
-//! sandbox never sees that directory. The per-sandbox state dir and the
+//! `<state_dir>/sock/{rest,grpc}.sock`, bound by the hub on the host (while
+//! stage 1 unshares), handed to stage 1 and inherited by sandboxd as fds:
+//! the sandbox never sees that directory. The per-sandbox state dir and the
 //! rules for touching it are in [`statedir`].
 //!
 //! With disk quotas, `<state_dir>` itself is a btrfs subvolume on the

@@ -39,7 +39,7 @@ use std::{
 
 use super::{
     cgroup::{Backend, SandboxCgroup, SPARE_PREFIX},
-    channel::Channel,
+    channel::{Channel, Msg},
     init,
 };
 
@@ -61,9 +61,10 @@ pub(super) struct Spare {
 
 impl Spare {
     /// Starts `exe __sandbox-init` (stdout and stderr on /dev/null until
-    /// it gets the sandbox's log) and, where `cgroups` can rename, moves it
-    /// into a new cgroup of its own.
-    fn start(exe: &Path, cgroups: Option<&Backend>) -> io::Result<Spare> {
+    /// it gets the sandbox's log), sends it sandboxd's `log_filter` (so it
+    /// sets up sandboxd's logging while it waits) and, where `cgroups` can
+    /// rename, moves it into a new cgroup of its own.
+    fn start(exe: &Path, cgroups: Option<&Backend>, log_filter: &str) -> io::Result<Spare> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let (chan, inside) = Channel::pair()?;
         let child = Command::new(exe)
@@ -81,6 +82,10 @@ impl Spare {
             chan,
             cgroup: None,
         };
+        if let Err(e) = spare.chan.send(&Msg::LogFilter(log_filter.to_string())) {
+            spare.discard();
+            return Err(e);
+        }
         let Some(backend) = cgroups.filter(|b| b.renames()) else {
             return Ok(spare);
         };
@@ -124,6 +129,8 @@ impl Spare {
 pub(super) struct Spares {
     exe: PathBuf,
     cgroups: Option<Backend>,
+    /// sandboxd's `tracing` filter, the same for every sandbox.
+    log_filter: Arc<str>,
     shared: Arc<Shared>,
 }
 
@@ -164,13 +171,14 @@ impl Shared {
 }
 
 impl Spares {
-    pub fn new(exe: PathBuf, cgroups: Option<Backend>) -> Self {
+    pub fn new(exe: PathBuf, cgroups: Option<Backend>, log_filter: &str) -> Self {
         if let Some(b) = cgroups.as_ref().filter(|b| b.renames()) {
             b.sweep_spares();
         }
         Spares {
             exe,
             cgroups,
+            log_filter: log_filter.into(),
             shared: Arc::default(),
         }
     }
@@ -219,7 +227,7 @@ impl Spares {
 
     /// A spare started in place, on the calling thread.
     fn start(&self) -> io::Result<Spare> {
-        Spare::start(&self.exe, self.cgroups.as_ref())
+        Spare::start(&self.exe, self.cgroups.as_ref(), &self.log_filter)
     }
 
     /// The host pid of the spare waiting now, if any (tests, diagnostics).
@@ -241,11 +249,16 @@ impl Spares {
             }
             state.refilling = true;
         }
-        let (exe, cgroups, shared) = (self.exe.clone(), self.cgroups.clone(), self.shared.clone());
+        let (exe, cgroups, log_filter, shared) = (
+            self.exe.clone(),
+            self.cgroups.clone(),
+            self.log_filter.clone(),
+            self.shared.clone(),
+        );
         let spawned = std::thread::Builder::new()
             .name("sandhub-spare".into())
             .spawn(move || {
-                let spare = Spare::start(&exe, cgroups.as_ref())
+                let spare = Spare::start(&exe, cgroups.as_ref(), &log_filter)
                     .inspect_err(|e| tracing::warn!(error = %e, "starting a spare sandbox init"))
                     .ok();
                 shared.refilled(spare);

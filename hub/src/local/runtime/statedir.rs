@@ -43,6 +43,25 @@ const CONFINED: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
 
+/// Binds `rest.sock` and `grpc.sock` in `dir` (the hub-only `sock/`),
+/// replacing stale ones from an earlier run of the sandbox. The hub binds
+/// them as host root, so the sandbox's mapped root does not own them, and
+/// hands them to stage 1 (inherited down to sandboxd as fds).
+pub(super) fn bind_listeners(dir: &Path) -> io::Result<sandboxd::server::UnixListeners> {
+    let bind = |name: &str| {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::os::unix::net::UnixListener::bind(&path)
+    };
+    Ok(sandboxd::server::UnixListeners {
+        rest: bind(sandhub_api::sandboxd::REST_SOCKET)?,
+        grpc: bind(sandhub_api::sandboxd::GRPC_SOCKET)?,
+    })
+}
+
 /// The per-sandbox directory, on the host.
 pub(crate) struct StateDir {
     pub root: PathBuf,
