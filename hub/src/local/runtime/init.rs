@@ -6,12 +6,12 @@
 //! 1. **stage 1** parses sandboxd's flags, builds its gRPC reflection and
 //!    installs its logging (the filter is the spare's first message) while
 //!    it idles as a spare (together ~1.1 ms of every cold create when
-//!    sandboxd did them in its fresh process), then waits
+//!    sandboxd did them in its fresh process), lowers its `oom_score_adj`
+//!    to -900 (only possible before leaving the initial user namespace;
+//!    PID 1 and sandboxd inherit it, workloads reset it in `child_setup`)
+//!    and leaves the hub's session. It then waits
 //!    for the sandbox's log (its stdout and stderr from then on) and the
-//!    config, lowers its `oom_score_adj` to -900
-//!    (only possible before leaving the initial user namespace; PID 1 and
-//!    sandboxd inherit it, workloads reset it in `child_setup`),
-//!    leaves the hub's session, unshares the user, mount, UTS, IPC, PID,
+//!    config, unshares the user, mount, UTS, IPC, PID,
 //!    cgroup (and network) namespaces in one call and opens the host paths
 //!    it needs. The hub put it in the sandbox's cgroup before the config
 //!    (so the cgroup namespace is rooted there). Meanwhile the hub binds
@@ -146,6 +146,20 @@ fn stage1() -> ! {
         Ok(Some(other)) => fail(&chan, format!("expected the log filter, got {other:?}")),
         Err(e) => fail(&chan, format!("reading the log filter: {e}")),
     }
+    // What needs no sandbox is done while this spare idles (~50 us of a
+    // cold create when done after the config). The OOM score: lowering
+    // needs CAP_SYS_RESOURCE (rootless, or a container that dropped it),
+    // then we run unprotected rather than not at all, and say so in the
+    // sandbox's log once there is one.
+    let oom_unprotected = std::fs::write("/proc/self/oom_score_adj", MACHINERY_OOM_SCORE_ADJ).err();
+    // Its own session: a signal to the hub's process group (a Ctrl-C)
+    // must not reach the sandbox, which outlives the hub.
+    if let Err(e) = sys::setsid() {
+        fail(&chan, format!("setsid: {e}"));
+    }
+    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
+        let _ = sys::ignore_signal(sig);
+    }
     // Started as a spare: stdout and stderr are /dev/null until the hub
     // picks this process for a sandbox and hands over that sandbox's log.
     match chan.recv_log() {
@@ -167,21 +181,11 @@ fn stage1() -> ! {
         Ok(Some(other)) => fail(&chan, format!("expected the config, got {other:?}")),
         Err(e) => fail(&chan, format!("reading the config: {e}")),
     };
-    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", MACHINERY_OOM_SCORE_ADJ) {
-        // Lowering needs CAP_SYS_RESOURCE (rootless, or a container that
-        // dropped it): run unprotected rather than not at all.
+    if let Some(e) = oom_unprotected {
         eprintln!(
             "sandbox init: cannot lower oom_score_adj to {MACHINERY_OOM_SCORE_ADJ} \
              (needs CAP_SYS_RESOURCE): {e}; the OOM killer may pick sandboxd"
         );
-    }
-    // Its own session: a signal to the hub's process group (a Ctrl-C)
-    // must not reach the sandbox, which outlives the hub.
-    if let Err(e) = sys::setsid() {
-        fail(&chan, format!("setsid: {e}"));
-    }
-    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
-        let _ = sys::ignore_signal(sig);
     }
     // Every namespace at once. CLONE_NEWPID applies to the children: the
     // first one forked (PID 1) is the new namespace's init. The cgroup
