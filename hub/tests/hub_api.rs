@@ -602,10 +602,52 @@ async fn tenancy_other_tenant_gets_404_and_no_key_gets_401() {
     assert_eq!(doc.status(), 200);
 }
 
+/// A client that hangs up mid-create does not leave a running sandbox
+/// behind a row stuck in `Pending`: the create runs to its end. The hub
+/// holds each launch a while before recording it (a fault-injection
+/// delay), so the hang-up lands mid-create every time.
+#[tokio::test]
+async fn a_create_whose_caller_hangs_up_is_finished() {
+    let hub = TestHub::start(HubOptions {
+        extra_env: &[("SANDHUB_FAILPOINT_LAUNCHED_NOT_RECORDED_MS", "1500")],
+        ..Default::default()
+    })
+    .await;
+    let c = hub.client(None);
+    let mut caller = std::net::TcpStream::connect(("127.0.0.1", hub.port)).unwrap();
+    caller
+        .write_all(
+            b"POST /v1/sandboxes HTTP/1.1\r\nHost: hub\r\nContent-Type: application/json\r\n\
+              Content-Length: 2\r\n\r\n{}",
+        )
+        .unwrap();
+    let no_labels = BTreeMap::new();
+    let list = || async { c.list(&no_labels).await.unwrap() };
+    let pending = eventually("the create to begin", WAIT, || async {
+        let all = list().await;
+        all.first()
+            .filter(|s| s.state == SandboxState::Pending)
+            .cloned()
+    })
+    .await;
+    drop(caller);
+    let ready = eventually("the create to finish", WAIT, || async {
+        let all = list().await;
+        all.first()
+            .filter(|s| s.state != SandboxState::Pending)
+            .cloned()
+    })
+    .await;
+    assert_eq!(ready.id, pending.id);
+    assert_eq!(ready.state, SandboxState::Ready, "{ready:?}");
+    assert_eq!(list().await.len(), 1);
+    assert_eq!(sh_ok(&c, &ready.id, "echo hi").await, "hi\n");
+    c.delete(&ready.id).await.unwrap();
+    assert!(list().await.is_empty());
+}
+
 // ------------------------------------------------------------------ warm pools
 
-/// A pool whose template cannot start retries with back-off (not as fast as
-/// it fails), says why in its status, and fills once the template is fixed.
 /// A create carrying `sandhub.io/idempotency-key` that is retried (its
 /// first answer lost) gets the sandbox the first call made, not a second;
 /// the value is per tenant, and a deleted sandbox frees it.
@@ -639,6 +681,8 @@ async fn a_retried_create_with_an_idempotency_key_gets_the_same_sandbox() {
     assert_ne!(after.id, first.id);
 }
 
+/// A pool whose template cannot start retries with back-off (not as fast as
+/// it fails), says why in its status, and fills once the template is fixed.
 #[tokio::test]
 async fn a_pool_that_cannot_start_backs_off_and_says_why() {
     let hub = TestHub::start(HubOptions::default()).await;

@@ -9,7 +9,9 @@
 //!                    the constructor `sandhub serve` and `sandhub mcp` start a
 //!                    local hub with
 //! hub.rs             Hub: the model (admission, cold start, templates, clients)
-//! tenant.rs          TenantHub: one tenant's Sandboxes; Backend for Arc<Hub>
+//! tenant.rs          TenantHub: one tenant's Sandboxes (changes of several steps run
+//!                    as tasks of their own, finished when the caller hangs up);
+//!                    Backend for Arc<Hub>
 //! lifecycle.rs       locks, recovery after a restart, the reaper
 //! entrypoints.rs     `entrypoint_exited`: Ready sandboxes' entrypoint records, asked
 //!                    every 2 s, each exit told once

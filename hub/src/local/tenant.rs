@@ -4,6 +4,7 @@
 
 use std::{
     collections::BTreeMap,
+    future::Future,
     sync::{atomic::Ordering, Arc},
 };
 
@@ -23,6 +24,7 @@ use sandhub_client::{
     sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
     StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
+use tracing::Instrument;
 
 use super::{
     hub::{check_template, invalid, snapshot_to_api, to_api, Hub},
@@ -48,6 +50,21 @@ impl Hub {
 pub struct TenantHub {
     hub: Arc<Hub>,
     tenant: String,
+}
+
+/// Runs a change to the tenant's sandboxes as a task of its own and
+/// waits for it. A caller that goes away (an HTTP client that hangs up)
+/// drops only the wait: what the change has begun (a sandbox launched, a
+/// row written, a workspace being removed) is carried to its end, never
+/// left half done, as a running sandbox behind a row stuck in `Pending`
+/// would be. Every change of more than one step goes through here (a
+/// warm claim is one transaction and needs none).
+async fn to_the_end<T: Send + 'static>(
+    change: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(change.in_current_span())
+        .await
+        .map_err(|e| Error::internal(format!("the change did not finish: {e}")))?
 }
 
 impl TenantHub {
@@ -437,7 +454,8 @@ impl Sandboxes for TenantHub {
             idle_action,
             auto_resume,
         };
-        let row = hub.create_cold(row).await?;
+        let launching = hub.clone();
+        let row = to_the_end(async move { launching.create_cold(row).await }).await?;
         Ok(hub.view(&row).await)
     }
 
@@ -464,16 +482,22 @@ impl Sandboxes for TenantHub {
     }
 
     async fn delete(&self, id: &str) -> Result<()> {
-        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
-        let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        self.hub.remove(&row).await?;
-        self.hub.lifecycle.lock().unwrap().remove(id);
-        self.hub.emit(
-            self.hub
-                .sandbox_event(&row, EventType::Deleted)
-                .reason(DeleteReason::ByCaller),
-        );
-        Ok(())
+        let me = self.clone();
+        let id = id.to_string();
+        to_the_end(async move {
+            let id: &str = &id;
+            let _guard = me.hub.lock_existing(&me.tenant, id).await?;
+            let row = found(me.hub.store.get_sandbox(&me.tenant, id)?, "sandbox", id)?;
+            me.hub.remove(&row).await?;
+            me.hub.lifecycle.lock().unwrap().remove(id);
+            me.hub.emit(
+                me.hub
+                    .sandbox_event(&row, EventType::Deleted)
+                    .reason(DeleteReason::ByCaller),
+            );
+            Ok(())
+        })
+        .await
     }
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecResult> {
@@ -565,99 +589,134 @@ impl Sandboxes for TenantHub {
     }
 
     async fn suspend(&self, id: &str) -> Result<Sandbox> {
-        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
-        let (mut row, _) = self.hub.running(&self.tenant, id, "suspend")?;
-        self.hub.suspend_locked(&mut row).await?;
-        self.hub
-            .emit(self.hub.sandbox_event(&row, EventType::Suspended));
-        Ok(to_api(&row))
+        let me = self.clone();
+        let id = id.to_string();
+        to_the_end(async move {
+            let id: &str = &id;
+            let _guard = me.hub.lock_existing(&me.tenant, id).await?;
+            let (mut row, _) = me.hub.running(&me.tenant, id, "suspend")?;
+            me.hub.suspend_locked(&mut row).await?;
+            me.hub
+                .emit(me.hub.sandbox_event(&row, EventType::Suspended));
+            Ok(to_api(&row))
+        })
+        .await
     }
 
     async fn pause(&self, id: &str) -> Result<Sandbox> {
-        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
-        let mut row = self.hub.ready_row(&self.tenant, id, "pause")?;
-        self.hub.pause_locked(&mut row).await?;
-        self.hub
-            .emit(self.hub.sandbox_event(&row, EventType::Paused));
-        Ok(self.hub.view(&row).await)
+        let me = self.clone();
+        let id = id.to_string();
+        to_the_end(async move {
+            let id: &str = &id;
+            let _guard = me.hub.lock_existing(&me.tenant, id).await?;
+            let mut row = me.hub.ready_row(&me.tenant, id, "pause")?;
+            me.hub.pause_locked(&mut row).await?;
+            me.hub.emit(me.hub.sandbox_event(&row, EventType::Paused));
+            Ok(me.hub.view(&row).await)
+        })
+        .await
     }
 
     async fn resume(&self, id: &str) -> Result<Sandbox> {
-        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
-        let mut row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        self.hub.resume_locked(&mut row).await?;
-        self.hub
-            .emit(self.hub.sandbox_event(&row, EventType::Resumed));
-        Ok(self.hub.view(&row).await)
+        let me = self.clone();
+        let id = id.to_string();
+        to_the_end(async move {
+            let id: &str = &id;
+            let _guard = me.hub.lock_existing(&me.tenant, id).await?;
+            let mut row = found(me.hub.store.get_sandbox(&me.tenant, id)?, "sandbox", id)?;
+            me.hub.resume_locked(&mut row).await?;
+            me.hub.emit(me.hub.sandbox_event(&row, EventType::Resumed));
+            Ok(me.hub.view(&row).await)
+        })
+        .await
     }
 
     async fn snapshot(&self, id: &str) -> Result<Snapshot> {
-        let row = found(self.hub.store.get_sandbox(&self.tenant, id)?, "sandbox", id)?;
-        let limit = self.hub.max_snapshot_bytes.load(Ordering::Relaxed);
-        if limit > 0 {
-            let used = self.hub.store.snapshot_bytes(&self.tenant)?;
-            if used >= limit {
-                return Err(Error::new(
-                    Code::ResourceExhausted,
-                    format!(
-                        "snapshots take {used} bytes, at the limit of {limit} bytes per tenant; \
-                         delete some (DELETE /v1/sandboxes/{{id}}/snapshots/{{snapshot}})"
-                    ),
-                ));
+        let me = self.clone();
+        let id = id.to_string();
+        to_the_end(async move {
+            let id: &str = &id;
+            let row = found(me.hub.store.get_sandbox(&me.tenant, id)?, "sandbox", id)?;
+            let limit = me.hub.max_snapshot_bytes.load(Ordering::Relaxed);
+            if limit > 0 {
+                let used = me.hub.store.snapshot_bytes(&me.tenant)?;
+                if used >= limit {
+                    return Err(Error::new(
+                        Code::ResourceExhausted,
+                        format!(
+                            "snapshots take {used} bytes, at the limit of {limit} bytes per tenant; \
+                             delete some (DELETE /v1/sandboxes/{{id}}/snapshots/{{snapshot}})"
+                        ),
+                    ));
+                }
             }
-        }
-        let mut snap = SnapshotRow {
-            id: new_id("snap"),
-            tenant: self.tenant.clone(),
-            sandbox_id: id.to_string(),
-            created_at: now_ms(),
-            size_bytes: None,
-        };
-        snap.size_bytes = Some(self.hub.backend.snapshot(&row, &snap.id).await?);
-        self.hub.store.insert_snapshot(&snap)?;
-        self.hub.emit(
-            self.hub
-                .sandbox_event(&row, EventType::Snapshotted)
-                .detail("snapshot_id", snap.id.as_str())
-                .detail("size_bytes", snap.size_bytes.unwrap_or(0)),
-        );
-        Ok(snapshot_to_api(snap))
+            let mut snap = SnapshotRow {
+                id: new_id("snap"),
+                tenant: me.tenant.clone(),
+                sandbox_id: id.to_string(),
+                created_at: now_ms(),
+                size_bytes: None,
+            };
+            snap.size_bytes = Some(me.hub.backend.snapshot(&row, &snap.id).await?);
+            me.hub.store.insert_snapshot(&snap)?;
+            me.hub.emit(
+                me.hub
+                    .sandbox_event(&row, EventType::Snapshotted)
+                    .detail("snapshot_id", snap.id.as_str())
+                    .detail("size_bytes", snap.size_bytes.unwrap_or(0)),
+            );
+            Ok(snapshot_to_api(snap))
+        })
+        .await
     }
 
     async fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<()> {
-        let snap = self
-            .hub
-            .store
-            .get_snapshot(&self.tenant, snapshot)?
-            .filter(|s| s.sandbox_id == id)
-            .ok_or_else(|| {
-                Error::not_found(format!("snapshot {snapshot} of sandbox {id} not found"))
-            })?;
-        // A fork's workspace lies on the snapshot (its lower layer), also
-        // while suspended: deleting it would pull the floor from under it.
-        let forks = self.hub.store.forks_of(&snap.id)?;
-        if !forks.is_empty() {
-            return Err(Error::new(
-                Code::Conflict,
-                format!(
-                    "snapshot {snapshot} is the base of sandbox {}; delete the fork first",
-                    forks.join(", ")
-                ),
-            ));
-        }
-        // The layer first: a failure leaves the row, so a retry finishes.
-        self.hub.backend.delete_snapshot(&snap.id).await?;
-        self.hub.store.delete_snapshot(&self.tenant, &snap.id)?;
-        Ok(())
+        let me = self.clone();
+        let id = id.to_string();
+        let snapshot = snapshot.to_string();
+        to_the_end(async move {
+            let id: &str = &id;
+            let snapshot: &str = &snapshot;
+            let snap = me
+                .hub
+                .store
+                .get_snapshot(&me.tenant, snapshot)?
+                .filter(|s| s.sandbox_id == id)
+                .ok_or_else(|| {
+                    Error::not_found(format!("snapshot {snapshot} of sandbox {id} not found"))
+                })?;
+            // A fork's workspace lies on the snapshot (its lower layer), also
+            // while suspended: deleting it would pull the floor from under it.
+            let forks = me.hub.store.forks_of(&snap.id)?;
+            if !forks.is_empty() {
+                return Err(Error::new(
+                    Code::Conflict,
+                    format!(
+                        "snapshot {snapshot} is the base of sandbox {}; delete the fork first",
+                        forks.join(", ")
+                    ),
+                ));
+            }
+            // The layer first: a failure leaves the row, so a retry finishes.
+            me.hub.backend.delete_snapshot(&snap.id).await?;
+            me.hub.store.delete_snapshot(&me.tenant, &snap.id)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn reset(&self, id: &str) -> Result<Sandbox> {
-        let _guard = self.hub.lock_existing(&self.tenant, id).await?;
-        let (row, _) = self.hub.running(&self.tenant, id, "reset")?;
-        self.hub.backend.reset(&row).await?;
-        self.hub
-            .emit(self.hub.sandbox_event(&row, EventType::Reset));
-        Ok(self.hub.view(&row).await)
+        let me = self.clone();
+        let id = id.to_string();
+        to_the_end(async move {
+            let id: &str = &id;
+            let _guard = me.hub.lock_existing(&me.tenant, id).await?;
+            let (row, _) = me.hub.running(&me.tenant, id, "reset")?;
+            me.hub.backend.reset(&row).await?;
+            me.hub.emit(me.hub.sandbox_event(&row, EventType::Reset));
+            Ok(me.hub.view(&row).await)
+        })
+        .await
     }
 
     async fn metrics(
@@ -685,7 +744,13 @@ impl Sandboxes for TenantHub {
     }
 
     async fn set_network(&self, id: &str, network: NetworkSpec) -> Result<Sandbox> {
-        self.hub.set_network(&self.tenant, id, network).await
+        let me = self.clone();
+        let id = id.to_string();
+        to_the_end(async move {
+            let id: &str = &id;
+            me.hub.set_network(&me.tenant, id, network).await
+        })
+        .await
     }
 
     async fn fork(&self, id: &str, request: ForkRequest) -> Result<Sandbox> {
@@ -732,7 +797,8 @@ impl Sandboxes for TenantHub {
             idle_action: source.idle_action,
             auto_resume: source.auto_resume,
         };
-        let row = self.hub.create_cold(row).await?;
+        let launching = self.hub.clone();
+        let row = to_the_end(async move { launching.create_cold(row).await }).await?;
         self.hub.emit(
             self.hub
                 .sandbox_event(&source, EventType::Forked)
