@@ -62,9 +62,12 @@ pub struct TenantHub {
 async fn to_the_end<T: Send + 'static>(
     change: impl Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    tokio::spawn(change.in_current_span())
-        .await
-        .map_err(|e| Error::internal(format!("the change did not finish: {e}")))?
+    tokio::spawn(change.in_current_span()).await.map_err(|e| {
+        // A panic's message may name the hub's internals: it goes to
+        // the log (the panic hook printed it), not to the caller.
+        tracing::error!(error = %e, "a change to sandboxes did not finish");
+        Error::internal("the change did not finish (the hub's log says why)")
+    })?
 }
 
 impl TenantHub {
@@ -945,5 +948,41 @@ impl Sandboxes for TenantHub {
             let _ = self.hub.remove(&m).await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_change_runs_to_its_end_without_its_caller() {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let opened = gate.clone();
+        let waiting = to_the_end(async move {
+            opened.notified().await;
+            let _ = done_tx.send(());
+            Ok(())
+        });
+        // The caller gives up (its future dropped) before the change ends.
+        let gave_up = tokio::time::timeout(Duration::from_millis(20), waiting).await;
+        assert!(gave_up.is_err());
+        gate.notify_one();
+        tokio::time::timeout(Duration::from_secs(10), done_rx)
+            .await
+            .expect("the change ran on after its caller went away")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_change_that_panics_is_an_internal_error_that_does_not_tell_why() {
+        let err = to_the_end::<()>(async { panic!("at /var/lib/sandhub/secret") })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::Internal);
+        assert!(!err.message.contains("secret"), "{}", err.message);
     }
 }
