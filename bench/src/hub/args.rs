@@ -55,6 +55,13 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(super) cold_creates: u32,
 
+    /// Suspended sandboxes the cold phase keeps in the store while it
+    /// times its creates: a busy hub's rows, which hold no process (the
+    /// hub's tenant caps are raised to admit them).
+    #[arg(long, env = "SANDHUB_BENCH_COLD_SUSPENDED", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub(super) cold_suspended: u32,
+
     /// Timed resets of one sandbox.
     #[arg(long, env = "SANDHUB_BENCH_RESETS", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]

@@ -126,9 +126,18 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     if args.phases.contains(&Phase::E2b) || (args.phases.contains(&Phase::Code) && args.code_e2b) {
         extra.push("--e2b".to_string());
     }
-    if args.phases.contains(&Phase::Sampler) {
-        // Tenant caps that admit them (at most 1024 MiB a sandbox by default).
-        let n = u64::from(args.sampler_sandboxes) + 16;
+    // Tenant caps that admit the sandboxes some phases keep (at most 1024
+    // MiB a sandbox by default).
+    let kept = [
+        (Phase::Sampler, args.sampler_sandboxes),
+        (Phase::Cold, args.cold_suspended),
+    ]
+    .iter()
+    .filter(|(phase, n)| *n > 0 && args.phases.contains(phase))
+    .map(|(_, n)| u64::from(*n))
+    .max();
+    if let Some(kept) = kept {
+        let n = kept + 16;
         extra.extend([
             "--tenant-max-sandboxes".to_string(),
             n.to_string(),
@@ -289,6 +298,13 @@ async fn warm(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result
 }
 
 async fn cold(args: &Args, hub: &mut Hub, report: &mut Report) -> anyhow::Result<()> {
+    if args.cold_suspended > 0 {
+        rest::suspended(hub, args.cold_suspended, args.deadline()).await?;
+        report.detail(
+            "suspended sandboxes in the store during the cold creates",
+            args.cold_suspended,
+        );
+    }
     let (s, floor) = rest::cold_creates(hub, args.cold_creates, args.deadline()).await?;
     let sum = summary(report, "cold create", s)?;
     let floor = summary(report, "unshare of every namespace", floor)?;

@@ -159,6 +159,23 @@ pub async fn cold_creates(
     Ok((s, floor))
 }
 
+/// Makes `n` suspended sandboxes (rows in the store, no process), left to
+/// the hub's teardown.
+pub async fn suspended(hub: &mut Hub, n: u32, deadline: Instant) -> anyhow::Result<()> {
+    let mut progress = Progress::new("suspended sandboxes", n.into());
+    for done in 1..=n {
+        ensure!(
+            Instant::now() < deadline,
+            "the phase's deadline passed after {done} suspended sandboxes"
+        );
+        let (id, _) = hub.create().await?;
+        hub.call(Method::POST, &format!("/v1/sandboxes/{id}/suspend"), None)
+            .await?;
+        progress.update(done.into());
+    }
+    Ok(())
+}
+
 /// The floor a cold create is judged against (issue #34 §4): util-linux
 /// `unshare` of every namespace a sandbox gets (user with root mapped,
 /// mount, UTS, IPC, network, PID with a fork, cgroup) running `true`.

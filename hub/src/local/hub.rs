@@ -329,13 +329,14 @@ impl Hub {
             .unwrap_or(0);
         let _one_at_a_time = self.admission.lock().unwrap_or_else(|p| p.into_inner());
         let (mut have, mut memory) = (0u64, 0u64);
-        let mut templates: HashMap<String, u64> = HashMap::new();
-        for r in self.store.all_sandboxes()? {
-            if r.tenant != row.tenant || !counts_against_quota(r.state) {
-                continue;
-            }
-            have += 1;
-            memory = memory.saturating_add(self.memory_limit_mb(&r, &mut templates));
+        // Counted by template in SQL: the tenant's rows only, none decoded.
+        for (template, n) in self
+            .store
+            .count_by_template(&row.tenant, &COUNTS_AGAINST_QUOTA)?
+        {
+            have = have.saturating_add(n);
+            let each = self.template_memory_mb(&row.tenant, &template);
+            memory = memory.saturating_add(each.saturating_mul(n));
         }
         self.policy.admit_sandbox(have, memory, more)?;
         self.store.insert_sandbox(row)
@@ -348,12 +349,17 @@ impl Hub {
         if let Some(mb) = seen.get(&row.template) {
             return *mb;
         }
-        let mb = self
-            .template(&row.tenant, &row.template)
-            .map(|t| self.policy.effective(&t).memory_mb.unwrap_or(0))
-            .unwrap_or(0);
+        let mb = self.template_memory_mb(&row.tenant, &row.template);
         seen.insert(row.template.clone(), mb);
         mb
+    }
+
+    /// The memory limit template `name` of `tenant` gives a sandbox (0
+    /// where the template is gone).
+    fn template_memory_mb(&self, tenant: &str, name: &str) -> u64 {
+        self.template(tenant, name)
+            .map(|t| self.policy.effective(&t).memory_mb.unwrap_or(0))
+            .unwrap_or(0)
     }
 
     /// Starts the sandbox a row describes and records it Ready.
@@ -509,11 +515,13 @@ fn not_ready(id: &str, state: SandboxState, op: &str) -> Error {
 /// Whether a sandbox in `state` counts against its tenant's quota: it holds
 /// (or will hold) memory and disk. Admission and the tenant gauges agree.
 pub(super) fn counts_against_quota(state: SandboxState) -> bool {
-    matches!(
-        state,
-        SandboxState::Pending
-            | SandboxState::Ready
-            | SandboxState::Paused
-            | SandboxState::Suspended
-    )
+    COUNTS_AGAINST_QUOTA.contains(&state)
 }
+
+/// The states in which a sandbox counts against its tenant's quota.
+const COUNTS_AGAINST_QUOTA: [SandboxState; 4] = [
+    SandboxState::Pending,
+    SandboxState::Ready,
+    SandboxState::Paused,
+    SandboxState::Suspended,
+];

@@ -432,6 +432,39 @@ impl Store {
         )
     }
 
+    /// How many sandboxes of `tenant` are in one of `states`, by template:
+    /// what its quota counts, read without decoding a single row (a create
+    /// asks this under the admission lock, so its cost is every create's).
+    pub fn count_by_template(
+        &self,
+        tenant: &str,
+        states: &[SandboxState],
+    ) -> Result<BTreeMap<String, u64>> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT template, state, COUNT(*) FROM sandboxes WHERE tenant = ?1 \
+                 GROUP BY template, state",
+            )?;
+            let mut counts = BTreeMap::new();
+            let rows = stmt.query_map(params![tenant], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (template, state, n) = row?;
+                // As `sandbox_from_row` reads it: an unknown word is Finished.
+                let state = SandboxState::parse(&state).unwrap_or(SandboxState::Finished);
+                if states.contains(&state) {
+                    *counts.entry(template).or_default() += n.max(0) as u64;
+                }
+            }
+            Ok(counts)
+        })
+    }
+
     /// Warm members of a pool, claimed or not excluded.
     pub fn pool_members(&self, tenant: &str, pool: &str) -> Result<Vec<SandboxRow>> {
         self.query(
@@ -577,6 +610,50 @@ mod tests {
             s.list_sandboxes("t1").unwrap()[0].runtime,
             Some(serde_json::json!({"pid": 1}))
         );
+    }
+
+    #[test]
+    fn counts_by_template_are_the_tenants_rows_in_the_states_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("db")).unwrap();
+        let states = [SandboxState::Ready, SandboxState::Suspended];
+        for (id, tenant, template, state) in [
+            ("a", "t1", "web", SandboxState::Ready),
+            ("b", "t1", "web", SandboxState::Suspended),
+            ("c", "t1", "gpu", SandboxState::Ready),
+            ("d", "t1", "gpu", SandboxState::Finished),
+            ("e", "t1", "cli", SandboxState::Expired),
+            ("f", "t2", "web", SandboxState::Ready),
+        ] {
+            let mut r = row(id, tenant, None, true);
+            r.template = template.into();
+            r.state = state;
+            s.insert_sandbox(&r).unwrap();
+        }
+        let want = |pairs: &[(&str, u64)]| {
+            pairs
+                .iter()
+                .map(|(t, n)| (t.to_string(), *n))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            s.count_by_template("t1", &states).unwrap(),
+            want(&[("web", 2), ("gpu", 1)])
+        );
+        assert_eq!(
+            s.count_by_template("t2", &states).unwrap(),
+            want(&[("web", 1)])
+        );
+        assert!(s.count_by_template("t3", &states).unwrap().is_empty());
+        // The same numbers as decoding every row and filtering.
+        let decoded = s
+            .all_sandboxes()
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.tenant == "t1" && states.contains(&r.state))
+            .count() as u64;
+        let counted: u64 = s.count_by_template("t1", &states).unwrap().values().sum();
+        assert_eq!(counted, decoded);
     }
 
     #[test]
