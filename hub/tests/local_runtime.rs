@@ -254,9 +254,9 @@ fn sandbox_is_isolated_from_the_host_and_other_sandboxes() {
     let b = fx.launch(fx.spec("iso-b"));
     assert_eq!(health(a.l()), 200);
 
-    // Own PID namespace: PID 1 is the sandbox's init, sandboxd is PID 2,
+    // Own PID namespace: PID 1 is sandboxd (the init went on as it),
     // nothing of the host is listed.
-    let r = a.sh("tr '\\0' ' ' < /proc/1/cmdline; echo; ps -e -o pid=,comm= | sort -n | head -n 2");
+    let r = a.sh("tr '\\0' ' ' < /proc/1/cmdline; echo; ps -e -o pid=,comm= | sort -n | head -n 1");
     assert_eq!(r.code, 0, "{r:?}");
     let lines: Vec<Vec<&str>> = r
         .stdout
@@ -264,12 +264,8 @@ fn sandbox_is_isolated_from_the_host_and_other_sandboxes() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(lines[0], ["sandhub", "__sandbox-init"], "{r:?}");
-    assert_eq!(
-        lines[1..],
-        [["1", "sandhub-init"], ["2", "sandboxd"]],
-        "{r:?}"
-    );
-    // Only the sandbox's own processes: init, sandboxd and this shell
+    assert_eq!(lines[1..], [["1", "sandboxd"]], "{r:?}");
+    // Only the sandbox's own processes: sandboxd and this shell
     // (listed with builtins, so nothing else runs meanwhile).
     let r = a.sh("cd /proc && for p in [0-9]*; do printf '%s ' $p; done; echo; echo $$");
     let mut lines = r.stdout.lines();
@@ -281,7 +277,7 @@ fn sandbox_is_isolated_from_the_host_and_other_sandboxes() {
         .collect();
     pids.sort();
     let me: u32 = lines.next().unwrap().parse().unwrap();
-    assert_eq!(pids, [1, 2, me], "{r:?}");
+    assert_eq!(pids, [1, me], "{r:?}");
 
     // Hostname is the id.
     assert_eq!(a.sh("cat /proc/sys/kernel/hostname").stdout, "iso-a\n");
@@ -332,7 +328,7 @@ fn sandbox_is_isolated_from_the_host_and_other_sandboxes() {
     let r = a.sh("sleep 30 >/dev/null 2>&1 & echo started");
     assert_eq!(r.stdout, "started\n");
     let pids = fx.rt.processes("iso-a").unwrap();
-    assert!(pids.len() >= 4, "shim, PID 1, sandboxd, sleep: {pids:?}");
+    assert!(pids.len() >= 3, "shim, sandboxd, sleep: {pids:?}");
     for pid in pids {
         if let Some(uids) = host_uids(pid) {
             assert_eq!(uids, vec![HOST_ID_BASE; 4], "pid {pid}");
@@ -484,6 +480,51 @@ fn fork_bomb_is_stopped_by_the_pids_limit() {
     assert_eq!(sb.sh("echo alive").stdout, "alive\n");
 }
 
+/// sandboxd is the sandbox's PID 1: the kernel keeps its own workloads
+/// from killing or stopping it (before, `kill -9 -1`, a common cleanup
+/// idiom, killed sandboxd and with it the sandbox), and it reaps the
+/// orphans they leave without ever taking an exit status from an exec.
+#[test]
+fn sandboxd_as_pid_1_outlives_its_workloads_and_reaps_their_orphans() {
+    let fx = fixture();
+    let sb = fx.launch(fx.spec("init"));
+    let r =
+        sb.sh("sleep 1000 >/dev/null 2>&1 & kill -9 -1; kill -STOP 1; kill -9 1; echo survived");
+    assert_eq!((r.code, r.stdout.as_str()), (0, "survived\n"), "{r:?}");
+    assert_eq!(health(sb.l()), 200);
+    assert_eq!(sb.sh("pgrep -x sleep || echo none").stdout, "none\n");
+
+    // Orphans land on sandboxd and are reaped, not left as zombies.
+    let r = sb.sh("(sleep 0.2 &); (sh -c 'exit 3' &); sleep 0.05; ps -o ppid= -C sleep");
+    assert_eq!(
+        r.stdout.trim(),
+        "1",
+        "the orphan's parent is sandboxd: {r:?}"
+    );
+    wait_until("the orphans are reaped", || {
+        sb.sh("ps -e -o stat= | grep -c '^Z'").stdout.trim() == "0"
+    });
+
+    // Execs whose children orphan and exit meanwhile still get their own
+    // exit codes (the reaper keeps the statuses of sandboxd's children).
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let sb = &sb;
+            s.spawn(move || {
+                for i in 0..6 {
+                    let code = 10 + t * 6 + i;
+                    let r = sb.sh(&format!("(true &); (sleep 0.01 &); exit {code}"));
+                    assert_eq!(r.code, code, "{r:?}");
+                }
+            });
+        }
+    });
+    wait_until("every orphan is reaped", || {
+        sb.sh("ps -e -o stat= | grep -c '^Z'").stdout.trim() == "0"
+    });
+    assert_eq!(health(sb.l()), 200);
+}
+
 /// Runs `argv` on the host in a child that applied the workload hook.
 fn confined(argv: &[&str], hook: bool) -> std::process::Output {
     let mut cmd = Command::new(argv[0]);
@@ -592,10 +633,10 @@ fn workloads_in_a_sandbox_run_confined() {
             std::fs::read_to_string(format!("/proc/{p}/status")).is_ok_and(|s| {
                 s.contains("NSpid:\t")
                     && s.lines()
-                        .any(|l| l.starts_with("NSpid:") && l.ends_with("\t2"))
+                        .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1"))
             })
         })
-        .expect("sandboxd is PID 2 inside");
+        .expect("sandboxd is PID 1 inside");
     let status = std::fs::read_to_string(format!("/proc/{sandboxd}/status")).unwrap();
     assert!(status.contains("Seccomp:\t0"), "{status}");
 }
@@ -687,7 +728,7 @@ fn stop_kills_everything_and_removes_the_cgroup() {
     let mut sb = fx.launch(fx.spec("stop"));
     assert_eq!(sb.sh("sleep 1000 >/dev/null 2>&1 & echo ok").stdout, "ok\n");
     let pids = fx.rt.processes("stop").unwrap();
-    assert!(pids.len() >= 4, "{pids:?}");
+    assert!(pids.len() >= 3, "shim, sandboxd, sleep: {pids:?}");
     let cgroups = fx.rt.cgroup_dirs("stop");
     assert!(cgroups.iter().all(|d| d.is_dir()));
 
@@ -1039,12 +1080,12 @@ fn cold_start_latency_and_idle_memory() {
             launched: Some(l),
         };
         if i == 0 {
-            // Idle memory of one sandbox (shim, PID 1, sandboxd): PSS,
+            // Idle memory of one sandbox (shim, sandboxd): PSS,
             // and its anonymous part, which is what each further sandbox
             // adds (file pages of the binary are shared by all).
             std::thread::sleep(Duration::from_millis(200));
             let pids = fx.rt.processes(&sb.spec.id).unwrap();
-            assert_eq!(pids.len(), 3, "shim, PID 1, sandboxd: {pids:?}");
+            assert_eq!(pids.len(), 2, "shim, sandboxd: {pids:?}");
             let field = |pid: &i32, name: &str| -> u64 {
                 std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
                     .unwrap_or_default()

@@ -4,12 +4,13 @@
 //! it can see, the cgroup's OOM kills) to answer whether a sandbox started.
 
 use std::{
-    process::Child,
     sync::{Arc, Mutex},
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use serde::{Deserialize, Serialize};
+
+use crate::process::spawn::Child;
 
 /// `GET` here answers the current [`EntrypointRecord`], or `null` when the
 /// sandbox has no entrypoint. A Sandhub route: upstream has no such thing.
@@ -106,24 +107,17 @@ impl Tracker {
         generation
     }
 
-    /// Records `child`'s start, and reaps it on a thread of its own that
-    /// records how it ended.
-    pub fn watch(self: &Arc<Self>, mut child: Child) {
+    /// Records `child`'s start, and reaps it in a task of its own that
+    /// records how it ended. Needs a tokio runtime.
+    pub(crate) fn watch(self: &Arc<Self>, mut child: Child) {
         let pid = child.id();
-        let generation = self.started(Ok(pid));
+        let generation = self.started(Ok(pid as u32));
         let tracker = self.clone();
-        let waiter = std::thread::Builder::new()
-            .name("entrypoint".into())
-            .spawn(move || {
-                let status = child.wait();
-                tracing::info!(pid, ?status, "the entrypoint ended");
-                tracker.ended(generation, status);
-            });
-        if let Err(e) = waiter {
-            // Nothing will reap it: say so rather than "running" for ever.
-            tracing::warn!(error = %e, "no thread to wait for the entrypoint");
-            self.ended(generation, Err(e));
-        }
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            tracing::info!(pid, ?status, "the entrypoint ended");
+            tracker.ended(generation, status);
+        });
     }
 
     /// Records how start `generation` ended, unless a newer one replaced it.

@@ -8,9 +8,7 @@
 
 use std::{
     io::{self, Read},
-    os::unix::process::CommandExt,
     path::Path,
-    process::{Command, Stdio},
 };
 
 /// A resolved `--user`.
@@ -92,13 +90,6 @@ impl RunAs {
         })
     }
 
-    /// Runs `cmd` as this user: its ids (std drops supplementary groups
-    /// when it changes the uid as root), and [`RunAs::env`] (a request's
-    /// own environment, applied after, still wins).
-    pub fn apply(&self, cmd: &mut Command) {
-        cmd.gid(self.gid).uid(self.uid).envs(self.env());
-    }
-
     /// `HOME`, `USER` and `LOGNAME` for a process run as this user, where
     /// `/etc/passwd` names them.
     pub fn env(&self) -> impl Iterator<Item = (&'static str, &str)> {
@@ -163,12 +154,17 @@ fn open_entrypoint_log() -> Option<std::fs::File> {
 /// the caller reaps the child. Called at start and after each workspace
 /// reset (which kills every workload, this one too). Also answers the log,
 /// open, for reading its tail back (`None`: the output went nowhere).
-pub fn start_entrypoint(
+///
+/// Started like every other workload (`process::spawn`), so it is one of
+/// the children the init reaper leaves to their owner. Needs a tokio
+/// runtime (it is reaped through its pidfd).
+pub(crate) fn start_entrypoint(
     argv: &[String],
     run_as: Option<&RunAs>,
     cwd: &Path,
     child_setup: Option<crate::ChildSetup>,
-) -> io::Result<(std::process::Child, Option<std::fs::File>)> {
+) -> io::Result<(crate::process::spawn::Child, Option<std::fs::File>)> {
+    use crate::process::spawn::{Command, Lead, Stdio};
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::other("the entrypoint is empty"))?;
@@ -181,22 +177,17 @@ pub fn start_entrypoint(
     let mut cmd = Command::new(program);
     cmd.args(args)
         .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .process_group(0);
+        .stdout(Stdio::Fd(log.try_clone()?.into()))
+        .stderr(Stdio::Fd(log.into()))
+        .lead(Lead::Group);
     if let Some(user) = run_as {
-        user.apply(&mut cmd);
-    }
-    // SAFETY: default_signals only makes rt_sigaction system calls.
-    unsafe {
-        cmd.pre_exec(default_signals);
+        cmd.ids(user.uid, user.gid);
+        for (k, v) in user.env() {
+            cmd.env(k, v);
+        }
     }
     if let Some(setup) = child_setup {
-        // SAFETY: ChildSetup is documented to be async-signal-safe.
-        unsafe {
-            cmd.pre_exec(setup);
-        }
+        cmd.setup(setup);
     }
     Ok((cmd.spawn()?, reader))
 }

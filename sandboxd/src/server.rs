@@ -50,6 +50,7 @@ pub async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
 pub async fn run_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> anyhow::Result<()> {
     // Before binding: a SIGTERM once we listen must drain, not kill.
     let signals = sandhub_common::StopSignals::install()?;
+    crate::process::reap_as_init().context("reaping orphans as PID 1")?;
     let stop = CancellationToken::new();
     let servers = serve(daemon.clone(), stop.clone(), extra).await?;
     serve_until_signal(daemon, signals, stop, servers).await
@@ -75,6 +76,7 @@ pub async fn run_on(
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
     let signals = sandhub_common::StopSignals::install()?;
+    crate::process::reap_as_init().context("reaping orphans as PID 1")?;
     let stop = CancellationToken::new();
     let idle = daemon.config.http_idle_timeout;
     let streams = max_concurrent_streams(&daemon.config);

@@ -672,9 +672,11 @@ impl LocalBackend {
 
     /// Whether any workload process runs (an idle timeout must not fire).
     pub fn busy(&self, row: &SandboxRow) -> bool {
-        // The shim, PID 1 and sandboxd are the sandbox itself; anything
-        // more is a workload.
-        self.runtime.processes(&row.id).is_ok_and(|p| p.len() > 3)
+        // The shim and sandboxd are the sandbox itself; anything more is a
+        // workload.
+        self.runtime
+            .processes(&row.id)
+            .is_ok_and(|p| p.len() > super::runtime::OWN_PROCESSES)
     }
 }
 

@@ -14,9 +14,11 @@
 mod kept;
 mod pty;
 mod service;
-mod spawn;
+pub(crate) mod spawn;
 mod table;
 pub mod unary;
+
+pub use spawn::{reap_as_init, reap_orphans};
 
 use std::{
     collections::HashMap,

@@ -24,10 +24,18 @@
 //! The caller gets a [`Child`] shaped like tokio's (the same pipe types),
 //! reaped through a pidfd the clone hands over atomically (before Linux
 //! 5.2, which lacks `CLONE_PIDFD`, by a blocking-pool thread in `waitpid`).
+//!
+//! sandboxd is PID 1 of its PID namespace (the local backend's sandboxes,
+//! and a Pod's container), so every orphan of the sandbox becomes its
+//! child too, and someone has to reap those or they stay zombies for the
+//! sandbox's life. [`reap_as_init`] does, on each `SIGCHLD`, with
+//! `waitpid(-1)`, which cannot pass over a child of ours: so every child
+//! started here is in [`CHILDREN`] from its clone on, and the status of one
+//! the init reaper took is kept there for its [`Child`] to collect.
 
 use std::{
     cell::RefCell,
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     ffi::{CString, OsStr, OsString},
     io,
     os::{
@@ -38,7 +46,7 @@ use std::{
     ptr,
     sync::{
         atomic::{AtomicBool, Ordering},
-        OnceLock,
+        Mutex, MutexGuard, OnceLock,
     },
 };
 
@@ -231,6 +239,9 @@ impl Command {
             errno: 0,
         };
         let want_pidfd = self.pidfd && !NO_PIDFD.load(Ordering::Relaxed);
+        // Held from before the clone until the pid is listed (or reaped):
+        // the init reaper must never take it for an orphan.
+        let mut ours = children();
         let (pid, pidfd) = STACK.with(|stack| {
             let mut stack = stack.borrow_mut();
             let stack = match stack.as_mut() {
@@ -252,9 +263,11 @@ impl Command {
         let errno = unsafe { ptr::read_volatile(&args.errno) };
         if errno != 0 {
             // The child `_exit`ed; reap it now (it is exiting already).
-            let _ = wait_blocking(pid);
+            let _ = waitpid(pid, 0);
             return Err(io::Error::from_raw_os_error(errno));
         }
+        ours.insert(pid, None);
+        drop(ours);
         let registered = match pidfd {
             // SAFETY: the pidfd moves into the AsyncFd and is closed only
             // when it drops, so the registered fd stays open and the same.
@@ -271,8 +284,7 @@ impl Command {
             Ok(r) => r,
             Err(e) => {
                 // No way to reap it later: kill and reap it now.
-                // SAFETY: our own, unreaped child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                kill_unreaped(pid);
                 let _ = wait_blocking(pid);
                 return Err(e);
             }
@@ -355,9 +367,19 @@ impl Drop for Child {
         if self.status.is_some() {
             return;
         }
-        if self.kill_on_drop {
-            // SAFETY: the pid is ours and unreaped, so it names this child.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        {
+            // Under the lock, so the init reaper cannot free the pid (for
+            // the kernel to hand out again) between the look and the kill.
+            let mut ours = children();
+            if ours.get(&self.pid).copied().flatten().is_some() {
+                // The init reaper reaped it for us: nothing left to do.
+                ours.remove(&self.pid);
+                return;
+            }
+            if self.kill_on_drop {
+                // SAFETY: listed and unreaped: the pid still names our child.
+                unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            }
         }
         // Reap it whenever it exits, or it stays a zombie for the daemon's
         // life. Without a runtime (shutdown) the daemon is going anyway.
@@ -385,13 +407,83 @@ impl Drop for Child {
 /// Set once a clone with `CLONE_PIDFD` was refused (Linux before 5.2).
 static NO_PIDFD: AtomicBool = AtomicBool::new(false);
 
+/// Our unreaped children, with the status of each one the init reaper
+/// ([`reap_orphans`]) reaped before its [`Child`] did. A pid enters under
+/// this lock together with its clone, and every reap (the owner's or the
+/// init reaper's) happens under it, so a status is never lost and a pid in
+/// here is never one the kernel handed out again.
+static CHILDREN: Mutex<BTreeMap<i32, Option<ExitStatus>>> = Mutex::new(BTreeMap::new());
+
+fn children() -> MutexGuard<'static, BTreeMap<i32, Option<ExitStatus>>> {
+    CHILDREN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// SIGKILLs our child `pid` unless it was reaped already: looked up under
+/// the lock, so the init reaper cannot free the pid (for the kernel to hand
+/// out again) between the look and the kill.
+fn kill_unreaped(pid: i32) {
+    let ours = children();
+    if ours.get(&pid).is_some_and(Option::is_none) {
+        // SAFETY: listed and unreaped, so the pid still names our child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// Reaps every exited child that is not one of ours (an orphan the kernel
+/// handed to PID 1), and keeps the statuses of ours for their owners.
+/// Returns how many orphans it reaped.
+pub fn reap_orphans() -> usize {
+    let mut ours = children();
+    let mut orphans = 0;
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out-pointer. __WALL: clone children too.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+        if pid > 0 {
+            match ours.get_mut(&pid) {
+                Some(kept) => *kept = Some(ExitStatus::from_raw(status)),
+                None => orphans += 1,
+            }
+        } else if pid < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        } else {
+            // 0: children left, none exited; ECHILD: no children at all.
+            return orphans;
+        }
+    }
+}
+
+/// When this process is PID 1 of its namespace, reaps orphans for as long
+/// as the runtime runs (see the module's notes); elsewhere does nothing,
+/// since orphans go to an init that is not us.
+pub fn reap_as_init() -> io::Result<()> {
+    if std::process::id() != 1 {
+        return Ok(());
+    }
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut exited = signal(SignalKind::child())?;
+    tokio::spawn(async move {
+        // Signals merge: each wake-up reaps every orphan there is.
+        loop {
+            let orphans = reap_orphans();
+            if orphans > 0 {
+                tracing::debug!(orphans, "reaped orphans");
+            }
+            if exited.recv().await.is_none() {
+                return;
+            }
+        }
+    });
+    Ok(())
+}
+
 /// `waitpid` on our own child, retried on EINTR: its status once it has
 /// exited (with `WNOHANG`, `None` while it runs; without, it blocks).
 fn waitpid(pid: i32, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
     let mut status = 0;
     loop {
         // SAFETY: status is a valid out-pointer; the pid is our child.
-        match unsafe { libc::waitpid(pid, &mut status, flags) } {
+        match unsafe { libc::waitpid(pid, &mut status, flags | libc::__WALL) } {
             0 => return Ok(None),
             r if r == pid => return Ok(Some(ExitStatus::from_raw(status))),
             _ => {
@@ -404,14 +496,35 @@ fn waitpid(pid: i32, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
     }
 }
 
-/// The status once the child has exited, without waiting.
+/// The status once the child has exited, without waiting: from the init
+/// reaper if it took the child first, else from `waitpid`.
 fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
-    waitpid(pid, libc::WNOHANG)
+    let mut ours = children();
+    if let Some(status) = ours.get(&pid).copied().flatten() {
+        ours.remove(&pid);
+        return Ok(Some(status));
+    }
+    let status = waitpid(pid, libc::WNOHANG)?;
+    if status.is_some() {
+        ours.remove(&pid);
+    }
+    Ok(status)
 }
 
-/// Waits for the child to exit, on a thread that may block.
+/// Waits for the child to exit, on a thread that may block (so without
+/// [`CHILDREN`]'s lock: if the init reaper takes the child meanwhile, the
+/// wait ends in ECHILD and the status is in there).
 fn wait_blocking(pid: i32) -> io::Result<ExitStatus> {
-    waitpid(pid, 0)?.ok_or_else(|| io::Error::other("waitpid returned without a status"))
+    let status = match waitpid(pid, 0) {
+        Ok(status) => status,
+        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => None,
+        Err(e) => return Err(e),
+    };
+    let mut ours = children();
+    let kept = ours.remove(&pid).flatten();
+    status
+        .or(kept)
+        .ok_or_else(|| io::Error::other("waitpid returned without a status"))
 }
 
 /// Everything the child reads, as C pointers into a [`Plan`] the parent
@@ -914,6 +1027,70 @@ mod tests {
             gone(pid),
             gone(other)
         );
+    }
+
+    /// Waits until `pid` is a zombie (exited, not yet reaped).
+    async fn until_exited(pid: i32) {
+        for _ in 0..250 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            if stat
+                .rsplit(')')
+                .next()
+                .unwrap()
+                .trim_start()
+                .starts_with('Z')
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("{pid} did not exit");
+    }
+
+    /// What PID 1's reaper does to children of ours: reaps them (it cannot
+    /// pass them over) and keeps their statuses for their owners. No other
+    /// test of this binary starts children outside `Command`, so the
+    /// reaper here takes nobody else's.
+    #[tokio::test]
+    async fn the_init_reaper_keeps_our_statuses_and_reaps_orphans() {
+        let mut child = sh("exit 3").spawn().unwrap();
+        until_exited(child.id()).await;
+        assert_eq!(reap_orphans(), 0, "ours is not an orphan");
+        assert_eq!(child.wait().await.unwrap().code(), Some(3));
+        assert!(!children().contains_key(&child.id()), "its entry is gone");
+        // Before Linux 5.2 a thread blocks in waitpid for each child: it
+        // and the reaper race, and whichever wins, the status arrives.
+        for _ in 0..20 {
+            let mut cmd = sh("exit 4");
+            cmd.pidfd = false;
+            let mut child = cmd.spawn().unwrap();
+            let racing = std::thread::spawn(|| {
+                let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
+                while std::time::Instant::now() < until {
+                    assert_eq!(reap_orphans(), 0);
+                }
+            });
+            assert_eq!(child.wait().await.unwrap().code(), Some(4));
+            racing.join().unwrap();
+            assert!(!children().contains_key(&child.id()));
+        }
+        // A kill_on_drop child the reaper took: the drop kills nothing (the
+        // pid may be anyone's now) and forgets it.
+        let mut cmd = sh("exit 0");
+        let child = cmd.kill_on_drop(true).spawn().unwrap();
+        let pid = child.id();
+        until_exited(pid).await;
+        reap_orphans();
+        drop(child);
+        assert!(!children().contains_key(&pid));
+        // A child that is not ours, as an orphan is to PID 1: reaped.
+        // Reaped below by reap_orphans, not by a wait, as PID 1 would.
+        #[allow(clippy::zombie_processes)]
+        let foreign = std::process::Command::new("true").spawn().unwrap();
+        let pid = foreign.id() as i32;
+        until_exited(pid).await;
+        assert_eq!(reap_orphans(), 1);
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
     }
 
     #[tokio::test]

@@ -26,16 +26,17 @@
 //!    It stays the hub's child (a fork less than a shim of its own, which
 //!    cost 0.3-0.5 ms of every cold create); the hub reaps it (`reaper.rs`);
 //! 3. **PID 1** builds the root filesystem, sets the hostname, brings `lo`
-//!    up, forks sandboxd (always PID 2) and then only reaps: orphans of the
-//!    sandbox land on it, and tokio in sandboxd reaps only its own
-//!    children. It forwards SIGTERM to sandboxd and exits with it;
-//! 4. **sandboxd** serves REST and gRPC on the inherited listeners (plus
-//!    the reset route, see `routes.rs`), starts every workload through
-//!    `child_setup` (seccomp, `no_new_privs`), and tells the hub it is ready
-//!    once it serves them.
+//!    up and goes on as
+//! 4. **sandboxd** (so always PID 1: no fork of its own, and no workload
+//!    can signal it to death, see `pid1`). It serves REST and gRPC on the
+//!    inherited listeners (plus the reset route, see `routes.rs`), starts
+//!    every workload through `child_setup` (seccomp, `no_new_privs`),
+//!    reaps the sandbox's orphans, and tells the hub it is ready once it
+//!    serves. A SIGTERM the shim forwards reaches it (its handler is
+//!    installed; an init's default dispositions would drop it).
 //!
-//! Stage 1 (the shim) and PID 1 stay single-threaded: `unshare
-//! (CLONE_NEWUSER)` demands it, and they fork.
+//! Stage 1 (the shim) and PID 1 stay single-threaded until sandboxd starts
+//! its runtime: `unshare(CLONE_NEWUSER)` demands it, and the shim forks.
 
 use std::{
     ffi::OsString,
@@ -51,7 +52,7 @@ use super::{
     mounts::{self, HostFds},
     routes, seccomp,
     sys::{self, Forked},
-    workspace::{self, SANDBOXD_PID, WORKSPACE},
+    workspace::{self, WORKSPACE},
 };
 
 /// The hidden subcommand `main.rs` dispatches here.
@@ -261,7 +262,6 @@ fn shim(chan: Channel, cfg: InitConfig, host: HostFds, sandboxd: ForSandboxd) ->
 }
 
 fn pid1(chan: Channel, cfg: InitConfig, host: HostFds, for_sandboxd: ForSandboxd) -> ! {
-    let _ = rustix::thread::set_name(c"sandhub-init");
     // If the shim dies (stop, kill -9), the whole sandbox goes with it:
     // killing a PID namespace's init kills every process in it.
     if let Err(e) = sys::set_parent_death_signal(libc::SIGKILL) {
@@ -278,25 +278,12 @@ fn pid1(chan: Channel, cfg: InitConfig, host: HostFds, for_sandboxd: ForSandboxd
             fail(&chan, format!("bringing lo up: {e}"));
         }
     }
-    let sandboxd = match sys::fork() {
-        Ok(Forked::Child) => sandboxd_main(chan, cfg, for_sandboxd),
-        Ok(Forked::Parent(pid)) => pid,
-        Err(e) => fail(&chan, format!("forking sandboxd: {e}")),
-    };
-    drop(for_sandboxd);
-    if sandboxd != SANDBOXD_PID {
-        eprintln!("sandbox init: sandboxd is pid {sandboxd}, expected {SANDBOXD_PID}");
-    }
-    let _ = sys::null_over(0);
-    std::mem::forget(chan);
-    let _ = sys::forward_signals_to(sandboxd, &[libc::SIGTERM, libc::SIGINT]);
-    loop {
-        match sys::waitpid(-1, 0) {
-            Ok((pid, status)) if pid == sandboxd => sys::exit_now(sys::exit_code(status)),
-            Ok(_) => {}
-            Err(_) => sys::exit_now(1),
-        }
-    }
+    // PID 1 goes on as sandboxd (a fork less, ~0.4 ms of every cold
+    // create). As the namespace's init it inherits every orphan, which its
+    // runtime reaps (`sandboxd::process::reap_as_init`), and the kernel
+    // keeps the sandbox's own processes from killing or stopping it: a
+    // workload's `kill -9 -1` or `kill -STOP 1` leaves it serving.
+    sandboxd_main(chan, cfg, for_sandboxd)
 }
 
 /// The base environment of sandboxd and, through it, of every process it

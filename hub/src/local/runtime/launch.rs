@@ -142,6 +142,10 @@ impl SandboxSpec {
     }
 }
 
+/// How many processes a sandbox is when it runs no workload: the shim and
+/// sandboxd (which is PID 1, see `init.rs`).
+pub const OWN_PROCESSES: usize = 2;
+
 /// A running sandbox, as the hub stores it. `shim_pid` + `start_time`
 /// name the sandbox's outermost process for good (pids get reused, the
 /// pair does not), so a restarted hub can tell a live sandbox from a
@@ -587,8 +591,8 @@ impl Runtime {
     }
 
     /// Host pids of every process of sandbox `id` (its cgroup's members;
-    /// empty without cgroups). A sandbox with more than its three own
-    /// processes (shim, PID 1, sandboxd) is running something.
+    /// empty without cgroups). A sandbox with more than its
+    /// [`OWN_PROCESSES`] is running something.
     pub fn processes(&self, id: &str) -> Result<Vec<i32>, RuntimeError> {
         validate_id(id)?;
         match &self.cgroups {

@@ -106,7 +106,7 @@ pub mod workspace;
 pub use error::RuntimeError;
 pub use hostetc::{prepare_host_etc, CA_BUNDLE, CA_FILE};
 pub use idmap::{IdMap, HOST_ID_BASE};
-pub use launch::{Launched, Runtime, SandboxSpec, EGRESS_RESOLV_CONF};
+pub use launch::{Launched, Runtime, SandboxSpec, EGRESS_RESOLV_CONF, OWN_PROCESSES};
 pub use mounts::host_memory_kib;
 pub use netns::{NetNs, NsSockets};
 pub use probe::{probe, probe_at, Check, HostSupport};

@@ -33,9 +33,9 @@ pub const LAYERS_DIR: &str = "/.sandhub/layers";
 pub const OVERLAY_DIR: &str = "/.sandhub/overlay";
 pub const WORKSPACE: &str = "/workspace";
 
-/// sandboxd is always PID 2 of the sandbox: the first (and only) process
-/// PID 1 forks in a fresh PID namespace. Reset spares it.
-pub const SANDBOXD_PID: i32 = 2;
+/// sandboxd is PID 1 of the sandbox: the namespace's init goes on as
+/// sandboxd once it has built the root (`init.rs`). Reset spares it.
+pub const SANDBOXD_PID: i32 = 1;
 
 /// The directories that make up one sandbox's workspace overlay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,7 +146,7 @@ static TRASH_SEQ: AtomicU64 = AtomicU64::new(0);
 /// Gives the workspace its seed state back. Runs inside the sandbox, in a
 /// process with CAP_SYS_ADMIN in the sandbox's user namespace (sandboxd).
 ///
-/// 1. SIGKILLs every process of the sandbox except PID 1, sandboxd and
+/// 1. SIGKILLs every process of the sandbox except sandboxd (PID 1) and
 ///    the caller with its ancestors (their files would pin the old upper
 ///    layer and their next writes would land in a workspace that is gone);
 /// 2. detaches the overlay;
@@ -251,12 +251,12 @@ fn remount(volumes: &[super::volumes::DetachedVolume]) {
     }
 }
 
-/// SIGKILLs every process in this PID namespace but PID 1, sandboxd and
+/// SIGKILLs every process in this PID namespace but sandboxd (PID 1) and
 /// the caller's own ancestry, until none is left (a process forking while
 /// we scan is caught by the next pass).
 fn kill_workload() -> io::Result<()> {
     let me = super::sys::getpid();
-    let mut spared = vec![1, SANDBOXD_PID, me];
+    let mut spared = vec![SANDBOXD_PID, me];
     // Ancestors inside the namespace (a helper run under sandboxd); the
     // chain ends at PID 1 or at a parent outside the namespace (ppid 0).
     let mut p = me;
