@@ -1,6 +1,5 @@
-//! Who workloads run as, and what the sandbox runs on its own: the
-//! operator's `--user` (an image's `User`) and `--entrypoint` (an image's
-//! `Entrypoint` + `Cmd`).
+//! Who workloads run as: the operator's `--user` (an image's `User`); the
+//! entrypoint runs as that user too (`entrypoint.rs`).
 //!
 //! Names resolve against the sandbox's own `/etc/passwd` and `/etc/group`
 //! (sandboxd runs inside the sandbox, so these are the image's files, read
@@ -128,68 +127,6 @@ pub fn default_signals() -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Where the entrypoint's output goes, inside the sandbox.
-pub const ENTRYPOINT_LOG: &str = "/tmp/sandhub-entrypoint.log";
-
-/// Opens [`ENTRYPOINT_LOG`] to append to and to read back: never through a
-/// symlink, and only a regular file (the sandbox's user may have put
-/// anything at that path before a reset restarts the entrypoint, and
-/// sandboxd serves what it reads back); `None` when it cannot.
-fn open_entrypoint_log() -> Option<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .read(true)
-        .append(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(ENTRYPOINT_LOG)
-        .ok()?;
-    log.metadata().ok()?.is_file().then_some(log)
-}
-
-/// Starts the `--entrypoint` (a JSON argv) in the background, as `run_as`,
-/// in `cwd`, in a process group of its own, output to [`ENTRYPOINT_LOG`];
-/// the caller reaps the child. Called at start and after each workspace
-/// reset (which kills every workload, this one too). Also answers the log,
-/// open, for reading its tail back (`None`: the output went nowhere).
-///
-/// Started like every other workload (`process::spawn`), so it is one of
-/// the children the init reaper leaves to their owner. Needs a tokio
-/// runtime (it is reaped through its pidfd).
-pub(crate) fn start_entrypoint(
-    argv: &[String],
-    run_as: Option<&RunAs>,
-    cwd: &Path,
-    child_setup: Option<crate::ChildSetup>,
-) -> io::Result<(crate::process::spawn::Child, Option<std::fs::File>)> {
-    use crate::process::spawn::{Command, Lead, Stdio};
-    let (program, args) = argv
-        .split_first()
-        .ok_or_else(|| io::Error::other("the entrypoint is empty"))?;
-    let opened = open_entrypoint_log();
-    let reader = opened.as_ref().and_then(|f| f.try_clone().ok());
-    let log = match opened {
-        Some(f) => f,
-        None => std::fs::File::create("/dev/null")?,
-    };
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .current_dir(cwd)
-        .stdout(Stdio::Fd(log.try_clone()?.into()))
-        .stderr(Stdio::Fd(log.into()))
-        .lead(Lead::Group);
-    if let Some(user) = run_as {
-        cmd.ids(user.uid, user.gid);
-        for (k, v) in user.env() {
-            cmd.env(k, v);
-        }
-    }
-    if let Some(setup) = child_setup {
-        cmd.setup(setup);
-    }
-    Ok((cmd.spawn()?, reader))
 }
 
 #[cfg(test)]

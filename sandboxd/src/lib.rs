@@ -161,7 +161,7 @@ impl Daemon {
     }
 
     /// Starts `--entrypoint`, if any, in the background (see
-    /// [`identity::start_entrypoint`]). Failures are logged: the sandbox
+    /// [`entrypoint::start_entrypoint`]). Failures are logged: the sandbox
     /// stays usable without it.
     pub fn start_entrypoint(&self) {
         if self.entrypoint.is_empty() {
@@ -171,7 +171,7 @@ impl Daemon {
             Some(d) if d.is_dir() => d.clone(),
             _ => self.config.root_dir.clone(),
         };
-        match identity::start_entrypoint(
+        match entrypoint::start_entrypoint(
             &self.entrypoint,
             self.run_as.as_ref(),
             &cwd,

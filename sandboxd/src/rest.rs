@@ -254,7 +254,7 @@ async fn entrypoint_log(State(daemon): State<Arc<Daemon>>, request: Request) -> 
     };
     match daemon.entrypoint_tracker.log_tail(tail) {
         None => Error::NotFound("this sandbox's entrypoint has no log".into()).into_response(),
-        Some(Err(e)) => Error::io(e, crate::identity::ENTRYPOINT_LOG).into_response(),
+        Some(Err(e)) => Error::io(e, crate::entrypoint::ENTRYPOINT_LOG).into_response(),
         Some(Ok(bytes)) => {
             ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
         }
