@@ -196,6 +196,43 @@ def test_exec_follows_suspend_resume_and_delete_at_once(cluster: Cluster):
     wait_for_pool(cluster, 2)
 
 
+ZOMBIES = "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l"
+
+
+def test_sandboxd_is_the_pods_init_and_reaps_orphans(cluster: Cluster) -> None:
+    """In a Pod, sandboxd is the container's PID 1: orphans of its workloads
+    land on it and are reaped (no zombies pile up against the pids limit),
+    a workload's `kill -9 -1` passes it over, and execs whose children
+    orphan meanwhile still get their own exit codes."""
+    hub, url = cluster.start_hub()
+    try:
+        created = requests.post(f"{url}/v1/sandboxes", json={"pool": POOL, "labels": {"run": "init"}}, timeout=200)
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+
+        def exec_(command: str) -> dict[str, Any]:
+            r = requests.post(f"{url}/v1/sandboxes/{sid}/exec", json={"command": command}, timeout=60)
+            assert r.status_code == 200, r.text
+            body: dict[str, Any] = r.json()
+            return body
+
+        assert exec_("cat /proc/1/comm")["stdout"] == "sandboxd\n"
+        r = exec_("(sleep 0.3 &); (sh -c 'exit 3' &); sleep 0.1; grep '^PPid:' /proc/$(pidof sleep)/status")
+        assert r["stdout"].split() == ["PPid:", "1"], r
+        wait_for("the orphans to be reaped", lambda: exec_(ZOMBIES)["stdout"].strip() == "0", timeout=30)
+        for code in range(20, 26):
+            r = exec_(f"(true &); (sleep 0.01 &); exit {code}")
+            assert r["exit_code"] == code, r
+        r = exec_("sleep 1000 >/dev/null 2>&1 & kill -9 -1; echo survived")
+        assert r["stdout"] == "survived\n", r
+        assert exec_("echo alive")["stdout"] == "alive\n"
+        wait_for("no zombie left", lambda: exec_(ZOMBIES)["stdout"].strip() == "0", timeout=30)
+        assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
+    finally:
+        stop_process(hub)
+    wait_for_pool(cluster, 2)
+
+
 def test_usage_of_a_real_pod_comes_from_its_sandboxd(cluster: Cluster) -> None:
     """On Kubernetes a sandbox's usage is what its sandboxd reads of its own
     container's cgroup, clamped by the hub: memory the workload holds and CPU
