@@ -193,17 +193,17 @@ pub(crate) fn start_entrypoint(
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::other("the entrypoint is empty"))?;
-    let opened = open_entrypoint_log();
-    let reader = opened.as_ref().and_then(|f| f.try_clone().ok());
-    let log = match opened {
-        Some(f) => f,
-        None => std::fs::File::create("/dev/null")?,
+    let log = open_entrypoint_log();
+    let out = |log: &std::fs::File| log.try_clone().map(|f| Stdio::Fd(f.into()));
+    let (stdout, stderr) = match &log {
+        Some(f) => (out(f)?, out(f)?),
+        None => (Stdio::Null, Stdio::Null),
     };
     let mut cmd = Command::new(program);
     cmd.args(args)
         .current_dir(cwd)
-        .stdout(Stdio::Fd(log.try_clone()?.into()))
-        .stderr(Stdio::Fd(log.into()))
+        .stdout(stdout)
+        .stderr(stderr)
         .lead(Lead::Group);
     if let Some(user) = run_as {
         cmd.ids(user.uid, user.gid);
@@ -214,7 +214,7 @@ pub(crate) fn start_entrypoint(
     if let Some(setup) = child_setup {
         cmd.setup(setup);
     }
-    Ok((cmd.spawn()?, reader))
+    Ok((cmd.spawn()?, log))
 }
 
 #[cfg(test)]
