@@ -523,6 +523,19 @@ fn sandboxd_as_pid_1_outlives_its_workloads_and_reaps_their_orphans() {
         sb.sh("ps -e -o stat= | grep -c '^Z'").stdout.trim() == "0"
     });
     assert_eq!(health(sb.l()), 200);
+
+    // A workload's SIGTERM or SIGINT to PID 1 is passed over too (before,
+    // sandboxd drained and the sandbox ended) ...
+    let r = sb.sh("kill -TERM 1; kill -INT 1; sleep 0.3; echo survived");
+    assert_eq!((r.code, r.stdout.as_str()), (0, "survived\n"), "{r:?}");
+    assert_eq!(health(sb.l()), 200);
+    // ... while the host's, which the shim forwards from outside the
+    // sandbox's PID namespace, still stops it.
+    // SAFETY: plain kill of the sandbox's shim.
+    assert_eq!(unsafe { libc::kill(sb.l().shim_pid, libc::SIGTERM) }, 0);
+    wait_until("the host's SIGTERM stops the sandbox", || {
+        !fx.rt.is_alive(sb.l())
+    });
 }
 
 /// Runs `argv` on the host in a child that applied the workload hook.

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod process;
 pub mod rest;
 pub mod server;
+pub mod stop;
 pub mod trace;
 pub mod transfer;
 pub mod trust;

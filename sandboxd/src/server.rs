@@ -49,7 +49,7 @@ pub async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
 /// [`run`] with extra REST routes.
 pub async fn run_with(daemon: Arc<Daemon>, extra: Router<Arc<Daemon>>) -> anyhow::Result<()> {
     // Before binding: a SIGTERM once we listen must drain, not kill.
-    let signals = sandhub_common::StopSignals::install()?;
+    let signals = crate::stop::Stop::install()?;
     crate::process::reap_as_init().context("reaping orphans as PID 1")?;
     let stop = CancellationToken::new();
     let servers = serve(daemon.clone(), stop.clone(), extra).await?;
@@ -75,7 +75,7 @@ pub async fn run_on(
     grpc_base: rest::GrpcBase,
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
-    let signals = sandhub_common::StopSignals::install()?;
+    let signals = crate::stop::Stop::install()?;
     crate::process::reap_as_init().context("reaping orphans as PID 1")?;
     let stop = CancellationToken::new();
     let idle = daemon.config.http_idle_timeout;
@@ -102,7 +102,7 @@ pub async fn run_on(
 
 async fn serve_until_signal(
     daemon: Arc<Daemon>,
-    signals: sandhub_common::StopSignals,
+    signals: crate::stop::Stop,
     stop: CancellationToken,
     servers: Vec<tokio::task::JoinHandle<()>>,
 ) -> anyhow::Result<()> {

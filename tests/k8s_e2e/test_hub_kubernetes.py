@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,24 @@ def test_sandboxd_is_the_pods_init_and_reaps_orphans(cluster: Cluster) -> None:
         assert r["stdout"] == "survived\n", r
         assert exec_("echo alive")["stdout"] == "alive\n"
         wait_for("no zombie left", lambda: exec_(ZOMBIES)["stdout"].strip() == "0", timeout=30)
+        # A workload's SIGTERM or SIGINT to PID 1 is dropped: only a kill from outside the
+        # Pod's PID namespace (the runtime's, at delete) stops it.
+        r = exec_("kill -TERM 1; kill -INT 1; sleep 0.3; echo survived")
+        assert r["stdout"] == "survived\n", r
+        assert exec_("cat /proc/1/comm")["stdout"] == "sandboxd\n"
+        pod = cluster.core.read_namespaced_pod(cluster.pod_of(sid), cluster.ns)
+        grace = pod.spec.termination_grace_period_seconds or 30
+        t0 = time.monotonic()
         assert requests.delete(f"{url}/v1/sandboxes/{sid}", timeout=60).status_code == 204
+
+        def pod_gone() -> bool:
+            return not any(p.metadata.uid == pod.metadata.uid
+                           for p in cluster.core.list_namespaced_pod(cluster.ns).items)
+
+        wait_for("the Pod to go", pod_gone, timeout=grace + 60)
+        took = time.monotonic() - t0
+        # The runtime's SIGTERM drained sandboxd: no wait for the grace period's SIGKILL.
+        assert grace < 10 or took < grace - 5, (took, grace)
     finally:
         stop_process(hub)
     wait_for_pool(cluster, 2)
