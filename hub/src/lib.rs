@@ -31,6 +31,8 @@
 //!   one tenant's view split into `kube::tenant`'s sandboxes, templates,
 //!   pools, secrets and volumes).
 //! - [`policy`]: the operator's sandbox defaults and tenant quotas, for both.
+//! - [`changes`]: lifecycle changes run to their end as tasks of their own,
+//!   under per-tenant permits, whoever hangs up, for both.
 //! - [`events`]: lifecycle events, one vocabulary for both backends: the
 //!   log (SQLite on the local backend, a ring on kubernetes) and its live
 //!   feed, which `GET /v1/events` streams.
@@ -57,6 +59,7 @@
 //! `http` (`hosts`, `proxy`, `e2b`), is named in `http`'s docs.
 
 pub mod backend;
+pub mod changes;
 pub mod cli;
 pub mod code;
 pub mod egress_proxy;

@@ -113,6 +113,33 @@ def test_an_image_the_node_lacks_fails_fast_through_err_image_never_pull(cluster
     assert fleet.teardown(verify=True).clean
 
 
+def test_a_create_whose_caller_hangs_up_still_deletes_its_claim_that_cannot_start(cluster: Cluster, url: str):
+    """A create runs to its end without its caller: the claim whose Pod cannot start
+    (ErrImageNeverPull) is deleted as when the caller waits. Before, a caller that hung up
+    while the hub waited for Ready left that claim behind for good, holding its Pod."""
+    assert requests.put(f"{url}/v1/templates/absent-hangup", json={"image": ABSENT_IMAGE},
+                        timeout=60).status_code == 200
+    assert requests.put(f"{url}/v1/pools/absent-hangup", json={"template": "absent-hangup", "replicas": 0},
+                        timeout=60).status_code == 200
+
+    def claims() -> list[str]:
+        items = cluster.custom.list_namespaced_custom_object(
+            *EXT, cluster.ns, "sandboxclaims", label_selector="probe=hang-up")["items"]
+        return [c["metadata"]["name"] for c in items]
+
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(f"{url}/v1/sandboxes", json={"template": "absent-hangup", "labels": {"probe": "hang-up"}},
+                      timeout=(10, 0.5))
+    # The hub made the claim before the caller went (its Pod needs seconds to fail) ...
+    wait_for("the claim to be made", lambda: claims() != [], timeout=30, every=0.05)
+    # ... and deletes it once the Pod says it cannot start, though nobody waits for the answer.
+    wait_for("the claim to go", lambda: claims() == [], timeout=READY_TIMEOUT / 3)
+    left = requests.get(f"{url}/v1/sandboxes", params={"labels": "probe=hang-up"}, timeout=60)
+    assert left.status_code == 200 and left.json()["sandboxes"] == [], left.text
+    assert requests.delete(f"{url}/v1/pools/absent-hangup", timeout=60).status_code == 204
+    assert requests.delete(f"{url}/v1/templates/absent-hangup", timeout=60).status_code == 204
+
+
 def test_an_invalid_image_name_fails_fast_through_invalid_image_name(cluster: Cluster, url: str):
     """The kubernetes hub passes image names to the cluster as given; kubelet refuses one
     it cannot parse (InvalidImageName) and the hub ends the create on that at once."""

@@ -236,6 +236,10 @@ pub(crate) struct Shared {
     changed: Mutex<HashMap<String, Instant>>,
     /// The operator's quotas (`--tenant-max-pool-replicas`).
     policy: Policy,
+    /// Per tenant, the permits of creates running to their end
+    /// (`crate::changes`): a caller that hangs up does not leave a claim
+    /// whose Pod cannot start.
+    changes: crate::changes::Changes,
     /// Held from a pool quota check to the write it admitted, so two
     /// concurrent puts of one hub cannot both take the last replicas.
     pool_writes: tokio::sync::Mutex<()>,
@@ -470,6 +474,7 @@ impl KubeTenancy {
             ),
             changed: Mutex::default(),
             policy,
+            changes: crate::changes::Changes::default(),
             pool_writes: tokio::sync::Mutex::default(),
             prepull_images: prepull::Images {
                 sandboxd: args.sandboxd_image.clone(),

@@ -58,10 +58,10 @@ pub struct Hub {
     /// process tree would sweep the new one's cgroup.
     pub(super) lifecycle: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Per tenant, the permits of changes running as tasks of their own
-    /// (`to_the_end` in `tenant.rs`): a caller that hangs up leaves its
-    /// change running, so these, not its connection, bound how many one
-    /// tenant has at once.
-    pub(super) changes: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// (`crate::changes`): a caller that hangs up leaves its change
+    /// running, so these, not its connection, bound how many one tenant
+    /// has at once.
+    pub(super) changes: crate::changes::Changes,
     /// Most bytes of snapshots one tenant may keep; 0: no limit.
     pub(super) max_snapshot_bytes: AtomicU64,
     /// Lifecycle events, emitted where each action happens.
@@ -204,7 +204,7 @@ impl Hub {
             launching: Mutex::new(HashMap::new()),
             pool_failures: Mutex::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
-            changes: Mutex::new(HashMap::new()),
+            changes: crate::changes::Changes::default(),
             max_snapshot_bytes: AtomicU64::new(0),
             events,
             webhooks,

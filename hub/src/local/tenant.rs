@@ -24,8 +24,6 @@ use sandhub_client::{
     sandboxd::SandboxdClient, ByteStream, Error, ProcessEvents, PtySize, Result, Sandboxes, Signal,
     StartProcess, StdinInput, WatchEvents, WriteOptions,
 };
-use tokio::sync::Semaphore;
-use tracing::Instrument;
 
 use super::{
     hub::{check_template, invalid, snapshot_to_api, to_api, Hub},
@@ -53,50 +51,13 @@ pub struct TenantHub {
     tenant: String,
 }
 
-/// How many changes of one tenant may run as tasks of their own at once;
-/// more wait for a permit while their callers wait.
-const CHANGES_PER_TENANT: usize = 64;
-
-/// Runs a change to the tenant's sandboxes as a task of its own and
-/// waits for it. A caller that goes away (an HTTP client that hangs up)
-/// drops only the wait: what the change has begun (a sandbox launched, a
-/// row written, a workspace being removed) is carried to its end, never
-/// left half done, as a running sandbox behind a row stuck in `Pending`
-/// would be. Every change of more than one step goes through here (a
-/// warm claim is one transaction and needs none). The task holds one of
-/// the tenant's `permits`, taken while the caller still waits: one that
-/// hangs up before it has a permit starts nothing, so hanging up and
-/// asking again cannot pile up tasks.
-async fn to_the_end<T: Send + 'static>(
-    permits: Arc<Semaphore>,
-    change: impl Future<Output = Result<T>> + Send + 'static,
-) -> Result<T> {
-    let permit = permits
-        .acquire_owned()
-        .await
-        .map_err(|_| Error::internal("the hub is shutting down"))?;
-    let change = async move {
-        let _held = permit;
-        change.await
-    };
-    tokio::spawn(change.in_current_span()).await.map_err(|e| {
-        // A panic's message may name the hub's internals: it goes to
-        // the log (the panic hook printed it), not to the caller.
-        tracing::error!(error = %e, "a change to sandboxes did not finish");
-        Error::internal("the change did not finish (the hub's log says why)")
-    })?
-}
-
 impl TenantHub {
-    /// The permits of this tenant's changes (see [`to_the_end`]).
-    fn changes(&self) -> Arc<Semaphore> {
-        self.hub
-            .changes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(self.tenant.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(CHANGES_PER_TENANT)))
-            .clone()
+    /// Runs a change of this tenant to its end (`crate::changes`).
+    async fn to_the_end<T: Send + 'static>(
+        &self,
+        change: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.hub.changes.to_the_end(&self.tenant, change).await
     }
 
     /// The sandbox, Ready for `op`, and its sandboxd: one that is Paused
@@ -486,11 +447,9 @@ impl Sandboxes for TenantHub {
             auto_resume,
         };
         let launching = hub.clone();
-        let row = to_the_end(
-            self.changes(),
-            async move { launching.create_cold(row).await },
-        )
-        .await?;
+        let row = self
+            .to_the_end(async move { launching.create_cold(row).await })
+            .await?;
         Ok(hub.view(&row).await)
     }
 
@@ -519,7 +478,7 @@ impl Sandboxes for TenantHub {
     async fn delete(&self, id: &str) -> Result<()> {
         let me = self.clone();
         let id = id.to_string();
-        to_the_end(self.changes(), async move {
+        self.to_the_end(async move {
             let id: &str = &id;
             let _guard = me.hub.lock_existing(&me.tenant, id).await?;
             let row = found(me.hub.store.get_sandbox(&me.tenant, id)?, "sandbox", id)?;
@@ -626,7 +585,7 @@ impl Sandboxes for TenantHub {
     async fn suspend(&self, id: &str) -> Result<Sandbox> {
         let me = self.clone();
         let id = id.to_string();
-        to_the_end(self.changes(), async move {
+        self.to_the_end(async move {
             let id: &str = &id;
             let _guard = me.hub.lock_existing(&me.tenant, id).await?;
             let (mut row, _) = me.hub.running(&me.tenant, id, "suspend")?;
@@ -641,7 +600,7 @@ impl Sandboxes for TenantHub {
     async fn pause(&self, id: &str) -> Result<Sandbox> {
         let me = self.clone();
         let id = id.to_string();
-        to_the_end(self.changes(), async move {
+        self.to_the_end(async move {
             let id: &str = &id;
             let _guard = me.hub.lock_existing(&me.tenant, id).await?;
             let mut row = me.hub.ready_row(&me.tenant, id, "pause")?;
@@ -655,7 +614,7 @@ impl Sandboxes for TenantHub {
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         let me = self.clone();
         let id = id.to_string();
-        to_the_end(self.changes(), async move {
+        self.to_the_end(async move {
             let id: &str = &id;
             let _guard = me.hub.lock_existing(&me.tenant, id).await?;
             let mut row = found(me.hub.store.get_sandbox(&me.tenant, id)?, "sandbox", id)?;
@@ -669,7 +628,7 @@ impl Sandboxes for TenantHub {
     async fn snapshot(&self, id: &str) -> Result<Snapshot> {
         let me = self.clone();
         let id = id.to_string();
-        to_the_end(self.changes(), async move {
+        self.to_the_end(async move {
             let id: &str = &id;
             let row = found(me.hub.store.get_sandbox(&me.tenant, id)?, "sandbox", id)?;
             let limit = me.hub.max_snapshot_bytes.load(Ordering::Relaxed);
@@ -709,7 +668,7 @@ impl Sandboxes for TenantHub {
         let me = self.clone();
         let id = id.to_string();
         let snapshot = snapshot.to_string();
-        to_the_end(self.changes(), async move {
+        self.to_the_end(async move {
             let id: &str = &id;
             let snapshot: &str = &snapshot;
             let snap = me
@@ -743,7 +702,7 @@ impl Sandboxes for TenantHub {
     async fn reset(&self, id: &str) -> Result<Sandbox> {
         let me = self.clone();
         let id = id.to_string();
-        to_the_end(self.changes(), async move {
+        self.to_the_end(async move {
             let id: &str = &id;
             let _guard = me.hub.lock_existing(&me.tenant, id).await?;
             let (row, _) = me.hub.running(&me.tenant, id, "reset")?;
@@ -781,7 +740,7 @@ impl Sandboxes for TenantHub {
     async fn set_network(&self, id: &str, network: NetworkSpec) -> Result<Sandbox> {
         let me = self.clone();
         let id = id.to_string();
-        to_the_end(self.changes(), async move {
+        self.to_the_end(async move {
             let id: &str = &id;
             me.hub.set_network(&me.tenant, id, network).await
         })
@@ -833,11 +792,9 @@ impl Sandboxes for TenantHub {
             auto_resume: source.auto_resume,
         };
         let launching = self.hub.clone();
-        let row = to_the_end(
-            self.changes(),
-            async move { launching.create_cold(row).await },
-        )
-        .await?;
+        let row = self
+            .to_the_end(async move { launching.create_cold(row).await })
+            .await?;
         self.hub.emit(
             self.hub
                 .sandbox_event(&source, EventType::Forked)
@@ -984,73 +941,5 @@ impl Sandboxes for TenantHub {
             let _ = self.hub.remove(&m).await;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn a_change_runs_to_its_end_without_its_caller() {
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let gate = Arc::new(tokio::sync::Notify::new());
-        let opened = gate.clone();
-        let waiting = to_the_end(Arc::new(Semaphore::new(1)), async move {
-            opened.notified().await;
-            let _ = done_tx.send(());
-            Ok(())
-        });
-        // The caller gives up (its future dropped) before the change ends.
-        let gave_up = tokio::time::timeout(Duration::from_millis(20), waiting).await;
-        assert!(gave_up.is_err());
-        gate.notify_one();
-        tokio::time::timeout(Duration::from_secs(10), done_rx)
-            .await
-            .expect("the change ran on after its caller went away")
-            .unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_change_that_panics_is_an_internal_error_that_does_not_tell_why() {
-        let permits = Arc::new(Semaphore::new(1));
-        let err = to_the_end::<()>(permits.clone(), async {
-            panic!("at /var/lib/sandhub/secret")
-        })
-        .await
-        .unwrap_err();
-        assert_eq!(err.code, Code::Internal);
-        assert!(!err.message.contains("secret"), "{}", err.message);
-        assert_eq!(permits.available_permits(), 1, "the permit is given back");
-    }
-
-    #[tokio::test]
-    async fn a_caller_that_hangs_up_before_a_permit_starts_nothing() {
-        let permits = Arc::new(Semaphore::new(1));
-        let gate = Arc::new(tokio::sync::Notify::new());
-        let opened = gate.clone();
-        let first = tokio::spawn(to_the_end(permits.clone(), async move {
-            opened.notified().await;
-            Ok(())
-        }));
-        while permits.available_permits() > 0 {
-            tokio::task::yield_now().await;
-        }
-        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = started.clone();
-        let second = to_the_end(permits.clone(), async move {
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        });
-        // The second caller gives up while the first holds the only permit.
-        let gave_up = tokio::time::timeout(Duration::from_millis(20), second).await;
-        assert!(gave_up.is_err());
-        gate.notify_one();
-        first.await.unwrap().unwrap();
-        assert_eq!(permits.available_permits(), 1);
-        tokio::task::yield_now().await;
-        assert!(!started.load(std::sync::atomic::Ordering::SeqCst));
     }
 }

@@ -63,6 +63,7 @@ use crate::backend::{new_id, TenantView};
 /// before the first read.
 const POD_STATUS_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
+#[derive(Clone)]
 pub struct KubeTenant {
     pub(super) shared: Arc<Shared>,
     pub(super) tenant: String,

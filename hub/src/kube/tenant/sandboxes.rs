@@ -177,18 +177,29 @@ impl Sandboxes for KubeTenant {
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .extend(volumes);
-        self.claims()
-            .create(&PostParams::default(), &claim)
-            .await
-            .map_err(|e| kube_error("creating the sandbox claim", e))?;
-        match self.wait_ready(&id, true).await {
-            Ok(claim) => Ok(self.view(&claim).await),
-            Err(e) => {
-                // A claim that will not come up is not left to hold a Pod.
-                let _ = self.claims().delete(&id, &DeleteParams::background()).await;
-                Err(e)
-            }
-        }
+        // From the claim on, the create runs to its end whoever hangs up:
+        // a claim that will not come up is deleted even when no caller
+        // waits any more for the answer.
+        let me = self.clone();
+        let claim = self
+            .shared
+            .changes
+            .to_the_end(&self.tenant, async move {
+                me.claims()
+                    .create(&PostParams::default(), &claim)
+                    .await
+                    .map_err(|e| kube_error("creating the sandbox claim", e))?;
+                match me.wait_ready(&id, true).await {
+                    Ok(claim) => Ok(claim),
+                    Err(e) => {
+                        // A claim that will not come up is not left to hold a Pod.
+                        let _ = me.claims().delete(&id, &DeleteParams::background()).await;
+                        Err(e)
+                    }
+                }
+            })
+            .await?;
+        Ok(self.view(&claim).await)
     }
 
     async fn get(&self, id: &str) -> Result<Sandbox> {
