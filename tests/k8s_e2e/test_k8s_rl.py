@@ -10,6 +10,7 @@ node."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import requests
@@ -138,6 +139,41 @@ def test_a_create_whose_caller_hangs_up_still_deletes_its_claim_that_cannot_star
     assert left.status_code == 200 and left.json()["sandboxes"] == [], left.text
     assert requests.delete(f"{url}/v1/pools/absent-hangup", timeout=60).status_code == 204
     assert requests.delete(f"{url}/v1/templates/absent-hangup", timeout=60).status_code == 204
+
+
+def test_a_gym_env_whose_creator_hangs_up_is_made_whole_and_can_be_closed(cluster: Cluster, url: str):
+    """An env create runs to its end without its caller: the env is recorded with its sandbox,
+    so closing it (or its idle sweep) deletes the sandbox. Before, a caller that hung up while
+    the sandbox started left a sandbox no env knew of, and on Kubernetes nothing reaped it."""
+    assert requests.put(f"{url}/v1/templates/gym-cold", json={"image": TEST_IMAGE},
+                        timeout=60).status_code == 200
+    # An empty pool: the env's sandbox starts cold, seconds on the real node.
+    assert requests.put(f"{url}/v1/pools/gym-cold", json={"template": "gym-cold", "replicas": 0},
+                        timeout=60).status_code == 200
+
+    def claims() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = cluster.custom.list_namespaced_custom_object(
+            *EXT, cluster.ns, "sandboxclaims", label_selector="sandhub.dev/gym-env")["items"]
+        return items
+
+    def recorded(env: str) -> bool:
+        r = requests.get(f"{url}/gym/v1/envs", timeout=60)
+        return r.status_code == 200 and any(e["env_id"] == env for e in r.json()["envs"])
+
+    before = {c["metadata"]["name"] for c in claims()}
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(f"{url}/gym/v1/envs", json={"pool": "gym-cold"}, timeout=(10, 0.5))
+    claim = wait_for("the env's claim", lambda: [c for c in claims() if c["metadata"]["name"] not in before],
+                     timeout=60, every=0.05)[0]
+    env = claim["metadata"]["labels"]["sandhub.dev/gym-env"]
+    # The env was recorded once its sandbox was Ready, though nobody waited for its id ...
+    wait_for("the env to be recorded", lambda: recorded(env), timeout=TIMEOUT)
+    # ... so closing it takes its sandbox with it.
+    assert requests.delete(f"{url}/gym/v1/envs/{env}", timeout=60).status_code == 204
+    name = claim["metadata"]["name"]
+    wait_for("the env's claim to go", lambda: all(c["metadata"]["name"] != name for c in claims()), timeout=120)
+    assert requests.delete(f"{url}/v1/pools/gym-cold", timeout=60).status_code == 204
+    assert requests.delete(f"{url}/v1/templates/gym-cold", timeout=60).status_code == 204
 
 
 def test_an_invalid_image_name_fails_fast_through_invalid_image_name(cluster: Cluster, url: str):

@@ -45,7 +45,7 @@ async fn create_env(
     Api(api): Api,
     ApiJson(spec): ApiJson<CreateEnv>,
 ) -> ApiResult<(StatusCode, ApiJson<EnvCreated>)> {
-    let created = state.gym.create(api.as_ref(), spec).await?;
+    let created = state.gym.create(api, spec).await?;
     Ok((StatusCode::CREATED, ApiJson(created)))
 }
 

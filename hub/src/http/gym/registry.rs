@@ -15,7 +15,10 @@ use sandhub_client::{Error, Result};
 use tokio::sync::OwnedMutexGuard;
 
 use super::env::Env;
-use crate::backend::{new_id, now_ms, Backend, EnvStore, TenantView};
+use crate::{
+    backend::{new_id, now_ms, Backend, EnvStore, TenantView},
+    changes::Changes,
+};
 
 struct Slot {
     /// Outside the lock: backend is checked without waiting for a step.
@@ -30,6 +33,8 @@ pub struct Gym {
     envs: tokio::sync::Mutex<HashMap<String, Arc<Slot>>>,
     /// None: envs live only in this process's memory (tests).
     store: Option<Arc<dyn EnvStore>>,
+    /// Per tenant, the permits of env creates running to their end.
+    creates: Changes,
 }
 
 fn not_found(id: &str) -> Error {
@@ -42,12 +47,34 @@ impl Gym {
         Gym {
             envs: tokio::sync::Mutex::default(),
             store: Some(store),
+            creates: Changes::default(),
         }
     }
 
     /// Creates an environment and its first sandbox. The env is recorded
     /// before the caller learns its id.
-    pub async fn create(&self, api: &dyn TenantView, spec: CreateEnv) -> Result<EnvCreated> {
+    ///
+    /// It runs to its end whoever hangs up (`crate::changes`, under permits
+    /// of its own: the sandbox's create takes one of the backend's). A
+    /// caller that goes while the sandbox starts (seconds on Kubernetes)
+    /// leaves an env that was never handed out, which the idle sweep
+    /// closes with its sandbox, instead of a sandbox no env knows of.
+    pub async fn create(
+        self: &Arc<Self>,
+        api: Arc<dyn TenantView>,
+        spec: CreateEnv,
+    ) -> Result<EnvCreated> {
+        let gym = self.clone();
+        let tenant = api.tenant().to_string();
+        self.creates
+            .to_the_end(
+                &tenant,
+                async move { gym.create_now(api.as_ref(), spec).await },
+            )
+            .await
+    }
+
+    async fn create_now(&self, api: &dyn TenantView, spec: CreateEnv) -> Result<EnvCreated> {
         let mut env = Env::new(new_id("env"), api.tenant().to_string(), spec)?;
         env.sandbox_idle_timeout = self
             .store
