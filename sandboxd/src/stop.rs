@@ -38,7 +38,7 @@ impl Stop {
     /// Installs the handlers (before binding, as [`StopSignals::install`]
     /// says why), choosing by whether this process is PID 1.
     pub fn install() -> io::Result<Stop> {
-        if std::process::id() == 1 {
+        if crate::process::is_init() {
             FromOutside::install().map(Stop::FromOutside)
         } else {
             StopSignals::install().map(Stop::Any)
@@ -90,15 +90,13 @@ impl FromOutside {
 
     async fn recv(&mut self) -> Terminated {
         let mut byte = [0u8];
-        loop {
-            match self.read.read(&mut byte).await {
-                Ok(1) if i32::from(byte[0]) == libc::SIGINT => return Terminated::Sigint,
-                Ok(1) => return Terminated::Sigterm,
-                // The write end lives in the handlers, which live as long
-                // as this: EOF or an error cannot happen; wait on rather
-                // than stop unasked.
-                _ => std::future::pending::<()>().await,
-            }
+        match self.read.read(&mut byte).await {
+            Ok(1) if i32::from(byte[0]) == libc::SIGINT => Terminated::Sigint,
+            Ok(1) => Terminated::Sigterm,
+            // The write end lives in the handlers, which live as long as
+            // this: EOF or an error cannot happen; wait on rather than
+            // stop unasked.
+            _ => std::future::pending().await,
         }
     }
 }

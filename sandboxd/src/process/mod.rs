@@ -18,7 +18,7 @@ pub(crate) mod spawn;
 mod table;
 pub mod unary;
 
-pub use spawn::{reap_as_init, reap_orphans};
+pub use spawn::{is_init, reap_as_init, reap_orphans};
 
 use std::{
     collections::HashMap,

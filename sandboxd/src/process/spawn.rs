@@ -453,11 +453,17 @@ pub fn reap_orphans() -> usize {
     }
 }
 
+/// Whether this process is PID 1 of its PID namespace: a sandbox's init,
+/// or a Pod's first process.
+pub fn is_init() -> bool {
+    std::process::id() == 1
+}
+
 /// When this process is PID 1 of its namespace, reaps orphans for as long
 /// as the runtime runs (see the module's notes); elsewhere does nothing,
 /// since orphans go to an init that is not us.
 pub fn reap_as_init() -> io::Result<()> {
-    if std::process::id() != 1 {
+    if !is_init() {
         return Ok(());
     }
     use tokio::signal::unix::{signal, SignalKind};
