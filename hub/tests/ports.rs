@@ -112,9 +112,15 @@ async fn hub_with_server_args(
         &format!("cat > server.py <<'EOF'\n{SERVER}\nEOF\necho hello > hello.txt"),
     )
     .await;
+    let events = start_server(&hub, &c, &sb.id).await;
+    (hub, c, sb.id, events)
+}
+
+/// Starts `server.py` (already written) in sandbox `id`, and waits until it listens.
+async fn start_server(hub: &TestHub, c: &HubClient, id: &str) -> ProcessEvents {
     let events = c
         .start(
-            &sb.id,
+            id,
             StartProcess {
                 command: vec![
                     "python3".into(),
@@ -128,7 +134,7 @@ async fn hub_with_server_args(
         .await
         .unwrap();
     let http = hub.http();
-    let url = format!("{}/v1/sandboxes/{}/ports", hub.url(), sb.id);
+    let url = format!("{}/v1/sandboxes/{id}/ports", hub.url());
     eventually("the server to listen", WAIT, || {
         let (http, url) = (http.clone(), url.clone());
         async move {
@@ -138,7 +144,7 @@ async fn hub_with_server_args(
         }
     })
     .await;
-    (hub, c, sb.id, events)
+    events
 }
 
 /// The hub serves plain port requests on the HTTP/1.1 fast path (the one
@@ -640,6 +646,16 @@ async fn kept_connections(extra_args: &'static [&'static str]) {
     c.resume(&id).await.unwrap();
     let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
     assert_eq!(r.status(), 200);
+    // Suspended and resumed, the sandbox runs under a new shim in a new
+    // network namespace: its port is dialled there, not through the one
+    // the hub kept open for the old shim (where nothing listens any more).
+    c.suspend(&id).await.unwrap();
+    let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
+    error_body(r, 412, "FAILED_PRECONDITION").await;
+    c.resume(&id).await.unwrap();
+    let _server = start_server(&hub, &c, &id).await;
+    let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
+    assert_eq!(r.status(), 200, "the resumed sandbox's own port");
     c.delete(&id).await.unwrap();
     let r = http.get(&url).bearer_auth(ALICE_KEY).send().await.unwrap();
     error_body(r, 404, "NOT_FOUND").await;

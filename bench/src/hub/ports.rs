@@ -8,12 +8,16 @@
 //! the project's own proxy on the same server, in the same run).
 //! Rounds rotate which side goes first; medians are reported.
 //!
-//! Two servers: Python's `http.server` (HTTP/1.1 keep-alive, a small file,
+//! Three servers: Python's `http.server` (HTTP/1.1 keep-alive, a small file,
 //! buffered writes and TCP_NODELAY so Nagle's 40 ms stalls do not hide
 //! everything else; the kind of app server the ports API is for, and the
 //! one its tests use)
 //! and nginx answering `return 200` (no work at all per request: what the
-//! proxy's own cost per request looks like, with nothing to hide it).
+//! proxy's own cost per request looks like, with nothing to hide it),
+//! once as configured by default and once closing each connection after
+//! its answer (`keepalive_requests 1`, as an HTTP/1.0 server or one that
+//! says `Connection: close` does), so every request makes the proxy dial
+//! the sandbox anew: the cost of reaching into its namespace.
 //!
 //! `http.server`'s requests/s fall as its concurrent connections rise
 //! (threads behind one GIL: ~15k/s on one connection, ~8k/s on 16, here),
@@ -43,7 +47,7 @@ pub struct Server {
     marker: &'static str,
 }
 
-pub const SERVERS: [Server; 2] = [
+pub const SERVERS: [Server; 3] = [
     Server {
         name: "python http.server",
         port: 8081,
@@ -67,6 +71,19 @@ http { access_log off; client_body_temp_path /tmp/nb; proxy_temp_path /tmp/np; f
 EOF\n\
 nginx -c /tmp/sandhub-bench-nginx.conf",
         marker: "sandhub-bench-nginx.conf",
+    },
+    Server {
+        name: "nginx return 200, closing",
+        port: 8083,
+        start: "cat > /tmp/sandhub-bench-nginx-closing.conf <<'EOF'\n\
+worker_processes 1; pid /tmp/benchnc.pid; error_log /tmp/benchnc.err;\n\
+events { worker_connections 1024; }\n\
+http { access_log off; keepalive_requests 1; client_body_temp_path /tmp/nb; proxy_temp_path /tmp/np;\n\
+  fastcgi_temp_path /tmp/nf; uwsgi_temp_path /tmp/nu; scgi_temp_path /tmp/ns;\n\
+  server { listen 127.0.0.1:8083; location / { return 200 \"ok\\n\"; } } }\n\
+EOF\n\
+nginx -c /tmp/sandhub-bench-nginx-closing.conf",
+        marker: "sandhub-bench-nginx-closing.conf",
     },
 ];
 
@@ -294,7 +311,7 @@ impl InNetns {
     fn router(bin: &Path, pid: u32) -> anyhow::Result<InNetns> {
         let dir = tempfile::tempdir()?;
         // A port free on the host is as good a guess as any in a namespace
-        // holding only the bench's two servers.
+        // holding only the bench's own servers.
         let port = crate::router::procs::free_port()?;
         let mut cmd = std::process::Command::new("nsenter");
         cmd.arg(format!("--net=/proc/{pid}/ns/net"))

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 
 use super::{
     runtime_adapter::{LaunchRequest, LocalBackend},
-    store::{found, SandboxRow, SnapshotRow, Store},
+    store::{found, Activity, SandboxRow, SnapshotRow, Store},
 };
 use crate::{
     backend::{now_ms, rfc3339},
@@ -45,6 +45,8 @@ pub struct Hub {
     pub(super) volumes: Mutex<()>,
     pub(super) backend: LocalBackend,
     pub(super) clients: Mutex<HashMap<String, SandboxdClient>>,
+    /// The network namespaces the port proxy dials into, by sandbox.
+    pub(super) namespaces: super::ports::Namespaces,
     /// Wakes the pool refiller after a claim or a pool change.
     pub pools_changed: Notify,
     /// Ids being launched for pools right now, so a refill pass never
@@ -200,6 +202,7 @@ impl Hub {
             admission: Mutex::new(()),
             volumes: Mutex::new(()),
             clients: Mutex::new(HashMap::new()),
+            namespaces: super::ports::Namespaces::default(),
             pools_changed: Notify::new(),
             launching: Mutex::new(HashMap::new()),
             pool_failures: Mutex::new(HashMap::new()),
@@ -314,8 +317,11 @@ impl Hub {
         Ok(c)
     }
 
-    pub(super) fn forget_client(&self, id: &str) {
+    /// Lets go of what the hub keeps open to reach sandbox `id` (its
+    /// sandboxd client, its network namespace): when it stops, sleeps or goes.
+    pub(super) fn forget_handles(&self, id: &str) {
         self.clients.lock().unwrap().remove(id);
+        self.namespaces.forget(id);
     }
 
     /// A template as its sandboxes run: the operator's defaults fill the
@@ -465,7 +471,7 @@ impl Hub {
     }
 
     pub(super) async fn remove(&self, row: &SandboxRow) -> Result<()> {
-        self.forget_client(&row.id);
+        self.forget_handles(&row.id);
         self.backend.destroy(row).await?;
         self.store.delete_sandbox(&row.id)
     }
@@ -492,14 +498,14 @@ impl Hub {
         Ok(row)
     }
 
-    /// As [`Hub::ready_row`], reading only the sandbox's last activity
-    /// (the check every proxied request makes).
-    pub(super) fn ready_activity(&self, tenant: &str, id: &str, op: &str) -> Result<i64> {
-        let (state, last_activity) = found(self.store.state_of(tenant, id)?, "sandbox", id)?;
-        if state != SandboxState::Ready {
-            return Err(not_ready(id, state, op));
+    /// As [`Hub::ready_row`], reading only the sandbox's last activity and
+    /// shim (the check every proxied request and port dial makes).
+    pub(super) fn ready_activity(&self, tenant: &str, id: &str, op: &str) -> Result<Activity> {
+        let activity = found(self.store.activity_of(tenant, id)?, "sandbox", id)?;
+        if activity.state != SandboxState::Ready {
+            return Err(not_ready(id, activity.state, op));
         }
-        Ok(last_activity)
+        Ok(activity)
     }
 }
 

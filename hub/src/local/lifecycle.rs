@@ -168,7 +168,7 @@ impl Hub {
                 }
                 Verdict::Dead => {
                     tracing::warn!(id = %row.id, "sandbox died");
-                    self.forget_client(&row.id);
+                    self.forget_handles(&row.id);
                     let _ = self.backend.stop(&row).await;
                     self.finish(&row.id, now)?;
                     self.emit(
@@ -189,7 +189,7 @@ impl Hub {
     /// Stops a Ready sandbox's processes and keeps its files (Suspended).
     /// The caller holds its lifecycle lock and tells the event.
     pub(super) async fn suspend_locked(&self, row: &mut SandboxRow) -> Result<()> {
-        self.forget_client(&row.id);
+        self.forget_handles(&row.id);
         self.backend.stop(row).await?;
         row.state = SandboxState::Suspended;
         self.store
@@ -200,7 +200,7 @@ impl Hub {
     /// holds its lifecycle lock and tells the event.
     pub(super) async fn pause_locked(&self, row: &mut SandboxRow) -> Result<()> {
         // Its connection to sandboxd would only stall while frozen.
-        self.forget_client(&row.id);
+        self.forget_handles(&row.id);
         self.backend.freeze(row).await?;
         row.state = SandboxState::Paused;
         self.store.set_state(&row.id, SandboxState::Paused)

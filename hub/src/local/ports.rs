@@ -1,10 +1,15 @@
 //! A local sandbox's TCP ports, as the hub reaches them: through sockets
 //! made inside the sandbox's network namespace (`runtime::NetNs`), so the
 //! sandbox keeps its own network and nothing is published on the host.
+//! The namespace is opened once per shim and kept (`Namespaces`) until the
+//! sandbox stops, sleeps or goes: a dial is then two `setns` and a
+//! `socket`, no `/proc` walk.
 
 use std::{
+    collections::HashMap,
     io,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -12,13 +17,58 @@ use sandhub_api::{error::Code, hub::ListeningPort};
 use sandhub_client::{Error, Result};
 use tokio::net::{TcpSocket, TcpStream};
 
-use super::{runtime::NetNs, store::SandboxRow, LocalBackend};
+use super::{
+    runtime::NetNs,
+    store::{SandboxRow, Shim},
+    LocalBackend,
+};
 
 /// How long a connect to a port inside a sandbox may take (it is local:
 /// anything slower is a stuck listener).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn ns_error(id: &str, e: io::Error) -> Error {
+/// Past this many sandboxes, the map starts again (each entry holds a
+/// namespace open; sandboxes that stop, sleep or go are forgotten at once).
+const MAX_NAMESPACES: usize = 4096;
+
+/// The network namespaces of sandboxes whose ports were dialled, by
+/// sandbox id, each with the shim it was opened through. The shim (pid and
+/// start time) comes from the Ready check of the dial, so a sandbox resumed
+/// under a new shim is opened again, never reached through the old one.
+#[derive(Default)]
+pub(super) struct Namespaces {
+    by_id: Mutex<HashMap<String, (Shim, Arc<NetNs>)>>,
+}
+
+impl Namespaces {
+    /// The namespace of sandbox `id`'s `shim`, opened now if it is not
+    /// kept yet (outside the lock: `/proc` reads).
+    pub(super) fn open(&self, id: &str, shim: Shim) -> io::Result<Arc<NetNs>> {
+        if let Some((kept, ns)) = self.lock().get(id) {
+            if *kept == shim {
+                return Ok(ns.clone());
+            }
+        }
+        let ns = Arc::new(NetNs::of_process(shim.pid, shim.start_time)?);
+        let mut by_id = self.lock();
+        if by_id.len() >= MAX_NAMESPACES && !by_id.contains_key(id) {
+            by_id.clear();
+        }
+        by_id.insert(id.to_string(), (shim, ns.clone()));
+        Ok(ns)
+    }
+
+    /// Lets go of sandbox `id`'s namespace.
+    pub(super) fn forget(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Shim, Arc<NetNs>)>> {
+        self.by_id.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub(super) fn ns_error(id: &str, e: io::Error) -> Error {
     match e.kind() {
         io::ErrorKind::Unsupported => Error::new(Code::FailedPrecondition, e.to_string()),
         // Out of descriptors (a burst of connections past what the
@@ -32,33 +82,28 @@ fn ns_error(id: &str, e: io::Error) -> Error {
     }
 }
 
-async fn netns(row: &SandboxRow) -> Result<NetNs> {
-    let launched = LocalBackend::launched(row)?;
-    let id = row.id.clone();
-    tokio::task::spawn_blocking(move || NetNs::of(&launched).map_err(|e| ns_error(&id, e)))
-        .await
-        .map_err(|e| Error::internal(format!("netns task failed: {e}")))?
-}
-
-/// A TCP connection to `port` on the sandbox's loopback (IPv4, then IPv6
-/// for servers bound to `::1` only).
-pub async fn connect(row: &SandboxRow, port: u16) -> Result<TcpStream> {
+/// A TCP connection to `port` on the loopback of sandbox `id`, whose
+/// namespace `ns` is (IPv4, then IPv6 for servers bound to `::1` only).
+pub async fn connect(ns: &NetNs, id: &str, port: u16) -> Result<TcpStream> {
     if port == 0 {
         return Err(Error::invalid("port must be 1 to 65535"));
     }
-    let ns = netns(row).await?;
-    let id = row.id.clone();
-    let sockets = tokio::task::spawn_blocking(move || ns.sockets().map_err(|e| ns_error(&id, e)))
-        .await
-        .map_err(|e| Error::internal(format!("netns task failed: {e}")))??;
-    let attempts = [
-        Some((sockets.v4, SocketAddr::from((Ipv4Addr::LOCALHOST, port)))),
-        sockets
-            .v6
-            .map(|s| (s, SocketAddr::from((Ipv6Addr::LOCALHOST, port)))),
-    ];
     let mut last = None;
-    for (socket, addr) in attempts.into_iter().flatten() {
+    for (family, addr) in [
+        (libc::AF_INET, SocketAddr::from((Ipv4Addr::LOCALHOST, port))),
+        (
+            libc::AF_INET6,
+            SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
+        ),
+    ] {
+        // On the calling thread: the namespace round trip is cheaper than
+        // any hand-off to another thread on every new connection.
+        let socket = match ns.socket(family) {
+            Ok(socket) => socket,
+            // IPv6 may be disabled; then only IPv4 was tried.
+            Err(_) if family == libc::AF_INET6 => break,
+            Err(e) => return Err(ns_error(id, e)),
+        };
         let socket = TcpSocket::from_std_stream(socket);
         match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr)).await {
             Ok(Ok(stream)) => {
@@ -70,17 +115,88 @@ pub async fn connect(row: &SandboxRow, port: u16) -> Result<TcpStream> {
         }
     }
     Err(Error::unavailable(format!(
-        "nothing accepts connections on port {port} in sandbox {}: {}",
-        row.id,
+        "nothing accepts connections on port {port} in sandbox {id}: {}",
         last.unwrap_or_default()
     )))
 }
 
 /// What listens in the sandbox, by port.
 pub async fn listening(row: &SandboxRow) -> Result<Vec<ListeningPort>> {
-    let ns = netns(row).await?;
+    let launched = LocalBackend::launched(row)?;
+    let ns = NetNs::of(&launched).map_err(|e| ns_error(&row.id, e))?;
     let id = row.id.clone();
     tokio::task::spawn_blocking(move || ns.listening().map_err(|e| ns_error(&id, e)))
         .await
         .map_err(|e| Error::internal(format!("netns task failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process in a network namespace of its own (root: `unshare -n`),
+    /// as a sandbox's shim is, and how the store names it.
+    fn a_shim() -> (std::process::Child, Shim) {
+        let child = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "60"])
+            .spawn()
+            .expect("unshare");
+        let pid = i32::try_from(child.id()).unwrap();
+        // Until unshare has exec'd sleep, the process is still in the
+        // hub's own namespace (refused as `network_host`).
+        for _ in 0..200 {
+            if NetNs::of_process(pid, start_time(pid)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (
+            child,
+            Shim {
+                pid,
+                start_time: start_time(pid),
+            },
+        )
+    }
+
+    /// Field 22 of `/proc/<pid>/stat`.
+    fn start_time(pid: i32) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_name = stat.rsplit_once(')').unwrap().1;
+        after_name
+            .split_whitespace()
+            .nth(19)
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_namespace_is_opened_once_per_shim_and_never_reached_for_another() {
+        let (mut child, shim) = a_shim();
+        let kept = Namespaces::default();
+        let first = kept.open("sb-1", shim).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &kept.open("sb-1", shim).unwrap()),
+            "kept"
+        );
+        // The same pid with another start time is another process (a reused
+        // pid, or a shim the store no longer names): never answered from
+        // what was kept, and not found.
+        let stranger = Shim {
+            start_time: shim.start_time + 1,
+            ..shim
+        };
+        let e = kept.open("sb-1", stranger).err().expect("a stranger");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        // Forgotten (the sandbox stopped, slept or went), it is opened anew.
+        kept.forget("sb-1");
+        let again = kept.open("sb-1", shim).unwrap();
+        assert!(!Arc::ptr_eq(&first, &again));
+        kept.forget("sb-1");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let e = kept.open("sb-1", shim).err().expect("a gone shim");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+    }
 }

@@ -27,7 +27,7 @@ use sandhub_client::{
 
 use super::{
     hub::{check_template, invalid, snapshot_to_api, to_api, Hub},
-    store::{found, Claim, PoolRow, SandboxRow, SnapshotRow},
+    store::{found, Activity, Claim, PoolRow, SandboxRow, SnapshotRow},
 };
 use crate::{
     backend::{new_id, now_ms, Backend, TenantView},
@@ -65,6 +65,34 @@ impl TenantHub {
     async fn running(&self, id: &str, op: &str) -> Result<(SandboxRow, SandboxdClient)> {
         self.awake(id, || self.hub.running(&self.tenant, id, op))
             .await
+    }
+
+    /// The port path's check, per request on a kept connection and per
+    /// dial: from memory while the store has not changed since the sandbox
+    /// was last read Ready (a lookup otherwise), and a write only when the
+    /// recorded activity is a second old (idle timeouts count in seconds),
+    /// not one per request. A write per request or dial would also move the
+    /// store's generation, and send every kept connection's next request
+    /// back to SQLite.
+    async fn port_ready(&self, id: &str) -> Result<Activity> {
+        let generation = self.hub.store.generation();
+        let seen = match self.hub.ready.get(&self.tenant, id, generation) {
+            Some(seen) => seen,
+            None => {
+                let seen = self
+                    .awake(id, || {
+                        self.hub.ready_activity(&self.tenant, id, "port access")
+                    })
+                    .await?;
+                self.hub.ready.put(&self.tenant, id, generation, seen);
+                seen
+            }
+        };
+        let now = now_ms();
+        if now - seen.last_activity >= 1000 {
+            let _ = self.hub.store.touch(id, now);
+        }
+        Ok(seen)
     }
 
     /// `ready`, a check that sandbox `id` is Ready (FAILED_PRECONDITION
@@ -225,33 +253,21 @@ impl TenantView for TenantHub {
     }
 
     async fn port_access(&self, id: &str) -> Result<()> {
-        // Per request on a kept connection: from memory while the store has
-        // not changed since the sandbox was last read Ready (a lookup
-        // otherwise), and a write only when the recorded activity is a
-        // second old (idle timeouts count in seconds), not one per request.
-        let generation = self.hub.store.generation();
-        let last_activity = match self.hub.ready.get(&self.tenant, id, generation) {
-            Some(at) => at,
-            None => {
-                let at = self
-                    .awake(id, || {
-                        self.hub.ready_activity(&self.tenant, id, "port access")
-                    })
-                    .await?;
-                self.hub.ready.put(&self.tenant, id, generation, at);
-                at
-            }
-        };
-        let now = now_ms();
-        if now - last_activity >= 1000 {
-            let _ = self.hub.store.touch(id, now);
-        }
-        Ok(())
+        self.port_ready(id).await.map(|_| ())
     }
 
     async fn connect_port(&self, id: &str, port: u16) -> Result<crate::backend::PortStream> {
-        let (row, _) = self.running(id, "port access").await?;
-        super::ports::connect(&row, port)
+        let shim = self
+            .port_ready(id)
+            .await?
+            .shim
+            .ok_or_else(|| Error::unavailable(format!("sandbox {id} is not running")))?;
+        let ns = self
+            .hub
+            .namespaces
+            .open(id, shim)
+            .map_err(|e| super::ports::ns_error(id, e))?;
+        super::ports::connect(&ns, id, port)
             .await
             .map(crate::backend::PortStream::direct)
     }

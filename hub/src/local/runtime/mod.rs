@@ -19,8 +19,8 @@
 //! runtime.processes(id), cgroup_dirs(id), prepare_layer(dir)
 //! runtime.cgroup_tree() -> Option<CgroupTree>    every sandbox's counters, read
 //!                                               through dir fds (see [`cgstat`])
-//! NetNs::of(&Launched) -> NetNs                  the sandbox's network namespace:
-//!   .sockets(), .listening()                    sockets made inside it, what listens
+//! NetNs::of(&Launched), ::of_process(pid, start) the sandbox's network namespace:
+//!   .socket(family), .listening()               a socket made inside it, what listens
 //!                                               (see [`netns`]; how ports are reached)
 //!
 //! probe() -> HostSupport                        per-feature report
@@ -108,7 +108,7 @@ pub use hostetc::{prepare_host_etc, CA_BUNDLE, CA_FILE};
 pub use idmap::{IdMap, HOST_ID_BASE};
 pub use launch::{Launched, Runtime, SandboxSpec, EGRESS_RESOLV_CONF, OWN_PROCESSES};
 pub use mounts::host_memory_kib;
-pub use netns::{NetNs, NsSockets};
+pub use netns::NetNs;
 pub use probe::{probe, probe_at, Check, HostSupport};
 pub use quota::{DiskQuotas, VolumeOptions, VOLUMES_DIR};
 pub use routes::RESET_ROUTE;

@@ -30,6 +30,25 @@ mod snapshots;
 mod volumes;
 pub use volumes::{PendingClone, SnapshotRefused, VolumeRefused, VolumeRow, VolumeSnapshotRow};
 
+/// What a port's Ready check reads of a sandbox ([`Store::activity_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    pub state: SandboxState,
+    /// Unix milliseconds.
+    pub last_activity: i64,
+    /// The process its runtime handle names, if it has one.
+    pub shim: Option<Shim>,
+}
+
+/// A sandbox's shim process, as its runtime handle records it: the pid and
+/// its start time (field 22 of `/proc/<pid>/stat`), which tell a reused pid
+/// apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shim {
+    pub pid: i32,
+    pub start_time: u64,
+}
+
 /// One sandbox as stored. Times are Unix milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxRow {
@@ -368,19 +387,31 @@ impl Store {
         })
     }
 
-    /// The state and last activity of a sandbox of `tenant` (as
+    /// The state, last activity and shim of a sandbox of `tenant` (as
     /// [`Store::get_sandbox`] finds it), without reading the rest of its
-    /// row: what a proxied request checks each time.
-    pub fn state_of(&self, tenant: &str, id: &str) -> Result<Option<(SandboxState, i64)>> {
+    /// row: what a proxied request and a dial of a port check each time.
+    pub fn activity_of(&self, tenant: &str, id: &str) -> Result<Option<Activity>> {
         self.with(|c| {
             c.query_row(
-                "SELECT state, last_activity FROM sandboxes \
+                "SELECT state, last_activity, json_extract(runtime, '$.shim_pid'), \
+                 json_extract(runtime, '$.start_time') FROM sandboxes \
                  WHERE id = ?1 AND tenant = ?2 AND claimed = 1",
                 params![id, tenant],
                 |r| {
                     let state = SandboxState::parse(&r.get::<_, String>(0)?)
                         .unwrap_or(SandboxState::Finished);
-                    Ok((state, r.get(1)?))
+                    let shim = match (r.get::<_, Option<i64>>(2)?, r.get::<_, Option<i64>>(3)?) {
+                        (Some(pid), Some(start_time)) => Some(Shim {
+                            pid: i32::try_from(pid).unwrap_or(0),
+                            start_time: u64::try_from(start_time).unwrap_or(0),
+                        }),
+                        _ => None,
+                    };
+                    Ok(Activity {
+                        state,
+                        last_activity: r.get(1)?,
+                        shim,
+                    })
                 },
             )
             .optional()
@@ -657,6 +688,52 @@ mod tests {
     }
 
     #[test]
+    fn a_ports_check_reads_the_shim_from_the_runtime_handle_as_launches_record_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("db")).unwrap();
+        let launched = crate::local::runtime::Launched {
+            shim_pid: 4242,
+            start_time: 987_654_321,
+            socket_dir: "/run/x".into(),
+        };
+        let mut a = row("a", "t", None, true);
+        a.runtime = Some(serde_json::to_value(&launched).unwrap());
+        a.last_activity = 77;
+        s.insert_sandbox(&a).unwrap();
+        let mut b = row("b", "t", None, true);
+        b.runtime = None;
+        b.state = SandboxState::Suspended;
+        s.insert_sandbox(&b).unwrap();
+        assert_eq!(
+            s.activity_of("t", "a").unwrap(),
+            Some(Activity {
+                state: SandboxState::Ready,
+                last_activity: 77,
+                shim: Some(Shim {
+                    pid: 4242,
+                    start_time: 987_654_321
+                }),
+            })
+        );
+        assert_eq!(
+            s.activity_of("t", "b").unwrap().map(|a| (a.state, a.shim)),
+            Some((SandboxState::Suspended, None))
+        );
+        assert_eq!(
+            s.activity_of("other", "a").unwrap(),
+            None,
+            "another tenant's"
+        );
+        s.insert_sandbox(&row("warm", "t", Some("p"), false))
+            .unwrap();
+        assert_eq!(
+            s.activity_of("t", "warm").unwrap(),
+            None,
+            "an unclaimed pool member"
+        );
+    }
+
+    #[test]
     fn the_generation_moves_with_every_change_and_only_then() {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(&dir.path().join("db")).unwrap();
@@ -676,7 +753,7 @@ mod tests {
         moved(&s, "a delete");
         let quiet = s.generation();
         assert!(s.get_sandbox("t", "a").unwrap().is_none());
-        assert!(s.state_of("t", "a").unwrap().is_none());
+        assert!(s.activity_of("t", "a").unwrap().is_none());
         s.touch("gone", 60).unwrap();
         assert_eq!(s.generation(), quiet, "reads and no-op writes leave it");
     }
