@@ -145,29 +145,8 @@ const DEFAULT_MAX_FLOWS: usize = 256;
 /// without `/dev/net/tun`, or without the rights to make namespaces and
 /// devices. Once, at start: one namespace and one device.
 fn gateways_possible() -> std::io::Result<()> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let ns = std::thread::Builder::new()
-        .name("sandhub-egress-probe".into())
-        .spawn(|| -> std::io::Result<OwnedFd> {
-            // SAFETY: unshare affects this short-lived thread only; the
-            // fd opened is owned at once.
-            unsafe {
-                if libc::unshare(libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let fd = libc::open(
-                    c"/proc/thread-self/ns/net".as_ptr(),
-                    libc::O_RDONLY | libc::O_CLOEXEC,
-                );
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(OwnedFd::from_raw_fd(fd))
-            }
-        })?
-        .join()
-        .map_err(|_| std::io::Error::other("the probe thread panicked"))??;
-    sandhub_gateway::tun::create_in(&ns).map(drop)
+    let ns = NetNs::fresh()?;
+    sandhub_gateway::tun::create_in(ns.fd()).map(drop)
 }
 
 /// The first `nameserver` of a resolv.conf.

@@ -159,16 +159,8 @@ mod tests {
         )
     }
 
-    /// Field 22 of `/proc/<pid>/stat`.
     fn start_time(pid: i32) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let after_name = stat.rsplit_once(')').unwrap().1;
-        after_name
-            .split_whitespace()
-            .nth(19)
-            .unwrap()
-            .parse()
-            .unwrap()
+        super::super::runtime::process_stat(pid).unwrap().start_time
     }
 
     #[test]

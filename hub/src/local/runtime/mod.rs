@@ -22,6 +22,7 @@
 //! NetNs::of(&Launched), ::of_process(pid, start) the sandbox's network namespace:
 //!   .socket(family), .listening()               a socket made inside it, what listens
 //!                                               (see [`netns`]; how ports are reached)
+//! NetNs::fresh()                                a new namespace of its own (the egress probe)
 //!
 //! probe() -> HostSupport                        per-feature report
 //! prepare_host_etc(state_root)                  (Runtime::new calls it)
@@ -110,6 +111,8 @@ pub use launch::{Launched, Runtime, SandboxSpec, EGRESS_RESOLV_CONF, OWN_PROCESS
 pub use mounts::host_memory_kib;
 pub use netns::NetNs;
 pub use probe::{probe, probe_at, Check, HostSupport};
+#[cfg(test)]
+pub(crate) use procfs::stat as process_stat;
 pub use quota::{DiskQuotas, VolumeOptions, VOLUMES_DIR};
 pub use routes::RESET_ROUTE;
 pub use seccomp::{child_setup, install_seccomp};

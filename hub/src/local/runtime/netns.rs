@@ -86,6 +86,34 @@ impl NetNs {
         Ok(NetNs(ns))
     }
 
+    /// A new network namespace holding only `lo`, of nobody's but this
+    /// handle's (the egress probe's, and tests'): made by a short-lived
+    /// thread that unshares, so no thread of the caller's moves.
+    pub fn fresh() -> io::Result<NetNs> {
+        use std::os::fd::FromRawFd;
+        std::thread::Builder::new()
+            .name("sandhub-netns-new".into())
+            .spawn(|| {
+                // SAFETY: unshare affects this short-lived thread only; the
+                // fd opened is owned at once.
+                unsafe {
+                    if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let fd = libc::open(
+                        c"/proc/thread-self/ns/net".as_ptr(),
+                        libc::O_RDONLY | libc::O_CLOEXEC,
+                    );
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(NetNs(OwnedFd::from_raw_fd(fd)))
+                }
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the namespace thread panicked"))?
+    }
+
     /// The namespace's fd (for the egress gateway's TUN device).
     pub fn fd(&self) -> &OwnedFd {
         &self.0
@@ -196,21 +224,8 @@ mod tests {
         (st.st_dev, st.st_ino)
     }
 
-    /// A network namespace of the test's own, held by an fd (made by a
-    /// thread that unshares and ends, so no test thread moves).
     fn fresh_namespace() -> NetNs {
-        let fd = std::thread::spawn(|| unsafe {
-            assert_eq!(libc::unshare(libc::CLONE_NEWNET), 0, "unshare needs root");
-            let fd = libc::open(
-                c"/proc/thread-self/ns/net".as_ptr(),
-                libc::O_RDONLY | libc::O_CLOEXEC,
-            );
-            assert!(fd >= 0);
-            OwnedFd::from_raw_fd(fd)
-        })
-        .join()
-        .unwrap();
-        NetNs(fd)
+        NetNs::fresh().expect("a new network namespace (needs root)")
     }
 
     #[test]
