@@ -319,6 +319,9 @@ impl Hub {
 
     /// Lets go of what the hub keeps open to reach sandbox `id` (its
     /// sandboxd client, its network namespace): when it stops, sleeps or goes.
+    /// Called before the stop (nothing new is sent to a sandbox on its way
+    /// out) and again after it: a dial that read the shim before the first
+    /// call may have kept its namespace since (`ports::Namespaces::open`).
     pub(super) fn forget_handles(&self, id: &str) {
         self.clients.lock().unwrap().remove(id);
         self.namespaces.forget(id);
@@ -472,7 +475,9 @@ impl Hub {
 
     pub(super) async fn remove(&self, row: &SandboxRow) -> Result<()> {
         self.forget_handles(&row.id);
-        self.backend.destroy(row).await?;
+        let destroyed = self.backend.destroy(row).await;
+        self.forget_handles(&row.id);
+        destroyed?;
         self.store.delete_sandbox(&row.id)
     }
 

@@ -170,6 +170,7 @@ impl Hub {
                     tracing::warn!(id = %row.id, "sandbox died");
                     self.forget_handles(&row.id);
                     let _ = self.backend.stop(&row).await;
+                    self.forget_handles(&row.id);
                     self.finish(&row.id, now)?;
                     self.emit(
                         self.sandbox_event(&row, EventType::Finished)
@@ -190,7 +191,9 @@ impl Hub {
     /// The caller holds its lifecycle lock and tells the event.
     pub(super) async fn suspend_locked(&self, row: &mut SandboxRow) -> Result<()> {
         self.forget_handles(&row.id);
-        self.backend.stop(row).await?;
+        let stopped = self.backend.stop(row).await;
+        self.forget_handles(&row.id);
+        stopped?;
         row.state = SandboxState::Suspended;
         self.store
             .set_runtime(&row.id, SandboxState::Suspended, row.runtime.as_ref())

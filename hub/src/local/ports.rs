@@ -18,7 +18,7 @@ use sandhub_client::{Error, Result};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::{
-    runtime::NetNs,
+    runtime::{process_stat, NetNs},
     store::{SandboxRow, Shim},
     LocalBackend,
 };
@@ -27,34 +27,80 @@ use super::{
 /// anything slower is a stuck listener).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Past this many sandboxes, the map starts again (each entry holds a
-/// namespace open; sandboxes that stop, sleep or go are forgotten at once).
+/// Past this many kept namespaces, those of shims that are gone are let go
+/// (and if none is, the map starts again).
 const MAX_NAMESPACES: usize = 4096;
 
 /// The network namespaces of sandboxes whose ports were dialled, by
 /// sandbox id, each with the shim it was opened through. The shim (pid and
 /// start time) comes from the Ready check of the dial, so a sandbox resumed
 /// under a new shim is opened again, never reached through the old one.
-#[derive(Default)]
 pub(super) struct Namespaces {
     by_id: Mutex<HashMap<String, (Shim, Arc<NetNs>)>>,
+    cap: usize,
+}
+
+impl Default for Namespaces {
+    fn default() -> Self {
+        Namespaces::with_cap(MAX_NAMESPACES)
+    }
 }
 
 impl Namespaces {
+    fn with_cap(cap: usize) -> Self {
+        Namespaces {
+            by_id: Mutex::default(),
+            cap,
+        }
+    }
+
     /// The namespace of sandbox `id`'s `shim`, opened now if it is not
     /// kept yet (outside the lock: `/proc` reads).
     pub(super) fn open(&self, id: &str, shim: Shim) -> io::Result<Arc<NetNs>> {
+        self.open_with(id, shim, || NetNs::of_process(shim.pid, shim.start_time))
+    }
+
+    /// `open`, with the namespace opened by `of_process` (tests stand a
+    /// stop in the race between it and the insert).
+    fn open_with(
+        &self,
+        id: &str,
+        shim: Shim,
+        of_process: impl FnOnce() -> io::Result<NetNs>,
+    ) -> io::Result<Arc<NetNs>> {
         if let Some((kept, ns)) = self.lock().get(id) {
             if *kept == shim {
                 return Ok(ns.clone());
             }
         }
-        let ns = Arc::new(NetNs::of_process(shim.pid, shim.start_time)?);
-        let mut by_id = self.lock();
-        if by_id.len() >= MAX_NAMESPACES && !by_id.contains_key(id) {
-            by_id.clear();
+        let ns = Arc::new(of_process()?);
+        {
+            let mut by_id = self.lock();
+            if by_id.len() >= self.cap && !by_id.contains_key(id) {
+                by_id.retain(|_, (kept, _)| alive(*kept));
+                if by_id.len() >= self.cap {
+                    by_id.clear();
+                }
+            }
+            by_id.insert(id.to_string(), (shim, ns.clone()));
         }
-        by_id.insert(id.to_string(), (shim, ns.clone()));
+        // A stop forgets the sandbox after its shim is dead. This open may
+        // have raced that stop: then the shim is found dead here, and the
+        // entry just made is taken back. A shim alive now dies later, and
+        // the stop's forget comes after.
+        if !alive(shim) {
+            let mut by_id = self.lock();
+            if by_id
+                .get(id)
+                .is_some_and(|(_, kept)| Arc::ptr_eq(kept, &ns))
+            {
+                by_id.remove(id);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("sandbox process {} is gone", shim.pid),
+            ));
+        }
         Ok(ns)
     }
 
@@ -66,6 +112,11 @@ impl Namespaces {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Shim, Arc<NetNs>)>> {
         self.by_id.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Whether `shim` still runs (the same pid and start time, not a zombie).
+fn alive(shim: Shim) -> bool {
+    process_stat(shim.pid).is_ok_and(|s| s.start_time == shim.start_time && s.is_running())
 }
 
 pub(super) fn ns_error(id: &str, e: io::Error) -> Error {
@@ -160,7 +211,56 @@ mod tests {
     }
 
     fn start_time(pid: i32) -> u64 {
-        super::super::runtime::process_stat(pid).unwrap().start_time
+        process_stat(pid).unwrap().start_time
+    }
+
+    #[test]
+    fn an_open_that_races_a_stop_keeps_nothing() {
+        let kept = Namespaces::default();
+        let (mut child, shim) = a_shim();
+        // The namespace is opened while the shim runs; the stop (its kill
+        // and its forget) completes before the entry is made.
+        let e = kept
+            .open_with("sb-1", shim, || {
+                let ns = NetNs::of_process(shim.pid, shim.start_time);
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kept.forget("sb-1");
+                ns
+            })
+            .err()
+            .expect("the shim is gone");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        assert!(kept.lock().is_empty(), "nothing kept for a stopped sandbox");
+    }
+
+    #[test]
+    fn a_full_map_lets_go_of_gone_shims_first() {
+        let kept = Namespaces::with_cap(2);
+        let (mut live, live_shim) = a_shim();
+        let (mut gone, gone_shim) = a_shim();
+        let (mut new, new_shim) = a_shim();
+        let first = kept.open("live", live_shim).unwrap();
+        kept.open("gone", gone_shim).unwrap();
+        // Its stop's forget was missed (the race `open` closes, or a stop
+        // that failed): the entry outlives the shim until the map is full.
+        gone.kill().unwrap();
+        gone.wait().unwrap();
+        kept.open("new", new_shim).unwrap();
+        let ids = |kept: &Namespaces| {
+            let mut ids: Vec<String> = kept.lock().keys().cloned().collect();
+            ids.sort();
+            ids
+        };
+        assert_eq!(ids(&kept), ["live", "new"], "the gone shim's entry went");
+        assert!(
+            Arc::ptr_eq(&first, &kept.open("live", live_shim).unwrap()),
+            "a live shim's namespace is kept"
+        );
+        for child in [&mut live, &mut new] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     #[test]
