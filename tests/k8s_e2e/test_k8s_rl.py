@@ -29,7 +29,7 @@ from sandhub_rl import (
     prepull,
 )
 from sandhub_testing import stop_process, wait_for
-from sandhub_testing.hub_k8s import EXT, POOL, Cluster, import_layout_image
+from sandhub_testing.hub_k8s import POOL, Cluster, import_layout_image
 from sandhub_testing.registry import TEST_IMAGE_AMD64, test_image_layout
 
 TEST_IMAGE = "docker.io/sandhub/test:amd64"
@@ -49,9 +49,8 @@ def url(cluster: Cluster):
 
 
 def _claims_of(cluster: Cluster, fleet: SandboxFleet) -> list[str]:
-    items = cluster.custom.list_namespaced_custom_object(*EXT, cluster.ns, "sandboxclaims")["items"]
-    return [c["metadata"]["name"] for c in items
-            if all((c["metadata"].get("labels") or {}).get(k) == v for k, v in fleet.labels.items())]
+    selector = ",".join(f"{k}={v}" for k, v in fleet.labels.items())
+    return [c["metadata"]["name"] for c in cluster.claims(selector)]
 
 
 def test_one_episode_on_the_real_node(cluster: Cluster, url: str):
@@ -124,9 +123,7 @@ def test_a_create_whose_caller_hangs_up_still_deletes_its_claim_that_cannot_star
                         timeout=60).status_code == 200
 
     def claims() -> list[str]:
-        items = cluster.custom.list_namespaced_custom_object(
-            *EXT, cluster.ns, "sandboxclaims", label_selector="probe=hang-up")["items"]
-        return [c["metadata"]["name"] for c in items]
+        return [c["metadata"]["name"] for c in cluster.claims("probe=hang-up")]
 
     with pytest.raises(requests.exceptions.ReadTimeout):
         requests.post(f"{url}/v1/sandboxes", json={"template": "absent-hangup", "labels": {"probe": "hang-up"}},
@@ -152,9 +149,7 @@ def test_a_gym_env_whose_creator_hangs_up_is_made_whole_and_can_be_closed(cluste
                         timeout=60).status_code == 200
 
     def claims() -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = cluster.custom.list_namespaced_custom_object(
-            *EXT, cluster.ns, "sandboxclaims", label_selector="sandhub.dev/gym-env")["items"]
-        return items
+        return cluster.claims("sandhub.dev/gym-env")
 
     def recorded(env: str) -> bool:
         r = requests.get(f"{url}/gym/v1/envs", timeout=60)

@@ -76,8 +76,10 @@ class Cluster:
         return k8s.CustomObjectsApi(self.api)
 
     # The custom-objects API answers JSON as `object`: these read it as Any.
-    def claims(self) -> list[dict[str, Any]]:
-        listed: Any = self.custom.list_namespaced_custom_object(*EXT, self.ns, "sandboxclaims")
+    def claims(self, label_selector: str = "") -> list[dict[str, Any]]:
+        """The namespace's SandboxClaims, those matching `label_selector` if given."""
+        listed: Any = self.custom.list_namespaced_custom_object(
+            *EXT, self.ns, "sandboxclaims", label_selector=label_selector)
         claims: list[dict[str, Any]] = listed["items"]
         return claims
 
