@@ -138,10 +138,11 @@ def test_a_create_whose_caller_hangs_up_still_deletes_its_claim_that_cannot_star
     assert requests.delete(f"{url}/v1/templates/absent-hangup", timeout=60).status_code == 204
 
 
-def test_a_gym_env_whose_creator_hangs_up_is_made_whole_and_can_be_closed(cluster: Cluster, url: str):
-    """An env create runs to its end without its caller: the env is recorded with its sandbox,
-    so closing it (or its idle sweep) deletes the sandbox. Before, a caller that hung up while
-    the sandbox started left a sandbox no env knew of, and on Kubernetes nothing reaped it."""
+def test_a_gym_env_whose_creator_hangs_up_is_closed_with_its_sandbox(cluster: Cluster, url: str):
+    """An env create runs to its end without its caller, and an env whose creator never learnt
+    its id is closed with its sandbox as soon as it is made: nobody else can use it. Before, it
+    was recorded and held its Pod until its idle timeout; and before that, its sandbox was left
+    behind with no env to close it."""
     assert requests.put(f"{url}/v1/templates/gym-cold", json={"image": TEST_IMAGE},
                         timeout=60).status_code == 200
     # An empty pool: the env's sandbox starts cold, seconds on the real node.
@@ -151,9 +152,10 @@ def test_a_gym_env_whose_creator_hangs_up_is_made_whole_and_can_be_closed(cluste
     def claims() -> list[dict[str, Any]]:
         return cluster.claims("sandhub.dev/gym-env")
 
-    def recorded(env: str) -> bool:
+    def listed() -> set[str]:
         r = requests.get(f"{url}/gym/v1/envs", timeout=60)
-        return r.status_code == 200 and any(e["env_id"] == env for e in r.json()["envs"])
+        assert r.status_code == 200, r.text
+        return {e["env_id"] for e in r.json()["envs"]}
 
     before = {c["metadata"]["name"] for c in claims()}
     with pytest.raises(requests.exceptions.ReadTimeout):
@@ -161,12 +163,19 @@ def test_a_gym_env_whose_creator_hangs_up_is_made_whole_and_can_be_closed(cluste
     claim = wait_for("the env's claim", lambda: [c for c in claims() if c["metadata"]["name"] not in before],
                      timeout=60, every=0.05)[0]
     env = claim["metadata"]["labels"]["sandhub.dev/gym-env"]
-    # The env was recorded once its sandbox was Ready, though nobody waited for its id ...
-    wait_for("the env to be recorded", lambda: recorded(env), timeout=TIMEOUT)
-    # ... so closing it takes its sandbox with it.
-    assert requests.delete(f"{url}/gym/v1/envs/{env}", timeout=60).status_code == 204
     name = claim["metadata"]["name"]
-    wait_for("the env's claim to go", lambda: all(c["metadata"]["name"] != name for c in claims()), timeout=120)
+    # The sandbox starts, the env is made, and then closed with it, though nobody asks.
+    wait_for("the env's claim to go", lambda: all(c["metadata"]["name"] != name for c in claims()),
+             timeout=TIMEOUT + 120)
+    assert env not in listed()
+    r = requests.delete(f"{url}/gym/v1/envs/{env}", timeout=60)
+    assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND", r.text
+    # A creator that waits keeps its env.
+    r = requests.post(f"{url}/gym/v1/envs", json={"pool": "gym-cold"}, timeout=TIMEOUT)
+    assert r.status_code == 201, r.text
+    kept = r.json()["env_id"]
+    assert kept in listed()
+    assert requests.delete(f"{url}/gym/v1/envs/{kept}", timeout=60).status_code == 204
     assert requests.delete(f"{url}/v1/pools/gym-cold", timeout=60).status_code == 204
     assert requests.delete(f"{url}/v1/templates/gym-cold", timeout=60).status_code == 204
 

@@ -91,8 +91,7 @@ async fn delete_env(
     Api(api): Api,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let mut env = state.gym.lock(api.tenant(), &id).await?;
-    state.gym.close(api.as_ref(), &mut env).await?;
+    state.gym.close_by_id(api.as_ref(), &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

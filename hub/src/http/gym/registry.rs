@@ -37,6 +37,43 @@ pub struct Gym {
     creates: Changes,
 }
 
+/// A new environment on its way to its creator. Dropped untaken (the
+/// creator hung up before it learnt the env's id), it closes the env with
+/// its sandbox: nobody else knows that id.
+struct Unclaimed {
+    created: Option<EnvCreated>,
+    gym: Arc<Gym>,
+    api: Arc<dyn TenantView>,
+}
+
+impl Unclaimed {
+    fn take(mut self) -> Option<EnvCreated> {
+        self.created.take()
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        let Some(created) = self.created.take() else {
+            return;
+        };
+        // Without a runtime the hub is going down; the idle sweep of the
+        // next start ends the env.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (gym, api) = (self.gym.clone(), self.api.clone());
+        runtime.spawn(async move {
+            let id = created.env_id;
+            tracing::info!(env = %id, tenant = %api.tenant(),
+                "the creator of a gym environment hung up before it learnt its id; closing it");
+            if let Err(e) = gym.close_by_id(api.as_ref(), &id).await {
+                tracing::warn!(env = %id, error = %e, "closing an environment nobody took");
+            }
+        });
+    }
+}
+
 fn not_found(id: &str) -> Error {
     Error::not_found(format!("environment {id} not found"))
 }
@@ -55,10 +92,11 @@ impl Gym {
     /// before the caller learns its id.
     ///
     /// It runs to its end whoever hangs up (`crate::changes`, under permits
-    /// of its own: the sandbox's create takes one of the backend's). A
-    /// caller that goes while the sandbox starts (seconds on Kubernetes)
-    /// leaves an env that was never handed out, which the idle sweep
-    /// closes with its sandbox, instead of a sandbox no env knows of.
+    /// of its own: the sandbox's create takes one of the backend's), so no
+    /// sandbox is left that no env knows of. A caller that goes while the
+    /// sandbox starts (seconds on Kubernetes) never learns the env's id, so
+    /// nobody can use that env: it is closed with its sandbox as soon as it
+    /// is made ([`Unclaimed`]), not left to the idle sweep.
     pub async fn create(
         self: &Arc<Self>,
         api: Arc<dyn TenantView>,
@@ -66,12 +104,27 @@ impl Gym {
     ) -> Result<EnvCreated> {
         let gym = self.clone();
         let tenant = api.tenant().to_string();
+        let (hand, taken) = tokio::sync::oneshot::channel();
         self.creates
-            .to_the_end(
-                &tenant,
-                async move { gym.create_now(api.as_ref(), spec).await },
-            )
+            .to_the_end(&tenant, async move {
+                let created = gym.create_now(api.as_ref(), spec).await?;
+                // Refused when the caller is gone: the env comes back, and
+                // is dropped (closed) here.
+                let _ = hand.send(Unclaimed {
+                    created: Some(created),
+                    gym,
+                    api,
+                });
+                Ok(())
+            })
+            .await?;
+        // No await between the create's end and this one, which is ready:
+        // a caller that got this far takes the env.
+        taken
             .await
+            .ok()
+            .and_then(Unclaimed::take)
+            .ok_or_else(|| Error::internal("the environment's create ended without an answer"))
     }
 
     async fn create_now(&self, api: &dyn TenantView, spec: CreateEnv) -> Result<EnvCreated> {
@@ -217,6 +270,12 @@ impl Gym {
         }
         self.envs.lock().await.remove(&env.id);
         Ok(())
+    }
+
+    /// Closes the caller's environment `id`, with its sandbox.
+    pub async fn close_by_id(&self, api: &dyn TenantView, id: &str) -> Result<()> {
+        let mut env = self.lock(api.tenant(), id).await?;
+        self.close(api, &mut env).await
     }
 
     /// Closes every environment unused for its idle timeout at `now`, with
