@@ -99,7 +99,11 @@ registerWithTaints:
 YAML
     # The kubelet adds iptables chains to the host (KUBE-FIREWALL's rule puts every packet
     # on the host's loopback through conntrack); remember whether they were ours to remove.
-    if ! iptables -S KUBE-FIREWALL >/dev/null 2>&1; then : >"$dir/kubelet/iptables-ours"; fi
+    # With iptables-nft, the tables those chains go in may be new too: their names are kept.
+    if ! iptables -S KUBE-FIREWALL >/dev/null 2>&1; then
+        : >"$dir/kubelet/iptables-ours"
+        if command -v nft >/dev/null; then nft list tables >"$dir/kubelet/nft-tables-before" 2>/dev/null || true; fi
+    fi
     log "starting kubelet (node $REAL_NODE_NAME)"
     # --hostname-override=localhost with the apiserver's
     # --kubelet-preferred-address-types=Hostname,InternalIP makes logs and exec reach the
@@ -131,7 +135,24 @@ drop_kubelet_iptables() {
             done
         done
     done
-    rm -f "$dir/kubelet/iptables-ours"
+    drop_new_empty_nft_tables
+    rm -f "$dir/kubelet/iptables-ours" "$dir/kubelet/nft-tables-before"
+}
+
+# iptables-nft made tables and base chains to hang those rules from, and a base chain keeps its
+# hook once empty: every packet on the host still walks it. A table that was not there before
+# this DIR's kubelet started and holds no rule now is deleted; any other is left as it is.
+drop_new_empty_nft_tables() {
+    local before="$dir/kubelet/nft-tables-before" family name
+    command -v nft >/dev/null && [[ -f "$before" ]] || return 0
+    while read -r _ family name; do
+        grep -qxF "table $family $name" "$before" && continue
+        # Only the table's and chains' own lines (and blank ones): no rule in it.
+        if ! nft list table "$family" "$name" 2>/dev/null \
+            | grep -qvE '^[[:space:]]*(table .*\{|chain .*\{|type .*;|\}|)[[:space:]]*$'; then
+            nft delete table "$family" "$name" 2>/dev/null || true
+        fi
+    done < <(nft list tables 2>/dev/null)
 }
 
 stop_real_node() {
