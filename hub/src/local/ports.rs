@@ -18,7 +18,7 @@ use sandhub_client::{Error, Result};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::{
-    runtime::{process_stat, NetNs},
+    runtime::{process_runs, NetNs},
     store::{SandboxRow, Shim},
     LocalBackend,
 };
@@ -116,7 +116,7 @@ impl Namespaces {
 
 /// Whether `shim` still runs (the same pid and start time, not a zombie).
 fn alive(shim: Shim) -> bool {
-    process_stat(shim.pid).is_ok_and(|s| s.start_time == shim.start_time && s.is_running())
+    process_runs(shim.pid, shim.start_time)
 }
 
 pub(super) fn ns_error(id: &str, e: io::Error) -> Error {
@@ -211,7 +211,7 @@ mod tests {
     }
 
     fn start_time(pid: i32) -> u64 {
-        process_stat(pid).unwrap().start_time
+        crate::local::runtime::process_stat(pid).unwrap().start_time
     }
 
     #[test]

@@ -587,7 +587,7 @@ impl Runtime {
 
     /// Whether the sandbox's shim is still the same running process.
     pub fn is_alive(&self, l: &Launched) -> bool {
-        procfs::stat(l.shim_pid).is_ok_and(|s| s.start_time == l.start_time && s.is_running())
+        procfs::runs(l.shim_pid, l.start_time)
     }
 
     /// Host pids of every process of sandbox `id` (its cgroup's members;

@@ -111,6 +111,8 @@ pub use launch::{Launched, Runtime, SandboxSpec, EGRESS_RESOLV_CONF, OWN_PROCESS
 pub use mounts::host_memory_kib;
 pub use netns::NetNs;
 pub use probe::{probe, probe_at, Check, HostSupport};
+pub(crate) use procfs::runs as process_runs;
+#[cfg(test)]
 pub(crate) use procfs::stat as process_stat;
 pub use quota::{DiskQuotas, VolumeOptions, VOLUMES_DIR};
 pub use routes::RESET_ROUTE;

@@ -19,6 +19,12 @@ impl Stat {
     }
 }
 
+/// Whether process `pid`, started at `start_time`, still runs: the pair
+/// names one process for good, and a zombie has already exited.
+pub(crate) fn runs(pid: i32, start_time: u64) -> bool {
+    stat(pid).is_ok_and(|s| s.start_time == start_time && s.is_running())
+}
+
 /// Reads `/proc/<pid>/stat` (the procfs mounted at `/proc`).
 pub(crate) fn stat(pid: i32) -> io::Result<Stat> {
     let raw = std::fs::read(format!("/proc/{pid}/stat"))?;
